@@ -1,0 +1,188 @@
+"""Value types for everything a session's context graph stores.
+
+The canonical wire format is OpenAI chat messages (DESIGN.md §1): an assistant message may
+carry ``tool_calls`` and each tool result is a ``role: "tool"`` message with the
+``tool_call_id`` of the call it answers. Every reader and adapter converts to these types and
+every policy renders back to them with :meth:`Message.to_openai`.
+
+Values are immutable: a policy never modifies what is stored (ContextRender §3.1). A rendering
+that shows something other than the stored text (a placeholder, an excerpt) builds a new
+``Message`` and marks it with ``rendered_as`` so that evaluators can tell it is not the original.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class EventError(ValueError):
+    """An event that cannot be represented: names the field that is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A model's request to run a tool.
+
+    ``arguments`` is the JSON text the model produced (OpenAI keeps it a string; it is not
+    parsed here because real agents emit invalid JSON and we must store what the model said).
+    """
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    @classmethod
+    def from_openai(cls, data: dict[str, Any]) -> "ToolCall":
+        if not isinstance(data, dict):
+            raise EventError(f"tool_calls[]: expected an object, got {type(data).__name__}")
+        fn = data.get("function")
+        if isinstance(fn, dict):
+            name, args = fn.get("name"), fn.get("arguments", "{}")
+        else:  # flat form used by tau2-bench: {id, name, arguments: dict}
+            name, args = data.get("name"), data.get("arguments", "{}")
+        if not data.get("id"):
+            raise EventError("tool_calls[].id is missing")
+        if not name:
+            raise EventError(f"tool_calls[{data.get('id')}].function.name is missing")
+        if not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
+        return cls(id=str(data["id"]), name=str(name), arguments=args)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message: a user or assistant message, or a tool result.
+
+    Attributes:
+        role: one of ``system``, ``user``, ``assistant``, ``tool``.
+        content: the text the model saw (multimodal parts are flattened to their text parts).
+        tool_calls: for assistant messages, the calls it made, in order.
+        tool_call_id: for tool results, the id of the call answered.
+        name: optional tool name on tool results.
+        timestamp: seconds since the epoch when known, else ``None``.
+        rendered_as: ``None`` for stored originals; ``"placeholder"`` or ``"excerpt"`` when a
+            policy shows a stand-in for the stored text (DESIGN.md §5.3).
+    """
+
+    role: str
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    timestamp: float | None = None
+    rendered_as: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise EventError(f"role {self.role!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(self.content, str):
+            raise EventError(f"content of a {self.role} message must be text, got {type(self.content).__name__}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise EventError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise EventError(f"only assistant messages carry tool_calls, not {self.role}")
+
+    @property
+    def is_tool_result(self) -> bool:
+        return self.role == "tool"
+
+    def with_content(self, content: str, rendered_as: str) -> "Message":
+        """A copy showing ``content`` instead of the stored text, marked ``rendered_as``."""
+        return replace(self, content=content, rendered_as=rendered_as)
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Lossless JSON-able form (used by stores): OpenAI fields plus timestamp and marks."""
+        out = self.to_openai()
+        if self.name is not None:
+            out["name"] = self.name
+        if self.timestamp is not None:
+            out["timestamp"] = self.timestamp
+        if self.rendered_as is not None:
+            out["rendered_as"] = self.rendered_as
+        return out
+
+    @classmethod
+    def from_openai(cls, data: dict[str, Any]) -> "Message":
+        """Parse an OpenAI chat message (also accepts what :meth:`to_dict` writes).
+
+        Raises:
+            EventError: naming the field that is wrong.
+        """
+        if not isinstance(data, dict):
+            raise EventError(f"a message must be an object, got {type(data).__name__}")
+        role = data.get("role")
+        if role not in ROLES:
+            raise EventError(f"role {role!r} is not one of {', '.join(ROLES)}")
+        calls = tuple(ToolCall.from_openai(c) for c in (data.get("tool_calls") or ()))
+        ts = data.get("timestamp")
+        return cls(
+            role=role,
+            content=content_text(data.get("content")),
+            tool_calls=calls,
+            tool_call_id=data.get("tool_call_id"),
+            name=data.get("name"),
+            timestamp=float(ts) if isinstance(ts, (int, float)) else None,
+            rendered_as=data.get("rendered_as"),
+        )
+
+
+def content_text(content: Any) -> str:
+    """Flatten OpenAI/Anthropic content to text: ``None`` → ``""``, text parts joined by newlines.
+
+    Non-text parts (images, audio) are represented by a short marker naming their type, because
+    their bytes are not text the policies can score.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                else:
+                    parts.append(f"[{part.get('type', 'part')}]")
+        return "\n".join(parts)
+    if isinstance(content, dict) and isinstance(content.get("text"), str):
+        return content["text"]
+    raise EventError(f"content must be text or a list of parts, got {type(content).__name__}")
+
+
+@dataclass(slots=True)
+class Trace:
+    """One recorded agent run read from a file: its messages in the order the model saw them.
+
+    Attributes:
+        source: the reader's format name (e.g. ``"mini-swe-agent"``).
+        trace_id: an id unique within the file (instance id, task id + trial, …).
+        path: the file it came from.
+        messages: chronological messages, OpenAI form, pairing intact.
+        meta: reader-specific extras (model, reward, …), never used by policies.
+    """
+
+    source: str
+    trace_id: str
+    path: str
+    messages: list[Message]
+    meta: dict[str, Any] = field(default_factory=dict)

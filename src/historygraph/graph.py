@@ -1,0 +1,124 @@
+"""The persistent context graph of one session (ContextRender §3.1, DESIGN.md §1).
+
+Nodes are the session's messages in chronological order, addressed by their position (0, 1, …).
+An assistant node carries its tool calls; a tool-result node answers one call by id. Each node
+keeps its complete content, position, timestamp and turn. Edges:
+
+* ``reuse``: from a tool result to a later assistant message that reused one of its values
+  (Tool-Flow Analysis, :mod:`historygraph.signals.reuse`). Edges are derived from the nodes and
+  rebuilt when a stored session is reopened, so the store holds only the events themselves.
+
+Turns (ContextRender §3.3, A.3): one turn is one model invocation, i.e. one assistant message.
+``turn_of[p]`` is the number of assistant messages at or before position ``p``; the invocation
+being rendered has index ``t = graph.turns`` and a result's age is ``t − turn_of[r]``, so a result
+answering the latest assistant message has age 0.
+
+The graph is append-only: nothing here modifies or removes a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from .events import EventError, Message
+from .signals.reuse import ReuseIndex, ReuseMatch
+
+
+class GraphError(EventError):
+    """An event that would corrupt the graph (duplicate call id, result for an unknown call)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    kind: str  # "reuse"
+    source: int
+    target: int
+    label: str
+
+
+def operations(message: Message) -> list[str]:
+    """TFA operations of an assistant message: its text, then each tool call's name + arguments."""
+    return [message.content] + [f"{c.name} {c.arguments}" for c in message.tool_calls]
+
+
+class ContextGraph:
+    """Append-only graph of one session's history.
+
+    Raises:
+        GraphError: on a duplicate tool-call id, or a tool result whose call is unknown or already
+            answered.
+    """
+
+    def __init__(self, session_id: str = "session", messages: Iterable[Message] = ()) -> None:
+        self.session_id = session_id
+        self.messages: list[Message] = []
+        self.turn_of: list[int] = []
+        self.turns = 0
+        self.reuse = ReuseIndex()
+        self.call_owner: dict[str, int] = {}   # tool_call_id -> position of the assistant message
+        self.result_of: dict[str, int] = {}    # tool_call_id -> position of its result
+        for m in messages:
+            self.append(m)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages)
+
+    def append(self, message: Message) -> int:
+        """Add one event; returns its position."""
+        pos = len(self.messages)
+        if message.role == "assistant":
+            for call in message.tool_calls:
+                if call.id in self.call_owner:
+                    raise GraphError(f"tool call id {call.id!r} appears twice (first at position {self.call_owner[call.id]})")
+            self.turns += 1
+        elif message.role == "tool":
+            cid = message.tool_call_id
+            if cid not in self.call_owner:
+                raise GraphError(f"tool result at position {pos} answers unknown tool_call_id {cid!r}")
+            if cid in self.result_of:
+                raise GraphError(f"tool_call_id {cid!r} already has a result at position {self.result_of[cid]}")
+        self.messages.append(message)
+        self.turn_of.append(self.turns)
+        if message.role == "assistant":
+            for call in message.tool_calls:
+                self.call_owner[call.id] = pos
+            self.reuse.add_operations(pos, operations(message))
+        elif message.role == "tool":
+            self.result_of[message.tool_call_id] = pos
+            self.reuse.add_result(pos, message.content)
+        return pos
+
+    def extend(self, messages: Iterable[Message]) -> None:
+        for m in messages:
+            self.append(m)
+
+    # -- views ---------------------------------------------------------------------------
+    def results(self) -> list[int]:
+        """Positions of all tool results, oldest first."""
+        return [p for p, m in enumerate(self.messages) if m.role == "tool"]
+
+    def result_by_id(self, tool_call_id: str) -> Message:
+        """The stored, complete tool result for ``tool_call_id`` (raises KeyError naming it)."""
+        try:
+            return self.messages[self.result_of[tool_call_id]]
+        except KeyError:
+            raise KeyError(f"no tool result with id {tool_call_id!r} in session {self.session_id!r}") from None
+
+    def age(self, position: int) -> int:
+        """Turns since the node at ``position`` was produced, at the next invocation."""
+        return self.turns - self.turn_of[position]
+
+    def reuse_score(self, position: int) -> float:
+        return self.reuse.score(position)
+
+    def edges(self, kind: str = "reuse") -> list[Edge]:
+        if kind != "reuse":
+            raise ValueError(f"unknown edge kind {kind!r}")
+        return [Edge("reuse", m.source, m.user, m.value) for ms in self.reuse.matches.values() for m in ms]
+
+    def reuse_matches(self, position: int) -> list[ReuseMatch]:
+        return list(self.reuse.matches.get(position, ()))

@@ -1,0 +1,109 @@
+"""The policy interface and the single registry of policy names.
+
+A policy is a selection strategy behind one interface: ``render(graph, budget, signals)``
+returns a :class:`~historygraph.render.Rendering` of the whole graph for the next invocation.
+Policies never modify the graph. Each policy class declares a typed ``Config`` dataclass whose
+defaults come from its paper; :func:`create` builds one from keyword overrides and rejects
+unknown fields by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Protocol
+
+from ..graph import ContextGraph
+from ..render import Rendering
+from ..signals.embeddings import CachedEmbedder, Embedder, MiniLMEmbedder
+from ..signals.tokens import TokenCounter
+
+
+class PolicyError(ValueError):
+    """Unknown policy name or bad configuration (the message names the field)."""
+
+
+@dataclass
+class Signals:
+    """Shared signal providers handed to every policy.
+
+    The embedder is created on first use, so policies that do not need it never load a model.
+    """
+
+    counter: TokenCounter = field(default_factory=TokenCounter)
+    embedder_factory: Callable[[], Embedder] = MiniLMEmbedder
+    embedding_cache: Any = None
+    _embedder: CachedEmbedder | None = None
+
+    @property
+    def embedder(self) -> CachedEmbedder:
+        if self._embedder is None:
+            self._embedder = CachedEmbedder(self.embedder_factory(), self.embedding_cache)
+        return self._embedder
+
+
+class Policy(Protocol):
+    name: ClassVar[str]
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering: ...
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    cls: type
+    source: str
+    summary: str
+    defaults: dict[str, Any]
+
+
+REGISTRY: dict[str, PolicySpec] = {}
+
+
+def register(name: str, source: str, summary: str, **defaults: Any) -> Callable[[type], type]:
+    """Class decorator: register ``cls`` under ``name``; ``defaults`` override its Config defaults
+    (used for named variants such as the B.3 ablations)."""
+
+    def deco(cls: type) -> type:
+        if name in REGISTRY:
+            raise PolicyError(f"policy name {name!r} registered twice")
+        REGISTRY[name] = PolicySpec(name, cls, source, summary, defaults)
+        return cls
+
+    return deco
+
+
+def config_fields(name: str) -> dict[str, Any]:
+    """The effective configuration of a registered policy: field -> default value."""
+    spec = get_spec(name)
+    cfg = getattr(spec.cls, "Config", None)
+    out = {f.name: f.default for f in dataclasses.fields(cfg)} if cfg else {}
+    out.update(spec.defaults)
+    return out
+
+
+def get_spec(name: str) -> PolicySpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
+
+
+def create(name: str, **overrides: Any) -> Any:
+    """Instantiate the policy ``name`` with its defaults plus ``overrides``.
+
+    Raises:
+        PolicyError: unknown policy or unknown config field.
+    """
+    spec = get_spec(name)
+    params = {**spec.defaults, **overrides}
+    cfg_cls = getattr(spec.cls, "Config", None)
+    if cfg_cls is None:
+        if params:
+            raise PolicyError(f"policy {name!r} takes no parameters, got {', '.join(params)}")
+        return spec.cls(name=name)
+    known = {f.name for f in dataclasses.fields(cfg_cls)}
+    unknown = set(params) - known
+    if unknown:
+        raise PolicyError(f"policy {name!r} has no parameter(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    return spec.cls(name=name, config=cfg_cls(**params))

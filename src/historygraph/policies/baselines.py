@@ -1,0 +1,46 @@
+"""The simplest baselines of ContextRender B.2: Full history and Prune."""
+
+from __future__ import annotations
+
+from ..graph import ContextGraph
+from ..render import Layout, Rendering
+from .base import Signals, register
+
+
+@register("full", "ContextRender B.2 (Full-history reference)",
+          "Passes the entire accumulated history, even when it exceeds B (a reference, not a policy under budget).")
+class FullHistory:
+    def __init__(self, name: str = "full") -> None:
+        self.name = name
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        layout = Layout(graph, signals.counter, None)
+        r = layout.assemble(self.name, {p: graph.messages[p] for p in layout.candidates})
+        r.budget = budget  # reported against B, never enforced
+        return r
+
+
+@register("prune", "ContextRender B.2 (Prune)",
+          "Keeps complete tool results from newest to oldest while they fit in B.")
+class Prune:
+    """Prune (ContextRender B.2): consider complete results newest to oldest and keep each one that
+    still fits; one that does not fit is skipped and older ones are still tried (the paper says
+    "retains those that fit"). Accounting is the shared :class:`~historygraph.render.Layout`."""
+
+    def __init__(self, name: str = "prune") -> None:
+        self.name = name
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        layout = Layout(graph, signals.counter, budget)
+        if layout.fits_in_full:
+            return layout.assemble(self.name, {p: graph.messages[p] for p in layout.candidates})
+        used = layout.base_tokens
+        shown = {}
+        for p in sorted(layout.candidates, reverse=True):
+            if used + layout.delta[p] <= budget:
+                used += layout.delta[p]
+                shown[p] = graph.messages[p]
+                layout.reasons[p] = "kept: newest results first, fits"
+            else:
+                layout.reasons[p] = "omitted: does not fit after newer results"
+        return layout.assemble(self.name, shown)

@@ -1,0 +1,168 @@
+"""ContextRender: usefulness-scored greedy selection of complete tool results under B.
+
+Source: ContextRender (papers/contextrender-paper.md) §3.3, Appendix A.1 (Algorithm 1), A.3, A.4.
+
+1. If the complete history fits in B it is returned unchanged (Algorithm 1, lines 6–7).
+2. Query vector (eq. 4): ``q_t = 0.4·unit(emb(x)) + 0.6·unit(emb(f_t))`` where ``x`` is the first
+   user message clipped to 2,000 characters and ``f_t`` the latest user message followed by the
+   latest assistant message. Results are embedded from their first 8,000 characters.
+   ``f_t`` is clipped to 8,000 characters as well (our choice: the encoder reads at most 256
+   word pieces anyway).
+3. Relevance (eq. 5): ``s_t(r) = max(cos(emb(r), q_t), 0)``.
+4. Usefulness (eq. 2): ``U = W_rec·e^{−λ·a} + W_reuse·(1 − e^{−γ·c}) + W_rel·s`` with
+   ``W_rec = W_reuse = W_rel = 1``, ``λ = 0.3``, ``γ = 0.2`` (A.3); ``a`` is the age in turns and ``c``
+   the TFA reuse score of eq. 1 (:mod:`historygraph.signals.reuse`).
+5. Greedy selection (A.4, eq. 6–7): start from S = ∅; among results whose addition keeps the
+   assembled history within B, take the one with the highest ``R = U − 0.5·D(r, S)``, where
+   ``D(r, S) = max(0, max_{r'∈S} cos(emb(r), emb(r')))``. Candidates are visited in transcript
+   order and the best is replaced only by a strictly higher score, so exact ties go to the older
+   result. A result that does not fit is skipped; there is no minimum score. Output is
+   chronological.
+6. Oversized-result fallback (A.4): a result whose own cost exceeds B is replaced, as a
+   candidate, by a compacted version. With no LLM configured this is a head-and-tail excerpt of
+   ``oversized_excerpt_fraction·B`` tokens that says it is truncated and names the result id;
+   the original stays stored. An excerpt never counts as the complete result.
+
+Budget accounting, placeholders for unselected results, and dropping of the oldest non-tool
+history when it alone exceeds B are shared with every policy (:mod:`historygraph.render`).
+The ablations of B.3 are registered as separate names with the omitted weights set to 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import ContextGraph
+from ..render import Layout, Rendering, excerpt_for
+from .base import Signals, register
+
+SOURCE = "ContextRender §3.3, A.1–A.4"
+
+
+@dataclass(frozen=True)
+class ContextRenderConfig:
+    """Parameters of eq. 2, eq. 4 and eq. 7; defaults from ContextRender A.3 and A.4."""
+
+    w_rec: float = 1.0
+    w_reuse: float = 1.0
+    w_rel: float = 1.0
+    lam: float = 0.3
+    gamma: float = 0.2
+    task_weight: float = 0.4
+    latest_weight: float = 0.6
+    task_clip_chars: int = 2000
+    result_clip_chars: int = 8000
+    similarity_penalty: float = 0.5
+    oversized_excerpt_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name in ("w_rec", "w_reuse", "w_rel", "lam", "gamma", "similarity_penalty"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ContextRender config: {name} must be ≥ 0, got {getattr(self, name)}")
+        if not 0 < self.oversized_excerpt_fraction <= 1:
+            raise ValueError("ContextRender config: oversized_excerpt_fraction must be in (0, 1]")
+
+
+def usefulness(age: int, reuse: float, relevance: float, cfg: ContextRenderConfig) -> float:
+    """Eq. 2 of ContextRender: ``W_rec e^{−λa} + W_reuse (1 − e^{−γc}) + W_rel s``."""
+    return (cfg.w_rec * math.exp(-cfg.lam * age) + cfg.w_reuse * (1.0 - math.exp(-cfg.gamma * reuse))
+            + cfg.w_rel * relevance)
+
+
+def query_texts(graph: ContextGraph, cfg: ContextRenderConfig) -> tuple[str, str]:
+    """``(x, f_t)`` of eq. 4: first user message (clipped) and latest user + assistant messages."""
+    users = [m for m in graph.messages if m.role == "user"]
+    assistants = [m for m in graph.messages if m.role == "assistant"]
+    x = users[0].content[:cfg.task_clip_chars] if users else ""
+    latest = []
+    if users:
+        latest.append(users[-1].content)
+    if assistants:
+        a = assistants[-1]
+        latest.append("\n".join([a.content] + [f"{c.name} {c.arguments}" for c in a.tool_calls]))
+    return x, "\n".join(latest)[:cfg.result_clip_chars]
+
+
+def greedy_select(candidates: list[int], score: dict[int, float], delta: dict[int, int], base: int, budget: int,
+                  vectors: dict[int, np.ndarray], penalty: float) -> list[int]:
+    """Algorithm 1 lines 15–20 with eq. 6–7: returns the selected positions in selection order."""
+    selected: list[int] = []
+    remaining = list(candidates)  # transcript order
+    sim = {p: 0.0 for p in candidates}  # D(r, S), floored at 0
+    used = base
+    while True:
+        best, best_r = None, -math.inf
+        for p in remaining:
+            if used + delta[p] > budget:
+                continue
+            r = score[p] - penalty * sim[p]
+            if r > best_r:  # strictly higher: exact ties keep the older result
+                best, best_r = p, r
+        if best is None:
+            return selected
+        selected.append(best)
+        remaining.remove(best)
+        used += delta[best]
+        v = vectors[best]
+        for p in remaining:
+            sim[p] = max(sim[p], float(vectors[p] @ v), 0.0)
+
+
+class ContextRender:
+    """The ContextRender policy (see module docstring)."""
+
+    Config = ContextRenderConfig
+
+    def __init__(self, name: str = "contextrender", config: ContextRenderConfig | None = None) -> None:
+        self.name = name
+        self.config = config or ContextRenderConfig()
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        cfg = self.config
+        layout = Layout(graph, signals.counter, budget)
+        msgs = graph.messages
+        if layout.fits_in_full:
+            return layout.assemble(self.name, {p: msgs[p] for p in layout.candidates})
+        cands = layout.candidates
+        x, f = query_texts(graph, cfg)
+        vecs = signals.embedder.embed([msgs[p].content[:cfg.result_clip_chars] for p in cands] + [x, f])
+        q = cfg.task_weight * vecs[-2] + cfg.latest_weight * vecs[-1]
+        qn = float(np.linalg.norm(q)) or 1.0
+        vectors = {p: vecs[i] for i, p in enumerate(cands)}
+        shown_as = {p: msgs[p] for p in cands}
+        delta = dict(layout.delta)
+        for p in cands:  # oversized-result fallback
+            if layout.full_cost[p] > budget:
+                ex = excerpt_for(msgs[p], max(16, int(cfg.oversized_excerpt_fraction * budget)), signals.counter)
+                shown_as[p] = ex
+                delta[p] = signals.counter.count_message(ex) - signals.counter.count_message(layout.placeholder[p])
+        score, parts = {}, {}
+        for p in cands:
+            a, c = graph.age(p), graph.reuse_score(p)
+            s = max(float(vectors[p] @ q) / qn, 0.0)
+            score[p] = usefulness(a, c, s, cfg)
+            parts[p] = f"U={score[p]:.3f} (age={a}, reuse c={c:.2f}, relevance s={s:.3f})"
+        selected = greedy_select(cands, score, delta, layout.base_tokens, budget, vectors, cfg.similarity_penalty)
+        chosen = set(selected)
+        for rank, p in enumerate(selected, 1):
+            kind = "excerpt of oversized result" if shown_as[p] is not msgs[p] else "selected"
+            layout.reasons[p] = f"{kind} #{rank}: {parts[p]}"
+        for p in cands:
+            if p not in chosen:
+                layout.reasons[p] = f"omitted: {parts[p]}; not selected within B"
+        return layout.assemble(self.name, {p: shown_as[p] for p in selected})
+
+
+register("contextrender", SOURCE, "Usefulness = recency + observed reuse (TFA) + relevance; greedy under B with a similarity penalty.")(ContextRender)
+
+# Selector ablations of ContextRender §4.4 / B.3 (Table 3): omitted terms get weight 0, the
+# retained weights, λ, γ, the similarity penalty and the accounting stay unchanged.
+register("cr-recency", "ContextRender §4.4, B.3 (CR–Recency)", "ContextRender with only the recency term.",
+         w_reuse=0.0, w_rel=0.0)(ContextRender)
+register("cr-relevance", "ContextRender §4.4, B.3 (CR–Relevance)", "ContextRender with only the relevance term.",
+         w_rec=0.0, w_reuse=0.0)(ContextRender)
+register("cr-recency-relevance", "ContextRender §4.4, B.3 (CR–Recency + Relevance)",
+         "ContextRender without observed reuse.", w_reuse=0.0)(ContextRender)

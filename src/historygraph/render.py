@@ -1,0 +1,309 @@
+"""Assembly of a rendering and the invariants every rendering must hold (DESIGN.md §5).
+
+Every policy renders through :class:`Layout`, so budget accounting and tool-call pairing are
+implemented once:
+
+* **Scope of B** (ContextRender A.4): system messages and the *current user message* (the latest
+  user message) are separate model-input components and are not charged to B. Everything else
+  (earlier user messages, assistant messages with their tool calls, tool results, placeholders)
+  is. Tool schemas are not part of the stored history and are not counted.
+* **Non-tool history is charged first** (A.4): the base cost is every retained user/assistant
+  message plus, for each tool result, a short placeholder that names the result's id. Showing a
+  result in full costs ``tok(result) − tok(placeholder)`` more. A call whose result is not shown
+  therefore still gets an answer, so a provider never sees an orphaned call (our decision where
+  the paper is silent; the placeholder is charged to B).
+* **Retained non-tool history alone exceeds B**: the oldest units (an assistant message with its
+  calls and results, or a user message) are dropped, each with a reason, until the base fits. The
+  first user message, the current user message, system messages and the latest assistant
+  message (the current turn, which may hold an in-flight call) are protected. When even the
+  protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
+* **Unanswered calls**: a call with no stored result that is not in the latest assistant message
+  is answered by a synthetic result saying so; a call in the latest assistant message is in
+  flight and is rendered without a result (DESIGN.md §5.4).
+
+Token counts are in tokens of the :class:`~historygraph.signals.tokens.TokenCounter` encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import Message
+from .graph import ContextGraph
+from .signals.tokens import TokenCounter
+
+PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
+UNANSWERED = "[error: no result was recorded for tool call {id}]"
+EXCERPT_MARK = "\n[... tool result {id} truncated: {kept} of {total} tokens shown (head and tail); the full result is stored and can be restored by id ...]\n"
+
+
+class BudgetTooSmallError(ValueError):
+    """The protected history alone exceeds the budget.
+
+    Attributes:
+        budget: the history budget B (tokens).
+        required: tokens the protected history needs.
+        shortfall: ``required − budget``.
+    """
+
+    def __init__(self, budget: int, required: int) -> None:
+        self.budget, self.required, self.shortfall = budget, required, required - budget
+        super().__init__(
+            f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history "
+            f"(first user message and current turn) needs {required} tokens")
+
+
+class InvariantError(AssertionError):
+    """A rendering broke one of the invariants of DESIGN.md §5 (names which)."""
+
+
+@dataclass
+class Rendering:
+    """What a policy returns for one invocation.
+
+    Attributes:
+        messages: the model input, chronological: system messages, history, current user message.
+        positions: for each rendered message, its graph position (``None`` for a synthetic result).
+        full: positions of tool results rendered with their complete stored text.
+        omitted: positions of tool results not rendered complete (placeholder, excerpt or dropped).
+        dropped: positions of messages left out entirely.
+        history_tokens: tokens charged to B.
+        input_tokens: tokens of the whole rendered message list (history + system + current user).
+        reasons: per-position explanation of the decision.
+        stats: policy-specific numbers (e.g. model calls for summarising policies).
+    """
+
+    policy: str
+    budget: int | None
+    messages: list[Message]
+    positions: list[int | None]
+    full: list[int]
+    omitted: list[int]
+    dropped: list[int]
+    history_tokens: int
+    input_tokens: int
+    reasons: dict[int, str] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_openai(self) -> list[dict[str, Any]]:
+        return [m.to_openai() for m in self.messages]
+
+
+def placeholder_for(message: Message, counter: TokenCounter) -> Message:
+    text = PLACEHOLDER.format(id=message.tool_call_id, tokens=counter.count(message.content))
+    return message.with_content(text, "placeholder")
+
+
+def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
+    """Head-and-tail truncation of a tool result to at most ``max_tokens`` tokens of content.
+
+    The marker in the middle says it is truncated and names the result id (ContextRender A.4
+    oversized-result fallback when no LLM is configured). The stored original is unchanged.
+    """
+    total = counter.count(message.content)
+    mark_cost = counter.count(EXCERPT_MARK.format(id=message.tool_call_id, kept=total, total=total)) + 2
+    keep = max(0, max_tokens - mark_cost)
+    head = counter.truncate(message.content, keep - keep // 3)
+    tail = counter.tail(message.content, keep // 3)
+    text = head + EXCERPT_MARK.format(id=message.tool_call_id, kept=counter.count(head) + counter.count(tail), total=total) + tail
+    while counter.count(text) > max_tokens and keep > 0:  # re-tokenising at the seams can add a token or two
+        keep = max(0, keep - max(4, keep // 20))
+        head = counter.truncate(message.content, keep - keep // 3)
+        tail = counter.tail(message.content, keep // 3)
+        text = head + EXCERPT_MARK.format(id=message.tool_call_id, kept=counter.count(head) + counter.count(tail), total=total) + tail
+    return message.with_content(text, "excerpt")
+
+
+@dataclass
+class _Unit:
+    """A droppable group of history: one user message, or an assistant message with its results."""
+
+    positions: list[int]
+    protected: bool
+    cost: int = 0
+
+
+class Layout:
+    """The shared budget accounting for one invocation over the whole ``graph``.
+
+    After construction: ``candidates`` lists the result positions a policy may show in full,
+    ``delta[p]`` is the extra cost of showing result ``p`` in full instead of its placeholder, and
+    ``base_tokens`` is the cost of the history with every candidate as a placeholder.
+
+    Raises:
+        BudgetTooSmallError: when ``budget`` cannot hold the protected history.
+    """
+
+    def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None) -> None:
+        self.graph, self.counter, self.budget = graph, counter, budget
+        msgs = graph.messages
+        self.reasons: dict[int, str] = {}
+        users = [p for p, m in enumerate(msgs) if m.role == "user"]
+        self.current_user = users[-1] if users else None
+        first_user = users[0] if users else None
+        assistants = [p for p, m in enumerate(msgs) if m.role == "assistant"]
+        last_assistant = assistants[-1] if assistants else None
+        self.outside = {p for p, m in enumerate(msgs) if m.role == "system"}
+        if self.current_user is not None:
+            self.outside.add(self.current_user)
+
+        self.placeholder: dict[int, Message] = {}
+        self.full_cost: dict[int, int] = {}
+        self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
+        units: list[_Unit] = []
+        for p, m in enumerate(msgs):
+            if p in self.outside:
+                continue
+            if m.role == "user":
+                units.append(_Unit([p], protected=p == first_user))
+            elif m.role == "assistant":
+                unit = _Unit([p], protected=p == last_assistant)
+                for call in m.tool_calls:
+                    rp = graph.result_of.get(call.id)
+                    if rp is not None:
+                        unit.positions.append(rp)
+                    elif p != last_assistant:
+                        self.synthetic.setdefault(p, []).append(
+                            Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
+                                    rendered_as="placeholder"))
+                units.append(unit)
+        for unit in units:
+            for p in unit.positions:
+                m = msgs[p]
+                if m.role == "tool":
+                    self.full_cost[p] = counter.count_message(m)
+                    self.placeholder[p] = placeholder_for(m, counter)
+                    unit.cost += counter.count_message(self.placeholder[p])
+                else:
+                    unit.cost += counter.count_message(m)
+                    unit.cost += sum(counter.count_message(s) for s in self.synthetic.get(p, ()))
+        self.full_history_tokens = sum(
+            counter.count_message(msgs[p]) if msgs[p].role != "tool" else self.full_cost[p]
+            for u in units for p in u.positions) + sum(counter.count_message(s) for ss in self.synthetic.values() for s in ss)
+
+        self.dropped: list[int] = []
+        self.base_tokens = sum(u.cost for u in units)
+        if budget is not None and self.base_tokens > budget:
+            for unit in units:
+                if self.base_tokens <= budget:
+                    break
+                if unit.protected:
+                    continue
+                self.base_tokens -= unit.cost
+                for p in unit.positions:
+                    self.dropped.append(p)
+                    self.reasons[p] = "dropped: retained non-tool history exceeds the budget (oldest first)"
+            if self.base_tokens > budget:
+                raise BudgetTooSmallError(budget, self.base_tokens)
+        dropped = set(self.dropped)
+        self.candidates = [p for p in self.placeholder if p not in dropped]
+        self.delta = {p: self.full_cost[p] - counter.count_message(self.placeholder[p]) for p in self.candidates}
+
+    @property
+    def fits_in_full(self) -> bool:
+        """True when the complete history fits in B (then it is rendered unchanged, A.1 line 6)."""
+        return self.budget is None or self.full_history_tokens <= self.budget
+
+    def assemble(self, policy: str, shown: dict[int, Message] | None = None) -> Rendering:
+        """Build the rendering: results in ``shown`` are rendered with the given message (the
+        original for full, or an excerpt), other candidates as placeholders. Chronological."""
+        shown = shown or {}
+        msgs, dropped = self.graph.messages, set(self.dropped)
+        out: list[Message] = []
+        positions: list[int | None] = []
+        full: list[int] = []
+        history = 0
+        for p, m in enumerate(msgs):
+            if p in dropped:
+                continue
+            if m.role == "tool":
+                r = shown.get(p, self.placeholder.get(p, m))
+                if r is m:
+                    full.append(p)
+                else:
+                    self.reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
+            else:
+                r = m
+            out.append(r)
+            positions.append(p)
+            cost = self.counter.count_message(r)
+            if p not in self.outside:
+                history += cost
+            for s in self.synthetic.get(p, ()):
+                out.append(s)
+                positions.append(None)
+                history += self.counter.count_message(s)
+        total = sum(self.counter.count_message(m) for m in out)
+        full_set = set(full)
+        omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
+        return Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
+                         omitted=omitted, dropped=list(self.dropped), history_tokens=history,
+                         input_tokens=total, reasons=dict(self.reasons))
+
+
+def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCounter) -> None:
+    """Raise :class:`InvariantError` naming the first invariant of DESIGN.md §5 that is broken."""
+    msgs = rendering.messages
+    B = rendering.budget
+    # 1. budget, recounted independently of the policy's own figure
+    outside = {p for p, m in enumerate(graph.messages) if m.role == "system"}
+    users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
+    if users:
+        outside.add(users[-1])
+    history = sum(counter.count_message(m) for m, p in zip(msgs, rendering.positions) if p not in outside)
+    if history != rendering.history_tokens:
+        raise InvariantError(f"history_tokens {rendering.history_tokens} != recount {history}")
+    if B is not None and history > B:
+        raise InvariantError(f"§5.1 budget: history {history} tokens > B {B}")
+    # 2. pairing
+    i = 0
+    while i < len(msgs):
+        m = msgs[i]
+        if m.role == "tool":
+            raise InvariantError(f"§5.2 pairing: tool result {m.tool_call_id} at rendered index {i} has no preceding call")
+        if m.role == "assistant" and m.tool_calls:
+            ids = [c.id for c in m.tool_calls]
+            j = i + 1
+            got: list[str] = []
+            while j < len(msgs) and msgs[j].role == "tool":
+                got.append(msgs[j].tool_call_id or "")
+                j += 1
+            in_flight = j == len(msgs) and not got and rendering.positions[i] == len(graph) - 1
+            if not in_flight and sorted(got) != sorted(ids):
+                raise InvariantError(f"§5.2 pairing: assistant at rendered index {i} calls {ids} but is followed by results {got}")
+            i = j
+            continue
+        i += 1
+    # 3. order, verbatim user messages, complete or marked results
+    real = [p for p in rendering.positions if p is not None]
+    if real != sorted(real) or len(set(real)) != len(real):
+        raise InvariantError("§5.3 order: rendering is not chronological")
+    for m, p in zip(msgs, rendering.positions):
+        if p is None:
+            continue
+        orig = graph.messages[p]
+        if m.role in ("user", "assistant", "system") and m != orig:
+            raise InvariantError(f"§5.3 verbatim: {m.role} message at position {p} was altered")
+        if m.role == "tool" and m.content != orig.content:
+            if m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
+                raise InvariantError(f"§5.3 complete: result at position {p} altered without a mark naming its id")
+    # 4. in-flight call kept
+    if graph.messages and graph.messages[-1].role == "assistant" and graph.messages[-1].tool_calls:
+        if not rendering.positions or rendering.positions[-1] != len(graph) - 1:
+            raise InvariantError("§5.4 in-flight: the last assistant tool call was cut")
+    # 5. under budget → unchanged
+    if B is not None and rendering.policy != "full":
+        full_cost = sum(counter.count_message(m) for p, m in enumerate(graph.messages) if p not in outside)
+        if full_cost <= B and not _has_unanswered(graph) and msgs != graph.messages:
+            raise InvariantError("§5.5 unchanged: history fits in B but was not returned unchanged")
+    # 6. omitted results are retrievable
+    for p in rendering.omitted:
+        if graph.messages[p].role != "tool":
+            raise InvariantError(f"§5.6 omitted position {p} is not a stored tool result")
+
+
+def _has_unanswered(graph: ContextGraph) -> bool:
+    last = len(graph) - 1
+    return any(c.id not in graph.result_of for p, m in enumerate(graph.messages) if m.role == "assistant" and p != last
+               for c in m.tool_calls)

@@ -1,0 +1,88 @@
+"""Tool-Flow Analysis (TFA): observed reuse of values from earlier tool results.
+
+Specification: ContextRender §3.2 and Appendix A.2.
+
+* Extraction: candidates match ``[A-Za-z0-9][A-Za-z0-9_.\\-]{4,}``; every other character
+  (quotes, brackets, commas, colons, slashes, whitespace, ``@`` …) separates candidates, so a
+  path is tested segment by segment and an e-mail address splits at ``@``.
+* Stripping: leading and trailing ``.``, ``-`` and ``_`` are removed; inner ones are kept.
+* Filters: at least 6 characters after stripping; must contain an underscore, an uppercase
+  letter, a digit, a hyphen or a period; pure-alphabetic Titlecase words are excluded.
+* Matching: exact, case-sensitive, whole-token. A later *operation* (a model output's text, or
+  one tool call's name and arguments) uses a value when the same extraction applied to the
+  operation yields that exact value.
+* Attribution: each use goes to the first earlier tool result containing the value.
+* Counting: a distinct value counts once per operation; separate operations count separately.
+* Weighting (eq. 1): ``c_t(r) = Σ_{m ∈ M_t(r)} 1 / n_t(m)`` where ``n_t(m)`` is the number of
+  tool results before invocation ``t`` that contain the value (results, not occurrences).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+CANDIDATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{4,}")
+MIN_LENGTH = 6
+_QUALIFYING = re.compile(r"[_A-Z0-9.\-]")
+_TITLECASE = re.compile(r"[A-Z][a-z]+")
+
+
+def extract_values(text: str) -> set[str]:
+    """The set of qualifying TFA values in ``text`` (ContextRender A.2)."""
+    out: set[str] = set()
+    for raw in CANDIDATE.findall(text):
+        value = raw.strip("._-")
+        if len(value) < MIN_LENGTH or not _QUALIFYING.search(value) or _TITLECASE.fullmatch(value):
+            continue
+        out.add(value)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseMatch:
+    """One observed reuse: ``value`` from result at ``source`` used by the operation ``op`` of the
+    message at ``user`` (op 0 is the message text, op k ≥ 1 its k-th tool call)."""
+
+    source: int
+    user: int
+    op: int
+    value: str
+
+
+class ReuseIndex:
+    """Incremental TFA state for one session, fed messages in chronological order.
+
+    ``add_result`` registers a tool result's values; ``add_operations`` records the matches of a
+    model output. ``score(position)`` returns ``c_t(r)`` for the current state, i.e. with
+    ``n_t`` counted over all results added so far (the graph state before invocation ``t``).
+    """
+
+    def __init__(self) -> None:
+        self._holders: dict[str, list[int]] = defaultdict(list)  # value -> result positions, in order
+        self.matches: dict[int, list[ReuseMatch]] = defaultdict(list)  # source result -> matches
+
+    def add_result(self, position: int, text: str) -> None:
+        for value in extract_values(text):
+            self._holders[value].append(position)
+
+    def add_operations(self, position: int, operations: list[str]) -> list[ReuseMatch]:
+        """Record the uses in one assistant message; each entry of ``operations`` is one operation."""
+        found: list[ReuseMatch] = []
+        for op, text in enumerate(operations):
+            for value in sorted(extract_values(text)):
+                holders = self._holders.get(value)
+                if holders:
+                    m = ReuseMatch(source=holders[0], user=position, op=op, value=value)
+                    self.matches[holders[0]].append(m)
+                    found.append(m)
+        return found
+
+    def holders(self, value: str) -> int:
+        """``n_t(m)``: how many results so far contain ``value``."""
+        return len(self._holders.get(value, ()))
+
+    def score(self, position: int) -> float:
+        """``c_t(r)`` of the result at ``position`` (eq. 1)."""
+        return sum(1.0 / len(self._holders[m.value]) for m in self.matches.get(position, ()))
