@@ -92,6 +92,22 @@ class ContextGraph:
             self.reuse.add_result(pos, message.content)
         return pos
 
+    def validate(self, batch: Iterable[Message]) -> None:
+        """Raise :class:`GraphError` if appending ``batch`` would fail; changes nothing."""
+        calls, answered = set(self.call_owner), set(self.result_of)
+        for i, m in enumerate(batch):
+            if m.role == "assistant":
+                for c in m.tool_calls:
+                    if c.id in calls:
+                        raise GraphError(f"event {i}: tool call id {c.id!r} appears twice")
+                    calls.add(c.id)
+            elif m.role == "tool":
+                if m.tool_call_id not in calls:
+                    raise GraphError(f"event {i}: tool result answers unknown tool_call_id {m.tool_call_id!r}")
+                if m.tool_call_id in answered:
+                    raise GraphError(f"event {i}: tool_call_id {m.tool_call_id!r} already has a result")
+                answered.add(m.tool_call_id)
+
     def extend(self, messages: Iterable[Message]) -> None:
         for m in messages:
             self.append(m)

@@ -13,9 +13,11 @@ implemented once:
   therefore still gets an answer, so a provider never sees an orphaned call (our decision where
   the paper is silent; the placeholder is charged to B).
 * **Retained non-tool history alone exceeds B**: the oldest units (an assistant message with its
-  calls and results, or a user message) are dropped, each with a reason, until the base fits. The
-  first user message, the current user message, system messages and the latest assistant
-  message (the current turn, which may hold an in-flight call) are protected. When even the
+  calls and results, or a user message) are dropped, each with a reason, until the base fits in
+  half of B, leaving the other half for results; a dropped step comes back when a policy selects
+  one of its results, and its assistant message is then charged too. The first user message,
+  the current user message, system messages and the latest assistant message (the current turn,
+  which may hold an in-flight call) are protected. When even the
   protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
 * **Unanswered calls**: a call with no stored result that is not in the latest assistant message
   is answered by a synthetic result saying so; a call in the latest assistant message is in
@@ -124,18 +126,55 @@ class _Unit:
     cost: int = 0
 
 
+class Selection:
+    """Running budget state of one greedy pass: tokens used and the dropped steps revived so far.
+
+    ``cost(p)`` is the exact growth of the assembled history if result ``p`` is shown as
+    ``layout.shown_cost`` says: its extra tokens over the placeholder, plus, when its step was
+    dropped, the step's assistant message and its siblings' placeholders (eq. 6 on the assembled
+    history).
+    """
+
+    def __init__(self, layout: "Layout") -> None:
+        self.layout = layout
+        self.used = layout.base_tokens
+        self.revived: set[int] = set()
+        self.shown: dict[int, Message] = {}
+
+    def cost(self, p: int, delta: int | None = None) -> int:
+        lay = self.layout
+        u = lay.unit_of[p]
+        extra = lay.units[u].cost if u in lay.dropped_units and u not in self.revived else 0
+        return (lay.delta[p] if delta is None else delta) + extra
+
+    def fits(self, p: int, delta: int | None = None) -> bool:
+        return self.layout.budget is None or self.used + self.cost(p, delta) <= self.layout.budget
+
+    def take(self, p: int, shown: Message, delta: int | None = None) -> None:
+        self.used += self.cost(p, delta)
+        self.revived.add(self.layout.unit_of[p])
+        self.shown[p] = shown
+
+
 class Layout:
     """The shared budget accounting for one invocation over the whole ``graph``.
 
-    After construction: ``candidates`` lists the result positions a policy may show in full,
+    After construction: ``candidates`` lists every stored tool result a policy may show,
     ``delta[p]`` is the extra cost of showing result ``p`` in full instead of its placeholder, and
-    ``base_tokens`` is the cost of the history with every candidate as a placeholder.
+    ``base_tokens`` the cost of the retained history with every result as a placeholder.
+
+    When the retained non-tool history exceeds ``(1 − result_reserve)·B`` the oldest unprotected
+    units are dropped until it fits (our decision where ContextRender A.4 is silent: without a
+    reserve the assistant messages of a 100-step trace leave no room for any result). A dropped
+    step stays a candidate: showing one of its results revives the step, and the revival is
+    charged (see :class:`Selection`).
 
     Raises:
         BudgetTooSmallError: when ``budget`` cannot hold the protected history.
     """
 
-    def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None) -> None:
+    def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
+                 result_reserve: float = 0.5) -> None:
         self.graph, self.counter, self.budget = graph, counter, budget
         msgs = graph.messages
         self.reasons: dict[int, str] = {}
@@ -151,53 +190,55 @@ class Layout:
         self.placeholder: dict[int, Message] = {}
         self.full_cost: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
-        units: list[_Unit] = []
+        self.units: list[_Unit] = []
+        self.unit_of: dict[int, int] = {}
         for p, m in enumerate(msgs):
             if p in self.outside:
                 continue
             if m.role == "user":
-                units.append(_Unit([p], protected=p == first_user))
+                self.units.append(_Unit([p], protected=p == first_user))
             elif m.role == "assistant":
                 unit = _Unit([p], protected=p == last_assistant)
                 for call in m.tool_calls:
                     rp = graph.result_of.get(call.id)
                     if rp is not None:
                         unit.positions.append(rp)
+                        self.unit_of[rp] = len(self.units)
                     elif p != last_assistant:
                         self.synthetic.setdefault(p, []).append(
                             Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
                                     rendered_as="placeholder"))
-                units.append(unit)
-        for unit in units:
+                self.units.append(unit)
+        full_tokens = 0
+        for unit in self.units:
             for p in unit.positions:
                 m = msgs[p]
                 if m.role == "tool":
                     self.full_cost[p] = counter.count_message(m)
                     self.placeholder[p] = placeholder_for(m, counter)
                     unit.cost += counter.count_message(self.placeholder[p])
+                    full_tokens += self.full_cost[p]
                 else:
-                    unit.cost += counter.count_message(m)
-                    unit.cost += sum(counter.count_message(s) for s in self.synthetic.get(p, ()))
-        self.full_history_tokens = sum(
-            counter.count_message(msgs[p]) if msgs[p].role != "tool" else self.full_cost[p]
-            for u in units for p in u.positions) + sum(counter.count_message(s) for ss in self.synthetic.values() for s in ss)
+                    c = counter.count_message(m) + sum(counter.count_message(s) for s in self.synthetic.get(p, ()))
+                    unit.cost += c
+                    full_tokens += c
+        self.full_history_tokens = full_tokens
 
-        self.dropped: list[int] = []
-        self.base_tokens = sum(u.cost for u in units)
+        self.dropped_units: set[int] = set()
+        self.base_tokens = sum(u.cost for u in self.units)
         if budget is not None and self.base_tokens > budget:
-            for unit in units:
-                if self.base_tokens <= budget:
+            target = int(budget * (1.0 - result_reserve))
+            protected = sum(u.cost for u in self.units if u.protected)
+            for i, unit in enumerate(self.units):
+                if self.base_tokens <= max(target, protected):
                     break
                 if unit.protected:
                     continue
                 self.base_tokens -= unit.cost
-                for p in unit.positions:
-                    self.dropped.append(p)
-                    self.reasons[p] = "dropped: retained non-tool history exceeds the budget (oldest first)"
+                self.dropped_units.add(i)
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
-        dropped = set(self.dropped)
-        self.candidates = [p for p in self.placeholder if p not in dropped]
+        self.candidates = sorted(self.placeholder)
         self.delta = {p: self.full_cost[p] - counter.count_message(self.placeholder[p]) for p in self.candidates}
 
     @property
@@ -205,11 +246,25 @@ class Layout:
         """True when the complete history fits in B (then it is rendered unchanged, A.1 line 6)."""
         return self.budget is None or self.full_history_tokens <= self.budget
 
-    def assemble(self, policy: str, shown: dict[int, Message] | None = None) -> Rendering:
-        """Build the rendering: results in ``shown`` are rendered with the given message (the
-        original for full, or an excerpt), other candidates as placeholders. Chronological."""
-        shown = shown or {}
-        msgs, dropped = self.graph.messages, set(self.dropped)
+    def selection(self) -> Selection:
+        return Selection(self)
+
+    def assemble_full(self, policy: str) -> Rendering:
+        """The complete history, unchanged (ContextRender A.1 lines 6–7)."""
+        sel = Selection(self)
+        for p in self.candidates:
+            sel.take(p, self.graph.messages[p])
+        return self.assemble(policy, sel)
+
+    def assemble(self, policy: str, selection: Selection) -> Rendering:
+        """Build the rendering: results in ``selection.shown`` are rendered with the given message
+        (the original for full, or an excerpt), other results of retained steps as placeholders,
+        dropped steps that were not revived are left out. Chronological."""
+        shown = selection.shown
+        msgs = self.graph.messages
+        dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
+        for p in sorted(dropped):
+            self.reasons.setdefault(p, "dropped: retained non-tool history over its share of the budget (oldest first)")
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []
@@ -227,9 +282,8 @@ class Layout:
                 r = m
             out.append(r)
             positions.append(p)
-            cost = self.counter.count_message(r)
             if p not in self.outside:
-                history += cost
+                history += self.counter.count_message(r)
             for s in self.synthetic.get(p, ()):
                 out.append(s)
                 positions.append(None)
@@ -238,7 +292,7 @@ class Layout:
         full_set = set(full)
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
         return Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
-                         omitted=omitted, dropped=list(self.dropped), history_tokens=history,
+                         omitted=omitted, dropped=sorted(dropped), history_tokens=history,
                          input_tokens=total, reasons=dict(self.reasons))
 
 
@@ -254,7 +308,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     history = sum(counter.count_message(m) for m, p in zip(msgs, rendering.positions) if p not in outside)
     if history != rendering.history_tokens:
         raise InvariantError(f"history_tokens {rendering.history_tokens} != recount {history}")
-    if B is not None and history > B:
+    if B is not None and rendering.policy != "full" and history > B:
         raise InvariantError(f"§5.1 budget: history {history} tokens > B {B}")
     # 2. pairing
     i = 0

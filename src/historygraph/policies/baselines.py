@@ -14,8 +14,7 @@ class FullHistory:
         self.name = name
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
-        layout = Layout(graph, signals.counter, None)
-        r = layout.assemble(self.name, {p: graph.messages[p] for p in layout.candidates})
+        r = Layout(graph, signals.counter, None).assemble_full(self.name)
         r.budget = budget  # reported against B, never enforced
         return r
 
@@ -33,14 +32,12 @@ class Prune:
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         layout = Layout(graph, signals.counter, budget)
         if layout.fits_in_full:
-            return layout.assemble(self.name, {p: graph.messages[p] for p in layout.candidates})
-        used = layout.base_tokens
-        shown = {}
-        for p in sorted(layout.candidates, reverse=True):
-            if used + layout.delta[p] <= budget:
-                used += layout.delta[p]
-                shown[p] = graph.messages[p]
+            return layout.assemble_full(self.name)
+        sel = layout.selection()
+        for p in reversed(layout.candidates):
+            if sel.fits(p):
+                sel.take(p, graph.messages[p])
                 layout.reasons[p] = "kept: newest results first, fits"
             else:
                 layout.reasons[p] = "omitted: does not fit after newer results"
-        return layout.assemble(self.name, shown)
+        return layout.assemble(self.name, sel)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import ContextGraph
-from ..render import Layout, Rendering, excerpt_for
+from ..events import Message
+from ..render import Layout, Rendering, Selection, excerpt_for
 from .base import Signals, register
 
 SOURCE = "ContextRender §3.3, A.1–A.4"
@@ -86,17 +87,16 @@ def query_texts(graph: ContextGraph, cfg: ContextRenderConfig) -> tuple[str, str
     return x, "\n".join(latest)[:cfg.result_clip_chars]
 
 
-def greedy_select(candidates: list[int], score: dict[int, float], delta: dict[int, int], base: int, budget: int,
-                  vectors: dict[int, np.ndarray], penalty: float) -> list[int]:
-    """Algorithm 1 lines 15–20 with eq. 6–7: returns the selected positions in selection order."""
+def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection, vectors: dict[int, np.ndarray],
+                  penalty: float, shown_as: dict[int, Message], delta: dict[int, int]) -> list[int]:
+    """Algorithm 1 lines 15–20 with eq. 6–7; fills ``sel`` and returns positions in selection order."""
     selected: list[int] = []
     remaining = list(candidates)  # transcript order
     sim = {p: 0.0 for p in candidates}  # D(r, S), floored at 0
-    used = base
     while True:
         best, best_r = None, -math.inf
         for p in remaining:
-            if used + delta[p] > budget:
+            if not sel.fits(p, delta[p]):
                 continue
             r = score[p] - penalty * sim[p]
             if r > best_r:  # strictly higher: exact ties keep the older result
@@ -105,7 +105,7 @@ def greedy_select(candidates: list[int], score: dict[int, float], delta: dict[in
             return selected
         selected.append(best)
         remaining.remove(best)
-        used += delta[best]
+        sel.take(best, shown_as[best], delta[best])
         v = vectors[best]
         for p in remaining:
             sim[p] = max(sim[p], float(vectors[p] @ v), 0.0)
@@ -125,7 +125,7 @@ class ContextRender:
         layout = Layout(graph, signals.counter, budget)
         msgs = graph.messages
         if layout.fits_in_full:
-            return layout.assemble(self.name, {p: msgs[p] for p in layout.candidates})
+            return layout.assemble_full(self.name)
         cands = layout.candidates
         x, f = query_texts(graph, cfg)
         vecs = signals.embedder.embed([msgs[p].content[:cfg.result_clip_chars] for p in cands] + [x, f])
@@ -145,7 +145,8 @@ class ContextRender:
             s = max(float(vectors[p] @ q) / qn, 0.0)
             score[p] = usefulness(a, c, s, cfg)
             parts[p] = f"U={score[p]:.3f} (age={a}, reuse c={c:.2f}, relevance s={s:.3f})"
-        selected = greedy_select(cands, score, delta, layout.base_tokens, budget, vectors, cfg.similarity_penalty)
+        sel = layout.selection()
+        selected = greedy_select(cands, score, sel, vectors, cfg.similarity_penalty, shown_as, delta)
         chosen = set(selected)
         for rank, p in enumerate(selected, 1):
             kind = "excerpt of oversized result" if shown_as[p] is not msgs[p] else "selected"
@@ -153,7 +154,7 @@ class ContextRender:
         for p in cands:
             if p not in chosen:
                 layout.reasons[p] = f"omitted: {parts[p]}; not selected within B"
-        return layout.assemble(self.name, {p: shown_as[p] for p in selected})
+        return layout.assemble(self.name, sel)
 
 
 register("contextrender", SOURCE, "Usefulness = recency + observed reuse (TFA) + relevance; greedy under B with a similarity penalty.")(ContextRender)

@@ -1,0 +1,20 @@
+"""historygraph: a persistent context graph for LLM agents, rendered under a token budget.
+
+The curated public API (checked by a test): value types, the context graph, stores, policies and
+the replay evaluator. See README.md for the architecture.
+"""
+
+from .events import EventError, Message, ToolCall, Trace
+from .graph import ContextGraph, GraphError
+from .policies import REGISTRY, PolicyError, Signals, create
+from .render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
+from .signals.tokens import TokenCounter
+from .store import MemoryStore, SQLiteStore, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetTooSmallError", "ContextGraph", "EventError", "GraphError", "InvariantError", "MemoryStore", "Message",
+    "PolicyError", "REGISTRY", "Rendering", "SQLiteStore", "Signals", "TokenCounter", "ToolCall", "Trace",
+    "check_invariants", "create", "open_store", "__version__",
+]

@@ -1,0 +1,187 @@
+"""The ``historygraph`` command: replay traces through policies, list policies, inspect the store."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import __version__
+from .eval.recall import AGE_BINS
+from .eval.replay import replay_trace
+from .eval.report import summarize, write_outputs
+from .formats import TraceFormatError, read_traces
+from .policies import REGISTRY, PolicyError, Signals, config_fields, create
+from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
+from .store import StoreError, open_store
+
+app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+console = Console(width=None if Console().is_terminal else 170)
+err = Console(stderr=True)
+
+EXAMPLE = "dinner_bill.json"
+
+
+def example_trace_path() -> Path:
+    """The small example trace shipped with the package (the dinner-bill scenario of ContextRender §2)."""
+    return Path(str(files("historygraph") / "examples" / EXAMPLE))
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def replay(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["contextrender", "prune", "full"],
+    budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens (ContextRender B.1 uses 6000).")] = 6000,
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+    store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: the user data dir.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv and recall_by_age.png.")] = Path("replay-results"),
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
+    per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
+) -> None:
+    """Replay recorded traces through policies and report recall, tokens and render time."""
+    names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
+    for n in names:
+        if n not in REGISTRY:
+            _fail(f"unknown policy {n!r}; run 'historygraph policies' to list them")
+    if encoding not in ENCODINGS:
+        _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    paths = paths or [example_trace_path()]
+    for p in paths:
+        if not p.exists():
+            _fail(f"{p}: no such file or folder")
+    t_start = time.perf_counter()
+    try:
+        traces = [t for p in paths for t in read_traces(p, format=fmt)]
+    except TraceFormatError as exc:
+        _fail(str(exc))
+    if not traces:
+        _fail(f"no traces found in {', '.join(map(str, paths))}")
+    try:
+        db = open_store(store)
+    except Exception as exc:  # an unwritable path, a corrupt database file
+        _fail(f"cannot open store {store or 'default'}: {exc}")
+    signals = Signals(counter=TokenCounter(encoding), embedding_cache=db)
+    try:
+        policies = {n: create(n) for n in names}
+    except (PolicyError, ValueError) as exc:
+        _fail(str(exc))
+    console.print(f"Replaying {len(traces)} trajectories from {len(paths)} path(s) through {', '.join(names)} "
+                  f"at B = {budget} tokens ({encoding}); store: {getattr(db, 'path', ':memory:')}")
+    results = []
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("replay", total=len(traces))
+        for tr in traces:
+            bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
+            results.append(replay_trace(tr, policies, budget, signals, db))
+            bar.advance(task)
+    wall = time.perf_counter() - t_start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budget,
+            "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces),
+            "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
+            "texts_embedded": signals._embedder.calls if signals._embedder else 0}
+    written = write_outputs(out, results, meta)
+    db.close()
+    per_trace_rows, per_source_rows = summarize(results)
+    _print_table(per_source_rows, f"Later-Used Result Recall and history tokens at B = {budget}")
+    if per_trace:
+        _print_table(per_trace_rows, "Per trace", trace_col=True)
+    bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
+    console.print(f"wall time {wall:.1f} s, peak memory {peak_mb:.0f} MB, {meta['texts_embedded']} texts embedded; "
+                  f"invariant violations: {bad}")
+    console.print("wrote " + ", ".join(str(p) for p in written.values()))
+    if bad:
+        raise typer.Exit(1)
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
+    t = Table(title=title, header_style="bold")
+    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
+        [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95"]
+    heads = {"recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
+             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls"}
+    heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
+    for c in cols:
+        t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right",
+                     no_wrap=c in ("source", "trace_id", "policy"))
+    for r in rows:
+        t.add_row(*[_fmt(r[c]) for c in cols])
+    console.print(t)
+
+
+@app.command()
+def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """List the registered policies with their parameters and paper sources."""
+    rows = [{"name": n, "source": s.source, "summary": s.summary, "parameters": config_fields(n)}
+            for n, s in sorted(REGISTRY.items())]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    t = Table(title="Policies", header_style="bold", show_lines=True)
+    for c in ("name", "source", "what it does", "parameters (defaults)"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["name"], r["source"], r["summary"], ", ".join(f"{k}={v}" for k, v in r["parameters"].items()) or "–")
+    console.print(t)
+
+
+@app.command()
+def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
+    """List the sessions in a store with their event counts."""
+    db = open_store(store)
+    t = Table(title=f"Sessions in {getattr(db, 'path', ':memory:')}", header_style="bold")
+    for c in ("session", "events", "tool results"):
+        t.add_column(c)
+    for sid in db.sessions():
+        g = db.graph(sid)
+        t.add_row(sid, str(len(g)), str(len(g.results())))
+    console.print(t)
+
+
+@app.command()
+def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
+         store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
+    """Print a stored session as OpenAI messages, or one complete tool result by id."""
+    db = open_store(store)
+    try:
+        g = db.graph(session)
+        if result:
+            console.print(g.result_by_id(result).content, markup=False, highlight=False)
+        else:
+            console.print_json(json.dumps([m.to_openai() for m in g.messages]))
+    except (KeyError, StoreError) as exc:
+        _fail(str(exc).strip("'\""))
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """historygraph: render agent histories under a token budget, chosen by evidence."""

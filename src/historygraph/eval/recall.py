@@ -1,0 +1,75 @@
+"""Later-Used Result Recall (ContextRender Appendix B.4).
+
+Reuse events are labelled on the recorded transcript alone, with a rule that is deliberately
+*not* TFA's (B.4, "Relation to production matching"):
+
+* eligible tokens are maximal runs of at least six letters, digits or underscores
+  (``[A-Za-z0-9_]{6,}``) containing at least one uppercase letter or underscore; Titlecase words
+  qualify;
+* a token is linked to tool result ``r`` only when its first appearance in the transcript
+  (system prompt, user messages, assistant messages and tool results alike) is in ``r``;
+* an assistant turn ``j`` after ``r`` that contains the token (prose, code or tool-call
+  arguments) labels the event ``(j, r)``; each distinct pair counts once, however many tokens
+  match.
+
+Visibility: ``r`` is visible at ``j`` only if its complete original text is in the rendering
+made immediately before ``j`` (an excerpt or summary does not count). Recall (eq. 8) is
+``100 · hits / |E|``. Result age is counted in turns (model invocations) as in §3.3: the age of
+event ``(j, r)`` is the number of assistant messages before ``j`` minus the number at or before
+``r``. Age bins follow Table 2: ≤3, 4–10, 11–25, >25.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..events import Message
+
+TOKEN = re.compile(r"[A-Za-z0-9_]{6,}")
+_QUALIFY = re.compile(r"[A-Z_]")
+AGE_BINS = ("<=3", "4-10", "11-25", ">25")
+
+
+def recall_tokens(text: str) -> set[str]:
+    """Eligible B.4 tokens of ``text``."""
+    return {t for t in TOKEN.findall(text) if _QUALIFY.search(t)}
+
+
+def age_bin(age: int) -> str:
+    return AGE_BINS[0] if age <= 3 else AGE_BINS[1] if age <= 10 else AGE_BINS[2] if age <= 25 else AGE_BINS[3]
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseEvent:
+    turn: int      # position of the assistant message j
+    result: int    # position of the tool result r
+    age: int       # turns between r and j
+
+
+def _assistant_text(m: Message) -> str:
+    return "\n".join([m.content] + [f"{c.name} {c.arguments}" for c in m.tool_calls])
+
+
+def reuse_events(messages: Sequence[Message]) -> list[ReuseEvent]:
+    """The fixed B.4 event set of a transcript, in turn order."""
+    first_seen: dict[str, int | None] = {}  # token -> result position, or None if first seen elsewhere
+    turns_before = 0
+    turn_of: list[int] = []
+    events: list[ReuseEvent] = []
+    for p, m in enumerate(messages):
+        if m.role == "assistant":
+            text = _assistant_text(m)
+            toks = recall_tokens(text)
+            sources = sorted({first_seen[t] for t in toks if first_seen.get(t) is not None})
+            for r in sources:
+                events.append(ReuseEvent(turn=p, result=r, age=turns_before - turn_of[r]))
+            turns_before += 1
+        else:
+            toks = recall_tokens(m.content)
+        src = p if m.role == "tool" else None
+        for t in toks:
+            first_seen.setdefault(t, src)
+        turn_of.append(turns_before)
+    return events

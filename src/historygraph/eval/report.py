@@ -1,0 +1,113 @@
+"""Tables, JSON, CSV and a plot from replay results.
+
+Every figure in the printed table is also in the JSON and CSV files. Rows are per trace and per
+source (the reader's format name, e.g. ``mini-swe-agent``), plus an ``ALL`` row per policy.
+Token figures are rendered *history* tokens (what B caps); render times are per invocation.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .recall import AGE_BINS
+from .replay import PolicyStats, TraceResult
+
+COLUMNS = ["scope", "source", "trace_id", "policy", "traces", "invocations", "events", "recall"] + \
+    [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
+    ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
+     "budget_errors", "invariant_violations"]
+
+
+def _pct(hits: int, events: int) -> float | None:
+    return round(100.0 * hits / events, 2) if events else None
+
+
+def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, traces: int, invocations: int) -> dict[str, Any]:
+    ms = np.array(st.render_seconds) * 1000.0
+    r: dict[str, Any] = {
+        "scope": scope, "source": source, "trace_id": trace_id, "policy": policy, "traces": traces,
+        "invocations": invocations, "events": st.events, "recall": _pct(st.hits, st.events),
+    }
+    for b in AGE_BINS:
+        r[f"recall_age_{b}"] = _pct(st.by_age[b][1], st.by_age[b][0])
+        r[f"events_age_{b}"] = st.by_age[b][0]
+    r["mean_history_tokens"] = round(float(np.mean(st.history_tokens)), 1) if st.history_tokens else None
+    r["max_history_tokens"] = max(st.history_tokens) if st.history_tokens else None
+    r["mean_input_tokens"] = round(float(np.mean(st.input_tokens)), 1) if st.input_tokens else None
+    r["render_ms_median"] = round(float(np.median(ms)), 3) if len(ms) else None
+    r["render_ms_p95"] = round(float(np.percentile(ms, 95)), 3) if len(ms) else None
+    r["budget_errors"] = st.budget_errors
+    r["invariant_violations"] = len(st.violations)
+    return r
+
+
+def summarize(results: list[TraceResult]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(per_trace_rows, per_source_rows)``; per-source rows include ``source == "ALL"``."""
+    per_trace, groups = [], defaultdict(lambda: defaultdict(PolicyStats))
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for res in results:
+        counts[res.source][0] += 1
+        counts[res.source][1] += res.invocations
+        counts["ALL"][0] += 1
+        counts["ALL"][1] += res.invocations
+        for policy, st in res.stats.items():
+            per_trace.append(row("trace", res.source, res.trace_id, policy, st, 1, res.invocations))
+            groups[res.source][policy].merge(st)
+            groups["ALL"][policy].merge(st)
+    per_source = [row("source", src, "", policy, st, *counts[src])
+                  for src in sorted(groups, key=lambda s: (s == "ALL", s)) for policy, st in groups[src].items()]
+    return per_trace, per_source
+
+
+def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any]) -> dict[str, Path]:
+    """Write ``replay.json``, ``replay.csv`` and (when matplotlib is installed) ``recall_by_age.png``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_trace, per_source = summarize(results)
+    paths = {"json": out_dir / "replay.json", "csv": out_dir / "replay.csv"}
+    violations = {f"{r.source}/{r.trace_id}/{p}": st.violations for r in results for p, st in r.stats.items() if st.violations}
+    paths["json"].write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
+                                         "invariant_violations": violations}, indent=2))
+    with paths["csv"].open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(per_source + per_trace)
+    png = plot_recall_by_age(per_source, out_dir / "recall_by_age.png")
+    if png:
+        paths["plot"] = png
+    return paths
+
+
+def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | None:
+    """Grouped bars: recall by result age, one panel per source. Returns None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    sources = list(dict.fromkeys(r["source"] for r in per_source))
+    policies = list(dict.fromkeys(r["policy"] for r in per_source))
+    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.6), squeeze=False, sharey=True)
+    width = 0.8 / max(1, len(policies))
+    for ax, src in zip(axes[0], sources):
+        for i, pol in enumerate(policies):
+            r = next((x for x in per_source if x["source"] == src and x["policy"] == pol), None)
+            if r is None:
+                continue
+            vals = [r[f"recall_age_{b}"] or 0.0 for b in AGE_BINS]
+            ax.bar(np.arange(len(AGE_BINS)) + i * width, vals, width, label=pol)
+        ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2, AGE_BINS)
+        ax.set_title(src, fontsize=9)
+        ax.set_xlabel("result age (turns)")
+    axes[0][0].set_ylabel("Later-Used Result Recall (%)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

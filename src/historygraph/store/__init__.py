@@ -1,0 +1,17 @@
+"""Session stores: :class:`MemoryStore` and :class:`SQLiteStore` (the embedded default)."""
+
+from .base import Store, StoreError
+from .memory import MemoryStore
+from .sqlite import SQLiteStore, default_path
+
+__all__ = ["MemoryStore", "SQLiteStore", "Store", "StoreError", "default_path", "open_store"]
+
+
+def open_store(url: str | None = None) -> Store:
+    """``None`` → SQLite at the default path; ``":memory:"`` → :class:`MemoryStore`; anything
+    else is a SQLite file path (``sqlite:///path`` accepted)."""
+    if url == ":memory:":
+        return MemoryStore()
+    if url and url.startswith("sqlite:///"):
+        url = url[len("sqlite:///"):]
+    return SQLiteStore(url)

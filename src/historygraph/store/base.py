@@ -1,0 +1,110 @@
+"""The store contract: one abstract interface, implemented by every backend.
+
+A store keeps sessions (one per agent run), each an append-only list of events (OpenAI-form
+:class:`~historygraph.events.Message`), plus a content-hash cache of embeddings shared by all
+sessions. Derived state (reuse edges) is rebuilt from the events by
+:class:`~historygraph.graph.ContextGraph` when a session is opened, so a store never holds
+anything a policy could get out of step with.
+
+Appends are validated against the session's graph *before* anything is written: an invalid
+event (unknown call id, duplicate id, bad role) raises and leaves the stored session unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..events import Message
+from ..graph import ContextGraph
+
+
+class StoreError(KeyError):
+    """Unknown or duplicate session (the message names it)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+class Store(ABC):
+    """Abstract store. Subclasses implement the ``_``-prefixed primitives."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[str, ContextGraph] = {}
+
+    # -- primitives -----------------------------------------------------------------------
+    @abstractmethod
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def _session_meta(self, session_id: str) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None: ...
+
+    @abstractmethod
+    def _read_events(self, session_id: str) -> list[Message]: ...
+
+    @abstractmethod
+    def sessions(self) -> list[str]:
+        """All session ids, in creation order."""
+
+    @abstractmethod
+    def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    @abstractmethod
+    def put_embeddings(self, items: dict[str, np.ndarray]) -> None: ...
+
+    def close(self) -> None:
+        """Release resources (no-op for the memory store)."""
+
+    # -- contract -------------------------------------------------------------------------
+    def create_session(self, session_id: str, meta: dict[str, Any] | None = None) -> None:
+        """Create an empty session. Raises :class:`StoreError` when the id exists."""
+        if not session_id:
+            raise StoreError("session id must be a non-empty string")
+        if self._session_meta(session_id) is not None:
+            raise StoreError(f"session {session_id!r} already exists")
+        self._insert_session(session_id, dict(meta or {}))
+
+    def has_session(self, session_id: str) -> bool:
+        return self._session_meta(session_id) is not None
+
+    def session_meta(self, session_id: str) -> dict[str, Any]:
+        meta = self._session_meta(session_id)
+        if meta is None:
+            raise StoreError(f"no session {session_id!r} in this store")
+        return meta
+
+    def graph(self, session_id: str) -> ContextGraph:
+        """The session's context graph (rebuilt from stored events on first access)."""
+        g = self._graphs.get(session_id)
+        if g is None:
+            self.session_meta(session_id)
+            g = ContextGraph(session_id, self._read_events(session_id))
+            self._graphs[session_id] = g
+        return g
+
+    def messages(self, session_id: str) -> list[Message]:
+        """The stored events, exactly as appended."""
+        self.session_meta(session_id)
+        return self._read_events(session_id)
+
+    def append(self, session_id: str, messages: Sequence[Message] | Message) -> list[int]:
+        """Validate and append events; returns their positions.
+
+        Raises:
+            StoreError: unknown session.
+            EventError/GraphError: an event is invalid; nothing of the batch is written.
+        """
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        for i, m in enumerate(batch):
+            if not isinstance(m, Message):
+                raise TypeError(f"append: item {i} is {type(m).__name__}, expected Message")
+        g = self.graph(session_id)
+        g.validate(batch)  # the whole batch, before anything is written
+        start = len(g)
+        self._write_events(session_id, start, batch)
+        return [g.append(m) for m in batch]

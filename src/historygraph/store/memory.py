@@ -1,0 +1,42 @@
+"""In-memory store: the same contract as SQLite, nothing persisted (tests, short library use)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..events import Message
+from .base import Store
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        super().__init__()
+        self._meta: dict[str, dict[str, Any]] = {}
+        self._events: dict[str, list[Message]] = {}
+        self._emb: dict[str, np.ndarray] = {}
+
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
+        self._meta[session_id] = meta
+        self._events[session_id] = []
+
+    def _session_meta(self, session_id: str) -> dict[str, Any] | None:
+        meta = self._meta.get(session_id)
+        return dict(meta) if meta is not None else None
+
+    def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
+        assert len(self._events[session_id]) == start
+        self._events[session_id].extend(messages)
+
+    def _read_events(self, session_id: str) -> list[Message]:
+        return list(self._events[session_id])
+
+    def sessions(self) -> list[str]:
+        return list(self._meta)
+
+    def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        return {k: self._emb[k] for k in keys if k in self._emb}
+
+    def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
+        self._emb.update(items)

@@ -1,0 +1,104 @@
+"""SQLite store, the embedded default (stdlib ``sqlite3``, WAL journal).
+
+Location: the path the user gives, else ``historygraph.sqlite`` under the user's data directory
+(``platformdirs.user_data_dir("historygraph")``), overridable with ``HISTORYGRAPH_DB``.
+
+Schema: ``sessions(id, created, meta)``, ``events(session_id, position, data)`` with each event
+stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, vector)`` for the
+content-hash cache (float32 bytes). A batch of events is written in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import platformdirs
+
+from ..events import Message
+from .base import Store
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL REFERENCES sessions(id), position INTEGER NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (session_id, position));
+CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL);
+"""
+
+
+def default_path() -> Path:
+    """``$HISTORYGRAPH_DB`` or ``<user data dir>/historygraph/historygraph.sqlite``."""
+    env = os.environ.get("HISTORYGRAPH_DB")
+    return Path(env) if env else Path(platformdirs.user_data_dir("historygraph")) / "historygraph.sqlite"
+
+
+class SQLiteStore(Store):
+    """Args: path: database file (created with its folder if missing); ``None`` = :func:`default_path`."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__()
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO sessions VALUES (?, ?, ?)", (session_id, time.time(), json.dumps(meta)))
+
+    def _session_meta(self, session_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT meta FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
+        rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _read_events(self, session_id: str) -> list[Message]:
+        with self._lock:
+            rows = self._db.execute("SELECT data FROM events WHERE session_id = ? ORDER BY position", (session_id,)).fetchall()
+        return [Message.from_openai(json.loads(r[0])) for r in rows]
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY created, rowid")]
+
+    def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        keys = list(keys)
+        with self._lock:
+            for i in range(0, len(keys), 500):
+                chunk = keys[i:i + 500]
+                q = f"SELECT key, vector FROM embeddings WHERE key IN ({','.join('?' * len(chunk))})"
+                for k, blob in self._db.execute(q, chunk):
+                    out[k] = np.frombuffer(blob, dtype=np.float32)
+        return out
+
+    def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?)",
+                                 [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()])
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

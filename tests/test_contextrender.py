@@ -1,0 +1,117 @@
+"""ContextRender usefulness and greedy selection (§3.3, A.1, A.3, A.4); values computed by hand."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from historygraph.events import Message, ToolCall
+from historygraph.graph import ContextGraph
+from historygraph.policies import Signals, create
+from historygraph.policies.contextrender import ContextRenderConfig, usefulness
+from historygraph.render import check_invariants
+from historygraph.signals.tokens import TokenCounter
+
+
+def test_usefulness_hand_computed():
+    # age 2, c = 1.5, s = 0.4 with A.3 defaults: e^-0.6 + (1 - e^-0.3) + 0.4
+    #   = 0.5488116 + 0.2591818 + 0.4 = 1.2079934
+    assert usefulness(2, 1.5, 0.4, ContextRenderConfig()) == pytest.approx(1.2079934, abs=1e-6)
+    # recency-only ablation (B.3): only e^-0.6 remains
+    assert usefulness(2, 1.5, 0.4, ContextRenderConfig(w_reuse=0, w_rel=0)) == pytest.approx(0.5488116, abs=1e-6)
+
+
+class TableEmbedder:
+    """Test double: returns fixed unit vectors looked up by a marker word in the text."""
+
+    model, dim = "table", 3
+
+    def __init__(self, table):
+        self.table = table
+
+    def embed(self, texts):
+        out = []
+        for t in texts:
+            key = next((k for k in self.table if k in t), None)
+            v = np.array(self.table[key] if key else [0.0, 0.0, 1.0], dtype=np.float32)
+            out.append(v / np.linalg.norm(v))
+        return np.stack(out) if out else np.zeros((0, 3), np.float32)
+
+
+def _signals(table):
+    return Signals(counter=TokenCounter(), embedder_factory=lambda: TableEmbedder(table))
+
+
+def _trace(results):
+    """user, then one assistant call + result per entry of ``results``; then the user asks again."""
+    msgs = [Message("user", "QUERY task")]
+    for i, text in enumerate(results):
+        msgs.append(Message("assistant", "", (ToolCall(f"c{i}", "t", "{}"),)))
+        msgs.append(Message("tool", text, tool_call_id=f"c{i}"))
+    return ContextGraph("g", msgs)
+
+
+def _budget_for(graph, counter, n_full):
+    """A budget that fits the base history plus exactly the ``n_full`` largest result deltas."""
+    from historygraph.render import Layout
+    lay = Layout(graph, counter, None)
+    deltas = sorted(lay.delta.values(), reverse=True)
+    return lay.base_tokens + sum(deltas[:n_full]), lay
+
+
+def test_exact_tie_goes_to_the_older_result():
+    # Two results with identical text length, the same vector as the query, relevance-only weights:
+    # U is exactly 1.0 for both, so the older one (position 2) must win; the other then has R = 0.5
+    # but does not fit.
+    g = _trace(["SAME aaaa " * 50, "SAME bbbb " * 50])
+    sig = _signals({"SAME": [1, 0, 0], "QUERY": [1, 0, 0]})
+    B, lay = _budget_for(g, sig.counter, 1)
+    r = create("cr-relevance").render(g, B, sig)
+    assert r.full == [2]
+    check_invariants(r, g, sig.counter)
+
+
+def test_candidate_that_does_not_fit_is_skipped():
+    # BIG is most relevant but too large; SMALL (less relevant) still gets selected.
+    g = _trace(["BIG " + "x " * 600, "SMALL " + "y " * 80, "OTHER " + "z " * 80])
+    g.append(Message("assistant", "thinking " * 700))  # a long retained message: BIG alone is below B
+    sig = _signals({"BIG": [1, 0, 0], "SMALL": [0.6, 0.8, 0], "OTHER": [0, 1, 0], "QUERY": [1, 0, 0]})
+    from historygraph.render import Layout
+    lay = Layout(g, sig.counter, None)
+    B = lay.base_tokens + lay.delta[4] + 1  # room for SMALL only
+    r = create("cr-relevance").render(g, B, sig)
+    assert 2 not in r.full and 4 in r.full
+    assert r.history_tokens <= B
+    assert "not selected" in r.reasons[2]
+
+
+def test_similarity_penalty_prefers_a_different_result():
+    # A and A2 are identical in direction (cos 1) and most relevant; C is less relevant but different.
+    # After A (R = 1.0), A2 has R = 1.0 - 0.5 = 0.5 < C's 0.8, so C is chosen second.
+    g = _trace(["A1 " + "a " * 80, "A2 " + "b " * 80, "C " + "c " * 80])
+    sig = _signals({"A1": [1, 0, 0], "A2": [1, 0, 0], "C": [0.8, 0.6, 0], "QUERY": [1, 0, 0]})
+    from historygraph.render import Layout
+    lay = Layout(g, sig.counter, None)
+    B = lay.base_tokens + lay.delta[2] + lay.delta[6]
+    r = create("cr-relevance").render(g, B, sig)
+    assert r.full == [2, 6]
+
+
+def test_full_history_returned_unchanged_when_it_fits():
+    g = _trace(["one", "two"])
+    sig = _signals({})
+    r = create("contextrender").render(g, 10_000, sig)
+    assert r.messages == g.messages and r.omitted == []
+
+
+def test_oversized_result_becomes_a_marked_excerpt():
+    big = "line of output number\n" * 3000
+    g = _trace([big, "small"])
+    sig = _signals({})
+    r = create("contextrender").render(g, 800, sig)
+    check_invariants(r, g, sig.counter)
+    shown = [m for m in r.messages if m.role == "tool" and m.tool_call_id == "c0"][0]
+    assert shown.rendered_as == "excerpt" and "c0" in shown.content and "truncated" in shown.content
+    assert 2 not in r.full  # an excerpt never counts as the complete result
+    assert g.messages[2].content == big  # the stored original is untouched

@@ -1,0 +1,51 @@
+"""Real tokenizer tables and the real embedding model, offline."""
+
+import numpy as np
+import pytest
+
+from historygraph.events import Message, ToolCall
+from historygraph.signals.embeddings import CachedEmbedder, MiniLMEmbedder
+from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter, get_encoding
+from historygraph.store import SQLiteStore
+
+
+def test_known_token_ids():
+    # ids published in ../shared/OFFLINE.md, measured with OpenAI's own tiktoken
+    assert get_encoding("cl100k_base").encode("hello world") == [15339, 1917]
+    assert get_encoding("o200k_base").encode("hello world") == [24912, 2375]
+
+
+def test_unknown_encoding_is_named():
+    with pytest.raises(ValueError, match="p50k"):
+        get_encoding("p50k_base")
+
+
+def test_message_count_includes_calls_and_overhead():
+    c = TokenCounter()
+    m = Message("assistant", "hello world", (ToolCall("c1", "bash", '{"command": "ls"}'),))
+    assert c.count_message(m) == MESSAGE_OVERHEAD + 2 + c.count("bash") + c.count('{"command": "ls"}')
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return MiniLMEmbedder()
+
+
+def test_minilm_is_a_real_sentence_model(embedder):
+    v = embedder.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today."])
+    assert v.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-4)
+    assert v[0] @ v[1] > 0.6 > 0.2 > v[0] @ v[2]
+
+
+def test_each_text_embedded_once_per_store(tmp_path, embedder):
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    first = CachedEmbedder(embedder, store)
+    a = first.embed(["alpha text", "beta text", "alpha text"])
+    assert first.calls == 2
+    store.close()
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    second = CachedEmbedder(embedder, store)  # a new process would start like this
+    b = second.embed(["beta text", "alpha text"])
+    assert second.calls == 0
+    assert np.allclose(a[1], b[0]) and np.allclose(a[0], b[1])
