@@ -204,7 +204,7 @@ class Layout:
                     if rp is not None:
                         unit.positions.append(rp)
                         self.unit_of[rp] = len(self.units)
-                    elif p != last_assistant:
+                    elif p != len(msgs) - 1:  # only the very last message can be in flight
                         self.synthetic.setdefault(p, []).append(
                             Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
                                     rendered_as="placeholder"))

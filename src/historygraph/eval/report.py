@@ -93,9 +93,14 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
         return None
     sources = list(dict.fromkeys(r["source"] for r in per_source))
     policies = list(dict.fromkeys(r["policy"] for r in per_source))
-    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.6), squeeze=False, sharey=True)
+    ncols = min(3, len(sources))
+    nrows = -(-len(sources) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False, sharey=True)
+    flat = list(axes.flat)
+    for ax in flat[len(sources):]:
+        ax.set_visible(False)
     width = 0.8 / max(1, len(policies))
-    for ax, src in zip(axes[0], sources):
+    for ax, src in zip(flat, sources):
         for i, pol in enumerate(policies):
             r = next((x for x in per_source if x["source"] == src and x["policy"] == pol), None)
             if r is None:
@@ -105,8 +110,9 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
         ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2, AGE_BINS)
         ax.set_title(src, fontsize=9)
         ax.set_xlabel("result age (turns)")
-    axes[0][0].set_ylabel("Later-Used Result Recall (%)")
-    axes[0][-1].legend(fontsize=7)
+    for row in axes:
+        row[0].set_ylabel("Later-Used Result Recall (%)")
+    flat[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

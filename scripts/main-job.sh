@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main job: replay real agent traces through ContextRender, Prune and Full history at
+# B = 6000 tokens, with the embedded SQLite store. Uses ../shared/traces when present, else the
+# example trace shipped with the package (at B = 3000, where the example's history overflows).
+# Extra arguments are passed to `historygraph replay` (e.g. --policy all, --per-trace).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+TRACES=${HISTORYGRAPH_TRACES:-../shared/traces}
+if [ -d "$TRACES" ]; then
+  exec .venv/bin/historygraph replay "$TRACES" --budget 6000 --out replay-results "$@"
+else
+  echo "no trace folder at $TRACES: replaying the shipped example trace instead" >&2
+  exec .venv/bin/historygraph replay --budget 3000 --out replay-results "$@"
+fi

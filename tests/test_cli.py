@@ -1,0 +1,52 @@
+"""The historygraph command, driven as a user would."""
+
+import json
+
+from typer.testing import CliRunner
+
+import historygraph
+from historygraph.cli import app
+
+runner = CliRunner()
+
+
+def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["replay", "--budget", "3000", "--store", str(tmp_path / "s.sqlite"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "contextrender" in res.output and "invariant violations: 0" in res.output
+    data = json.loads((out / "replay.json").read_text())
+    rows = {r["policy"]: r for r in data["per_source"] if r["source"] == "ALL"}
+    assert set(rows) == {"contextrender", "prune", "full"}
+    assert rows["contextrender"]["max_history_tokens"] <= 3000
+    assert rows["full"]["recall"] == 100.0
+    assert (out / "replay.csv").read_text().startswith("scope,source,trace_id,policy")
+    assert (out / "recall_by_age.png").stat().st_size > 1000
+    # the replayed trace is now a session in the store, readable by id
+    res = runner.invoke(app, ["show", "openai-chat:" + data["meta"]["paths"][0] + ":dinner-bill",
+                              "--result", "call_08", "--store", str(tmp_path / "s.sqlite")])
+    assert res.exit_code == 0 and "nan_ritt@gmail.com" in res.output
+
+
+def test_policies_lists_sources_and_parameters():
+    res = runner.invoke(app, ["policies", "--json"])
+    assert res.exit_code == 0
+    rows = {r["name"]: r for r in json.loads(res.output)}
+    assert rows["contextrender"]["parameters"]["lam"] == 0.3
+    assert rows["cr-recency"]["parameters"]["w_rel"] == 0.0
+    assert "B.2" in rows["prune"]["source"]
+
+
+def test_errors_say_what_to_fix(tmp_path):
+    res = runner.invoke(app, ["replay", "--policy", "nope", "--store", ":memory:"])
+    assert res.exit_code == 2 and "unknown policy 'nope'" in res.output
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    res = runner.invoke(app, ["replay", str(bad), "--store", ":memory:", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "bad.json" in res.output and "tried" in res.output
+
+
+def test_public_api_is_curated():
+    for name in historygraph.__all__:
+        assert hasattr(historygraph, name), name
+    assert "ContextGraph" in historygraph.__all__ and "create" in historygraph.__all__

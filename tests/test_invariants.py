@@ -1,0 +1,81 @@
+"""DESIGN.md §5 over every registered policy, on synthetic edge cases and on real traces."""
+
+import pytest
+
+from historygraph.events import Message, ToolCall, Trace
+from historygraph.eval.replay import replay_trace
+from historygraph.formats import read_traces
+from historygraph.graph import ContextGraph
+from historygraph.policies import REGISTRY, Signals, create
+from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
+
+POLICIES = sorted(REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def signals():
+    return Signals()
+
+
+def call(cid):
+    return ToolCall(cid, "bash", '{"command": "cat f"}')
+
+
+def test_checker_catches_an_orphaned_result(signals):
+    g = ContextGraph("g", [Message("user", "u"), Message("assistant", "", (call("c1"),)),
+                           Message("tool", "out", tool_call_id="c1"), Message("assistant", "done")])
+    broken = Rendering("x", 100, [g.messages[0], g.messages[2], g.messages[3]], [0, 2, 3], [2], [], [1], 0, 0)
+    broken.history_tokens = sum(signals.counter.count_message(m) for m in broken.messages[1:])
+    with pytest.raises(InvariantError, match="pairing"):
+        check_invariants(broken, g, signals.counter)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_parallel_calls_stay_atomic_and_budget_holds(name, signals):
+    msgs = [Message("system", "s"), Message("user", "task")]
+    msgs.append(Message("assistant", "seven at once", tuple(call(f"p{i}") for i in range(7))))
+    msgs += [Message("tool", f"result {i} " + "data " * 300, tool_call_id=f"p{i}") for i in range(7)]
+    msgs.append(Message("assistant", "", (call("last"),)))  # in flight: no result yet
+    g = ContextGraph("g", msgs)
+    r = create(name).render(g, 1200, signals)
+    check_invariants(r, g, signals.counter)
+    assert r.messages[-1] == msgs[-1]
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_under_budget_history_comes_back_unchanged(name, signals):
+    msgs = [Message("system", "s"), Message("user", "u"), Message("assistant", "", (call("c1"),)),
+            Message("tool", "ok", tool_call_id="c1")]
+    g = ContextGraph("g", msgs)
+    assert create(name).render(g, 6000, signals).messages == msgs
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if n != "full"])
+def test_budget_below_protected_history_raises_with_shortfall(name, signals):
+    msgs = [Message("user", "first task " * 200), Message("assistant", "", (call("c1"),)),
+            Message("tool", "x", tool_call_id="c1"), Message("user", "now this")]
+    g = ContextGraph("g", msgs)
+    with pytest.raises(BudgetTooSmallError) as info:
+        create(name).render(g, 50, signals)
+    assert info.value.shortfall == info.value.required - 50 > 0
+
+
+def test_unanswered_call_gets_a_synthetic_error_result(signals):
+    msgs = [Message("user", "u"), Message("assistant", "", (call("c1"),)), Message("user", "next")]
+    g = ContextGraph("g", msgs)
+    r = create("prune").render(g, 6000, signals)
+    check_invariants(r, g, signals.counter)
+    assert r.messages[2].role == "tool" and "c1" in r.messages[2].content
+
+
+def test_every_policy_on_one_real_trace_per_format(traces_dir, signals):
+    picks = ["mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json", "swe-agent/pydicom__pydicom-1458.traj",
+             "openhands/multi_swe_bench_examples/output.jsonl", "tau2-bench/gpt-4.1_airline_default_gpt-4.1_1trials.json"]
+    policies = {n: create(n) for n in POLICIES}
+    for rel in picks:
+        trace = next(iter(read_traces(traces_dir / rel)))
+        res = replay_trace(trace, policies, 2000, signals)
+        for name, st in res.stats.items():
+            assert st.violations == [], (rel, name, st.violations[:2])
+            if name != "full":
+                assert max(st.history_tokens, default=0) <= 2000
