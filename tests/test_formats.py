@@ -16,7 +16,7 @@ import pytest
 
 from historygraph.formats import READERS, TraceFormatError, detect_format, list_trace_files, read_traces
 
-FORMATS = ("mini-swe-agent", "swe-agent", "openhands", "tau-bench", "tau2-bench")
+FORMATS = ("mini-swe-agent", "swe-agent", "openhands", "tau-bench", "tau2-bench", "openai-chat")
 
 
 def roles(trace) -> dict[str, int]:
