@@ -1,0 +1,1 @@
+"""Local models that ship in PyPI packages and run offline on the CPU."""
