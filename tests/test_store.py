@@ -74,3 +74,12 @@ def test_sqlite_reopen_gives_back_what_was_stored(tmp_path):
     assert again.messages("s1") == EVENTS
     assert again.session_meta("s1") == {"k": 1}
     assert again.graph("s1").turns == 1
+
+
+def test_text_cache_first_writer_wins(make_store):
+    s = make_store()
+    assert s.get_text("summary", "k") is None
+    s.put_text("summary", "k", "first")
+    s.put_text("summary", "k", "second")
+    assert s.get_text("summary", "k") == "first"
+    assert s.get_text("other", "k") is None

@@ -75,7 +75,7 @@ def replay(
         db = open_store(store)
     except Exception as exc:  # an unwritable path, a corrupt database file
         _fail(f"cannot open store {store or 'default'}: {exc}")
-    signals = Signals(counter=TokenCounter(encoding), embedding_cache=db)
+    signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
         policies = {n: create(n) for n in names}
     except (PolicyError, ValueError) as exc:

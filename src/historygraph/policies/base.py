@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol
 
 from ..graph import ContextGraph
+from ..llm import ChatModel, default_model
 from ..render import Rendering
 from ..signals.embeddings import CachedEmbedder, Embedder, MiniLMEmbedder
 from ..signals.tokens import TokenCounter
@@ -27,19 +28,34 @@ class PolicyError(ValueError):
 class Signals:
     """Shared signal providers handed to every policy.
 
-    The embedder is created on first use, so policies that do not need it never load a model.
+    Attributes:
+        counter: the token counter that defines B's unit.
+        embedder_factory: builds the sentence embedder on first use.
+        model_factory: builds the chat model (summaries, analyses) on first use
+            (:func:`historygraph.llm.default_model`: a configured endpoint, else local SmolLM2).
+        store: the store whose caches (embeddings, summaries) are used; ``None`` = in-process only.
+
+    Models are created on first use, so policies that do not need them never load one.
     """
 
     counter: TokenCounter = field(default_factory=TokenCounter)
     embedder_factory: Callable[[], Embedder] = MiniLMEmbedder
-    embedding_cache: Any = None
+    model_factory: Callable[[], ChatModel] = default_model
+    store: Any = None
     _embedder: CachedEmbedder | None = None
+    _model: ChatModel | None = None
 
     @property
     def embedder(self) -> CachedEmbedder:
         if self._embedder is None:
-            self._embedder = CachedEmbedder(self.embedder_factory(), self.embedding_cache)
+            self._embedder = CachedEmbedder(self.embedder_factory(), self.store)
         return self._embedder
+
+    @property
+    def model(self) -> ChatModel:
+        if self._model is None:
+            self._model = self.model_factory()
+        return self._model
 
 
 class Policy(Protocol):

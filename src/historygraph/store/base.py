@@ -1,8 +1,8 @@
 """The store contract: one abstract interface, implemented by every backend.
 
 A store keeps sessions (one per agent run), each an append-only list of events (OpenAI-form
-:class:`~historygraph.events.Message`), plus a content-hash cache of embeddings shared by all
-sessions. Derived state (reuse edges) is rebuilt from the events by
+:class:`~historygraph.events.Message`), plus content-hash caches shared by all sessions: embeddings
+and derived texts such as summaries. Derived state (reuse edges) is rebuilt from the events by
 :class:`~historygraph.graph.ContextGraph` when a session is opened, so a store never holds
 anything a policy could get out of step with.
 
@@ -56,6 +56,14 @@ class Store(ABC):
 
     @abstractmethod
     def put_embeddings(self, items: dict[str, np.ndarray]) -> None: ...
+
+    @abstractmethod
+    def get_text(self, kind: str, key: str) -> str | None:
+        """A cached derived text (e.g. ``kind="summary"``) by content-hash key, or ``None``."""
+
+    @abstractmethod
+    def put_text(self, kind: str, key: str, value: str) -> None:
+        """Cache a derived text; an existing entry is kept (first writer wins)."""
 
     def close(self) -> None:
         """Release resources (no-op for the memory store)."""

@@ -16,6 +16,7 @@ class MemoryStore(Store):
         self._meta: dict[str, dict[str, Any]] = {}
         self._events: dict[str, list[Message]] = {}
         self._emb: dict[str, np.ndarray] = {}
+        self._texts: dict[tuple[str, str], str] = {}
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
         self._meta[session_id] = meta
@@ -40,3 +41,9 @@ class MemoryStore(Store):
 
     def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
         self._emb.update(items)
+
+    def get_text(self, kind: str, key: str) -> str | None:
+        return self._texts.get((kind, key))
+
+    def put_text(self, kind: str, key: str, value: str) -> None:
+        self._texts.setdefault((kind, key), value)

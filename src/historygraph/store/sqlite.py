@@ -5,7 +5,7 @@ Location: the path the user gives, else ``historygraph.sqlite`` under the user's
 
 Schema: ``sessions(id, created, meta)``, ``events(session_id, position, data)`` with each event
 stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, vector)`` for the
-content-hash cache (float32 bytes). A batch of events is written in one transaction.
+content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL REFERENCES sessions(id), position INTEGER NOT NULL, data TEXT NOT NULL,
     PRIMARY KEY (session_id, position));
 CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS texts (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (kind, key));
 """
 
 
@@ -98,6 +99,15 @@ class SQLiteStore(Store):
             self._db.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?)",
                                  [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()])
             self._db.execute("COMMIT")
+
+    def get_text(self, kind: str, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM texts WHERE kind = ? AND key = ?", (kind, key)).fetchone()
+        return row[0] if row else None
+
+    def put_text(self, kind: str, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO texts VALUES (?, ?, ?)", (kind, key, value))
 
     def close(self) -> None:
         with self._lock:
