@@ -97,12 +97,26 @@ def placeholder_for(message: Message, counter: TokenCounter) -> Message:
     return message.with_content(text, "placeholder")
 
 
-def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
-    """Head-and-tail truncation of a tool result to at most ``max_tokens`` tokens of content.
+_excerpts: dict[tuple[str, int, str | None, int], Message] = {}
 
-    The marker in the middle says it is truncated and names the result id (ContextRender A.4
-    oversized-result fallback when no LLM is configured). The stored original is unchanged.
-    """
+
+def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
+    """Head-and-tail truncation of a tool result to at most ``max_tokens`` tokens (whole message,
+    overhead included). The marker in the middle says it is truncated and names the result id
+    (ContextRender A.4 oversized-result fallback when no LLM is configured). The stored original is
+    unchanged. Excerpts are memoised per (encoding, size, id, content hash)."""
+    key = (counter.encoding_name, max_tokens, message.tool_call_id, hash(message.content))
+    hit = _excerpts.get(key)
+    if hit is None:
+        overhead = counter.count_message(message.with_content("", "excerpt"))
+        hit = _make_excerpt(message, max_tokens - overhead, counter)
+        if len(_excerpts) > 256:
+            _excerpts.clear()
+        _excerpts[key] = hit
+    return hit
+
+
+def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
     total = counter.count(message.content)
     mark_cost = counter.count(EXCERPT_MARK.format(id=message.tool_call_id, kept=total, total=total)) + 2
     keep = max(0, max_tokens - mark_cost)
@@ -141,27 +155,31 @@ class Selection:
         self.revived: set[int] = set()
         self.shown: dict[int, Message] = {}
 
-    def cost(self, p: int, delta: int | None = None) -> int:
+    def cost(self, p: int) -> int:
         lay = self.layout
         u = lay.unit_of[p]
         extra = lay.units[u].cost if u in lay.dropped_units and u not in self.revived else 0
-        return (lay.delta[p] if delta is None else delta) + extra
+        return lay.delta[p] + extra
 
-    def fits(self, p: int, delta: int | None = None) -> bool:
-        return self.layout.budget is None or self.used + self.cost(p, delta) <= self.layout.budget
+    def fits(self, p: int) -> bool:
+        return self.layout.budget is None or self.used + self.cost(p) <= self.layout.budget
 
-    def take(self, p: int, shown: Message, delta: int | None = None) -> None:
-        self.used += self.cost(p, delta)
+    def take(self, p: int) -> None:
+        """Show result ``p`` as ``layout.form[p]`` (the original, or the excerpt of an oversized one)."""
+        self.used += self.cost(p)
         self.revived.add(self.layout.unit_of[p])
-        self.shown[p] = shown
+        self.shown[p] = self.layout.form[p]
 
 
 class Layout:
     """The shared budget accounting for one invocation over the whole ``graph``.
 
     After construction: ``candidates`` lists every stored tool result a policy may show,
-    ``delta[p]`` is the extra cost of showing result ``p`` in full instead of its placeholder, and
-    ``base_tokens`` the cost of the retained history with every result as a placeholder.
+    ``form[p]`` is how it is shown (the original, or for a result whose own cost exceeds B a
+    head-and-tail excerpt of ``excerpt_fraction·B`` tokens: the oversized-result fallback of
+    ContextRender A.4 with no LLM configured, applied for every policy), ``delta[p]`` is the extra
+    cost of showing ``form[p]`` instead of the placeholder, and ``base_tokens`` the cost of the
+    retained history with every result as a placeholder.
 
     When the retained non-tool history exceeds ``(1 − result_reserve)·B`` the oldest unprotected
     units are dropped until it fits (our decision where ContextRender A.4 is silent: without a
@@ -174,7 +192,7 @@ class Layout:
     """
 
     def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
-                 result_reserve: float = 0.5) -> None:
+                 result_reserve: float = 0.5, excerpt_fraction: float = 0.25) -> None:
         self.graph, self.counter, self.budget = graph, counter, budget
         msgs = graph.messages
         self.reasons: dict[int, str] = {}
@@ -239,7 +257,16 @@ class Layout:
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
         self.candidates = sorted(self.placeholder)
-        self.delta = {p: self.full_cost[p] - counter.count_message(self.placeholder[p]) for p in self.candidates}
+        self.form: dict[int, Message] = {}
+        self.delta: dict[int, int] = {}
+        for p in self.candidates:
+            m, cost = msgs[p], self.full_cost[p]
+            if budget is not None and cost > budget:
+                m = excerpt_for(m, max(16, int(excerpt_fraction * budget)), counter)
+                cost = counter.count_message(m)
+                self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
+            self.form[p] = m
+            self.delta[p] = cost - counter.count_message(self.placeholder[p])
 
     @property
     def fits_in_full(self) -> bool:
@@ -253,7 +280,7 @@ class Layout:
         """The complete history, unchanged (ContextRender A.1 lines 6–7)."""
         sel = Selection(self)
         for p in self.candidates:
-            sel.take(p, self.graph.messages[p])
+            sel.take(p)
         return self.assemble(policy, sel)
 
     def assemble(self, policy: str, selection: Selection) -> Rendering:

@@ -36,7 +36,7 @@ class Prune:
         sel = layout.selection()
         for p in reversed(layout.candidates):
             if sel.fits(p):
-                sel.take(p, graph.messages[p])
+                sel.take(p)
                 layout.reasons[p] = "kept: newest results first, fits"
             else:
                 layout.reasons[p] = "omitted: does not fit after newer results"

@@ -21,7 +21,8 @@ Source: ContextRender (papers/contextrender-paper.md) §3.3, Appendix A.1 (Algor
 6. Oversized-result fallback (A.4): a result whose own cost exceeds B is replaced, as a
    candidate, by a compacted version. With no LLM configured this is a head-and-tail excerpt of
    ``oversized_excerpt_fraction·B`` tokens that says it is truncated and names the result id;
-   the original stays stored. An excerpt never counts as the complete result.
+   the original stays stored. An excerpt never counts as the complete result. (Implemented in
+   :class:`~historygraph.render.Layout`, so every policy gets the same fallback.)
 
 Budget accounting, placeholders for unselected results, and dropping of the oldest non-tool
 history when it alone exceeds B are shared with every policy (:mod:`historygraph.render`).
@@ -36,8 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import ContextGraph
-from ..events import Message
-from ..render import Layout, Rendering, Selection, excerpt_for
+from ..render import Layout, Rendering, Selection
 from .base import Signals, register
 
 SOURCE = "ContextRender §3.3, A.1–A.4"
@@ -88,7 +88,7 @@ def query_texts(graph: ContextGraph, cfg: ContextRenderConfig) -> tuple[str, str
 
 
 def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection, vectors: dict[int, np.ndarray],
-                  penalty: float, shown_as: dict[int, Message], delta: dict[int, int]) -> list[int]:
+                  penalty: float) -> list[int]:
     """Algorithm 1 lines 15–20 with eq. 6–7; fills ``sel`` and returns positions in selection order."""
     selected: list[int] = []
     remaining = list(candidates)  # transcript order
@@ -96,7 +96,7 @@ def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection
     while True:
         best, best_r = None, -math.inf
         for p in remaining:
-            if not sel.fits(p, delta[p]):
+            if not sel.fits(p):
                 continue
             r = score[p] - penalty * sim[p]
             if r > best_r:  # strictly higher: exact ties keep the older result
@@ -105,7 +105,7 @@ def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection
             return selected
         selected.append(best)
         remaining.remove(best)
-        sel.take(best, shown_as[best], delta[best])
+        sel.take(best)
         v = vectors[best]
         for p in remaining:
             sim[p] = max(sim[p], float(vectors[p] @ v), 0.0)
@@ -122,7 +122,7 @@ class ContextRender:
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
-        layout = Layout(graph, signals.counter, budget)
+        layout = Layout(graph, signals.counter, budget, excerpt_fraction=cfg.oversized_excerpt_fraction)
         msgs = graph.messages
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
@@ -132,13 +132,6 @@ class ContextRender:
         q = cfg.task_weight * vecs[-2] + cfg.latest_weight * vecs[-1]
         qn = float(np.linalg.norm(q)) or 1.0
         vectors = {p: vecs[i] for i, p in enumerate(cands)}
-        shown_as = {p: msgs[p] for p in cands}
-        delta = dict(layout.delta)
-        for p in cands:  # oversized-result fallback
-            if layout.full_cost[p] > budget:
-                ex = excerpt_for(msgs[p], max(16, int(cfg.oversized_excerpt_fraction * budget)), signals.counter)
-                shown_as[p] = ex
-                delta[p] = signals.counter.count_message(ex) - signals.counter.count_message(layout.placeholder[p])
         score, parts = {}, {}
         for p in cands:
             a, c = graph.age(p), graph.reuse_score(p)
@@ -146,10 +139,10 @@ class ContextRender:
             score[p] = usefulness(a, c, s, cfg)
             parts[p] = f"U={score[p]:.3f} (age={a}, reuse c={c:.2f}, relevance s={s:.3f})"
         sel = layout.selection()
-        selected = greedy_select(cands, score, sel, vectors, cfg.similarity_penalty, shown_as, delta)
+        selected = greedy_select(cands, score, sel, vectors, cfg.similarity_penalty)
         chosen = set(selected)
         for rank, p in enumerate(selected, 1):
-            kind = "excerpt of oversized result" if shown_as[p] is not msgs[p] else "selected"
+            kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
             layout.reasons[p] = f"{kind} #{rank}: {parts[p]}"
         for p in cands:
             if p not in chosen:
