@@ -17,3 +17,10 @@ def traces_dir() -> Path:
     if not TRACES.is_dir():
         pytest.skip(f"real traces not found at {TRACES} (set HISTORYGRAPH_TRACES to the shared/traces folder)")
     return TRACES
+
+
+# Hypothesis profiles: the default keeps CI short; HYPOTHESIS_PROFILE=fuzz runs a long fuzzing pass.
+from hypothesis import settings as _settings  # noqa: E402
+
+_settings.register_profile("fuzz", max_examples=5000, deadline=None)
+_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
