@@ -120,7 +120,8 @@ class Message:
 
     @classmethod
     def from_openai(cls, data: dict[str, Any]) -> "Message":
-        """Parse an OpenAI chat message (also accepts what :meth:`to_dict` writes).
+        """Parse an OpenAI chat message (also accepts what :meth:`to_dict` writes). The
+        ``developer`` role (OpenAI's newer name for ``system``) is read as ``system``.
 
         Raises:
             EventError: naming the field that is wrong.
@@ -128,6 +129,8 @@ class Message:
         if not isinstance(data, dict):
             raise EventError(f"a message must be an object, got {type(data).__name__}")
         role = data.get("role")
+        if role == "developer":  # OpenAI's newer name for the system role
+            role = "system"
         if role not in ROLES:
             raise EventError(f"role {role!r} is not one of {', '.join(ROLES)}")
         calls = tuple(ToolCall.from_openai(c) for c in (data.get("tool_calls") or ()))
