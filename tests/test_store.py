@@ -83,3 +83,29 @@ def test_text_cache_first_writer_wins(make_store):
     s.put_text("summary", "k", "second")
     assert s.get_text("summary", "k") == "first"
     assert s.get_text("other", "k") is None
+
+
+def test_concurrent_appends_lose_nothing_and_keep_order(make_store):
+    """20 threads on one session and 50 threads on their own sessions (issue 6, library side)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = make_store()
+    s.create_session("shared")
+    for i in range(50):
+        s.create_session(f"own{i}")
+
+    def client(k: int, session: str) -> None:
+        for n in range(10):
+            s.append(session, Message("user", f"client {k} event {n}"))
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        jobs = [pool.submit(client, k, "shared") for k in range(20)] + \
+               [pool.submit(client, k, f"own{k}") for k in range(50)]
+        for j in jobs:
+            j.result()
+    shared = [m.content for m in s.messages("shared")]
+    assert len(shared) == len(set(shared)) == 200
+    for k in range(20):
+        mine = [c for c in shared if c.startswith(f"client {k} ")]
+        assert mine == [f"client {k} event {n}" for n in range(10)]
+    assert all(len(s.messages(f"own{k}")) == 10 for k in range(50))

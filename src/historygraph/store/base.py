@@ -12,6 +12,7 @@ event (unknown call id, duplicate id, bad role) raises and leaves the stored ses
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
@@ -33,6 +34,7 @@ class Store(ABC):
 
     def __init__(self) -> None:
         self._graphs: dict[str, ContextGraph] = {}
+        self._append_lock = threading.RLock()  # validate + write + graph update are one step
 
     # -- primitives -----------------------------------------------------------------------
     @abstractmethod
@@ -111,8 +113,8 @@ class Store(ABC):
         for i, m in enumerate(batch):
             if not isinstance(m, Message):
                 raise TypeError(f"append: item {i} is {type(m).__name__}, expected Message")
-        g = self.graph(session_id)
-        g.validate(batch)  # the whole batch, before anything is written
-        start = len(g)
-        self._write_events(session_id, start, batch)
-        return [g.append(m) for m in batch]
+        with self._append_lock:
+            g = self.graph(session_id)
+            g.validate(batch)  # the whole batch, before anything is written
+            self._write_events(session_id, len(g), batch)
+            return [g.append(m) for m in batch]
