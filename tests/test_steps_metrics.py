@@ -39,10 +39,10 @@ def test_repeated_reads_count_only_when_the_earlier_result_was_omitted():
 
 def test_old_full_share_counts_ages_beyond_the_recent_steps():
     g = ContextGraph("m", [Message("user", "task")])
-    for k in range(9):  # the result of step k has age 8 − k
+    for k in range(9):  # the result of step k has age 8 − k; step 3's result is short
         g.append(Message("assistant", "", (bash(f"c{k}", f"echo {k}"),)))
-        g.append(Message("tool", f"out {k}", tool_call_id=f"c{k}"))
-    shown = {g.result_of[f"c{k}"] for k in (0, 1, 4, 6, 7, 8)}  # ages 8, 7, 4, 2, 1, 0
+        g.append(Message("tool", f"out {k}" * (1 if k == 3 else 100), tool_call_id=f"c{k}"))
+    shown = {g.result_of[f"c{k}"] for k in (0, 1, 3, 4, 6, 7, 8)}  # ages 8, 7, 5 (short), 4, 2, 1, 0
     c = StepsCounts()
     c.observe(g, shown, Message("assistant", "done"))
     assert (c.full_beyond_recent, c.full_old) == (3, 2)

@@ -16,7 +16,9 @@ Both are computed for every policy from the rendering made before each recorded 
   that omit at least one result (the policy is choosing), the results shown in full that are
   older than the two steps before the current one (age ≥ 3 turns, the current step has age 0)
   are *kept beyond the recent steps*; those more than six steps old (age > 6) are *old*. The
-  share is ``100 · old / kept beyond`` (the paper reports 56–57 % for ContextWeaver).
+  share is ``100 · old / kept beyond`` (the paper reports 56–57 % for ContextWeaver). Results of
+  at most :data:`SHORT_CHARS` characters are not counted: they are as short as a node summary, so
+  ContextWeaver shows them as they are and keeping them says nothing about selection.
 
 Ages are in turns (assistant messages) as in :meth:`historygraph.graph.ContextGraph.age`.
 """
@@ -36,6 +38,7 @@ _CD = re.compile(r"^\s*cd\s+\S+\s*(?:&&|;)\s*")
 _EDITORS = frozenset({"str_replace_editor", "str_replace_based_edit_tool", "file_editor", "edit_file", "editor"})
 RECENT_STEPS = 3   # the current step and the two before it
 OLD_AGE = 6        # "more than six steps old"
+SHORT_CHARS = 300  # the node-summary limit of ContextWeaver §3.3
 
 
 def read_key(call: ToolCall) -> str | None:
@@ -88,6 +91,8 @@ class StepsCounts:
                     self.read_repeats_exposed += not any(r in visible for r in earlier[key])
         if any(p not in visible for p in graph.result_of.values()):
             for p in visible:
+                if len(graph.messages[p].content) <= SHORT_CHARS:
+                    continue
                 age = graph.age(p)
                 if age >= RECENT_STEPS:
                     self.full_beyond_recent += 1

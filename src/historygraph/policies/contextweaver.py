@@ -23,7 +23,8 @@ Rendering one invocation (``render(graph, B, signals)``):
    content hash in ``signals.store`` kind ``"summary"``) marked ``rendered_as="summary"`` and naming
    the result id, or, in the placeholder variant (``summaries="none"``) and wherever no summary
    fits, by the shared placeholder naming the result id (Appendix C). A result no longer than
-   ``summary_chars`` is its own summary and is shown as is, without a model call.
+   ``summary_chars`` is its own summary and is shown as is, without a model call; so is one whose
+   summary would cost at least as many tokens as the result.
 5. **Budget** (shared :class:`~historygraph.render.Layout` accounting): results are admitted in
    tiers: the recent window (newest first), then ancestors (newest first), then summaries
    (newest first). A full observation that does not fit falls back to its summary, then to the
@@ -88,8 +89,8 @@ class ContextWeaverConfig:
     parents: str = "lowcost"
     summaries: str = "model"
     summary_chars: int = 300
-    summary_max_tokens: int = 80
-    summary_input_chars: int = 3000
+    summary_max_tokens: int = 64
+    summary_input_chars: int = 1500
     max_parents: int = 3
     w_files: float = 1.0
     w_identifiers: float = 0.5
@@ -298,9 +299,11 @@ class _Weave:
                     lay.reasons[p] = "placeholder: not in the ancestry (placeholder variant)"
                     continue
                 s = self.summary_message(step, p)
+                if s is not None and self._delta(p, s) >= lay.delta[p]:  # the summary would cost more
+                    s = m
                 if s is None:
                     lay.reasons[p] = "placeholder: the model returned no summary"
-                elif self._try(p, s, "summary: not in the ancestry"):
+                elif self._try(p, s, "summary: not in the ancestry" if s is not m else "full: cheaper than its summary"):
                     continue
                 else:
                     self.summaries_closed = True
