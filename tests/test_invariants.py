@@ -1,6 +1,7 @@
 """DESIGN.md §5 over every registered policy, on synthetic edge cases and on real traces."""
 
 import pytest
+from doubles import ScriptedModel
 
 from historygraph.events import Message, ToolCall, Trace
 from historygraph.eval.replay import replay_trace
@@ -14,7 +15,9 @@ POLICIES = sorted(REGISTRY)
 
 @pytest.fixture(scope="module")
 def signals():
-    return Signals()
+    # summarising policies (ContextWeaver) get a deterministic test-double model: the invariants
+    # concern the rendering, not the summary text, and the local model would take minutes here
+    return Signals(model_factory=ScriptedModel)
 
 
 def call(cid):

@@ -119,9 +119,11 @@ def _fmt(v: object) -> str:
 def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     t = Table(title=title, header_style="bold")
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95"]
+        [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+                                        "read_repeats_exposed", "old_full_share"]
     heads = {"recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
-             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls"}
+             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
+             "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %"}
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right",

@@ -155,20 +155,27 @@ class Selection:
         self.revived: set[int] = set()
         self.shown: dict[int, Message] = {}
 
-    def cost(self, p: int) -> int:
+    def cost(self, p: int, form: Message | None = None) -> int:
+        """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``)."""
         lay = self.layout
         u = lay.unit_of[p]
         extra = lay.units[u].cost if u in lay.dropped_units and u not in self.revived else 0
-        return lay.delta[p] + extra
+        if form is None or form is lay.form[p]:
+            delta = lay.delta[p]
+        else:
+            delta = lay.counter.count_message(form) - lay.counter.count_message(lay.placeholder[p])
+        return delta + extra
 
-    def fits(self, p: int) -> bool:
-        return self.layout.budget is None or self.used + self.cost(p) <= self.layout.budget
+    def fits(self, p: int, form: Message | None = None) -> bool:
+        return self.layout.budget is None or self.used + self.cost(p, form) <= self.layout.budget
 
-    def take(self, p: int) -> None:
-        """Show result ``p`` as ``layout.form[p]`` (the original, or the excerpt of an oversized one)."""
-        self.used += self.cost(p)
+    def take(self, p: int, form: Message | None = None) -> None:
+        """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
+        of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
+        the result id (DESIGN.md §5.3)."""
+        self.used += self.cost(p, form)
         self.revived.add(self.layout.unit_of[p])
-        self.shown[p] = self.layout.form[p]
+        self.shown[p] = self.layout.form[p] if form is None else form
 
 
 class Layout:

@@ -24,6 +24,7 @@ from ..policies.base import Signals, create
 from ..render import BudgetTooSmallError, check_invariants
 from ..store import Store
 from .recall import AGE_BINS, age_bin, reuse_events
+from .steps_metrics import StepsCounts
 
 
 @dataclass
@@ -38,6 +39,7 @@ class PolicyStats:
     render_seconds: list[float] = field(default_factory=list)
     budget_errors: int = 0
     violations: list[str] = field(default_factory=list)
+    steps: StepsCounts = field(default_factory=StepsCounts)  # repeated reads, old full observations
 
     def merge(self, other: "PolicyStats") -> None:
         self.events += other.events
@@ -50,6 +52,7 @@ class PolicyStats:
         self.render_seconds += other.render_seconds
         self.budget_errors += other.budget_errors
         self.violations += other.violations
+        self.steps.merge(other.steps)
 
 
 @dataclass
@@ -112,6 +115,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     except AssertionError as exc:
                         st.violations.append(f"{trace.trace_id}@{j}: {exc}")
                     visible = set(r.full)
+                st.steps.observe(graph, visible, message)
                 for e in events_at.get(j, ()):
                     hit = e.result in visible
                     st.events += 1

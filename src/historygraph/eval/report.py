@@ -17,11 +17,12 @@ import numpy as np
 
 from .recall import AGE_BINS
 from .replay import PolicyStats, TraceResult
+from .steps_metrics import COLUMNS as STEPS_COLUMNS
 
 COLUMNS = ["scope", "source", "trace_id", "policy", "traces", "invocations", "events", "recall"] + \
     [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
-     "budget_errors", "invariant_violations"]
+     "budget_errors", "invariant_violations"] + STEPS_COLUMNS
 
 
 def _pct(hits: int, events: int) -> float | None:
@@ -44,6 +45,7 @@ def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, tr
     r["render_ms_p95"] = round(float(np.percentile(ms, 95)), 3) if len(ms) else None
     r["budget_errors"] = st.budget_errors
     r["invariant_violations"] = len(st.violations)
+    r.update(st.steps.columns())
     return r
 
 

@@ -1,0 +1,216 @@
+"""ContextWeaver steps: a view of the context graph as thought–action–observation nodes.
+
+Source: ContextWeaver §3.1 (node extraction, parent selection, ancestry) and §3.3 (validation).
+
+* **Step** (node ``N_k``): one assistant message (thought = its text, action = its tool calls)
+  with the tool results that answer it (observation). Steps are numbered 0, 1, … in transcript
+  order; an assistant message without tool calls is a step without observation.
+* **Files** a step touches: path-like tokens with a source/config/document extension, read from
+  the action and the observation (URLs are ignored). Files are compared by file name (last path
+  component), because agents name one file as ``/testbed/pkg/a.py``, ``./pkg/a.py`` and
+  ``a.py``. **Identifiers**: code-like names of at least four characters with an inner
+  underscore (``get_offset``), an inner capital (``LintResult``, ``parseArgs``) or an acronym before a word (``HTTPError``). Both are read
+  from at most the first :data:`FEATURE_CHARS` characters of the observation.
+* **Validation** (§3.3): each step's ``test_results`` is the :class:`~.tests.TestRun` parsed from
+  its observation; ``validation_status`` comes from it (``unknown`` without one). When step ``k``
+  fixes an earlier failure (:func:`~.tests.supersedes`) the earlier step becomes ``superseded``
+  and ``superseded_by`` points at ``k``.
+* **Parent selection** is incremental, as in the paper: when step ``k`` is added, its parents are
+  chosen among earlier steps whose status *at that moment* is ``passed`` or ``unknown`` (failed and
+  superseded steps are skipped). The low-cost selector (§3.3 "Low-cost configuration": shared
+  files, shared identifiers, recency; the weights are ours, the paper gives none) scores a
+  candidate ``i`` that shares at least one file or identifier with ``k`` by
+
+      score(i, k) = w_files · min(|F_i ∩ F_k|, 3) + w_ids · ln(1 + |I_i ∩ I_k|) + w_rec · ρ^(k − 1 − i)
+
+  and keeps the ``max_parents`` best (ties to the more recent). Another selector (the LLM
+  analyzer) can be passed as a callable.
+* **Ancestry** (§3.1): breadth-first search up the parent edges from the current step, stopping
+  when the queue is empty or ``W`` ancestors are collected. Ancestors inside the always-full recent
+  window and ancestors without an observation are traversed but not counted, so ``W`` bounds the
+  number of *earlier* observations kept in full (the paper keeps three, §5.5).
+
+Extracted features and chosen parents are cached per graph object (the graph is append-only), so
+a replay extracts each step once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from ..graph import ContextGraph
+from .tests import TestRun, parse_test_output, supersedes, validation_status
+
+FEATURE_CHARS = 20_000
+_EXT = ("py|pyi|pyx|js|jsx|ts|tsx|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|scala|sh|sql|json|ya?ml|toml|"
+        "cfg|ini|txt|md|rst|html|css|xml|csv|lock|dcm")
+_FILE = re.compile(rf"(?<![\w.\-/])(/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:{_EXT}))(?![\w\-])")
+_URL = re.compile(r"\w+://\S+")
+_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
+_CODE_LIKE = re.compile(r"[A-Za-z0-9]_[A-Za-z0-9]|[a-z][A-Z]|[A-Z]{2}[a-z]")
+
+
+def files_in(text: str) -> frozenset[str]:
+    """File names (last path component) of the paths in ``text``."""
+    return frozenset(m.rsplit("/", 1)[-1] for m in _FILE.findall(_URL.sub(" ", text)))
+
+
+def identifiers_in(text: str) -> frozenset[str]:
+    """Code-like identifiers in ``text`` (rule in the module docstring)."""
+    return frozenset(t for t in _IDENT.findall(text) if _CODE_LIKE.search(t))
+
+
+def action_text(graph: ContextGraph, position: int) -> str:
+    """The action of the assistant message at ``position``: each call as ``name: command`` (the
+    ``command``/``cmd`` argument when the arguments are JSON with one, else the raw arguments)."""
+    parts = []
+    for c in graph.messages[position].tool_calls:
+        args = c.arguments
+        try:
+            data = json.loads(args)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("command", data.get("cmd")), str):
+            args = data.get("command", data.get("cmd"))
+        parts.append(f"{c.name}: {args}")
+    return "\n".join(parts)
+
+
+@dataclass
+class Step:
+    """One node ``N_k`` (see module docstring).
+
+    Attributes:
+        index: step number ``k`` (0-based, transcript order).
+        position: graph position of the assistant message.
+        results: graph positions of its tool results (the observation), in call order.
+        thought, action: the assistant text and :func:`action_text`.
+        files, identifiers: features of action + observation.
+        test_results: the parsed test run of the observation, or ``None``.
+        validation_status: ``passed``, ``failed``, ``unknown`` or ``superseded``.
+        superseded_by: index of the step that fixed this failure, or ``None``.
+        parents: indices of the steps it builds on, most important first.
+        summary: the node summary once a policy has made one (≤ 300 characters), else ``None``.
+    """
+
+    index: int
+    position: int
+    results: tuple[int, ...]
+    thought: str
+    action: str
+    files: frozenset[str]
+    identifiers: frozenset[str]
+    test_results: TestRun | None
+    validation_status: str = "unknown"
+    superseded_by: int | None = None
+    parents: tuple[int, ...] = ()
+    summary: str | None = None
+
+
+@dataclass(frozen=True)
+class ParentScoring:
+    """Weights of the low-cost parent score (module docstring); defaults are ours."""
+
+    max_parents: int = 3
+    w_files: float = 1.0
+    w_identifiers: float = 0.5
+    w_recency: float = 1.0
+    recency_decay: float = 0.8
+
+
+#: ``selector(steps, k, eligible) -> parents``: ``steps[:k+1]`` are built, ``eligible`` lists the
+#: candidate indices (< k, status passed/unknown), oldest first.
+Selector = Callable[[list[Step], int, list[int]], tuple[int, ...]]
+
+
+def score_parent(cand: Step, cur: Step, cfg: ParentScoring) -> float | None:
+    """The low-cost score of ``cand`` as a parent of ``cur``; ``None`` when they share nothing."""
+    f = len(cand.files & cur.files)
+    i = len(cand.identifiers & cur.identifiers)
+    if f + i == 0:
+        return None
+    return (cfg.w_files * min(f, 3) + cfg.w_identifiers * math.log1p(i)
+            + cfg.w_recency * cfg.recency_decay ** (cur.index - 1 - cand.index))
+
+
+def lowcost_selector(cfg: ParentScoring) -> Selector:
+    """The selector of the paper's low-cost configuration (§3.3)."""
+
+    def select(steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
+        scored = [(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None]
+        scored.sort(key=lambda t: (t[0], t[1]), reverse=True)  # ties: the more recent first
+        return tuple(i for _, i in scored[:cfg.max_parents])
+
+    return select
+
+
+_CACHE: "weakref.WeakKeyDictionary[ContextGraph, dict]" = weakref.WeakKeyDictionary()
+
+
+def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...]) -> Step:
+    cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["features"]
+    key = (position, len(results))
+    if key not in cache:
+        m = graph.messages[position]
+        action = action_text(graph, position)
+        obs = "\n".join(graph.messages[p].content for p in results)
+        head = obs[:FEATURE_CHARS]
+        cache[key] = (action, files_in(action + "\n" + m.content + "\n" + head),
+                      identifiers_in(action + "\n" + head), parse_test_output(obs) if obs else None)
+    action, files, idents, run = cache[key]
+    return Step(index, position, results, graph.messages[position].content, action, files, idents, run,
+                validation_status(run))
+
+
+def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> list[Step]:
+    """All steps of ``graph`` with validation statuses, superseded pointers and parents.
+
+    ``selector_key`` names the selector in the per-graph parent cache (a step's parents depend only
+    on earlier steps, so they are chosen once per selector).
+    """
+    pcache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["parents"]
+    steps: list[Step] = []
+    for pos, m in enumerate(graph.messages):
+        if m.role != "assistant":
+            continue
+        results = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
+        k = len(steps)
+        step = _features(graph, k, pos, results)
+        steps.append(step)
+        if step.test_results is not None:
+            for earlier in steps[:k]:
+                if (earlier.validation_status == "failed" and earlier.test_results is not None
+                        and supersedes(step.test_results, step.action, earlier.test_results, earlier.action)):
+                    earlier.validation_status, earlier.superseded_by = "superseded", k
+        key = (selector_key, k, len(results))
+        if key not in pcache:
+            eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
+            pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
+        step.parents = pcache[key]
+    return steps
+
+
+def ancestry(steps: list[Step], k: int, max_ancestors: int, uncounted: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """Ancestors of step ``k`` in breadth-first order (§3.1), stopping at ``max_ancestors`` counted
+    ones. Steps in ``uncounted`` (the recent window) and steps without an observation are visited
+    and expanded but not counted."""
+    seen = {k}
+    queue = deque(steps[k].parents)
+    out: list[int] = []
+    counted = 0
+    while queue and counted < max_ancestors:
+        i = queue.popleft()
+        if i in seen:
+            continue
+        seen.add(i)
+        out.append(i)
+        if i not in uncounted and steps[i].results:
+            counted += 1
+        queue.extend(steps[i].parents)
+    return out
