@@ -7,6 +7,7 @@ to (``.ci/run`` starts a throwaway one); each test gets a fresh schema there.
 import os
 import threading
 import uuid
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -24,12 +25,11 @@ def pg_dsn():
     if not PG_DSN:
         pytest.skip("PostgreSQL tests need HISTORYGRAPH_TEST_POSTGRES=<dsn> (.ci/run starts a throwaway server)")
     import psycopg
-    from psycopg.conninfo import make_conninfo
 
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_DSN, autocommit=True) as c:
         c.execute(f"CREATE SCHEMA {schema}")
-    yield make_conninfo(PG_DSN, options=f"-c search_path={schema}")
+    yield PG_DSN + ("&" if "?" in PG_DSN else "?") + "options=" + quote(f"-c search_path={schema}")
     with psycopg.connect(PG_DSN, autocommit=True) as c:
         c.execute(f"DROP SCHEMA {schema} CASCADE")
 
@@ -124,8 +124,9 @@ def test_text_cache_first_writer_wins(make_store):
     assert s.get_text("other", "k") is None
 
 
-def test_two_instances_serve_one_session_consistently(shared_db):
+def test_two_instances_serve_one_session_consistently(shared_db, request):
     a, b = open_store(shared_db), open_store(shared_db)
+    assert type(a).__name__ == {"sqlite": "SQLiteStore", "postgres": "PostgresStore"}[request.node.callspec.params["shared_db"]]
     a.create_session("s1")
     a.append("s1", EVENTS[:3])  # both instances cache the graph now
     assert b.graph("s1").turns == 1 and len(a.graph("s1")) == 3
