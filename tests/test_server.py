@@ -329,3 +329,36 @@ def test_readme_proxy_section_library_example_runs():
     exec(compile(block, "README.md", "exec"), scope)
     assert scope["messages"][-1] == {"role": "tool", "content": "FAILED test_parse.py::test_dates", "tool_call_id": "c1"}
     assert scope["session"].result("c1") == "FAILED test_parse.py::test_dates"
+
+
+def test_router_appends_only_new_events_and_branches_on_edit():
+    from historygraph.server.sessions import SessionRouter
+    from historygraph.store import MemoryStore
+
+    router = SessionRouter(MemoryStore())
+    base = [Message.from_openai(m) for m in history("r", n=2)]
+    assert (router.ingest(base[:3], "r").appended, router.ingest(base, "r").appended) == (3, len(base) - 3)
+    again = router.ingest(base, "r")
+    assert (again.session_id, again.appended, again.forked_from) == ("r", 0, None)
+    edited = base[:2] + [Message("user", "changed my mind")]
+    fork = router.ingest(edited, "r")
+    assert (fork.session_id, fork.appended, fork.forked_from) == ("r~1", 3, "r")
+    longer = router.ingest(edited + [Message("assistant", "ok")], "r")  # continues the branch
+    assert (longer.session_id, longer.appended) == ("r~1", 1)
+    assert router.store.messages("r") == base
+
+
+def test_unreachable_upstream_gives_502_naming_it(tmp_path):
+    import asyncio
+
+    from historygraph.server import ServerConfig, create_app
+
+    app = create_app(ServerConfig(upstream=f"http://127.0.0.1:{_port()}/v1", store=":memory:", policy="prune"))
+
+    async def call():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
+            return await c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+    r = asyncio.run(call())
+    assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    assert app.state.proxy.store.messages(derived_session_id([Message("user", "hi")])) == [Message("user", "hi")]

@@ -30,14 +30,10 @@ from ..events import EventError, Message, ToolCall, content_text
 
 @dataclass(frozen=True)
 class Piece:
-    """The wire original of one canonical message.
+    """The wire original of one canonical message: ``value`` is a whole assistant turn (its message
+    object), the non-tool-result part of a user turn (a string or block list) or one
+    ``tool_result`` block; ``turn`` is the index of the wire turn it came from."""
 
-    ``kind`` is ``"turn"`` (a whole assistant turn: ``value`` is its message object),
-    ``"blocks"`` (the non-tool-result part of a user turn: ``value`` is a string or block list)
-    or ``"tool_result"`` (``value`` is the block). ``turn`` is the index of the wire turn.
-    """
-
-    kind: str
     value: Any
     turn: int
 
@@ -81,11 +77,11 @@ def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece 
         blocks = content if isinstance(content, list) else None
         if role == "assistant":
             out.append(_assistant(content, blocks, where))
-            pieces.append(Piece("turn", turn, i))
+            pieces.append(Piece(turn, i))
             continue
         if blocks is None:
             out.append(Message("user", _text(content, f"{where}.content")))
-            pieces.append(Piece("blocks", content, i))
+            pieces.append(Piece(content, i))
             continue
         rest = []
         for j, b in enumerate(blocks):
@@ -94,12 +90,12 @@ def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece 
                     raise EventError(f"{where}.content[{j}].tool_use_id is missing")
                 out.append(Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
                                    tool_call_id=str(b["tool_use_id"])))
-                pieces.append(Piece("tool_result", b, i))
+                pieces.append(Piece(b, i))
             else:
                 rest.append(b)
         if rest:
             out.append(Message("user", _text(rest, f"{where}.content")))
-            pieces.append(Piece("blocks", rest, i))
+            pieces.append(Piece(rest, i))
     return out, pieces
 
 

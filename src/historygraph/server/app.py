@@ -252,14 +252,6 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
                               "under a token budget, and a session API (append, render, read, fetch results).")
     app.state.proxy = proxy
 
-    @app.middleware("http")
-    async def size_limit(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > config.max_body_bytes:
-            err = ClientError(_too_large(config.max_body_bytes), "body", 413)
-            return _anthropic_error(err) if request.url.path == "/v1/messages" else _openai_error(err)
-        return await call_next(request)
-
     @app.post("/v1/chat/completions", tags=["proxy"], summary="OpenAI Chat Completions, rendered and forwarded")
     async def chat_completions(request: Request) -> Response:
         started = time.perf_counter()
@@ -309,4 +301,23 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
         return Response(r.content, r.status_code, response_headers(r.headers))
 
     app.include_router(api_router)
+    app.add_middleware(SizeLimit, limit=config.max_body_bytes)
     return app
+
+
+class SizeLimit:
+    """ASGI middleware: 413 for a declared ``Content-Length`` over ``limit`` bytes, before the body
+    is read (bodies without one are counted while read by :meth:`Proxy.read_json`)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.limit:
+                err = ClientError(_too_large(self.limit), "body", 413)
+                response = _anthropic_error(err) if scope["path"] == "/v1/messages" else _openai_error(err)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
