@@ -152,22 +152,23 @@ def test_openai_client_history_rendered_under_budget_pairs_kept_answer_stored(se
 
 def test_resent_history_stores_only_new_events_and_an_edit_forks(servers):
     client = oai(servers, "resend")
-    msgs = [{"role": "user", "content": "hello"}]
+    msgs = [{"role": "developer", "content": "be kind"}, {"role": "user", "content": "hello"}]
     first = client.chat.completions.create(model="m", messages=msgs).choices[0].message
+    assert received(servers)["body"]["messages"][0] == {"role": "developer", "content": "be kind"}
     msgs += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "more"}]
     client.chat.completions.create(model="m", messages=msgs)
     stored = api(servers, "GET", "/sessions/resend").json()["messages"]
-    assert [m["content"] for m in stored] == ["hello", first.content, "more", stored[-1]["content"]]
+    assert [m["content"] for m in stored] == ["be kind", "hello", first.content, "more", stored[-1]["content"]]
     assert stored[-1]["content"].startswith("answer ")
-    edited = [msgs[0], msgs[1], {"role": "user", "content": "EDITED"}]
+    edited = [*msgs[:3], {"role": "user", "content": "EDITED"}]
     resp = client.chat.completions.with_raw_response.create(model="m", messages=edited)
     assert resp.headers["x-historygraph-session"] == "resend~1"
-    assert len(api(servers, "GET", "/sessions/resend").json()["messages"]) == 4  # never overwritten
+    assert len(api(servers, "GET", "/sessions/resend").json()["messages"]) == 5  # never overwritten
     branch = api(servers, "GET", "/sessions/resend~1").json()
-    assert branch["meta"] == {"parent": "resend", "forked_at": 2}
-    assert [m["content"] for m in branch["messages"][:3]] == ["hello", first.content, "EDITED"]
+    assert branch["meta"] == {"parent": "resend", "forked_at": 3}
+    assert [m["content"] for m in branch["messages"][:4]] == ["be kind", "hello", first.content, "EDITED"]
     listed = {s["id"]: s for s in api(servers, "GET", "/sessions").json()}
-    assert listed["resend~1"]["parent"] == "resend" and listed["resend"]["events"] == 4
+    assert listed["resend~1"]["parent"] == "resend" and listed["resend"]["events"] == 5
 
 
 def test_session_without_header_is_derived_from_the_first_messages(servers):

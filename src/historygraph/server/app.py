@@ -260,8 +260,9 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             raw = body["messages"]
             messages = []
             for i, m in enumerate(raw):
-                try:
-                    messages.append(Message.from_openai(m))
+                try:  # a "developer" message is the newer name of a system message
+                    dev = isinstance(m, dict) and m.get("role") == "developer"
+                    messages.append(Message.from_openai({**m, "role": "system"} if dev else m))
                 except EventError as exc:
                     raise ClientError(f"messages[{i}]: {exc}", f"messages[{i}]") from None
             sid, policy, budget = proxy.options(request)
