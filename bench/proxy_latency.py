@@ -80,7 +80,8 @@ async def run_session(client: httpx.AsyncClient, base: str, sid: int, requests: 
         t0 = time.perf_counter()
         r = await client.post(base + "/chat/completions", json=body, headers=headers)
         e2e = (time.perf_counter() - t0) * 1000
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise SystemExit(f"session {sid} step {step}: proxy answered {r.status_code}: {r.text}")
         t0 = time.perf_counter()
         (await client.post(direct + "/chat/completions", json=body)).raise_for_status()
         out["direct"].append((time.perf_counter() - t0) * 1000)

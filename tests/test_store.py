@@ -155,3 +155,11 @@ def test_concurrent_appends_from_two_instances_all_land_in_order(shared_db):
     assert [x for x in got if x[0] == "a"] == [f"a{i}" for i in range(15)]  # each writer's order kept
     assert [m.content for m in b.graph("s1").messages] == got == [m.content for m in a.graph("s1").messages]
     a.close(), b.close()
+
+
+def test_sessions_with_prefix(make_store):
+    s = make_store()
+    for sid in ["a", "a~1", "ab", "a~2", "b~1", "a~1~x", "a%~", "a_~"]:
+        s.create_session(sid)
+    assert s.sessions_with_prefix("a~") == ["a~1", "a~2", "a~1~x"]
+    assert s.sessions_with_prefix("a%") == ["a%~"] and s.sessions_with_prefix("zz") == []

@@ -96,7 +96,9 @@ class Proxy:
         self.router = SessionRouter(self.store)
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store)
         self._policies: dict[str, Any] = {}
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0))
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0),
+                                        transport=httpx.AsyncHTTPTransport(retries=2),  # connection failures only
+                                        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
 
     def options(self, request: Request) -> tuple[str | None, str, int]:
         """Session id, policy and budget from headers, else the configured defaults."""
@@ -172,12 +174,15 @@ class Proxy:
         """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``)."""
         headers = forward_headers(request.headers)
         ours = {"x-historygraph-session": session_id}
+        request_up = self.client.build_request("POST", url, json=body, headers=headers)
+        t_up = time.perf_counter()
         try:
-            upstream = await self.client.send(self.client.build_request("POST", url, json=body, headers=headers),
-                                              stream=True)
+            try:
+                upstream = await self.client.send(request_up, stream=True)
+            except httpx.RemoteProtocolError:  # a pooled keep-alive connection the upstream had just closed
+                upstream = await self.client.send(request_up, stream=True)
         except httpx.HTTPError as exc:
             raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None
-        t_up = time.perf_counter()
         if upstream.status_code >= 400 or not body.get("stream"):
             content = await upstream.aread()
             await upstream.aclose()

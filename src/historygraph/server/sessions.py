@@ -88,7 +88,7 @@ class SessionRouter:
             return self._locks.setdefault(root, threading.RLock())
 
     def branches(self, root: str) -> list[str]:
-        return [s for s in self.store.sessions() if s.startswith(root + "~")]
+        return self.store.sessions_with_prefix(root + "~")
 
     def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None) -> Ingest:
         """Store what is new in ``messages`` (see module docstring).

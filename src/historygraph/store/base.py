@@ -77,6 +77,11 @@ class Store(ABC):
     def close(self) -> None:
         """Release resources (no-op for the memory store)."""
 
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        """Session ids starting with ``prefix``, in creation order (backends override with an
+        indexed query)."""
+        return [s for s in self.sessions() if s.startswith(prefix)]
+
     def _event_count(self, session_id: str) -> int:
         """Number of stored events (backends override with a cheap query)."""
         return len(self._read_events(session_id))

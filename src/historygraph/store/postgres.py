@@ -88,6 +88,10 @@ class PostgresStore(Store):
         with self._lock:
             return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY seq")]
 
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE starts_with(id, %s) ORDER BY seq", (prefix,))]
+
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         with self._lock:
             rows = self._db.execute("SELECT key, vector FROM embeddings WHERE key = ANY(%s)", (list(keys),)).fetchall()

@@ -104,6 +104,11 @@ class SQLiteStore(Store):
         with self._lock:
             return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY created, rowid")]
 
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        with self._lock:  # a range on the primary key: ids p... sort between p and p + U+10FFFF
+            return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY created, rowid",
+                                                   (prefix, prefix + "\U0010ffff"))]
+
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         keys = list(keys)
