@@ -363,3 +363,28 @@ def test_unreachable_upstream_gives_502_naming_it(tmp_path):
     r = asyncio.run(call())
     assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
     assert app.state.proxy.store.messages(derived_session_id([Message("user", "hi")])) == [Message("user", "hi")]
+
+
+def test_two_proxy_instances_on_one_database_continue_the_same_session(servers, tmp_path):
+    import asyncio
+
+    from historygraph.server import ServerConfig, create_app
+
+    db = str(tmp_path / "shared.sqlite")
+    apps = [create_app(ServerConfig(upstream=servers["up"] + "/v1", store=db, policy="prune", budget=BUDGET)) for _ in range(2)]
+    headers = {"X-HistoryGraph-Session": "two", "Authorization": f"Bearer {KEY}"}
+
+    msgs = history("two")
+
+    async def conversation():
+        for step in range(4):  # alternate instances, each continuing what the other stored
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[step % 2]), base_url="http://proxy") as c:
+                r = await c.post("/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=headers)
+            msgs.extend([{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": f"step {step}"}])
+
+    asyncio.run(conversation())
+    for app in apps:
+        store = app.state.proxy.store
+        assert store.sessions() == ["two"]
+        assert [m.content for m in store.messages("two")] == [m["content"] or "" for m in msgs[:-1]]
