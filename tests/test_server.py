@@ -388,3 +388,14 @@ def test_two_proxy_instances_on_one_database_continue_the_same_session(servers, 
         store = app.state.proxy.store
         assert store.sessions() == ["two"]
         assert [m.content for m in store.messages("two")] == [m["content"] or "" for m in msgs[:-1]]
+
+
+def test_serve_rejects_bad_settings_with_a_message():
+    from typer.testing import CliRunner
+
+    from historygraph.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "--policy", "nope", "--store", ":memory:"])
+    assert r.exit_code == 2 and "unknown policy 'nope'" in r.output
+    r = CliRunner().invoke(app, ["serve", "--store", "postgresql://nobody@127.0.0.1:1/none"])
+    assert r.exit_code == 2 and "cannot open store" in r.output
