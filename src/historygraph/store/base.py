@@ -41,7 +41,8 @@ class Store(ABC):
 
     def __init__(self) -> None:
         self._graphs: dict[str, ContextGraph] = {}
-        self._graph_lock = threading.RLock()
+        self._graph_lock = threading.Lock()  # guards the two dicts; each session has its own lock
+        self._session_locks: dict[str, threading.RLock] = {}
 
     # -- primitives -----------------------------------------------------------------------
     @abstractmethod
@@ -82,6 +83,11 @@ class Store(ABC):
         indexed query)."""
         return [s for s in self.sessions() if s.startswith(prefix)]
 
+    def _session_lock(self, session_id: str) -> threading.RLock:
+        """The in-process lock of one session's cached graph (appends to other sessions proceed)."""
+        with self._graph_lock:
+            return self._session_locks.setdefault(session_id, threading.RLock())
+
     def _event_count(self, session_id: str) -> int:
         """Number of stored events (backends override with a cheap query)."""
         return len(self._read_events(session_id))
@@ -117,7 +123,7 @@ class Store(ABC):
 
     def graph(self, session_id: str) -> ContextGraph:
         """The session's context graph (rebuilt from stored events on first access)."""
-        with self._graph_lock:
+        with self._session_lock(session_id):
             g = self._graphs.get(session_id)
             if g is None:
                 self.session_meta(session_id)
@@ -143,7 +149,7 @@ class Store(ABC):
         for i, m in enumerate(batch):
             if not isinstance(m, Message):
                 raise TypeError(f"append: item {i} is {type(m).__name__}, expected Message")
-        with self._graph_lock:
+        with self._session_lock(session_id):
             with self._write_transaction(session_id):
                 g = self.graph(session_id)  # caught up inside the transaction
                 g.validate(batch)  # the whole batch, before anything is written

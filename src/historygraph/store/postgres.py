@@ -10,6 +10,10 @@ its transaction, re-reads the stored length there and writes after it; the prima
 instance is caught up with what others appended whenever it is handed out (see
 :mod:`historygraph.store.base`).
 
+Connections: one per thread that uses the store (opened on first use, all closed by
+:meth:`PostgresStore.close`), so requests of different sessions do not wait for each other's
+round trips and commits; the proxy's worker pool (40 threads) bounds their number.
+
 Args of :class:`PostgresStore`: ``dsn``, a libpq connection string or ``postgresql://`` URL.
 Raises ``psycopg.OperationalError`` when the server cannot be reached.
 """
@@ -42,78 +46,85 @@ class PostgresStore(Store):
         import psycopg  # optional dependency: the ``server`` extra
 
         super().__init__()
-        self.dsn = dsn
+        self._connect = lambda: psycopg.connect(dsn, autocommit=True)
         self.path = _redact(dsn)
-        self._lock = threading.RLock()
-        self._db = psycopg.connect(dsn, autocommit=True)
-        with self._lock, self._db.transaction():
-            self._db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts
-            self._db.execute(SCHEMA)
+        self._local = threading.local()
+        self._opened: list[Any] = []
+        self._opened_lock = threading.Lock()
+        db = self._db
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts
+            db.execute(SCHEMA)
+
+    @property
+    def _db(self) -> Any:
+        """This thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            with self._opened_lock:
+                self._opened.append(conn)
+        return conn
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
-        with self._lock:
-            self._db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s)",
-                             (session_id, time.time(), json.dumps(meta)))
+        self._db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s)",
+                         (session_id, time.time(), json.dumps(meta)))
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT meta FROM sessions WHERE id = %s", (session_id,)).fetchone()
+        row = self._db.execute("SELECT meta FROM sessions WHERE id = %s", (session_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
     @contextmanager
     def _write_transaction(self, session_id: str) -> Iterator[None]:
-        with self._lock, self._db.transaction():
-            self._db.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+        db = self._db
+        with db.transaction():
+            db.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
             yield
 
     def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
         rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
-        with self._lock, self._db.cursor() as cur:
+        with self._db.cursor() as cur:
             cur.executemany("INSERT INTO events VALUES (%s, %s, %s)", rows)
 
     def _event_count(self, session_id: str) -> int:
-        with self._lock:
-            return self._db.execute("SELECT count(*) FROM events WHERE session_id = %s", (session_id,)).fetchone()[0]
+        return self._db.execute("SELECT count(*) FROM events WHERE session_id = %s", (session_id,)).fetchone()[0]
 
     def _read_events(self, session_id: str) -> list[Message]:
         return self._read_events_from(session_id, 0)
 
     def _read_events_from(self, session_id: str, start: int) -> list[Message]:
-        with self._lock:
-            rows = self._db.execute("SELECT data FROM events WHERE session_id = %s AND position >= %s ORDER BY position",
-                                    (session_id, start)).fetchall()
+        rows = self._db.execute("SELECT data FROM events WHERE session_id = %s AND position >= %s ORDER BY position",
+                                (session_id, start)).fetchall()
         return [Message.from_openai(json.loads(r[0])) for r in rows]
 
     def sessions(self) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY seq")]
+        return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY seq")]
 
     def sessions_with_prefix(self, prefix: str) -> list[str]:
-        with self._lock:
-            return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE starts_with(id, %s) ORDER BY seq", (prefix,))]
+        return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE starts_with(id, %s) ORDER BY seq", (prefix,))]
 
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        with self._lock:
-            rows = self._db.execute("SELECT key, vector FROM embeddings WHERE key = ANY(%s)", (list(keys),)).fetchall()
+        rows = self._db.execute("SELECT key, vector FROM embeddings WHERE key = ANY(%s)", (list(keys),)).fetchall()
         return {k: np.frombuffer(bytes(v), dtype=np.float32) for k, v in rows}
 
     def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
         rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
-        with self._lock, self._db.transaction(), self._db.cursor() as cur:
+        db = self._db
+        with db.transaction(), db.cursor() as cur:
             cur.executemany("INSERT INTO embeddings VALUES (%s, %s) ON CONFLICT DO NOTHING", rows)
 
     def get_text(self, kind: str, key: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM texts WHERE kind = %s AND key = %s", (kind, key)).fetchone()
+        row = self._db.execute("SELECT value FROM texts WHERE kind = %s AND key = %s", (kind, key)).fetchone()
         return row[0] if row else None
 
     def put_text(self, kind: str, key: str, value: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT INTO texts VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (kind, key, value))
+        self._db.execute("INSERT INTO texts VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (kind, key, value))
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with self._opened_lock:
+            for conn in self._opened:
+                conn.close()
+            self._opened.clear()
 
 
 def _redact(dsn: str) -> str:
