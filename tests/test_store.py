@@ -163,3 +163,20 @@ def test_sessions_with_prefix(make_store):
         s.create_session(sid)
     assert s.sessions_with_prefix("a~") == ["a~1", "a~2", "a~1~x"]
     assert s.sessions_with_prefix("a%") == ["a%~"] and s.sessions_with_prefix("zz") == []
+
+
+def test_postgres_connection_of_an_ended_thread_is_closed(pg_dsn):
+    import gc
+
+    from historygraph.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_dsn)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append((s.sessions(), s._db)))
+    t.start(), t.join()
+    conn = seen[0][1]
+    assert not conn.closed
+    del t
+    gc.collect()
+    assert conn.closed and not s._db.closed  # this thread's own connection is unaffected
+    s.close()

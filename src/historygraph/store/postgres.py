@@ -10,8 +10,8 @@ its transaction, re-reads the stored length there and writes after it; the prima
 instance is caught up with what others appended whenever it is handed out (see
 :mod:`historygraph.store.base`).
 
-Connections: one per thread that uses the store (opened on first use, all closed by
-:meth:`PostgresStore.close`), so requests of different sessions do not wait for each other's
+Connections: one per thread that uses the store (opened on first use, closed when the thread
+object is collected after it ends, or by :meth:`PostgresStore.close`), so requests of different sessions do not wait for each other's
 round trips and commits; the proxy's worker pool (40 threads) bounds their number.
 
 Args of :class:`PostgresStore`: ``dsn``, a libpq connection string or ``postgresql://`` URL.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -62,8 +63,9 @@ class PostgresStore(Store):
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self._connect()
+            weakref.finalize(threading.current_thread(), conn.close)  # the thread's end closes it
             with self._opened_lock:
-                self._opened.append(conn)
+                self._opened = [c for c in self._opened if not c.closed] + [conn]
         return conn
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
