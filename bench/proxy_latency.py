@@ -45,16 +45,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str], port: int) -> subprocess.Popen:
+def start(args: list[str], port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     for _ in range(600):
         try:
             httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=1)
             return proc
         except httpx.HTTPError:
             if proc.poll() is not None:
-                raise SystemExit(f"{args[:3]} failed: {proc.stderr.read().decode()}")
+                raise SystemExit(f"{args[:3]} failed: {log.read_text()}")
             time.sleep(0.1)
     raise SystemExit(f"{args[:3]} did not start")
 
@@ -82,9 +82,15 @@ async def run_session(client: httpx.AsyncClient, base: str, sid: int, requests: 
         e2e = (time.perf_counter() - t0) * 1000
         if r.status_code != 200:
             raise SystemExit(f"session {sid} step {step}: proxy answered {r.status_code}: {r.text}")
-        t0 = time.perf_counter()
-        (await client.post(direct + "/chat/completions", json=body)).raise_for_status()
-        out["direct"].append((time.perf_counter() - t0) * 1000)
+        for attempt in range(2):  # the direct call is only a reference: retry a dropped keep-alive connection once
+            try:
+                t0 = time.perf_counter()
+                (await client.post(direct + "/chat/completions", json=body)).raise_for_status()
+                out["direct"].append((time.perf_counter() - t0) * 1000)
+                break
+            except httpx.TransportError:
+                if attempt:
+                    raise
         key = "first" if step == 0 else "proxy"
         out[key].append(float(r.headers["x-historygraph-proxy-ms"]))
         if step:
@@ -104,7 +110,8 @@ def pct(xs: list[float], q: float) -> float:
 
 async def level(n: int, args: argparse.Namespace, proxy: str, direct: str) -> dict:
     out: dict = {"tag": f"{n}-{time.time_ns()}", "proxy": [], "first": [], "e2e": [], "direct": []}
-    limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10)
+    # idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under us
+    limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await asyncio.gather(*(run_session(client, proxy, i, args.requests, direct, out) for i in range(n)))
     return out
@@ -120,11 +127,11 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="hg-bench-")
     up_port, px_port = free_port(), free_port()
-    procs = [start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port)]
+    procs = [start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port, Path(tmp, "upstream.log"))]
     try:
         procs.append(start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--port", str(px_port),
                             "--store", args.store or f"{tmp}/bench.sqlite", "--policy", args.policy, "--budget", str(args.budget)],
-                           px_port))
+                           px_port, Path(tmp, "proxy.log")))
         print(f"proxy latency: policy {args.policy}, B = {args.budget}, 200-event histories, {args.requests} steady-state "
               f"requests per session, {os.cpu_count()} CPUs, store {args.store or 'SQLite'}")
         print(f"{'sessions':>8} {'requests':>8} {'proxy ms p50':>12} {'proxy ms p95':>12} {'first req p50':>13} "
@@ -134,6 +141,9 @@ def main() -> None:
             print(f"{n:>8} {len(r['proxy']):>8} {statistics.median(r['proxy']):>12.1f} {pct(r['proxy'], 0.95):>12.1f} "
                   f"{statistics.median(r['first']):>13.1f} {statistics.median(r['e2e']):>10.1f} {pct(r['e2e'], 0.95):>10.1f} "
                   f"{statistics.median(r['direct']):>13.1f}", flush=True)
+    except (httpx.HTTPError, SystemExit):
+        print(f"failed; server logs in {tmp}", file=sys.stderr)
+        raise
     finally:
         for p in reversed(procs):
             p.terminate()
