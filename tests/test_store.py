@@ -1,18 +1,57 @@
-"""One contract, run over every store."""
+"""One contract, run over every store.
+
+PostgreSQL runs when ``HISTORYGRAPH_TEST_POSTGRES`` holds a DSN of a server the tests may write
+to (``.ci/run`` starts a throwaway one); each test gets a fresh schema there.
+"""
+
+import os
+import threading
+import uuid
+from urllib.parse import quote
 
 import numpy as np
 import pytest
 
 from historygraph.events import Message, ToolCall
 from historygraph.graph import GraphError
-from historygraph.store import MemoryStore, SQLiteStore, StoreError
+from historygraph.store import MemoryStore, SQLiteStore, StoreError, open_store
+
+PG_DSN = os.environ.get("HISTORYGRAPH_TEST_POSTGRES")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture
+def pg_dsn():
+    """A DSN whose search_path is a fresh schema, dropped afterwards."""
+    if not PG_DSN:
+        pytest.skip("PostgreSQL tests need HISTORYGRAPH_TEST_POSTGRES=<dsn> (.ci/run starts a throwaway server)")
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_DSN, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    yield PG_DSN + ("&" if "?" in PG_DSN else "?") + "options=" + quote(f"-c search_path={schema}")
+    with psycopg.connect(PG_DSN, autocommit=True) as c:
+        c.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request, tmp_path):
+    if request.param == "postgres":
+        from historygraph.store.postgres import PostgresStore
+
+        dsn = request.getfixturevalue("pg_dsn")
+        return lambda: PostgresStore(dsn)
     def make():
         return MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "db" / "hg.sqlite")
     return make
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_db(request, tmp_path):
+    """A database URL that several store instances can open."""
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_dsn")
+    return str(tmp_path / "shared.sqlite")
 
 
 EVENTS = [
@@ -109,3 +148,61 @@ def test_concurrent_appends_lose_nothing_and_keep_order(make_store):
         mine = [c for c in shared if c.startswith(f"client {k} ")]
         assert mine == [f"client {k} event {n}" for n in range(10)]
     assert all(len(s.messages(f"own{k}")) == 10 for k in range(50))
+
+
+def test_two_instances_serve_one_session_consistently(shared_db, request):
+    a, b = open_store(shared_db), open_store(shared_db)
+    assert type(a).__name__ == {"sqlite": "SQLiteStore", "postgres": "PostgresStore"}[request.node.callspec.params["shared_db"]]
+    a.create_session("s1")
+    a.append("s1", EVENTS[:3])  # both instances cache the graph now
+    assert b.graph("s1").turns == 1 and len(a.graph("s1")) == 3
+    b.append("s1", EVENTS[3:])  # b appends the results of a's call
+    assert a.messages("s1") == EVENTS
+    assert len(a.graph("s1")) == 5 and a.graph("s1").result_by_id("c2").content == ""
+    with pytest.raises(GraphError, match="c1"):  # a validates against what b wrote
+        a.append("s1", [Message("tool", "again", tool_call_id="c1")])
+    assert b.sessions() == ["s1"] and len(b.messages("s1")) == 5
+    a.close(), b.close()
+
+
+def test_concurrent_appends_from_two_instances_all_land_in_order(shared_db):
+    a, b = open_store(shared_db), open_store(shared_db)
+    a.create_session("s1")
+
+    def writer(store, tag):
+        for i in range(15):
+            store.append("s1", Message("user", f"{tag}{i}"))
+
+    threads = [threading.Thread(target=writer, args=(s, t)) for s, t in ((a, "a"), (b, "b"))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    got = [m.content for m in a.messages("s1")]
+    assert sorted(got) == sorted([f"a{i}" for i in range(15)] + [f"b{i}" for i in range(15)])
+    assert [x for x in got if x[0] == "a"] == [f"a{i}" for i in range(15)]  # each writer's order kept
+    assert [m.content for m in b.graph("s1").messages] == got == [m.content for m in a.graph("s1").messages]
+    a.close(), b.close()
+
+
+def test_sessions_with_prefix(make_store):
+    s = make_store()
+    for sid in ["a", "a~1", "ab", "a~2", "b~1", "a~1~x", "a%~", "a_~"]:
+        s.create_session(sid)
+    assert s.sessions_with_prefix("a~") == ["a~1", "a~2", "a~1~x"]
+    assert s.sessions_with_prefix("a%") == ["a%~"] and s.sessions_with_prefix("zz") == []
+
+
+def test_postgres_connection_of_an_ended_thread_is_closed(pg_dsn):
+    import gc
+
+    from historygraph.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_dsn)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append((s.sessions(), s._db)))
+    t.start(), t.join()
+    conn = seen[0][1]
+    assert not conn.closed
+    del t
+    gc.collect()
+    assert conn.closed and not s._db.closed  # this thread's own connection is unaffected
+    s.close()

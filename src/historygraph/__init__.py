@@ -8,6 +8,7 @@ from .events import EventError, Message, ToolCall, Trace
 from .graph import ContextGraph, GraphError
 from .policies import REGISTRY, PolicyError, Signals, create
 from .render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
+from .session import Session
 from .signals.tokens import TokenCounter
 from .store import MemoryStore, SQLiteStore, open_store
 
@@ -15,6 +16,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BudgetTooSmallError", "ContextGraph", "EventError", "GraphError", "InvariantError", "MemoryStore", "Message",
-    "PolicyError", "REGISTRY", "Rendering", "SQLiteStore", "Signals", "TokenCounter", "ToolCall", "Trace",
+    "PolicyError", "REGISTRY", "Rendering", "SQLiteStore", "Session", "Signals", "TokenCounter", "ToolCall", "Trace",
     "check_invariants", "create", "open_store", "__version__",
 ]

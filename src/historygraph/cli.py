@@ -1,4 +1,4 @@
-"""The ``historygraph`` command: replay traces through policies, list policies, inspect the store."""
+"""The ``historygraph`` command: replay traces through policies, list policies, inspect the store, serve the proxy."""
 
 from __future__ import annotations
 
@@ -175,6 +175,41 @@ def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print
             console.print_json(json.dumps([m.to_openai() for m in g.messages]))
     except (KeyError, StoreError) as exc:
         _fail(str(exc).strip("'\""))
+
+
+@app.command()
+def serve(
+    upstream: Annotated[str, typer.Option(help="OpenAI-compatible upstream base URL, with /v1.")] = "https://api.openai.com/v1",
+    anthropic_upstream: Annotated[str, typer.Option(help="Anthropic upstream base URL (/v1/messages is appended).")] = "https://api.anthropic.com",
+    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
+    store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: the user data dir.")] = None,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = "contextrender",
+    budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="Default history budget in tokens (header X-HistoryGraph-Budget overrides).")] = 6000,
+    auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 20_000_000,
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer for the budget: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+) -> None:
+    """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
+    try:
+        import uvicorn
+
+        from .server import ServerConfig, create_app
+    except ImportError as exc:
+        _fail(f"the server needs the 'server' extra (pip install 'historygraph[server]'): {exc}")
+    if encoding not in ENCODINGS:
+        _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    try:
+        config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
+                              budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding)
+        application = create_app(config)
+    except (PolicyError, ValueError) as exc:
+        _fail(str(exc))
+    except Exception as exc:  # an unreachable database, an unwritable path
+        _fail(f"cannot open store {store or 'default'}: {type(exc).__name__}: {exc}")
+    err.print(f"historygraph proxy on http://{host}:{port} → {upstream} | {anthropic_upstream}; policy {policy}, "
+              f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
+    uvicorn.run(application, host=host, port=port, log_level="warning")
 
 
 def _version(value: bool) -> None:

@@ -1,4 +1,5 @@
-"""Session stores: :class:`MemoryStore` and :class:`SQLiteStore` (the embedded default)."""
+"""Session stores: :class:`MemoryStore`, :class:`SQLiteStore` (the embedded default) and
+:class:`~historygraph.store.postgres.PostgresStore` (shared by several instances; needs psycopg)."""
 
 from .base import Store, StoreError
 from .memory import MemoryStore
@@ -9,9 +10,14 @@ __all__ = ["MemoryStore", "SQLiteStore", "Store", "StoreError", "default_path", 
 
 def open_store(url: str | None = None) -> Store:
     """``None`` → SQLite at the default path; ``":memory:"`` → :class:`MemoryStore`; anything
-    else is a SQLite file path (``sqlite:///path`` accepted)."""
+    else is a SQLite file path (``sqlite:///path`` accepted); ``postgresql://…`` or
+    ``postgres://…`` → :class:`~historygraph.store.postgres.PostgresStore`."""
     if url == ":memory:":
         return MemoryStore()
+    if url and url.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore
+
+        return PostgresStore(url)
     if url and url.startswith("sqlite:///"):
         url = url[len("sqlite:///"):]
     return SQLiteStore(url)

@@ -8,13 +8,20 @@ anything a policy could get out of step with.
 
 Appends are validated against the session's graph *before* anything is written: an invalid
 event (unknown call id, duplicate id, bad role) raises and leaves the stored session unchanged.
+
+Several store instances (threads, processes, proxy replicas) may share one database. The graph
+cached in-process is therefore caught up with events other instances wrote whenever it is handed
+out, and an append re-reads the stored length inside the backend's write transaction
+(:meth:`Store._write_transaction`), so a batch is validated against, and written after, exactly
+what is stored.
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -34,7 +41,8 @@ class Store(ABC):
 
     def __init__(self) -> None:
         self._graphs: dict[str, ContextGraph] = {}
-        self._append_lock = threading.RLock()  # validate + write + graph update are one step
+        self._graph_lock = threading.Lock()  # guards the two dicts; each session has its own lock
+        self._session_locks: dict[str, threading.RLock] = {}
 
     # -- primitives -----------------------------------------------------------------------
     @abstractmethod
@@ -70,6 +78,31 @@ class Store(ABC):
     def close(self) -> None:
         """Release resources (no-op for the memory store)."""
 
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        """Session ids starting with ``prefix``, in creation order (backends override with an
+        indexed query)."""
+        return [s for s in self.sessions() if s.startswith(prefix)]
+
+    def _session_lock(self, session_id: str) -> threading.RLock:
+        """The in-process lock of one session's cached graph (appends to other sessions proceed)."""
+        with self._graph_lock:
+            return self._session_locks.setdefault(session_id, threading.RLock())
+
+    def _event_count(self, session_id: str) -> int:
+        """Number of stored events (backends override with a cheap query)."""
+        return len(self._read_events(session_id))
+
+    def _read_events_from(self, session_id: str, start: int) -> list[Message]:
+        """Stored events from position ``start`` on (backends override with a ranged query)."""
+        return self._read_events(session_id)[start:]
+
+    @contextmanager
+    def _write_transaction(self, session_id: str) -> Iterator[None]:
+        """Hold the backend's write lock for ``session_id`` while an append reads the stored
+        length and writes; commits on success, rolls back on an exception. Default: no-op (a
+        backend only one instance can use)."""
+        yield
+
     # -- contract -------------------------------------------------------------------------
     def create_session(self, session_id: str, meta: dict[str, Any] | None = None) -> None:
         """Create an empty session. Raises :class:`StoreError` when the id exists."""
@@ -90,12 +123,15 @@ class Store(ABC):
 
     def graph(self, session_id: str) -> ContextGraph:
         """The session's context graph (rebuilt from stored events on first access)."""
-        g = self._graphs.get(session_id)
-        if g is None:
-            self.session_meta(session_id)
-            g = ContextGraph(session_id, self._read_events(session_id))
-            self._graphs[session_id] = g
-        return g
+        with self._session_lock(session_id):
+            g = self._graphs.get(session_id)
+            if g is None:
+                self.session_meta(session_id)
+                g = ContextGraph(session_id, self._read_events(session_id))
+                self._graphs[session_id] = g
+            elif self._event_count(session_id) > len(g):  # another instance appended
+                g.extend(self._read_events_from(session_id, len(g)))
+            return g
 
     def messages(self, session_id: str) -> list[Message]:
         """The stored events, exactly as appended."""
@@ -113,8 +149,9 @@ class Store(ABC):
         for i, m in enumerate(batch):
             if not isinstance(m, Message):
                 raise TypeError(f"append: item {i} is {type(m).__name__}, expected Message")
-        with self._append_lock:
-            g = self.graph(session_id)
-            g.validate(batch)  # the whole batch, before anything is written
-            self._write_events(session_id, len(g), batch)
+        with self._session_lock(session_id):
+            with self._write_transaction(session_id):
+                g = self.graph(session_id)  # caught up inside the transaction
+                g.validate(batch)  # the whole batch, before anything is written
+                self._write_events(session_id, len(g), batch)
             return [g.append(m) for m in batch]

@@ -6,6 +6,11 @@ Location: the path the user gives, else ``historygraph.sqlite`` under the user's
 Schema: ``sessions(id, created, meta)``, ``events(session_id, position, data)`` with each event
 stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, vector)`` for the
 content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
+
+Concurrency: one connection per store, serialised by a lock; an append runs in a
+``BEGIN IMMEDIATE`` transaction (SQLite's single writer), inside which the stored length is
+re-read, so several store instances, in one process or several, can share one file (WAL lets
+readers proceed meanwhile; a writer waits up to 30 s for the lock).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import platformdirs
@@ -48,7 +54,7 @@ class SQLiteStore(Store):
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
@@ -62,16 +68,32 @@ class SQLiteStore(Store):
             row = self._db.execute("SELECT meta FROM sessions WHERE id = ?", (session_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
-        rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
+    @contextmanager
+    def _write_transaction(self, session_id: str) -> Iterator[None]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
-                self._db.execute("COMMIT")
+                yield
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+            self._db.execute("COMMIT")
+
+    def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
+        """Called inside :meth:`_write_transaction`."""
+        rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
+        with self._lock:
+            self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+
+    def _event_count(self, session_id: str) -> int:
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM events WHERE session_id = ?", (session_id,)).fetchone()[0]
+
+    def _read_events_from(self, session_id: str, start: int) -> list[Message]:
+        with self._lock:
+            rows = self._db.execute("SELECT data FROM events WHERE session_id = ? AND position >= ? ORDER BY position",
+                                    (session_id, start)).fetchall()
+        return [Message.from_openai(json.loads(r[0])) for r in rows]
 
     def _read_events(self, session_id: str) -> list[Message]:
         with self._lock:
@@ -81,6 +103,11 @@ class SQLiteStore(Store):
     def sessions(self) -> list[str]:
         with self._lock:
             return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY created, rowid")]
+
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        with self._lock:  # a range on the primary key: ids p... sort between p and p + U+10FFFF
+            return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY created, rowid",
+                                                   (prefix, prefix + "\U0010ffff"))]
 
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}

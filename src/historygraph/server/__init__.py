@@ -1,0 +1,11 @@
+"""``historygraph serve``: an OpenAI- and Anthropic-compatible proxy with a session API.
+
+Modules: :mod:`.app` (config, proxy endpoints), :mod:`.api` (session API), :mod:`.sessions`
+(session ids, diffing, branches), :mod:`.upstream` (headers, SSE parsing, stream accumulation),
+:mod:`.fake_upstream` (a recording stand-in for a provider, used by tests and the benchmark).
+Needs the ``server`` extra (fastapi, uvicorn; psycopg for PostgreSQL).
+"""
+
+from .app import ServerConfig, create_app
+
+__all__ = ["ServerConfig", "create_app"]

@@ -1,0 +1,178 @@
+"""The session API, for adapters and inspection (documented by the app's OpenAPI schema at
+``/openapi.json`` and ``/docs``).
+
+* ``GET  /api/sessions``: every session with its event and tool-result counts and its parent;
+* ``GET  /api/sessions/{id}``: one session's meta and stored messages (OpenAI form);
+* ``POST /api/sessions/{id}/events``: append events (creates the session when ``create`` is true);
+* ``POST /api/sessions/{id}/render``: a rendering for a policy and budget, with selected, omitted
+  and dropped ids, tokens and per-item reasons;
+* ``GET  /api/sessions/{id}/results/{tool_call_id}``: one complete stored tool result, so that an
+  agent tool can restore a result a rendering omitted.
+
+When the server has an auth token, every route here requires ``Authorization: Bearer <token>``
+(401 otherwise). Errors are ``{"detail": …}`` with the field named.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from ..events import EventError, Message
+from ..policies import REGISTRY
+from ..store import StoreError
+from .app import ClientError
+
+
+def _auth(request: Request) -> None:
+    token = request.app.state.proxy.config.auth_token
+    if token is None:
+        return
+    got = request.headers.get("authorization", "")
+    if not (got.startswith("Bearer ") and secrets.compare_digest(got[7:].encode(), token.encode())):
+        raise HTTPException(401, "session API: missing or wrong bearer token (Authorization: Bearer <token>)",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+router = APIRouter(prefix="/api", tags=["sessions"], dependencies=[Depends(_auth)])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionSummary(BaseModel):
+    id: str
+    events: int
+    tool_results: int
+    parent: str | None = None
+
+
+class SessionDetail(BaseModel):
+    id: str
+    meta: dict[str, Any]
+    messages: list[dict[str, Any]] = Field(description="Stored events, OpenAI chat form, oldest first.")
+
+
+class AppendRequest(_Strict):
+    messages: list[dict[str, Any]] = Field(description="Events in OpenAI chat form.")
+    create: bool = Field(False, description="Create the session when it does not exist.")
+
+
+class AppendResponse(BaseModel):
+    positions: list[int] = Field(description="Graph positions of the appended events.")
+
+
+class RenderRequest(_Strict):
+    policy: str | None = Field(None, description="Registered policy name; default: the server's.")
+    budget: int | None = Field(None, ge=1, description="History budget B in tokens; default: the server's.")
+
+
+class RenderResponse(BaseModel):
+    policy: str
+    budget: int
+    messages: list[dict[str, Any]] = Field(description="The rendered model input, OpenAI chat form.")
+    positions: list[int | None] = Field(description="Graph position of each rendered message (null: synthetic).")
+    selected: list[int] = Field(description="Positions of tool results rendered complete.")
+    selected_ids: list[str] = Field(description="Tool-call ids of the results rendered complete.")
+    omitted: list[int] = Field(description="Positions of tool results not rendered complete.")
+    omitted_ids: list[str]
+    dropped: list[int] = Field(description="Positions of messages left out entirely.")
+    history_tokens: int = Field(description="Tokens charged to the budget.")
+    input_tokens: int = Field(description="Tokens of the whole rendered message list.")
+    reasons: dict[int, str] = Field(description="Per-position explanation of the decision.")
+
+
+class ToolResultResponse(BaseModel):
+    id: str
+    position: int
+    name: str | None
+    content: str
+
+
+def _proxy(request: Request) -> Any:
+    return request.app.state.proxy
+
+
+def _known(proxy: Any, session_id: str) -> None:
+    if not proxy.store.has_session(session_id):
+        raise HTTPException(404, f"session_id: no session {session_id!r}")
+
+
+@router.get("/sessions", response_model=list[SessionSummary])
+def list_sessions(request: Request) -> list[SessionSummary]:
+    store = _proxy(request).store
+    out = []
+    for sid in store.sessions():
+        g = store.graph(sid)
+        out.append(SessionSummary(id=sid, events=len(g), tool_results=len(g.result_of),
+                                  parent=store.session_meta(sid).get("parent")))
+    return out
+
+
+@router.get("/sessions/{session_id}", response_model=SessionDetail)
+def read_session(session_id: str, request: Request) -> SessionDetail:
+    proxy = _proxy(request)
+    _known(proxy, session_id)
+    return SessionDetail(id=session_id, meta=proxy.store.session_meta(session_id),
+                         messages=[m.to_dict() for m in proxy.store.messages(session_id)])
+
+
+@router.post("/sessions/{session_id}/events", response_model=AppendResponse)
+def append_events(session_id: str, body: AppendRequest, request: Request) -> AppendResponse:
+    proxy = _proxy(request)
+    if not body.create:
+        _known(proxy, session_id)
+    try:
+        batch = [Message.from_openai(m) for m in body.messages]
+    except EventError as exc:
+        raise HTTPException(400, f"messages: {exc}") from None
+    with proxy.router.lock(session_id):
+        if not proxy.store.has_session(session_id):
+            try:
+                proxy.store.create_session(session_id)
+            except StoreError:
+                pass  # created concurrently by another instance
+        try:
+            return AppendResponse(positions=proxy.store.append(session_id, batch))
+        except EventError as exc:
+            raise HTTPException(400, f"messages: {exc}") from None
+
+
+@router.post("/sessions/{session_id}/render", response_model=RenderResponse)
+async def render_session(session_id: str, body: RenderRequest, request: Request) -> RenderResponse:
+    proxy = _proxy(request)
+    _known(proxy, session_id)
+    policy = body.policy or proxy.config.policy
+    budget = body.budget or proxy.config.budget
+    if policy not in REGISTRY:
+        raise HTTPException(400, f"policy: unknown policy {policy!r}; known: {', '.join(sorted(REGISTRY))}")
+
+    def run() -> Any:
+        with proxy.router.lock(session_id):
+            return proxy.render(session_id, policy, budget), proxy.store.graph(session_id)
+
+    try:
+        r, graph = await run_in_threadpool(run)
+    except ClientError as exc:
+        raise HTTPException(400, str(exc).replace("X-HistoryGraph-Budget", "budget")) from None
+    ids = [m.tool_call_id or "" for m in graph.messages]
+    return RenderResponse(policy=policy, budget=budget, messages=r.to_openai(), positions=r.positions, selected=r.full,
+                          selected_ids=[ids[p] for p in r.full], omitted=r.omitted, omitted_ids=[ids[p] for p in r.omitted],
+                          dropped=r.dropped, history_tokens=r.history_tokens, input_tokens=r.input_tokens, reasons=r.reasons)
+
+
+@router.get("/sessions/{session_id}/results/{tool_call_id}", response_model=ToolResultResponse)
+def read_result(session_id: str, tool_call_id: str, request: Request) -> ToolResultResponse:
+    proxy = _proxy(request)
+    _known(proxy, session_id)
+    graph = proxy.store.graph(session_id)
+    if tool_call_id not in graph.result_of:
+        raise HTTPException(404, f"tool_call_id: no stored result {tool_call_id!r} in session {session_id!r}")
+    pos = graph.result_of[tool_call_id]
+    m = graph.messages[pos]
+    return ToolResultResponse(id=tool_call_id, position=pos, name=m.name, content=m.content)

@@ -1,0 +1,329 @@
+"""The proxy: OpenAI Chat Completions and Anthropic Messages endpoints in front of a provider.
+
+Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 lines 3–7):
+
+1. parse the messages into canonical events (Anthropic via :mod:`historygraph.formats.anthropic`);
+2. route them to a session and store only what is new (:mod:`historygraph.server.sessions`);
+3. render the session's graph with the policy under the budget (``X-HistoryGraph-Policy`` and
+   ``X-HistoryGraph-Budget`` headers, else the configured defaults) and check the invariants of
+   DESIGN.md §5; a message rendered unchanged is sent as the client's original JSON, so images,
+   thinking blocks and unknown fields pass through untouched;
+4. forward the request, all other fields unchanged, to the upstream; stream answers are relayed
+   chunk by chunk as they arrive while a copy is parsed;
+5. store the answer (text and tool calls) once it is complete (for a stream: when its final event
+   arrives, before relaying that event). An upstream error is returned to
+   the client unchanged (status, body, headers) and stores nothing.
+
+Every response carries ``X-HistoryGraph-Session`` (the session used) and, for non-streamed
+answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
+Client errors are JSON in the API's own error shape and name the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..events import EventError, Message
+from ..formats import anthropic as anth
+from ..policies import REGISTRY, PolicyError, Signals, create
+from ..render import BudgetTooSmallError, Rendering, check_invariants
+from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
+from ..store import Store, open_store
+from .sessions import SESSION_HEADER, SessionRouter, derived_session_id
+from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
+
+log = logging.getLogger("historygraph.server")
+
+
+@dataclass
+class ServerConfig:
+    """Settings of one proxy instance.
+
+    Attributes:
+        upstream: OpenAI-compatible base URL including ``/v1`` (``/chat/completions`` and
+            ``/models`` are appended).
+        anthropic_upstream: Anthropic base URL (``/v1/messages`` is appended).
+        store: store URL for :func:`historygraph.store.open_store` (SQLite path, ``:memory:``,
+            ``postgresql://…``); ``None`` = the default SQLite file.
+        policy, budget: defaults when a request sends no header; budget in tokens.
+        auth_token: bearer token required by the session API; ``None`` = no auth.
+        max_body_bytes: larger request bodies get 413.
+        encoding: tokenizer defining the budget's unit.
+        timeout: seconds to wait for the upstream (connect and between bytes).
+    """
+
+    upstream: str = "https://api.openai.com/v1"
+    anthropic_upstream: str = "https://api.anthropic.com"
+    store: str | None = None
+    policy: str = "contextrender"
+    budget: int = 6000
+    auth_token: str | None = None
+    max_body_bytes: int = 20_000_000
+    encoding: str = DEFAULT_ENCODING
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in REGISTRY:
+            raise PolicyError(f"unknown policy {self.policy!r}; known: {', '.join(sorted(REGISTRY))}")
+        if self.budget < 1:
+            raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
+
+
+class ClientError(Exception):
+    """A bad request: ``status``, a message and the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+class Proxy:
+    """State shared by the endpoints: config, store, router, signals, policy instances, client."""
+
+    def __init__(self, config: ServerConfig, store: Store | None = None) -> None:
+        self.config = config
+        self.store = store if store is not None else open_store(config.store)
+        self.router = SessionRouter(self.store)
+        self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store)
+        self._policies: dict[str, Any] = {}
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0),
+                                        transport=httpx.AsyncHTTPTransport(retries=2),  # connection failures only
+                                        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+
+    def options(self, request: Request) -> tuple[str | None, str, int]:
+        """Session id, policy and budget from headers, else the configured defaults."""
+        policy = request.headers.get("x-historygraph-policy", self.config.policy)
+        if policy not in REGISTRY:
+            raise ClientError(f"X-HistoryGraph-Policy: unknown policy {policy!r}; known: {', '.join(sorted(REGISTRY))}",
+                              "X-HistoryGraph-Policy")
+        raw = request.headers.get("x-historygraph-budget")
+        try:
+            budget = int(raw) if raw is not None else self.config.budget
+        except ValueError:
+            raise ClientError(f"X-HistoryGraph-Budget must be a positive integer (tokens), got {raw!r}",
+                              "X-HistoryGraph-Budget") from None
+        if budget < 1:
+            raise ClientError(f"X-HistoryGraph-Budget must be a positive integer (tokens), got {budget}", "X-HistoryGraph-Budget")
+        return request.headers.get(SESSION_HEADER) or None, policy, budget
+
+    def policy(self, name: str) -> Any:
+        if name not in self._policies:
+            self._policies[name] = create(name)
+        return self._policies[name]
+
+    def render(self, session_id: str, policy: str, budget: int) -> Rendering:
+        """Render the stored session and check DESIGN.md §5 (raises :class:`ClientError` when the
+        budget cannot hold the protected history)."""
+        graph = self.store.graph(session_id)
+        try:
+            rendering = self.policy(policy).render(graph, budget, self.signals)
+        except BudgetTooSmallError as exc:
+            raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
+        check_invariants(rendering, graph, self.signals.counter)
+        return rendering
+
+    def prepare(self, messages: list[Message], session_id: str | None, policy: str, budget: int) -> tuple[str, Rendering]:
+        """Steps 2–3 of the module docstring, in a worker thread."""
+        root = session_id or derived_session_id(messages)
+        with self.router.lock(root):  # no other request of this conversation between ingest and render
+            try:
+                ingest = self.router.ingest(messages, root)
+            except EventError as exc:
+                raise ClientError(f"messages: {exc}", "messages") from None
+            return ingest.session_id, self.render(ingest.session_id, policy, budget)
+
+    def store_answer(self, session_id: str, answer: Message) -> None:
+        """Append the upstream answer. The client already has it, so a failure (a concurrent
+        request of the same session stored a conflicting event) is logged, never raised."""
+        with self.router.lock(session_id):
+            try:
+                self.store.append(session_id, answer)
+            except EventError as exc:
+                log.warning("answer not stored in session %s: %s", session_id, exc)
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The request body as a JSON object; 413 over the size limit, 400 when not JSON."""
+        size, chunks = 0, []
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.config.max_body_bytes:
+                raise ClientError(_too_large(self.config.max_body_bytes), "body", 413)
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
+        if not isinstance(body, dict):
+            raise ClientError("request body must be a JSON object", "body")
+        if not isinstance(body.get("messages"), list):
+            raise ClientError("messages: required, a list of messages", "messages")
+        return body
+
+    async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
+                      accumulator: Callable[[], Any]) -> Response:
+        """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``)."""
+        headers = forward_headers(request.headers)
+        ours = {"x-historygraph-session": session_id}
+        request_up = self.client.build_request("POST", url, json=body, headers=headers)
+        t_up = time.perf_counter()
+        try:
+            try:
+                upstream = await self.client.send(request_up, stream=True)
+            except httpx.RemoteProtocolError:  # a pooled keep-alive connection the upstream had just closed
+                upstream = await self.client.send(request_up, stream=True)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None
+        if upstream.status_code >= 400 or not body.get("stream"):
+            content = await upstream.aread()
+            await upstream.aclose()
+            upstream_s = time.perf_counter() - t_up
+            if upstream.status_code < 400:
+                answer = _answer_of(content, accumulator)
+                if answer is not None:
+                    await run_in_threadpool(self.store_answer, session_id, answer)
+            proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
+            headers = {k: v for k, v in response_headers(upstream.headers).items() if k.lower() != "content-encoding"}
+            return Response(content, upstream.status_code, {**headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"})
+
+        async def relay():
+            # The answer is stored as soon as the event completing it arrives and before that event
+            # is relayed: clients close the connection right after the final event.
+            parser, acc, stored = SSEParser(), accumulator(), False
+            try:
+                async for chunk in upstream.aiter_raw():
+                    for event in parser.feed(chunk):
+                        acc.feed(event)
+                    if not stored and acc.complete:
+                        stored, answer = True, acc.message()
+                        if answer is not None:
+                            await run_in_threadpool(self.store_answer, session_id, answer)
+                    yield chunk
+            finally:
+                await upstream.aclose()
+
+        return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours})
+
+
+def _too_large(limit: int) -> str:
+    return f"request body exceeds the proxy's size limit of {limit} bytes (historygraph serve --max-body-bytes)"
+
+
+def _answer_of(content: bytes, accumulator: Callable[[], Any]) -> Message | None:
+    """The assistant message of a non-streamed response (``None`` when it has none)."""
+    try:
+        data = json.loads(content)
+        if accumulator is OpenAIStreamAccumulator:
+            return Message.from_openai({**data["choices"][0]["message"], "role": "assistant"})
+        return anth.answer_message(data)
+    except (ValueError, KeyError, IndexError, TypeError, EventError):
+        return None
+
+
+def _openai_error(exc: ClientError) -> JSONResponse:
+    kind = "request_too_large" if exc.status == 413 else "invalid_request_error"
+    return JSONResponse({"error": {"message": str(exc), "type": kind, "param": exc.param, "code": None}}, exc.status)
+
+
+def _anthropic_error(exc: ClientError) -> JSONResponse:
+    kind = "request_too_large" if exc.status == 413 else "invalid_request_error"
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": str(exc)}}, exc.status)
+
+
+def create_app(config: ServerConfig | None = None, store: Store | None = None) -> FastAPI:
+    """The ASGI app: the proxy endpoints and the session API (:mod:`historygraph.server.api`)."""
+    from .api import router as api_router
+
+    config = config or ServerConfig()
+    proxy = Proxy(config, store)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await proxy.client.aclose()
+        proxy.store.close()
+
+    app = FastAPI(title="historygraph", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI- and Anthropic-compatible proxy that renders each session's stored history "
+                              "under a token budget, and a session API (append, render, read, fetch results).")
+    app.state.proxy = proxy
+
+    @app.post("/v1/chat/completions", tags=["proxy"], summary="OpenAI Chat Completions, rendered and forwarded")
+    async def chat_completions(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            body = await proxy.read_json(request)
+            raw = body["messages"]
+            messages = []
+            for i, m in enumerate(raw):
+                try:  # a "developer" message is the newer name of a system message
+                    dev = isinstance(m, dict) and m.get("role") == "developer"
+                    messages.append(Message.from_openai({**m, "role": "system"} if dev else m))
+                except EventError as exc:
+                    raise ClientError(f"messages[{i}]: {exc}", f"messages[{i}]") from None
+            sid, policy, budget = proxy.options(request)
+            sid, rendering = await run_in_threadpool(proxy.prepare, messages, sid, policy, budget)
+            out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
+                   for m, p in zip(rendering.messages, rendering.positions)]
+            url = config.upstream.rstrip("/") + "/chat/completions"
+            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator)
+        except ClientError as exc:
+            return _openai_error(exc)
+
+    @app.post("/v1/messages", tags=["proxy"], summary="Anthropic Messages, rendered and forwarded")
+    async def messages_endpoint(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            body = await proxy.read_json(request)
+            try:
+                messages, pieces = anth.to_canonical(body.get("system"), body["messages"])
+            except EventError as exc:
+                raise ClientError(str(exc), "messages") from None
+            sid, policy, budget = proxy.options(request)
+            sid, rendering = await run_in_threadpool(proxy.prepare, messages, sid, policy, budget)
+            out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
+                                                           for p in rendering.positions])
+            url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
+            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator)
+        except ClientError as exc:
+            return _anthropic_error(exc)
+
+    @app.get("/v1/models", tags=["proxy"], summary="Passed through to the OpenAI-compatible upstream")
+    async def models(request: Request) -> Response:
+        url = config.upstream.rstrip("/") + "/models"
+        try:
+            r = await proxy.client.get(url, headers=forward_headers(request.headers), params=request.query_params)
+        except httpx.HTTPError as exc:
+            return _openai_error(ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502))
+        return Response(r.content, r.status_code, response_headers(r.headers))
+
+    app.include_router(api_router)
+    app.add_middleware(SizeLimit, limit=config.max_body_bytes)
+    return app
+
+
+class SizeLimit:
+    """ASGI middleware: 413 for a declared ``Content-Length`` over ``limit`` bytes, before the body
+    is read (bodies without one are counted while read by :meth:`Proxy.read_json`)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.limit:
+                err = ClientError(_too_large(self.limit), "body", 413)
+                response = _anthropic_error(err) if scope["path"] == "/v1/messages" else _openai_error(err)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,102 @@
+"""Talking to the upstream model provider: header forwarding, SSE parsing, answer accumulation.
+
+Header rule: every request header is forwarded except hop-by-hop headers, ``host``,
+``content-length`` and the proxy's own ``x-historygraph-*`` headers; ``accept-encoding`` is set to
+``identity`` so streamed bytes can be read as they are relayed. API keys (``authorization``,
+``x-api-key``) therefore reach the provider and are never stored or logged by the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from ..events import EventError, Message
+
+_DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+                 "proxy-authorization", "proxy-connection", "accept-encoding"}
+_DROP_RESPONSE = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
+
+
+def forward_headers(headers: Any) -> dict[str, str]:
+    """Request headers for the upstream call (see module docstring)."""
+    out = {k: v for k, v in headers.items() if k.lower() not in _DROP_REQUEST and not k.lower().startswith("x-historygraph-")}
+    out["accept-encoding"] = "identity"
+    return out
+
+
+def response_headers(headers: Any) -> dict[str, str]:
+    """Upstream response headers worth returning to the client (request ids, rate limits, type)."""
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+
+
+class SSEParser:
+    """Incremental Server-Sent Events parser: :meth:`feed` bytes, get each complete event's
+    ``data`` parsed as JSON (``"[DONE]"`` is returned as the string itself; unparsable data is
+    skipped, since the bytes are relayed to the client regardless)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> Iterator[Any]:
+        self._buf += chunk
+        while True:
+            cut = self._buf.find(b"\n")
+            if cut < 0:
+                return
+            line, self._buf = self._buf[:cut].rstrip(b"\r").decode("utf-8", "replace"), self._buf[cut + 1:]
+            if line.startswith("data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(" ") else value)
+            elif not line and self._data:
+                data, self._data = "\n".join(self._data), []
+                if data == "[DONE]":
+                    yield data
+                    continue
+                try:
+                    yield json.loads(data)
+                except json.JSONDecodeError:
+                    continue
+
+
+class OpenAIStreamAccumulator:
+    """Rebuilds the assistant message of a Chat Completions stream (choice 0): content deltas are
+    concatenated, tool-call deltas merged by ``index`` (id and name from the first delta, argument
+    text concatenated). :meth:`message` is ``None`` until a ``finish_reason`` or ``[DONE]`` came."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.complete = False
+
+    def feed(self, event: Any) -> None:
+        if event == "[DONE]":
+            self.complete = True
+            return
+        if not isinstance(event, dict):
+            return
+        for choice in event.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self.content.append(delta["content"])
+            for tc in delta.get("tool_calls") or ():
+                slot = self.calls.setdefault(tc.get("index", 0), {"id": None, "name": "", "arguments": []})
+                slot["id"] = slot["id"] or tc.get("id")
+                fn = tc.get("function") or {}
+                slot["name"] += fn.get("name") or ""
+                slot["arguments"].append(fn.get("arguments") or "")
+            if choice.get("finish_reason"):
+                self.complete = True
+
+    def message(self) -> Message | None:
+        if not self.complete:
+            return None
+        calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
+                 for _, c in sorted(self.calls.items())]
+        try:
+            return Message.from_openai({"role": "assistant", "content": "".join(self.content), "tool_calls": calls})
+        except EventError:
+            return None

@@ -1,0 +1,69 @@
+"""Library adapter for an agent loop that does not go through the proxy (ContextRender Appendix D,
+"methods that construct the conversation history").
+
+>>> s = Session(budget=2000, policy="prune")
+>>> s.add({"role": "user", "content": "hi"})
+0
+>>> s.render()
+[{'role': 'user', 'content': 'hi'}]
+
+Each :meth:`Session.add` appends one event to the session's append-only graph in a store (an
+in-memory store unless one is given); :meth:`Session.render` renders the whole graph with a
+registered policy under a history budget (tokens), checks the invariants of DESIGN.md §5 and
+returns OpenAI chat messages. The last :class:`~historygraph.render.Rendering` (selected and
+omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .events import Message
+from .policies import Signals, create
+from .render import Rendering, check_invariants
+from .store import MemoryStore, Store
+
+
+class Session:
+    """One agent run's history.
+
+    Args:
+        session_id: the session in ``store`` (created when missing, reopened otherwise).
+        store: where events are kept; default a fresh :class:`~historygraph.store.MemoryStore`.
+        policy, budget: defaults for :meth:`render` (a registered policy name; tokens).
+        signals: shared signal providers; default one with the store's caches.
+
+    Raises:
+        PolicyError: unknown policy name (when rendering).
+        EventError/GraphError: an invalid event (nothing is stored).
+    """
+
+    def __init__(self, session_id: str = "session", store: Store | None = None, policy: str = "contextrender",
+                 budget: int = 6000, signals: Signals | None = None) -> None:
+        self.session_id = session_id
+        self.store = store if store is not None else MemoryStore()
+        if not self.store.has_session(session_id):
+            self.store.create_session(session_id)
+        self.policy, self.budget = policy, budget
+        self.signals = signals or Signals(store=self.store)
+        self.rendering: Rendering | None = None
+        self._policies: dict[str, Any] = {}
+
+    def add(self, message: Message | dict[str, Any]) -> int:
+        """Append one event (a :class:`Message` or an OpenAI chat message dict); returns its position."""
+        m = message if isinstance(message, Message) else Message.from_openai(message)
+        return self.store.append(self.session_id, m)[0]
+
+    def render(self, budget: int | None = None, policy: str | None = None) -> list[dict[str, Any]]:
+        """The model input for the next call: OpenAI chat messages, history within ``budget`` tokens."""
+        name = policy or self.policy
+        if name not in self._policies:
+            self._policies[name] = create(name)
+        graph = self.store.graph(self.session_id)
+        self.rendering = self._policies[name].render(graph, budget or self.budget, self.signals)
+        check_invariants(self.rendering, graph, self.signals.counter)
+        return self.rendering.to_openai()
+
+    def result(self, tool_call_id: str) -> str:
+        """The complete stored text of a tool result, e.g. one a rendering omitted (KeyError if unknown)."""
+        return self.store.graph(self.session_id).result_by_id(tool_call_id).content

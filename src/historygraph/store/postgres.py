@@ -1,0 +1,139 @@
+"""PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
+
+Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (events stored as the
+JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
+orders sessions by creation across instances.
+
+Consistency between instances: an append locks the session's row (``SELECT … FOR UPDATE``) in
+its transaction, re-reads the stored length there and writes after it; the primary key
+``(session_id, position)`` rejects any write that would still collide. A graph cached by one
+instance is caught up with what others appended whenever it is handed out (see
+:mod:`historygraph.store.base`).
+
+Connections: one per thread that uses the store (opened on first use, closed when the thread
+object is collected after it ends, or by :meth:`PostgresStore.close`), so requests of different sessions do not wait for each other's
+round trips and commits; the proxy's worker pool (40 threads) bounds their number.
+
+Args of :class:`PostgresStore`: ``dsn``, a libpq connection string or ``postgresql://`` URL.
+Raises ``psycopg.OperationalError`` when the server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..events import Message
+from .base import Store
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, seq BIGSERIAL, created DOUBLE PRECISION NOT NULL, meta TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL REFERENCES sessions(id), position INTEGER NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (session_id, position));
+CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS texts (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (kind, key));
+"""
+
+
+class PostgresStore(Store):
+    def __init__(self, dsn: str) -> None:
+        import psycopg  # optional dependency: the ``server`` extra
+
+        super().__init__()
+        self._connect = lambda: psycopg.connect(dsn, autocommit=True)
+        self.path = _redact(dsn)
+        self._local = threading.local()
+        self._opened: list[Any] = []
+        self._opened_lock = threading.Lock()
+        db = self._db
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts
+            db.execute(SCHEMA)
+
+    @property
+    def _db(self) -> Any:
+        """This thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            weakref.finalize(threading.current_thread(), conn.close)  # the thread's end closes it
+            with self._opened_lock:
+                self._opened = [c for c in self._opened if not c.closed] + [conn]
+        return conn
+
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
+        self._db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s)",
+                         (session_id, time.time(), json.dumps(meta)))
+
+    def _session_meta(self, session_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT meta FROM sessions WHERE id = %s", (session_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    @contextmanager
+    def _write_transaction(self, session_id: str) -> Iterator[None]:
+        db = self._db
+        with db.transaction():
+            db.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+            yield
+
+    def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
+        rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
+        with self._db.cursor() as cur:
+            cur.executemany("INSERT INTO events VALUES (%s, %s, %s)", rows)
+
+    def _event_count(self, session_id: str) -> int:
+        return self._db.execute("SELECT count(*) FROM events WHERE session_id = %s", (session_id,)).fetchone()[0]
+
+    def _read_events(self, session_id: str) -> list[Message]:
+        return self._read_events_from(session_id, 0)
+
+    def _read_events_from(self, session_id: str, start: int) -> list[Message]:
+        rows = self._db.execute("SELECT data FROM events WHERE session_id = %s AND position >= %s ORDER BY position",
+                                (session_id, start)).fetchall()
+        return [Message.from_openai(json.loads(r[0])) for r in rows]
+
+    def sessions(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY seq")]
+
+    def sessions_with_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE starts_with(id, %s) ORDER BY seq", (prefix,))]
+
+    def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        rows = self._db.execute("SELECT key, vector FROM embeddings WHERE key = ANY(%s)", (list(keys),)).fetchall()
+        return {k: np.frombuffer(bytes(v), dtype=np.float32) for k, v in rows}
+
+    def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
+        rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
+        db = self._db
+        with db.transaction(), db.cursor() as cur:
+            cur.executemany("INSERT INTO embeddings VALUES (%s, %s) ON CONFLICT DO NOTHING", rows)
+
+    def get_text(self, kind: str, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM texts WHERE kind = %s AND key = %s", (kind, key)).fetchone()
+        return row[0] if row else None
+
+    def put_text(self, kind: str, key: str, value: str) -> None:
+        self._db.execute("INSERT INTO texts VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (kind, key, value))
+
+    def close(self) -> None:
+        with self._opened_lock:
+            for conn in self._opened:
+                conn.close()
+            self._opened.clear()
+
+
+def _redact(dsn: str) -> str:
+    """The DSN with any password replaced by ``***`` (for messages and ``store.path``)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo(**params)

@@ -1,0 +1,401 @@
+"""The proxy, end to end: the official openai and anthropic clients talk to ``historygraph serve``
+(a real process) in front of a recording fake provider (another real process)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from historygraph import Message, Session, TokenCounter
+from historygraph.server.sessions import derived_session_id
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+BUDGET = 800
+WORDS = 200  # a result of about 400 tokens: the newest fits in B, two do not
+TOKEN = "test-token"
+KEY = "sk-test-NEVER-STORE-1234"
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "find", "parameters": {"type": "object", "properties": {}}}}]
+A_TOOLS = [{"name": "search", "description": "find", "input_schema": {"type": "object", "properties": {}}}]
+counter = TokenCounter()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{args} exited: {log.read_text()}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=1)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{args} did not start: {log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("server")
+    up_port, px_port = _port(), _port()
+    up = _start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port, tmp / "upstream.log")
+    db = tmp / "proxy.sqlite"
+    px = _start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--anthropic-upstream",
+                 f"http://127.0.0.1:{up_port}", "--port", str(px_port), "--store", str(db), "--policy", "prune",
+                 "--budget", str(BUDGET), "--auth-token", TOKEN, "--max-body-bytes", "200000"], px_port, tmp / "proxy.log")
+    yield {"up": f"http://127.0.0.1:{up_port}", "px": f"http://127.0.0.1:{px_port}", "db": db, "log": tmp / "proxy.log"}
+    for p in (px, up):
+        p.terminate()
+        p.wait(10)
+
+
+def received(servers) -> dict:
+    return httpx.get(servers["up"] + "/_requests").json()[-1]
+
+
+def api(servers, method: str, path: str, **kw) -> httpx.Response:
+    return httpx.request(method, servers["px"] + "/api" + path, headers={"Authorization": f"Bearer {TOKEN}"}, **kw)
+
+
+def oai(servers, session: str, **headers) -> openai.OpenAI:
+    return openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY, max_retries=0,
+                         default_headers={"X-HistoryGraph-Session": session, **headers})
+
+
+def history(tag: str, n: int = 3, words: int = WORDS) -> list[dict]:
+    """system, task, n tool steps with ~``words``-token results, then a new user question."""
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"task {tag}"}]
+    for i in range(n):
+        msgs.append({"role": "assistant", "content": None,
+                     "tool_calls": [{"id": f"{tag}c{i}", "type": "function", "function": {"name": "search", "arguments": f'{{"i": {i}}}'}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"{tag}c{i}", "content": f"result{i} " * words})
+    msgs.append({"role": "user", "content": "and now?"})
+    return msgs
+
+
+def assert_paired(msgs: list[dict]) -> None:
+    """Each assistant tool call is followed by exactly its results, and each result has its call."""
+    i = 0
+    while i < len(msgs):
+        m = msgs[i]
+        assert m["role"] != "tool", f"result at {i} without a call"
+        if m.get("tool_calls"):
+            ids = sorted(c["id"] for c in m["tool_calls"])
+            j = i + 1
+            while j < len(msgs) and msgs[j]["role"] == "tool":
+                j += 1
+            assert sorted(r["tool_call_id"] for r in msgs[i + 1:j]) == ids
+            i = j
+        else:
+            i += 1
+
+
+def history_tokens(msgs: list[dict]) -> int:
+    """Tokens charged to B: everything but system messages and the last user message."""
+    last_user = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+    return sum(counter.count_message(Message.from_openai(m)) for i, m in enumerate(msgs)
+               if m["role"] != "system" and i != last_user)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_client_history_rendered_under_budget_pairs_kept_answer_stored(servers, stream):
+    sid = f"oai-{stream}"
+    msgs = history(sid)
+    assert history_tokens(msgs) > BUDGET  # the test needs an over-budget history
+    client = oai(servers, sid)
+    kw = dict(model="m", messages=msgs, tools=TOOLS, tool_choice="auto", extra_body={"x_unknown": {"a": [1]}})
+    if stream:
+        calls: dict[int, dict] = {}
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for tc in chunk.choices[0].delta.tool_calls or []:
+                slot = calls.setdefault(tc.index, {"id": tc.id, "name": tc.function.name, "arguments": ""})
+                slot["arguments"] += tc.function.arguments or ""
+        answer = {"id": calls[0]["id"], "name": calls[0]["name"], "arguments": calls[0]["arguments"]}
+    else:
+        tc = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+        answer = {"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments}
+    body = received(servers)["body"]
+    sent = body["messages"]
+    assert body["tools"] == TOOLS and body["tool_choice"] == "auto" and body["x_unknown"] == {"a": [1]}
+    assert history_tokens(sent) <= BUDGET
+    assert_paired(sent)
+    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert results[f"{sid}c2"] == "result2 " * WORDS  # Prune keeps the newest result complete
+    for old in (f"{sid}c0", f"{sid}c1"):
+        assert results[old] != msgs[2 + 2 * int(old[-1]) + 1]["content"] and old in results[old]  # placeholder naming it
+    assert sent[0] == msgs[0] and sent[-1] == msgs[-1]
+    stored = api(servers, "GET", f"/sessions/{sid}").json()["messages"]
+    assert len(stored) == len(msgs) + 1
+    assert [m["content"] for m in stored[:-1]] == [m["content"] or "" for m in msgs]  # complete, nothing lost
+    assert stored[-1]["tool_calls"] == [{"id": answer["id"], "type": "function",
+                                         "function": {"name": "search", "arguments": answer["arguments"]}}]
+    assert json.loads(answer["arguments"]) == {"q": str(len(httpx.get(servers["up"] + "/_requests").json()))}
+
+
+def test_resent_history_stores_only_new_events_and_an_edit_forks(servers):
+    client = oai(servers, "resend")
+    msgs = [{"role": "developer", "content": "be kind"}, {"role": "user", "content": "hello"}]
+    first = client.chat.completions.create(model="m", messages=msgs).choices[0].message
+    assert received(servers)["body"]["messages"][0] == {"role": "developer", "content": "be kind"}
+    msgs += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "more"}]
+    client.chat.completions.create(model="m", messages=msgs)
+    stored = api(servers, "GET", "/sessions/resend").json()["messages"]
+    assert [m["content"] for m in stored] == ["be kind", "hello", first.content, "more", stored[-1]["content"]]
+    assert stored[-1]["content"].startswith("answer ")
+    edited = [*msgs[:3], {"role": "user", "content": "EDITED"}]
+    resp = client.chat.completions.with_raw_response.create(model="m", messages=edited)
+    assert resp.headers["x-historygraph-session"] == "resend~1"
+    assert len(api(servers, "GET", "/sessions/resend").json()["messages"]) == 5  # never overwritten
+    branch = api(servers, "GET", "/sessions/resend~1").json()
+    assert branch["meta"] == {"parent": "resend", "forked_at": 3}
+    assert [m["content"] for m in branch["messages"][:4]] == ["be kind", "hello", first.content, "EDITED"]
+    listed = {s["id"]: s for s in api(servers, "GET", "/sessions").json()}
+    assert listed["resend~1"]["parent"] == "resend" and listed["resend"]["events"] == 5
+
+
+def test_session_without_header_is_derived_from_the_first_messages(servers):
+    client = openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY, max_retries=0)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "derive me"}]
+    expect = "auto-" + hashlib.sha256(json.dumps([{"content": "S", "role": "system"}, {"content": "derive me", "role": "user"}],
+                                                 sort_keys=True).encode()).hexdigest()[:16]
+    assert derived_session_id([Message.from_openai(m) for m in msgs]) == expect
+    r1 = client.chat.completions.with_raw_response.create(model="m", messages=msgs)
+    a = r1.parse().choices[0].message.content
+    r2 = client.chat.completions.with_raw_response.create(
+        model="m", messages=msgs + [{"role": "assistant", "content": a}, {"role": "user", "content": "next"}])
+    assert r1.headers["x-historygraph-session"] == r2.headers["x-historygraph-session"] == expect
+    assert len(api(servers, "GET", f"/sessions/{expect}").json()["messages"]) == 5
+
+
+def test_upstream_error_is_returned_unchanged_and_the_session_stays_consistent(servers):
+    client = oai(servers, "err")
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.RateLimitError) as exc:
+        client.chat.completions.create(model="error-model", messages=msgs)
+    assert exc.value.status_code == 429 and exc.value.body == {"message": "fake upstream: rate limit reached",
+                                                               "type": "rate_limit_error", "code": "rate_limited"}
+    assert exc.value.response.headers["x-fake"] == "1"
+    with pytest.raises(openai.RateLimitError):  # the client retries the same request
+        client.chat.completions.create(model="error-model", messages=msgs)
+    assert api(servers, "GET", "/sessions/err").json()["messages"] == [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="m", messages=msgs)
+    assert [m["role"] for m in api(servers, "GET", "/sessions/err").json()["messages"]] == ["user", "assistant"]
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": "aerr"})
+    with pytest.raises(anthropic.APIStatusError) as aexc:
+        a.messages.create(model="error-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert aexc.value.status_code == 529 and aexc.value.body["error"]["message"] == "fake upstream: overloaded"
+
+
+def test_stream_is_relayed_chunk_by_chunk(servers):
+    client = oai(servers, "slow")
+    t0 = time.perf_counter()
+    arrivals = [time.perf_counter() - t0 for _ in client.chat.completions.create(
+        model="slow-model", messages=[{"role": "user", "content": "go"}], stream=True)]
+    # the fake upstream waits 0.4 s between its 6 events: a buffering proxy would deliver them together
+    assert arrivals[-1] - arrivals[0] > 1.2
+    assert api(servers, "GET", "/sessions/slow").json()["messages"][-1]["content"].startswith("answer ")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_client_thinking_byte_exact_tools_paired_answer_stored(servers, stream):
+    sid = f"anth-{stream}"
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": sid})
+    thinking = {"type": "thinking", "thinking": "weird ✓ \u2028 text", "signature": "c2lnbmF0dXJl+/=="}
+    msgs: list[dict] = [{"role": "user", "content": f"task {sid}"}]
+    for i in range(3):
+        msgs.append({"role": "assistant", "content": [thinking, {"type": "text", "text": f"step {i}"},
+                                                      {"type": "tool_use", "id": f"{sid}t{i}", "name": "search", "input": {"i": i}}]})
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"{sid}t{i}", "content": f"res{i} " * WORDS}]})
+    msgs.append({"role": "user", "content": "summarise"})
+    kw = dict(model="m", max_tokens=50, system="Be brief.", messages=msgs, tools=A_TOOLS, metadata={"user_id": "u1"})
+    if stream:
+        with a.messages.stream(**kw) as s:
+            final = s.get_final_message()
+    else:
+        final = a.messages.create(**kw)
+    tool_use = final.content[-1]
+    assert final.content[0].type == "thinking" and tool_use.type == "tool_use"
+    body = received(servers)["body"]
+    assert body["system"] == "Be brief." and body["tools"] == A_TOOLS and body["metadata"] == {"user_id": "u1"}
+    sent = body["messages"]
+    assert all(m["content"][0] == thinking for m in sent if m["role"] == "assistant")
+    assert [m for m in sent if m["role"] == "assistant"] == [m for m in msgs if m["role"] == "assistant"]
+    results = [b for m in sent if isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"]
+    assert [b["tool_use_id"] for b in results] == [f"{sid}t0", f"{sid}t1", f"{sid}t2"]
+    assert results[2]["content"] == "res2 " * WORDS and results[0]["content"].startswith(f"[tool result {sid}t0 omitted")
+    for k, m in enumerate(sent):  # every tool_use is answered in the next turn
+        uses = [b["id"] for b in m["content"] if isinstance(m["content"], list) and b.get("type") == "tool_use"]
+        if uses:
+            assert [b["tool_use_id"] for b in sent[k + 1]["content"] if b.get("type") == "tool_result"] == uses
+    stored = api(servers, "GET", f"/sessions/{sid}").json()["messages"]
+    assert stored[0] == {"role": "system", "content": "Be brief."}
+    assert stored[-1]["tool_calls"] == [{"id": tool_use.id, "type": "function",
+                                         "function": {"name": "search", "arguments": json.dumps(tool_use.input)}}]
+    assert api(servers, "GET", f"/sessions/{sid}/results/{sid}t0").json()["content"] == "res0 " * WORDS
+
+
+def test_session_api_append_render_result_and_auth(servers):
+    assert httpx.get(servers["px"] + "/api/sessions").status_code == 401
+    assert httpx.get(servers["px"] + "/api/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    msgs = history("api", n=3)
+    r = api(servers, "POST", "/sessions/api-s/events", json={"messages": msgs, "create": True})
+    assert r.json() == {"positions": list(range(len(msgs)))}
+    bad = api(servers, "POST", "/sessions/api-s/events", json={"messages": [{"role": "tool", "tool_call_id": "nope", "content": ""}]})
+    assert bad.status_code == 400 and "nope" in bad.json()["detail"]
+    r = api(servers, "POST", "/sessions/api-s/render", json={"policy": "prune", "budget": BUDGET}).json()
+    assert r["selected_ids"] == ["apic2"] and r["omitted_ids"] == ["apic0", "apic1"]
+    assert r["history_tokens"] == history_tokens(r["messages"]) <= BUDGET
+    assert r["reasons"][str(r["selected"][0])].startswith("kept")
+    assert api(servers, "GET", "/sessions/api-s/results/apic0").json() == {
+        "id": "apic0", "position": 3, "name": None, "content": "result0 " * WORDS}
+    assert api(servers, "GET", "/sessions/api-s/results/zzz").status_code == 404
+    assert "policy" in api(servers, "POST", "/sessions/api-s/render", json={"policy": "nope"}).json()["detail"]
+    assert api(servers, "POST", "/sessions/api-s/render", json={"budget": 0}).status_code == 422
+    assert "budget" in api(servers, "POST", "/sessions/api-s/render", json={"budget": 5}).json()["detail"]
+    paths = httpx.get(servers["px"] + "/openapi.json").json()["paths"]
+    assert {"/api/sessions", "/api/sessions/{session_id}/render", "/api/sessions/{session_id}/events",
+            "/api/sessions/{session_id}/results/{tool_call_id}", "/v1/chat/completions", "/v1/messages"} <= set(paths)
+
+
+def test_contextrender_policy_by_header(servers):
+    client = oai(servers, "cr", **{"X-HistoryGraph-Policy": "contextrender", "X-HistoryGraph-Budget": "700"})
+    msgs = history("cr")
+    client.chat.completions.create(model="m", messages=msgs)
+    sent = received(servers)["body"]["messages"]
+    assert history_tokens(sent) <= 700 < history_tokens(msgs)
+    assert_paired(sent)
+
+
+def test_bad_requests_get_clear_4xx_errors(servers):
+    client = oai(servers, "bad")
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]"):
+        client.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="X-HistoryGraph-Budget"):
+        oai(servers, "bad", **{"X-HistoryGraph-Budget": "lots"}).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="unknown tool_call_id 'ghost'"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "ghost", "content": ""}])
+    with pytest.raises(openai.APIStatusError, match="size limit of 200000 bytes") as exc:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 300_000}])
+    assert exc.value.status_code == 413
+    r = httpx.post(servers["px"] + "/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_models_pass_through_and_keys_are_forwarded_never_stored(servers):
+    models = openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY).models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+    seen = httpx.get(servers["up"] + "/_requests").json()
+    headers = [r["headers"] for r in seen]
+    assert any(h.get("authorization") == f"Bearer {KEY}" for r in seen if r["path"] == "/v1/chat/completions" for h in [r["headers"]])
+    assert any(KEY in v for r in seen if r["path"] == "/v1/messages" for v in r["headers"].values())  # x-api-key or bearer
+    assert not any(k.startswith("x-historygraph") for h in headers for k in h)
+    for f in servers["db"].parent.iterdir():  # database, WAL and the proxy's log
+        assert KEY.encode() not in f.read_bytes(), f
+
+
+def test_library_session_adds_and_renders_under_budget():
+    s = Session(policy="prune", budget=BUDGET)
+    for m in history("lib"):
+        s.add(m)
+    out = s.render()
+    assert history_tokens(out) <= BUDGET < history_tokens(history("lib"))
+    assert_paired(out)
+    assert s.rendering.omitted and s.result("libc0") == "result0 " * WORDS
+    assert s.render(budget=100_000) == [Message.from_openai(m).to_openai() for m in history("lib")]
+
+
+def test_readme_proxy_section_library_example_runs():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Proxy server", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert scope["messages"][-1] == {"role": "tool", "content": "FAILED test_parse.py::test_dates", "tool_call_id": "c1"}
+    assert scope["session"].result("c1") == "FAILED test_parse.py::test_dates"
+
+
+def test_router_appends_only_new_events_and_branches_on_edit():
+    from historygraph.server.sessions import SessionRouter
+    from historygraph.store import MemoryStore
+
+    router = SessionRouter(MemoryStore())
+    base = [Message.from_openai(m) for m in history("r", n=2)]
+    assert (router.ingest(base[:3], "r").appended, router.ingest(base, "r").appended) == (3, len(base) - 3)
+    again = router.ingest(base, "r")
+    assert (again.session_id, again.appended, again.forked_from) == ("r", 0, None)
+    edited = base[:2] + [Message("user", "changed my mind")]
+    fork = router.ingest(edited, "r")
+    assert (fork.session_id, fork.appended, fork.forked_from) == ("r~1", 3, "r")
+    longer = router.ingest(edited + [Message("assistant", "ok")], "r")  # continues the branch
+    assert (longer.session_id, longer.appended) == ("r~1", 1)
+    assert router.store.messages("r") == base
+
+
+def test_unreachable_upstream_gives_502_naming_it(tmp_path):
+    import asyncio
+
+    from historygraph.server import ServerConfig, create_app
+
+    app = create_app(ServerConfig(upstream=f"http://127.0.0.1:{_port()}/v1", store=":memory:", policy="prune"))
+
+    async def call():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
+            return await c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+
+    r = asyncio.run(call())
+    assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    assert app.state.proxy.store.messages(derived_session_id([Message("user", "hi")])) == [Message("user", "hi")]
+
+
+def test_two_proxy_instances_on_one_database_continue_the_same_session(servers, tmp_path):
+    import asyncio
+
+    from historygraph.server import ServerConfig, create_app
+
+    db = str(tmp_path / "shared.sqlite")
+    apps = [create_app(ServerConfig(upstream=servers["up"] + "/v1", store=db, policy="prune", budget=BUDGET)) for _ in range(2)]
+    headers = {"X-HistoryGraph-Session": "two", "Authorization": f"Bearer {KEY}"}
+
+    msgs = history("two")
+
+    async def conversation():
+        for step in range(4):  # alternate instances, each continuing what the other stored
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=apps[step % 2]), base_url="http://proxy") as c:
+                r = await c.post("/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=headers)
+            msgs.extend([{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": f"step {step}"}])
+
+    asyncio.run(conversation())
+    for app in apps:
+        store = app.state.proxy.store
+        assert store.sessions() == ["two"]
+        assert [m.content for m in store.messages("two")] == [m["content"] or "" for m in msgs[:-1]]
+
+
+def test_serve_rejects_bad_settings_with_a_message():
+    from typer.testing import CliRunner
+
+    from historygraph.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "--policy", "nope", "--store", ":memory:"])
+    assert r.exit_code == 2 and "unknown policy 'nope'" in r.output
+    r = CliRunner().invoke(app, ["serve", "--store", "postgresql://nobody@127.0.0.1:1/none"])
+    assert r.exit_code == 2 and "cannot open store" in r.output
