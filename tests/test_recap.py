@@ -268,3 +268,24 @@ def test_proxy_model_rows_match_eager_attention_and_map_to_messages():
     ma = consolidate(ta)
     assert ma.n_tokens == [max(0, e - max(s, ta.offset)) for s, e in spans]
     assert ma.row_message[-1] == 3 and all(m in (2, 3) for m in ma.row_message)
+
+
+# -- §4.4 segmentation ablations -------------------------------------------------------------------
+def test_segments_split_paragraphs_and_lines_but_keep_fenced_code_whole():
+    from historygraph.policies.recap import segments
+    text = "Intro line one\nline two\n\n```py\nx = 1\n\ny = 2\n```\nafter\n\n  \nlast"
+    pieces = lambda mode: [text[a:b] for a, b in segments(text, mode)]
+    assert pieces("paragraph") == ["Intro line one\nline two", "```py\nx = 1\n\ny = 2\n```", "after", "last"]
+    assert pieces("line") == ["Intro line one", "line two", "```py\nx = 1\n\ny = 2\n```", "after", "last"]
+
+
+def test_line_segmentation_renders_pieces_of_an_answer_within_budget(signals):
+    answer = "\n".join(f"line {i}: " + ("detail " * 30 if i != 3 else "the KeyError comes from parse_config") for i in range(8))
+    msgs = [Message("user", "why does it fail?"), Message("assistant", answer), Message("assistant", "anything else?"),
+            Message("user", "remind me about parse_config")]
+    g = ContextGraph("seg", msgs)
+    r = create("recap-line").render(g, 200, signals)
+    check_invariants(r, g, signals.counter)
+    shown = r.messages[1]
+    assert shown.rendered_as == "segments" and "line 3: the KeyError comes from parse_config" in shown.content
+    assert r.history_tokens <= 200 and shown.content != answer

@@ -72,7 +72,7 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import UNANSWERED, BudgetTooSmallError, Rendering
+from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -95,6 +95,7 @@ class RecapConfig:
     stale_overlap: float = 0.5
     warm_probability: float = 0.0
     attention: str = "proxy"
+    segment: str = "message"
     use_graph: bool = True
     measure_mid_turn: bool = False
     window_tokens: int = 512
@@ -104,6 +105,8 @@ class RecapConfig:
     def __post_init__(self) -> None:
         if self.unit not in ("tokens", "chars"):
             raise ValueError(f"ReCAP config: unit must be 'tokens' or 'chars', got {self.unit!r}")
+        if self.segment not in ("message", "paragraph", "line"):
+            raise ValueError(f"ReCAP config: segment must be 'message', 'paragraph' or 'line', got {self.segment!r}")
         if self.attention not in ("proxy", "none"):
             raise ValueError(f"ReCAP config: attention must be 'proxy' or 'none', got {self.attention!r}")
         if not 0 < self.beta <= 1 or not 0 < self.ema_rate <= 1 or not 0 <= self.warm_probability <= 1:
@@ -114,23 +117,74 @@ class RecapConfig:
 
 @dataclass(frozen=True)
 class Block:
-    """One atomic block (§3.1): graph ``positions`` (first = the user/assistant message), its role."""
+    """One atomic block (§3.1): graph ``positions`` (first = the user/assistant message), its role,
+    and for a segment of a plain assistant message (§4.4 ablations) its ``span`` of characters."""
 
     id: int
     positions: tuple[int, ...]
     role: str
+    span: tuple[int, int] | None = None
+    pieces: int = 1
 
 
-def build_blocks(graph: ContextGraph) -> list[Block]:
-    """The blocks of ``graph`` in chronological order; system messages are not blocks."""
+
+_FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
+_SEPARATORS = {"paragraph": re.compile(r"\n(?:[ \t]*\n)+"), "line": re.compile(r"\n")}
+
+
+def segments(text: str, mode: str) -> list[tuple[int, int]]:
+    """Character spans of the paragraphs (blank-line separated) or lines of ``text``; a fenced code
+    block (```…```) is never split. Pieces are trimmed of surrounding whitespace; empty ones are left out."""
+    sep = _SEPARATORS[mode]
+    cuts: list[tuple[int, int]] = []
+
+    def split(a: int, b: int) -> None:
+        for m in sep.finditer(text, a, b):
+            cuts.append((a, m.start()))
+            a = m.end()
+        cuts.append((a, b))
+
+    pos = 0
+    for fence in _FENCE.finditer(text):
+        split(pos, fence.start())
+        cuts.append((fence.start(), fence.end()))
+        pos = fence.end()
+    split(pos, len(text))
+    out = []
+    for a, b in cuts:
+        piece = text[a:b]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            out.append((a + lead, a + len(piece.rstrip())))
+    return out
+
+
+def build_blocks(graph: ContextGraph, segment: str = "message") -> list[Block]:
+    """The blocks of ``graph`` in chronological order; system messages are not blocks. With
+    ``segment`` = ``paragraph`` or ``line`` a plain assistant message becomes one block per piece."""
     out: list[Block] = []
     for p, m in enumerate(graph.messages):
         if m.role == "user":
             out.append(Block(len(out), (p,), "user"))
-        elif m.role == "assistant":
+        elif m.role == "assistant" and m.tool_calls:
             res = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
             out.append(Block(len(out), (p, *res), "assistant"))
+        elif m.role == "assistant":
+            pieces = segments(m.content, segment) if segment != "message" else []
+            if len(pieces) < 2:
+                out.append(Block(len(out), (p,), "assistant"))
+            else:
+                n = len(out)
+                out.extend(Block(n + k, (p,), "assistant", span, len(pieces)) for k, span in enumerate(pieces))
     return out
+
+
+def block_messages(graph: ContextGraph, block: Block) -> list[Message]:
+    """The block's messages; a segment block is its piece of the message, marked ``segments``."""
+    if block.span is None:
+        return [graph.messages[p] for p in block.positions]
+    m = graph.messages[block.positions[0]]
+    return [m.with_content(m.content[block.span[0]:block.span[1]], "segments")]
 
 
 def message_chars(m: Message) -> int:
@@ -266,15 +320,23 @@ class Recap:
             return
         positions = sorted([p for p, m in enumerate(graph.messages) if m.role == "system"]
                            + [p for b in served for p in b.positions])
-        block_at = {p: b.id for b in served for p in b.positions}
+        block_at: dict[int, int] = {}
+        for b in served:
+            for p in b.positions:
+                block_at.setdefault(p, b.id)
         msg_block = [block_at.get(p) for p in positions]
         apply_attention(st, att, msg_block, self.config)
+        for b in served:  # segments share their message's figures (the proxy maps tokens to messages)
+            first = block_at[b.positions[0]]
+            if b.id != first and first in st.observed:
+                st.importance[b.id] = st.importance[first]
+                st.observed.add(b.id)
         mark_stale(st, {b.id: block_identifiers(graph, b) for b in blocks if b.id in st.observed}, self.config.stale_overlap)
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         st = self.state(graph)
-        blocks = build_blocks(graph)
+        blocks = build_blocks(graph, self.config.segment)
         users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
         current = users[-1] if users else None
         cost = {b.id: block_tokens(graph, b, signals) for b in blocks}
@@ -286,13 +348,15 @@ class Recap:
             if st.turn_user is not None or len(users) > 1:
                 st.pending.append((served_ids(st, blocks, current), st.segment_start))
             st.turn_user = st.segment_start = current
-        if budget is None or sum(cost[b.id] for b in hist) <= budget:
-            return assemble(self.name, graph, blocks, budget, signals, {"compaction": 0})
+        whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0})
+        if budget is None or whole.history_tokens <= budget:
+            return whole
         stats: dict[str, Any] = {"compaction": 0}
         if st.selection is not None and not (new_turn and not self._warm(graph, len(users))):
             shown = served_ids(st, blocks, len(graph))
-            if sum(cost[i] for i in shown if blocks[i].positions[0] != current) <= budget:
-                return assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
+            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
+            if kept.history_tokens <= budget:
+                return kept
             if self.config.measure_mid_turn:  # the budget forces a compaction mid-turn
                 st.pending.append((shown, st.segment_start))
                 st.segment_start = len(graph)
@@ -322,7 +386,7 @@ class Recap:
                turn: int, signals: Signals) -> set[int]:
         """The §3.3 selection over the history blocks ``hist`` (ids, chronological)."""
         cfg = self.config
-        chars = {b.id: sum(message_chars(graph.messages[p]) for p in b.positions) for b in hist}
+        chars = {b.id: sum(message_chars(m) for m in block_messages(graph, b)) for b in hist}
         pack_tok = int(cfg.pack_fraction * budget)
         grow_tok = min(budget, int((1 + cfg.delta) * pack_tok))
         pack_chr = math.floor(cfg.beta * sum(chars.values())) if cfg.unit == "chars" else None
@@ -330,7 +394,8 @@ class Recap:
         mandatory = set([b.id for b in hist if b.role == "user"][:1])
         assistants = [b.id for b in hist if b.role == "assistant"]
         if assistants:
-            mandatory.add(assistants[-1])
+            last = next(b for b in hist if b.id == assistants[-1]).positions[0]
+            mandatory |= {b.id for b in hist if b.positions[0] == last}
         need = sum(cost[i] for i in mandatory)
         if need > budget:
             raise BudgetTooSmallError(budget, need)
@@ -382,8 +447,7 @@ def _text_identifiers(text: str) -> frozenset[str]:
 def block_identifiers(graph: ContextGraph, block: Block) -> set[str]:
     """``I(v)``: identifiers of the block's content and tool calls."""
     out: set[str] = set()
-    for p in block.positions:
-        m = graph.messages[p]
+    for m in block_messages(graph, block):
         out |= _text_identifiers(m.content)
         for c in m.tool_calls:
             out |= _text_identifiers(f"{c.name} {c.arguments}")
@@ -401,8 +465,12 @@ def synthetic_results(graph: ContextGraph, p: int) -> list[Message]:
 
 
 def block_tokens(graph: ContextGraph, block: Block, signals: Signals) -> int:
-    """Tokens the block costs in a rendering (its messages and any synthetic results)."""
+    """Tokens the block costs in a rendering (its messages and any synthetic results); a segment is
+    charged with a separator and a whole message's overhead, an upper bound for its share."""
     count = signals.counter.count_message
+    if block.span is not None:
+        m = block_messages(graph, block)[0]
+        return count(m.with_content(m.content + SEGMENT_JOIN, "segments"))
     return sum(count(graph.messages[p]) + sum(count(s) for s in synthetic_results(graph, p)) for p in block.positions)
 
 
@@ -478,6 +546,11 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     """Render the ``shown`` blocks chronologically with the system messages (current user message
     and system messages outside ``B``); results of other blocks are omitted, their messages dropped."""
     keep = {p for b in shown for p in b.positions} | {p for p, m in enumerate(graph.messages) if m.role == "system"}
+    pieces: dict[int, list[Block]] = {}
+    for b in shown:
+        if b.span is not None:
+            pieces.setdefault(b.positions[0], []).append(b)
+
     users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
     outside = {p for p, m in enumerate(graph.messages) if m.role == "system"} | set(users[-1:])
     count = signals.counter.count_message
@@ -486,6 +559,8 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     history = 0
     for p in sorted(keep):
         m = graph.messages[p]
+        if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
+            m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in sorted(x.span for x in pieces[p])), "segments")
         out.append(m)
         positions.append(p)
         history += 0 if p in outside else count(m)
@@ -505,6 +580,12 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
 
 register("recap", SOURCE, "Blocks scored by attention importance (SmolLM2 proxy) + IDF identifier relevance; "
          "protected set, packing, one-hop dependency expansion; fixed within a user turn.")(Recap)
+register("recap-paragraph", "ReCAP §4.4 (paragraph segmentation)",
+         "ReCAP ablation: plain assistant messages split into paragraph blocks (fenced code kept whole).",
+         segment="paragraph")(Recap)
+register("recap-line", "ReCAP §4.4 (line segmentation)",
+         "ReCAP ablation: plain assistant messages split into line blocks (fenced code kept whole).",
+         segment="line")(Recap)
 register("recap-noattn", "ReCAP §4.4 (without the attention graph)",
          "ReCAP ablation: protected set, then blocks by IDF identifier overlap with the request; no model.",
          use_graph=False)(Recap)
