@@ -4,9 +4,10 @@ proxy attention), graph memory per session and the revival rate.
 
     PYTHONPATH=src python bench/recap_eval.py ../shared/traces/openhands --budget 6000 --out /tmp/recap-eval
 
-``recap`` runs here with ``measure_mid_turn=True`` so that sessions made of one long user turn
-(mini-swe-agent, most OpenHands runs) get proxy attention at their budget-forced compactions; the
-registered ``recap`` measures completed user turns only. Figures are reported, never asserted.
+The ReCAP variants that use the attention graph (``recap``, ``recap-paragraph``, ``recap-line``)
+run here with ``measure_mid_turn=True`` so that sessions made of one long user turn (mini-swe-agent,
+most OpenHands runs) get proxy attention at their budget-forced compactions; the registered names
+measure completed user turns only. Figures are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from historygraph.formats import read_traces
 from historygraph.policies import Signals, create
 from historygraph.store import open_store
 
+MID_TURN = ("recap", "recap-paragraph", "recap-line")
 COLS = ["source", "policy", "traces", "invocations", "events", "recall", "mean_history_tokens", "max_history_tokens",
         "render_ms_median", "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
 
@@ -35,7 +37,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/recap-eval"))
     args = ap.parse_args()
     names = args.policy or ["recap", "recap-noattn", "contextrender", "prune", "cr-recency"]
-    policies = {n: create(n, measure_mid_turn=True) if n == "recap" else create(n) for n in names}
+    policies = {n: create(n, measure_mid_turn=True) if n in MID_TURN else create(n) for n in names}
     args.out.mkdir(parents=True, exist_ok=True)
     store = open_store(str(args.out / "store.sqlite"))
     signals = Signals(store=store)

@@ -127,7 +127,6 @@ class Block:
     pieces: int = 1
 
 
-
 _FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
 _SEPARATORS = {"paragraph": re.compile(r"\n(?:[ \t]*\n)+"), "line": re.compile(r"\n")}
 
@@ -294,15 +293,14 @@ class Recap:
         source = self._attention_source()
         if source is None:
             return None
-        positions = sorted([p for p, m in enumerate(graph.messages) if m.role == "system"]
-                           + [p for b in served for p in b.positions])
+        positions = served_positions(graph, served)
         msgs = [graph.messages[p] for p in positions]
         start = next((i for i, p in enumerate(positions) if p >= turn_start), len(msgs) - 1)
         cfg = self.config
         h = hashlib.sha256(json.dumps([source.name, cfg.window_tokens, cfg.sample_rows, cfg.clip_quantile, start,
                                        [m.to_dict() for m in msgs]]).encode()).hexdigest()
         got = self._cache.get(h)
-        store = signals.store
+        store = signals.store if isinstance(source, ProxyAttention) else None  # caller rows are not persisted
         if got is None and store is not None and (txt := store.get_text("recap-attention", h)) is not None:
             got = MessageAttention(**json.loads(txt))
         if got is None:
@@ -318,8 +316,7 @@ class Recap:
         att = self.measure(graph, served, turn_start, signals)
         if att is None:
             return
-        positions = sorted([p for p, m in enumerate(graph.messages) if m.role == "system"]
-                           + [p for b in served for p in b.positions])
+        positions = served_positions(graph, served)
         block_at: dict[int, int] = {}
         for b in served:
             for p in b.positions:
@@ -472,6 +469,12 @@ def block_tokens(graph: ContextGraph, block: Block, signals: Signals) -> int:
         m = block_messages(graph, block)[0]
         return count(m.with_content(m.content + SEGMENT_JOIN, "segments"))
     return sum(count(graph.messages[p]) + sum(count(s) for s in synthetic_results(graph, p)) for p in block.positions)
+
+
+def served_positions(graph: ContextGraph, served: list[Block]) -> list[int]:
+    """Graph positions of a served context: the system messages and the served blocks' messages
+    (a segment block stands for its whole message here: the proxy reads whole messages)."""
+    return sorted({p for p, m in enumerate(graph.messages) if m.role == "system"} | {p for b in served for p in b.positions})
 
 
 def served_ids(st: SessionState, blocks: list[Block], end: int) -> tuple[int, ...]:
