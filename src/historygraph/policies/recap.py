@@ -221,10 +221,14 @@ def zscore(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x, dtype=float)
 
 
+def seeded_rng(session_id: str, turn: int) -> random.Random:
+    """A generator seeded by session and turn (same draws in every process)."""
+    return random.Random(int.from_bytes(hashlib.sha256(f"{session_id}:{turn}".encode()).digest()[:8], "big"))
+
+
 def exploration_bonus(session_id: str, turn: int, block_ids: list[int]) -> dict[int, float]:
     """ξ_{t,v} ∈ [0.5, 1] for each block id, from a seed fixed by session and turn (§3.3)."""
-    seed = int.from_bytes(hashlib.sha256(f"{session_id}:{turn}".encode()).digest()[:8], "big")
-    rng = random.Random(seed)
+    rng = seeded_rng(session_id, turn)
     return {b: 0.5 + 0.5 * rng.random() for b in sorted(block_ids)}
 
 
@@ -376,8 +380,9 @@ class Recap:
         return assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
 
     def _warm(self, graph: ContextGraph, turn: int) -> bool:
+        """Whether the boundary before user turn ``turn`` is warm (§5.3: a seeded draw with probability p)."""
         p = self.config.warm_probability
-        return p > 0 and exploration_bonus(graph.session_id + ":warm", turn, [0])[0] - 0.5 < 0.5 * p
+        return p > 0 and seeded_rng(graph.session_id + ":warm", turn).random() < p
 
     def select(self, st: SessionState, graph: ContextGraph, hist: list[Block], cost: dict[int, int], budget: int,
                turn: int, signals: Signals) -> set[int]:
