@@ -289,3 +289,18 @@ def test_line_segmentation_renders_pieces_of_an_answer_within_budget(signals):
     shown = r.messages[1]
     assert shown.rendered_as == "segments" and "line 3: the KeyError comes from parse_config" in shown.content
     assert r.history_tokens <= 200 and shown.content != answer
+
+
+def test_invariants_accept_verbatim_segments_only(signals):
+    from historygraph.render import SEGMENT_JOIN, InvariantError, Rendering
+    g = ContextGraph("sv", [Message("user", "u"), Message("assistant", "alpha\n" + "beta " * 50 + "\ngamma"),
+                            Message("user", "q")])
+
+    def rendering(text):
+        shown = g.messages[1].with_content(text, "segments")
+        return Rendering("recap-line", 30, [g.messages[0], shown, g.messages[2]], [0, 1, 2], [], [], [],
+                         signals.counter.count_message(g.messages[0]) + signals.counter.count_message(shown), 0)
+
+    check_invariants(rendering("alpha" + SEGMENT_JOIN + "gamma"), g, signals.counter)
+    with pytest.raises(InvariantError, match="verbatim"):
+        check_invariants(rendering("alpha" + SEGMENT_JOIN + "GAMMA"), g, signals.counter)
