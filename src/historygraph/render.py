@@ -37,6 +37,7 @@ from .signals.tokens import TokenCounter
 
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
+SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant message (ReCAP ablations)
 EXCERPT_MARK = "\n[... tool result {id} truncated: {kept} of {total} tokens shown (head and tail); the full result is stored and can be restored by id ...]\n"
 
 
@@ -371,7 +372,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
         if p is None:
             continue
         orig = graph.messages[p]
-        if m.role in ("user", "assistant", "system") and m != orig:
+        if m.role in ("user", "assistant", "system") and m != orig and not _is_segment_view(m, orig):
             raise InvariantError(f"§5.3 verbatim: {m.role} message at position {p} was altered")
         if m.role == "tool" and m.content != orig.content:
             if m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
@@ -389,6 +390,13 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     for p in rendering.omitted:
         if graph.messages[p].role != "tool":
             raise InvariantError(f"§5.6 omitted position {p} is not a stored tool result")
+
+
+def _is_segment_view(m: Message, orig: Message) -> bool:
+    """A plain assistant message shown as some of its pieces joined by :data:`SEGMENT_JOIN`, marked
+    ``rendered_as="segments"`` (ReCAP §4.4 segmentation ablations); every piece is verbatim."""
+    return (m.role == orig.role == "assistant" and m.rendered_as == "segments" and not orig.tool_calls
+            and not m.tool_calls and all(piece in orig.content for piece in m.content.split(SEGMENT_JOIN)))
 
 
 def _has_unanswered(graph: ContextGraph) -> bool:

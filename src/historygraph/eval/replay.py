@@ -40,6 +40,7 @@ class PolicyStats:
     budget_errors: int = 0
     violations: list[str] = field(default_factory=list)
     steps: StepsCounts = field(default_factory=StepsCounts)  # repeated reads, old full observations
+    extra: dict[str, list[float]] = field(default_factory=dict)  # numeric Rendering.stats, one entry per call
 
     def merge(self, other: "PolicyStats") -> None:
         self.events += other.events
@@ -53,6 +54,8 @@ class PolicyStats:
         self.budget_errors += other.budget_errors
         self.violations += other.violations
         self.steps.merge(other.steps)
+        for k, v in other.extra.items():
+            self.extra.setdefault(k, []).extend(v)
 
 
 @dataclass
@@ -115,6 +118,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     except AssertionError as exc:
                         st.violations.append(f"{trace.trace_id}@{j}: {exc}")
                     visible = set(r.full)
+                    for k, v in r.stats.items():
+                        if isinstance(v, (int, float)):
+                            st.extra.setdefault(k, []).append(float(v))
                 st.steps.observe(graph, visible, message)
                 for e in events_at.get(j, ()):
                     hit = e.result in visible
@@ -124,6 +130,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     cell[0] += 1
                     cell[1] += hit
         graph.append(message)
+    for st in stats.values():  # per-session peak of a policy's state size (ReCAP graph memory)
+        if st.extra.get("graph_bytes"):
+            st.extra["graph_bytes_session"] = [max(st.extra["graph_bytes"])]
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats)
 

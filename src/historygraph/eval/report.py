@@ -22,7 +22,8 @@ from .steps_metrics import COLUMNS as STEPS_COLUMNS
 COLUMNS = ["scope", "source", "trace_id", "policy", "traces", "invocations", "events", "recall"] + \
     [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
-     "budget_errors", "invariant_violations"] + STEPS_COLUMNS
+     "budget_errors", "invariant_violations",
+     "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"] + STEPS_COLUMNS
 
 
 def _pct(hits: int, events: int) -> float | None:
@@ -44,9 +45,24 @@ def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, tr
     r["render_ms_median"] = round(float(np.median(ms)), 3) if len(ms) else None
     r["render_ms_p95"] = round(float(np.percentile(ms, 95)), 3) if len(ms) else None
     r["budget_errors"] = st.budget_errors
+    r.update(compaction_figures(st.extra))
     r["invariant_violations"] = len(st.violations)
     r.update(st.steps.columns())
     return r
+
+
+def compaction_figures(extra: dict[str, list[float]]) -> dict[str, Any]:
+    """Figures of policies that report compactions in ``Rendering.stats`` (ReCAP, §5.2 and C.2):
+    compactions, mean selection time (ms) and proxy attention time (s) per compaction, mean over
+    sessions of the peak graph-state size (KB), and the share of compaction transitions that
+    revive at least one block omitted by the previous compaction (%). ``None`` when not reported."""
+    def mean(key: str, scale: float = 1.0) -> float | None:
+        v = extra.get(key)
+        return round(float(np.mean(v)) * scale, 3) if v else None
+    comp = extra.get("compaction")
+    return {"compactions": int(sum(comp)) if comp else None, "selection_ms_mean": mean("selection_s", 1000.0),
+            "attention_s_mean": mean("attention_s"), "graph_kb_session": mean("graph_bytes_session", 1 / 1000),
+            "revival_pct": mean("revived", 100.0)}
 
 
 def summarize(results: list[TraceResult]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

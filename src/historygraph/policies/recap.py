@@ -1,0 +1,599 @@
+"""ReCAP: a persistent context graph of blocks with attention-derived importance and dependency edges.
+
+Source: ReCAP (papers/recap-paper.md). Section numbers below are the paper's.
+
+**Blocks (§3.1).** The selectable units ``V_t`` are a user message, an assistant message together
+with its tool calls and their results, and a plain assistant message; system messages are not
+blocks. Block ids are stable and chronological (the order of each block's first message). A block's
+cost ``c(v)`` is the characters of its messages' content plus its calls' names and arguments; a
+block's token cost is what the shared :class:`~historygraph.signals.tokens.TokenCounter` charges.
+Whole blocks are kept or left out, so tool calls stay paired with their results.
+
+**Budgets.** ``unit="chars"``: the packing budget is ``B_t = floor(β·c(V_t))`` characters (β = 0.1,
+§4.1). ``unit="tokens"`` (default, for comparisons at equal token budgets): ``B_t`` is
+``pack_fraction·B`` tokens of the budget ``B`` handed to :meth:`Recap.render`. In both units the
+token budget ``B`` is a hard cap that no rendering exceeds (DESIGN.md §5.1): protected blocks beyond
+the mandatory ones, packing and the ``(1+δ)·B_t`` expansion are all also bounded in tokens, by
+``(1+δ)·pack_fraction·B ≤ B``. The rest of ``B`` is room for the turn to grow: blocks appended
+after a compaction stay until the rendering would exceed ``B``, which forces a compaction
+mid-turn (the paper never compacts inside a turn; a hard token budget has to).
+
+**Graph state (§3.2)** per session (:class:`SessionState`): importance ``u(v)`` (EMA, new blocks 0,
+blocks outside ``R_t`` keep their score), dependency edges ``w(a, b)``, observed set ``O_t`` and
+stale set ``S_t``. It is updated at each compaction from attention over the user turns completed
+since the previous one (:mod:`historygraph.signals.attention`), so the proxy model runs once per
+completed user turn, never per tool step, and only when a compaction needs the graph (lazily: a
+session that always fits in ``B`` never loads the model). With ``measure_mid_turn`` a
+budget-forced compaction also measures the segment since the previous measurement, so that a
+session of one long user turn (mini-swe-agent) gets attention too; that costs one proxy forward
+pass per forced compaction and is off by default.
+
+**Score (§3.3)**: ``s(v) = z(u)(v) + λ·z(r)(v) + ξ_{t,v}·[v ∉ O_t] − κ·[v ∈ S_t]`` with ``r`` the
+IDF identifier overlap with the request (:mod:`historygraph.signals.identifiers`).
+
+**Selection (§3.3, §4.4).** Protected set ``P_t`` (all user blocks and the latest edit/write block
+per modified file), then blocks by descending score (ties: older first) within ``B_t``, then a
+one-hop dependency expansion from that seed set within ``(1+δ)·B_t`` skipping stale blocks, rendered
+chronologically between the system messages and the current user message. The selection is
+fixed across the tool steps of a user turn; at an idle boundary a new selection is made, at a warm
+boundary (drawn with probability ``warm_probability`` from a session-and-turn seed, §5.3) the
+new turn is appended to the previous rendering.
+
+Defaults where the paper gives no value (chosen a priori, not tuned on the evaluation traces):
+``ema_rate`` α = 0.5 (the newest turn weighs as much as all earlier ones together); ``theta`` θ =
+0.1 (a supporting block holds at least a tenth of the dependent block's clipped attention, i.e.
+well above the uniform share of a context of dozens of blocks); ``lam`` λ = 1 (request relevance
+and history weigh the same after standardisation); ``kappa`` κ = 1 (one standard deviation);
+``delta`` δ = 0.2; ``stale_overlap`` = 0.5 (an earlier block is stale when at least half of its
+identifiers recur in a later, more important block); ``pack_fraction`` = 0.5. Proxy window, rows
+and layers: :mod:`historygraph.signals.attention`.
+
+Deviations, each needed by the shared invariants: the first user message and the latest assistant
+block are mandatory (a budget that cannot hold them raises
+:class:`~historygraph.render.BudgetTooSmallError`); other protected blocks are kept newest first
+while the protected set stays within ``(1+δ)·B_t`` tokens; a history that fits in ``B`` is returned
+unchanged (DESIGN.md §5.5); a call without a recorded result gets the shared synthetic result.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import pickle
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..events import Message
+from ..graph import ContextGraph
+from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering
+from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
+from ..signals.identifiers import identifiers, idf_overlap
+from .base import Signals, register
+
+SOURCE = "ReCAP §3.1–3.3, §4.1, §4.4, §5.3"
+
+
+@dataclass(frozen=True)
+class RecapConfig:
+    """ReCAP parameters (defaults and their reasons in the module docstring)."""
+
+    unit: str = "tokens"
+    beta: float = 0.1
+    pack_fraction: float = 0.5
+    ema_rate: float = 0.5
+    theta: float = 0.1
+    lam: float = 1.0
+    kappa: float = 1.0
+    delta: float = 0.2
+    stale_overlap: float = 0.5
+    warm_probability: float = 0.0
+    attention: str = "proxy"
+    segment: str = "message"
+    use_graph: bool = True
+    measure_mid_turn: bool = False
+    window_tokens: int = 512
+    sample_rows: int = 32
+    clip_quantile: float = 0.99
+
+    def __post_init__(self) -> None:
+        if self.unit not in ("tokens", "chars"):
+            raise ValueError(f"ReCAP config: unit must be 'tokens' or 'chars', got {self.unit!r}")
+        if self.segment not in ("message", "paragraph", "line"):
+            raise ValueError(f"ReCAP config: segment must be 'message', 'paragraph' or 'line', got {self.segment!r}")
+        if self.attention not in ("proxy", "none"):
+            raise ValueError(f"ReCAP config: attention must be 'proxy' or 'none', got {self.attention!r}")
+        if not 0 < self.beta <= 1 or not 0 < self.ema_rate <= 1 or not 0 <= self.warm_probability <= 1:
+            raise ValueError("ReCAP config: beta and ema_rate must be in (0, 1], warm_probability in [0, 1]")
+        if self.delta < 0 or not 0 < self.pack_fraction * (1 + self.delta) <= 1:
+            raise ValueError("ReCAP config: need delta ≥ 0 and 0 < pack_fraction·(1+delta) ≤ 1")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One atomic block (§3.1): graph ``positions`` (first = the user/assistant message), its role,
+    and for a segment of a plain assistant message (§4.4 ablations) its ``span`` of characters."""
+
+    id: int
+    positions: tuple[int, ...]
+    role: str
+    span: tuple[int, int] | None = None
+    pieces: int = 1
+
+
+_FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
+_SEPARATORS = {"paragraph": re.compile(r"\n(?:[ \t]*\n)+"), "line": re.compile(r"\n")}
+
+
+def segments(text: str, mode: str) -> list[tuple[int, int]]:
+    """Character spans of the paragraphs (blank-line separated) or lines of ``text``; a fenced code
+    block (```…```) is never split. Pieces are trimmed of surrounding whitespace; empty ones are left out."""
+    sep = _SEPARATORS[mode]
+    cuts: list[tuple[int, int]] = []
+
+    def split(a: int, b: int) -> None:
+        for m in sep.finditer(text, a, b):
+            cuts.append((a, m.start()))
+            a = m.end()
+        cuts.append((a, b))
+
+    pos = 0
+    for fence in _FENCE.finditer(text):
+        split(pos, fence.start())
+        cuts.append((fence.start(), fence.end()))
+        pos = fence.end()
+    split(pos, len(text))
+    out = []
+    for a, b in cuts:
+        piece = text[a:b]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            out.append((a + lead, a + len(piece.rstrip())))
+    return out
+
+
+def build_blocks(graph: ContextGraph, segment: str = "message") -> list[Block]:
+    """The blocks of ``graph`` in chronological order; system messages are not blocks. With
+    ``segment`` = ``paragraph`` or ``line`` a plain assistant message becomes one block per piece."""
+    out: list[Block] = []
+    for p, m in enumerate(graph.messages):
+        if m.role == "user":
+            out.append(Block(len(out), (p,), "user"))
+        elif m.role == "assistant" and m.tool_calls:
+            res = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
+            out.append(Block(len(out), (p, *res), "assistant"))
+        elif m.role == "assistant":
+            pieces = segments(m.content, segment) if segment != "message" else []
+            if len(pieces) < 2:
+                out.append(Block(len(out), (p,), "assistant"))
+            else:
+                n = len(out)
+                out.extend(Block(n + k, (p,), "assistant", span, len(pieces)) for k, span in enumerate(pieces))
+    return out
+
+
+def block_messages(graph: ContextGraph, block: Block) -> list[Message]:
+    """The block's messages; a segment block is its piece of the message, marked ``segments``."""
+    if block.span is None:
+        return [graph.messages[p] for p in block.positions]
+    m = graph.messages[block.positions[0]]
+    return [m.with_content(m.content[block.span[0]:block.span[1]], "segments")]
+
+
+def message_chars(m: Message) -> int:
+    """Characters of content plus serialized tool calls (name and arguments), §3.1."""
+    return len(m.content) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+
+
+_EDIT_TOOL = re.compile(r"edit|write|create|replace|insert|patch", re.I)
+_PATH_KEYS = ("path", "file", "file_path", "filename", "target_file")
+_SHELL_WRITE = re.compile(r"(?:>>?|\btee\s+(?:-a\s+)?)\s*([\w./-]+\.\w+)|\bsed\s+-i\S*\s+(?:'[^']*'|\"[^\"]*\"|\S+)\s+([\w./-]+)")
+
+
+def edited_files(message: Message) -> set[str]:
+    """Files an assistant message's tool calls edit or write: an edit-like tool's path argument
+    (not a ``view`` command), or a shell command's redirect, ``tee`` or ``sed -i`` target."""
+    out: set[str] = set()
+    for c in message.tool_calls:
+        try:
+            args = json.loads(c.arguments)
+        except ValueError:
+            args = {}
+        args = args if isinstance(args, dict) else {}
+        if _EDIT_TOOL.search(c.name) and args.get("command") != "view":
+            out.update(str(args[k]) for k in _PATH_KEYS if isinstance(args.get(k), str))
+        cmd = args.get("command") if isinstance(args.get("command"), str) else c.arguments
+        for a, b in _SHELL_WRITE.findall(cmd):
+            if (a or b) not in ("/dev/null",):
+                out.add(a or b)
+    return out
+
+
+def zscore(x: np.ndarray) -> np.ndarray:
+    """``(x − mean) / std`` over all entries; zeros when the standard deviation is 0."""
+    sd = float(x.std())
+    return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x, dtype=float)
+
+
+def seeded_rng(session_id: str, turn: int) -> random.Random:
+    """A generator seeded by session and turn (same draws in every process)."""
+    return random.Random(int.from_bytes(hashlib.sha256(f"{session_id}:{turn}".encode()).digest()[:8], "big"))
+
+
+def exploration_bonus(session_id: str, turn: int, block_ids: list[int]) -> dict[int, float]:
+    """ξ_{t,v} ∈ [0.5, 1] for each block id, from a seed fixed by session and turn (§3.3)."""
+    rng = seeded_rng(session_id, turn)
+    return {b: 0.5 + 0.5 * rng.random() for b in sorted(block_ids)}
+
+
+@dataclass
+class SessionState:
+    """Per-session ReCAP state: the graph state of §3.2 plus the fixed selection of the turn.
+
+    ``importance`` block id → u ∈ [0, 1]; ``edges`` (a, b) → w; ``observed`` O_t; ``stale`` S_t.
+    ``selection`` is ``None`` until the first compaction, then the selected block ids, which are
+    rendered with every block whose first position is ≥ ``append_from``. ``pending`` holds the
+    served contexts (block ids, first position of the measured turn) not yet turned into attention.
+    """
+
+    first: Message | None = None
+    seen: int = 0
+    last: Message | None = None
+    turn_user: int | None = None
+    segment_start: int = 0
+    importance: dict[int, float] = field(default_factory=dict)
+    edges: dict[tuple[int, int], float] = field(default_factory=dict)
+    observed: set[int] = field(default_factory=set)
+    stale: set[int] = field(default_factory=set)
+    selection: frozenset[int] | None = None
+    append_from: int = 0
+    omitted: set[int] = field(default_factory=set)
+    pending: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
+
+    def graph_bytes(self) -> int:
+        """Bytes of the graph state proper (scores, edges, O_t, S_t), pickled: §5.2's memory figure."""
+        return len(pickle.dumps((self.importance, self.edges, self.observed, self.stale)))
+
+
+class Recap:
+    """The ReCAP policy (see module docstring). ``source`` overrides the attention source, e.g. a
+    :class:`~historygraph.signals.attention.CallerAttention` from a serving engine."""
+
+    Config = RecapConfig
+
+    def __init__(self, name: str = "recap", config: RecapConfig | None = None,
+                 source: AttentionSource | None = None) -> None:
+        self.name = name
+        self.config = config or RecapConfig()
+        self.source = source
+        self.sessions: dict[str, SessionState] = {}
+        self._cache: dict[str, MessageAttention] = {}
+
+    # -- state -----------------------------------------------------------------------------
+    def state(self, graph: ContextGraph) -> SessionState:
+        """The state of ``graph.session_id``; reset when the graph is not a continuation of it."""
+        st = self.sessions.get(graph.session_id)
+        msgs = graph.messages
+        if st is None or len(msgs) < st.seen or (st.seen and (msgs[0] != st.first or msgs[st.seen - 1] != st.last)):
+            st = self.sessions[graph.session_id] = SessionState()
+        if msgs:
+            st.first, st.seen, st.last = msgs[0], len(msgs), msgs[-1]
+        return st
+
+    def _attention_source(self) -> AttentionSource | None:
+        if self.source is None and self.config.use_graph and self.config.attention == "proxy":
+            self.source = ProxyAttention(self.config.window_tokens, self.config.sample_rows)
+        return self.source if self.config.use_graph else None
+
+    def measure(self, graph: ContextGraph, served: list[Block], turn_start: int, signals: Signals) -> MessageAttention | None:
+        """Attention of the turn starting at graph position ``turn_start`` over the served blocks
+        (with the system messages), per served message; cached by content hash."""
+        source = self._attention_source()
+        if source is None:
+            return None
+        positions = served_positions(graph, served)
+        msgs = [graph.messages[p] for p in positions]
+        start = next((i for i, p in enumerate(positions) if p >= turn_start), len(msgs) - 1)
+        cfg = self.config
+        h = hashlib.sha256(json.dumps([source.name, cfg.window_tokens, cfg.sample_rows, cfg.clip_quantile, start,
+                                       [m.to_dict() for m in msgs]]).encode()).hexdigest()
+        got = self._cache.get(h)
+        store = signals.store if isinstance(source, ProxyAttention) else None  # caller rows are not persisted
+        if got is None and store is not None and (txt := store.get_text("recap-attention", h)) is not None:
+            got = MessageAttention(**json.loads(txt))
+        if got is None:
+            got = consolidate(source.attend(msgs, start), cfg.clip_quantile)
+            if store is not None:
+                store.put_text("recap-attention", h, json.dumps(got.to_json()))
+        self._cache[h] = got
+        return got
+
+    def update(self, st: SessionState, graph: ContextGraph, blocks: list[Block], served: list[Block],
+               turn_start: int, signals: Signals) -> None:
+        """One §3.2 graph update from the completed turn (EMA, edges, O_t, S_t)."""
+        att = self.measure(graph, served, turn_start, signals)
+        if att is None:
+            return
+        positions = served_positions(graph, served)
+        block_at: dict[int, int] = {}
+        for b in served:
+            for p in b.positions:
+                block_at.setdefault(p, b.id)
+        msg_block = [block_at.get(p) for p in positions]
+        apply_attention(st, att, msg_block, self.config)
+        for b in served:  # segments share their message's figures (the proxy maps tokens to messages)
+            first = block_at[b.positions[0]]
+            if b.id != first and first in st.observed:
+                st.importance[b.id] = st.importance[first]
+                st.observed.add(b.id)
+        mark_stale(st, {b.id: block_identifiers(graph, b) for b in blocks if b.id in st.observed}, self.config.stale_overlap)
+
+    # -- rendering -------------------------------------------------------------------------
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        st = self.state(graph)
+        blocks = build_blocks(graph, self.config.segment)
+        users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
+        current = users[-1] if users else None
+        cost = {b.id: block_tokens(graph, b, signals) for b in blocks}
+        hist = [b for b in blocks if b.positions[0] != current]
+        new_turn = current is not None and current != st.turn_user
+        if new_turn:
+            if st.turn_user is None and len(users) > 1:  # first render of a session with a completed turn
+                st.segment_start = users[-2]
+            if st.turn_user is not None or len(users) > 1:
+                st.pending.append((served_ids(st, blocks, current), st.segment_start))
+            st.turn_user = st.segment_start = current
+        whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0})
+        if budget is None or whole.history_tokens <= budget:
+            return whole
+        stats: dict[str, Any] = {"compaction": 0}
+        if st.selection is not None and not (new_turn and not self._warm(graph, len(users))):
+            shown = served_ids(st, blocks, len(graph))
+            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
+            if kept.history_tokens <= budget:
+                return kept
+            if self.config.measure_mid_turn:  # the budget forces a compaction mid-turn
+                st.pending.append((shown, st.segment_start))
+                st.segment_start = len(graph)
+        elif st.selection is None and not new_turn and self.config.measure_mid_turn:
+            st.pending.append((tuple(b.id for b in blocks), st.segment_start))
+            st.segment_start = len(graph)
+        t0 = time.perf_counter()
+        for ids, start in st.pending:
+            self.update(st, graph, blocks, [blocks[i] for i in ids if i < len(blocks)], start, signals)
+        st.pending.clear()
+        t1 = time.perf_counter()
+        chosen = self.select(st, graph, hist, cost, budget, len(users), signals)
+        stats.update(compaction=1, attention_s=t1 - t0, selection_s=time.perf_counter() - t1,
+                     graph_bytes=st.graph_bytes())
+        if st.selection is not None:
+            stats["revived"] = int(bool(chosen & st.omitted))
+        st.omitted = {b.id for b in hist} - chosen
+        st.selection, st.append_from = frozenset(chosen), len(graph)
+        shown = sorted(chosen | {b.id for b in blocks if b.positions[0] == current})
+        return assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
+
+    def _warm(self, graph: ContextGraph, turn: int) -> bool:
+        """Whether the boundary before user turn ``turn`` is warm (§5.3: a seeded draw with probability p)."""
+        p = self.config.warm_probability
+        return p > 0 and seeded_rng(graph.session_id + ":warm", turn).random() < p
+
+    def select(self, st: SessionState, graph: ContextGraph, hist: list[Block], cost: dict[int, int], budget: int,
+               turn: int, signals: Signals) -> set[int]:
+        """The §3.3 selection over the history blocks ``hist`` (ids, chronological)."""
+        cfg = self.config
+        chars = {b.id: sum(message_chars(m) for m in block_messages(graph, b)) for b in hist}
+        pack_tok = int(cfg.pack_fraction * budget)
+        grow_tok = min(budget, int((1 + cfg.delta) * pack_tok))
+        pack_chr = math.floor(cfg.beta * sum(chars.values())) if cfg.unit == "chars" else None
+        grow_chr = math.floor((1 + cfg.delta) * pack_chr) if pack_chr is not None else None
+        mandatory = set([b.id for b in hist if b.role == "user"][:1])
+        assistants = [b.id for b in hist if b.role == "assistant"]
+        if assistants:
+            last = next(b for b in hist if b.id == assistants[-1]).positions[0]
+            mandatory |= {b.id for b in hist if b.positions[0] == last}
+        need = sum(cost[i] for i in mandatory)
+        if need > budget:
+            raise BudgetTooSmallError(budget, need)
+        chosen, used_tok = set(mandatory), need
+        used_chr = sum(chars[i] for i in chosen)
+        for i in sorted(protected_set(graph, hist) - chosen, reverse=True):  # newest first
+            if used_tok + cost[i] <= grow_tok:
+                chosen.add(i)
+                used_tok += cost[i]
+                used_chr += chars[i]
+        score = self.scores(st, graph, hist, turn)
+        for i in sorted((b.id for b in hist if b.id not in chosen), key=lambda i: (-score[i], i)):
+            if used_tok + cost[i] <= pack_tok and (pack_chr is None or used_chr + chars[i] <= pack_chr):
+                chosen.add(i)
+                used_tok += cost[i]
+                used_chr += chars[i]
+        if cfg.use_graph:
+            for b in sorted(chosen, key=lambda i: (-score[i], i)):  # one hop from the fixed seed set
+                preds = sorted(((w, a) for (a, bb), w in st.edges.items() if bb == b), reverse=True)
+                for _, a in preds:
+                    if a in chosen or a in st.stale or a not in chars:
+                        continue
+                    if used_tok + cost[a] <= grow_tok and (grow_chr is None or used_chr + chars[a] <= grow_chr):
+                        chosen.add(a)
+                        used_tok += cost[a]
+                        used_chr += chars[a]
+        return chosen
+
+    def scores(self, st: SessionState, graph: ContextGraph, hist: list[Block], turn: int) -> dict[int, float]:
+        """``s(v)`` of §3.3 for every history block (the relevance alone without the graph)."""
+        users = [m for m in graph.messages if m.role == "user"]
+        query = identifiers(users[-1].content) if users else set()
+        rel = np.array(idf_overlap(query, [block_identifiers(graph, b) for b in hist]))
+        ids = [b.id for b in hist]
+        if not self.config.use_graph:
+            return dict(zip(ids, rel.tolist()))
+        u = np.array([st.importance.get(i, 0.0) for i in ids])
+        s = zscore(u) + self.config.lam * zscore(rel)
+        xi = exploration_bonus(graph.session_id, turn, [i for i in ids if i not in st.observed])
+        return {i: float(s[k]) + xi.get(i, 0.0) - (self.config.kappa if i in st.stale else 0.0)
+                for k, i in enumerate(ids)}
+
+
+@functools.lru_cache(maxsize=8192)
+def _text_identifiers(text: str) -> frozenset[str]:
+    return frozenset(identifiers(text))
+
+
+def block_identifiers(graph: ContextGraph, block: Block) -> set[str]:
+    """``I(v)``: identifiers of the block's content and tool calls."""
+    out: set[str] = set()
+    for m in block_messages(graph, block):
+        out |= _text_identifiers(m.content)
+        for c in m.tool_calls:
+            out |= _text_identifiers(f"{c.name} {c.arguments}")
+    return out
+
+
+def synthetic_results(graph: ContextGraph, p: int) -> list[Message]:
+    """The shared synthetic results for calls of the assistant message at ``p`` that have none
+    (none for the latest message, whose calls may be in flight)."""
+    m = graph.messages[p]
+    if m.role != "assistant" or p == len(graph) - 1:
+        return []
+    return [Message("tool", UNANSWERED.format(id=c.id), tool_call_id=c.id, rendered_as="placeholder")
+            for c in m.tool_calls if c.id not in graph.result_of]
+
+
+def block_tokens(graph: ContextGraph, block: Block, signals: Signals) -> int:
+    """Tokens the block costs in a rendering (its messages and any synthetic results); a segment is
+    charged with a separator and a whole message's overhead, an upper bound for its share."""
+    count = signals.counter.count_message
+    if block.span is not None:
+        m = block_messages(graph, block)[0]
+        return count(m.with_content(m.content + SEGMENT_JOIN, "segments"))
+    return sum(count(graph.messages[p]) + sum(count(s) for s in synthetic_results(graph, p)) for p in block.positions)
+
+
+def served_positions(graph: ContextGraph, served: list[Block]) -> list[int]:
+    """Graph positions of a served context: the system messages and the served blocks' messages
+    (a segment block stands for its whole message here: the proxy reads whole messages)."""
+    return sorted({p for p, m in enumerate(graph.messages) if m.role == "system"} | {p for b in served for p in b.positions})
+
+
+def served_ids(st: SessionState, blocks: list[Block], end: int) -> tuple[int, ...]:
+    """Blocks rendered to calls before graph position ``end``: all before the first compaction, then
+    the fixed selection plus the blocks appended since."""
+    return tuple(b.id for b in blocks if b.positions[0] < end
+                 and (st.selection is None or b.id in st.selection or b.positions[0] >= st.append_from))
+
+
+def protected_set(graph: ContextGraph, hist: list[Block]) -> set[int]:
+    """``P_t`` (§3.3): every user block and the latest block editing or writing each file."""
+    latest: dict[str, int] = {}
+    for b in hist:
+        if b.role == "assistant":
+            for f in edited_files(graph.messages[b.positions[0]]):
+                latest[f] = b.id
+    return {b.id for b in hist if b.role == "user"} | set(latest.values())
+
+
+def apply_attention(st: SessionState, att: MessageAttention, msg_block: list[int | None], cfg: RecapConfig) -> None:
+    """Importance EMA, dependency edges and O_t from one turn's attention (§3.2).
+
+    ``msg_block[m]`` is the block of served message ``m`` (``None`` for system messages).
+    ``ρ̄(v)`` = Σ ρ over the block's window tokens / their number; ``R_t`` = blocks with tokens in the
+    window; ``u(v) ← (1−α)·u(v) + α·ρ̄(v)/max_{R_t} ρ̄`` for v ∈ R_t, others unchanged. An edge
+    ``(a, b)`` gets ``w = max(w, mass)`` when the mean mass of b's rows on a's tokens exceeds θ.
+    """
+    rho: dict[int, float] = {}
+    ntok: dict[int, int] = {}
+    for m, b in enumerate(msg_block):
+        if b is not None and att.n_tokens[m] > 0:
+            rho[b] = rho.get(b, 0.0) + att.rho_sum[m]
+            ntok[b] = ntok.get(b, 0) + att.n_tokens[m]
+    rbar = {b: rho[b] / ntok[b] for b in rho}
+    top = max(rbar.values(), default=0.0)
+    for b, r in rbar.items():
+        u = r / top if top > 0 else 0.0
+        st.importance[b] = (1 - cfg.ema_rate) * st.importance.get(b, 0.0) + cfg.ema_rate * u
+    st.observed |= set(rbar)
+    rows: dict[int, list[int]] = {}
+    for i, m in enumerate(att.row_message):
+        if 0 <= m < len(msg_block) and msg_block[m] is not None:
+            rows.setdefault(msg_block[m], []).append(i)
+    for b, idx in rows.items():
+        mass: dict[int, float] = {}
+        for m, a in enumerate(msg_block):
+            if a is not None and a < b:
+                mass[a] = mass.get(a, 0.0) + sum(att.row_mass[i][m] for i in idx) / len(idx)
+        for a, w in mass.items():
+            if w > cfg.theta:
+                st.edges[(a, b)] = max(st.edges.get((a, b), 0.0), w)
+
+
+def mark_stale(st: SessionState, idents: dict[int, set[str]], threshold: float, min_identifiers: int = 3) -> None:
+    """Recompute ``S_t`` (§3.2): an observed block ``a`` with at least ``min_identifiers`` identifiers
+    is stale when a later observed block ``b`` with ``u(b) > u(a)`` contains at least ``threshold``
+    of ``a``'s identifiers."""
+    ids = sorted(idents)
+    st.stale = set()
+    for k, a in enumerate(ids):
+        ia = idents[a]
+        if len(ia) < min_identifiers:
+            continue
+        for b in ids[k + 1:]:
+            if st.importance.get(b, 0.0) > st.importance.get(a, 0.0) and len(ia & idents[b]) >= threshold * len(ia):
+                st.stale.add(a)
+                break
+
+
+def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | None, signals: Signals,
+             stats: dict[str, Any]) -> Rendering:
+    """Render the ``shown`` blocks chronologically with the system messages (current user message
+    and system messages outside ``B``); results of other blocks are omitted, their messages dropped."""
+    keep = {p for b in shown for p in b.positions} | {p for p, m in enumerate(graph.messages) if m.role == "system"}
+    pieces: dict[int, list[Block]] = {}
+    for b in shown:
+        if b.span is not None:
+            pieces.setdefault(b.positions[0], []).append(b)
+
+    users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
+    outside = {p for p, m in enumerate(graph.messages) if m.role == "system"} | set(users[-1:])
+    count = signals.counter.count_message
+    out: list[Message] = []
+    positions: list[int | None] = []
+    history = 0
+    for p in sorted(keep):
+        m = graph.messages[p]
+        if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
+            m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in sorted(x.span for x in pieces[p])), "segments")
+        out.append(m)
+        positions.append(p)
+        history += 0 if p in outside else count(m)
+        for s in synthetic_results(graph, p):
+            out.append(s)
+            positions.append(None)
+            history += count(s)
+    block_of = {p: b for b in build_blocks(graph) for p in b.positions}
+    reasons = {p: f"block {block_of[p].id} dropped by ReCAP selection"
+               for p in range(len(graph)) if p not in keep and p in block_of}
+    tools = [p for p, m in enumerate(graph.messages) if m.role == "tool"]
+    return Rendering(policy=name, budget=budget, messages=out, positions=positions,
+                     full=[p for p in tools if p in keep], omitted=[p for p in tools if p not in keep],
+                     dropped=[p for p in range(len(graph)) if p not in keep], history_tokens=history,
+                     input_tokens=sum(count(m) for m in out), reasons=reasons, stats=stats)
+
+
+register("recap", SOURCE, "Blocks scored by attention importance (SmolLM2 proxy) + IDF identifier relevance; "
+         "protected set, packing, one-hop dependency expansion; fixed within a user turn.")(Recap)
+register("recap-paragraph", "ReCAP §4.4 (paragraph segmentation)",
+         "ReCAP ablation: plain assistant messages split into paragraph blocks (fenced code kept whole).",
+         segment="paragraph")(Recap)
+register("recap-line", "ReCAP §4.4 (line segmentation)",
+         "ReCAP ablation: plain assistant messages split into line blocks (fenced code kept whole).",
+         segment="line")(Recap)
+register("recap-noattn", "ReCAP §4.4 (without the attention graph)",
+         "ReCAP ablation: protected set, then blocks by IDF identifier overlap with the request; no model.",
+         use_graph=False)(Recap)
