@@ -228,3 +228,12 @@ def test_analyzer_prompt_and_fallback():
     assert [s.parents for s in steps] == [(), (), (0,), (), (), (), (), (2,)]  # the low-cost choice
     msgs = build_prompt("task", steps, 7, [0, 1, 2], {0: "x", 1: "y", 2: "z", 7: "w"})
     assert "[0]" in msgs[1]["content"] and "[3]" not in msgs[1]["content"]
+
+
+def test_rendering_carries_validation_counts_and_the_f1_summary():
+    g = trajectory([("Run tests.", "pytest tests/test_cli.py", PYTEST_FAIL + "\n" + FILLER)]
+                   + [(f"Look {k}.", f"echo {k}", FILLER + str(k)) for k in range(6)]
+                   + [("Retest.", "pytest tests/test_cli.py", PYTEST_PASS)])
+    r = create("contextweaver-placeholder").render(g, 1500, Signals())
+    assert r.stats["validation"] == {"passed": 1, "failed": 0, "unknown": 6, "superseded": 1}
+    assert r.stats["test_summary"] == "TEST STATUS:\n✓ test_raw: PASSED\n✓ test_split: PASSED"
