@@ -228,3 +228,26 @@ def test_analyzer_prompt_and_fallback():
     assert [s.parents for s in steps] == [(), (), (0,), (), (), (), (), (2,)]  # the low-cost choice
     msgs = build_prompt("task", steps, 7, [0, 1, 2], {0: "x", 1: "y", 2: "z", 7: "w"})
     assert "[0]" in msgs[1]["content"] and "[3]" not in msgs[1]["content"]
+
+
+def test_rendering_carries_validation_counts_and_the_f1_summary():
+    g = trajectory([("Run tests.", "pytest tests/test_cli.py", PYTEST_FAIL + "\n" + FILLER)]
+                   + [(f"Look {k}.", f"echo {k}", FILLER + str(k)) for k in range(6)]
+                   + [("Retest.", "pytest tests/test_cli.py", PYTEST_PASS)])
+    r = create("contextweaver-placeholder").render(g, 1500, Signals())
+    assert r.stats["validation"] == {"passed": 1, "failed": 0, "unknown": 6, "superseded": 1}
+    assert r.stats["test_summary"] == "TEST STATUS:\n✓ test_raw: PASSED\n✓ test_split: PASSED"
+
+
+def test_local_model_writes_a_bounded_cached_summary():
+    """The real default model path (local SmolLM2 unless an endpoint is configured): one call."""
+    pytest.importorskip("torch", reason="the 'llm' extra is not installed")
+    from historygraph.policies.contextweaver import ContextWeaverConfig, Summarizer
+
+    g = woven_graph()
+    step = build_steps(g, lowcost_selector(ParentScoring()), "t")[0]
+    summarizer = Summarizer(Signals(store=MemoryStore()), ContextWeaverConfig(summary_max_tokens=24, summary_input_chars=300))
+    first = summarizer.summary(step, g.messages[result_pos(g, 0)].content)
+    again = summarizer.summary(step, g.messages[result_pos(g, 0)].content)
+    assert 0 < len(first) <= 300 and "\n" not in first and again == first
+    assert summarizer.usage.calls == 1 and summarizer.usage.output_tokens <= 24

@@ -129,6 +129,7 @@ def clean_summary(text: str, limit: int) -> str:
 
 
 _MEMO: dict[str, str] = {}  # summary cache when signals.store is None
+_MEMO_MAX = 50_000          # entries; the in-process cache is emptied when it reaches this size
 
 
 class Summarizer:
@@ -163,6 +164,8 @@ class Summarizer:
             if store is not None:
                 store.put_text("summary", key, text)
             else:
+                if len(_MEMO) >= _MEMO_MAX:
+                    _MEMO.clear()
                 _MEMO[key] = text
         return text
 
@@ -211,8 +214,7 @@ class ContextWeaver:
         steps = self.steps(graph, signals)
         k = len(steps) - 1
         recent = list(range(k, max(-1, k - cfg.recent_steps), -1))  # newest first
-        anc = self.earlier_full(graph, steps)
-        anc_set = set(anc)
+        anc_set = set(self.earlier_full(graph, steps))
         summarizer = Summarizer(signals, cfg) if cfg.summaries == "model" else None
         sel = layout.selection()
         weaver = _Weave(layout, sel, signals, cfg, summarizer)

@@ -6,11 +6,12 @@ Source: ContextWeaver §3.1 (node extraction, parent selection, ancestry) and §
   with the tool results that answer it (observation). Steps are numbered 0, 1, … in transcript
   order; an assistant message without tool calls is a step without observation.
 * **Files** a step touches: path-like tokens with a source/config/document extension, read from
-  the action and the observation (URLs are ignored). Files are compared by file name (last path
-  component), because agents name one file as ``/testbed/pkg/a.py``, ``./pkg/a.py`` and
-  ``a.py``. **Identifiers**: code-like names of at least four characters with an inner
-  underscore (``get_offset``), an inner capital (``LintResult``, ``parseArgs``) or an acronym before a word (``HTTPError``). Both are read
-  from at most the first :data:`FEATURE_CHARS` characters of the observation.
+  the thought, the action and the observation (URLs are ignored). Files are compared by file name
+  (last path component), because agents name one file as ``/testbed/pkg/a.py``, ``./pkg/a.py``
+  and ``a.py``. **Identifiers**, from the action and the observation: code-like names of at least
+  four characters with an inner underscore (``get_offset``), an inner capital (``LintResult``,
+  ``parseArgs``) or an acronym before a word (``HTTPError``). Only the first
+  :data:`FEATURE_CHARS` characters of the observation are read.
 * **Validation** (§3.3): each step's ``test_results`` is the :class:`~.tests.TestRun` parsed from
   its observation; ``validation_status`` comes from it (``unknown`` without one). When step ``k``
   fixes an earlier failure (:func:`~.tests.supersedes`) the earlier step becomes ``superseded``
