@@ -9,12 +9,14 @@ from historygraph.graph import ContextGraph
 from historygraph.policies import REGISTRY, Signals, create
 from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
 
+from doubles import ScriptedModel
+
 POLICIES = sorted(REGISTRY)
 
 
 @pytest.fixture(scope="module")
 def signals():
-    return Signals()
+    return Signals(model_factory=ScriptedModel)  # summarising policies get a deterministic test double
 
 
 def call(cid):

@@ -20,6 +20,7 @@ from .eval.recall import AGE_BINS
 from .eval.replay import replay_trace
 from .eval.report import summarize, write_outputs
 from .formats import TraceFormatError, read_traces
+from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
@@ -88,7 +89,11 @@ def replay(
         task = bar.add_task("replay", total=len(traces))
         for tr in traces:
             bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
-            results.append(replay_trace(tr, policies, budget, signals, db))
+            try:
+                results.append(replay_trace(tr, policies, budget, signals, db))
+            except ModelError as exc:  # a summarising policy whose model is unavailable: fail fast, no traceback
+                bar.stop()
+                _fail(f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)")
             bar.advance(task)
     wall = time.perf_counter() - t_start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -119,9 +124,12 @@ def _fmt(v: object) -> str:
 def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     t = Table(title=title, header_style="bold")
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95"]
+        [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95"] + \
+        ["model_calls", "model_input_tokens", "model_output_tokens", "model_seconds"]
     heads = {"recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
-             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls"}
+             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
+             "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
+             "model_seconds": "model s"}
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right",

@@ -38,6 +38,10 @@ class PolicyStats:
     render_seconds: list[float] = field(default_factory=list)
     budget_errors: int = 0
     violations: list[str] = field(default_factory=list)
+    model_calls: int = 0            # summariser/analyser calls made while rendering (ContextRender C.2)
+    model_input_tokens: int = 0     # their input tokens, in the model's own tokenizer
+    model_output_tokens: int = 0
+    model_seconds: float = 0.0      # wall time spent waiting for them (included in render_seconds)
 
     def merge(self, other: "PolicyStats") -> None:
         self.events += other.events
@@ -50,6 +54,17 @@ class PolicyStats:
         self.render_seconds += other.render_seconds
         self.budget_errors += other.budget_errors
         self.violations += other.violations
+        self.model_calls += other.model_calls
+        self.model_input_tokens += other.model_input_tokens
+        self.model_output_tokens += other.model_output_tokens
+        self.model_seconds += other.model_seconds
+
+    def add_model_usage(self, stats: dict[str, Any]) -> None:
+        """Add the ``model_*`` entries a policy reported in ``Rendering.stats`` (absent = 0)."""
+        self.model_calls += int(stats.get("model_calls", 0))
+        self.model_input_tokens += int(stats.get("model_input_tokens", 0))
+        self.model_output_tokens += int(stats.get("model_output_tokens", 0))
+        self.model_seconds += float(stats.get("model_seconds", 0.0))
 
 
 @dataclass
@@ -107,6 +122,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     st.render_seconds.append(time.perf_counter() - t0)
                     st.history_tokens.append(r.history_tokens)
                     st.input_tokens.append(r.input_tokens)
+                    st.add_model_usage(r.stats)
                     try:
                         check_invariants(r, graph, signals.counter)
                     except AssertionError as exc:

@@ -21,7 +21,8 @@ from .replay import PolicyStats, TraceResult
 COLUMNS = ["scope", "source", "trace_id", "policy", "traces", "invocations", "events", "recall"] + \
     [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
-     "budget_errors", "invariant_violations"]
+     "budget_errors", "invariant_violations", "model_calls", "model_input_tokens", "model_output_tokens",
+     "model_seconds"]
 
 
 def _pct(hits: int, events: int) -> float | None:
@@ -44,6 +45,10 @@ def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, tr
     r["render_ms_p95"] = round(float(np.percentile(ms, 95)), 3) if len(ms) else None
     r["budget_errors"] = st.budget_errors
     r["invariant_violations"] = len(st.violations)
+    r["model_calls"] = st.model_calls
+    r["model_input_tokens"] = st.model_input_tokens
+    r["model_output_tokens"] = st.model_output_tokens
+    r["model_seconds"] = round(st.model_seconds, 2)
     return r
 
 
