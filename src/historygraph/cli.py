@@ -53,6 +53,7 @@ def replay(
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv and recall_by_age.png.")] = Path("replay-results"),
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
 ) -> None:
     """Replay recorded traces through policies and report recall, tokens and render time."""
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
@@ -87,18 +88,20 @@ def replay(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
-        for tr in traces:
-            bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
-            try:
+        try:
+            if jobs > 1:
+                results = _replay_parallel(traces, names, budget, encoding, store, jobs, lambda: bar.advance(task))
+            for tr in traces if jobs == 1 else ():
+                bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
                 results.append(replay_trace(tr, policies, budget, signals, db))
-            except ModelError as exc:  # a summarising policy whose model is unavailable: fail fast, no traceback
-                bar.stop()
-                _fail(f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)")
-            bar.advance(task)
+                bar.advance(task)
+        except ModelError as exc:  # a summarising policy whose model is unavailable: fail fast, no traceback
+            bar.stop()
+            _fail(f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)")
     wall = time.perf_counter() - t_start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
     meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budget,
-            "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces),
+            "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
             "texts_embedded": signals._embedder.calls if signals._embedder else 0}
     written = write_outputs(out, results, meta)
@@ -113,6 +116,35 @@ def replay(
     console.print("wrote " + ", ".join(str(p) for p in written.values()))
     if bad:
         raise typer.Exit(1)
+
+
+_worker: tuple = ()
+
+
+def _worker_init(names: list[str], budget: int, encoding: str, store: str | None) -> None:
+    global _worker
+    db = open_store(store)
+    _worker = (Signals(counter=TokenCounter(encoding), store=db), {n: create(n) for n in names}, budget, db)
+
+
+def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
+    signals, policies, budget, db = _worker
+    return replay_trace(trace, policies, budget, signals, db)
+
+
+def _replay_parallel(traces: list, names: list[str], budget: int, encoding: str, store: str | None, jobs: int,
+                     advance) -> list:  # noqa: ANN001
+    """Replay whole traces in ``jobs`` processes (largest first); results in the traces' order."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
+    out: dict[int, object] = {}
+    with ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budget, encoding, store)) as pool:
+        futures = {i: pool.submit(_worker_replay, traces[i]) for i in order}
+        for i in order:
+            out[i] = futures[i].result()
+            advance()
+    return [out[i] for i in range(len(traces))]
 
 
 def _fmt(v: object) -> str:
