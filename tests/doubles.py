@@ -27,3 +27,18 @@ class ScriptedModel:
         else:
             text = "note: " + messages[-1]["content"].strip().splitlines()[-1][:self.echo_chars]
         return Completion(text, sum(len(m["content"]) for m in messages) // 4, len(text) // 4, 0.0)
+
+
+class CountingModel:
+    """A deterministic :class:`~historygraph.llm.ChatModel`: answers ``"summary #<n>"`` and records
+    every prompt. Usage per call: 10 input tokens per message, ``min(5, max_tokens)`` output
+    tokens, 0.25 s."""
+
+    name = "counting-test-model"
+
+    def __init__(self) -> None:
+        self.prompts: list[list[dict[str, str]]] = []
+
+    def complete(self, messages: list[dict[str, str]], max_tokens: int = 256) -> Completion:
+        self.prompts.append(messages)
+        return Completion(f"summary #{len(self.prompts)}", 10 * len(messages), min(5, max_tokens), 0.25)

@@ -5,6 +5,7 @@ import json
 from typer.testing import CliRunner
 
 import historygraph
+import historygraph.cli
 from historygraph.cli import app
 
 runner = CliRunner()
@@ -50,3 +51,17 @@ def test_public_api_is_curated():
     for name in historygraph.__all__:
         assert hasattr(historygraph, name), name
     assert "ContextGraph" in historygraph.__all__ and "create" in historygraph.__all__
+
+
+def test_replay_with_worker_processes_gives_the_same_figures(tmp_path):
+    rows = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"out{jobs}"
+        res = runner.invoke(app, ["replay", historygraph.cli.example_trace_path().__str__(),
+                                  historygraph.cli.example_trace_path().__str__(), "--policy", "prune",
+                                  "--policy", "cw-sliding-window", "--budget", "3000", "--store", ":memory:",
+                                  "--out", str(out), "--jobs", jobs])
+        assert res.exit_code == 0, res.output
+        rows.append([{k: v for k, v in r.items() if not k.startswith("render_ms")}
+                     for r in json.loads((out / "replay.json").read_text())["per_trace"]])
+    assert rows[0] == rows[1] and len(rows[0]) == 4

@@ -142,10 +142,10 @@ def test_weaving_keeps_recent_and_ancestors_full_and_summarises_the_rest(signals
         m = shown[result_pos(g, k)]
         assert m.rendered_as == "summary" and f"c{k}" in m.content and m.content.endswith(f"note: end of output {k}")
         assert r.reasons[result_pos(g, k)].startswith("summary")
-    assert shown[2].content == "Read the parser." and r.stats["model_usage"].calls == 3
+    assert shown[2].content == "Read the parser." and r.stats["model_calls"] == 3
     # a second rendering reuses the cached summaries
     again = create("contextweaver").render(g, 2400, signals)
-    assert again.stats["model_usage"].calls == 0 and again.messages == r.messages
+    assert again.stats["model_calls"] == 0 and again.messages == r.messages
 
 
 def test_placeholder_variant_needs_no_model():

@@ -10,6 +10,8 @@ from historygraph.graph import ContextGraph
 from historygraph.policies import REGISTRY, Signals, create
 from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
 
+from doubles import ScriptedModel
+
 POLICIES = sorted(REGISTRY)
 
 

@@ -20,6 +20,7 @@ from .eval.recall import AGE_BINS
 from .eval.replay import replay_trace
 from .eval.report import summarize, write_outputs
 from .formats import TraceFormatError, read_traces
+from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
@@ -52,6 +53,7 @@ def replay(
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv and recall_by_age.png.")] = Path("replay-results"),
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
 ) -> None:
     """Replay recorded traces through policies and report recall, tokens and render time."""
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
@@ -86,14 +88,20 @@ def replay(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
-        for tr in traces:
-            bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
-            results.append(replay_trace(tr, policies, budget, signals, db))
-            bar.advance(task)
+        try:
+            if jobs > 1:
+                results = _replay_parallel(traces, names, budget, encoding, store, jobs, lambda: bar.advance(task))
+            for tr in traces if jobs == 1 else ():
+                bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
+                results.append(replay_trace(tr, policies, budget, signals, db))
+                bar.advance(task)
+        except ModelError as exc:  # a summarising policy whose model is unavailable: fail fast, no traceback
+            bar.stop()
+            _fail(f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)")
     wall = time.perf_counter() - t_start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
     meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budget,
-            "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces),
+            "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
             "texts_embedded": signals._embedder.calls if signals._embedder else 0}
     written = write_outputs(out, results, meta)
@@ -110,6 +118,35 @@ def replay(
         raise typer.Exit(1)
 
 
+_worker: tuple = ()
+
+
+def _worker_init(names: list[str], budget: int, encoding: str, store: str | None) -> None:
+    global _worker
+    db = open_store(store)
+    _worker = (Signals(counter=TokenCounter(encoding), store=db), {n: create(n) for n in names}, budget, db)
+
+
+def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
+    signals, policies, budget, db = _worker
+    return replay_trace(trace, policies, budget, signals, db)
+
+
+def _replay_parallel(traces: list, names: list[str], budget: int, encoding: str, store: str | None, jobs: int,
+                     advance) -> list:  # noqa: ANN001
+    """Replay whole traces in ``jobs`` processes (largest first); results in the traces' order."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
+    out: dict[int, object] = {}
+    with ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budget, encoding, store)) as pool:
+        futures = {i: pool.submit(_worker_replay, traces[i]) for i in order}
+        for i in order:
+            out[i] = futures[i].result()
+            advance()
+    return [out[i] for i in range(len(traces))]
+
+
 def _fmt(v: object) -> str:
     if v is None:
         return "–"
@@ -120,10 +157,13 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     t = Table(title=title, header_style="bold")
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
-                                        "read_repeats_exposed", "old_full_share"]
+                                        "read_repeats_exposed", "old_full_share"] + \
+        ["model_calls", "model_input_tokens", "model_output_tokens", "model_seconds"]
     heads = {"recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
              "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
-             "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %"}
+             "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
+             "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
+             "model_seconds": "model s"}
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right",

@@ -107,6 +107,8 @@ class OpenAICompatibleModel:
 class LocalSmolLM2:
     """SmolLM2-135M-Instruct on the CPU, greedy decoding. Prompts longer than ``max_input_tokens``
     keep their first message (instructions) and the tail of the rest (documented truncation).
+    ``threads`` (or ``$HISTORYGRAPH_LLM_THREADS``) sets torch's CPU threads for the process; unset
+    keeps torch's default.
 
     Raises:
         ModelError: torch/transformers or the model package is missing.
@@ -114,8 +116,14 @@ class LocalSmolLM2:
 
     name = "SmolLM2-135M-Instruct (local)"
 
-    def __init__(self, max_input_tokens: int = 4096) -> None:
+    def __init__(self, max_input_tokens: int = 4096, threads: int | None = None) -> None:
         from .models.smollm2 import ModelUnavailableError, load_smollm2
+
+        threads = threads or int(os.environ.get("HISTORYGRAPH_LLM_THREADS", "0") or 0)
+        if threads:  # on a shared, busy CPU one thread can be several times faster than torch's default
+            import torch
+
+            torch.set_num_threads(threads)
 
         try:
             self._model, self._tok = load_smollm2()

@@ -29,7 +29,7 @@ Token counts are in tokens of the :class:`~historygraph.signals.tokens.TokenCoun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from .events import Message
 from .graph import ContextGraph
@@ -195,12 +195,21 @@ class Layout:
     step stays a candidate: showing one of its results revives the step, and the revival is
     charged (see :class:`Selection`).
 
+    Policies that leave history out or add synthetic messages say so here, so that the budget
+    stays shared: ``omit`` lists positions whose (unprotected) units are left out entirely and are
+    not candidates (e.g. covered by a summary, or a block a ReCAP baseline did not select);
+    ``inserts`` maps a position to a synthetic message rendered right after it (e.g. a summary with
+    ``rendered_as="summary"``), charged to B first, like the non-tool history; ``placeholder``
+    builds the stand-in of an unshown result (it must name the result id, DESIGN.md §5.3).
+
     Raises:
         BudgetTooSmallError: when ``budget`` cannot hold the protected history.
     """
 
     def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
-                 result_reserve: float = 0.5, excerpt_fraction: float = 0.25) -> None:
+                 result_reserve: float = 0.5, excerpt_fraction: float = 0.25, omit: Iterable[int] = (),
+                 inserts: dict[int, Message] | None = None,
+                 placeholder: Callable[[Message, TokenCounter], Message] | None = None) -> None:
         self.graph, self.counter, self.budget = graph, counter, budget
         msgs = graph.messages
         self.reasons: dict[int, str] = {}
@@ -241,7 +250,7 @@ class Layout:
                 m = msgs[p]
                 if m.role == "tool":
                     self.full_cost[p] = counter.count_message(m)
-                    self.placeholder[p] = placeholder_for(m, counter)
+                    self.placeholder[p] = (placeholder or placeholder_for)(m, counter)
                     unit.cost += counter.count_message(self.placeholder[p])
                     full_tokens += self.full_cost[p]
                 else:
@@ -250,21 +259,29 @@ class Layout:
                     full_tokens += c
         self.full_history_tokens = full_tokens
 
-        self.dropped_units: set[int] = set()
-        self.base_tokens = sum(u.cost for u in self.units)
+        omit = set(omit)
+        left_out = {i for i, u in enumerate(self.units) if not u.protected and omit.intersection(u.positions)}
+        for i in left_out:
+            for p in self.units[i].positions:
+                self.reasons[p] = "left out by the policy"
+        self.inserts = dict(inserts or {})
+        self.dropped_units: set[int] = set(left_out)
+        self.base_tokens = sum(u.cost for i, u in enumerate(self.units) if i not in left_out) + \
+            sum(counter.count_message(m) for m in self.inserts.values())
         if budget is not None and self.base_tokens > budget:
             target = int(budget * (1.0 - result_reserve))
-            protected = sum(u.cost for u in self.units if u.protected)
+            protected = sum(u.cost for u in self.units if u.protected) + \
+                sum(counter.count_message(m) for m in self.inserts.values())
             for i, unit in enumerate(self.units):
                 if self.base_tokens <= max(target, protected):
                     break
-                if unit.protected:
+                if unit.protected or i in left_out:
                     continue
                 self.base_tokens -= unit.cost
                 self.dropped_units.add(i)
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
-        self.candidates = sorted(self.placeholder)
+        self.candidates = sorted(p for p in self.placeholder if self.unit_of[p] not in left_out)
         self.form: dict[int, Message] = {}
         self.delta: dict[int, int] = {}
         for p in self.candidates:
@@ -305,24 +322,27 @@ class Layout:
         full: list[int] = []
         history = 0
         for p, m in enumerate(msgs):
-            if p in dropped:
-                continue
-            if m.role == "tool":
-                r = shown.get(p, self.placeholder.get(p, m))
-                if r is m:
-                    full.append(p)
+            if p not in dropped:
+                if m.role == "tool":
+                    r = shown.get(p, self.placeholder.get(p, m))
+                    if r is m:
+                        full.append(p)
+                    else:
+                        self.reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
                 else:
-                    self.reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
-            else:
-                r = m
-            out.append(r)
-            positions.append(p)
-            if p not in self.outside:
-                history += self.counter.count_message(r)
-            for s in self.synthetic.get(p, ()):
-                out.append(s)
+                    r = m
+                out.append(r)
+                positions.append(p)
+                if p not in self.outside:
+                    history += self.counter.count_message(r)
+                for s in self.synthetic.get(p, ()):
+                    out.append(s)
+                    positions.append(None)
+                    history += self.counter.count_message(s)
+            if p in self.inserts:
+                out.append(self.inserts[p])
                 positions.append(None)
-                history += self.counter.count_message(s)
+                history += self.counter.count_message(self.inserts[p])
         total = sum(self.counter.count_message(m) for m in out)
         full_set = set(full)
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]

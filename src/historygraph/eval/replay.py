@@ -41,6 +41,10 @@ class PolicyStats:
     violations: list[str] = field(default_factory=list)
     steps: StepsCounts = field(default_factory=StepsCounts)  # repeated reads, old full observations
     extra: dict[str, list[float]] = field(default_factory=dict)  # numeric Rendering.stats, one entry per call
+    model_calls: int = 0            # summariser/analyser calls made while rendering (ContextRender C.2)
+    model_input_tokens: int = 0     # their input tokens, in the model's own tokenizer
+    model_output_tokens: int = 0
+    model_seconds: float = 0.0      # wall time spent waiting for them (included in render_seconds)
 
     def merge(self, other: "PolicyStats") -> None:
         self.events += other.events
@@ -56,6 +60,17 @@ class PolicyStats:
         self.steps.merge(other.steps)
         for k, v in other.extra.items():
             self.extra.setdefault(k, []).extend(v)
+        self.model_calls += other.model_calls
+        self.model_input_tokens += other.model_input_tokens
+        self.model_output_tokens += other.model_output_tokens
+        self.model_seconds += other.model_seconds
+
+    def add_model_usage(self, stats: dict[str, Any]) -> None:
+        """Add the ``model_*`` entries a policy reported in ``Rendering.stats`` (absent = 0)."""
+        self.model_calls += int(stats.get("model_calls", 0))
+        self.model_input_tokens += int(stats.get("model_input_tokens", 0))
+        self.model_output_tokens += int(stats.get("model_output_tokens", 0))
+        self.model_seconds += float(stats.get("model_seconds", 0.0))
 
 
 @dataclass
@@ -113,6 +128,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     st.render_seconds.append(time.perf_counter() - t0)
                     st.history_tokens.append(r.history_tokens)
                     st.input_tokens.append(r.input_tokens)
+                    st.add_model_usage(r.stats)
                     try:
                         check_invariants(r, graph, signals.counter)
                     except AssertionError as exc:

@@ -23,7 +23,8 @@ COLUMNS = ["scope", "source", "trace_id", "policy", "traces", "invocations", "ev
     [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
      "budget_errors", "invariant_violations",
-     "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"] + STEPS_COLUMNS
+     "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct", "model_calls", "model_input_tokens", "model_output_tokens",
+     "model_seconds"] + STEPS_COLUMNS
 
 
 def _pct(hits: int, events: int) -> float | None:
@@ -48,6 +49,10 @@ def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, tr
     r.update(compaction_figures(st.extra))
     r["invariant_violations"] = len(st.violations)
     r.update(st.steps.columns())
+    r["model_calls"] = st.model_calls
+    r["model_input_tokens"] = st.model_input_tokens
+    r["model_output_tokens"] = st.model_output_tokens
+    r["model_seconds"] = round(st.model_seconds, 2)
     return r
 
 

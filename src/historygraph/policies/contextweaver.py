@@ -54,6 +54,7 @@ from ..render import Layout, Rendering, Selection
 from ..signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector
 from ..signals.tests import TestTracker
 from .base import Signals, register
+from .summary import usage_stats
 
 SOURCE = "ContextWeaver §3.1, §3.3, F.1, F.2"
 SUMMARY = "[summary of tool result {id}; the full result ({tokens} tokens) is stored and can be restored by id] {text}"
@@ -233,7 +234,7 @@ class ContextWeaver:
             "current_step": k, "parents": list(steps[k].parents), "earlier_full": sorted(anc_set),
             "validation": {st: statuses.count(st) for st in ("passed", "failed", "unknown", "superseded")},
             "test_summary": tracker.summary(),
-            "model_usage": summarizer.usage if summarizer else ModelUsage(),
+            **usage_stats(summarizer.usage if summarizer else ModelUsage()),
         })
         return r
 

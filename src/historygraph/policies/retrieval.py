@@ -1,0 +1,171 @@
+"""Retrieval baselines: embedding similarity (ContextRender B.2) and BM25 (ContextWeaver §4).
+
+``semantic`` (ContextRender B.2, "Semantic Retrieval"):
+
+1. Results of the ``recent_turns = 3`` most recent turns (age 0, 1, 2 in model invocations, as in
+   ContextRender §3.3) are considered first, newest first; each is kept when the tokens it adds
+   keep the recent results' total within ``recent_share = 0.6`` of B and the history within B.
+2. The other results are ranked by cosine similarity between their embedding (first
+   ``clip_chars = 8000`` characters, as ContextRender A.3 clips results) and the embedding of the
+   latest user message followed by the latest assistant message (the retrieval input of B.2);
+   each is kept, best first, when it fits in what is left of B. Exact ties go to the older result.
+
+``cw-bm25`` (ContextWeaver §4, "Baselines", retrieval): ``n_full = 6`` observations in full, of
+which ``n_retrieved = 3`` are the older observations that BM25 (the ``bm25s`` library, English
+stop words removed, default k1 = 1.5, b = 0.75) scores highest for the current step, and the other
+three are the most recent observations. The current step is the latest assistant message (its text
+and tool calls) together with its results. Older observations that share no term with the step
+(score 0) are never retrieved, so fewer than three may be added; exact ties go to the newer one.
+
+Shared rules (:class:`~historygraph.render.Layout`): a history that fits in B is returned
+unchanged; unselected results are placeholders naming their ids and stay retrievable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import ContextGraph
+from ..render import Layout, Rendering
+from .base import Signals, register
+
+
+def latest_query(graph: ContextGraph, clip_chars: int) -> str:
+    """The latest user message followed by the latest assistant message (text and tool calls)."""
+    parts = []
+    for role in ("user", "assistant"):
+        m = next((m for m in reversed(graph.messages) if m.role == role), None)
+        if m is not None:
+            parts.append("\n".join([m.content] + [f"{c.name} {c.arguments}" for c in m.tool_calls]))
+    return "\n".join(parts)[:clip_chars]
+
+
+@dataclass(frozen=True)
+class SemanticConfig:
+    """Defaults from ContextRender B.2 (3 turns, 60 % of B) and A.3 (8,000-character clipping)."""
+
+    recent_turns: int = 3
+    recent_share: float = 0.6
+    clip_chars: int = 8000
+
+    def __post_init__(self) -> None:
+        if self.recent_turns < 0 or not 0 <= self.recent_share <= 1 or self.clip_chars < 1:
+            raise ValueError("semantic config: recent_turns ≥ 0, 0 ≤ recent_share ≤ 1 and clip_chars ≥ 1 are required")
+
+
+@register("semantic", "ContextRender B.2 (Semantic Retrieval)",
+          "Results of the 3 latest turns first (≤ 60% of B), then the rest by embedding similarity to the latest messages.")
+class SemanticRetrieval:
+    """ContextRender's Semantic Retrieval baseline (B.2); see the module docstring."""
+
+    Config = SemanticConfig
+
+    def __init__(self, name: str = "semantic", config: SemanticConfig | None = None) -> None:
+        self.name, self.config = name, config or SemanticConfig()
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        cfg = self.config
+        layout = Layout(graph, signals.counter, budget)
+        if layout.fits_in_full:
+            return layout.assemble_full(self.name)
+        msgs, sel = graph.messages, layout.selection()
+        recent = [p for p in reversed(layout.candidates) if graph.age(p) < cfg.recent_turns]
+        recent_cap, recent_used = cfg.recent_share * budget, 0
+        for p in recent:
+            if sel.fits(p) and recent_used + sel.cost(p) <= recent_cap:
+                recent_used += sel.cost(p)
+                sel.take(p)
+                layout.reasons[p] = f"kept: result of the {cfg.recent_turns} most recent turns (age {graph.age(p)})"
+            else:
+                layout.reasons[p] = f"omitted: recent, but over {cfg.recent_share:.0%} of B or B"
+        rest = [p for p in layout.candidates if p not in set(recent)]
+        if rest:
+            vecs = signals.embedder.embed([msgs[p].content[:cfg.clip_chars] for p in rest] + [latest_query(graph, cfg.clip_chars)])
+            sims = vecs[:-1] @ vecs[-1]
+            for i in np.argsort(-sims, kind="stable"):
+                p = rest[i]
+                if sel.fits(p):
+                    sel.take(p)
+                    layout.reasons[p] = f"kept: cosine {sims[i]:.3f} to the latest messages"
+                else:
+                    layout.reasons[p] = f"omitted: cosine {sims[i]:.3f}; does not fit in B"
+        return layout.assemble(self.name, sel)
+
+
+def current_step(graph: ContextGraph) -> str:
+    """The latest assistant message (text, tool-call names and arguments) and its results' text."""
+    msgs = graph.messages
+    step = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
+    if step is None:
+        return ""
+    a = msgs[step]
+    parts = [a.content] + [f"{c.name} {c.arguments}" for c in a.tool_calls]
+    parts += [msgs[graph.result_of[c.id]].content for c in a.tool_calls if c.id in graph.result_of]
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class BM25Config:
+    """Defaults from ContextWeaver §4: 6 observations in full, 3 of them retrieved by BM25."""
+
+    n_full: int = 6
+    n_retrieved: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_retrieved <= self.n_full:
+            raise ValueError("bm25 config: 0 ≤ n_retrieved ≤ n_full is required")
+
+
+def bm25_scores(corpus: list[str], query: str) -> np.ndarray:
+    """BM25 score of every text of ``corpus`` for ``query`` (``bm25s``, English stop words removed)."""
+    import bm25s
+
+    tokens = bm25s.tokenize(corpus, stopwords="en", show_progress=False, return_ids=False)
+    q = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)[0]
+    if not q or not any(tokens):
+        return np.zeros(len(corpus))
+    retriever = bm25s.BM25()
+    retriever.index(tokens, show_progress=False)
+    return np.asarray(retriever.get_scores(q), dtype=float)
+
+
+@register("cw-bm25", "ContextWeaver §4 Baselines (retrieval; BM25 as in SWE-bench)",
+          "6 observations in full: the 3 most recent and the 3 older ones BM25 ranks best for the current step.")
+class BM25Retrieval:
+    """ContextWeaver's retrieval baseline (§4); see the module docstring."""
+
+    Config = BM25Config
+
+    def __init__(self, name: str = "cw-bm25", config: BM25Config | None = None) -> None:
+        self.name, self.config = name, config or BM25Config()
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        cfg = self.config
+        layout = Layout(graph, signals.counter, budget)
+        if layout.fits_in_full:
+            return layout.assemble_full(self.name)
+        msgs, sel = graph.messages, layout.selection()
+        n_recent = cfg.n_full - cfg.n_retrieved
+        newest = list(reversed(layout.candidates))
+        recent, older = newest[:n_recent], newest[n_recent:]
+        for p in recent:
+            if sel.fits(p):
+                sel.take(p)
+                layout.reasons[p] = f"kept: one of the {n_recent} most recent observations"
+            else:
+                layout.reasons[p] = "omitted: recent, but does not fit in B"
+        if older and cfg.n_retrieved:
+            scores = bm25_scores([msgs[p].content for p in older], current_step(graph))
+            ranked = [i for i in np.argsort(-scores, kind="stable") if scores[i] > 0][:cfg.n_retrieved]
+            for i in ranked:
+                p = older[i]
+                if sel.fits(p):
+                    sel.take(p)
+                    layout.reasons[p] = f"kept: BM25 {scores[i]:.2f} for the current step"
+                else:
+                    layout.reasons[p] = f"omitted: BM25 {scores[i]:.2f}, but does not fit in B"
+            for i, p in enumerate(older):
+                layout.reasons.setdefault(p, f"omitted: BM25 {scores[i]:.2f}, not among the {cfg.n_retrieved} best older")
+        return layout.assemble(self.name, sel)
