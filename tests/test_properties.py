@@ -16,6 +16,8 @@ from historygraph.policies import REGISTRY, Signals, create
 from historygraph.render import BudgetTooSmallError, check_invariants
 from historygraph.signals.tokens import TokenCounter
 
+from doubles import ScriptedModel
+
 
 class HashEmbedder:
     """Test double: a deterministic unit vector per text (invariants do not depend on meaning)."""
@@ -30,7 +32,7 @@ class HashEmbedder:
         return out
 
 
-SIGNALS = Signals(counter=TokenCounter(), embedder_factory=HashEmbedder)
+SIGNALS = Signals(counter=TokenCounter(), embedder_factory=HashEmbedder, model_factory=ScriptedModel)
 WORDS = st.sampled_from(["ok", "error", "ABC_123", "file.py", "tr_solo@gmail.com", "x" * 40, "line\n" * 30, "ünïcode ✓", ""])
 
 
