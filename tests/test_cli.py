@@ -24,7 +24,7 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     assert (out / "replay.csv").read_text().startswith("scope,source,trace_id,policy")
     assert (out / "recall_by_age.png").stat().st_size > 1000
     # the replayed trace is now a session in the store, readable by id
-    res = runner.invoke(app, ["show", "openai-chat:" + data["meta"]["paths"][0] + ":dinner-bill",
+    res = runner.invoke(app, ["show", "openai-chat:dinner_bill.json:dinner-bill",
                               "--result", "call_08", "--store", str(tmp_path / "s.sqlite")])
     assert res.exit_code == 0 and "nan_ritt@gmail.com" in res.output
 

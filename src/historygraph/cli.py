@@ -165,12 +165,16 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
              "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
              "model_seconds": "model s"}
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
+    # columns that say nothing for these rows (all empty, or all zero like model calls of policies
+    # that call no model) are left out of the printed table; JSON and CSV keep every column
+    cols = [c for c in cols if c in ("source", "trace_id", "policy") or any(r.get(c) not in (None, 0, 0.0) for r in rows)]
     for c in cols:
-        t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right",
-                     no_wrap=c in ("source", "trace_id", "policy"))
+        t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r[c]) for c in cols])
-    console.print(t)
+        t.add_row(*[_fmt(r.get(c)) for c in cols])
+    # never cut numbers: print at the table's natural width even when the terminal is narrower
+    width = max(console.width, Console(width=10_000).measure(t).maximum)
+    Console(width=width, force_terminal=console.is_terminal).print(t)
 
 
 @app.command()
@@ -214,7 +218,7 @@ def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print
         else:
             console.print_json(json.dumps([m.to_openai() for m in g.messages]))
     except (KeyError, StoreError) as exc:
-        _fail(str(exc).strip("'\""))
+        _fail(exc.args[0] if exc.args else str(exc))
 
 
 @app.command()

@@ -14,6 +14,7 @@ embedding cache, so a second replay embeds nothing again.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -86,7 +87,9 @@ class TraceResult:
 
 
 def session_id_for(trace: Trace) -> str:
-    return f"{trace.source}:{trace.path}:{trace.trace_id}"
+    """``format:file-name:trace-id`` (no slashes, so it is usable in URLs of the session API; the
+    same file replayed by another path maps to the same session)."""
+    return f"{trace.source}:{Path(trace.path).name}:{trace.trace_id}"
 
 
 def record_trace(store: Store, trace: Trace) -> str:
