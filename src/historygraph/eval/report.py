@@ -130,7 +130,9 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
                 continue
             vals = [r[f"recall_age_{b}"] or 0.0 for b in AGE_BINS]
             ax.bar(np.arange(len(AGE_BINS)) + i * width, vals, width, label=pol)
-        ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2, AGE_BINS)
+        first = next(x for x in per_source if x["source"] == src)  # every policy sees the same events
+        labels = [f"{b}\nn={first[f'events_age_{b}']}" for b in AGE_BINS]  # n=0: no event, not 0 % recall
+        ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2, labels)
         ax.set_title(src, fontsize=9)
         ax.set_xlabel("result age (turns)")
     for row in axes:
