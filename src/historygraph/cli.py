@@ -158,8 +158,10 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
-        ["model_calls", "model_input_tokens", "model_output_tokens", "model_seconds"]
-    heads = {"recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
+        ["model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
+         "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
+    heads = {"selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
+             "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
              "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
              "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
              "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
