@@ -224,3 +224,21 @@ def dig(obj: Any, *keys: str) -> Any:
             return None
         obj = obj.get(k)
     return obj
+
+
+def openai_message(b: Builder, m: Any, w: str) -> Draft:
+    """A draft from one OpenAI chat message ``m`` at location ``w`` (role, content, tool_calls,
+    tool_call_id, name); raises :class:`TraceFormatError` naming the field that is wrong."""
+    role = req(m, "role", str, w, b)
+    d = Draft(role, text(b, m.get("content"), f"{w}.content"), where=w)
+    if role == "assistant":
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise b.err(f"{w}.tool_calls", f"expected a list, got {type(calls).__name__}")
+        d.calls = [tool_call(b, c, f"{w}.tool_calls[{k}]") for k, c in enumerate(calls)]
+    elif role == "tool":
+        d.tool_call_id = str(req(m, "tool_call_id", str, w, b))
+        d.name = m.get("name") if isinstance(m.get("name"), str) else None
+    elif role not in ("system", "user"):
+        raise b.err(f"{w}.role", f"unknown role {role!r}")
+    return d

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from historygraph.events import Trace
 
-from ._common import Builder, Draft, TraceFormatError, load_json, req, text, tool_call
+from ._common import Builder, TraceFormatError, load_json, openai_message, req
 
 NAME = "openai-chat"
 
@@ -38,20 +38,7 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
         raise TraceFormatError(path, NAME, "(top level)", f"expected an object or a list, got {type(obj).__name__}")
     b = Builder(path, NAME, trace_id)
     for i, m in enumerate(messages):
-        w = f"messages[{i}]"
-        role = req(m, "role", str, w, b)
-        d = Draft(role, text(b, m.get("content"), f"{w}.content"), where=w)
-        if role == "assistant":
-            calls = m.get("tool_calls") or []
-            if not isinstance(calls, list):
-                raise b.err(f"{w}.tool_calls", f"expected a list, got {type(calls).__name__}")
-            d.calls = [tool_call(b, c, f"{w}.tool_calls[{k}]") for k, c in enumerate(calls)]
-        elif role == "tool":
-            d.tool_call_id = str(req(m, "tool_call_id", str, w, b))
-            d.name = m.get("name") if isinstance(m.get("name"), str) else None
-        elif role not in ("system", "user"):
-            raise b.err(f"{w}.role", f"unknown role {role!r}")
-        b.add(d)
+        b.add(openai_message(b, m, f"messages[{i}]"))
     msgs, stats = b.finish()
     meta = {"description": obj.get("description")} if isinstance(obj, dict) and obj.get("description") else {}
     yield Trace(source=NAME, trace_id=trace_id, path=str(path), messages=msgs, meta={**meta, **stats})

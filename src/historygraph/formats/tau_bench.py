@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from historygraph.events import Trace
 
-from ._common import Builder, Draft, TraceFormatError, load_json, req, text, tool_call
+from ._common import Builder, TraceFormatError, load_json, openai_message, req
 
 NAME = "tau-bench"
 
@@ -45,20 +45,7 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
         trial = run.get("trial", 0)
         b = Builder(path, NAME, f"task{task_id}-trial{trial}")
         for i, m in enumerate(req(run, "traj", list, where, b)):
-            w = f"{where}.traj[{i}]"
-            role = req(m, "role", str, w, b)
-            d = Draft(role, text(b, m.get("content"), f"{w}.content"), where=w)
-            if role == "assistant":
-                calls = m.get("tool_calls") or []
-                if not isinstance(calls, list):
-                    raise b.err(f"{w}.tool_calls", f"expected a list, got {type(calls).__name__}")
-                d.calls = [tool_call(b, c, f"{w}.tool_calls[{k}]") for k, c in enumerate(calls)]
-            elif role == "tool":
-                d.tool_call_id = str(req(m, "tool_call_id", str, w, b))
-                d.name = m.get("name") if isinstance(m.get("name"), str) else None
-            elif role not in ("system", "user"):
-                raise b.err(f"{w}.role", f"unknown role {role!r}")
-            b.add(d)
+            b.add(openai_message(b, m, f"{where}.traj[{i}]"))
         msgs, stats = b.finish()
         meta = {"task_id": task_id, "trial": trial, "reward": run.get("reward"), **stats}
         yield Trace(source=NAME, trace_id=b.trace_id, path=str(path), messages=msgs, meta=meta)
