@@ -399,3 +399,28 @@ def test_serve_rejects_bad_settings_with_a_message():
     assert r.exit_code == 2 and "unknown policy 'nope'" in r.output
     r = CliRunner().invoke(app, ["serve", "--store", "postgresql://nobody@127.0.0.1:1/none"])
     assert r.exit_code == 2 and "cannot open store" in r.output
+
+
+def test_upstream_500_is_returned_and_the_session_stays_consistent(servers):
+    sid = "fault-500"
+    client = oai(servers, sid)
+    before = api(servers, "GET", f"/sessions/{sid}")
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model="broken-model", messages=history("f5", n=1))
+    detail = api(servers, "GET", f"/sessions/{sid}").json()
+    # the request's events are recorded, no answer was invented
+    assert before.status_code == 404 and detail["messages"][-1]["role"] == "user"
+
+
+def test_stream_cut_mid_way_is_stored_as_partial_never_as_complete(servers):
+    sid = "fault-cut"
+    client = oai(servers, sid)
+    with pytest.raises(openai.APIError, match="stream cut"):
+        for _ in client.chat.completions.create(model="cut-model", messages=history("fc", n=1), stream=True):
+            pass
+    msgs = api(servers, "GET", f"/sessions/{sid}").json()["messages"]
+    assert msgs[-1]["role"] == "user"  # nothing presented as a complete assistant turn
+    from historygraph.store import open_store
+    store = open_store(str(servers["db"]))
+    partial = json.loads(store.get_text("partial_answer", f"{sid}:{len(msgs)}"))
+    assert partial["partial"] is True and "chat.completion.chunk" in partial["stream"]

@@ -151,6 +151,13 @@ class Proxy:
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
 
+    def store_partial(self, session_id: str, raw: bytes, reason: str) -> None:
+        """Keep the relayed part of a stream that was cut, marked partial, outside the history:
+        store text kind ``"partial_answer"``, key ``<session>:<n>`` (n = events stored so far)."""
+        key = f"{session_id}:{len(self.store.messages(session_id))}"
+        self.store.put_text("partial_answer", key, json.dumps({"partial": True, "reason": reason,
+                                                                "stream": raw.decode("utf-8", "replace")}))
+
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The request body as a JSON object; 413 over the size limit, 400 when not JSON."""
         size, chunks = 0, []
@@ -199,6 +206,7 @@ class Proxy:
             # The answer is stored as soon as the event completing it arrives and before that event
             # is relayed: clients close the connection right after the final event.
             parser, acc, stored = SSEParser(), accumulator(), False
+            relayed: list[bytes] = []
             try:
                 async for chunk in upstream.aiter_raw():
                     for event in parser.feed(chunk):
@@ -207,7 +215,15 @@ class Proxy:
                         stored, answer = True, acc.message()
                         if answer is not None:
                             await run_in_threadpool(self.store_answer, session_id, answer)
+                    relayed.append(chunk)
                     yield chunk
+            except httpx.HTTPError as exc:
+                # A stream cut mid-way: the partial answer is kept apart from the history (never
+                # presented as a complete turn) and the client gets a well-formed error event.
+                if not stored:
+                    await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), str(exc))
+                yield ("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {exc}",
+                                                        "type": "upstream_stream_cut"}}) + "\n\n").encode()
             finally:
                 await upstream.aclose()
 

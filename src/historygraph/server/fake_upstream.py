@@ -10,7 +10,8 @@ cleared by ``POST /_reset``. Its answers are deterministic:
   count), otherwise it answers with the text ``answer <n>``;
 * Anthropic answers start with a ``thinking`` block (text ``thinking <n>``, signature ``sig<n>``);
 * model ``error-model`` gets 429 (OpenAI) or 529 (Anthropic) with an error body; model
-  ``slow-model`` streams with 0.4 s between events (to observe unbuffered relaying).
+  ``slow-model`` streams with 0.4 s between events (to observe unbuffered relaying); model
+  ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def build_app() -> FastAPI:
         body = await record(request)
         if body.get("model") == "error-model":
             return JSONResponse(OPENAI_ERROR, 429, headers={"x-fake": "1"})
+        if body.get("model") == "broken-model":
+            return JSONResponse({"error": {"message": "internal error", "type": "server_error"}}, 500)
         n = len(seen)
         last = (body.get("messages") or [{}])[-1]
         call = None
@@ -132,7 +135,9 @@ def build_app() -> FastAPI:
 
 
 async def _paced(events: list[str], body: dict[str, Any]) -> AsyncIterator[bytes]:
-    for e in events:
+    for i, e in enumerate(events):
+        if body.get("model") == "cut-model" and i == 2:
+            raise ConnectionError("stream cut mid-way (cut-model)")  # the connection drops, no final event
         yield e.encode()
         if body.get("model") == "slow-model":
             await asyncio.sleep(0.4)
