@@ -424,3 +424,17 @@ def test_stream_cut_mid_way_is_stored_as_partial_never_as_complete(servers):
     store = open_store(str(servers["db"]))
     partial = json.loads(store.get_text("partial_answer", f"{sid}:{len(msgs)}"))
     assert partial["partial"] is True and "chat.completion.chunk" in partial["stream"]
+
+
+def test_upstream_timeout_gives_a_well_formed_error(servers, tmp_path):
+    port = _port()
+    px = _start(["-m", "historygraph", "serve", "--upstream", servers["up"] + "/v1", "--port", str(port), "--store",
+                 str(tmp_path / "t.sqlite"), "--policy", "prune", "--timeout", "1"], port, tmp_path / "t.log")
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                       json={"model": "hang-model", "messages": [{"role": "user", "content": "hi"}]},
+                       headers={"X-HistoryGraph-Session": "fault-timeout"})
+        assert r.status_code == 502 and "Timeout" in r.json()["error"]["message"]
+    finally:
+        px.terminate()
+        px.wait(10)

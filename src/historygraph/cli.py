@@ -234,6 +234,7 @@ def serve(
     budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="Default history budget in tokens (header X-HistoryGraph-Budget overrides).")] = 6000,
     auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 20_000_000,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the upstream (connect and between bytes); then 502.")] = 600.0,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer for the budget: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
@@ -247,7 +248,8 @@ def serve(
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     try:
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
-                              budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding)
+                              budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
+                              timeout=timeout)
         application = create_app(config)
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))

@@ -11,7 +11,8 @@ cleared by ``POST /_reset``. Its answers are deterministic:
 * Anthropic answers start with a ``thinking`` block (text ``thinking <n>``, signature ``sig<n>``);
 * model ``error-model`` gets 429 (OpenAI) or 529 (Anthropic) with an error body; model
   ``slow-model`` streams with 0.4 s between events (to observe unbuffered relaying); model
-  ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events.
+  ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events; model
+  ``hang-model`` answers only after 4 s.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def build_app() -> FastAPI:
         body = await record(request)
         if body.get("model") == "error-model":
             return JSONResponse(OPENAI_ERROR, 429, headers={"x-fake": "1"})
+        if body.get("model") == "hang-model":
+            await asyncio.sleep(4)  # longer than the proxy's --timeout 1 in the tests
         if body.get("model") == "broken-model":
             return JSONResponse({"error": {"message": "internal error", "type": "server_error"}}, 500)
         n = len(seen)
