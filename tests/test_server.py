@@ -438,3 +438,10 @@ def test_upstream_timeout_gives_a_well_formed_error(servers, tmp_path):
     finally:
         px.terminate()
         px.wait(10)
+
+
+def test_calibration_hook_sees_provider_usage(servers):
+    before = api(servers, "GET", "/calibration").json()["observations"]
+    oai(servers, "calib").chat.completions.create(model="fake-model", messages=history("cb", n=1))
+    after = api(servers, "GET", "/calibration").json()
+    assert after["observations"] == before + 1 and after["median_ratio"] > 0

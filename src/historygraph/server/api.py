@@ -103,6 +103,13 @@ def _known(proxy: Any, session_id: str) -> None:
         raise HTTPException(404, f"session_id: no session {session_id!r}")
 
 
+@router.get("/calibration")
+def calibration(request: Request) -> dict[str, float | int]:
+    """Our token estimates against the provider's reported prompt tokens: observations, median
+    ratio (reported / estimated) and the largest absolute error in tokens."""
+    return _proxy(request).calibration.summary()
+
+
 @router.get("/sessions", response_model=list[SessionSummary])
 def list_sessions(request: Request) -> list[SessionSummary]:
     store = _proxy(request).store

@@ -37,6 +37,7 @@ from ..events import EventError, Message
 from ..formats import anthropic as anth
 from ..policies import REGISTRY, PolicyError, Signals, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
+from ..signals.calibration import TokenCalibration
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from .sessions import SESSION_HEADER, SessionRouter, derived_session_id
@@ -95,6 +96,7 @@ class Proxy:
         self.store = store if store is not None else open_store(config.store)
         self.router = SessionRouter(self.store)
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store)
+        self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self._policies: dict[str, Any] = {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0),
                                         transport=httpx.AsyncHTTPTransport(retries=2),  # connection failures only
@@ -151,6 +153,17 @@ class Proxy:
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
 
+    def observe_usage(self, body: dict[str, Any], content: bytes) -> None:
+        """Feed the calibration hook: our estimate of the forwarded request (messages + tool
+        schemas) against the provider's reported ``usage.prompt_tokens`` (issue 6, input 10)."""
+        try:
+            reported = int(json.loads(content)["usage"]["prompt_tokens"])
+            estimate = self.calibration.estimate_request([Message.from_openai(m) for m in body["messages"]],
+                                                         body.get("tools"))
+        except (ValueError, KeyError, TypeError, EventError):
+            return  # no usage reported, or a shape we do not count
+        self.calibration.observe(estimate, reported)
+
     def store_partial(self, session_id: str, raw: bytes, reason: str) -> None:
         """Keep the relayed part of a stream that was cut, marked partial, outside the history:
         store text kind ``"partial_answer"``, key ``<session>:<n>`` (n = events stored so far)."""
@@ -195,6 +208,8 @@ class Proxy:
             await upstream.aclose()
             upstream_s = time.perf_counter() - t_up
             if upstream.status_code < 400:
+                if accumulator is OpenAIStreamAccumulator:
+                    self.observe_usage(body, content)
                 answer = _answer_of(content, accumulator)
                 if answer is not None:
                     await run_in_threadpool(self.store_answer, session_id, answer)
