@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from historygraph.events import Trace
 
-from ._common import Builder, Draft, TraceFormatError, dig, epoch, load_json, req, text, tool_call
+from ._common import Builder, TraceFormatError, dig, epoch, load_json, openai_message, req
 
 NAME = "mini-swe-agent"
 
@@ -49,20 +49,10 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
     messages = req(obj, "messages", list, "", b)
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        role = req(m, "role", str, where, b)
-        if role == "exit":
+        if isinstance(m, dict) and m.get("role") == "exit":
             continue
-        if role not in ("system", "user", "assistant", "tool"):
-            raise b.err(f"{where}.role", f"unknown role {role!r}")
-        d = Draft(role, text(b, m.get("content"), f"{where}.content"), timestamp=epoch(dig(m, "extra", "timestamp")),
-                  where=where)
-        if role == "assistant":
-            calls = m.get("tool_calls") or []
-            if not isinstance(calls, list):
-                raise b.err(f"{where}.tool_calls", f"expected a list, got {type(calls).__name__}")
-            d.calls = [tool_call(b, c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)]
-        elif role == "tool":
-            d.tool_call_id = str(req(m, "tool_call_id", str, where, b))
+        d = openai_message(b, m, where)
+        d.timestamp = epoch(dig(m, "extra", "timestamp"))
         b.add(d)
     msgs, stats = b.finish()
     meta = {"model": dig(obj, "info", "config", "model", "model_name"),

@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 from ..graph import ContextGraph
-from ..render import Layout, Rendering
+from ..render import Layout, Rendering, Selection
 from .base import Signals, register
+
+
+def newest_first(layout: Layout, kept: str, omitted: str) -> Selection:
+    """Prune's rule (ContextRender B.2): results newest to oldest, each kept when it still fits in B;
+    ``kept``/``omitted`` are the reasons recorded per result."""
+    sel = layout.selection()
+    for p in reversed(layout.candidates):
+        if sel.fits(p):
+            sel.take(p)
+            layout.reasons[p] = kept
+        else:
+            layout.reasons[p] = omitted
+    return sel
 
 
 @register("full", "ContextRender B.2 (Full-history reference)",
@@ -33,11 +46,5 @@ class Prune:
         layout = Layout(graph, signals.counter, budget)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
-        sel = layout.selection()
-        for p in reversed(layout.candidates):
-            if sel.fits(p):
-                sel.take(p)
-                layout.reasons[p] = "kept: newest results first, fits"
-            else:
-                layout.reasons[p] = "omitted: does not fit after newer results"
+        sel = newest_first(layout, "kept: newest results first, fits", "omitted: does not fit after newer results")
         return layout.assemble(self.name, sel)

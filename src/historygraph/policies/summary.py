@@ -48,6 +48,7 @@ from ..graph import ContextGraph
 from ..llm import ModelUsage
 from ..render import Layout, Rendering
 from .base import Signals
+from .baselines import newest_first
 
 PROMPT_VERSION = "historygraph-summary-v1"
 SUMMARY_INSTRUCTIONS = (
@@ -169,14 +170,8 @@ class CondensingPolicy:
 
     def fill(self, layout: Layout, graph: ContextGraph) -> Any:
         """Default: the view's results newest first while they fit in B (as Prune)."""
-        sel = layout.selection()
-        for p in reversed(layout.candidates):
-            if sel.fits(p):
-                sel.take(p)
-                layout.reasons[p] = "kept: after the summary, newest first, fits"
-            else:
-                layout.reasons[p] = "omitted: after the summary, does not fit in B"
-        return sel
+        return newest_first(layout, "kept: after the summary, newest first, fits",
+                            "omitted: after the summary, does not fit in B")
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         plain = self.layout(graph, signals, budget)  # raises BudgetTooSmallError before any model call
