@@ -206,3 +206,15 @@ def test_postgres_connection_of_an_ended_thread_is_closed(pg_dsn):
     gc.collect()
     assert conn.closed and not s._db.closed  # this thread's own connection is unaffected
     s.close()
+
+
+def test_session_infos_count_events_and_tool_results_without_graphs(make_store):
+    s = make_store()
+    s.create_session("one", {"parent": "zero"})
+    s.create_session("empty")
+    s.append("one", EVENTS + [Message("user", "nul \x00 inside"),
+                              Message("assistant", "", (ToolCall("c3", "bash", "{}"),)),
+                              Message("tool", '{"role": "tool"} \x00', tool_call_id="c3")])
+    infos = s.session_infos()
+    assert [(i.id, i.events, i.tool_results, i.meta) for i in infos] == [
+        ("one", 8, 3, {"parent": "zero"}), ("empty", 0, 0, {})]

@@ -202,9 +202,8 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (defa
     t = Table(title=f"Sessions in {getattr(db, 'path', ':memory:')}", header_style="bold")
     for c in ("session", "events", "tool results"):
         t.add_column(c)
-    for sid in db.sessions():
-        g = db.graph(sid)
-        t.add_row(sid, str(len(g)), str(len(g.results())))
+    for info in db.session_infos():
+        t.add_row(info.id, str(info.events), str(info.tool_results))
     console.print(t)
 
 

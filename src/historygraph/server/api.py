@@ -112,13 +112,8 @@ def calibration(request: Request) -> dict[str, float | int]:
 
 @router.get("/sessions", response_model=list[SessionSummary])
 def list_sessions(request: Request) -> list[SessionSummary]:
-    store = _proxy(request).store
-    out = []
-    for sid in store.sessions():
-        g = store.graph(sid)
-        out.append(SessionSummary(id=sid, events=len(g), tool_results=len(g.result_of),
-                                  parent=store.session_meta(sid).get("parent")))
-    return out
+    return [SessionSummary(id=i.id, events=i.events, tool_results=i.tool_results, parent=i.meta.get("parent"))
+            for i in _proxy(request).store.session_infos()]
 
 
 @router.get("/sessions/{session_id}", response_model=SessionDetail)

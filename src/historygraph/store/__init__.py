@@ -1,11 +1,11 @@
 """Session stores: :class:`MemoryStore`, :class:`SQLiteStore` (the embedded default) and
 :class:`~historygraph.store.postgres.PostgresStore` (shared by several instances; needs psycopg)."""
 
-from .base import Store, StoreError
+from .base import SessionInfo, Store, StoreError
 from .memory import MemoryStore
 from .sqlite import SQLiteStore, default_path
 
-__all__ = ["MemoryStore", "SQLiteStore", "Store", "StoreError", "default_path", "open_store"]
+__all__ = ["MemoryStore", "SQLiteStore", "SessionInfo", "Store", "StoreError", "default_path", "open_store"]
 
 
 def open_store(url: str | None = None) -> Store:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -34,6 +35,16 @@ class StoreError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One stored session at a glance: id, number of events, number of tool results, meta."""
+
+    id: str
+    events: int
+    tool_results: int
+    meta: dict[str, Any]
 
 
 class Store(ABC):
@@ -82,6 +93,15 @@ class Store(ABC):
         """Session ids starting with ``prefix``, in creation order (backends override with an
         indexed query)."""
         return [s for s in self.sessions() if s.startswith(prefix)]
+
+    def session_infos(self) -> list[SessionInfo]:
+        """Every session with its event and tool-result counts, in creation order, without
+        building any graph (database backends override with one aggregate query)."""
+        out = []
+        for sid in self.sessions():
+            events = self._read_events(sid)
+            out.append(SessionInfo(sid, len(events), sum(m.role == "tool" for m in events), self.session_meta(sid)))
+        return out
 
     def _session_lock(self, session_id: str) -> threading.RLock:
         """The in-process lock of one session's cached graph (appends to other sessions proceed)."""

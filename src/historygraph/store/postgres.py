@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..events import Message
-from .base import Store
+from .base import SessionInfo, Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, seq BIGSERIAL, created DOUBLE PRECISION NOT NULL, meta TEXT NOT NULL);
@@ -104,6 +104,13 @@ class PostgresStore(Store):
 
     def sessions_with_prefix(self, prefix: str) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE starts_with(id, %s) ORDER BY seq", (prefix,))]
+
+    def session_infos(self) -> list[SessionInfo]:
+        # PostgreSQL's JSON operators reject the escaped NUL a tool result may hold, so the role is
+        # matched as text: every event row starts with its role (Message.to_dict puts it first).
+        q = ("SELECT s.id, s.meta, count(e.position), count(*) FILTER (WHERE starts_with(e.data, '{\"role\": \"tool\"')) "
+             "FROM sessions s LEFT JOIN events e ON e.session_id = s.id GROUP BY s.id, s.seq ORDER BY s.seq")
+        return [SessionInfo(sid, n, t, json.loads(meta)) for sid, meta, n, t in self._db.execute(q).fetchall()]
 
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         rows = self._db.execute("SELECT key, vector FROM embeddings WHERE key = ANY(%s)", (list(keys),)).fetchall()

@@ -28,7 +28,7 @@ import numpy as np
 import platformdirs
 
 from ..events import Message
-from .base import Store
+from .base import SessionInfo, Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
@@ -108,6 +108,13 @@ class SQLiteStore(Store):
         with self._lock:  # a range on the primary key: ids p... sort between p and p + U+10FFFF
             return [r[0] for r in self._db.execute("SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY created, rowid",
                                                    (prefix, prefix + "\U0010ffff"))]
+
+    def session_infos(self) -> list[SessionInfo]:
+        q = ("SELECT s.id, s.meta, count(e.position), coalesce(sum(json_extract(e.data, '$.role') = 'tool'), 0) "
+             "FROM sessions s LEFT JOIN events e ON e.session_id = s.id GROUP BY s.id ORDER BY s.created, s.rowid")
+        with self._lock:
+            rows = self._db.execute(q).fetchall()
+        return [SessionInfo(sid, n, t, json.loads(meta)) for sid, meta, n, t in rows]
 
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
