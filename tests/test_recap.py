@@ -304,3 +304,18 @@ def test_invariants_accept_verbatim_segments_only(signals):
     check_invariants(rendering("alpha" + SEGMENT_JOIN + "gamma"), g, signals.counter)
     with pytest.raises(InvariantError, match="verbatim"):
         check_invariants(rendering("alpha" + SEGMENT_JOIN + "GAMMA"), g, signals.counter)
+
+
+def test_an_oversized_result_is_shown_as_a_marked_excerpt_not_refused(signals):
+    # the latest step's result alone (~2,000 tokens) exceeds B = 600: the block is mandatory, so
+    # without the shared excerpt fallback the budget would be too small for it
+    msgs = [Message("user", "inspect the files")] + tool_step(0, 20) + tool_step(1, 2000)
+    g = ContextGraph("oversized", msgs)
+    assert signals.counter.count_message(msgs[-1]) > 600
+    r = create("recap-noattn").render(g, 600, signals)
+    check_invariants(r, g, signals.counter)
+    assert r.history_tokens <= 600
+    shown = r.messages[r.positions.index(4)]
+    assert shown.rendered_as == "excerpt" and "c1" in shown.content and shown.content.startswith("contents of file_1.py")
+    assert 4 in r.omitted and 4 not in r.full and r.reasons[4].startswith("oversized")
+    assert 2 in r.full  # the small earlier result still fits whole

@@ -52,7 +52,9 @@ Deviations, each needed by the shared invariants: the first user message and the
 block are mandatory (a budget that cannot hold them raises
 :class:`~historygraph.render.BudgetTooSmallError`); other protected blocks are kept newest first
 while the protected set stays within ``(1+δ)·B_t`` tokens; a history that fits in ``B`` is returned
-unchanged (DESIGN.md §5.5); a call without a recorded result gets the shared synthetic result.
+unchanged (DESIGN.md §5.5); a call without a recorded result gets the shared synthetic result; a
+tool result whose own cost exceeds ``B`` is shown as the shared marked head-and-tail excerpt
+(:func:`oversized_forms`) and its block is charged for the excerpt.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering
+from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, excerpt_for
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -340,7 +342,8 @@ class Recap:
         blocks = build_blocks(graph, self.config.segment)
         users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
         current = users[-1] if users else None
-        cost = {b.id: block_tokens(graph, b, signals) for b in blocks}
+        forms = oversized_forms(graph, budget, signals)
+        cost = {b.id: block_tokens(graph, b, signals, forms) for b in blocks}
         hist = [b for b in blocks if b.positions[0] != current]
         new_turn = current is not None and current != st.turn_user
         if new_turn:
@@ -349,13 +352,13 @@ class Recap:
             if st.turn_user is not None or len(users) > 1:
                 st.pending.append((served_ids(st, blocks, current), st.segment_start))
             st.turn_user = st.segment_start = current
-        whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0})
+        whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0}, forms)
         if budget is None or whole.history_tokens <= budget:
             return whole
         stats: dict[str, Any] = {"compaction": 0}
         if st.selection is not None and not (new_turn and not self._warm(graph, len(users))):
             shown = served_ids(st, blocks, len(graph))
-            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
+            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms)
             if kept.history_tokens <= budget:
                 return kept
             if self.config.measure_mid_turn:  # the budget forces a compaction mid-turn
@@ -377,7 +380,7 @@ class Recap:
         st.omitted = {b.id for b in hist} - chosen
         st.selection, st.append_from = frozenset(chosen), len(graph)
         shown = sorted(chosen | {b.id for b in blocks if b.positions[0] == current})
-        return assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats)
+        return assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms)
 
     def _warm(self, graph: ContextGraph, turn: int) -> bool:
         """Whether the boundary before user turn ``turn`` is warm (§5.3: a seeded draw with probability p)."""
@@ -466,14 +469,30 @@ def synthetic_results(graph: ContextGraph, p: int) -> list[Message]:
             for c in m.tool_calls if c.id not in graph.result_of]
 
 
-def block_tokens(graph: ContextGraph, block: Block, signals: Signals) -> int:
-    """Tokens the block costs in a rendering (its messages and any synthetic results); a segment is
-    charged with a separator and a whole message's overhead, an upper bound for its share."""
+def oversized_forms(graph: ContextGraph, budget: int | None, signals: Signals,
+                    excerpt_fraction: float = 0.25) -> dict[int, Message]:
+    """Tool results whose own cost exceeds ``budget`` tokens, each mapped to the marked head-and-tail
+    excerpt of ``excerpt_fraction·budget`` tokens that stands in for it (the oversized-result
+    fallback every policy shares, :class:`~historygraph.render.Layout`; ReCAP itself is silent), so
+    that such a block can still be selected and the latest one never makes the budget too small."""
+    if budget is None:
+        return {}
     count = signals.counter.count_message
+    return {p: excerpt_for(m, max(16, int(excerpt_fraction * budget)), signals.counter)
+            for p, m in enumerate(graph.messages) if m.role == "tool" and count(m) > budget}
+
+
+def block_tokens(graph: ContextGraph, block: Block, signals: Signals, forms: dict[int, Message] | None = None) -> int:
+    """Tokens the block costs in a rendering (its messages, with ``forms`` standing in for oversized
+    results, and any synthetic results); a segment is charged with a separator and a whole
+    message's overhead, an upper bound for its share."""
+    count = signals.counter.count_message
+    forms = forms or {}
     if block.span is not None:
         m = block_messages(graph, block)[0]
         return count(m.with_content(m.content + SEGMENT_JOIN, "segments"))
-    return sum(count(graph.messages[p]) + sum(count(s) for s in synthetic_results(graph, p)) for p in block.positions)
+    return sum(count(forms.get(p, graph.messages[p])) + sum(count(s) for s in synthetic_results(graph, p))
+               for p in block.positions)
 
 
 def served_positions(graph: ContextGraph, served: list[Block]) -> list[int]:
@@ -550,9 +569,11 @@ def mark_stale(st: SessionState, idents: dict[int, set[str]], threshold: float, 
 
 
 def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | None, signals: Signals,
-             stats: dict[str, Any]) -> Rendering:
+             stats: dict[str, Any], forms: dict[int, Message] | None = None) -> Rendering:
     """Render the ``shown`` blocks chronologically with the system messages (current user message
-    and system messages outside ``B``); results of other blocks are omitted, their messages dropped."""
+    and system messages outside ``B``); results of other blocks are omitted, their messages dropped;
+    a shown result in ``forms`` (:func:`oversized_forms`) is rendered as its excerpt and counted as omitted."""
+    forms = forms or {}
     keep = {p for b in shown for p in b.positions} | {p for p, m in enumerate(graph.messages) if m.role == "system"}
     pieces: dict[int, list[Block]] = {}
     for b in shown:
@@ -566,7 +587,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     positions: list[int | None] = []
     history = 0
     for p in sorted(keep):
-        m = graph.messages[p]
+        m = forms.get(p, graph.messages[p])
         if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
             m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in sorted(x.span for x in pieces[p])), "segments")
         out.append(m)
@@ -579,9 +600,12 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     block_of = {p: b for b in build_blocks(graph) for p in b.positions}
     reasons = {p: f"block {block_of[p].id} dropped by ReCAP selection"
                for p in range(len(graph)) if p not in keep and p in block_of}
+    for p in keep & forms.keys():
+        reasons[p] = f"oversized: {count(graph.messages[p])} tokens > B; shown as a marked excerpt"
     tools = [p for p, m in enumerate(graph.messages) if m.role == "tool"]
     return Rendering(policy=name, budget=budget, messages=out, positions=positions,
-                     full=[p for p in tools if p in keep], omitted=[p for p in tools if p not in keep],
+                     full=[p for p in tools if p in keep and p not in forms],
+                     omitted=[p for p in tools if p not in keep or p in forms],
                      dropped=[p for p in range(len(graph)) if p not in keep], history_tokens=history,
                      input_tokens=sum(count(m) for m in out), reasons=reasons, stats=stats)
 
