@@ -412,11 +412,12 @@ def test_upstream_500_is_returned_and_the_session_stays_consistent(servers):
     assert before.status_code == 404 and detail["messages"][-1]["role"] == "user"
 
 
-def test_stream_cut_mid_way_is_stored_as_partial_never_as_complete(servers):
-    sid = "fault-cut"
+@pytest.mark.parametrize("model", ["cut-model", "short-model"])  # connection dropped / closed before the end
+def test_stream_cut_mid_way_is_stored_as_partial_never_as_complete(servers, model):
+    sid = f"fault-{model}"
     client = oai(servers, sid)
     with pytest.raises(openai.APIError, match="stream cut"):
-        for _ in client.chat.completions.create(model="cut-model", messages=history("fc", n=1), stream=True):
+        for _ in client.chat.completions.create(model=model, messages=history("fc", n=1), stream=True):
             pass
     msgs = api(servers, "GET", f"/sessions/{sid}").json()["messages"]
     assert msgs[-1]["role"] == "user"  # nothing presented as a complete assistant turn

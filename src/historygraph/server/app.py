@@ -222,23 +222,29 @@ class Proxy:
             # is relayed: clients close the connection right after the final event.
             parser, acc, stored = SSEParser(), accumulator(), False
             relayed: list[bytes] = []
+            cut: str | None = None
             try:
-                async for chunk in upstream.aiter_raw():
-                    for event in parser.feed(chunk):
-                        acc.feed(event)
-                    if not stored and acc.complete:
-                        stored, answer = True, acc.message()
-                        if answer is not None:
-                            await run_in_threadpool(self.store_answer, session_id, answer)
-                    relayed.append(chunk)
-                    yield chunk
-            except httpx.HTTPError as exc:
-                # A stream cut mid-way: the partial answer is kept apart from the history (never
-                # presented as a complete turn) and the client gets a well-formed error event.
-                if not stored:
-                    await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), str(exc))
-                yield ("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {exc}",
-                                                        "type": "upstream_stream_cut"}}) + "\n\n").encode()
+                try:
+                    async for chunk in upstream.aiter_raw():
+                        for event in parser.feed(chunk):
+                            acc.feed(event)
+                        if not stored and acc.complete:
+                            stored, answer = True, acc.message()
+                            if answer is not None:
+                                await run_in_threadpool(self.store_answer, session_id, answer)
+                        relayed.append(chunk)
+                        yield chunk
+                    if not acc.complete:
+                        cut = "the upstream closed the stream before its final event"
+                except httpx.HTTPError as exc:  # after the final event the answer is complete: not a cut
+                    cut = None if acc.complete else str(exc)
+                if cut is not None:
+                    # A stream cut mid-way (a dropped connection, or one closed cleanly before the
+                    # final event): the partial answer is kept apart from the history (never
+                    # presented as a complete turn) and the client gets a well-formed error event.
+                    await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), cut)
+                    yield ("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {cut}",
+                                                            "type": "upstream_stream_cut"}}) + "\n\n").encode()
             finally:
                 await upstream.aclose()
 

@@ -12,6 +12,7 @@ cleared by ``POST /_reset``. Its answers are deterministic:
 * model ``error-model`` gets 429 (OpenAI) or 529 (Anthropic) with an error body; model
   ``slow-model`` streams with 0.4 s between events (to observe unbuffered relaying); model
   ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events; model
+  ``short-model`` ends the stream cleanly after two events, without the final one; model
   ``hang-model`` answers only after 4 s.
 """
 
@@ -141,6 +142,8 @@ async def _paced(events: list[str], body: dict[str, Any]) -> AsyncIterator[bytes
     for i, e in enumerate(events):
         if body.get("model") == "cut-model" and i == 2:
             raise ConnectionError("stream cut mid-way (cut-model)")  # the connection drops, no final event
+        if body.get("model") == "short-model" and i == 2:
+            return  # the stream ends cleanly, without its final event
         yield e.encode()
         if body.get("model") == "slow-model":
             await asyncio.sleep(0.4)
