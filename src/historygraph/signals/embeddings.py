@@ -49,7 +49,9 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on the CPU. Loads in about a second.
 
     Args:
-        batch_size: texts per ONNX call; texts are sorted by length so padding stays small.
+        batch_size: texts per ONNX call; texts are sorted by length so padding stays small. 8 (ours):
+            on 256 texts of 256 word pieces, 2 cores, peak RSS 545 MB at 8 vs 1,492 MB at 32 and
+            no slower (31 s vs 35 s; ``bench/embedding_batch.py``).
         threads: intra-op threads (default: all cores).
 
     Raises:
@@ -59,7 +61,7 @@ class MiniLMEmbedder:
     model = MODEL_NAME
     dim = DIM
 
-    def __init__(self, batch_size: int = 32, threads: int | None = None) -> None:
+    def __init__(self, batch_size: int = 8, threads: int | None = None) -> None:
         try:
             import onnxruntime as ort
             from tokenizers import Tokenizer
