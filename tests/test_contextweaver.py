@@ -1,5 +1,6 @@
 """ContextWeaver: steps, parent scoring, ancestry, weaving, budget drops, ablations, the F.2 analyzer."""
 
+import dataclasses
 import json
 import math
 
@@ -175,6 +176,21 @@ def test_budget_drops_summaries_oldest_first_then_ancestors(signals):
     # the oldest ancestor (0) goes before the newer one (2); the recent window stays full
     assert sorted(k for k in range(8) if result_pos(g, k) in tighter.full) == [2, 5, 6, 7]
     assert tighter.reasons[result_pos(g, 0)].startswith("placeholder: neither")
+
+
+def test_short_results_outrank_model_summaries_when_the_budget_is_tight(signals):
+    g = woven_graph()
+    short = g.messages[result_pos(g, 1)]
+    g = ContextGraph("cw-short", [dataclasses.replace(m, content="guide.md") if m is short else m for m in g.messages])
+    whole = create("contextweaver").render(g, None, signals).history_tokens
+    roomy = create("contextweaver").render(g, whole - 1, signals)
+    assert result_pos(g, 1) in roomy.full  # 8 characters: its own summary, no model call
+    assert {dict(zip(roomy.positions, roomy.messages))[result_pos(g, k)].rendered_as for k in (3, 4)} == {"summary"}
+    tight = create("contextweaver").render(g, roomy.history_tokens - 1, signals)
+    check_invariants(tight, g, signals.counter)
+    kinds = {k: dict(zip(tight.positions, tight.messages))[result_pos(g, k)].rendered_as for k in (3, 4)}
+    # the oldest model summary (3) goes; the older but exact short result (1) stays
+    assert kinds == {3: "placeholder", 4: "summary"} and result_pos(g, 1) in tight.full
 
 
 def test_selection_ablations_pick_recent_or_random_earlier_steps(signals):

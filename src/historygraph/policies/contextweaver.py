@@ -25,12 +25,15 @@ Rendering one invocation (``render(graph, B, signals)``):
    fits, by the shared placeholder naming the result id (Appendix C). A result no longer than
    ``summary_chars`` is its own summary and is shown as is, without a model call; so is one whose
    summary would cost at least as many tokens as the result.
-5. **Budget** (shared :class:`~historygraph.render.Layout` accounting): results are admitted in
-   tiers: the recent window (newest first), then ancestors (newest first), then summaries
+5. **Budget** (shared :class:`~historygraph.render.Layout` accounting): a result that costs no
+   more than its placeholder is shown in full first (ours: it frees budget); then results are
+   admitted in tiers: the recent window (newest first), then ancestors (newest first), then summaries
    (newest first). A full observation that does not fit falls back to its summary, then to the
    placeholder; a result larger than B alone is shown as a head-and-tail excerpt of B/4 tokens.
-   Summaries stop at the first one that does not fit, so when the woven context exceeds B the
-   summaries are dropped first and the ancestors last, oldest first; each drop is a reason.
+   Among the other observations the short ones (their own summaries) are admitted before the
+   model summaries (ours). Model summaries stop at the first one that does not fit, so when the
+   woven context exceeds B the summaries are dropped first and the ancestors last, oldest first;
+   each drop is a reason.
 6. ``rendering.stats`` carries the current step, its parents and ancestry, the validation counts,
    the F.1 test summary (to be prepended to the agent's next input by the caller, since the policy
    never alters stored messages) and the model usage of this rendering.
@@ -219,6 +222,7 @@ class ContextWeaver:
         summarizer = Summarizer(signals, cfg) if cfg.summaries == "model" else None
         sel = layout.selection()
         weaver = _Weave(layout, sel, signals, cfg, summarizer)
+        weaver.free_results()
         for i in recent:
             weaver.full_or_fallback(steps[i], "recent window (current step and the two before it)")
         for i in sorted(anc_set, reverse=True):
@@ -266,9 +270,21 @@ class _Weave:
         return m.with_content(SUMMARY.format(id=m.tool_call_id, tokens=self.signals.counter.count(m.content), text=text),
                               "summary")
 
+    def free_results(self) -> None:
+        """Show in full, before any tier, every result that costs no more than its placeholder
+        (ours: such a result is its own summary and showing it frees budget for the tiers)."""
+        lay = self.layout
+        for p in lay.candidates:
+            m = lay.graph.messages[p]
+            if lay.form[p] is m and self.sel.cost(p) <= 0:
+                self.sel.take(p)
+                lay.reasons[p] = "full: no larger than its placeholder"
+
     def full_or_fallback(self, step: Step, why: str) -> None:
         lay = self.layout
         for p in step.results:
+            if p in self.sel.shown:
+                continue
             m = lay.graph.messages[p]
             if lay.form[p] is not m:  # larger than B: the shared excerpt fallback
                 if self._try(p, lay.form[p], f"excerpt: result larger than B; {why}"):
@@ -281,17 +297,25 @@ class _Weave:
             lay.reasons[p] = f"placeholder: neither the full result nor its summary fits in B; {why}"
 
     def summaries(self, others: list[Step]) -> None:
-        """Summaries for the other steps, newest first, until the first that does not fit."""
+        """Stand-ins for the other steps' observations. First the results no longer than
+        ``summary_chars`` (each is its own, exact summary), newest first, each while it fits; then
+        the model summaries, newest first, until the first that does not fit. Over B the model
+        summaries are therefore dropped first (oldest first), then the short results (ours: an exact
+        short output is worth more than a model's gist of a long one)."""
         lay = self.layout
+        short = [(step, p) for step in others for p in step.results
+                 if len(lay.graph.messages[p].content) <= self.cfg.summary_chars and p not in self.sel.shown]
+        for _, p in short:
+            if not self._try(p, lay.graph.messages[p], "full: short result is its own summary"):
+                lay.reasons[p] = "placeholder: over B"
+        done = {p for _, p in short} | set(self.sel.shown)
         for step in others:
             for p in step.results:
+                if p in done:
+                    continue
                 m = lay.graph.messages[p]
                 if self.summaries_closed:
                     lay.reasons[p] = "placeholder: summary dropped, over B (summaries are dropped oldest first)"
-                    continue
-                if len(m.content) <= self.cfg.summary_chars:
-                    if not self._try(p, m, "full: short result is its own summary"):
-                        lay.reasons[p] = "placeholder: over B"
                     continue
                 if self.summarizer is None:
                     lay.reasons[p] = "placeholder: not in the ancestry (placeholder variant)"
