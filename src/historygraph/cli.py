@@ -84,13 +84,13 @@ def replay(
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} trajectories from {len(paths)} path(s) through {', '.join(names)} "
                   f"at B = {budget} tokens ({encoding}); store: {getattr(db, 'path', ':memory:')}")
-    results = []
+    results, embedded = [], 0
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
         try:
             if jobs > 1:
-                results = _replay_parallel(traces, names, budget, encoding, store, jobs, lambda: bar.advance(task))
+                results, embedded = _replay_parallel(traces, names, budget, encoding, store, jobs, lambda: bar.advance(task))
             for tr in traces if jobs == 1 else ():
                 bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
                 results.append(replay_trace(tr, policies, budget, signals, db))
@@ -103,7 +103,7 @@ def replay(
     meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budget,
             "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
-            "texts_embedded": signals._embedder.calls if signals._embedder else 0}
+            "texts_embedded": embedded + _embedded(signals)}
     written = write_outputs(out, results, meta)
     db.close()
     per_trace_rows, per_source_rows = summarize(results)
@@ -127,24 +127,33 @@ def _worker_init(names: list[str], budget: int, encoding: str, store: str | None
     _worker = (Signals(counter=TokenCounter(encoding), store=db), {n: create(n) for n in names}, budget, db)
 
 
+def _embedded(signals: Signals) -> int:
+    """Texts embedded so far through ``signals`` (not counting cache hits)."""
+    return signals._embedder.calls if signals._embedder else 0
+
+
 def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
     signals, policies, budget, db = _worker
-    return replay_trace(trace, policies, budget, signals, db)
+    before = _embedded(signals)
+    return replay_trace(trace, policies, budget, signals, db), _embedded(signals) - before
 
 
 def _replay_parallel(traces: list, names: list[str], budget: int, encoding: str, store: str | None, jobs: int,
-                     advance) -> list:  # noqa: ANN001
-    """Replay whole traces in ``jobs`` processes (largest first); results in the traces' order."""
+                     advance) -> tuple[list, int]:  # noqa: ANN001
+    """Replay whole traces in ``jobs`` processes (largest first): the results in the traces' order
+    and the number of texts the workers embedded."""
     from concurrent.futures import ProcessPoolExecutor
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
     out: dict[int, object] = {}
+    embedded = 0
     with ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budget, encoding, store)) as pool:
         futures = {i: pool.submit(_worker_replay, traces[i]) for i in order}
         for i in order:
-            out[i] = futures[i].result()
+            out[i], n = futures[i].result()
+            embedded += n
             advance()
-    return [out[i] for i in range(len(traces))]
+    return [out[i] for i in range(len(traces))], embedded
 
 
 def _fmt(v: object) -> str:
