@@ -193,6 +193,23 @@ def test_short_results_outrank_model_summaries_when_the_budget_is_tight(signals)
     assert kinds == {3: "placeholder", 4: "summary"} and result_pos(g, 1) in tight.full
 
 
+def test_full_observations_are_admitted_before_any_summary(signals):
+    g = woven_graph()
+    big = g.messages[result_pos(g, 5)]  # a recent result too large for what is left of B
+    g = ContextGraph("cw-big", [dataclasses.replace(m, content=m.content + FILLER * 2) if m is big else m
+                                for m in g.messages])
+    bare = create("contextweaver-placeholder").render(g, 1600, Signals())
+    assert sorted(k for k in range(8) if result_pos(g, k) in bare.full) == [0, 2, 6, 7]
+    r = create("contextweaver").render(g, bare.history_tokens, signals)
+    check_invariants(r, g, signals.counter)
+    # step 5's summary would have cost the ancestor 0 its place; it waits until the full tiers are done
+    assert sorted(k for k in range(8) if result_pos(g, k) in r.full) == [0, 2, 6, 7]
+    assert r.reasons[result_pos(g, 5)].startswith("placeholder: neither the full result nor its summary")
+    roomy = create("contextweaver").render(g, bare.history_tokens + 200, signals)
+    assert dict(zip(roomy.positions, roomy.messages))[result_pos(g, 5)].rendered_as == "summary"
+    assert roomy.reasons[result_pos(g, 5)].startswith("summary: full result over B; recent window")
+
+
 def test_selection_ablations_pick_recent_or_random_earlier_steps(signals):
     g = woven_graph()
     rec = create("contextweaver-recency").render(g, 2400, signals)

@@ -26,14 +26,14 @@ Rendering one invocation (``render(graph, B, signals)``):
    ``summary_chars`` is its own summary and is shown as is, without a model call; so is one whose
    summary would cost at least as many tokens as the result.
 5. **Budget** (shared :class:`~historygraph.render.Layout` accounting): a result that costs no
-   more than its placeholder is shown in full first (ours: it frees budget); then results are
-   admitted in tiers: the recent window (newest first), then ancestors (newest first), then summaries
-   (newest first). A full observation that does not fit falls back to its summary, then to the
-   placeholder; a result larger than B alone is shown as a head-and-tail excerpt of B/4 tokens.
-   Among the other observations the short ones (their own summaries) are admitted before the
-   model summaries (ours). Model summaries stop at the first one that does not fit, so when the
-   woven context exceeds B the summaries are dropped first and the ancestors last, oldest first;
-   each drop is a reason.
+   more than its placeholder is shown in full first (ours: it frees budget). Then, in tiers, each
+   result while it fits: the recent window in full (newest first), the ancestors in full (newest
+   first), the other steps' short results (their own summaries, newest first), the summaries of
+   recent and ancestor results that did not fit in full, and last the model summaries of the other
+   steps (newest first, stopping at the first that does not fit). A result larger than B alone is
+   shown as a head-and-tail excerpt of B/4 tokens. So every observation shown in full is admitted
+   before any summary (ours: the order is what §3.1's weaving implies when B binds), and over B the
+   summaries are dropped first and the ancestors last, oldest first; each drop is a reason.
 6. ``rendering.stats`` carries the current step, its parents and ancestry, the validation counts,
    the F.1 test summary (to be prepended to the agent's next input by the caller, since the policy
    never alters stored messages) and the model usage of this rendering.
@@ -224,10 +224,12 @@ class ContextWeaver:
         weaver = _Weave(layout, sel, signals, cfg, summarizer)
         weaver.free_results()
         for i in recent:
-            weaver.full_or_fallback(steps[i], "recent window (current step and the two before it)")
+            weaver.full(steps[i], "recent window (current step and the two before it)")
         for i in sorted(anc_set, reverse=True):
-            weaver.full_or_fallback(steps[i], f"ancestor of step {k} ({cfg.selection} selection)")
+            weaver.full(steps[i], f"ancestor of step {k} ({cfg.selection} selection)")
         others = [s for s in reversed(steps) if s.index not in anc_set and s.index not in recent and s.results]
+        weaver.short_results(others)
+        weaver.fallback_summaries()
         weaver.summaries(others)
         r = layout.assemble(self.name, sel)
         tracker = TestTracker()
@@ -250,6 +252,8 @@ class _Weave:
                  summarizer: Summarizer | None) -> None:
         self.layout, self.sel, self.signals, self.cfg, self.summarizer = layout, sel, signals, cfg, summarizer
         self.summaries_closed = False
+        self.missed: list[tuple[Step, int, str]] = []  # full results that did not fit, in tier order
+        self.short: set[int] = set()  # other steps' results short enough to be their own summary
 
     def _try(self, p: int, shown: Message, reason: str) -> bool:
         if not self.sel.fits(p, shown):
@@ -280,7 +284,9 @@ class _Weave:
                 self.sel.take(p)
                 lay.reasons[p] = "full: no larger than its placeholder"
 
-    def full_or_fallback(self, step: Step, why: str) -> None:
+    def full(self, step: Step, why: str) -> None:
+        """Show ``step``'s results in full (a result larger than B as the shared excerpt); one that
+        does not fit waits for :meth:`fallback_summaries`."""
         lay = self.layout
         for p in step.results:
             if p in self.sel.shown:
@@ -291,27 +297,33 @@ class _Weave:
                     continue
             elif self._try(p, m, f"full: {why}"):
                 continue
-            s = self.summary_message(step, p)
-            if s is not None and self._try(p, s, f"summary: full result over B; {why}"):
-                continue
-            lay.reasons[p] = f"placeholder: neither the full result nor its summary fits in B; {why}"
+            self.missed.append((step, p, why))
 
-    def summaries(self, others: list[Step]) -> None:
-        """Stand-ins for the other steps' observations. First the results no longer than
-        ``summary_chars`` (each is its own, exact summary), newest first, each while it fits; then
-        the model summaries, newest first, until the first that does not fit. Over B the model
-        summaries are therefore dropped first (oldest first), then the short results (ours: an exact
-        short output is worth more than a model's gist of a long one)."""
+    def short_results(self, others: list[Step]) -> None:
+        """The other steps' results no longer than ``summary_chars`` (each its own, exact summary),
+        newest first, each while it fits."""
         lay = self.layout
-        short = [(step, p) for step in others for p in step.results
-                 if len(lay.graph.messages[p].content) <= self.cfg.summary_chars and p not in self.sel.shown]
-        for _, p in short:
-            if not self._try(p, lay.graph.messages[p], "full: short result is its own summary"):
-                lay.reasons[p] = "placeholder: over B"
-        done = {p for _, p in short} | set(self.sel.shown)
         for step in others:
             for p in step.results:
-                if p in done:
+                if p not in self.sel.shown and len(lay.graph.messages[p].content) <= self.cfg.summary_chars:
+                    self.short.add(p)
+                    if not self._try(p, lay.graph.messages[p], "full: short result is its own summary"):
+                        lay.reasons[p] = "placeholder: over B"
+
+    def fallback_summaries(self) -> None:
+        """Summaries of the recent and ancestor results that did not fit in full, in tier order."""
+        for step, p, why in self.missed:
+            s = self.summary_message(step, p)
+            if s is None or not self._try(p, s, f"summary: full result over B; {why}"):
+                self.layout.reasons[p] = f"placeholder: neither the full result nor its summary fits in B; {why}"
+
+    def summaries(self, others: list[Step]) -> None:
+        """Model summaries of the other steps' long results, newest first, until the first that
+        does not fit (so over B they are dropped first, oldest first)."""
+        lay = self.layout
+        for step in others:
+            for p in step.results:
+                if p in self.sel.shown or p in self.short:
                     continue
                 m = lay.graph.messages[p]
                 if self.summaries_closed:
