@@ -68,3 +68,21 @@ def test_replay_with_worker_processes_gives_the_same_figures(tmp_path):
     assert rows[0] == rows[1] and len(rows[0]) == 4
     # each worker has its own in-memory cache, so with two workers the texts may be embedded twice
     assert 0 < embedded[0] <= embedded[1] <= 2 * embedded[0]
+
+
+def test_read_commands_refuse_a_missing_store_instead_of_creating_one(tmp_path):
+    missing = tmp_path / "typo.sqlite"
+    for args in (["sessions"], ["show", "any-session"]):
+        res = runner.invoke(app, args + ["--store", str(missing)])
+        assert res.exit_code == 2 and "no store at" in res.output, res.output
+    assert not missing.exists()
+
+
+def test_budget_errors_are_reported_not_silent(tmp_path):
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--budget", "50", "--store", ":memory:",
+                              "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0
+    data = json.loads((tmp_path / "o" / "replay.json").read_text())
+    errors = next(r["budget_errors"] for r in data["per_source"] if r["source"] == "ALL")
+    assert errors > 0 and f"in {errors} of" in res.output and "raise --budget" in res.output
+    assert "budget errors" in res.output  # the column is shown when it is not all zero

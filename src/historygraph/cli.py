@@ -82,7 +82,7 @@ def replay(
         policies = {n: create(n) for n in names}
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
-    console.print(f"Replaying {len(traces)} trajectories from {len(paths)} path(s) through {', '.join(names)} "
+    console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
                   f"at B = {budget} tokens ({encoding}); store: {getattr(db, 'path', ':memory:')}")
     results, embedded = [], 0
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -111,6 +111,11 @@ def replay(
     if per_trace:
         _print_table(per_trace_rows, "Per trace", trace_col=True)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
+    for r in per_source_rows:
+        if r["source"] == "ALL" and r["budget_errors"]:
+            err.print(f"[yellow]warning:[/] {r['policy']}: B = {budget} tokens could not hold the protected history "
+                      f"(first user message, latest assistant turn) in {r['budget_errors']} of {r['invocations']} "
+                      "invocations; those renderings count as showing nothing (raise --budget)")
     console.print(f"wall time {wall:.1f} s, peak memory {peak_mb:.0f} MB, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
     console.print("wrote " + ", ".join(str(p) for p in written.values()))
@@ -167,14 +172,14 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
-        ["model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
+        ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
     heads = {"selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
              "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
              "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
              "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
              "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
-             "model_seconds": "model s"}
+             "model_seconds": "model s", "budget_errors": "budget errors"}
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
     # columns that say nothing for these rows (all empty, or all zero like model calls of policies
     # that call no model) are left out of the printed table; JSON and CSV keep every column
@@ -204,10 +209,24 @@ def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-reada
     console.print(t)
 
 
+def _existing_store(store: str | None):  # noqa: ANN202
+    """Open a store for reading; a SQLite file that does not exist is an error, not a new empty store."""
+    if store != ":memory:" and not (store or "").startswith(("postgresql://", "postgres://")):
+        from .store import default_path
+
+        path = Path(store.removeprefix("sqlite:///")) if store else default_path()
+        if not path.is_file():
+            _fail(f"no store at {path}: pass the --store you replayed or served with (nothing was created)")
+    try:
+        return open_store(store)
+    except Exception as exc:  # a corrupt database file, an unreachable server
+        _fail(f"cannot open store {store or 'default'}: {exc}")
+
+
 @app.command()
 def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
     """List the sessions in a store with their event counts."""
-    db = open_store(store)
+    db = _existing_store(store)
     t = Table(title=f"Sessions in {getattr(db, 'path', ':memory:')}", header_style="bold")
     for c in ("session", "events", "tool results"):
         t.add_column(c)
@@ -220,7 +239,7 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (defa
 def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
          store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
     """Print a stored session as OpenAI messages, or one complete tool result by id."""
-    db = open_store(store)
+    db = _existing_store(store)
     try:
         g = db.graph(session)
         if result:
