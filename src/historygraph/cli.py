@@ -211,14 +211,10 @@ def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-reada
 
 def _existing_store(store: str | None):  # noqa: ANN202
     """Open a store for reading; a SQLite file that does not exist is an error, not a new empty store."""
-    if store != ":memory:" and not (store or "").startswith(("postgresql://", "postgres://")):
-        from .store import default_path
-
-        path = Path(store.removeprefix("sqlite:///")) if store else default_path()
-        if not path.is_file():
-            _fail(f"no store at {path}: pass the --store you replayed or served with (nothing was created)")
     try:
-        return open_store(store)
+        return open_store(store, must_exist=True)
+    except StoreError as exc:
+        _fail(f"{exc}: pass the --store you replayed or served with (nothing was created)")
     except Exception as exc:  # a corrupt database file, an unreachable server
         _fail(f"cannot open store {store or 'default'}: {exc}")
 

@@ -117,6 +117,16 @@ def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Mes
     return hit
 
 
+def oversized_excerpt(message: Message, cost: int, budget: int | None, counter: TokenCounter,
+                      excerpt_fraction: float = 0.25) -> Message | None:
+    """The stand-in of a tool result whose own ``cost`` (tokens) exceeds ``budget``: its marked
+    head-and-tail excerpt of ``excerpt_fraction·budget`` tokens (at least 16); ``None`` when the
+    result fits. The oversized-result fallback every policy shares (ContextRender A.4, no LLM)."""
+    if budget is None or cost <= budget:
+        return None
+    return excerpt_for(message, max(16, int(excerpt_fraction * budget)), counter)
+
+
 def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
     total = counter.count(message.content)
     mark_cost = counter.count(EXCERPT_MARK.format(id=message.tool_call_id, kept=total, total=total)) + 2
@@ -286,9 +296,8 @@ class Layout:
         self.delta: dict[int, int] = {}
         for p in self.candidates:
             m, cost = msgs[p], self.full_cost[p]
-            if budget is not None and cost > budget:
-                m = excerpt_for(m, max(16, int(excerpt_fraction * budget)), counter)
-                cost = counter.count_message(m)
+            if (excerpt := oversized_excerpt(m, cost, budget, counter, excerpt_fraction)) is not None:
+                m, cost = excerpt, counter.count_message(excerpt)
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
             self.form[p] = m
             self.delta[p] = cost - counter.count_message(self.placeholder[p])

@@ -74,7 +74,7 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, excerpt_for
+from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, oversized_excerpt
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -469,17 +469,15 @@ def synthetic_results(graph: ContextGraph, p: int) -> list[Message]:
             for c in m.tool_calls if c.id not in graph.result_of]
 
 
-def oversized_forms(graph: ContextGraph, budget: int | None, signals: Signals,
-                    excerpt_fraction: float = 0.25) -> dict[int, Message]:
-    """Tool results whose own cost exceeds ``budget`` tokens, each mapped to the marked head-and-tail
-    excerpt of ``excerpt_fraction·budget`` tokens that stands in for it (the oversized-result
-    fallback every policy shares, :class:`~historygraph.render.Layout`; ReCAP itself is silent), so
-    that such a block can still be selected and the latest one never makes the budget too small."""
-    if budget is None:
-        return {}
+def oversized_forms(graph: ContextGraph, budget: int | None, signals: Signals) -> dict[int, Message]:
+    """Tool results whose own cost exceeds ``budget`` tokens, each mapped to the shared marked
+    excerpt that stands in for it (:func:`~historygraph.render.oversized_excerpt`; ReCAP itself is
+    silent), so that such a block can still be selected and the latest one never makes the budget
+    too small."""
     count = signals.counter.count_message
-    return {p: excerpt_for(m, max(16, int(excerpt_fraction * budget)), signals.counter)
-            for p, m in enumerate(graph.messages) if m.role == "tool" and count(m) > budget}
+    forms = {p: oversized_excerpt(m, count(m), budget, signals.counter)
+             for p, m in enumerate(graph.messages) if m.role == "tool"}
+    return {p: f for p, f in forms.items() if f is not None}
 
 
 def block_tokens(graph: ContextGraph, block: Block, signals: Signals, forms: dict[int, Message] | None = None) -> int:

@@ -1,6 +1,8 @@
 """Session stores: :class:`MemoryStore`, :class:`SQLiteStore` (the embedded default) and
 :class:`~historygraph.store.postgres.PostgresStore` (shared by several instances; needs psycopg)."""
 
+from pathlib import Path
+
 from .base import SessionInfo, Store, StoreError
 from .memory import MemoryStore
 from .sqlite import SQLiteStore, default_path
@@ -8,10 +10,14 @@ from .sqlite import SQLiteStore, default_path
 __all__ = ["MemoryStore", "SQLiteStore", "SessionInfo", "Store", "StoreError", "default_path", "open_store"]
 
 
-def open_store(url: str | None = None) -> Store:
+def open_store(url: str | None = None, must_exist: bool = False) -> Store:
     """``None`` → SQLite at the default path; ``":memory:"`` → :class:`MemoryStore`; anything
     else is a SQLite file path (``sqlite:///path`` accepted); ``postgresql://…`` or
-    ``postgres://…`` → :class:`~historygraph.store.postgres.PostgresStore`."""
+    ``postgres://…`` → :class:`~historygraph.store.postgres.PostgresStore`.
+
+    Raises:
+        StoreError: ``must_exist`` is set and the SQLite file does not exist (nothing is created).
+    """
     if url == ":memory:":
         return MemoryStore()
     if url and url.startswith(("postgresql://", "postgres://")):
@@ -20,4 +26,6 @@ def open_store(url: str | None = None) -> Store:
         return PostgresStore(url)
     if url and url.startswith("sqlite:///"):
         url = url[len("sqlite:///"):]
+    if must_exist and not (Path(url) if url else default_path()).is_file():
+        raise StoreError(f"no store at {Path(url) if url else default_path()}")
     return SQLiteStore(url)
