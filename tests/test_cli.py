@@ -86,3 +86,4 @@ def test_budget_errors_are_reported_not_silent(tmp_path):
     errors = next(r["budget_errors"] for r in data["per_source"] if r["source"] == "ALL")
     assert errors > 0 and f"in {errors} of" in res.output and "raise --budget" in res.output
     assert "budget errors" in res.output  # the column is shown when it is not all zero
+    assert "recall %" in res.output  # a recall of 0.0 is shown, not hidden as an empty column

@@ -183,7 +183,10 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
     # columns that say nothing for these rows (all empty, or all zero like model calls of policies
     # that call no model) are left out of the printed table; JSON and CSV keep every column
-    cols = [c for c in cols if c in ("source", "trace_id", "policy") or any(r.get(c) not in (None, 0, 0.0) for r in rows)]
+    # recall 0.0 is a result, not an empty column: recall and its age bins stay whenever they have a value
+    always = ("source", "trace_id", "policy", "recall")
+    cols = [c for c in cols if c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
+                                                  for r in rows)]
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
