@@ -79,6 +79,19 @@ def test_invariants_hold_for_random_histories(name, msgs, budget):
         assert r.history_tokens <= budget
 
 
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_history_that_fits_is_unchanged_even_when_placeholders_cost_more(name):
+    """Found by CI: empty tool results are cheaper than their placeholders, so the retained history
+    with placeholders (144 tokens) exceeds B while the complete history (94) fits; the plain
+    assistant message in between used to be dropped. §5.5: the history must come back unchanged."""
+    call = lambda i: Message("assistant", "ok", (ToolCall(f"c{i}", "tool", '{"arg": "ok"}'),))
+    msgs = [Message("user", ""), call(0), Message("tool", "", tool_call_id="c0"), Message("assistant", ""),
+            call(1), Message("tool", "", tool_call_id="c1"), Message("assistant", "line\n" * 30)]
+    budget = sum(SIGNALS.counter.count_message(m) for m in msgs[1:])  # the user message is outside B
+    r = create(name).render(ContextGraph("fits", msgs), budget, SIGNALS)
+    assert r.messages == msgs
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(

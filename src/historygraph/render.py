@@ -278,7 +278,9 @@ class Layout:
         self.dropped_units: set[int] = set(left_out)
         self.base_tokens = sum(u.cost for i, u in enumerate(self.units) if i not in left_out) + \
             sum(counter.count_message(m) for m in self.inserts.values())
-        if budget is not None and self.base_tokens > budget:
+        if budget is not None and self.base_tokens > budget and not self.fits_in_full:
+            # (when the complete history fits, nothing is dropped: placeholders can cost more than
+            # the short results they stand for, and the unchanged history is rendered instead)
             target = int(budget * (1.0 - result_reserve))
             protected = sum(u.cost for u in self.units if u.protected) + \
                 sum(counter.count_message(m) for m in self.inserts.values())
