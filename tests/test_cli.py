@@ -7,6 +7,8 @@ from typer.testing import CliRunner
 import historygraph
 import historygraph.cli
 from historygraph.cli import app
+from historygraph.events import Message, ToolCall
+from historygraph.store import open_store
 
 runner = CliRunner()
 
@@ -87,3 +89,32 @@ def test_budget_errors_are_reported_not_silent(tmp_path):
     assert errors > 0 and f"in {errors} of" in res.output and "raise --budget" in res.output
     assert "budget errors" in res.output  # the column is shown when it is not all zero
     assert "recall %" in res.output  # a recall of 0.0 is shown, not hidden as an empty column
+
+
+def test_render_lists_each_message_form_and_the_omitted_ids(tmp_path):
+    """cw-sliding-window (n = 6) over 8 results of about 300 tokens each, B = 2200: the complete
+    history (8 × 306 + 8 × 8 = 2,512 tokens) does not fit, so results r0 and r1 become placeholders and r2..r7 stay full."""
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    db.create_session("s1")
+    msgs = [Message("user", "find the bug")]
+    for i in range(8):
+        msgs += [Message("assistant", f"step {i}", (ToolCall(f"r{i}", "bash", "{}"),)),
+                 Message("tool", f"r{i} " + "data " * 300, tool_call_id=f"r{i}")]
+    db.append("s1", msgs)
+    db.close()
+    res = runner.invoke(app, ["render", "s1", "-p", "cw-sliding-window", "-b", "2200", "--store", path])
+    assert res.exit_code == 0, res.output
+    assert "2 omitted" in res.output and "omitted result ids: r0 r1\n" in res.output
+    assert "show s1 --result r0" in res.output
+    assert res.output.count("placeholder") == 2
+    # --at 5: the call that produced message 5 sees two results, far under B: nothing omitted
+    res = runner.invoke(app, ["render", "s1", "-p", "cw-sliding-window", "-b", "2200", "--at", "5", "--store", path, "--json"])
+    assert res.exit_code == 0, res.output
+    rendered = json.loads(res.output)
+    assert [m["role"] for m in rendered] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert rendered[2]["content"] == msgs[2].content
+    for args, msg in ((["nope"], "nope"), (["s1", "--at", "99"], "only 17 messages"), (["s1", "-b", "10"], "--budget"),
+                      (["s1", "-p", "nope"], "unknown policy")):
+        res = runner.invoke(app, ["render", *args, "--store", path])
+        assert res.exit_code == 2 and msg in res.output, res.output

@@ -20,8 +20,10 @@ from .eval.recall import AGE_BINS
 from .eval.replay import replay_trace
 from .eval.report import summarize, write_outputs
 from .formats import TraceFormatError, read_traces
+from .graph import ContextGraph
 from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
+from .render import BudgetTooSmallError
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
 
@@ -247,6 +249,60 @@ def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print
             console.print_json(json.dumps([m.to_openai() for m in g.messages]))
     except (KeyError, StoreError) as exc:
         _fail(exc.args[0] if exc.args else str(exc))
+
+
+@app.command()
+def render(
+    session: str,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = "contextrender",
+    budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens.")] = 6000,
+    at: Annotated[Optional[int], typer.Option(min=1, help="Render as of the model call that produced message AT "
+                                                          "(messages 0..AT-1 as history). Default: the next call.")] = None,
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+    store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rendered OpenAI messages instead of the table.")] = False,
+) -> None:
+    """Show what a policy keeps of a stored session under B: each message's form, tokens and reason,
+    and the ids of the omitted tool results (fetch one with 'show SESSION --result ID')."""
+    if policy not in REGISTRY:
+        _fail(f"unknown policy {policy!r}; run 'historygraph policies' to list them")
+    if encoding not in ENCODINGS:
+        _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    db = _existing_store(store)
+    try:
+        full = db.graph(session)
+    except (KeyError, StoreError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc))
+    if at is not None and at > len(full):
+        _fail(f"--at {at}: session {session!r} has only {len(full)} messages")
+    graph = ContextGraph(session, full.messages[:at]) if at is not None else full
+    signals = Signals(counter=TokenCounter(encoding), store=db)
+    try:
+        r = create(policy).render(graph, budget, signals)
+    except BudgetTooSmallError as exc:
+        _fail(f"{exc} (raise --budget)")
+    except ModelError as exc:
+        _fail(f"{exc} (needed by policy {policy}; configure an endpoint or choose another policy)")
+    if as_json:
+        console.print_json(json.dumps(r.to_openai()))
+        return
+    shown = {p: m for m, p in zip(r.messages, r.positions) if p is not None}
+    t = Table(title=f"{policy} at B = {budget}: session {session}, {len(graph)} messages", header_style="bold")
+    for c in ("pos", "role", "tool call id", "form", "tokens", "reason"):
+        t.add_column(c, justify="right" if c in ("pos", "tokens") else "left")
+    for p, m in enumerate(graph.messages):
+        out = shown.get(p)
+        form = "dropped" if out is None else (out.rendered_as or "full")
+        tokens = "–" if out is None else str(signals.counter.count_message(out))
+        t.add_row(str(p), m.role, m.tool_call_id or "", form, tokens, r.reasons.get(p, ""))
+    console.print(t)
+    ids = [graph.messages[p].tool_call_id for p in r.omitted]
+    console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "
+                  f"{len(r.full)} tool results full, {len(ids)} omitted")
+    if ids:
+        console.print("omitted result ids: " + " ".join(ids), markup=False, highlight=False)
+        console.print(f"fetch one with: historygraph show {session} --result {ids[0]}"
+                      + (f" --store {store}" if store else ""), markup=False, highlight=False)
 
 
 @app.command()
