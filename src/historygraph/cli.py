@@ -256,8 +256,8 @@ def render(
     session: str,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = "contextrender",
     budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens.")] = 6000,
-    at: Annotated[Optional[int], typer.Option(min=1, help="Render as of the model call that produced message AT "
-                                                          "(messages 0..AT-1 as history). Default: the next call.")] = None,
+    at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "
+                                                          "input of the call that produced it). Default: all, the next call.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rendered OpenAI messages instead of the table.")] = False,
