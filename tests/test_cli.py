@@ -106,7 +106,7 @@ def test_render_lists_each_message_form_and_the_omitted_ids(tmp_path):
     res = runner.invoke(app, ["render", "s1", "-p", "cw-sliding-window", "-b", "2200", "--store", path])
     assert res.exit_code == 0, res.output
     assert "2 omitted" in res.output and "omitted result ids: r0 r1\n" in res.output
-    assert "show s1 --result r0" in res.output
+    assert f"show s1 --result r0 --store {path}" in res.output
     assert res.output.count("placeholder") == 2
     # --at 5: the call that produced message 5 sees two results, far under B: nothing omitted
     res = runner.invoke(app, ["render", "s1", "-p", "cw-sliding-window", "-b", "2200", "--at", "5", "--store", path, "--json"])
@@ -118,3 +118,21 @@ def test_render_lists_each_message_form_and_the_omitted_ids(tmp_path):
                       (["s1", "-p", "nope"], "unknown policy")):
         res = runner.invoke(app, ["render", *args, "--store", path])
         assert res.exit_code == 2 and msg in res.output, res.output
+
+
+def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_path):
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    for sid in ("openhands:output.jsonl:issue-1", "openhands:output.jsonl:issue-2", "swe-agent:a.traj:issue-2"):
+        db.create_session(sid)
+        db.append(sid, [Message("user", "task"), Message("assistant", "", (ToolCall("c1", "bash", "{}"),)),
+                        Message("tool", f"result of {sid}", tool_call_id="c1")])
+    db.close()
+    res = runner.invoke(app, ["show", "issue-1", "--result", "c1", "--store", path])
+    assert res.exit_code == 0 and "result of openhands:output.jsonl:issue-1" in res.output, res.output
+    res = runner.invoke(app, ["render", "issue-2", "--store", path])  # two sessions end with it
+    assert res.exit_code == 2 and "ends 2 session ids" in res.output and "swe-agent:a.traj:issue-2" in res.output
+    res = runner.invoke(app, ["show", "issue-9", "--store", path])
+    assert res.exit_code == 2 and f"historygraph sessions --store {path}" in " ".join(res.output.split())
+    res = runner.invoke(app, ["show", "issue-1", "--result", "c9", "--store", path])
+    assert res.exit_code == 2 and "no tool result with id 'c9'" in res.output and "lists its tool call ids" in res.output

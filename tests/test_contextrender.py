@@ -115,3 +115,22 @@ def test_oversized_result_becomes_a_marked_excerpt():
     assert shown.rendered_as == "excerpt" and "c0" in shown.content and "truncated" in shown.content
     assert 2 not in r.full  # an excerpt never counts as the complete result
     assert g.messages[2].content == big  # the stored original is untouched
+
+
+def test_a_result_dropped_with_its_step_says_so():
+    # 6 steps of a 600-token thought + a 10-token result: the retained non-tool history (~3,700
+    # tokens) is over (1 − 0.5)·B at B = 2,000, so the oldest steps are dropped whole (A.4, our
+    # reserve); the reason of a dropped result names the drop, then the policy's own decision.
+    msgs = [Message("user", "QUERY task")]
+    for i in range(6):
+        msgs += [Message("assistant", "thinking " * 600, (ToolCall(f"c{i}", "t", "{}"),)),
+                 Message("tool", f"r{i} " + "y " * 8, tool_call_id=f"c{i}")]
+    g = ContextGraph("g", msgs)
+    sig = _signals({"QUERY": [1, 0, 0]})
+    r = create("contextrender").render(g, 2000, sig)
+    check_invariants(r, g, sig.counter)
+    assert 1 in r.dropped and 2 in r.dropped and 2 in r.omitted
+    assert r.reasons[1].startswith("dropped: retained non-tool history")
+    assert r.reasons[2].startswith("dropped with its step: retained non-tool history")
+    # showing it would revive its 600-token step, which does not fit: the usefulness reason follows
+    assert "; the policy had decided: omitted: U=" in r.reasons[2] and r.reasons[2].endswith("not selected within B")

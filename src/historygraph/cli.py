@@ -41,7 +41,8 @@ def example_trace_path() -> Path:
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
+    err.print("[bold red]error:[/] ", end="")
+    err.print(msg, markup=False, highlight=False, soft_wrap=True)  # paths and ids stay whole, copyable
     raise typer.Exit(code)
 
 
@@ -85,7 +86,7 @@ def replay(
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
-                  f"at B = {budget} tokens ({encoding}); store: {getattr(db, 'path', ':memory:')}")
+                  f"at B = {budget} tokens ({encoding}); store: {_store_name(db)}")
     results, embedded = [], 0
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
@@ -171,7 +172,7 @@ def _fmt(v: object) -> str:
 
 def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     t = Table(title=title, header_style="bold")
-    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy", "traces", "invocations", "events", "recall"] + \
+    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
@@ -224,11 +225,32 @@ def _existing_store(store: str | None):  # noqa: ANN202
         _fail(f"cannot open store {store or 'default'}: {exc}")
 
 
+def _store_name(db) -> str:  # noqa: ANN001
+    return str(getattr(db, "path", ":memory:"))
+
+
+def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN001
+    """The stored graph of ``session``: its full id, or a trace id that ends exactly one session id
+    (``openhands:output.jsonl:ISSUE`` can be named ``ISSUE``). Exits with a message naming the store."""
+    sid = session
+    if not db.has_session(session):
+        matches = [s for s in db.sessions() if s.endswith(":" + session)]
+        if len(matches) != 1:
+            hint = (f"it ends {len(matches)} session ids: {', '.join(matches[:5])}" if matches else
+                    f"list them with: historygraph sessions --store {_store_name(db)}")
+            _fail(f"no session {session!r} in store {_store_name(db)}; {hint}")
+        sid = matches[0]
+    try:
+        return sid, db.graph(sid)
+    except (KeyError, StoreError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc))
+
+
 @app.command()
 def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
     """List the sessions in a store with their event counts."""
     db = _existing_store(store)
-    t = Table(title=f"Sessions in {getattr(db, 'path', ':memory:')}", header_style="bold")
+    t = Table(title=f"Sessions in {_store_name(db)}", header_style="bold")
     for c in ("session", "events", "tool results"):
         t.add_column(c)
     for info in db.session_infos():
@@ -241,14 +263,14 @@ def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print
          store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
     """Print a stored session as OpenAI messages, or one complete tool result by id."""
     db = _existing_store(store)
-    try:
-        g = db.graph(session)
-        if result:
+    session, g = _session_graph(db, session)
+    if result:
+        try:
             console.print(g.result_by_id(result).content, markup=False, highlight=False)
-        else:
-            console.print_json(json.dumps([m.to_openai() for m in g.messages]))
-    except (KeyError, StoreError) as exc:
-        _fail(exc.args[0] if exc.args else str(exc))
+        except KeyError as exc:
+            _fail(f"{exc.args[0]}; 'historygraph render {session} --store {_store_name(db)}' lists its tool call ids")
+    else:
+        console.print_json(json.dumps([m.to_openai() for m in g.messages]))
 
 
 @app.command()
@@ -269,10 +291,7 @@ def render(
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     db = _existing_store(store)
-    try:
-        full = db.graph(session)
-    except (KeyError, StoreError) as exc:
-        _fail(exc.args[0] if exc.args else str(exc))
+    session, full = _session_graph(db, session)
     if at is not None and at > len(full):
         _fail(f"--at {at}: session {session!r} has only {len(full)} messages")
     graph = ContextGraph(session, full.messages[:at]) if at is not None else full
@@ -287,7 +306,8 @@ def render(
         console.print_json(json.dumps(r.to_openai()))
         return
     shown = {p: m for m, p in zip(r.messages, r.positions) if p is not None}
-    t = Table(title=f"{policy} at B = {budget}: session {session}, {len(graph)} messages", header_style="bold")
+    t = Table(title=f"{policy} at B = {budget}: session {session} ({len(graph)} messages) in {_store_name(db)}",
+              header_style="bold")
     for c in ("pos", "role", "tool call id", "form", "tokens", "reason"):
         t.add_column(c, justify="right" if c in ("pos", "tokens") else "left")
     for p, m in enumerate(graph.messages):
@@ -300,9 +320,9 @@ def render(
     console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "
                   f"{len(r.full)} tool results full, {len(ids)} omitted")
     if ids:
-        console.print("omitted result ids: " + " ".join(ids), markup=False, highlight=False)
-        console.print(f"fetch one with: historygraph show {session} --result {ids[0]}"
-                      + (f" --store {store}" if store else ""), markup=False, highlight=False)
+        console.print("omitted result ids: " + " ".join(ids), markup=False, highlight=False, soft_wrap=True)
+        console.print(f"fetch one with: historygraph show {session} --result {ids[0]} --store {_store_name(db)}",
+                      markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

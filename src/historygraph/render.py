@@ -326,8 +326,12 @@ class Layout:
         shown = selection.shown
         msgs = self.graph.messages
         dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
+        why = "retained non-tool history over its share of the budget (oldest first)"
         for p in sorted(dropped):
-            self.reasons.setdefault(p, "dropped: retained non-tool history over its share of the budget (oldest first)")
+            if p not in self.reasons:
+                self.reasons[p] = f"dropped: {why}"
+            elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
+                self.reasons[p] = f"dropped with its step: {why}; the policy had decided: {self.reasons[p]}"
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []

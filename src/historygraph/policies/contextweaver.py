@@ -226,7 +226,9 @@ class ContextWeaver:
         for i in recent:
             weaver.full(steps[i], "recent window (current step and the two before it)")
         for i in sorted(anc_set, reverse=True):
-            weaver.full(steps[i], f"ancestor of step {k} ({cfg.selection} selection)")
+            role = (f"an ancestor of the current step {k} (message {steps[k].position})" if cfg.selection == "dependency"
+                    else f"chosen by {cfg.selection} instead of dependency (Table 4 ablation)")
+            weaver.full(steps[i], f"step {i} (message {steps[i].position}): {role}")
         others = [s for s in reversed(steps) if s.index not in anc_set and s.index not in recent and s.results]
         weaver.short_results(others)
         weaver.fallback_summaries()
