@@ -134,3 +134,24 @@ def test_a_result_dropped_with_its_step_says_so():
     assert r.reasons[2].startswith("dropped with its step: retained non-tool history")
     # showing it would revive its 600-token step, which does not fit: the usefulness reason follows
     assert "; the policy had decided: omitted: U=" in r.reasons[2] and r.reasons[2].endswith("not selected within B")
+
+
+def test_dependency_term_prefers_the_ancestor_result():
+    # Steps: 0 reads a.py, 1 and 2 share nothing with the in-flight step 3, which edits a.py, so
+    # step 0 is its only low-cost parent (shared file). Results are orthogonal to the query (s = 0)
+    # and reuse nothing (c = 0), so U = e^{-0.3·age}: the newest result wins in ContextRender, and
+    # the +0.5 of contextrender-dep outweighs the recency gap e^{-0.3·a}(1 − e^{-0.6}) ≤ 0.451.
+    msgs = [Message("user", "QUERY task")]
+    for i, cmd in enumerate(["cat a.py", "ls", "pwd"]):
+        msgs += [Message("assistant", "", (ToolCall(f"c{i}", "bash", json.dumps({"command": cmd})),)),
+                 Message("tool", f"output {i} " + "zz " * 150, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "", (ToolCall("c3", "bash", json.dumps({"command": "sed -i s/x/y/ a.py"})),)))
+    g = ContextGraph("dep", msgs)
+    sig = _signals({"QUERY": [1, 0, 0]})
+    B, _ = _budget_for(g, sig.counter, 1)
+    plain = create("contextrender").render(g, B, sig)
+    dep = create("contextrender-dep").render(g, B, sig)
+    check_invariants(dep, g, sig.counter)
+    assert plain.full == [6] and dep.full == [2]
+    a0 = g.age(2)
+    assert f"U={math.exp(-0.3 * a0) + 0.5:.3f}" in dep.reasons[2] and "ancestor +0.5" in dep.reasons[2]
