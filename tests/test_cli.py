@@ -115,7 +115,7 @@ def test_render_lists_each_message_form_and_the_omitted_ids(tmp_path):
     assert [m["role"] for m in rendered] == ["user", "assistant", "tool", "assistant", "tool"]
     assert rendered[2]["content"] == msgs[2].content
     for args, msg in ((["nope"], "nope"), (["s1", "--at", "99"], "only 17 messages"), (["s1", "-b", "10"], "--budget"),
-                      (["s1", "-p", "nope"], "unknown policy")):
+                      (["s1", "-p", "nope"], "unknown policy"), (["s1", "-p", "contextrender_dep"], "did you mean contextrender-dep")):
         res = runner.invoke(app, ["render", *args, "--store", path])
         assert res.exit_code == 2 and msg in res.output, res.output
 

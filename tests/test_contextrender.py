@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -133,7 +134,11 @@ def test_a_result_dropped_with_its_step_says_so():
     assert r.reasons[1].startswith("dropped: retained non-tool history")
     assert r.reasons[2].startswith("dropped with its step: retained non-tool history")
     # showing it would revive its 600-token step, which does not fit: the usefulness reason follows
-    assert "; the policy had decided: omitted: U=" in r.reasons[2] and r.reasons[2].endswith("not selected within B")
+    assert "; the policy had decided: omitted: U=" in r.reasons[2] and "not selected within B" in r.reasons[2]
+    cost, left = map(int, re.search(r"costs (\d+) tokens, (\d+) were left", r.reasons[2]).groups())
+    assert cost > 600 and cost > left and left == 2000 - r.history_tokens  # the step's thought is charged too
+    # the revived-or-kept steps and the current user message say why they are there
+    assert r.reasons[0] == "outside B: current user message"
 
 
 def test_dependency_term_prefers_the_ancestor_result():
@@ -155,3 +160,20 @@ def test_dependency_term_prefers_the_ancestor_result():
     assert plain.full == [6] and dep.full == [2]
     a0 = g.age(2)
     assert f"U={math.exp(-0.3 * a0) + 0.5:.3f}" in dep.reasons[2] and "ancestor +0.5" in dep.reasons[2]
+
+
+def test_a_step_brought_back_by_its_result_says_so():
+    # As above with 300-token thoughts and B = 1,500: the oldest steps are dropped (target 750), then
+    # step 0's result, the only one relevant to the query (s = 1, U = e^{-0.3·5} + 1 = 1.22 against
+    # at most 1.0 for the others), is selected first and brings its step back.
+    msgs = [Message("user", "QUERY task")]
+    for i in range(6):
+        msgs += [Message("assistant", "thinking " * 300, (ToolCall(f"c{i}", "t", "{}"),)),
+                 Message("tool", ("KEY " if i == 0 else f"r{i} ") + "y " * 8, tool_call_id=f"c{i}")]
+    g = ContextGraph("g", msgs)
+    sig = _signals({"QUERY": [1, 0, 0], "KEY": [1, 0, 0]})
+    r = create("contextrender").render(g, 1500, sig)
+    check_invariants(r, g, sig.counter)
+    assert 2 in r.full and 1 not in r.dropped and 3 in r.dropped
+    assert r.reasons[1].startswith("kept: brought back because a result of its step is shown")
+    assert r.reasons[2].startswith("selected #1: U=1.223")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import resource
 import sys
@@ -40,6 +41,12 @@ def example_trace_path() -> Path:
     return Path(str(files("historygraph") / "examples" / EXAMPLE))
 
 
+def _unknown_policy(name: str) -> None:
+    close = difflib.get_close_matches(name, list(REGISTRY), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    _fail(f"unknown policy {name!r}; {hint}run 'historygraph policies' to list them")
+
+
 def _fail(msg: str, code: int = 2) -> None:
     err.print("[bold red]error:[/] ", end="")
     err.print(msg, markup=False, highlight=False, soft_wrap=True)  # paths and ids stay whole, copyable
@@ -62,7 +69,7 @@ def replay(
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
     for n in names:
         if n not in REGISTRY:
-            _fail(f"unknown policy {n!r}; run 'historygraph policies' to list them")
+            _unknown_policy(n)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     paths = paths or [example_trace_path()]
@@ -287,7 +294,7 @@ def render(
     """Show what a policy keeps of a stored session under B: each message's form, tokens and reason,
     and the ids of the omitted tool results (fetch one with 'show SESSION --result ID')."""
     if policy not in REGISTRY:
-        _fail(f"unknown policy {policy!r}; run 'historygraph policies' to list them")
+        _unknown_policy(policy)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     db = _existing_store(store)

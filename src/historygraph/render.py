@@ -327,6 +327,13 @@ class Layout:
         msgs = self.graph.messages
         dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
         why = "retained non-tool history over its share of the budget (oldest first)"
+        for u in self.dropped_units & selection.revived:
+            for p in self.units[u].positions:
+                if msgs[p].role != "tool":
+                    self.reasons.setdefault(p, "kept: brought back because a result of its step is shown "
+                                               "(the step was first dropped as " + why + ")")
+        for p in self.outside:
+            self.reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
         for p in sorted(dropped):
             if p not in self.reasons:
                 self.reasons[p] = f"dropped: {why}"

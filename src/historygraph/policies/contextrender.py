@@ -164,9 +164,11 @@ class ContextRender:
         for rank, p in enumerate(selected, 1):
             kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
             layout.reasons[p] = f"{kind} #{rank}: {parts[p]}"
+        left = (budget - sel.used) if budget is not None else 0
         for p in cands:
             if p not in chosen:
-                layout.reasons[p] = f"omitted: {parts[p]}; not selected within B"
+                layout.reasons[p] = (f"omitted: {parts[p]}; not selected within B (showing it costs {sel.cost(p)} "
+                                     f"tokens, {left} were left when selection ended)")
         return layout.assemble(self.name, sel)
 
 

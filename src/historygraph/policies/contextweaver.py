@@ -310,7 +310,8 @@ class _Weave:
                 if p not in self.sel.shown and len(lay.graph.messages[p].content) <= self.cfg.summary_chars:
                     self.short.add(p)
                     if not self._try(p, lay.graph.messages[p], "full: short result is its own summary"):
-                        lay.reasons[p] = "placeholder: over B"
+                        lay.reasons[p] = (f"placeholder: short, but its {self.sel.cost(p)} tokens exceed the "
+                                          f"{lay.budget - self.sel.used} left of B after the recent window and ancestors")
 
     def fallback_summaries(self) -> None:
         """Summaries of the recent and ancestor results that did not fit in full, in tier order."""
