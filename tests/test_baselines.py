@@ -117,6 +117,8 @@ def test_recap_recency_keeps_the_newest_blocks_within_the_character_budget(signa
     check_invariants(r, g, signals.counter)
     assert r.full == [result(i) for i in (5, 6, 7, 8, 9)]
     assert r.dropped == [p for i in range(5) for p in (2 + 2 * i, result(i))]
+    # left out by the policy's own rule, not by the shared non-tool share: the reason says so
+    assert r.reasons[result(0)].startswith("left out") and r.reasons[2].startswith("left out")
     r = create("recap-recency", beta=0.499).render(g, just_over(g, signals), signals)  # C = 528: 3 blocks
     assert r.full == [result(i) for i in (6, 7, 8, 9)]
 

@@ -275,6 +275,7 @@ class Layout:
             for p in self.units[i].positions:
                 self.reasons[p] = "left out by the policy"
         self.inserts = dict(inserts or {})
+        self.left_out = left_out
         self.dropped_units: set[int] = set(left_out)
         self.base_tokens = sum(u.cost for i, u in enumerate(self.units) if i not in left_out) + \
             sum(counter.count_message(m) for m in self.inserts.values())
@@ -334,11 +335,12 @@ class Layout:
                                                "(the step was first dropped as " + why + ")")
         for p in self.outside:
             self.reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
-        for p in sorted(dropped):
-            if p not in self.reasons:
-                self.reasons[p] = f"dropped: {why}"
-            elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
-                self.reasons[p] = f"dropped with its step: {why}; the policy had decided: {self.reasons[p]}"
+        for u in self.dropped_units - selection.revived - self.left_out:
+            for p in self.units[u].positions:
+                if p not in self.reasons:
+                    self.reasons[p] = f"dropped: {why}"
+                elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
+                    self.reasons[p] = f"dropped with its step: {why}; the policy had decided: {self.reasons[p]}"
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []

@@ -164,7 +164,7 @@ class ContextRender:
         for rank, p in enumerate(selected, 1):
             kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
             layout.reasons[p] = f"{kind} #{rank}: {parts[p]}"
-        left = (budget - sel.used) if budget is not None else 0
+        left = budget - sel.used  # budget is set here: with None the history always fits (above)
         for p in cands:
             if p not in chosen:
                 layout.reasons[p] = (f"omitted: {parts[p]}; not selected within B (showing it costs {sel.cost(p)} "
