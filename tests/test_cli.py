@@ -136,3 +136,19 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
     assert res.exit_code == 2 and f"historygraph sessions --store {path}" in " ".join(res.output.split())
     res = runner.invoke(app, ["show", "issue-1", "--result", "c9", "--store", path])
     assert res.exit_code == 2 and "no tool result with id 'c9'" in res.output and "lists its tool call ids" in res.output
+
+
+def test_render_shows_messages_the_policy_added(tmp_path):
+    # a call that was never answered (not the last message) gets a synthetic result so that the
+    # provider accepts the history (DESIGN.md §5.2); render lists it as an added row after its call
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    db.create_session("s2")
+    db.append("s2", [Message("user", "task"), Message("assistant", "", (ToolCall("x1", "bash", "{}"),)),
+                     Message("assistant", "gave up on that call")])
+    db.close()
+    res = runner.invoke(app, ["render", "s2", "-p", "prune", "--store", path])
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.output.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["0", "1", "+", "2"]
+    assert "x1" in rows[2] and "placeholder" in rows[2] and "added by the policy" in rows[2]

@@ -313,6 +313,13 @@ def render(
         console.print_json(json.dumps(r.to_openai()))
         return
     shown = {p: m for m, p in zip(r.messages, r.positions) if p is not None}
+    synthetic: dict[int, list] = {}  # graph position -> synthetic messages rendered right after it
+    last = -1
+    for m, p in zip(r.messages, r.positions):
+        if p is None:
+            synthetic.setdefault(last, []).append(m)
+        else:
+            last = p
     t = Table(title=f"{policy} at B = {budget}: session {session} ({len(graph)} messages) in {_store_name(db)}",
               header_style="bold")
     for c in ("pos", "role", "tool call id", "form", "tokens", "reason"):
@@ -322,6 +329,9 @@ def render(
         form = "dropped" if out is None else (out.rendered_as or "full")
         tokens = "–" if out is None else str(signals.counter.count_message(out))
         t.add_row(str(p), m.role, m.tool_call_id or "", form, tokens, r.reasons.get(p, ""))
+        for extra in synthetic.get(p, ()):
+            t.add_row("+", extra.role, extra.tool_call_id or "", extra.rendered_as or "synthetic",
+                      str(signals.counter.count_message(extra)), "added by the policy: " + extra.content[:120])
     console.print(t)
     ids = [graph.messages[p].tool_call_id for p in r.omitted]
     console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "
