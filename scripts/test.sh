@@ -3,4 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+# quiet by default; a -q or -v of the caller replaces it (two -q would hide the summary line)
+case " $* " in
+  *" -q"*|*" -v"*|*" --quiet"*|*" --verbose"*) exec .venv/bin/python -m pytest "$@" ;;
+  *) exec .venv/bin/python -m pytest -q "$@" ;;
+esac
