@@ -349,6 +349,19 @@ def test_router_appends_only_new_events_and_branches_on_edit():
     assert router.store.messages("r") == base
 
 
+
+def test_continuing_with_another_choice_than_the_stored_one_branches():
+    # n > 1: the proxy stores choice 0 as the answer; a client that goes on with choice 1 sends a
+    # history that differs from the stored one, so it continues in a branch and both answers stay
+    from historygraph.server.sessions import SessionRouter
+    from historygraph.store import MemoryStore
+
+    router = SessionRouter(MemoryStore())
+    router.ingest([Message("user", "name a colour"), Message("assistant", "red")], "n")  # choice 0 stored
+    nxt = router.ingest([Message("user", "name a colour"), Message("assistant", "blue"), Message("user", "why?")], "n")
+    assert (nxt.session_id, nxt.forked_from) == ("n~1", "n")
+    assert router.store.messages("n")[1].content == "red" and router.store.messages("n~1")[1].content == "blue"
+
 def test_unreachable_upstream_gives_502_naming_it(tmp_path):
     import asyncio
 
