@@ -327,20 +327,20 @@ class Layout:
         shown = selection.shown
         msgs = self.graph.messages
         dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
+        reasons = dict(self.reasons)
         why = "retained non-tool history over its share of the budget (oldest first)"
-        for u in self.dropped_units & selection.revived:
+        for u in self.dropped_units - self.left_out:  # dropped for the share; a policy's own omissions keep its reason
             for p in self.units[u].positions:
-                if msgs[p].role != "tool":
-                    self.reasons.setdefault(p, "kept: brought back because a result of its step is shown "
-                                               "(the step was first dropped as " + why + ")")
-        for p in self.outside:
-            self.reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
-        for u in self.dropped_units - selection.revived - self.left_out:
-            for p in self.units[u].positions:
-                if p not in self.reasons:
-                    self.reasons[p] = f"dropped: {why}"
+                if u in selection.revived:
+                    if msgs[p].role != "tool":
+                        reasons.setdefault(p, f"kept: brought back because a result of its step is shown "
+                                              f"(the step was first dropped as {why})")
+                elif p not in reasons:
+                    reasons[p] = f"dropped: {why}"
                 elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
-                    self.reasons[p] = f"dropped with its step: {why}; the policy had decided: {self.reasons[p]}"
+                    reasons[p] = f"dropped with its step: {why}; the policy had decided: {reasons[p]}"
+        for p in self.outside:
+            reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []
@@ -352,7 +352,7 @@ class Layout:
                     if r is m:
                         full.append(p)
                     else:
-                        self.reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
+                        reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
                 else:
                     r = m
                 out.append(r)
@@ -372,7 +372,7 @@ class Layout:
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
         return Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
                          omitted=omitted, dropped=sorted(dropped), history_tokens=history,
-                         input_tokens=total, reasons=dict(self.reasons))
+                         input_tokens=total, reasons=reasons)
 
 
 def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCounter) -> None:

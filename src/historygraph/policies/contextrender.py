@@ -43,7 +43,7 @@ import numpy as np
 
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
-from ..signals.steps import ParentScoring, ancestry, build_steps, lowcost_selector
+from ..signals.steps import ancestry, lowcost_steps
 from .base import Signals, register
 
 SOURCE = "ContextRender §3.3, A.1–A.4"
@@ -123,7 +123,7 @@ def dependency_results(graph: ContextGraph, max_ancestors: int) -> set[int]:
     """Positions of the tool results of the current step's ancestors: ContextWeaver's low-cost
     parents (§3.3) and breadth-first ancestry bounded by ``max_ancestors`` (§3.1); ours to combine
     them with eq. 2 (see :func:`historygraph.signals.steps.ancestry`)."""
-    steps = build_steps(graph, lowcost_selector(ParentScoring()), f"lowcost:{ParentScoring()}")
+    steps = lowcost_steps(graph)
     if not steps:
         return set()
     return {p for i in ancestry(steps, len(steps) - 1, max_ancestors) for p in steps[i].results}

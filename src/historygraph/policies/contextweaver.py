@@ -54,7 +54,7 @@ from ..events import Message
 from ..graph import ContextGraph
 from ..llm import ModelUsage
 from ..render import Layout, Rendering, Selection
-from ..signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector
+from ..signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector, lowcost_steps
 from ..signals.tests import TestTracker
 from .base import Signals, register
 from .summary import usage_stats
@@ -186,12 +186,12 @@ class ContextWeaver:
     # -- steps and the full set -----------------------------------------------------------
     def steps(self, graph: ContextGraph, signals: Signals) -> list[Step]:
         cfg = self.config
-        low = lowcost_selector(cfg.scoring)
         if cfg.parents == "llm":
             from .contextweaver_analyzer import llm_selector
 
+            low = lowcost_selector(cfg.scoring)
             return build_steps(graph, llm_selector(graph, signals, low, cfg.max_parents), f"llm:{signals.model.name}")
-        return build_steps(graph, low, f"lowcost:{cfg.scoring}")
+        return lowcost_steps(graph, cfg.scoring)
 
     def earlier_full(self, graph: ContextGraph, steps: list[Step]) -> list[int]:
         """Step indices outside the recent window whose observations are kept in full, in the order

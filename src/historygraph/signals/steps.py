@@ -197,6 +197,12 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
     return steps
 
 
+def lowcost_steps(graph: ContextGraph, scoring: ParentScoring = ParentScoring()) -> list[Step]:
+    """:func:`build_steps` with the low-cost selector; one parent cache per scoring, shared by
+    every policy that uses it (ContextWeaver, ``contextrender-dep``)."""
+    return build_steps(graph, lowcost_selector(scoring), f"lowcost:{scoring}")
+
+
 def ancestry(steps: list[Step], k: int, max_ancestors: int, uncounted: frozenset[int] | set[int] = frozenset()) -> list[int]:
     """Ancestors of step ``k`` in breadth-first order (§3.1), stopping at ``max_ancestors`` counted
     ones. Steps in ``uncounted`` (the recent window) and steps without an observation are visited
