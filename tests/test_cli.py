@@ -129,7 +129,7 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
                         Message("tool", f"result of {sid}", tool_call_id="c1")])
     db.close()
     res = runner.invoke(app, ["show", "issue-1", "--result", "c1", "--store", path])
-    assert res.exit_code == 0 and "result of openhands:output.jsonl:issue-1" in res.output, res.output
+    assert res.exit_code == 0 and res.output == "result of openhands:output.jsonl:issue-1", res.output
     res = runner.invoke(app, ["render", "issue-2", "--store", path])  # two sessions end with it
     assert res.exit_code == 2 and "ends 2 session ids" in res.output and "swe-agent:a.traj:issue-2" in res.output
     res = runner.invoke(app, ["show", "issue-9", "--store", path])
@@ -152,3 +152,16 @@ def test_render_shows_messages_the_policy_added(tmp_path):
     rows = [line for line in res.output.splitlines() if line.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["0", "1", "+", "2"]
     assert "x1" in rows[2] and "placeholder" in rows[2] and "added by the policy" in rows[2]
+
+
+def test_show_prints_a_result_byte_for_byte(tmp_path):
+    # a long line, markup-like brackets, trailing spaces and no final newline: printed exactly as stored
+    text = "See \n" + "x" * 300 + " [bold]not markup[/bold]  \n\ttab"
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    db.create_session("s3")
+    db.append("s3", [Message("user", "task"), Message("assistant", "", (ToolCall("c1", "bash", "{}"),)),
+                     Message("tool", text, tool_call_id="c1")])
+    db.close()
+    res = runner.invoke(app, ["show", "s3", "--result", "c1", "--store", path])
+    assert res.exit_code == 0 and res.output == text

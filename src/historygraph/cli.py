@@ -273,7 +273,7 @@ def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print
     session, g = _session_graph(db, session)
     if result:
         try:
-            console.print(g.result_by_id(result).content, markup=False, highlight=False)
+            sys.stdout.write(g.result_by_id(result).content)  # byte for byte: no wrapping, no added newline
         except KeyError as exc:
             _fail(f"{exc.args[0]}; 'historygraph render {session} --store {_store_name(db)}' lists its tool call ids")
     else:

@@ -54,7 +54,8 @@ class BudgetTooSmallError(ValueError):
         self.budget, self.required, self.shortfall = budget, required, required - budget
         super().__init__(
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history "
-            f"(first user message and current turn) needs {required} tokens")
+            f"(the first user message unless it is the current one, and the latest assistant message; "
+            f"system and current user messages are outside B) needs {required} tokens")
 
 
 class InvariantError(AssertionError):
