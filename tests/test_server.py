@@ -322,12 +322,11 @@ def test_library_session_adds_and_renders_under_budget():
     assert s.render(budget=100_000) == [Message.from_openai(m).to_openai() for m in history("lib")]
 
 
-def test_readme_proxy_section_library_example_runs():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("## Proxy server", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_docs_proxy_library_example_runs():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "proxy.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)
+    exec(compile(block, "docs/proxy.md", "exec"), scope)
     assert scope["messages"][-1] == {"role": "tool", "content": "FAILED test_parse.py::test_dates", "tool_call_id": "c1"}
     assert scope["session"].result("c1") == "FAILED test_parse.py::test_dates"
 

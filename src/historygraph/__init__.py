@@ -1,7 +1,7 @@
 """historygraph: a persistent context graph for LLM agents, rendered under a token budget.
 
 The curated public API (checked by a test): value types, the context graph, stores, policies and
-the replay evaluator. See README.md for the architecture.
+the replay evaluator. See docs/architecture.md for the architecture.
 """
 
 from .events import EventError, Message, ToolCall, Trace

@@ -1,6 +1,6 @@
 """Token-count calibration against what the provider reports (issue 6, input 10).
 
-Scope of our counts (documented in README): B caps the *history* only — messages, their tool
+Scope of our counts (documented in docs/robustness.md): B caps the *history* only — messages, their tool
 calls and results, placeholders — counted with :class:`~historygraph.signals.tokens.TokenCounter`
 (content + tool-call names and arguments + 3 tokens per message). The system prompt, the current
 user message and the tool schemas are outside B (ContextRender A.4) but are part of what the
