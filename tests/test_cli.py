@@ -165,3 +165,65 @@ def test_show_prints_a_result_byte_for_byte(tmp_path):
     db.close()
     res = runner.invoke(app, ["show", "s3", "--result", "c1", "--store", path])
     assert res.exit_code == 0 and res.output == text
+
+
+def test_out_naming_an_existing_file_fails_before_any_work(tmp_path):
+    taken = tmp_path / "results.txt"
+    taken.write_text("keep me")
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--store", ":memory:", "--out", str(taken)])
+    assert res.exit_code == 2 and "is an existing file" in res.output and str(taken) in res.output
+    assert "Replaying" not in res.output  # nothing was replayed
+    assert taken.read_text() == "keep me"
+
+
+def _folder_with_a_bad_file(tmp_path):
+    import shutil
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(historygraph.cli.example_trace_path(), folder / "a_good.json")
+    (folder / "b_bad.json").write_text('{"hello": 1}')
+    shutil.copy(historygraph.cli.example_trace_path(), folder / "c_good.json")
+    return folder
+
+
+def test_an_unreadable_file_is_skipped_with_a_warning_and_the_rest_is_replayed(tmp_path):
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["replay", str(_folder_with_a_bad_file(tmp_path)), "--policy", "prune", "--budget", "3000",
+                              "--store", ":memory:", "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "skipped" in res.output and "b_bad.json" in res.output and "does not match any known trace format" in res.output
+    data = json.loads((out / "replay.json").read_text())
+    assert data["meta"]["trajectories"] == 2
+    assert [s["path"].endswith("b_bad.json") for s in data["meta"]["skipped_files"]] == [True]
+    assert len(data["per_trace"]) == 2
+
+
+def test_strict_stops_at_the_first_unreadable_file(tmp_path):
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["replay", str(_folder_with_a_bad_file(tmp_path)), "--policy", "prune", "--strict",
+                              "--store", ":memory:", "--out", str(out)])
+    assert res.exit_code == 2 and "b_bad.json" in res.output and "--strict" in res.output
+    assert not (out / "replay.json").exists()
+
+
+def test_an_interrupted_replay_writes_the_traces_finished_so_far(tmp_path, monkeypatch):
+    real = historygraph.cli.replay_trace
+    calls = []
+
+    def interrupted_on_the_second(*args, **kwargs):  # Ctrl-C arriving during the second trace
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(historygraph.cli, "replay_trace", interrupted_on_the_second)
+    out = tmp_path / "o"
+    example = str(historygraph.cli.example_trace_path())
+    res = runner.invoke(app, ["replay", example, example, example, "--policy", "prune", "--budget", "3000",
+                              "--store", ":memory:", "--out", str(out)])
+    assert res.exit_code == 130, res.output
+    assert "interrupted" in res.output and "1 of 3" in res.output
+    data = json.loads((out / "replay.json").read_text())
+    assert data["meta"]["interrupted"] is True and data["meta"]["trajectories_done"] == 1
+    assert len(data["per_trace"]) == 1

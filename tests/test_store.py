@@ -103,6 +103,28 @@ def test_embedding_cache_round_trip(make_store):
     assert list(got) == ["k"] and np.array_equal(got["k"], v)
 
 
+def test_failed_embedding_batch_stores_nothing_and_the_store_keeps_working(make_store):
+    s = make_store()
+    v = np.arange(4, dtype=np.float32)
+    with pytest.raises(ValueError):
+        s.put_embeddings({"a": v, "b": np.array(["not a number"])})
+    assert s.get_embeddings(["a", "b"]) == {}
+    s.put_embeddings({"c": v})
+    assert np.array_equal(s.get_embeddings(["c"])["c"], v)
+
+
+def test_sqlite_embedding_batch_failing_inside_the_transaction_rolls_back(tmp_path):
+    s = SQLiteStore(tmp_path / "hg.sqlite")
+    v = np.arange(4, dtype=np.float32)
+    with pytest.raises(Exception):  # sqlite3 cannot bind an object as a key: fails after the first row
+        s.put_embeddings({"a": v, object(): v})
+    assert s.get_embeddings(["a"]) == {}
+    s.put_embeddings({"c": v})  # before the fix: "cannot start a transaction within a transaction"
+    other = SQLiteStore(tmp_path / "hg.sqlite")  # and the write lock was released
+    other.put_embeddings({"d": v})
+    assert set(s.get_embeddings(["c", "d"])) == {"c", "d"}
+
+
 def test_sqlite_reopen_gives_back_what_was_stored(tmp_path):
     path = tmp_path / "hg.sqlite"
     s = SQLiteStore(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import resource
 import sys
 import time
@@ -20,7 +21,7 @@ from . import __version__
 from .eval.recall import AGE_BINS
 from .eval.replay import replay_trace
 from .eval.report import summarize, write_outputs
-from .formats import TraceFormatError, read_traces
+from .formats import READERS, TraceFormatError, list_trace_files, read_traces
 from .graph import ContextGraph
 from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
@@ -53,6 +54,43 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _warn(msg: str) -> None:
+    err.print("[yellow]warning:[/] ", end="")
+    err.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+
+def _check_out(out: Path) -> None:
+    """Fail before any work when ``--out`` cannot hold the results (an existing file, no permission)."""
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out}: is an existing file; give a folder for replay.json, replay.csv and the plots "
+              "(it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"--out {out}: cannot create the folder: {exc.strerror or exc}")
+    if not os.access(out, os.W_OK):
+        _fail(f"--out {out}: folder is not writable")
+
+
+def _read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, list[dict[str, str]]]:
+    """Every readable trace under ``paths`` and the files skipped (``{"path", "error"}``), each
+    named in a warning; with ``strict`` the first unreadable file ends the command."""
+    traces, skipped = [], []
+    for p in paths:
+        for f in list_trace_files(p):
+            try:
+                traces.extend(read_traces(f, format=fmt))
+            except (TraceFormatError, OSError, UnicodeDecodeError) as exc:
+                why = exc.what if isinstance(exc, TraceFormatError) else f"{type(exc).__name__}: {exc}"
+                if strict:
+                    _fail(f"{exc if isinstance(exc, TraceFormatError) else f'{f}: {why}'} (--strict stops at the "
+                          "first unreadable file)")
+                where = f" (field {exc.field})" if isinstance(exc, TraceFormatError) else ""
+                _warn(f"skipped {f}{where}: {why}")
+                skipped.append({"path": str(f), "error": f"{why}{where}"})
+    return traces, skipped
+
+
 @app.command()
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
@@ -60,29 +98,34 @@ def replay(
     budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens (ContextRender B.1 uses 6000).")] = 6000,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: the user data dir.")] = None,
-    out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv and recall_by_age.png.")] = Path("replay-results"),
+    out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv and recall_by_age.png (created if missing; must not be a file).")] = Path("replay-results"),
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
+    strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file (default: skip it with a warning, exit 1 at the end).")] = False,
 ) -> None:
-    """Replay recorded traces through policies and report recall, tokens and render time."""
+    """Replay recorded traces through policies and report recall, tokens and render time.
+
+    Unreadable trace files are skipped with a warning naming each (exit status 1 at the end). On
+    Ctrl-C, or when a summarising policy's model fails, the traces finished so far are written
+    (``meta.interrupted`` in replay.json) before the command exits."""
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
     for n in names:
         if n not in REGISTRY:
             _unknown_policy(n)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if fmt is not None and fmt not in READERS:
+        _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
     paths = paths or [example_trace_path()]
     for p in paths:
         if not p.exists():
             _fail(f"{p}: no such file or folder")
+    _check_out(out)
     t_start = time.perf_counter()
-    try:
-        traces = [t for p in paths for t in read_traces(p, format=fmt)]
-    except TraceFormatError as exc:
-        _fail(str(exc))
+    traces, skipped = _read_all(paths, fmt, strict)
     if not traces:
-        _fail(f"no traces found in {', '.join(map(str, paths))}")
+        _fail(f"no readable traces in {', '.join(map(str, paths))}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
     try:
         db = open_store(store)
     except Exception as exc:  # an unwritable path, a corrupt database file
@@ -94,28 +137,36 @@ def replay(
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
                   f"at B = {budget} tokens ({encoding}); store: {_store_name(db)}")
-    results, embedded = [], 0
+    done: dict[int, object] = {}
+    embedded = [0]
+    stopped: str | None = None
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
         try:
             if jobs > 1:
-                results, embedded = _replay_parallel(traces, names, budget, encoding, store, jobs, lambda: bar.advance(task))
-            for tr in traces if jobs == 1 else ():
+                _replay_parallel(traces, names, budget, encoding, store, jobs, done, embedded, lambda: bar.advance(task))
+            for i, tr in enumerate(traces if jobs == 1 else ()):
                 bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
-                results.append(replay_trace(tr, policies, budget, signals, db))
+                done[i] = replay_trace(tr, policies, budget, signals, db)
                 bar.advance(task)
-        except ModelError as exc:  # a summarising policy whose model is unavailable: fail fast, no traceback
-            bar.stop()
-            _fail(f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)")
+        except KeyboardInterrupt:
+            stopped = "interrupted (Ctrl-C)"
+        except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
+            stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
+    results = [done[i] for i in sorted(done)]
     wall = time.perf_counter() - t_start
     peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
     meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budget,
             "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
-            "texts_embedded": embedded + _embedded(signals)}
+            "texts_embedded": embedded[0] + _embedded(signals), "skipped_files": skipped,
+            "interrupted": stopped is not None, "trajectories_done": len(results)}
     written = write_outputs(out, results, meta)
     db.close()
+    if stopped:
+        _fail(f"{stopped}: wrote the {len(results)} of {len(traces)} trajectories finished so far to "
+              + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
     per_trace_rows, per_source_rows = summarize(results)
     _print_table(per_source_rows, f"Later-Used Result Recall and history tokens at B = {budget}")
     if per_trace:
@@ -129,7 +180,9 @@ def replay(
     console.print(f"wall time {wall:.1f} s, peak memory {peak_mb:.0f} MB, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
     console.print("wrote " + ", ".join(str(p) for p in written.values()))
-    if bad:
+    if skipped:
+        _warn(f"{len(skipped)} unreadable file(s) skipped: " + ", ".join(s["path"] for s in skipped))
+    if bad or skipped:
         raise typer.Exit(1)
 
 
@@ -154,21 +207,22 @@ def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
 
 
 def _replay_parallel(traces: list, names: list[str], budget: int, encoding: str, store: str | None, jobs: int,
-                     advance) -> tuple[list, int]:  # noqa: ANN001
-    """Replay whole traces in ``jobs`` processes (largest first): the results in the traces' order
-    and the number of texts the workers embedded."""
-    from concurrent.futures import ProcessPoolExecutor
+                     done: dict, embedded: list[int], advance) -> None:  # noqa: ANN001
+    """Replay whole traces in ``jobs`` processes (largest first), putting each finished result into
+    ``done`` (trace index -> result) and adding the texts the workers embedded to ``embedded[0]``,
+    so that an interrupt keeps what is finished. Pending traces are cancelled on any exception."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
-    out: dict[int, object] = {}
-    embedded = 0
-    with ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budget, encoding, store)) as pool:
-        futures = {i: pool.submit(_worker_replay, traces[i]) for i in order}
-        for i in order:
-            out[i], n = futures[i].result()
-            embedded += n
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budget, encoding, store))
+    try:
+        futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
+        for fut in as_completed(futures):
+            done[futures[fut]], n = fut.result()
+            embedded[0] += n
             advance()
-    return [out[i] for i in range(len(traces))], embedded
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _fmt(v: object) -> str:

@@ -3,7 +3,8 @@
 Two implementations of :class:`ChatModel`:
 
 * :class:`OpenAICompatibleModel`: any OpenAI-compatible ``/chat/completions`` endpoint (httpx),
-  configured by base URL, model and API key.
+  configured by base URL, model and API key; 429, 5xx and connection errors are retried with
+  exponential backoff (``tenacity``), so one rate limit does not end a long replay.
 * :class:`LocalSmolLM2`: SmolLM2-135M-Instruct on the CPU (:mod:`historygraph.models.smollm2`),
   the offline default. Its summaries are weak but real.
 
@@ -71,27 +72,87 @@ class ChatModel(Protocol):
     def complete(self, messages: list[dict[str, str]], max_tokens: int = 256) -> Completion: ...
 
 
+class _Retryable(Exception):
+    """A 429 or 5xx answer: worth another try (carries the response for Retry-After)."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(f"{response.status_code}: {response.text[:300]}")
+        self.response = response
+
+
+def _retry_after(exc: BaseException | None) -> float | None:
+    """Seconds from a ``Retry-After`` header given in seconds (RFC 9110 §10.2.3), else ``None``."""
+    if isinstance(exc, _Retryable):
+        value = exc.response.headers.get("retry-after", "")
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            return None
+    return None
+
+
 class OpenAICompatibleModel:
     """Args: base_url (e.g. ``http://127.0.0.1:8000/v1``), model, api_key (optional),
-    timeout in seconds, transport (an ``httpx`` transport, for tests)."""
+    timeout in seconds, transport (an ``httpx`` transport, for tests), retries, backoff.
+
+    Retries: a 429, a 5xx or a connection/transport error is retried up to ``retries`` times
+    (``tenacity``), waiting ``backoff · 2^k`` seconds with random jitter (at most 60 s) before try
+    ``k + 1``, or the ``Retry-After`` seconds the server gives (capped at 60 s). Other statuses (400,
+    401, 404 …) fail at once. ``backoff = 0`` retries without waiting.
+
+    Raises (from :meth:`complete`):
+        ModelError: the last error after every try, naming the endpoint, status and tries.
+    """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 120.0,
-                 transport: Any = None) -> None:
+                 transport: Any = None, retries: int = 5, backoff: float = 1.0) -> None:
         import httpx
 
+        if retries < 0 or backoff < 0:
+            raise ValueError(f"retries and backoff must be >= 0, got {retries} and {backoff}")
         self.name = model
+        self.retries = retries
+        self.backoff = backoff
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
 
-    def complete(self, messages: list[dict[str, str]], max_tokens: int = 256) -> Completion:
-        import httpx
+    def _wait(self, state: Any) -> float:
+        """Seconds before the next try: the server's Retry-After, else jittered exponential backoff."""
+        from tenacity import wait_exponential_jitter
 
-        t0 = time.perf_counter()
+        hinted = _retry_after(state.outcome.exception() if state.outcome else None)
+        if hinted is not None:
+            return min(hinted, 60.0)
+        if self.backoff == 0:
+            return 0.0
+        return wait_exponential_jitter(initial=self.backoff, max=60.0, jitter=self.backoff)(state)
+
+    def _post(self, body: dict[str, Any]) -> Any:
+        import httpx
+        from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt
+
+        retrying = Retrying(stop=stop_after_attempt(self.retries + 1), wait=self._wait, reraise=False,
+                            retry=retry_if_exception_type((httpx.TransportError, _Retryable)))
         try:
-            r = self._client.post("/chat/completions", json={"model": self.name, "messages": messages,
-                                                              "max_tokens": max_tokens, "temperature": 0})
-        except httpx.HTTPError as exc:
+            for attempt in retrying:
+                with attempt:
+                    r = self._client.post("/chat/completions", json=body)
+                    if r.status_code == 429 or r.status_code >= 500:
+                        raise _Retryable(r)
+                    return r
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            tries = exc.last_attempt.attempt_number
+            if isinstance(last, _Retryable):
+                raise ModelError(f"model endpoint {self._client.base_url} answered {last} "
+                                 f"({tries} tries)") from last
+            raise ModelError(f"model endpoint {self._client.base_url} unreachable after {tries} tries: {last}") from last
+        except httpx.HTTPError as exc:  # not retried (e.g. an invalid URL)
             raise ModelError(f"model endpoint {self._client.base_url} unreachable: {exc}") from exc
+
+    def complete(self, messages: list[dict[str, str]], max_tokens: int = 256) -> Completion:
+        t0 = time.perf_counter()
+        r = self._post({"model": self.name, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
         if r.status_code != 200:
             raise ModelError(f"model endpoint {self._client.base_url} answered {r.status_code}: {r.text[:300]}")
         data = r.json()

@@ -76,7 +76,10 @@ class Store(ABC):
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]: ...
 
     @abstractmethod
-    def put_embeddings(self, items: dict[str, np.ndarray]) -> None: ...
+    def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
+        """Cache vectors by content-hash key, all or nothing: a batch that fails (a value that is
+        not a float vector, a database error) stores none of its items and leaves the store usable.
+        An existing entry is kept (first writer wins)."""
 
     @abstractmethod
     def get_text(self, kind: str, key: str) -> str | None:

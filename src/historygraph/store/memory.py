@@ -40,7 +40,9 @@ class MemoryStore(Store):
         return {k: self._emb[k] for k in keys if k in self._emb}
 
     def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
-        self._emb.update(items)
+        rows = {k: np.asarray(v, dtype=np.float32) for k, v in items.items()}  # all converted, or nothing stored
+        for k, v in rows.items():
+            self._emb.setdefault(k, v)
 
     def get_text(self, kind: str, key: str) -> str | None:
         return self._texts.get((kind, key))

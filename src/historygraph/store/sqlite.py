@@ -128,10 +128,14 @@ class SQLiteStore(Store):
         return out
 
     def put_embeddings(self, items: dict[str, np.ndarray]) -> None:
+        rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?)",
-                                 [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()])
+            try:
+                self._db.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?)", rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self._db.execute("COMMIT")
 
     def get_text(self, kind: str, key: str) -> str | None:
