@@ -6,6 +6,7 @@ the replay evaluator. See docs/architecture.md for the architecture.
 
 from .events import EventError, Message, ToolCall, Trace
 from .graph import ContextGraph, GraphError
+from .messages import Rendered, render_anthropic_messages, render_messages
 from .policies import REGISTRY, PolicyError, Signals, create
 from .render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
 from .session import Session
@@ -16,6 +17,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BudgetTooSmallError", "ContextGraph", "EventError", "GraphError", "InvariantError", "MemoryStore", "Message",
-    "PolicyError", "REGISTRY", "Rendering", "SQLiteStore", "Session", "Signals", "TokenCounter", "ToolCall", "Trace",
-    "check_invariants", "create", "open_store", "__version__",
+    "PolicyError", "REGISTRY", "Rendered", "Rendering", "SQLiteStore", "Session", "Signals", "TokenCounter", "ToolCall", "Trace",
+    "check_invariants", "create", "open_store", "render_anthropic_messages", "render_messages", "__version__",
 ]

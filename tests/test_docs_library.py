@@ -1,0 +1,21 @@
+"""Every Python block of docs/library.md runs as written, in order, in one namespace."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "library.md"
+
+
+def test_library_page_blocks_run(capsys):
+    scope: dict = {}
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) >= 3
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/library.md block {i + 1}", "exec"), scope)
+    printed = capsys.readouterr().out
+    assert "[tool result c1 omitted from this context (400 tokens)" in printed
+    assert "[3] " in printed  # r.rendering.omitted
+    assert scope["to_send"][2]["content"][0]["tool_use_id"] == "t1"
+    assert "t1" in scope["to_send"][2]["content"][0]["content"]
