@@ -99,3 +99,8 @@ def test_endpoint_config_from_environment(monkeypatch):
         endpoint_config()
     monkeypatch.setenv("HISTORYGRAPH_LLM_MODEL", "gpt-x")
     assert endpoint_config() == {"base_url": "http://h/v1", "model": "gpt-x"}
+    monkeypatch.setenv("HISTORYGRAPH_LLM_RETRIES", "2")
+    assert endpoint_config()["retries"] == 2
+    monkeypatch.setenv("HISTORYGRAPH_LLM_RETRIES", "-1")
+    with pytest.raises(ModelError, match="HISTORYGRAPH_LLM_RETRIES"):
+        endpoint_config()

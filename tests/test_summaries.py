@@ -1,5 +1,6 @@
 """The summarising baselines: triggers, summary messages, caching, usage accounting, failures."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -198,10 +199,13 @@ def test_cli_reports_an_unreachable_endpoint_without_a_traceback(tmp_path, monke
 
     monkeypatch.setenv("HISTORYGRAPH_LLM_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("HISTORYGRAPH_LLM_MODEL", "m")
+    monkeypatch.setenv("HISTORYGRAPH_LLM_RETRIES", "1")
     monkeypatch.setattr(llm, "_default", None)
     res = CliRunner().invoke(app, ["replay", "--policy", "compact-llm", "--budget", "1500", "--store", ":memory:",
                                    "--out", str(tmp_path / "o")])
-    assert res.exit_code == 2 and "unreachable" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "unreachable after 2 tries" in res.output and "Traceback" not in res.output
+    # what was finished (nothing here) is still written
+    assert json.loads((tmp_path / "o" / "replay.json").read_text())["meta"]["interrupted"] is True
 
 
 def test_one_real_summary_from_the_local_smollm2_model():

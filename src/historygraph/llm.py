@@ -211,13 +211,18 @@ class LocalSmolLM2:
                           time.perf_counter() - t0)
 
 
-def endpoint_config() -> dict[str, str] | None:
-    """The configured endpoint (``base_url``, ``model``, ``api_key``) or ``None``."""
-    env = {k: os.environ.get(f"HISTORYGRAPH_LLM_{k.upper()}") for k in ("base_url", "model", "api_key")}
+def endpoint_config() -> dict[str, Any] | None:
+    """The configured endpoint (``base_url``, ``model``, ``api_key``, optional ``retries``) or ``None``.
+    ``HISTORYGRAPH_LLM_RETRIES`` (or ``retries`` in the ``[llm]`` table) sets the retries of
+    :class:`OpenAICompatibleModel` (default 5)."""
+    env = {k: os.environ.get(f"HISTORYGRAPH_LLM_{k.upper()}") for k in ("base_url", "model", "api_key", "retries")}
     if env["base_url"]:
         if not env["model"]:
             raise ModelError("HISTORYGRAPH_LLM_BASE_URL is set but HISTORYGRAPH_LLM_MODEL is not")
-        return {k: v for k, v in env.items() if v}
+        out: dict[str, Any] = {k: v for k, v in env.items() if v and k != "retries"}
+        if env["retries"]:
+            out["retries"] = _retries(env["retries"], "HISTORYGRAPH_LLM_RETRIES")
+        return out
     path = Path(platformdirs.user_config_dir("historygraph")) / "historygraph.toml"
     if path.is_file():
         try:
@@ -227,8 +232,21 @@ def endpoint_config() -> dict[str, str] | None:
         if cfg.get("base_url"):
             if not cfg.get("model"):
                 raise ModelError(f"{path}: [llm] base_url is set but model is not")
-            return {k: str(v) for k, v in cfg.items() if k in ("base_url", "model", "api_key")}
+            out = {k: str(v) for k, v in cfg.items() if k in ("base_url", "model", "api_key")}
+            if "retries" in cfg:
+                out["retries"] = _retries(cfg["retries"], f"{path}: [llm] retries")
+            return out
     return None
+
+
+def _retries(value: Any, where: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise ModelError(f"{where} must be a whole number >= 0, got {value!r}")
+    return n
 
 
 _default: ChatModel | None = None

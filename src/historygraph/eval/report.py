@@ -116,6 +116,8 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
         return None
     sources = list(dict.fromkeys(r["source"] for r in per_source))
     policies = list(dict.fromkeys(r["policy"] for r in per_source))
+    if not sources:  # nothing replayed (an interrupt before the first trace finished)
+        return None
     ncols = min(3, len(sources))
     nrows = -(-len(sources) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False, sharey=True)
