@@ -340,3 +340,77 @@ def test_bad_json_without_format_is_trace_format_error(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError) as exc:
         list(read_traces(p))
     assert str(p) in str(exc.value) and "not valid JSON" in str(exc.value)
+
+
+# ----------------------------------------------------------------------------- public variants
+
+
+def _opendevin_line(with_ids: bool) -> dict:
+    """A hand-made 2024 OpenDevin ``output.jsonl`` record: ``history`` of [action, observation] pairs
+    (OpenDevin's ``(action.to_dict(), observation.to_dict())``), the task only in ``instruction``."""
+    def ids(d, i, cause=None):
+        if with_ids:
+            d = {**d, "id": i, "source": "agent", "timestamp": "2024-06-01T10:00:0%d" % (i % 10)}
+            if cause is not None:
+                d["cause"] = cause
+        return d
+
+    history = [
+        [ids({"action": "run", "args": {"command": "ls", "background": False, "thought": "Look around."},
+              "message": "Running command: ls"}, 1),
+         ids({"observation": "run", "content": "setup.py\nsrc", "extras": {"command_id": -1, "command": "ls", "exit_code": 0},
+              "message": "Command `ls` executed with exit code 0."}, 2, cause=1)],
+        [ids({"action": "read", "args": {"path": "setup.py", "start": 0, "end": -1, "thought": ""}, "message": "Reading"}, 3),
+         ids({"observation": "read", "content": "from setuptools import setup", "extras": {"path": "setup.py"},
+              "message": "read"}, 4, cause=3)],
+        [ids({"action": "message", "args": {"content": "Done, see setup.py", "wait_for_response": False},
+              "message": "Done"}, 5),
+         {"observation": "null", "content": "", "extras": {}, "message": "No observation"}],
+        [ids({"action": "finish", "args": {"outputs": {}, "thought": "Finished."}, "message": "All done"}, 6),
+         {"observation": "null", "content": "", "extras": {}, "message": "No observation"}],
+    ]
+    return {"instance_id": "django__django-1", "instruction": "Fix the bug in setup.py", "history": history,
+            "metadata": {"agent_class": "CodeActAgent", "model_name": "gpt-4o-2024-05-13"}, "error": None,
+            "test_result": {"git_patch": ""}}
+
+
+@pytest.mark.parametrize("with_ids", [True, False], ids=["with-ids", "without-ids"])
+def test_opendevin_2024_history_of_action_observation_pairs(tmp_path: Path, with_ids: bool) -> None:
+    f = tmp_path / "output.jsonl"
+    f.write_text(json.dumps(_opendevin_line(with_ids)) + "\n")
+    assert detect_format(f) == "openhands"
+    (tr,) = read_traces(f)
+    assert tr.trace_id == "django__django-1" and tr.meta["event_format"] == "pairs"
+    # the instruction (user), run + result, read + result, the agent's message, finish (plain assistant)
+    assert [(m.role, m.content) for m in tr.messages] == [
+        ("user", "Fix the bug in setup.py"),
+        ("assistant", "Look around."), ("tool", "setup.py\nsrc"),
+        ("assistant", ""), ("tool", "from setuptools import setup"),
+        ("assistant", "Done, see setup.py"), ("assistant", "Finished.")]
+    run, read = tr.messages[1].tool_calls[0], tr.messages[3].tool_calls[0]
+    assert (run.name, json.loads(run.arguments)) == ("execute_bash", {"command": "ls", "background": False})
+    assert (read.name, json.loads(read.arguments)) == ("read", {"path": "setup.py", "start": 0, "end": -1})
+    assert tr.messages[2].tool_call_id == run.id and tr.messages[4].tool_call_id == read.id
+    assert_paired(tr)
+
+
+def test_tau2_bench_submission_without_task_ids(tmp_path: Path) -> None:
+    sims = [{"id": "sim-a", "trial": 0, "termination_reason": "agent_stop", "reward_info": {"reward": 1.0},
+             "messages": [
+                 {"role": "assistant", "content": "Hi! How can I help you today?"},
+                 {"role": "user", "content": "Cancel reservation EHGLP3"},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "c1", "name": "get_reservation_details", "arguments": {"reservation_id": "EHGLP3"}, "requestor": "assistant"}]},
+                 {"role": "tool", "id": "c1", "content": "{\"status\": \"active\"}", "requestor": "assistant"},
+                 {"role": "assistant", "content": "It is active."}]},
+            {"trial": 1, "termination_reason": "user_stop", "messages": [{"role": "user", "content": "bye"}]}]
+    f = tmp_path / "submission.json"
+    f.write_text(json.dumps({"timestamp": "2025-07-01", "info": {"agent_info": {"llm": "my-model"}}, "simulations": sims}))
+    a, b = read_traces(f)
+    assert (a.trace_id, a.meta["task_id"], a.meta["reward"]) == ("sim-a", None, 1.0)
+    assert [m.role for m in a.messages] == ["assistant", "user", "assistant", "tool", "assistant"]
+    assert json.loads(a.messages[2].tool_calls[0].arguments) == {"reservation_id": "EHGLP3"}
+    assert b.trace_id == "simulation1-trial1"
+    bare = tmp_path / "bare.json"  # a bare list of such simulations is detected too
+    bare.write_text(json.dumps(sims))
+    assert detect_format(bare) == "tau2-bench" and len(list(read_traces(bare))) == 2

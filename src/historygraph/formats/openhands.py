@@ -35,6 +35,13 @@ Older resolver format (2024: no ``id``/``source``, flattened fields): ``message`
     ``{trace_id}-call-{k}`` named after the action (``run`` → ``execute_bash``, ``run_ipython`` →
     ``execute_ipython_cell``, else the action name), arguments = the flattened fields minus
     ``_NOT_ARGUMENTS``; each observation answers the latest unanswered call.
+OpenDevin pairs (2024 ``output.jsonl``): ``history`` is a list of ``[action, observation]`` pairs
+    (OpenDevin's ``(action.to_dict(), observation.to_dict())``). The pairs are flattened to the
+    event list above: an action without ``id`` gets ``pair-{k}`` and its observation, when it
+    has no ``cause``, is linked to it; an action without ``source`` is an agent action, except a
+    ``message`` before the first agent action (the user's). When no user message is in the
+    history, ``instruction`` becomes the first user message (OpenDevin kept the task only there).
+    Counted in ``meta["event_format"] = "pairs"``.
 Ignored: ``tool_call_metadata.model_response`` (raw LLM response; only its ``id`` is used for
     grouping), ``llm_metrics``, ``metrics``, ``message`` of actions (an auto-generated summary),
     ``agent_state_changed``/``change_agent_state``/``null`` events, ``instance``, ``test_result``,
@@ -86,14 +93,19 @@ def _key(x: Any) -> Any:
     return x if isinstance(x, (int, str)) and not isinstance(x, bool) else None
 
 
+def _is_pair(e: Any) -> bool:
+    """An OpenDevin ``[action, observation]`` history entry."""
+    return isinstance(e, list) and 1 <= len(e) <= 2 and _is_event(e[0])
+
+
 def sniff(obj: Any) -> bool:
-    """A run record (object with an event list ``history`` and ``instance_id``/``issue``/``instruction``,
-    no ``trajectory``) or a bare list of events."""
+    """A run record (object with an event list, or a list of ``[action, observation]`` pairs,
+    ``history`` and ``instance_id``/``issue``/``instruction``, no ``trajectory``) or a bare list of events."""
     if isinstance(obj, dict):
         h = obj.get("history")
         return (isinstance(h, list) and "trajectory" not in obj
                 and bool({"instance_id", "issue", "instruction"} & obj.keys())
-                and (not h or _is_event(h[0])))
+                and (not h or _is_event(h[0]) or _is_pair(h[0])))
     return isinstance(obj, list) and bool(obj) and all(_is_event(e) for e in obj[:5])
 
 
@@ -129,7 +141,40 @@ def _record(path: Path, rec: Any, where: str, fallback_id: str) -> Trace:
     if isinstance(rec.get("issue"), dict):
         meta.update(issue=f"{rec['issue'].get('owner')}/{rec['issue'].get('repo')}#{rec['issue'].get('number')}",
                     success=rec.get("success"))
-    return _trace(path, trace_id, history, f"{where}.history" if where else "history", meta)
+    hwhere = f"{where}.history" if where else "history"
+    if history and all(isinstance(e, list) for e in history):
+        history = _unpair(path, history, hwhere, rec.get("instruction"))
+        meta["event_format"] = "pairs"
+    return _trace(path, trace_id, history, hwhere, meta)
+
+
+def _unpair(path: Path, pairs: list, where: str, instruction: Any) -> list:
+    """The event list of an OpenDevin pair history (module docstring, "OpenDevin pairs")."""
+    events: list[dict] = []
+    agent_seen = False
+    for k, pair in enumerate(pairs):
+        if not _is_pair(pair):
+            raise TraceFormatError(path, NAME, f"{where}[{k}]", "expected an [action, observation] pair")
+        action = dict(pair[0])
+        if "action" in action:
+            if action.get("id") is None:
+                action["id"] = f"pair-{k}"
+            if action.get("source") is None:
+                user = action["action"] == "message" and not agent_seen
+                action["source"] = "user" if user else "agent"
+            agent_seen = agent_seen or action["source"] == "agent"
+        events.append(action)
+        if len(pair) == 2:
+            if not _is_event(pair[1]):
+                raise TraceFormatError(path, NAME, f"{where}[{k}][1]", "expected an observation object")
+            obs = dict(pair[1])
+            if obs.get("cause") is None and "action" in action:
+                obs["cause"] = action["id"]
+            events.append(obs)
+    has_user = any(e.get("action") == "message" and e.get("source") == "user" for e in events)
+    if not has_user and isinstance(instruction, str) and instruction.strip():
+        events.insert(0, {"action": "message", "source": "user", "args": {"content": instruction}})
+    return events
 
 
 def _trace(path: Path, trace_id: str, events: list, where: str, meta: dict | None = None) -> Trace:
@@ -138,7 +183,7 @@ def _trace(path: Path, trace_id: str, events: list, where: str, meta: dict | Non
                                    for e in events)
     counts = (_old if old else _new)(b, events, where or "")
     msgs, stats = b.finish()
-    meta = {**(meta or {}), "event_format": "old" if old else "event", **counts, **stats}
+    meta = {"event_format": "old" if old else "event", **(meta or {}), **counts, **stats}
     return Trace(source=NAME, trace_id=trace_id, path=str(path), messages=msgs, meta=meta)
 
 

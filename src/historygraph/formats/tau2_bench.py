@@ -3,7 +3,9 @@
 See ``shared/traces/SOURCES.md`` §6. A file is ``{timestamp, info{agent_info, environment_info{policy,
 …}, …}, tasks[], simulations[]}`` (a bare list of simulations is accepted too). Each simulation
 ``{id, task_id, trial, termination_reason, reward_info, messages[], …}`` is one trace; the trace id
-is the simulation ``id`` (else ``task{task_id}-trial{trial}``).
+is the simulation ``id`` (else ``task{task_id}-trial{trial}``, else ``simulation{n}-trial{trial}``).
+Only ``messages`` is required: leaderboard submissions carry simulations without ``task_id``
+(then ``task.id`` is used when present, else ``meta["task_id"]`` is ``None``).
 
 Read:
     per message ``role``, ``content``, ``tool_calls`` (flat ``{id, name, arguments (dict),
@@ -34,7 +36,8 @@ NAME = "tau2-bench"
 
 
 def _is_sim(x: Any) -> bool:
-    return isinstance(x, dict) and isinstance(x.get("messages"), list) and "task_id" in x
+    return isinstance(x, dict) and isinstance(x.get("messages"), list) and bool(
+        {"task_id", "trial", "termination_reason", "reward_info"} & x.keys())
 
 
 def sniff(obj: Any) -> bool:
@@ -57,8 +60,13 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
         raise TraceFormatError(path, NAME, "(top level)", f"expected an object or a list, got {type(obj).__name__}")
     for n, sim in enumerate(sims):
         w0 = f"{where}[{n}]"
-        task_id = req(sim, "task_id", (str, int), w0, path=path, fmt=NAME)
-        trace_id = str(sim.get("id") or f"task{task_id}-trial{sim.get('trial', 0)}")
+        if not isinstance(sim, dict):
+            raise TraceFormatError(path, NAME, w0, f"expected an object, got {type(sim).__name__}")
+        task_id = sim.get("task_id", dig(sim, "task", "id"))  # leaderboard submissions may omit it
+        if task_id is not None and not isinstance(task_id, (str, int)):
+            raise TraceFormatError(path, NAME, f"{w0}.task_id", f"expected str or int, got {type(task_id).__name__}")
+        trace_id = str(sim.get("id") or (f"task{task_id}-trial{sim.get('trial', 0)}" if task_id is not None
+                                         else f"simulation{n}-trial{sim.get('trial', 0)}"))
         b = Builder(path, NAME, trace_id)
         if isinstance(policy, str) and policy:
             b.add(Draft("system", policy, where="info.environment_info.policy"))
