@@ -1,5 +1,7 @@
 """Faults and load (issue 6): a server killed mid-burst loses no acknowledged event, concurrent
-clients through the proxy lose nothing, and random request bodies never crash the proxy."""
+clients through the proxy lose nothing, and random request bodies never crash the proxy.
+Issue 17: a connection cut after the commit, then a retry with the same Idempotency-Key, stores
+nothing twice."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from historygraph.store import open_store
 from test_server import _port, _start
 
 PG = os.environ.get("HISTORYGRAPH_TEST_POSTGRES")
@@ -71,6 +74,114 @@ def test_sigkill_mid_burst_keeps_every_acknowledged_event(backend, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _backend_store(backend: str, tmp_path) -> str:
+    if backend == "postgres" and not PG:
+        pytest.skip("set HISTORYGRAPH_TEST_POSTGRES to a PostgreSQL DSN (.ci/run starts one)")
+    return str(tmp_path / "retry.sqlite") if backend == "sqlite" else PG
+
+
+def _stored(store: str, sid: str) -> list[str]:
+    """The session's events read straight from the store (the server may be dead)."""
+    s = open_store(store)
+    try:
+        return [m.content for m in s.messages(sid)] if s.has_session(sid) else []
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_connection_cut_after_the_commit_then_a_retry_with_the_key_stores_once(backend, tmp_path):
+    store = _backend_store(backend, tmp_path)
+    sid, port = f"cut-{backend}-{time.time_ns()}", _port()
+    url = f"http://127.0.0.1:{port}/api/sessions/{sid}/events"
+    script = os.path.join(os.path.dirname(__file__), "cut_after_commit_server.py")
+    proc = _start([script, store, str(port), "e3"], port, tmp_path / "cut.log")
+    with httpx.Client(timeout=30) as c:
+        for k in range(3):
+            r = c.post(url, json={"messages": [{"role": "user", "content": f"event {k}"}], "create": True},
+                       headers={"Idempotency-Key": f"e{k}"})
+            assert r.json() == {"positions": [k]}
+        body = {"messages": [{"role": "user", "content": "event 3"}, {"role": "assistant", "content": "ok"}], "create": True}
+        with pytest.raises(httpx.TransportError):  # committed, then the server died: no answer
+            c.post(url, json=body, headers={"Idempotency-Key": "e3"})
+    assert proc.wait(10) == -signal.SIGKILL
+    assert _stored(store, sid) == ["event 0", "event 1", "event 2", "event 3", "ok"]  # the batch was committed
+    proc = _serve(store, port, tmp_path / "after-cut.log")
+    try:
+        with httpx.Client(timeout=30) as c:
+            for _ in range(2):  # the client's retry (twice): the first answer, nothing stored again
+                r = c.post(url, json=body, headers={"Idempotency-Key": "e3"})
+                assert (r.status_code, r.json()) == (200, {"positions": [3, 4]})
+            r = c.post(url, json={"messages": [{"role": "user", "content": "not event 3"}]}, headers={"Idempotency-Key": "e3"})
+            assert r.status_code == 409 and "'e3'" in r.json()["detail"]
+        assert _stored(store, sid) == ["event 0", "event 1", "event 2", "event 3", "ok"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+KILLS = 4
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_sigkills_mid_burst_with_retries_by_key_store_every_event_exactly_once(backend, tmp_path):
+    """A writer sends event k with ``Idempotency-Key: e<k>`` and resends it, same key, until it is
+    acknowledged; the server is SIGKILLed ``KILLS`` times mid-burst and restarted. The stored
+    session must be exactly events 0..n-1: none lost, none twice, in order."""
+    store = _backend_store(backend, tmp_path)
+    sid, port = f"retry-{backend}-{time.time_ns()}", _port()
+    acked: list[int] = []
+    answers: list[str] = []  # anything but the expected answer
+    stop = threading.Event()
+
+    def writer() -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
+            k = 0
+            while not stop.is_set():
+                try:
+                    r = c.post(f"/api/sessions/{sid}/events", headers={"Idempotency-Key": f"e{k}"},
+                               json={"messages": [{"role": "user", "content": f"event {k}"}], "create": True})
+                except httpx.TransportError:
+                    time.sleep(0.05)  # the server is gone: resend the same event, same key
+                    continue
+                if r.status_code != 200 or r.json() != {"positions": [k]}:
+                    answers.append(f"event {k}: {r.status_code} {r.text}")
+                    return
+                acked.append(k)
+                k += 1
+
+    proc = _serve(store, port, tmp_path / "retry0.log")
+    thread = threading.Thread(target=writer)
+    thread.start()
+    after_commit = 0  # kills that fell after a commit, before its answer arrived
+    try:
+        for kill in range(KILLS):
+            target = len(acked) + 40
+            while len(acked) < target and thread.is_alive():
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            stored = _stored(store, sid)
+            after_commit += len(stored) - len(acked) == 1 and stored[-1] == f"event {len(acked)}"
+            assert len(stored) - len(acked) in (0, 1)
+            proc = _serve(store, port, tmp_path / f"retry{kill + 1}.log")
+        target = len(acked) + 40
+        while len(acked) < target and thread.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join(30)
+        proc.terminate()
+        proc.wait(10)
+    stored = _stored(store, sid)
+    assert answers == [] and not thread.is_alive()
+    assert acked == list(range(len(acked)))
+    assert stored == [f"event {k}" for k in range(len(stored))], "an event was lost, stored twice or reordered"
+    assert len(stored) - len(acked) in (0, 1)  # at most the one in flight when the writer stopped
+    print(f"{backend}: {KILLS} SIGKILLs ({after_commit} after a commit, before its answer), {len(acked)} acknowledged, "
+          f"{len(stored)} stored, {len(stored) - len(set(stored))} duplicates")
 
 
 @pytest.fixture(scope="module")

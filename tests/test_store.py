@@ -14,7 +14,7 @@ import pytest
 
 from historygraph.events import Message, ToolCall
 from historygraph.graph import GraphError
-from historygraph.store import MemoryStore, SQLiteStore, StoreError, open_store
+from historygraph.store import AppendConflict, MemoryStore, SQLiteStore, StoreError, open_store
 
 PG_DSN = os.environ.get("HISTORYGRAPH_TEST_POSTGRES")
 
@@ -240,3 +240,215 @@ def test_session_infos_count_events_and_tool_results_without_graphs(make_store):
     infos = s.session_infos()
     assert [(i.id, i.events, i.tool_results, i.meta) for i in infos] == [
         ("one", 8, 3, {"parent": "zero"}), ("empty", 0, 0, {})]
+
+
+# -- retries (issue 17): idempotency keys and expected_length -----------------------------------
+
+def test_retried_append_with_the_same_key_stores_once_and_answers_the_same(make_store):
+    s = make_store()
+    s.create_session("s1")
+    s.append("s1", EVENTS[:1])
+    first = s.append("s1", EVENTS[1:3], idempotency_key="turn-1")
+    assert first == [1, 2]
+    s.append("s1", EVENTS[3:], idempotency_key="turn-2")
+    assert s.append("s1", EVENTS[1:3], idempotency_key="turn-1") == [1, 2]  # after later appends too
+    assert s.messages("s1") == EVENTS and len(s.graph("s1")) == 5
+    again = make_store()  # a fresh instance (a restarted server) answers from the stored key
+    if not isinstance(s, MemoryStore):
+        assert again.append("s1", EVENTS[3:], idempotency_key="turn-2") == [3, 4]
+        assert again.messages("s1") == EVENTS
+    s.create_session("s2")  # keys are per session
+    assert s.append("s2", [Message("user", "other")], idempotency_key="turn-1") == [0]
+
+
+def test_same_key_with_another_batch_is_refused_naming_the_key(make_store):
+    s = make_store()
+    s.create_session("s1")
+    s.append("s1", [Message("user", "a")], idempotency_key="k-7")
+    for batch, expected in (([Message("user", "b")], None), ([Message("user", "a")], 1),
+                            ([Message("user", "a"), Message("user", "a")], None)):
+        with pytest.raises(AppendConflict, match="'k-7'") as info:
+            s.append("s1", batch, idempotency_key="k-7", expected_length=expected)
+        assert info.value.key == "k-7" and info.value.length == 1
+    assert [m.content for m in s.messages("s1")] == ["a"]
+
+
+def test_expected_length_appends_only_at_that_length(make_store):
+    s = make_store()
+    s.create_session("s1")
+    assert s.append("s1", EVENTS[:2], expected_length=0) == [0, 1]
+    with pytest.raises(AppendConflict, match="has 2 events, not 1") as info:
+        s.append("s1", EVENTS[2:3], expected_length=1)
+    assert info.value.length == 2 and info.value.key is None
+    with pytest.raises(AppendConflict, match="has 2 events, not 3"):
+        s.append("s1", EVENTS[2:3], expected_length=3)
+    assert s.messages("s1") == EVENTS[:2]
+    # the key is checked first: a retry of a keyed append at a length it moved past is answered
+    assert s.append("s1", EVENTS[2:3], expected_length=2, idempotency_key="k") == [2]
+    assert s.append("s1", EVENTS[2:3], expected_length=2, idempotency_key="k") == [2]
+    assert s.messages("s1") == EVENTS[:3]
+
+
+def test_bad_keys_and_lengths_are_named(make_store):
+    s = make_store()
+    s.create_session("s1")
+    for key in ("", "x" * 256, 7):
+        with pytest.raises(ValueError, match="idempotency key"):
+            s.append("s1", [Message("user", "a")], idempotency_key=key)
+    for length in (-1, True, "0"):
+        with pytest.raises(ValueError, match="expected_length"):
+            s.append("s1", [Message("user", "a")], expected_length=length)
+    assert s.messages("s1") == []
+    assert s.append("s1", [Message("user", "a")], idempotency_key="x" * 255) == [0]
+
+
+def test_a_failed_append_remembers_no_key(make_store):
+    s = make_store()
+    s.create_session("s1")
+    bad = [Message("tool", "?", tool_call_id="nope")]
+    with pytest.raises(GraphError):
+        s.append("s1", bad, idempotency_key="k")
+    with pytest.raises(AppendConflict):
+        s.append("s1", [Message("user", "a")], idempotency_key="k", expected_length=5)
+    assert s.append("s1", [Message("user", "a")], idempotency_key="k") == [0]  # the key is free: nothing was stored
+
+
+def test_only_the_newest_keys_are_kept(make_store):
+    s = make_store()
+    s.kept_keys = 3
+    s.create_session("s1")
+    s.create_session("s2")
+    s.append("s2", [Message("user", "s2")], idempotency_key="k0")
+    for i in range(5):
+        s.append("s1", [Message("user", f"e{i}")], idempotency_key=f"k{i}")
+    for i in (2, 3, 4):  # the newest three: still answered from the record
+        assert s.append("s1", [Message("user", f"e{i}")], idempotency_key=f"k{i}") == [i]
+    assert s.append("s1", [Message("user", "e1")], idempotency_key="k1") == [5]  # forgotten: appended again
+    assert s.append("s2", [Message("user", "s2")], idempotency_key="k0") == [0]  # another session's keys stay
+    assert len(s.messages("s1")) == 6 and len(s.messages("s2")) == 1
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_key_and_events_commit_together(backend, tmp_path, request):
+    """A failure after the events are written and before the key is (or the other way round)
+    rolls both back: a retry never finds events without their key."""
+    if backend == "postgres":
+        from historygraph.store.postgres import PostgresStore
+
+        dsn = request.getfixturevalue("pg_dsn")
+        make = lambda: PostgresStore(dsn)  # noqa: E731
+    else:
+        make = lambda: SQLiteStore(tmp_path / "hg.sqlite")  # noqa: E731
+    s = make()
+    s.create_session("s1")
+
+    def broken(*args):
+        raise OSError("cut")
+
+    s._write_append_key = broken
+    with pytest.raises(OSError):
+        s.append("s1", [Message("user", "a")], idempotency_key="k")
+    fresh = make()
+    assert fresh.messages("s1") == [] and s.messages("s1") == []
+    assert fresh.append("s1", [Message("user", "a")], idempotency_key="k") == [0]
+    assert len(s.graph("s1")) == 1  # the failed instance's cached graph catches up
+
+
+def _chain(append, length, writer: int, n: int) -> list[int]:
+    """Writer ``writer`` appends ``n`` events, each naming the event it follows, at a known position
+    (expected_length), retrying from the current length after a conflict."""
+    got = []
+    for k in range(n):
+        while True:
+            at = length()
+            try:
+                got += append(Message("user", f"w{writer}.{k} after {at - 1}"), at)
+                break
+            except AppendConflict:
+                continue
+    return got
+
+
+def _check_chain(contents: list[str], writers: int, n: int) -> None:
+    assert len(contents) == writers * n
+    for i, c in enumerate(contents):
+        assert c.endswith(f" after {i - 1}"), (i, c)  # each event landed right after the one it saw
+    for w in range(writers):
+        assert [c.split()[0] for c in contents if c.startswith(f"w{w}.")] == [f"w{w}.{k}" for k in range(n)]
+
+
+def test_concurrent_appends_with_expected_length_keep_order(make_store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = make_store()
+    s.create_session("s1")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        jobs = [pool.submit(_chain, lambda m, at: s.append("s1", m, expected_length=at),
+                            lambda: len(s.messages("s1")), w, 6) for w in range(8)]
+        positions = sorted(p for j in jobs for p in j.result())
+    assert positions == list(range(48))
+    _check_chain([m.content for m in s.messages("s1")], 8, 6)
+
+
+def test_concurrent_appends_with_expected_length_from_two_instances(shared_db):
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = open_store(shared_db), open_store(shared_db)
+    a.create_session("s1")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        jobs = [pool.submit(_chain, lambda m, at, st=st: st.append("s1", m, expected_length=at),
+                            lambda st=st: len(st.messages("s1")), w, 8) for w, st in enumerate([a, b, a, b])]
+        assert sorted(p for j in jobs for p in j.result()) == list(range(32))
+    _check_chain([m.content for m in b.messages("s1")], 4, 8)
+    assert a.graph("s1").messages == b.graph("s1").messages
+    a.close(), b.close()
+
+
+OLD_SQLITE_SCHEMA = """
+CREATE TABLE sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
+CREATE TABLE events (
+    session_id TEXT NOT NULL REFERENCES sessions(id), position INTEGER NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (session_id, position));
+CREATE TABLE embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NULL);
+CREATE TABLE texts (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (kind, key));
+INSERT INTO sessions VALUES ('old', 1700000000.0, '{"source": "before issue 17"}');
+INSERT INTO events VALUES ('old', 0, '{"role": "user", "content": "stored by the old schema"}');
+"""
+"""A store as the code before issue 17 wrote it (its four tables and one session)."""
+
+
+def test_a_sqlite_store_of_the_old_schema_opens_and_takes_keys(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(OLD_SQLITE_SCHEMA)
+    s = SQLiteStore(path)
+    assert s.messages("old") == [Message("user", "stored by the old schema")]
+    assert s.session_meta("old") == {"source": "before issue 17"}
+    assert s.append("old", [Message("user", "new")], idempotency_key="k") == [1]
+    assert s.append("old", [Message("user", "new")], idempotency_key="k") == [1]
+    s.close()
+    again = SQLiteStore(path)  # the migration is idempotent: reopening keeps keys and events
+    assert again.append("old", [Message("user", "new")], idempotency_key="k") == [1]
+    assert [m.content for m in again.messages("old")] == ["stored by the old schema", "new"]
+
+
+def test_a_postgres_store_of_the_old_schema_opens_and_takes_keys(pg_dsn):
+    import psycopg
+
+    from historygraph.store.postgres import PostgresStore
+
+    old = (OLD_SQLITE_SCHEMA.replace("id TEXT PRIMARY KEY, created", "id TEXT PRIMARY KEY, seq BIGSERIAL, created")
+           .replace("created REAL", "created DOUBLE PRECISION").replace("BLOB", "BYTEA")
+           .replace("VALUES ('old', 1700000000.0", "(id, created, meta) VALUES ('old', 1700000000.0"))
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(old)
+    s = PostgresStore(pg_dsn)
+    assert s.messages("old") == [Message("user", "stored by the old schema")]
+    assert s.append("old", [Message("user", "new")], idempotency_key="k") == [1]
+    s.close()
+    again = PostgresStore(pg_dsn)
+    assert again.append("old", [Message("user", "new")], idempotency_key="k") == [1]
+    assert [m.content for m in again.messages("old")] == ["stored by the old schema", "new"]
+    again.close()

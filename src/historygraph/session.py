@@ -49,10 +49,22 @@ class Session:
         self.rendering: Rendering | None = None
         self._policies: dict[str, Any] = {}
 
-    def add(self, message: Message | dict[str, Any]) -> int:
-        """Append one event (a :class:`Message` or an OpenAI chat message dict); returns its position."""
+    def add(self, message: Message | dict[str, Any], *, idempotency_key: str | None = None,
+            expected_length: int | None = None) -> int:
+        """Append one event (a :class:`Message` or an OpenAI chat message dict); returns its position.
+
+        ``idempotency_key`` and ``expected_length`` are those of :meth:`Store.append`
+        (:mod:`historygraph.store.base`): an ``add`` that raised a connection error after the store
+        committed can be called again with the same key and message and returns the first
+        position, storing nothing new; with ``expected_length`` the event lands at exactly that
+        position or not at all.
+
+        Raises:
+            AppendConflict: the key was used for another message, or the session does not hold
+                ``expected_length`` events (nothing is stored).
+        """
         m = message if isinstance(message, Message) else Message.from_openai(message)
-        return self.store.append(self.session_id, m)[0]
+        return self.store.append(self.session_id, m, idempotency_key=idempotency_key, expected_length=expected_length)[0]
 
     def render(self, budget: int | None = None, policy: str | None = None) -> list[dict[str, Any]]:
         """The model input for the next call: OpenAI chat messages, history within ``budget`` tokens."""

@@ -4,6 +4,8 @@
 * ``GET  /api/sessions``: every session with its event and tool-result counts and its parent;
 * ``GET  /api/sessions/{id}``: one session's meta and stored messages (OpenAI form);
 * ``POST /api/sessions/{id}/events``: append events (creates the session when ``create`` is true);
+  safe to retry with an ``Idempotency-Key`` header, and appends only at ``expected_length`` when
+  that is given (409 otherwise; see :func:`append_events`);
 * ``POST /api/sessions/{id}/render``: a rendering for a policy and budget, with selected, omitted
   and dropped ids, tokens and per-item reasons;
 * ``GET  /api/sessions/{id}/results/{tool_call_id}``: one complete stored tool result, so that an
@@ -16,15 +18,17 @@ When the server has an auth token, every route here requires ``Authorization: Be
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..events import EventError, Message
 from ..policies import REGISTRY
-from ..store import StoreError
+from ..store import KEPT_KEYS, AppendConflict, StoreError
+from ..store.base import MAX_KEY_LENGTH
 from .app import ClientError
 
 
@@ -61,10 +65,17 @@ class SessionDetail(BaseModel):
 class AppendRequest(_Strict):
     messages: list[dict[str, Any]] = Field(description="Events in OpenAI chat form.")
     create: bool = Field(False, description="Create the session when it does not exist.")
+    expected_length: int | None = Field(None, ge=0, description="Append only if the session holds exactly this "
+                                        "many events; else 409 with the current length.")
 
 
 class AppendResponse(BaseModel):
     positions: list[int] = Field(description="Graph positions of the appended events.")
+
+
+class Conflict(BaseModel):
+    detail: str
+    length: int = Field(description="The session's current number of events.")
 
 
 class RenderRequest(_Strict):
@@ -124,9 +135,20 @@ def read_session(session_id: str, request: Request) -> SessionDetail:
                          messages=[m.to_dict() for m in proxy.store.messages(session_id)])
 
 
-@router.post("/sessions/{session_id}/events", response_model=AppendResponse)
-def append_events(session_id: str, body: AppendRequest, request: Request) -> AppendResponse:
+@router.post("/sessions/{session_id}/events", response_model=AppendResponse,
+             responses={409: {"model": Conflict, "description": "Idempotency-Key reused with another body, or the "
+                                                                "session's length is not expected_length."}})
+def append_events(session_id: str, body: AppendRequest, request: Request,
+                  idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description=(
+                      f"Retry key (1 to {MAX_KEY_LENGTH} characters): the same key with the same messages and "
+                      f"expected_length returns the first answer and stores nothing; another body gets 409. Kept "
+                      f"for the session's last {KEPT_KEYS} keyed appends."))] = None) -> Any:
+    """Append events. With ``Idempotency-Key`` the key is committed with the events, so a request
+    whose answer was lost can be re-sent: it is answered with the first positions. ``create`` is
+    not part of what must match (a retry may find the session the first attempt created)."""
     proxy = _proxy(request)
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
+        raise HTTPException(400, f"Idempotency-Key: must be 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
     if not body.create:
         _known(proxy, session_id)
     try:
@@ -140,9 +162,16 @@ def append_events(session_id: str, body: AppendRequest, request: Request) -> App
             except StoreError:
                 pass  # created concurrently by another instance
         try:
-            return AppendResponse(positions=proxy.store.append(session_id, batch))
+            positions = proxy.store.append(session_id, batch, idempotency_key=idempotency_key,
+                                           expected_length=body.expected_length)
         except EventError as exc:
             raise HTTPException(400, f"messages: {exc}") from None
+        except AppendConflict as exc:
+            detail = (f"Idempotency-Key: {exc.key!r} was already used in session {session_id!r} with a different body"
+                      if exc.key is not None else
+                      f"expected_length: session {session_id!r} has {exc.length} events, not {body.expected_length}")
+            return JSONResponse({"detail": detail, "length": exc.length}, status_code=409)
+    return AppendResponse(positions=positions)
 
 
 @router.post("/sessions/{session_id}/render", response_model=RenderResponse)

@@ -14,10 +14,18 @@ cached in-process is therefore caught up with events other instances wrote whene
 out, and an append re-reads the stored length inside the backend's write transaction
 (:meth:`Store._write_transaction`), so a batch is validated against, and written after, exactly
 what is stored.
+
+Retries (issue 17): an append may carry an idempotency key and an expected length
+(:meth:`Store.append`). A key is stored with the batch's fingerprint and positions in the same
+transaction as the events, so an append whose answer was lost after the commit can be re-sent
+with its key and is answered from the stored record instead of being stored twice. Each
+session keeps the records of its last :data:`KEPT_KEYS` keyed appends.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -30,11 +38,41 @@ from ..events import Message
 from ..graph import ContextGraph
 
 
+KEPT_KEYS = 1000
+"""Idempotency keys kept per session: the most recent keyed appends (older keys are forgotten, and
+reusing one then appends again). A count rather than a time so storage per session is bounded;
+retries come within seconds, and payment APIs that set the convention keep keys for a day."""
+
+MAX_KEY_LENGTH = 255
+"""Longest accepted idempotency key, in characters (the limit payment APIs use)."""
+
+
 class StoreError(KeyError):
     """Unknown or duplicate session (the message names it)."""
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+class AppendConflict(ValueError):
+    """An append refused without writing anything (an HTTP 409 in the session API).
+
+    Attributes:
+        key: the idempotency key reused with another batch, or ``None`` when the refusal is an
+            ``expected_length`` mismatch.
+        length: the session's current number of events.
+    """
+
+    def __init__(self, message: str, key: str | None, length: int) -> None:
+        super().__init__(message)
+        self.key, self.length = key, length
+
+
+def batch_fingerprint(batch: Sequence[Message], expected_length: int | None) -> str:
+    """SHA-256 hex of the canonical JSON (sorted keys) of the events' :meth:`Message.to_dict` and
+    ``expected_length``: what "the same request" means for an idempotency key."""
+    canon = json.dumps([[m.to_dict() for m in batch], expected_length], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -49,6 +87,8 @@ class SessionInfo:
 
 class Store(ABC):
     """Abstract store. Subclasses implement the ``_``-prefixed primitives."""
+
+    kept_keys = KEPT_KEYS
 
     def __init__(self) -> None:
         self._graphs: dict[str, ContextGraph] = {}
@@ -67,6 +107,15 @@ class Store(ABC):
 
     @abstractmethod
     def _read_events(self, session_id: str) -> list[Message]: ...
+
+    @abstractmethod
+    def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
+        """The stored ``(fingerprint, start, count)`` of a keyed append, or ``None``."""
+
+    @abstractmethod
+    def _write_append_key(self, session_id: str, key: str, fingerprint: str, start: int, count: int) -> None:
+        """Record a keyed append (inside :meth:`_write_transaction`, with its events) and forget the
+        session's keys beyond the newest :attr:`kept_keys`."""
 
     @abstractmethod
     def sessions(self) -> list[str]:
@@ -161,20 +210,51 @@ class Store(ABC):
         self.session_meta(session_id)
         return self._read_events(session_id)
 
-    def append(self, session_id: str, messages: Sequence[Message] | Message) -> list[int]:
+    def append(self, session_id: str, messages: Sequence[Message] | Message, *, idempotency_key: str | None = None,
+               expected_length: int | None = None) -> list[int]:
         """Validate and append events; returns their positions.
+
+        Args:
+            idempotency_key: when given, a later append to this session with the same key and the
+                same batch and ``expected_length`` (:func:`batch_fingerprint`) returns the positions
+                of the first and writes nothing; the key is committed with the events, in one
+                transaction. Only appends that stored their batch are remembered (the last
+                :data:`KEPT_KEYS` per session). 1 to :data:`MAX_KEY_LENGTH` characters.
+            expected_length: append only if the session holds exactly this many events (checked
+                inside the write transaction, after the key).
 
         Raises:
             StoreError: unknown session.
+            AppendConflict: the key was used for another batch, or the length is not
+                ``expected_length``; nothing is written.
+            ValueError: a key that is empty or too long, a negative ``expected_length``.
             EventError/GraphError: an event is invalid; nothing of the batch is written.
         """
         batch = [messages] if isinstance(messages, Message) else list(messages)
         for i, m in enumerate(batch):
             if not isinstance(m, Message):
                 raise TypeError(f"append: item {i} is {type(m).__name__}, expected Message")
+        if idempotency_key is not None and not (isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= MAX_KEY_LENGTH):
+            raise ValueError(f"idempotency key must be a string of 1 to {MAX_KEY_LENGTH} characters, got {idempotency_key!r:.80}")
+        if expected_length is not None and not (isinstance(expected_length, int) and not isinstance(expected_length, bool) and expected_length >= 0):
+            raise ValueError(f"expected_length must be a non-negative integer, got {expected_length!r}")
+        fingerprint = batch_fingerprint(batch, expected_length) if idempotency_key is not None else ""
         with self._session_lock(session_id):
             with self._write_transaction(session_id):
                 g = self.graph(session_id)  # caught up inside the transaction
+                if idempotency_key is not None:
+                    found = self._read_append_key(session_id, idempotency_key)
+                    if found is not None:
+                        if found[0] != fingerprint:
+                            raise AppendConflict(f"idempotency key {idempotency_key!r} was already used in session "
+                                                 f"{session_id!r} for a different batch", idempotency_key, len(g))
+                        return list(range(found[1], found[1] + found[2]))  # the first answer; nothing written
+                if expected_length is not None and len(g) != expected_length:
+                    raise AppendConflict(f"expected_length: session {session_id!r} has {len(g)} events, "
+                                         f"not {expected_length}", None, len(g))
                 g.validate(batch)  # the whole batch, before anything is written
-                self._write_events(session_id, len(g), batch)
+                start = len(g)
+                self._write_events(session_id, start, batch)
+                if idempotency_key is not None:
+                    self._write_append_key(session_id, idempotency_key, fingerprint, start, len(batch))
             return [g.append(m) for m in batch]

@@ -17,6 +17,7 @@ class MemoryStore(Store):
         self._events: dict[str, list[Message]] = {}
         self._emb: dict[str, np.ndarray] = {}
         self._texts: dict[tuple[str, str], str] = {}
+        self._keys: dict[str, dict[str, tuple[str, int, int]]] = {}  # per session, oldest first
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
         self._meta[session_id] = meta
@@ -32,6 +33,15 @@ class MemoryStore(Store):
 
     def _read_events(self, session_id: str) -> list[Message]:
         return list(self._events[session_id])
+
+    def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
+        return self._keys.get(session_id, {}).get(key)
+
+    def _write_append_key(self, session_id: str, key: str, fingerprint: str, start: int, count: int) -> None:
+        keys = self._keys.setdefault(session_id, {})
+        keys[key] = (fingerprint, start, count)
+        while len(keys) > self.kept_keys:
+            del keys[next(iter(keys))]
 
     def sessions(self) -> list[str]:
         return list(self._meta)

@@ -1,6 +1,7 @@
 """PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
 
-Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (events stored as the
+Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
+``append_keys``, :data:`APPEND_KEYS_TABLE`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -41,6 +42,15 @@ CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BYTEA NOT NU
 CREATE TABLE IF NOT EXISTS texts (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (kind, key));
 """
 
+APPEND_KEYS_TABLE = """
+CREATE TABLE IF NOT EXISTS append_keys (
+    id BIGSERIAL PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL, start_position INTEGER NOT NULL, event_count INTEGER NOT NULL, UNIQUE (session_id, key));
+CREATE INDEX IF NOT EXISTS append_keys_order ON append_keys (session_id, id);
+"""
+"""Added by issue 17 (idempotency keys, :meth:`Store.append`). A forward migration: run on every open,
+it adds the empty table to a database created before it and changes nothing else."""
+
 
 class PostgresStore(Store):
     def __init__(self, dsn: str) -> None:
@@ -56,6 +66,7 @@ class PostgresStore(Store):
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts
             db.execute(SCHEMA)
+            db.execute(APPEND_KEYS_TABLE)
 
     @property
     def _db(self) -> Any:
@@ -87,6 +98,19 @@ class PostgresStore(Store):
         rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
         with self._db.cursor() as cur:
             cur.executemany("INSERT INTO events VALUES (%s, %s, %s)", rows)
+
+    def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
+        row = self._db.execute("SELECT fingerprint, start_position, event_count FROM append_keys "
+                               "WHERE session_id = %s AND key = %s", (session_id, key)).fetchone()
+        return tuple(row) if row else None
+
+    def _write_append_key(self, session_id: str, key: str, fingerprint: str, start: int, count: int) -> None:
+        """Called inside :meth:`_write_transaction` (the session row is locked)."""
+        db = self._db
+        db.execute("INSERT INTO append_keys (session_id, key, fingerprint, start_position, event_count) "
+                   "VALUES (%s, %s, %s, %s, %s)", (session_id, key, fingerprint, start, count))
+        db.execute("DELETE FROM append_keys WHERE session_id = %s AND id <= (SELECT id FROM append_keys "
+                   "WHERE session_id = %s ORDER BY id DESC OFFSET %s LIMIT 1)", (session_id, session_id, self.kept_keys))
 
     def _event_count(self, session_id: str) -> int:
         return self._db.execute("SELECT count(*) FROM events WHERE session_id = %s", (session_id,)).fetchone()[0]

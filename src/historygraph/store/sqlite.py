@@ -6,6 +6,8 @@ Location: the path the user gives, else ``historygraph.sqlite`` under the user's
 Schema: ``sessions(id, created, meta)``, ``events(session_id, position, data)`` with each event
 stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, vector)`` for the
 content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
+``append_keys`` (:data:`APPEND_KEYS_TABLE`) holds the idempotency keys of appends, written in the
+transaction of their events.
 
 Concurrency: one connection per store, serialised by a lock; an append runs in a
 ``BEGIN IMMEDIATE`` transaction (SQLite's single writer), inside which the stored length is
@@ -39,6 +41,15 @@ CREATE TABLE IF NOT EXISTS embeddings (key TEXT PRIMARY KEY, vector BLOB NOT NUL
 CREATE TABLE IF NOT EXISTS texts (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (kind, key));
 """
 
+APPEND_KEYS_TABLE = """
+CREATE TABLE IF NOT EXISTS append_keys (
+    id INTEGER PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL, start_position INTEGER NOT NULL, event_count INTEGER NOT NULL, UNIQUE (session_id, key));
+CREATE INDEX IF NOT EXISTS append_keys_order ON append_keys (session_id, id);
+"""
+"""Added by issue 17 (idempotency keys, :meth:`Store.append`). A forward migration: run on every open,
+it adds the empty table to a store created before it and changes nothing else."""
+
 
 def default_path() -> Path:
     """``$HISTORYGRAPH_DB`` or ``<user data dir>/historygraph/historygraph.sqlite``."""
@@ -58,6 +69,7 @@ class SQLiteStore(Store):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._db.executescript(APPEND_KEYS_TABLE)
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
         with self._lock:
@@ -84,6 +96,20 @@ class SQLiteStore(Store):
         rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
         with self._lock:
             self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+
+    def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
+        with self._lock:
+            row = self._db.execute("SELECT fingerprint, start_position, event_count FROM append_keys "
+                                   "WHERE session_id = ? AND key = ?", (session_id, key)).fetchone()
+        return tuple(row) if row else None
+
+    def _write_append_key(self, session_id: str, key: str, fingerprint: str, start: int, count: int) -> None:
+        """Called inside :meth:`_write_transaction`."""
+        with self._lock:
+            self._db.execute("INSERT INTO append_keys (session_id, key, fingerprint, start_position, event_count) "
+                             "VALUES (?, ?, ?, ?, ?)", (session_id, key, fingerprint, start, count))
+            self._db.execute("DELETE FROM append_keys WHERE session_id = ? AND id <= (SELECT id FROM append_keys "
+                             "WHERE session_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)", (session_id, session_id, self.kept_keys))
 
     def _event_count(self, session_id: str) -> int:
         with self._lock:
