@@ -5,11 +5,12 @@ The SIGKILL tests (a connection cut after the commit, then a retry) are in test_
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
 
 import httpx
 import pytest
 
-from historygraph import Message, Session
+from historygraph import Session, render_messages
 from historygraph.server import ServerConfig, create_app
 from historygraph.store import AppendConflict, open_store
 from test_store import pg_dsn  # noqa: F401 (fixture)
@@ -138,3 +139,38 @@ def test_library_session_add_uses_the_same_keys(db):
     again = Session("lib", store=open_store(db))  # a new process with the same store
     assert again.add({"role": "user", "content": "hi"}, idempotency_key="t1") == 0
     assert [m["content"] for m in again.render()] == ["hi", "bye"]
+
+
+def _cut_after_next_commit(store) -> None:
+    """The store's next append commits, then raises as a dropped database connection would."""
+    transaction = store._write_transaction
+
+    @contextmanager
+    def cut(session_id):
+        with transaction(session_id):
+            yield
+        store._write_transaction = transaction
+        raise ConnectionError("connection lost after the commit")
+
+    store._write_transaction = cut
+
+
+def test_library_calls_cut_after_the_commit_are_retried_without_duplicates(db):
+    """``Session.add`` retried with its key, and the one-call API retried with the same messages
+    (matched against the stored prefix, as the proxy does), store the cut call's events once."""
+    store = open_store(db)
+    s = Session("lib-cut", store=store)
+    s.add({"role": "user", "content": "first"}, idempotency_key="t0")
+    _cut_after_next_commit(store)
+    with pytest.raises(ConnectionError):
+        s.add({"role": "user", "content": "second"}, idempotency_key="t1")
+    assert s.add({"role": "user", "content": "second"}, idempotency_key="t1") == 1
+    assert [m.content for m in open_store(db).messages("lib-cut")] == ["first", "second"]
+
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]
+    _cut_after_next_commit(store)
+    with pytest.raises(ConnectionError):
+        render_messages(messages, budget=500, policy="prune", session="one-call", store=store)
+    assert render_messages(messages, budget=500, policy="prune", session="one-call", store=store) == messages
+    assert [m.content for m in open_store(db).messages("one-call")] == ["q", "a", "q2"]
+    assert store.sessions_with_prefix("one-call~") == []  # no branch either
