@@ -97,26 +97,43 @@ def query_texts(graph: ContextGraph, cfg: ContextRenderConfig) -> tuple[str, str
 
 def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection, vectors: dict[int, np.ndarray],
                   penalty: float) -> list[int]:
-    """Algorithm 1 lines 15–20 with eq. 6–7; fills ``sel`` and returns positions in selection order."""
+    """Algorithm 1 lines 15–20 with eq. 6–7; fills ``sel`` and returns positions in selection order.
+
+    Each pick takes, among the remaining candidates that fit, the highest ``R = U − penalty·D``;
+    candidates are in transcript order and ``argmax`` returns the first maximum, which is the
+    loop's strictly-higher replacement (exact ties go to the older result). Vectorised: costs,
+    ``R`` and ``D(r, S)`` are arrays; after a pick only the costs of the picked result's own step
+    can change (the step is revived), so only those are recomputed.
+    """
+    n = len(candidates)
+    if not n:
+        return []
+    lay = sel.layout
+    budget = lay.budget
+    cand = np.asarray(candidates)
+    s = np.fromiter((score[p] for p in candidates), dtype=np.float64, count=n)
+    V = np.stack([vectors[p] for p in candidates])
+    cost = np.fromiter((sel.cost(p) for p in candidates), dtype=np.int64, count=n)
+    unit = np.fromiter((lay.unit_of[p] for p in candidates), dtype=np.int64, count=n)
+    sim = np.zeros(n)  # D(r, S), floored at 0
+    left = np.ones(n, dtype=bool)
     selected: list[int] = []
-    remaining = list(candidates)  # transcript order
-    sim = {p: 0.0 for p in candidates}  # D(r, S), floored at 0
     while True:
-        best, best_r = None, -math.inf
-        for p in remaining:
-            if not sel.fits(p):
-                continue
-            r = score[p] - penalty * sim[p]
-            if r > best_r:  # strictly higher: exact ties keep the older result
-                best, best_r = p, r
-        if best is None:
+        ok = left if budget is None else left & (cost <= budget - sel.used)
+        if not ok.any():
             return selected
+        r = np.where(ok, s - penalty * sim, -np.inf)
+        i = int(np.argmax(r))
+        best = int(cand[i])
         selected.append(best)
-        remaining.remove(best)
+        left[i] = False
         sel.take(best)
-        v = vectors[best]
-        for p in remaining:
-            sim[p] = max(sim[p], float(vectors[p] @ v), 0.0)
+        same = np.flatnonzero(left & (unit == unit[i]))
+        for j in same:  # the step is revived: its other results no longer pay for it
+            cost[j] = sel.cost(int(cand[j]))
+        # row by row with one kernel (einsum, not BLAS gemv, whose rounding depends on the row's
+        # place in a block): identical results get identical similarities, so exact ties stay ties
+        np.maximum(sim, np.einsum("ij,j->i", V, V[i]).astype(np.float64), out=sim)
 
 
 def dependency_results(graph: ContextGraph, max_ancestors: int) -> set[int]:

@@ -1,0 +1,363 @@
+"""The speed table of issue 13 in one command: render, first render, append, proxy, replay.
+
+Usage::
+
+    python bench/run.py [--quick] [--traces ../shared/traces] [--policy NAME ...] [--no-proxy] [--no-replay]
+
+Every figure is CPU time (``time.process_time`` of this process, or of the server's process tree
+for the proxy), the median (p50) and 95th percentile over repeats in one process, so that a
+shared machine does not inflate it the way wall time would; each is also given as a ratio to
+``prune`` measured in the same run. Sections:
+
+* **render**: synthetic sessions of 50, 200, 1,000 and 5,000 tool results built by cycling the
+  real steps (assistant message + its results) of the mini-swe-agent traces with fresh call ids,
+  after the traces' system and first user messages; B = 6000; embeddings cached (a persistent
+  SQLite cache under the user cache directory is filled once, outside the timed part). Each
+  repeat appends one more step and renders, as an agent does between model calls.
+* **first render**: the session written to a SQLite store, reopened by a new store instance;
+  ``load`` is ``store.graph()``, ``first`` the first render of the reopened graph, as a ratio to a
+  warm render.
+* **append**: one event appended to a session of 100, 1,000 and 10,000 messages (SQLite store,
+  and the bare :class:`~historygraph.graph.ContextGraph`).
+* **proxy**: ``historygraph serve`` in front of the recording fake provider, 1, 10 and 50
+  concurrent sessions with 200-message histories (``bench/proxy_latency.py``'s client); requests
+  per second, client-side latency p50/p95, and the proxy's CPU ms per request.
+* **replay**: ``historygraph replay <traces> -p contextrender -p prune -p full --jobs 2`` with an
+  empty store (cold: every text embedded) and again (warm), wall and CPU seconds.
+
+``--quick`` runs 50 and 1,000 results, fewer repeats, the proxy at 1 and 10 sessions, and no replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from historygraph.events import Message, ToolCall  # noqa: E402
+from historygraph.formats import read_traces  # noqa: E402
+from historygraph.graph import ContextGraph  # noqa: E402
+from historygraph.policies import Signals, create  # noqa: E402
+from historygraph.store import open_store  # noqa: E402
+
+BUDGET = 6000
+POLICIES = ["prune", "full", "contextrender", "contextrender-dep", "cw-bm25", "cw-sliding-window",
+            "observation-masking", "contextweaver-placeholder", "recap-noattn", "recap-recency", "semantic"]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def cpu_ms(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.process_time()
+    out = fn()
+    return (time.process_time() - t0) * 1000, out
+
+
+# -- synthetic sessions from real steps ------------------------------------------------------
+class StepPool:
+    """The real steps of the mini-swe-agent traces, cycled with fresh call ids."""
+
+    def __init__(self, traces: Path) -> None:
+        src = traces / "mini-swe-agent-deepseek"
+        ts = list(read_traces(src if src.exists() else traces))
+        self.head = [m for m in ts[0].messages[:2] if m.role in ("system", "user")]
+        self.steps: list[tuple[Message, list[Message]]] = []
+        for t in ts:
+            msgs = t.messages
+            for p, m in enumerate(msgs):
+                if m.role == "assistant" and m.tool_calls:
+                    ids = {c.id for c in m.tool_calls}
+                    res = [r for r in msgs[p + 1:p + 1 + len(ids)] if r.role == "tool" and r.tool_call_id in ids]
+                    if len(res) == len(ids):
+                        self.steps.append((m, res))
+        self.unique_results = len({r.content for _, rs in self.steps for r in rs})
+
+    def step(self, k: int) -> list[Message]:
+        a, res = self.steps[k % len(self.steps)]
+        ren = {c.id: f"b{k}-{i}" for i, c in enumerate(a.tool_calls)}
+        calls = tuple(ToolCall(id=ren[c.id], name=c.name, arguments=c.arguments) for c in a.tool_calls)
+        return [Message(role="assistant", content=a.content, tool_calls=calls)] + \
+            [Message(role="tool", content=r.content, tool_call_id=ren[r.tool_call_id]) for r in res]
+
+    def session(self, n_results: int) -> tuple[list[Message], int]:
+        """Messages holding at least ``n_results`` tool results, and the number of steps used."""
+        out, k, n = list(self.head), 0, 0
+        while n < n_results:
+            s = self.step(k)
+            out += s
+            n += len(s) - 1
+            k += 1
+        return out, k
+
+
+def warm_embeddings(pool: StepPool, signals: Signals) -> None:
+    """Embed every result and every query text the timed renders will ask for (ContextRender's
+    eq. 4 texts, the semantic baseline's query), so that renders find them cached."""
+    from historygraph.policies.contextrender import ContextRenderConfig, query_texts
+    from historygraph.policies.retrieval import latest_query
+
+    texts = [r.content[:8000] for _, rs in pool.steps for r in rs]
+    for i in range(len(pool.steps)):
+        g = ContextGraph("q", pool.head + pool.step(i))
+        texts += [*query_texts(g, ContextRenderConfig()), latest_query(g, 8000)]
+    signals.embedder.embed(list(dict.fromkeys(texts)))
+
+
+# -- sections --------------------------------------------------------------------------------
+def bench_render(pool: StepPool, signals: Signals, policies: list[str], sizes: list[int], repeats: int,
+                 first_limit_s: float) -> dict:
+    out: dict = {}
+    skip: set[str] = set()
+    for n in sizes:
+        msgs, k = pool.session(n)
+        for name in policies:
+            if name in skip:
+                out[(name, n)] = None
+                continue
+            policy = create(name)
+            g = ContextGraph(f"bench-{name}-{n}", msgs)
+            first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+            times = []
+            for r in range(repeats):
+                g.extend(pool.step(k + r))
+                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+                times.append(t)
+            out[(name, n)] = {"p50": statistics.median(times), "p95": pct(times, 0.95), "fresh": first}
+            nxt = [s for s in sizes if s > n]
+            if nxt and first > 5 * out[(name, n)]["p50"] and first / 1000 * (nxt[0] / n) ** 2 > first_limit_s:
+                skip.add(name)  # an O(n²) first render at the next size would take too long
+            print(f"  render {name:26s} {n:5d} results: p50 {out[(name, n)]['p50']:8.2f} ms  "
+                  f"p95 {out[(name, n)]['p95']:8.2f}  fresh graph {first:9.1f} ms", file=sys.stderr, flush=True)
+    return out
+
+
+def bench_first(pool: StepPool, signals: Signals, policies: list[str], sizes: list[int], tmp: str,
+                skip: dict) -> dict:
+    out: dict = {}
+    for n in sizes:
+        msgs, k = pool.session(n)
+        path = f"{tmp}/first-{n}.sqlite"
+        st = open_store(path)
+        st.create_session("s")
+        st.append("s", msgs)
+        st.close()
+        for name in policies:
+            if skip.get((name, n), 0) is None:
+                continue
+            policy = create(name)
+            st = open_store(path)
+            load, g = cpu_ms(lambda: st.graph("s"))
+            first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+            warm = []
+            for r in range(3):
+                g.extend(pool.step(k + r))  # in memory only: the stored session stays at n results
+                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+                warm.append(t)
+            st.close()
+            out[(name, n)] = {"load": load, "first": first, "warm": statistics.median(warm)}
+            print(f"  first  {name:26s} {n:5d} results: load {load:8.1f} ms  first {first:9.1f} ms  "
+                  f"warm {statistics.median(warm):8.2f} ms", file=sys.stderr, flush=True)
+    return out
+
+
+def bench_append(pool: StepPool, sizes: list[int], tmp: str, repeats: int) -> dict:
+    out: dict = {}
+    for n in sizes:
+        msgs: list[Message] = list(pool.head)
+        k = 0
+        while len(msgs) < n:
+            msgs += pool.step(k)
+            k += 1
+        extra: list[Message] = []
+        for r in range(repeats):
+            extra += pool.step(k + r)
+        for kind in ("sqlite", "graph"):
+            if kind == "sqlite":
+                st = open_store(f"{tmp}/append-{n}.sqlite")
+                st.create_session("s")
+                st.append("s", msgs)
+                add = lambda m: st.append("s", m)  # noqa: E731
+            else:
+                g = ContextGraph("s", msgs)
+                add = g.append
+            times = []
+            for m in extra:
+                t, _ = cpu_ms(lambda: add(m))
+                times.append(t)
+            out[(kind, n)] = {"p50": statistics.median(times), "p95": pct(times, 0.95)}
+            print(f"  append {kind:6s} at {n:6d} messages: p50 {out[(kind, n)]['p50']:.3f} ms", file=sys.stderr, flush=True)
+    return out
+
+
+def tree_cpu(pid: int) -> float:
+    import psutil
+
+    p = psutil.Process(pid)
+    total = 0.0
+    for q in [p] + p.children(recursive=True):
+        try:
+            t = q.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def bench_proxy(policies: list[str], levels: dict[int, int], tmp: str) -> dict:
+    """``levels``: concurrent sessions -> steady-state requests per session."""
+    import proxy_latency as pl
+
+    out: dict = {}
+    for policy in policies:
+        up_port, px_port = pl.free_port(), pl.free_port()
+        procs = [pl.start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port,
+                          Path(tmp, f"upstream-{policy}.log"))]
+        try:
+            procs.append(pl.start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1",
+                                   "--port", str(px_port), "--store", f"{tmp}/proxy-{policy}.sqlite", "--policy", policy,
+                                   "--budget", str(BUDGET)], px_port, Path(tmp, f"proxy-{policy}.log")))
+            for n, requests in levels.items():
+                args = argparse.Namespace(requests=requests)
+                c0 = tree_cpu(procs[1].pid)
+                w0 = time.perf_counter()
+                r = asyncio.run(pl.level(n, args, f"http://127.0.0.1:{px_port}/v1", f"http://127.0.0.1:{up_port}/v1"))
+                wall = time.perf_counter() - w0
+                cpu = tree_cpu(procs[1].pid) - c0
+                total = n * (requests + 1)
+                out[(policy, n)] = {"rps": total / wall, "e2e_p50": statistics.median(r["e2e"]), "e2e_p95": pct(r["e2e"], 0.95),
+                                    "direct_p50": statistics.median(r["direct"]), "cpu_ms": cpu * 1000 / total,
+                                    "hdr_p50": statistics.median(r["proxy"])}
+                print(f"  proxy  {policy:14s} {n:3d} sessions: {out[(policy, n)]}", file=sys.stderr, flush=True)
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+                p.wait(10)
+    return out
+
+
+def bench_replay(traces: Path, tmp: str) -> dict:
+    import resource
+
+    out: dict = {}
+    store = f"{tmp}/replay.sqlite"
+    for kind in ("cold", "warm"):
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        w0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "historygraph", "replay", str(traces), "-p", "contextrender", "-p", "prune",
+                        "-p", "full", "--jobs", "2", "--store", store, "--out", f"{tmp}/replay-{kind}"],
+                       check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        wall = time.perf_counter() - w0
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out[kind] = {"wall_s": wall, "cpu_s": (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)}
+        print(f"  replay {kind}: {out[kind]}", file=sys.stderr, flush=True)
+    return out
+
+
+# -- report ----------------------------------------------------------------------------------
+def ratio(x: float | None, ref: float | None) -> str:
+    return f"{x / ref:.1f}×" if x is not None and ref else "–"
+
+
+def report(pool: StepPool, render: dict, first: dict, append: dict, proxy: dict, replay: dict,
+           policies: list[str], sizes: list[int], args: argparse.Namespace) -> None:
+    print(f"## historygraph speed ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+    print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}. Command: `python bench/run.py{' --quick' if args.quick else ''}`. "
+          f"B = {BUDGET}; synthetic sessions cycle {len(pool.steps)} real mini-swe-agent steps "
+          f"({pool.unique_results} distinct results). CPU ms, p50 over {args.repeats} renders.\n")
+    print("### Render p50 (p95) in CPU ms, and p50 as a ratio to prune\n")
+    print("| policy | " + " | ".join(f"{n:,} results" for n in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for name in policies:
+        cells = []
+        for n in sizes:
+            r, ref = render.get((name, n)), render.get(("prune", n))
+            cells.append("skipped" if r is None else f"{r['p50']:.2f} ({r['p95']:.2f}) · {ratio(r['p50'], ref and ref['p50'])}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if first:
+        print("\n### First render of a session reopened from the SQLite store (CPU ms)\n")
+        print("| policy | results | load graph | first render | warm render | first / warm | first / prune first |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for (name, n), r in first.items():
+            ref = first.get(("prune", n))
+            print(f"| {name} | {n:,} | {r['load']:.1f} | {r['first']:.1f} | {r['warm']:.2f} | {ratio(r['first'], r['warm'])} | "
+                  f"{ratio(r['first'], ref and ref['first'])} |")
+    if append:
+        ref = render.get(("prune", 1000)) or render.get(("prune", sizes[-1]))
+        print("\n### Append one event (CPU ms; ratio to a prune render at "
+              f"{1000 if ('prune', 1000) in render else sizes[-1]:,} results)\n")
+        print("| where | " + " | ".join(f"{n:,} messages" for n in sorted({n for _, n in append})) + " |")
+        print("|---|" + "---:|" * len({n for _, n in append}))
+        for kind in ("sqlite", "graph"):
+            cells = [f"{append[(kind, n)]['p50']:.3f} ({append[(kind, n)]['p95']:.3f}) · {ratio(append[(kind, n)]['p50'], ref and ref['p50'])}"
+                     for n in sorted({n for _, n in append})]
+            print(f"| {kind} | " + " | ".join(cells) + " |")
+    if proxy:
+        print(f"\n### Proxy, 200-message histories ({os.cpu_count()} CPUs; requests/s over all requests, the first "
+              f"of each session storing its 200 messages; latency over the later ones)\n")
+        print("| policy | sessions | requests/s | e2e p50 ms | e2e p95 ms | direct p50 ms | proxy CPU ms/request | "
+              "X-…-Proxy-Ms p50 | req/s vs prune |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (name, n), r in proxy.items():
+            ref = proxy.get(("prune", n))
+            print(f"| {name} | {n} | {r['rps']:.1f} | {r['e2e_p50']:.1f} | {r['e2e_p95']:.1f} | {r['direct_p50']:.1f} | "
+                  f"{r['cpu_ms']:.1f} | {r['hdr_p50']:.1f} | {ratio(r['rps'], ref and ref['rps'])} |")
+    if replay:
+        ref = render.get(("prune", 1000))
+        print("\n### Replay of the traces (contextrender, prune, full, --jobs 2)\n")
+        print("| run | wall s | CPU s (all processes) | CPU as prune renders at 1,000 results |")
+        print("|---|---:|---:|---:|")
+        for kind, r in replay.items():
+            print(f"| {kind} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {ratio(r['cpu_s'] * 1000, ref and ref['p50'])} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="historygraph speed table (see module docstring).")
+    ap.add_argument("--quick", action="store_true", help="50 and 1,000 results, fewer repeats, proxy at 1 and 10, no replay")
+    ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    ap.add_argument("--policy", action="append", help=f"policies to render (default: {', '.join(POLICIES)})")
+    ap.add_argument("--no-proxy", action="store_true")
+    ap.add_argument("--no-replay", action="store_true")
+    ap.add_argument("--first-limit", type=float, default=20.0, help="skip larger sizes of a policy whose first render "
+                    "would take longer than this many CPU seconds")
+    args = ap.parse_args()
+    sizes = [50, 1000] if args.quick else [50, 200, 1000, 5000]
+    args.repeats = 5 if args.quick else 15
+    levels = {1: 10, 10: 3} if args.quick else {1: 20, 10: 5, 50: 2}
+    policies = args.policy or POLICIES
+    if "prune" not in policies:
+        policies = ["prune"] + policies
+    if not args.traces.exists():
+        raise SystemExit(f"{args.traces}: no traces (the bench builds its sessions from real mini-swe-agent results)")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "historygraph-bench" / "embeddings.sqlite"
+    signals = Signals(store=open_store(str(cache)))
+    pool = StepPool(args.traces)
+    print(f"warming embeddings ({pool.unique_results} results; cache {cache}) ...", file=sys.stderr, flush=True)
+    warm_embeddings(pool, signals)
+    tmp = tempfile.mkdtemp(prefix="hg-bench-")
+    render = bench_render(pool, signals, policies, sizes, args.repeats, args.first_limit)
+    first_pol = [p for p in ("prune", "contextrender", "contextrender-dep", "cw-bm25", "contextweaver-placeholder") if p in policies]
+    first = bench_first(pool, signals, first_pol, [1000] if args.quick else [1000, 5000], tmp, render)
+    append = bench_append(pool, [100, 1000, 10000], tmp, 20 if args.quick else 100)
+    proxy = {} if args.no_proxy else bench_proxy(["prune", "contextrender"], levels, tmp)
+    replay = {} if args.no_replay or args.quick else bench_replay(args.traces, tmp)
+    report(pool, render, first, append, proxy, replay, policies, sizes, args)
+
+
+if __name__ == "__main__":
+    main()
