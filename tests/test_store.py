@@ -452,3 +452,37 @@ def test_a_postgres_store_of_the_old_schema_opens_and_takes_keys(pg_dsn):
     assert again.append("old", [Message("user", "new")], idempotency_key="k") == [1]
     assert [m.content for m in again.messages("old")] == ["stored by the old schema", "new"]
     again.close()
+
+
+def test_sqlite_append_reads_the_stored_length_by_key_not_by_counting(tmp_path):
+    """An append checks for events another instance wrote with one primary-key lookup; a
+    ``count(*)`` over the session's rows made every append O(n) (issue 13)."""
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    store.create_session("s")
+    store.append("s", [Message("user", "task")] + [Message("assistant", f"a{i}") for i in range(50)])
+    seen: list[str] = []
+    store._db.set_trace_callback(seen.append)
+    store.append("s", Message("assistant", "one more"))
+    store._db.set_trace_callback(None)
+    assert not [q for q in seen if "count(" in q.lower()]
+    assert len(store.graph("s")) == 52 and store._event_count("s") == 52
+    other = SQLiteStore(tmp_path / "s.sqlite")  # another instance's append is still picked up
+    other.append("s", Message("assistant", "from the other instance"))
+    assert store.graph("s").messages[-1].content == "from the other instance"
+
+
+def test_validate_checks_a_batch_against_the_graph_and_itself():
+    from historygraph.graph import ContextGraph
+
+    g = ContextGraph("s", [Message("user", "t"), Message("assistant", "", (ToolCall("c1", "bash", "{}"),))])
+    call2 = Message("assistant", "", (ToolCall("c2", "bash", "{}"),))
+    g.validate([Message("tool", "r1", tool_call_id="c1"), call2, Message("tool", "r2", tool_call_id="c2")])
+    with pytest.raises(GraphError, match="event 1: tool call id 'c1' appears twice"):
+        g.validate([call2, Message("assistant", "", (ToolCall("c1", "bash", "{}"),))])
+    with pytest.raises(GraphError, match="event 1: tool call id 'c2' appears twice"):
+        g.validate([call2, call2])
+    with pytest.raises(GraphError, match="event 1: tool_call_id 'c1' already has a result"):
+        g.validate([Message("tool", "r", tool_call_id="c1")] * 2)
+    with pytest.raises(GraphError, match="unknown tool_call_id 'c9'"):
+        g.validate([Message("tool", "r", tool_call_id="c9")])
+    assert len(g) == 2 and set(g.call_owner) == {"c1"} and not g.result_of  # nothing changed

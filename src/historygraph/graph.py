@@ -93,20 +93,24 @@ class ContextGraph:
         return pos
 
     def validate(self, batch: Iterable[Message]) -> None:
-        """Raise :class:`GraphError` if appending ``batch`` would fail; changes nothing."""
-        calls, answered = set(self.call_owner), set(self.result_of)
+        """Raise :class:`GraphError` if appending ``batch`` would fail; changes nothing.
+
+        Cost: O(len(batch)); the graph's own id maps are read, never copied."""
+        calls: set[str] = set()      # call ids the batch adds
+        answered: set[str] = set()   # call ids the batch answers
         for i, m in enumerate(batch):
             if m.role == "assistant":
                 for c in m.tool_calls:
-                    if c.id in calls:
+                    if c.id in self.call_owner or c.id in calls:
                         raise GraphError(f"event {i}: tool call id {c.id!r} appears twice")
                     calls.add(c.id)
             elif m.role == "tool":
-                if m.tool_call_id not in calls:
-                    raise GraphError(f"event {i}: tool result answers unknown tool_call_id {m.tool_call_id!r}")
-                if m.tool_call_id in answered:
-                    raise GraphError(f"event {i}: tool_call_id {m.tool_call_id!r} already has a result")
-                answered.add(m.tool_call_id)
+                cid = m.tool_call_id
+                if cid not in self.call_owner and cid not in calls:
+                    raise GraphError(f"event {i}: tool result answers unknown tool_call_id {cid!r}")
+                if cid in self.result_of or cid in answered:
+                    raise GraphError(f"event {i}: tool_call_id {cid!r} already has a result")
+                answered.add(cid)
 
     def extend(self, messages: Iterable[Message]) -> None:
         for m in messages:

@@ -113,7 +113,9 @@ class PostgresStore(Store):
                    "WHERE session_id = %s ORDER BY id DESC OFFSET %s LIMIT 1)", (session_id, session_id, self.kept_keys))
 
     def _event_count(self, session_id: str) -> int:
-        return self._db.execute("SELECT count(*) FROM events WHERE session_id = %s", (session_id,)).fetchone()[0]
+        # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows
+        return self._db.execute("SELECT coalesce(max(position) + 1, 0) FROM events WHERE session_id = %s",
+                                (session_id,)).fetchone()[0]
 
     def _read_events(self, session_id: str) -> list[Message]:
         return self._read_events_from(session_id, 0)

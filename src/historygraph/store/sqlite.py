@@ -113,7 +113,9 @@ class SQLiteStore(Store):
 
     def _event_count(self, session_id: str) -> int:
         with self._lock:
-            return self._db.execute("SELECT count(*) FROM events WHERE session_id = ?", (session_id,)).fetchone()[0]
+            # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows
+            return self._db.execute("SELECT coalesce(max(position) + 1, 0) FROM events WHERE session_id = ?",
+                                    (session_id,)).fetchone()[0]
 
     def _read_events_from(self, session_id: str, start: int) -> list[Message]:
         with self._lock:
