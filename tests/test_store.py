@@ -486,3 +486,16 @@ def test_validate_checks_a_batch_against_the_graph_and_itself():
     with pytest.raises(GraphError, match="unknown tool_call_id 'c9'"):
         g.validate([Message("tool", "r", tool_call_id="c9")])
     assert len(g) == 2 and set(g.call_owner) == {"c1"} and not g.result_of  # nothing changed
+
+
+def test_simultaneous_retries_with_one_key_from_two_instances_store_once(shared_db):
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = open_store(shared_db), open_store(shared_db)
+    a.create_session("s1")
+    a.append("s1", EVENTS[:1])
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda st: st.append("s1", EVENTS[1:3], idempotency_key="same"), [a, b] * 6))
+    assert answers == [[1, 2]] * 12
+    assert a.messages("s1") == EVENTS[:3] and len(b.graph("s1")) == 3
+    a.close(), b.close()

@@ -60,8 +60,8 @@ class Session:
         position or not at all.
 
         Raises:
-            AppendConflict: the key was used for another message, or the session does not hold
-                ``expected_length`` events (nothing is stored).
+            historygraph.store.AppendConflict: the key was used for another message, or the
+                session does not hold ``expected_length`` events (nothing is stored).
         """
         m = message if isinstance(message, Message) else Message.from_openai(message)
         return self.store.append(self.session_id, m, idempotency_key=idempotency_key, expected_length=expected_length)[0]
