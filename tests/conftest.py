@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# LiteLLM (imported by its adapter and by mini-swe-agent) would fetch its model cost map at import
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("HISTORYGRAPH_TRACES", REPO.parent / "shared" / "traces"))
 

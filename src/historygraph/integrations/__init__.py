@@ -1,0 +1,12 @@
+"""Adapters for agent frameworks. Each module imports its framework, which is an optional extra
+(``pip install "historygraph[langchain]"``, ``[openai-agents]``, ``[litellm]``, ``[mini-swe-agent]``);
+``import historygraph`` never imports them.
+
+* :mod:`.langchain`: ``HistoryGraphMiddleware`` for LangChain v1 ``create_agent`` (``wrap_model_call``);
+* :mod:`.openai_agents`: ``HistoryGraphInputFilter`` for the OpenAI Agents SDK's
+  ``RunConfig(call_model_input_filter=...)``;
+* :mod:`.litellm`: ``completion``/``acompletion`` wrappers and a ``CustomLogger`` pre-call hook for the LiteLLM proxy;
+* :mod:`.mini_swe_agent`: ``HistoryGraphModel``, a mini-swe-agent model wrapper.
+
+All of them render through :func:`historygraph.messages.render_events`; see docs/library.md.
+"""

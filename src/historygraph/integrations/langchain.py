@@ -1,0 +1,86 @@
+"""LangChain v1 agents: a middleware that renders the model input under a token budget.
+
+>>> from langchain.agents import create_agent                           # doctest: +SKIP
+>>> agent = create_agent(model, tools, middleware=[HistoryGraphMiddleware(budget=6000)])  # doctest: +SKIP
+
+LangChain's convention for changing what the model sees without changing the agent's state is
+``wrap_model_call`` (as its ``ContextEditingMiddleware`` does): the state keeps every message,
+the model gets ``request.override(messages=...)``. Messages are converted with
+``langchain_core.messages.convert_to_openai_messages``; a message shown unchanged is passed as the
+original LangChain object, a result a policy does not show whole as a copy of its ``ToolMessage``
+with the placeholder text, and messages a policy adds (summaries) as new messages. The system
+message is outside the budget and passed on unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.messages import BaseMessage, ToolMessage, convert_to_messages, convert_to_openai_messages
+
+from ..events import EventError, Message
+from ..messages import render_events
+from ..policies import Policy, Signals
+from ..render import Rendering
+from ..store import Store
+
+
+class HistoryGraphMiddleware(AgentMiddleware):
+    """Renders ``request.messages`` with a historygraph policy before each model call.
+
+    Args:
+        budget: history budget B in tokens (system and current user messages are outside B).
+        policy: a registered policy name or an instance from :func:`historygraph.create`.
+        session, store: as :func:`historygraph.render_messages` (store every call's new messages
+            in a session, e.g. to fetch omitted results by id later); default nothing stored.
+        signals: shared signal providers.
+
+    Attributes:
+        last_rendering: the :class:`~historygraph.render.Rendering` of the latest model call.
+
+    Raises (from the model call):
+        EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
+    """
+
+    def __init__(self, budget: int, policy: str | Policy = "contextrender", *, session: str | None = None,
+                 store: Store | None = None, signals: Signals | None = None) -> None:
+        super().__init__()
+        self.budget, self.policy, self.session, self.store, self.signals = budget, policy, session, store, signals
+        self.last_rendering: Rendering | None = None
+
+    def render(self, messages: list[BaseMessage], system: BaseMessage | None = None) -> list[BaseMessage]:
+        """The LangChain messages to send for ``messages`` (``system`` is not returned)."""
+        given = ([system] if system is not None else []) + list(messages)
+        events = []
+        for i, d in enumerate(convert_to_openai_messages(given)):
+            try:
+                events.append(Message.from_openai(d))
+            except EventError as exc:
+                raise EventError(f"messages[{i}]: {exc}") from None
+        rendering, _ = render_events(events, budget=self.budget, policy=self.policy, session=self.session,
+                                     store=self.store, signals=self.signals)
+        self.last_rendering = rendering
+        out: list[BaseMessage] = []
+        for m, p in zip(rendering.messages, rendering.positions):
+            original = given[p] if p is not None else None
+            if original is system and system is not None:
+                continue
+            if original is not None and m.rendered_as is None:
+                out.append(original)
+            elif isinstance(original, ToolMessage):
+                out.append(original.model_copy(update={"content": m.content, "artifact": None}))
+            else:
+                out.extend(convert_to_messages([m.to_openai()]))
+        return out
+
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
+        if not request.messages:
+            return handler(request)
+        return handler(request.override(messages=self.render(request.messages, request.system_message)))
+
+    async def awrap_model_call(self, request: ModelRequest,
+                               handler: Callable[[ModelRequest], Awaitable[ModelResponse]]) -> Any:
+        if not request.messages:
+            return await handler(request)
+        return await handler(request.override(messages=self.render(request.messages, request.system_message)))

@@ -1,0 +1,67 @@
+"""LiteLLM: ``completion``/``acompletion`` that render the messages first, and a ``CustomLogger``
+pre-call hook for the LiteLLM proxy.
+
+>>> from historygraph.integrations.litellm import completion                     # doctest: +SKIP
+>>> completion(model="gpt-4o-mini", messages=messages, budget=6000)              # doctest: +SKIP
+
+The wrappers take LiteLLM's own arguments plus ``budget``, ``policy``, ``session``, ``store`` and
+``signals`` (as :func:`historygraph.render_messages`), render ``messages`` (OpenAI form, LiteLLM's
+input format) and call ``litellm.completion``/``litellm.acompletion`` with the rendered messages and
+every other argument unchanged. :class:`HistoryGraphHook` does the same inside a LiteLLM proxy
+(``litellm_settings: callbacks: your_module.hook`` in its config), where the session id comes from
+the request's ``metadata.historygraph_session`` when given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import litellm
+from litellm.integrations.custom_logger import CustomLogger
+
+from ..messages import render_messages
+from ..policies import Policy, Signals
+from ..store import Store
+
+
+def completion(model: str, messages: list[dict[str, Any]], *, budget: int, policy: str | Policy = "contextrender",
+               session: str | None = None, store: Store | None = None, signals: Signals | None = None,
+               **kwargs: Any) -> Any:
+    """``litellm.completion`` with ``messages`` rendered under ``budget`` tokens first.
+
+    Raises:
+        EventError, PolicyError, BudgetTooSmallError, ValueError: as :func:`historygraph.render_messages`
+        (before anything is sent); LiteLLM's own errors unchanged.
+    """
+    out = render_messages(messages, budget=budget, policy=policy, session=session, store=store, signals=signals)
+    return litellm.completion(model=model, messages=out, **kwargs)
+
+
+async def acompletion(model: str, messages: list[dict[str, Any]], *, budget: int,
+                      policy: str | Policy = "contextrender", session: str | None = None, store: Store | None = None,
+                      signals: Signals | None = None, **kwargs: Any) -> Any:
+    """``litellm.acompletion`` with ``messages`` rendered first (as :func:`completion`)."""
+    out = render_messages(messages, budget=budget, policy=policy, session=session, store=store, signals=signals)
+    return await litellm.acompletion(model=model, messages=out, **kwargs)
+
+
+class HistoryGraphHook(CustomLogger):
+    """A LiteLLM proxy pre-call hook: renders ``data["messages"]`` of chat completion calls.
+
+    Args: as :func:`completion` (``budget``, ``policy``, ``store``, ``signals``); the session id is
+    ``data["metadata"]["historygraph_session"]`` when present (otherwise, with a ``store``, derived
+    from the conversation's start as the historygraph proxy does).
+    """
+
+    def __init__(self, budget: int, policy: str | Policy = "contextrender", *, store: Store | None = None,
+                 signals: Signals | None = None) -> None:
+        super().__init__()
+        self.budget, self.policy, self.store, self.signals = budget, policy, store, signals
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
+        if call_type not in ("completion", "acompletion") or not isinstance(data.get("messages"), list):
+            return data
+        session = (data.get("metadata") or {}).get("historygraph_session")
+        out = render_messages(data["messages"], budget=self.budget, policy=self.policy, session=session,
+                              store=self.store, signals=self.signals)
+        return {**data, "messages": out}
