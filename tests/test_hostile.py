@@ -159,3 +159,30 @@ def test_9_contextrender_shows_the_excerpt(signals):
     shown = next(m for m in r.messages if m.tool_call_id == "huge")
     assert shown.rendered_as == "excerpt" and "truncated" in shown.content
     assert shown.content.startswith("x=1 y=2 line") and shown.content.rstrip().endswith("line")
+
+
+# -- issue 12: shapes real frameworks send ------------------------------------------------------------
+
+def _paired_in_provider_order(r):
+    """Each assistant call is directly followed by exactly its results (DESIGN.md §5.2, §5.7)."""
+    for i, m in enumerate(r.messages):
+        if m.tool_calls and i + 1 < len(r.messages):
+            ids = sorted(c.id for c in m.tool_calls)
+            got = [x.tool_call_id for x in r.messages[i + 1:i + 1 + len(ids)]]
+            assert sorted(got) == ids, (i, ids, got)
+
+
+@pytest.mark.parametrize("budget", [6000, 400])
+@pytest.mark.parametrize("name", POLICIES)
+def test_12_1_message_interposed_between_a_call_and_its_result(name, budget, signals):
+    """A framework stores a note while a call is in flight; the result arrives after it. The result
+    is rendered directly after its call and the note after it (§5.3 exception), never an error."""
+    msgs = [Message("user", "task"), Message("assistant", "", (call("c1"), call("c2"))),
+            Message("user", "note: the user is waiting"), Message("tool", "out 1 " + "w " * 150, tool_call_id="c1"),
+            Message("assistant", "summary so far"), Message("tool", "out 2 " + "w " * 150, tool_call_id="c2"),
+            Message("assistant", "", (call("c3"),)), Message("tool", "out 3", tool_call_id="c3"),
+            Message("user", "and now?")]
+    g, r = render(name, msgs, budget, signals)
+    _paired_in_provider_order(r)
+    if budget == 6000:  # fits: the same messages, results moved up to their call
+        assert r.messages == [msgs[i] for i in (0, 1, 3, 5, 2, 4, 6, 7, 8)]

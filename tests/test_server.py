@@ -458,3 +458,28 @@ def test_calibration_hook_sees_provider_usage(servers):
     oai(servers, "calib").chat.completions.create(model="fake-model", messages=history("cb", n=1))
     after = api(servers, "GET", "/calibration").json()
     assert after["observations"] == before + 1 and after["median_ratio"] > 0
+
+
+def test_interposed_message_openai_and_anthropic_results_follow_their_call(servers):
+    """Issue 12.1: a note stored while a call is in flight, then the result. No 500; the forwarded
+    request has the result directly after its call and the note after it, on every later request too."""
+    msgs = [{"role": "user", "content": "task interposed"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "ipc1", "type": "function",
+                                                                   "function": {"name": "search", "arguments": "{}"}}]},
+            {"role": "user", "content": "note: still waiting"},
+            {"role": "tool", "tool_call_id": "ipc1", "content": "found it"}]
+    client = oai(servers, "interposed")
+    for _ in range(2):
+        client.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+        sent = received(servers)["body"]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"] and sent[3] == msgs[2]
+        assert_paired(sent)
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
+                            default_headers={"X-HistoryGraph-Session": "interposed-a"})
+    amsgs = [{"role": "user", "content": "task interposed a"},
+             {"role": "assistant", "content": [{"type": "tool_use", "id": "ipt1", "name": "search", "input": {}}]},
+             {"role": "user", "content": [{"type": "text", "text": "note: still waiting"}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "ipt1", "content": "found it"}]}]
+    a.messages.create(model="m", max_tokens=20, messages=amsgs, tools=A_TOOLS)
+    sent = received(servers)["body"]["messages"]
+    assert sent[1] == amsgs[1] and sent[2]["content"][0] == amsgs[3]["content"][0]

@@ -19,6 +19,10 @@ implemented once:
   the current user message, system messages and the latest assistant message (the current turn,
   which may hold an in-flight call) are protected. When even the
   protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
+* **Provider order** (DESIGN.md §5.2, §5.7): a rendering shows each tool result directly after the
+  assistant message that made its call, even when another message (a user note, a summary) was
+  stored between the call and its result; the interposed message follows the results
+  (:func:`render_order`). Everything else stays chronological.
 * **Unanswered calls**: a call with no stored result that is not in the latest assistant message
   is answered by a synthetic result saying so; a call in the latest assistant message is in
   flight and is rendered without a result (DESIGN.md §5.4).
@@ -60,6 +64,21 @@ class BudgetTooSmallError(ValueError):
 
 class InvariantError(AssertionError):
     """A rendering broke one of the invariants of DESIGN.md §5 (names which)."""
+
+
+def render_order(graph: ContextGraph) -> list[int]:
+    """Graph positions in the order a rendering shows them: chronological, except that the tool
+    results of an assistant message follow it directly (in the order they arrived), so a message
+    stored between a call and its result comes after the result (DESIGN.md §5.3 exception, §5.7:
+    both providers reject a request where anything sits between a call and its result)."""
+    out: list[int] = []
+    for p, m in enumerate(graph.messages):
+        if m.role == "tool":
+            continue
+        out.append(p)
+        if m.tool_calls:
+            out.extend(sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of))
+    return out
 
 
 @dataclass
@@ -229,6 +248,7 @@ class Layout:
         first_user = users[0] if users else None
         assistants = [p for p, m in enumerate(msgs) if m.role == "assistant"]
         last_assistant = assistants[-1] if assistants else None
+        self.order = render_order(graph)
         self.outside = {p for p, m in enumerate(msgs) if m.role == "system"}
         if self.current_user is not None:
             self.outside.add(self.current_user)
@@ -238,8 +258,9 @@ class Layout:
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
         self.units: list[_Unit] = []
         self.unit_of: dict[int, int] = {}
-        for p, m in enumerate(msgs):
-            if p in self.outside:
+        for p in self.order:
+            m = msgs[p]
+            if p in self.outside or m.role == "tool":
                 continue
             if m.role == "user":
                 self.units.append(_Unit([p], protected=p == first_user))
@@ -248,12 +269,12 @@ class Layout:
                 for call in m.tool_calls:
                     rp = graph.result_of.get(call.id)
                     if rp is not None:
-                        unit.positions.append(rp)
                         self.unit_of[rp] = len(self.units)
                     elif p != len(msgs) - 1:  # only the very last message can be in flight
                         self.synthetic.setdefault(p, []).append(
                             Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
                                     rendered_as="placeholder"))
+                unit.positions += sorted(rp for c in m.tool_calls if (rp := graph.result_of.get(c.id)) is not None)
                 self.units.append(unit)
         full_tokens = 0
         for unit in self.units:
@@ -346,7 +367,20 @@ class Layout:
         positions: list[int | None] = []
         full: list[int] = []
         history = 0
-        for p, m in enumerate(msgs):
+        pending: list[Message] = []  # inserts wait for the end of the step they follow
+
+        def flush() -> None:
+            nonlocal history
+            for s in pending:
+                out.append(s)
+                positions.append(None)
+                history += self.counter.count_message(s)
+            pending.clear()
+
+        for p in self.order:
+            m = msgs[p]
+            if m.role != "tool":
+                flush()
             if p not in dropped:
                 if m.role == "tool":
                     r = shown.get(p, self.placeholder.get(p, m))
@@ -365,9 +399,8 @@ class Layout:
                     positions.append(None)
                     history += self.counter.count_message(s)
             if p in self.inserts:
-                out.append(self.inserts[p])
-                positions.append(None)
-                history += self.counter.count_message(self.inserts[p])
+                pending.append(self.inserts[p])
+        flush()
         total = sum(self.counter.count_message(m) for m in out)
         full_set = set(full)
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
@@ -410,9 +443,11 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
             continue
         i += 1
     # 3. order, verbatim user messages, complete or marked results
-    real = [p for p in rendering.positions if p is not None]
-    if real != sorted(real) or len(set(real)) != len(real):
-        raise InvariantError("§5.3 order: rendering is not chronological")
+    order = render_order(graph)
+    rank = {p: i for i, p in enumerate(order)}
+    real = [rank.get(p, -1) for p in rendering.positions if p is not None]
+    if -1 in real or real != sorted(real) or len(set(real)) != len(real):
+        raise InvariantError("§5.3 order: rendering is not chronological (results directly after their call)")
     for m, p in zip(msgs, rendering.positions):
         if p is None:
             continue
@@ -429,7 +464,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     # 5. under budget → unchanged
     if B is not None and rendering.policy != "full":
         full_cost = sum(counter.count_message(m) for p, m in enumerate(graph.messages) if p not in outside)
-        if full_cost <= B and not _has_unanswered(graph) and msgs != graph.messages:
+        if full_cost <= B and not _has_unanswered(graph) and msgs != [graph.messages[p] for p in order]:
             raise InvariantError("§5.5 unchanged: history fits in B but was not returned unchanged")
     # 6. omitted results are retrievable
     for p in rendering.omitted:

@@ -74,7 +74,7 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, oversized_excerpt
+from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, oversized_excerpt, render_order
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -584,7 +584,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     out: list[Message] = []
     positions: list[int | None] = []
     history = 0
-    for p in sorted(keep):
+    for p in (q for q in render_order(graph) if q in keep):  # results directly after their call
         m = forms.get(p, graph.messages[p])
         if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
             m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in sorted(x.span for x in pieces[p])), "segments")
