@@ -79,6 +79,17 @@ def test_expected_length_appends_at_that_position_or_gets_409_with_the_length(db
     assert _contents(app, "s") == ["a", "b"]
 
 
+def test_a_refused_append_with_create_creates_no_session(tmp_path):
+    app = _app(str(tmp_path / "refused.sqlite"))
+    r = _post(app, "new", {"messages": [{"role": "user", "content": "a"}], "create": True, "expected_length": 2})
+    assert (r.status_code, r.json()) == (409, {"detail": "expected_length: session 'new' has 0 events, not 2", "length": 0})
+    r = _post(app, "new", {"messages": [{"role": "tool", "tool_call_id": "c9", "content": "x"}], "create": True})
+    assert r.status_code == 400 and "c9" in r.json()["detail"]
+    assert _calls(app, [("GET", "/api/sessions", {})])[0].json() == []
+    assert _post(app, "new", {"messages": [{"role": "user", "content": "a"}], "create": True, "expected_length": 0}).json() \
+        == {"positions": [0]}
+
+
 def test_bad_keys_and_lengths_get_400_and_422_naming_them(tmp_path):
     app = _app(str(tmp_path / "bad.sqlite"))
     body = {"messages": [{"role": "user", "content": "a"}], "create": True}

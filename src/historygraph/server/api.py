@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..events import EventError, Message
+from ..graph import ContextGraph
 from ..policies import REGISTRY
 from ..store import KEPT_KEYS, AppendConflict, StoreError
 from ..store.base import MAX_KEY_LENGTH
@@ -156,12 +157,15 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
     except EventError as exc:
         raise HTTPException(400, f"messages: {exc}") from None
     with proxy.router.lock(session_id):
-        if not proxy.store.has_session(session_id):
-            try:
-                proxy.store.create_session(session_id)
-            except StoreError:
-                pass  # created concurrently by another instance
         try:
+            if not proxy.store.has_session(session_id):  # a refused append creates no session either
+                ContextGraph(session_id, batch)
+                if body.expected_length not in (None, 0):
+                    raise AppendConflict("", None, 0)
+                try:
+                    proxy.store.create_session(session_id)
+                except StoreError:
+                    pass  # created concurrently by another instance
             positions = proxy.store.append(session_id, batch, idempotency_key=idempotency_key,
                                            expected_length=body.expected_length)
         except EventError as exc:
