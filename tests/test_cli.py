@@ -23,7 +23,7 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     assert set(rows) == {"contextrender", "prune", "full"}
     assert rows["contextrender"]["max_history_tokens"] <= 3000
     assert rows["full"]["recall"] == 100.0
-    assert (out / "replay.csv").read_text().startswith("scope,source,trace_id,policy")
+    assert (out / "replay.csv").read_text().startswith("scope,budget,source,trace_id,session,policy")
     assert (out / "recall_by_age.png").stat().st_size > 1000
     # the replayed trace is now a session in the store, readable by id
     res = runner.invoke(app, ["show", "openai-chat:dinner_bill.json:dinner-bill",

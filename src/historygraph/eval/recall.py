@@ -12,6 +12,12 @@ Reuse events are labelled on the recorded transcript alone, with a rule that is 
   arguments) labels the event ``(j, r)``; each distinct pair counts once, however many tokens
   match.
 
+Value recall (beside B.4, not in the paper): an event ``(j, r)`` is a value hit when every token
+that links ``j`` to ``r`` appears as a token anywhere in the rendering made before ``j``: in a full
+result, an excerpt, a summary, a placeholder or marker, or any other rendered message. It judges
+stand-ins by the values they keep (a summary that keeps ``DB_PORT`` serves a later use of it; B.4
+counts it a miss). Every B.4 hit is a value hit, so value recall ≥ B.4 recall.
+
 Visibility: ``r`` is visible at ``j`` only if its complete original text is in the rendering
 made immediately before ``j`` (an excerpt or summary does not count). Recall (eq. 8) is
 ``100 · hits / |E|``. Result age is counted in turns (model invocations) as in §3.3: the age of
@@ -22,8 +28,8 @@ event ``(j, r)`` is the number of assistant messages before ``j`` minus the numb
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 from ..events import Message
 
@@ -46,6 +52,23 @@ class ReuseEvent:
     turn: int      # position of the assistant message j
     result: int    # position of the tool result r
     age: int       # turns between r and j
+    tokens: frozenset[str] = field(default=frozenset(), compare=False)  # the tokens linking j to r
+
+
+def rendered_tokens(messages: Iterable[Message]) -> set[str]:
+    """Every ``[A-Za-z0-9_]{6,}`` run in rendered messages (contents, tool-call names and arguments):
+    what value recall looks the linking tokens up in."""
+    out: set[str] = set()
+    for m in messages:
+        out.update(TOKEN.findall(m.content))
+        for c in m.tool_calls:
+            out.update(TOKEN.findall(c.arguments))
+    return out
+
+
+def value_hit(event: ReuseEvent, visible_tokens: set[str]) -> bool:
+    """Value recall's rule: every token linking the event's turn to its result is visible."""
+    return bool(event.tokens) and event.tokens <= visible_tokens
 
 
 def _assistant_text(m: Message) -> str:
@@ -62,9 +85,12 @@ def reuse_events(messages: Sequence[Message]) -> list[ReuseEvent]:
         if m.role == "assistant":
             text = _assistant_text(m)
             toks = recall_tokens(text)
-            sources = sorted({first_seen[t] for t in toks if first_seen.get(t) is not None})
-            for r in sources:
-                events.append(ReuseEvent(turn=p, result=r, age=turns_before - turn_of[r]))
+            linked: dict[int, set[str]] = {}
+            for t in toks:
+                if first_seen.get(t) is not None:
+                    linked.setdefault(first_seen[t], set()).add(t)
+            for r in sorted(linked):
+                events.append(ReuseEvent(turn=p, result=r, age=turns_before - turn_of[r], tokens=frozenset(linked[r])))
             turns_before += 1
         else:
             toks = recall_tokens(m.content)

@@ -7,24 +7,37 @@ time are recorded, and the B.4 reuse events of turn ``j`` are scored against the
 in full. Turn ``j`` itself is added to the graph only afterwards, so every policy sees the same
 history and is scored on the same event set.
 
+Each rendering is also priced (:mod:`.cost`: input, output and embedding tokens, ContextRender
+C.2), measured for prefix-cache reuse against the policy's previous rendering (:mod:`.cache`) and
+scored for value recall (:mod:`.recall`); Full history is rendered alongside as the cost
+reference even when it is not among the policies. The form of every stored result at every
+invocation (full, excerpt, placeholder, summary, dropped) is kept for the report's timeline.
+
+:func:`replay_budgets` replays one trace at several budgets (ContextRender Figure 5) with fresh
+policy instances per budget (policies may keep per-session state) and one Full-history reference.
+
 The traces are also recorded in the store (one session per trace) and the store serves as the
 embedding cache, so a second replay embeds nothing again.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..events import Trace
 from ..graph import ContextGraph
 from ..policies.base import Signals, create
 from ..render import BudgetTooSmallError, check_invariants
 from ..store import Store
-from .recall import AGE_BINS, age_bin, reuse_events
+from ..signals.tokens import TokenCounter
+from .cache import PrefixReuse
+from .cost import Usage
+from .recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
 from .steps_metrics import StepsCounts
 
 
@@ -46,6 +59,11 @@ class PolicyStats:
     model_input_tokens: int = 0     # their input tokens, in the model's own tokenizer
     model_output_tokens: int = 0
     model_seconds: float = 0.0      # wall time spent waiting for them (included in render_seconds)
+    value_hits: int = 0             # reuse events whose linking tokens were all visible (value recall)
+    prompt_tokens: int = 0          # Σ complete model input of the agent invocations (P without model calls)
+    output_tokens: int = 0          # Σ recorded assistant turns (O without model calls)
+    embedding_tokens: int = 0       # distinct texts sent to the embedder, per trace (E)
+    cached_tokens: int = 0          # Σ prompt tokens equal to a prefix of the previous prompt
 
     def merge(self, other: "PolicyStats") -> None:
         self.events += other.events
@@ -65,6 +83,17 @@ class PolicyStats:
         self.model_input_tokens += other.model_input_tokens
         self.model_output_tokens += other.model_output_tokens
         self.model_seconds += other.model_seconds
+        self.value_hits += other.value_hits
+        self.prompt_tokens += other.prompt_tokens
+        self.output_tokens += other.output_tokens
+        self.embedding_tokens += other.embedding_tokens
+        self.cached_tokens += other.cached_tokens
+
+    @property
+    def usage(self) -> Usage:
+        """Token usage for eq. 3: agent prompts plus summariser/analyser calls (ContextRender C.2)."""
+        return Usage(P=self.prompt_tokens + self.model_input_tokens, O=self.output_tokens + self.model_output_tokens,
+                     E=self.embedding_tokens, cached=self.cached_tokens)
 
     def add_model_usage(self, stats: dict[str, Any]) -> None:
         """Add the ``model_*`` entries a policy reported in ``Rendering.stats`` (absent = 0)."""
@@ -72,6 +101,30 @@ class PolicyStats:
         self.model_input_tokens += int(stats.get("model_input_tokens", 0))
         self.model_output_tokens += int(stats.get("model_output_tokens", 0))
         self.model_seconds += float(stats.get("model_seconds", 0.0))
+
+
+@dataclass
+class Timeline:
+    """What each policy showed of each stored result at each invocation of one trace.
+
+    ``results``: graph positions of the tool results; ``invocations``: positions of the assistant
+    messages rendered for; ``forms[policy][k]``: one letter per result stored before invocation
+    ``k`` (F full, E excerpt, P placeholder, S summary, D dropped/not shown, X budget error);
+    ``events``: ``(invocation index, result index)`` of each B.4 reuse event."""
+
+    results: list[int] = field(default_factory=list)
+    invocations: list[int] = field(default_factory=list)
+    forms: dict[str, list[str]] = field(default_factory=dict)
+    events: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class Reference:
+    """Full history on one trace: its usage (the cost normaliser) and its largest history (tokens),
+    which decides whether the trace is in the cost-comparison set at B (ContextRender C.1)."""
+
+    usage: Usage
+    max_history_tokens: int
 
 
 @dataclass
@@ -84,6 +137,14 @@ class TraceResult:
     results: int
     invocations: int
     stats: dict[str, PolicyStats]
+    budget: int | None = None
+    reference: Reference | None = None
+    timeline: Timeline | None = None
+
+    @property
+    def compared(self) -> bool:
+        """In the cost-comparison set: Full history exceeds B before some invocation (C.1)."""
+        return self.reference is not None and self.budget is not None and self.reference.max_history_tokens > self.budget
 
 
 def session_id_for(trace: Trace) -> str:
@@ -106,54 +167,124 @@ def record_trace(store: Store, trace: Trace) -> str:
     return sid
 
 
+def _form(m) -> str:  # noqa: ANN001
+    return {None: "F", "excerpt": "E", "placeholder": "P", "summary": "S"}.get(m.rendered_as, "E")
+
+
+def tool_schema_tokens(trace: Trace, counter: TokenCounter) -> int:
+    """Tokens of the tool schemas a trace recorded (``meta["tool_schemas"]``, as JSON), else 0:
+    they lead every model input (C.2 counts the complete input)."""
+    schemas = trace.meta.get("tool_schemas")
+    return counter.count(json.dumps(schemas, ensure_ascii=False)) if schemas else 0
+
+
+def full_reference(trace: Trace, signals: Signals) -> Reference:
+    """Full history's usage and largest history on ``trace`` (the cost reference)."""
+    full = create("full")
+    fixed = tool_schema_tokens(trace, signals.counter)
+    cache = PrefixReuse(signals.counter, fixed)
+    graph = ContextGraph(session_id_for(trace))
+    P = O = peak = 0
+    for message in trace.messages:
+        if message.role == "assistant" and len(graph):
+            r = full.render(graph, None, signals)
+            cache.observe(r.messages, r.input_tokens)
+            P += r.input_tokens + fixed
+            O += signals.counter.count_message(message)
+            peak = max(peak, r.history_tokens)
+        graph.append(message)
+    return Reference(Usage(P=P, O=O, E=0, cached=cache.cached), peak)
+
+
 def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: Signals,
-                 store: Store | None = None) -> TraceResult:
-    """Replay one trace through ``policies`` (name -> policy instance) under ``budget`` tokens."""
+                 store: Store | None = None, reference: Reference | None = None) -> TraceResult:
+    """Replay one trace through ``policies`` (name -> policy instance) under ``budget`` tokens.
+    ``reference``: Full history's figures on this trace when already computed (else computed here)."""
     sid = record_trace(store, trace) if store is not None else session_id_for(trace)
     events_at: dict[int, list] = defaultdict(list)
     for e in reuse_events(trace.messages):
         events_at[e.turn].append(e)
     stats = {name: PolicyStats() for name in policies}
+    counter = signals.counter
+    fixed = tool_schema_tokens(trace, counter)
+    caches = {name: PrefixReuse(counter, fixed) for name in policies}
+    embedded: dict[str, set[str]] = {name: set() for name in policies}
+    log = signals.embedding_log()
+    timeline = Timeline(forms={name: [] for name in policies})
     graph = ContextGraph(sid)
     invocations = 0
     for j, message in enumerate(trace.messages):
         if message.role == "assistant" and len(graph):
             invocations += 1
+            timeline.invocations.append(j)
+            index = {p: k for k, p in enumerate(timeline.results)}
+            for e in events_at.get(j, ()):
+                timeline.events.append((invocations - 1, index[e.result]))
+            out_tokens = counter.count_message(message)
             for name, policy in policies.items():
                 st = stats[name]
+                log.clear()
                 t0 = time.perf_counter()
                 try:
                     r = policy.render(graph, budget, signals)
                 except BudgetTooSmallError:
                     st.budget_errors += 1
                     visible: set[int] = set()
+                    seen_tokens: set[str] = set()
+                    caches[name].skip()
+                    timeline.forms[name].append("X" * len(timeline.results))
                 else:
                     st.render_seconds.append(time.perf_counter() - t0)
                     st.history_tokens.append(r.history_tokens)
                     st.input_tokens.append(r.input_tokens)
                     st.add_model_usage(r.stats)
+                    st.prompt_tokens += r.input_tokens + fixed
+                    st.output_tokens += out_tokens
+                    st.cached_tokens += caches[name].observe(r.messages, r.input_tokens)
+                    for text in log:
+                        if text not in embedded[name]:
+                            embedded[name].add(text)
+                            st.embedding_tokens += counter.count(text)
                     try:
-                        check_invariants(r, graph, signals.counter)
+                        check_invariants(r, graph, counter)
                     except AssertionError as exc:
                         st.violations.append(f"{trace.trace_id}@{j}: {exc}")
                     visible = set(r.full)
                     for k, v in r.stats.items():
                         if isinstance(v, (int, float)):
                             st.extra.setdefault(k, []).append(float(v))
+                    forms = {p: _form(m) for m, p in zip(r.messages, r.positions) if p is not None}
+                    timeline.forms[name].append("".join(forms.get(p, "D") for p in timeline.results))
+                    seen_tokens = rendered_tokens(r.messages) if events_at.get(j) else set()
                 st.steps.observe(graph, visible, message)
                 for e in events_at.get(j, ()):
                     hit = e.result in visible
                     st.events += 1
                     st.hits += hit
+                    st.value_hits += hit or value_hit(e, seen_tokens)
                     cell = st.by_age[age_bin(e.age)]
                     cell[0] += 1
                     cell[1] += hit
+        if message.role == "tool":
+            timeline.results.append(len(graph))
         graph.append(message)
+    log.clear()
     for st in stats.values():  # per-session peak of a policy's state size (ReCAP graph memory)
         if st.extra.get("graph_bytes"):
             st.extra["graph_bytes_session"] = [max(st.extra["graph_bytes"])]
+    if reference is None:
+        reference = full_reference(trace, signals)
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
-                       len(graph.results()), invocations, stats)
+                       len(graph.results()), invocations, stats, budget, reference, timeline)
+
+
+def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[int], signals: Signals,
+                   store: Store | None = None) -> list[TraceResult]:
+    """Replay ``trace`` at every budget in ``budgets`` (one result each, in that order): the trace
+    is parsed once, the embedding cache and one Full-history reference are shared, and each budget
+    gets fresh policy instances."""
+    reference = full_reference(trace, signals)
+    return [replay_trace(trace, {n: create(n) for n in policy_names}, b, signals, store, reference) for b in budgets]
 
 
 def replay(traces: Iterable[Trace], policy_names: list[str], budget: int, signals: Signals,

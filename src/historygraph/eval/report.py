@@ -1,13 +1,19 @@
 """Tables, JSON, CSV and a plot from replay results.
 
-Every figure in the printed table is also in the JSON and CSV files. Rows are per trace and per
-source (the reader's format name, e.g. ``mini-swe-agent``), plus an ``ALL`` row per policy.
-Token figures are rendered *history* tokens (what B caps); render times are per invocation.
+Every figure in the printed table is also in the JSON and CSV files. Rows are per budget, per
+trace and per source (the reader's format name, e.g. ``mini-swe-agent``), plus an ``ALL`` row per
+policy and budget. Token figures are rendered *history* tokens (what B caps); render times are per
+invocation. Cost columns (:mod:`.cost`): ``cost_usd`` is eq. 3 with ρ of Full history on the
+source's cost-comparison traces, ``norm_cost`` the C.1 ratio of mean costs (Full history = 1),
+``*_own`` the same priced with the policy's own measured prefix-cache fraction
+(``prefix_reuse_pct``, :mod:`.cache`). ``value_recall`` is :mod:`.recall`'s value recall.
+``timelines.json.gz`` holds what every policy showed of every result at every invocation.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -15,11 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from .cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from .recall import AGE_BINS
 from .replay import PolicyStats, TraceResult
 from .steps_metrics import COLUMNS as STEPS_COLUMNS
 
-COLUMNS = ["scope", "source", "trace_id", "policy", "traces", "invocations", "events", "recall"] + \
+COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces", "invocations", "events", "recall",
+           "value_recall", "prefix_reuse_pct", "input_tokens_P", "output_tokens_O", "embedding_tokens_E", "rho_full",
+           "cost_usd", "cost_usd_own", "norm_cost", "norm_cost_own", "cost_traces"] + \
     [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
      "budget_errors", "invariant_violations",
@@ -31,11 +40,16 @@ def _pct(hits: int, events: int) -> float | None:
     return round(100.0 * hits / events, 2) if events else None
 
 
-def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, traces: int, invocations: int) -> dict[str, Any]:
+def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, traces: int, invocations: int,
+        budget: int | None = None, session: str = "") -> dict[str, Any]:
     ms = np.array(st.render_seconds) * 1000.0
+    u = st.usage
     r: dict[str, Any] = {
-        "scope": scope, "source": source, "trace_id": trace_id, "policy": policy, "traces": traces,
-        "invocations": invocations, "events": st.events, "recall": _pct(st.hits, st.events),
+        "scope": scope, "budget": budget, "source": source, "trace_id": trace_id, "session": session, "policy": policy,
+        "traces": traces, "invocations": invocations, "events": st.events, "recall": _pct(st.hits, st.events),
+        "value_recall": _pct(st.value_hits, st.events),
+        "prefix_reuse_pct": round(100.0 * u.own_fraction, 2) if u.P else None,
+        "input_tokens_P": u.P, "output_tokens_O": u.O, "embedding_tokens_E": u.E,
     }
     for b in AGE_BINS:
         r[f"recall_age_{b}"] = _pct(st.by_age[b][1], st.by_age[b][0])
@@ -70,37 +84,96 @@ def compaction_figures(extra: dict[str, list[float]]) -> dict[str, Any]:
             "revival_pct": mean("revived", 100.0)}
 
 
-def summarize(results: list[TraceResult]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(per_trace_rows, per_source_rows)``; per-source rows include ``source == "ALL"``."""
-    per_trace, groups = [], defaultdict(lambda: defaultdict(PolicyStats))
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+def _rhos(results: list[TraceResult]) -> dict[tuple[int | None, str], float]:
+    """ρ of Full history per (budget, source) and (budget, ``ALL``) over the cost-comparison traces
+    (ContextRender C.2: one fraction per setting, used to price every policy)."""
+    groups: dict[tuple[int | None, str], list[Usage]] = defaultdict(list)
     for res in results:
-        counts[res.source][0] += 1
-        counts[res.source][1] += res.invocations
-        counts["ALL"][0] += 1
-        counts["ALL"][1] += res.invocations
+        if res.compared:
+            groups[(res.budget, res.source)].append(res.reference.usage)
+            groups[(res.budget, "ALL")].append(res.reference.usage)
+    return {k: full_fraction(v) for k, v in groups.items()}
+
+
+def summarize(results: list[TraceResult], prices: Prices = Prices()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(per_trace_rows, per_source_rows)``; per-source rows include ``source == "ALL"``, one set
+    per budget. ``prices``: eq. 3 prices (USD per million tokens)."""
+    per_trace = []
+    groups: dict[tuple, dict[str, PolicyStats]] = defaultdict(lambda: defaultdict(PolicyStats))
+    costs: dict[tuple, dict[str, list[TraceCost]]] = defaultdict(lambda: defaultdict(list))
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    rhos = _rhos(results)
+    for res in results:
+        rho = rhos.get((res.budget, res.source))
+        for key in ((res.budget, res.source), (res.budget, "ALL")):
+            counts[key][0] += 1
+            counts[key][1] += res.invocations
         for policy, st in res.stats.items():
-            per_trace.append(row("trace", res.source, res.trace_id, policy, st, 1, res.invocations))
-            groups[res.source][policy].merge(st)
-            groups["ALL"][policy].merge(st)
-    per_source = [row("source", src, "", policy, st, *counts[src])
-                  for src in sorted(groups, key=lambda s: (s == "ALL", s)) for policy, st in groups[src].items()]
+            r = row("trace", res.source, res.trace_id, policy, st, 1, res.invocations, res.budget, res.session_id)
+            if res.reference is not None:
+                r["rho_full"] = round(rho, 4) if rho is not None else None
+                if rho is not None and not st.budget_errors:
+                    r["cost_usd"] = round(trace_cost(st.usage, rho, prices), 6)
+                    r["cost_usd_own"] = round(trace_cost(st.usage, st.usage.own_fraction, prices), 6)
+                    full_cost = trace_cost(res.reference.usage, rho, prices)
+                    r["norm_cost"] = round(r["cost_usd"] / full_cost, 4) if full_cost else None
+                r["cost_traces"] = int(res.compared)
+            per_trace.append(r)
+            for key in ((res.budget, res.source), (res.budget, "ALL")):
+                groups[key][policy].merge(st)
+                if res.reference is not None and rho is not None:
+                    costs[key][policy].append(TraceCost(st.usage, res.reference.usage, rho, res.compared, st.budget_errors > 0))
+    per_source = []
+    for key in sorted(groups, key=lambda k: (k[0] or 0, k[1] == "ALL", k[1])):
+        budget, src = key
+        for policy, st in groups[key].items():
+            r = row("source", src, "", policy, st, *counts[key], budget=budget)
+            if key in costs:
+                n = normalise(costs[key][policy], prices)
+                rho = rhos.get(key)
+                r.update(rho_full=round(rho, 4) if rho is not None else None, cost_traces=n.traces,
+                         cost_usd=_round(n.mean_cost, 6), norm_cost=_round(n.normalised, 4),
+                         cost_usd_own=_round(n.mean_cost_own, 6), norm_cost_own=_round(n.normalised_own, 4))
+            per_source.append(r)
     return per_trace, per_source
 
 
-def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any]) -> dict[str, Path]:
-    """Write ``replay.json``, ``replay.csv`` and (when matplotlib is installed) ``recall_by_age.png``."""
+def _round(v: float | None, digits: int) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def timelines(results: list[TraceResult]) -> dict[str, Any]:
+    """``"{budget}|{session}"`` -> the trace's :class:`~.replay.Timeline` as JSON-able data."""
+    out = {}
+    for res in results:
+        t = res.timeline
+        if t is not None:
+            out[f"{res.budget}|{res.session_id}"] = {"source": res.source, "trace_id": res.trace_id, "budget": res.budget,
+                                                     "results": t.results, "invocations": t.invocations,
+                                                     "forms": t.forms, "events": t.events}
+    return out
+
+
+def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any],
+                  prices: Prices = Prices()) -> dict[str, Path]:
+    """Write ``replay.json``, ``replay.csv``, ``timelines.json.gz`` and (when matplotlib is installed)
+    ``recall_by_age.png`` (at the first budget): everything ``historygraph report`` reads."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    per_trace, per_source = summarize(results)
-    paths = {"json": out_dir / "replay.json", "csv": out_dir / "replay.csv"}
-    violations = {f"{r.source}/{r.trace_id}/{p}": st.violations for r in results for p, st in r.stats.items() if st.violations}
+    per_trace, per_source = summarize(results, prices)
+    paths = {"json": out_dir / "replay.json", "csv": out_dir / "replay.csv", "timelines": out_dir / "timelines.json.gz"}
+    violations = {f"{r.budget}/{r.source}/{r.trace_id}/{p}": st.violations for r in results for p, st in r.stats.items() if st.violations}
+    meta = {**meta, "prices": {"input": prices.input, "cached_input": prices.cached_input, "output": prices.output,
+                               "embedding": prices.embedding}}
     paths["json"].write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
                                          "invariant_violations": violations}, indent=2))
     with paths["csv"].open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(per_source + per_trace)
-    png = plot_recall_by_age(per_source, out_dir / "recall_by_age.png")
+    with gzip.open(paths["timelines"], "wt", encoding="utf-8") as fh:
+        json.dump(timelines(results), fh)
+    first = per_source[0]["budget"] if per_source else None
+    png = plot_recall_by_age([r for r in per_source if r["budget"] == first], out_dir / "recall_by_age.png")
     if png:
         paths["plot"] = png
     return paths

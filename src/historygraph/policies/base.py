@@ -44,12 +44,23 @@ class Signals:
     store: Any = None
     _embedder: CachedEmbedder | None = None
     _model: ChatModel | None = None
+    _embed_log: list[str] | None = None
 
     @property
     def embedder(self) -> CachedEmbedder:
         if self._embedder is None:
             self._embedder = CachedEmbedder(self.embedder_factory(), self.store)
+            self._embedder.log = self._embed_log
         return self._embedder
+
+    def embedding_log(self) -> list[str]:
+        """A list that receives every text a policy asks the embedder for from now on (cached or
+        not; the evaluator clears it between renderings), without creating the embedder."""
+        if self._embed_log is None:
+            self._embed_log = []
+            if self._embedder is not None:
+                self._embedder.log = self._embed_log
+        return self._embed_log
 
     @property
     def model(self) -> ChatModel:

@@ -117,6 +117,8 @@ class CachedEmbedder:
     """Wraps an :class:`Embedder` with an in-process dict and an optional persistent cache.
 
     ``calls`` counts texts actually sent to the model (a test checks each text is embedded once).
+    ``log``, when a list, receives every text requested, cached or not (the evaluator's embedding
+    token count, ContextRender C.2); ``None`` (the default) records nothing.
     """
 
     def __init__(self, embedder: Embedder, cache: EmbeddingCache | None = None) -> None:
@@ -125,8 +127,11 @@ class CachedEmbedder:
         self.cache = cache
         self._memo: dict[str, np.ndarray] = {}
         self.calls = 0
+        self.log: list[str] | None = None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.log is not None:
+            self.log.extend(texts)
         keys = [content_key(self.model, t) for t in texts]
         missing = [k for k in dict.fromkeys(keys) if k not in self._memo]
         if missing and self.cache is not None:

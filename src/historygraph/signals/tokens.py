@@ -107,6 +107,10 @@ class TokenCounter:
             self._memo[text] = n
         return n
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` (special-token strings encoded as plain text)."""
+        return self._enc.encode_ordinary(text) if text else []
+
     def count_message(self, message: Message) -> int:
         n = MESSAGE_OVERHEAD + self.count(message.content)
         for call in message.tool_calls:
