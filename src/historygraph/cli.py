@@ -115,6 +115,11 @@ def replay(
             _unknown_policy(n)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if log_format not in ("json", "text"):
+        _fail(f"--log-format must be 'json' or 'text', got {log_format!r}")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        _fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    configure_logs(log_level, json=log_format == "json")
     if fmt is not None and fmt not in READERS:
         _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
     paths = paths or [example_trace_path()]
@@ -351,6 +356,11 @@ def render(
         _unknown_policy(policy)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if log_format not in ("json", "text"):
+        _fail(f"--log-format must be 'json' or 'text', got {log_format!r}")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        _fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    configure_logs(log_level, json=log_format == "json")
     db = _existing_store(store)
     session, full = _session_graph(db, session)
     if at is not None and at > len(full):
@@ -409,16 +419,24 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 20_000_000,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the upstream (connect and between bytes); then 502.")] = 600.0,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer for the budget: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+    log_format: Annotated[str, typer.Option(help="Log lines on stderr: 'json' (one object per line) or 'text'.")] = "json",
+    log_level: Annotated[str, typer.Option(help="Log level: DEBUG, INFO (one line per request), WARNING, ERROR.")] = "INFO",
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:
         import uvicorn
 
         from .server import ServerConfig, create_app
+        from .server.logs import configure as configure_logs
     except ImportError as exc:
         _fail(f"the server needs the 'server' extra (pip install 'historygraph[server]'): {exc}")
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if log_format not in ("json", "text"):
+        _fail(f"--log-format must be 'json' or 'text', got {log_format!r}")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        _fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
+    configure_logs(log_level, json=log_format == "json")
     try:
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,

@@ -40,6 +40,7 @@ from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
+from .metrics import ProxyMetrics
 from .sessions import SESSION_HEADER, SessionRouter, derived_session_id
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
 
@@ -97,6 +98,7 @@ class Proxy:
         self.router = SessionRouter(self.store)
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store)
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
+        self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0),
                                         transport=httpx.AsyncHTTPTransport(retries=2),  # connection failures only
@@ -127,11 +129,17 @@ class Proxy:
         """Render the stored session and check DESIGN.md §5 (raises :class:`ClientError` when the
         budget cannot hold the protected history)."""
         graph = self.store.graph(session_id)
+        t0 = time.perf_counter()
         try:
             rendering = self.policy(policy).render(graph, budget, self.signals)
         except BudgetTooSmallError as exc:
             raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
         check_invariants(rendering, graph, self.signals.counter)
+        seconds = time.perf_counter() - t0
+        tokens_in, tokens_out = self.metrics.observe_render(policy, seconds, rendering, graph, self.signals.counter)
+        log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
+                                    "history_tokens_in": tokens_in, "history_tokens_out": tokens_out,
+                                    "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
         return rendering
 
     def prepare(self, messages: list[Message], session_id: str | None, policy: str, budget: int) -> tuple[str, Rendering]:
@@ -194,6 +202,7 @@ class Proxy:
         """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``)."""
         headers = forward_headers(request.headers)
         ours = {"x-historygraph-session": session_id}
+        api = "openai" if accumulator is OpenAIStreamAccumulator else "anthropic"
         request_up = self.client.build_request("POST", url, json=body, headers=headers)
         t_up = time.perf_counter()
         try:
@@ -202,7 +211,10 @@ class Proxy:
             except httpx.RemoteProtocolError:  # a pooled keep-alive connection the upstream had just closed
                 upstream = await self.client.send(request_up, stream=True)
         except httpx.HTTPError as exc:
+            self.metrics.upstream_errors.labels(api, "unreachable").inc()
             raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None
+        if upstream.status_code >= 400:
+            self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not body.get("stream"):
             content = await upstream.aread()
             await upstream.aclose()
@@ -239,6 +251,7 @@ class Proxy:
                 except httpx.HTTPError as exc:  # after the final event the answer is complete: not a cut
                     cut = None if acc.complete else str(exc)
                 if cut is not None:
+                    self.metrics.upstream_errors.labels(api, "stream_cut").inc()
                     # A stream cut mid-way (a dropped connection, or one closed cleanly before the
                     # final event): the partial answer is kept apart from the history (never
                     # presented as a complete turn) and the client gets a well-formed error event.
@@ -279,6 +292,8 @@ def _anthropic_error(exc: ClientError) -> JSONResponse:
 def create_app(config: ServerConfig | None = None, store: Store | None = None) -> FastAPI:
     """The ASGI app: the proxy endpoints and the session API (:mod:`historygraph.server.api`)."""
     from .api import router as api_router
+    from .ops import CountRequests
+    from .ops import router as ops_router
 
     config = config or ServerConfig()
     proxy = Proxy(config, store)
@@ -344,7 +359,9 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
         return Response(r.content, r.status_code, response_headers(r.headers))
 
     app.include_router(api_router)
+    app.include_router(ops_router)
     app.add_middleware(SizeLimit, limit=config.max_body_bytes)
+    app.add_middleware(CountRequests, metrics=proxy.metrics)
     return app
 
 

@@ -1,0 +1,84 @@
+"""Prometheus metrics of one proxy instance (``GET /metrics``, text exposition format).
+
+Each :class:`ProxyMetrics` has its own ``prometheus_client.CollectorRegistry`` (several apps in one
+process, as in tests, never share counts). Metric names follow Prometheus conventions (base
+units, ``_total`` counters):
+
+* ``historygraph_requests_total{api, status}``: proxied requests by API (``openai``/``anthropic``)
+  and HTTP status returned to the client;
+* ``historygraph_render_seconds{policy}``: histogram of the time to render one request's history
+  (ingest excluded);
+* ``historygraph_history_tokens_in_total{policy}``: tokens of the complete stored history the
+  renderings were made from, ``historygraph_history_tokens_out_total{policy}``: tokens of the
+  rendered history sent (charged to B), ``historygraph_tokens_saved_total{policy}``: in − out;
+  what B covers (system and current user messages are outside it) is ContextRender (arXiv
+  2609.37743) Appendix A.4; tokens of the proxy's tokenizer;
+* ``historygraph_calibration_ratio``: median of provider-reported / our-estimated prompt tokens
+  over the recent window (:class:`~historygraph.signals.calibration.TokenCalibration`; 1.0 before
+  any observation), ``historygraph_calibration_observations``;
+* ``historygraph_upstream_errors_total{api, kind}``: upstream answers with status ≥ 400 (kind =
+  the status code), unreachable upstreams (``unreachable``) and streams cut mid-way (``stream_cut``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+from ..graph import ContextGraph
+from ..render import Rendering
+from ..signals.calibration import TokenCalibration
+from ..signals.tokens import TokenCounter
+
+# render times seen on 2 cores range from ~1 ms (short sessions) to seconds (summarising policies)
+RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def full_history_tokens(graph: ContextGraph, counter: TokenCounter) -> int:
+    """Tokens of the complete stored history charged to B if shown whole: every message except
+    system messages and the latest user message (the same scope as the budget check)."""
+    users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
+    current = users[-1] if users else None
+    return sum(counter.count_message(m) for p, m in enumerate(graph.messages) if m.role != "system" and p != current)
+
+
+class ProxyMetrics:
+    """The proxy's counters; see the module docstring for names and labels."""
+
+    def __init__(self, calibration: TokenCalibration | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("historygraph_requests", "Proxied requests by API and status returned",
+                                ["api", "status"], registry=r)
+        self.render_seconds = Histogram("historygraph_render_seconds", "Time to render one request's history",
+                                        ["policy"], buckets=RENDER_BUCKETS, registry=r)
+        self.tokens_in = Counter("historygraph_history_tokens_in", "Tokens of the complete stored history rendered",
+                                 ["policy"], registry=r)
+        self.tokens_out = Counter("historygraph_history_tokens_out", "Tokens of the rendered history sent (charged to B)",
+                                  ["policy"], registry=r)
+        self.tokens_saved = Counter("historygraph_tokens_saved", "History tokens not sent (in - out)",
+                                    ["policy"], registry=r)
+        self.upstream_errors = Counter("historygraph_upstream_errors", "Upstream errors by API and kind",
+                                       ["api", "kind"], registry=r)
+        if calibration is not None:
+            Gauge("historygraph_calibration_ratio", "Median provider-reported / estimated prompt tokens",
+                  registry=r).set_function(lambda: calibration.ratio)
+            Gauge("historygraph_calibration_observations", "Usage reports the calibration ratio is based on",
+                  registry=r).set_function(lambda: calibration.summary()["observations"])
+
+    def observe_render(self, policy: str, seconds: float, rendering: Rendering, graph: ContextGraph,
+                       counter: TokenCounter) -> tuple[int, int]:
+        """Record one rendering; returns ``(history tokens in, out)``."""
+        tokens_in = full_history_tokens(graph, counter)
+        tokens_out = rendering.history_tokens
+        self.render_seconds.labels(policy).observe(seconds)
+        self.tokens_in.labels(policy).inc(tokens_in)
+        self.tokens_out.labels(policy).inc(tokens_out)
+        self.tokens_saved.labels(policy).inc(max(0, tokens_in - tokens_out))
+        return tokens_in, tokens_out
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """Every metric in the format the scraper's ``Accept`` header asks for (prometheus_client's
+        negotiation: the text format by default, OpenMetrics when asked) and its content type."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

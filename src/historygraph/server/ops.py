@@ -1,0 +1,69 @@
+"""Operations endpoints and request accounting: ``GET /health``, ``GET /metrics`` and the ASGI
+middleware that counts and logs every proxied request.
+
+* ``/health``: 200 ``{"status": "ok", "version", "store"}`` when the store answers a query, else
+  503 with ``"status": "error"`` and the store's error (for load balancers and orchestrators);
+* ``/metrics``: the Prometheus text exposition of :class:`~historygraph.server.metrics.ProxyMetrics`.
+
+Neither needs the session API's bearer token (a scraper or probe has none); neither shows stored
+content.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from .. import __version__
+
+router = APIRouter(tags=["operations"])
+log = logging.getLogger("historygraph.server")
+PROXY_PATHS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
+
+
+@router.get("/health", summary="Liveness and store reachability")
+def health(request: Request) -> JSONResponse:
+    proxy = request.app.state.proxy
+    try:
+        proxy.store.has_session("health-check")
+    except Exception as exc:  # any failure of the store is what this endpoint reports
+        return JSONResponse({"status": "error", "version": __version__, "store": f"{type(exc).__name__}: {exc}"}, 503)
+    return JSONResponse({"status": "ok", "version": __version__, "store": "ok"})
+
+
+@router.get("/metrics", summary="Prometheus metrics (text exposition format)")
+def metrics(request: Request) -> Response:
+    body, content_type = request.app.state.proxy.metrics.exposition(request.headers.get("accept"))
+    return Response(body, headers={"content-type": content_type})
+
+
+class CountRequests:
+    """ASGI middleware: for the proxy endpoints, counts ``historygraph_requests_total{api,
+    status}`` and logs one ``"request"`` record (api, status, session from the response header,
+    duration_ms) when the response starts."""
+
+    def __init__(self, app: Any, metrics: Any) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        api = PROXY_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if api is None:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                self.metrics.requests.labels(api, str(status)).inc()
+                headers = dict(message.get("headers") or [])
+                session = headers.get(b"x-historygraph-session", b"").decode("latin-1") or None
+                log.info("request", extra={"api": api, "status": status, "session": session,
+                                           "duration_ms": round((time.perf_counter() - started) * 1000, 2)})
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
