@@ -227,3 +227,25 @@ def test_an_interrupted_replay_writes_the_traces_finished_so_far(tmp_path, monke
     data = json.loads((out / "replay.json").read_text())
     assert data["meta"]["interrupted"] is True and data["meta"]["trajectories_done"] == 1
     assert len(data["per_trace"]) == 1
+
+
+def test_one_replay_sweeps_several_budgets(tmp_path):
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500,3000",
+                              "--store", ":memory:", "--out", str(out), "--price", "output=4"])
+    assert res.exit_code == 0, res.output
+    assert "at B = 1500" in res.output and "at B = 3000" in res.output and "historygraph report" in res.output
+    data = json.loads((out / "replay.json").read_text())
+    assert data["meta"]["budgets"] == [1500, 3000] and data["meta"]["prices"]["output"] == 4.0
+    rows = {(r["budget"], r["policy"]): r for r in data["per_source"] if r["source"] == "ALL"}
+    assert set(rows) == {(1500, "prune"), (1500, "full"), (3000, "prune"), (3000, "full")}
+    assert rows[(1500, "full")]["norm_cost"] == 1.0 and rows[(1500, "prune")]["norm_cost"] < 1.0
+    assert rows[(1500, "prune")]["recall"] <= rows[(3000, "prune")]["recall"]
+    assert (out / "timelines.json.gz").stat().st_size > 100
+
+
+def test_budget_and_price_errors_are_named_before_any_work(tmp_path):
+    res = runner.invoke(app, ["replay", "--budget", "2000,lots", "--store", ":memory:", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "'lots' is not a whole number" in res.output and "Replaying" not in res.output
+    res = runner.invoke(app, ["replay", "--price", "gold=1", "--store", ":memory:", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--price" in res.output and "KEY one of" in res.output

@@ -19,7 +19,8 @@ from rich.table import Table
 
 from . import __version__
 from .eval.recall import AGE_BINS
-from .eval.replay import replay_trace
+from .eval.cost import Prices
+from .eval.replay import replay_budgets, replay_trace
 from .eval.report import summarize, write_outputs
 from .formats import READERS, TraceFormatError, list_trace_files, read_traces
 from .graph import ContextGraph
@@ -95,10 +96,11 @@ def _read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, l
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["contextrender", "prune", "full"],
-    budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens (ContextRender B.1 uses 6000).")] = 6000,
+    budget: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (ContextRender B.1 uses 6000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000.")] = "6000",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: the user data dir.")] = None,
-    out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv and recall_by_age.png (created if missing; must not be a file).")] = Path("replay-results"),
+    out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
+    price: Annotated[list[str], typer.Option("--price", help="Eq. 3 price in USD per million tokens, KEY=VALUE (repeatable; keys input, cached_input, output, embedding; defaults 2, 0.5, 8, 0.13 from ContextRender §4.2).")] = [],
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
@@ -122,6 +124,11 @@ def replay(
     configure_logs(log_level, json=log_format == "json")
     if fmt is not None and fmt not in READERS:
         _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
+    budgets = _budgets(budget)
+    try:
+        prices = Prices.parse(price)
+    except ValueError as exc:
+        _fail(f"--price: {exc}")
     paths = paths or [example_trace_path()]
     for p in paths:
         if not p.exists():
@@ -141,7 +148,7 @@ def replay(
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
-                  f"at B = {budget} tokens ({encoding}); store: {_store_name(db)}")
+                  f"at B = {', '.join(map(str, budgets))} tokens ({encoding}); store: {_store_name(db)}")
     done: dict[int, object] = {}
     embedded = [0]
     stopped: str | None = None
@@ -150,54 +157,72 @@ def replay(
         task = bar.add_task("replay", total=len(traces))
         try:
             if jobs > 1:
-                _replay_parallel(traces, names, budget, encoding, store, jobs, done, embedded, lambda: bar.advance(task))
+                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: bar.advance(task))
             for i, tr in enumerate(traces if jobs == 1 else ()):
                 bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
-                done[i] = replay_trace(tr, policies, budget, signals, db)
+                if len(budgets) == 1:
+                    done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
+                else:
+                    done[i] = replay_budgets(tr, names, budgets, signals, db)
                 bar.advance(task)
         except KeyboardInterrupt:
             stopped = "interrupted (Ctrl-C)"
         except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
             stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
-    results = [done[i] for i in sorted(done)]
+    results = [done[i][k] for k in range(len(budgets)) for i in sorted(done)]  # budget by budget, traces in order
     wall = time.perf_counter() - t_start
     peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
-    meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budget,
+    meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budgets[0],
+            "budgets": budgets,
             "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
             "texts_embedded": embedded[0] + _embedded(signals), "skipped_files": skipped,
-            "interrupted": stopped is not None, "trajectories_done": len(results)}
-    written = write_outputs(out, results, meta)
+            "interrupted": stopped is not None, "trajectories_done": len(done)}
+    written = write_outputs(out, results, meta, prices)
     db.close()
     if stopped:
-        _fail(f"{stopped}: wrote the {len(results)} of {len(traces)} trajectories finished so far to "
+        _fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "
               + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
-    per_trace_rows, per_source_rows = summarize(results)
-    _print_table(per_source_rows, f"Later-Used Result Recall and history tokens at B = {budget}")
-    if per_trace:
-        _print_table(per_trace_rows, "Per trace", trace_col=True)
+    per_trace_rows, per_source_rows = summarize(results, prices)
+    for b in budgets:
+        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall, history tokens and cost at B = {b}")
+        if per_trace:
+            _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
     for r in per_source_rows:
         if r["source"] == "ALL" and r["budget_errors"]:
-            err.print(f"[yellow]warning:[/] {r['policy']}: B = {budget} tokens could not hold the protected history "
+            err.print(f"[yellow]warning:[/] {r['policy']}: B = {r['budget']} tokens could not hold the protected history "
                       f"(first user message, latest assistant turn) in {r['budget_errors']} of {r['invocations']} "
                       "invocations; those renderings count as showing nothing (raise --budget)")
     console.print(f"wall time {wall:.1f} s, peak memory {peak_mb:.0f} MB, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
     console.print("wrote " + ", ".join(str(p) for p in written.values()))
+    console.print(f"report (HTML and Markdown): historygraph report {out}", markup=False, highlight=False, soft_wrap=True)
     if skipped:
         _warn(f"{len(skipped)} unreadable file(s) skipped: " + ", ".join(s["path"] for s in skipped))
     if bad or skipped:
         raise typer.Exit(1)
 
 
+def _budgets(text: str) -> list[int]:
+    """``6000`` or ``2000,3000,6000``: distinct whole numbers >= 1, in the order given."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            _fail(f"--budget {text!r}: {part!r} is not a whole number of tokens >= 1 (give one, or a comma-separated list)")
+        if int(part) not in out:
+            out.append(int(part))
+    return out
+
+
 _worker: tuple = ()
 
 
-def _worker_init(names: list[str], budget: int, encoding: str, store: str | None) -> None:
+def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None) -> None:
     global _worker
     db = open_store(store)
-    _worker = (Signals(counter=TokenCounter(encoding), store=db), {n: create(n) for n in names}, budget, db)
+    _worker = (Signals(counter=TokenCounter(encoding), store=db), names, budgets, db)
 
 
 def _embedded(signals: Signals) -> int:
@@ -206,20 +231,21 @@ def _embedded(signals: Signals) -> int:
 
 
 def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
-    signals, policies, budget, db = _worker
+    signals, names, budgets, db = _worker
     before = _embedded(signals)
-    return replay_trace(trace, policies, budget, signals, db), _embedded(signals) - before
+    return replay_budgets(trace, names, budgets, signals, db), _embedded(signals) - before
 
 
-def _replay_parallel(traces: list, names: list[str], budget: int, encoding: str, store: str | None, jobs: int,
+def _replay_parallel(traces: list, names: list[str], budgets: list[int], encoding: str, store: str | None, jobs: int,
                      done: dict, embedded: list[int], advance) -> None:  # noqa: ANN001
-    """Replay whole traces in ``jobs`` processes (largest first), putting each finished result into
-    ``done`` (trace index -> result) and adding the texts the workers embedded to ``embedded[0]``,
-    so that an interrupt keeps what is finished. Pending traces are cancelled on any exception."""
+    """Replay whole traces in ``jobs`` processes (largest first), putting each finished trace's
+    results (one per budget) into ``done`` (trace index -> results) and adding the texts the workers
+    embedded to ``embedded[0]``, so that an interrupt keeps what is finished. Pending traces are
+    cancelled on any exception."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
-    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budget, encoding, store))
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store))
     try:
         futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
         for fut in as_completed(futures):
@@ -230,20 +256,22 @@ def _replay_parallel(traces: list, names: list[str], budget: int, encoding: str,
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _fmt(v: object) -> str:
+def _fmt(v: object, digits: int = 1) -> str:
     if v is None:
         return "–"
-    return f"{v:.1f}" if isinstance(v, float) else str(v)
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     t = Table(title=title, header_style="bold")
-    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "value_recall"] + \
+        [f"recall_age_{b}" for b in AGE_BINS] + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
-    heads = {"selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
+    heads = {"value_recall": "value recall %", "prefix_reuse_pct": "prefix reuse %", "norm_cost": "cost (Full ρ)",
+             "norm_cost_own": "cost (own ρ)", "cost_traces": "cost traces",
+             "selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
              "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
              "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
              "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
@@ -259,7 +287,7 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r.get(c)) for c in cols])
+        t.add_row(*[_fmt(r.get(c), 3 if c.startswith("norm_cost") else 1) for c in cols])
     # never cut numbers: print at the table's natural width even when the terminal is narrower
     width = max(console.width, Console(width=10_000).measure(t).maximum)
     Console(width=width, force_terminal=console.is_terminal).print(t)
