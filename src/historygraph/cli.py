@@ -117,11 +117,6 @@ def replay(
             _unknown_policy(n)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
-    if log_format not in ("json", "text"):
-        _fail(f"--log-format must be 'json' or 'text', got {log_format!r}")
-    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        _fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
-    configure_logs(log_level, json=log_format == "json")
     if fmt is not None and fmt not in READERS:
         _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
     budgets = _budgets(budget)
@@ -384,11 +379,6 @@ def render(
         _unknown_policy(policy)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
-    if log_format not in ("json", "text"):
-        _fail(f"--log-format must be 'json' or 'text', got {log_format!r}")
-    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        _fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
-    configure_logs(log_level, json=log_format == "json")
     db = _existing_store(store)
     session, full = _session_graph(db, session)
     if at is not None and at > len(full):
