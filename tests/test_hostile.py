@@ -19,12 +19,12 @@ import pytest
 
 from historygraph.events import Message, ToolCall
 from historygraph.graph import ContextGraph
-from historygraph.policies import REGISTRY, Signals, create
+from historygraph.policies import Signals, create, names
 from historygraph.render import BudgetTooSmallError, check_invariants
 
 from doubles import ScriptedModel
 
-POLICIES = sorted(REGISTRY)
+POLICIES = names()
 BUDGETED = [p for p in POLICIES if p != "full"]
 # Policies that by design rewrite or cut the history as a whole when it exceeds B: the summarising
 # baselines fold older results into a summary, ReCAP Recency stops at the first block that does not fit.

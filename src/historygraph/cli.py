@@ -139,7 +139,7 @@ def replay(
         _fail(f"cannot open store {store or 'default'}: {exc}")
     signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
-        policies = {n: create(n) for n in names}
+        policies = {n: create(n, replay=True) for n in names}
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
@@ -387,6 +387,8 @@ def render(
     signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
         r = create(policy).render(graph, budget, signals)
+    except PolicyError as exc:
+        _fail(str(exc))
     except BudgetTooSmallError as exc:
         _fail(f"{exc} (raise --budget)")
     except ModelError as exc:

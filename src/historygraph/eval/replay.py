@@ -224,6 +224,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
             for name, policy in policies.items():
                 st = stats[name]
                 log.clear()
+                if getattr(policy, "reads_future", False):  # clairvoyant bounds: the results reused at j
+                    policy.upcoming = frozenset(e.result for e in events_at.get(j, ()))
                 t0 = time.perf_counter()
                 try:
                     r = policy.render(graph, budget, signals)
@@ -284,13 +286,13 @@ def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[
     is parsed once, the embedding cache and one Full-history reference are shared, and each budget
     gets fresh policy instances."""
     reference = full_reference(trace, signals)
-    return [replay_trace(trace, {n: create(n) for n in policy_names}, b, signals, store, reference) for b in budgets]
+    return [replay_trace(trace, {n: create(n, replay=True) for n in policy_names}, b, signals, store, reference) for b in budgets]
 
 
 def replay(traces: Iterable[Trace], policy_names: list[str], budget: int, signals: Signals,
            store: Store | None = None, on_trace: Callable[[TraceResult], None] | None = None) -> list[TraceResult]:
     """Replay every trace; ``on_trace`` is called after each (progress reporting)."""
-    policies = {name: create(name) for name in policy_names}
+    policies = {name: create(name, replay=True) for name in policy_names}
     out = []
     for trace in traces:
         res = replay_trace(trace, policies, budget, signals, store)

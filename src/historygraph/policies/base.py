@@ -82,22 +82,29 @@ class PolicySpec:
     source: str
     summary: str
     defaults: dict[str, Any]
+    replay_only: bool = False  # reads the recorded future (clairvoyant bounds): the evaluator only
 
 
 REGISTRY: dict[str, PolicySpec] = {}
 
 
-def register(name: str, source: str, summary: str, **defaults: Any) -> Callable[[type], type]:
+def register(name: str, source: str, summary: str, replay_only: bool = False, **defaults: Any) -> Callable[[type], type]:
     """Class decorator: register ``cls`` under ``name``; ``defaults`` override its Config defaults
-    (used for named variants such as the B.3 ablations)."""
+    (used for named variants such as the B.3 ablations). ``replay_only`` marks a policy that reads
+    the recorded future (a clairvoyant bound): :func:`create` builds it only for the evaluator."""
 
     def deco(cls: type) -> type:
         if name in REGISTRY:
             raise PolicyError(f"policy name {name!r} registered twice")
-        REGISTRY[name] = PolicySpec(name, cls, source, summary, defaults)
+        REGISTRY[name] = PolicySpec(name, cls, source, summary, defaults, replay_only)
         return cls
 
     return deco
+
+
+def names(replay: bool = False) -> list[str]:
+    """Registered policy names, sorted; the replay-only ones (clairvoyant bounds) only with ``replay``."""
+    return sorted(n for n, spec in REGISTRY.items() if replay or not spec.replay_only)
 
 
 def config_fields(name: str) -> dict[str, Any]:
@@ -116,13 +123,29 @@ def get_spec(name: str) -> PolicySpec:
         raise PolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
 
 
-def create(name: str, **overrides: Any) -> Any:
-    """Instantiate the policy ``name`` with its defaults plus ``overrides``.
+def check_production(name: str) -> PolicySpec:
+    """The spec of ``name`` if the library and the proxy may run it.
 
     Raises:
-        PolicyError: unknown policy or unknown config field.
+        PolicyError: unknown policy, or a replay-only policy (it reads the recorded future).
     """
     spec = get_spec(name)
+    if spec.replay_only:
+        raise PolicyError(f"policy {name!r} reads the recorded future (a clairvoyant bound for the evaluator): "
+                          f"it can only run in `historygraph replay`; choose a production policy such as 'learned' "
+                          f"or 'contextrender'")
+    return spec
+
+
+def create(name: str, *, replay: bool = False, **overrides: Any) -> Any:
+    """Instantiate the policy ``name`` with its defaults plus ``overrides``. ``replay=True`` is
+    passed only by the evaluator, which can show a policy the recorded future.
+
+    Raises:
+        PolicyError: unknown policy, unknown config field, or a replay-only policy (``oracle``,
+            ``oracle-omit``) asked for outside replay.
+    """
+    spec = check_production(name) if not replay else get_spec(name)
     params = {**spec.defaults, **overrides}
     cfg_cls = getattr(spec.cls, "Config", None)
     if cfg_cls is None:

@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..events import EventError, Message
 from ..graph import ContextGraph
-from ..policies import REGISTRY
+from ..policies import PolicyError, check_production
 from ..store import KEPT_KEYS, AppendConflict, StoreError
 from ..store.base import MAX_KEY_LENGTH
 from .app import ClientError
@@ -184,8 +184,10 @@ async def render_session(session_id: str, body: RenderRequest, request: Request)
     _known(proxy, session_id)
     policy = body.policy or proxy.config.policy
     budget = body.budget or proxy.config.budget
-    if policy not in REGISTRY:
-        raise HTTPException(400, f"policy: unknown policy {policy!r}; known: {', '.join(sorted(REGISTRY))}")
+    try:
+        check_production(policy)
+    except PolicyError as exc:
+        raise HTTPException(400, f"policy: {exc}") from None
 
     def run() -> Any:
         with proxy.router.lock(session_id):

@@ -35,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..events import EventError, Message
 from ..formats import anthropic as anth
-from ..policies import REGISTRY, PolicyError, Signals, create
+from ..policies import PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
@@ -75,8 +75,7 @@ class ServerConfig:
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.policy not in REGISTRY:
-            raise PolicyError(f"unknown policy {self.policy!r}; known: {', '.join(sorted(REGISTRY))}")
+        check_production(self.policy)  # PolicyError: unknown, or replay-only
         if self.budget < 1:
             raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
 
@@ -107,9 +106,10 @@ class Proxy:
     def options(self, request: Request) -> tuple[str | None, str, int]:
         """Session id, policy and budget from headers, else the configured defaults."""
         policy = request.headers.get("x-historygraph-policy", self.config.policy)
-        if policy not in REGISTRY:
-            raise ClientError(f"X-HistoryGraph-Policy: unknown policy {policy!r}; known: {', '.join(sorted(REGISTRY))}",
-                              "X-HistoryGraph-Policy")
+        try:
+            check_production(policy)
+        except PolicyError as exc:
+            raise ClientError(f"X-HistoryGraph-Policy: {exc}", "X-HistoryGraph-Policy") from None
         raw = request.headers.get("x-historygraph-budget")
         try:
             budget = int(raw) if raw is not None else self.config.budget

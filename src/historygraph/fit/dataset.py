@@ -1,0 +1,87 @@
+"""Training examples for the learned selector, from recorded traces.
+
+One example per (invocation ``t``, stored tool result ``r``) of a trace, replayed event by event as
+the evaluator does: the features are those of :func:`historygraph.fit.features.feature_matrix` on
+the history before ``t``; the label is *observed reuse*, the production signal of Tool-Flow Analysis
+(ContextRender, arXiv:2609.37743, §3.2, A.2): ``r`` is labelled reused at ``t`` when the assistant
+message of ``t`` (its text or a tool call) repeats a TFA value that TFA attributes to ``r`` (first
+earlier result holding it). This is what a deployment can log about its own sessions; the
+evaluator's B.4 rule (another token pattern, first appearance anywhere in the transcript) is never
+used, so Later-Used Result Recall measured afterwards tests the selector, not the metric.
+
+``within`` labels reuse at any of the next ``horizon`` invocations (``t … t+horizon−1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..events import Trace
+from ..graph import ContextGraph
+from ..signals.tokens import TokenCounter
+from .features import FEATURES, feature_matrix
+
+
+@dataclass
+class Examples:
+    """Rows of one or more traces.
+
+    Attributes:
+        X: features, shape ``(n, len(FEATURES))``.
+        reused: 1 when the result is reused at the invocation itself, shape ``(n,)``.
+        within: 1 when it is reused at one of the next ``horizon`` invocations, shape ``(n,)``.
+        group: index of the trace each row comes from (for grouped cross-validation), shape ``(n,)``.
+        invocation: running invocation number within its trace, shape ``(n,)``.
+    """
+
+    X: np.ndarray
+    reused: np.ndarray
+    within: np.ndarray
+    group: np.ndarray
+    invocation: np.ndarray
+
+    @staticmethod
+    def concat(parts: list["Examples"]) -> "Examples":
+        if not parts:
+            z = np.zeros(0)
+            return Examples(np.zeros((0, len(FEATURES))), z, z, z.astype(int), z.astype(int))
+        return Examples(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("X", "reused", "within", "group", "invocation")))
+
+
+def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon: int = 3) -> Examples:
+    """Replay ``trace`` and return its examples (see module docstring)."""
+    graph = ContextGraph(trace.trace_id)
+    rows: list[np.ndarray] = []
+    cand: list[list[int]] = []
+    reuse_turn: dict[int, list[int]] = {}  # result position -> invocation numbers that reused it
+    inv = 0
+    for j, message in enumerate(trace.messages):
+        if message.role == "assistant" and len(graph):
+            results = graph.results()
+            if results:
+                rows.append(feature_matrix(graph, results, counter))
+                cand.append(results)
+            else:
+                rows.append(np.zeros((0, len(FEATURES))))
+                cand.append([])
+            graph.append(message)
+            for p in results:
+                ms = graph.reuse.matches.get(p, ())
+                if ms and ms[-1].user == j:
+                    reuse_turn.setdefault(p, []).append(inv)
+            inv += 1
+        else:
+            graph.append(message)
+    X, reused, within, invocation = [], [], [], []
+    for i, (x, results) in enumerate(zip(rows, cand)):
+        X.append(x)
+        for p in results:
+            turns = reuse_turn.get(p, ())
+            reused.append(float(i in turns))
+            within.append(float(any(i <= k < i + horizon for k in turns)))
+            invocation.append(i)
+    n = len(reused)
+    return Examples(np.concatenate(X) if X else np.zeros((0, len(FEATURES))), np.array(reused), np.array(within),
+                    np.full(n, group), np.array(invocation, dtype=int))

@@ -1,0 +1,62 @@
+"""``historygraph fit``: fit the learned selector's reuse model on recorded traces.
+
+Examples come from :func:`historygraph.fit.dataset.trace_examples` (observed reuse by Tool-Flow
+Analysis as the label, render-time features only). The model is scikit-learn's
+``LogisticRegression`` (L2, ``C`` below, ``lbfgs``) on features standardised with the training mean
+and standard deviation; it is written as a small JSON file that :class:`~historygraph.fit.model.ReuseModel`
+reads with numpy alone. The fit is deterministic: the same traces and options give the same file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..events import Trace
+from ..signals.tokens import TokenCounter
+from .dataset import Examples, trace_examples
+from .features import FEATURES
+from .model import ReuseModel
+
+C = 1.0  # inverse L2 strength; chosen by leave-trajectories-out cross-validation on traces-train (docs/results.md)
+
+
+def examples(traces: Iterable[Trace], counter: TokenCounter,
+             on_trace: Callable[[Trace], None] | None = None) -> Examples:
+    parts = []
+    for g, tr in enumerate(traces):
+        parts.append(trace_examples(tr, counter, group=g))
+        if on_trace:
+            on_trace(tr)
+    return Examples.concat(parts)
+
+
+def fit_examples(ex: Examples, c: float = C, meta: dict | None = None) -> ReuseModel:
+    """Fit the model on ``ex`` (needs scikit-learn).
+
+    Raises:
+        ValueError: no positive or no negative example (nothing to learn from).
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    y = ex.reused
+    if len(y) == 0 or y.min() == y.max():
+        raise ValueError(f"cannot fit a reuse model on {len(y)} examples with {int(y.sum())} reused: the traces need "
+                         f"tool results, some of them reused later (values repeated by later tool calls or messages)")
+    mean = ex.X.mean(axis=0)
+    scale = ex.X.std(axis=0)
+    scale[scale == 0] = 1.0
+    lr = LogisticRegression(C=c, max_iter=5000, tol=1e-8)
+    lr.fit((ex.X - mean) / scale, y)
+    info = {"examples": int(len(y)), "reused": int(y.sum()), "traces": int(len(np.unique(ex.group))), "C": c}
+    return ReuseModel(list(FEATURES), mean, scale, lr.coef_[0].copy(), float(lr.intercept_[0]), {**info, **(meta or {})})
+
+
+def fit_traces(traces: list[Trace], out: str | Path, counter: TokenCounter, c: float = C,
+               meta: dict | None = None, on_trace: Callable[[Trace], None] | None = None) -> ReuseModel:
+    """Fit on ``traces`` and write the model to ``out``; returns it."""
+    model = fit_examples(examples(traces, counter, on_trace), c, meta)
+    model.save(out)
+    return model

@@ -1,0 +1,233 @@
+"""The learned selector: render-time features (hand-computed), the knapsack (solved by hand), the
+model file, fitting, and the clairvoyant bounds (oracle, oracle-omit) with their refusal outside replay."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from historygraph.eval.replay import replay_trace
+from historygraph.events import Message, ToolCall, Trace
+from historygraph.fit.dataset import trace_examples
+from historygraph.fit.features import FEATURES, call_kind, feature_matrix
+from historygraph.fit.model import ReuseModel, ReuseModelError
+from historygraph.fit.train import fit_examples, fit_traces
+from historygraph.graph import ContextGraph
+from historygraph.policies import PolicyError, Signals, create
+from historygraph.policies.learned import knapsack_select
+from historygraph.render import Layout, check_invariants
+from historygraph.session import Session
+
+
+def bash(cid, command):
+    return ToolCall(cid, "bash", json.dumps({"command": command}))
+
+
+def edit_session():
+    """Task → cat a file → grep a name (reuses it) → edit the file (reuses both) → the edit failed."""
+    return [
+        Message("user", "Fix parse_date in utils/dates.py"),
+        Message("assistant", "", (bash("c1", "cat utils/dates.py"),)),
+        Message("tool", "def parse_date(s):\n    return DATE_RE.match(s)", tool_call_id="c1"),
+        Message("assistant", "", (bash("c2", "grep -rn parse_date ."),)),
+        Message("tool", "utils/dates.py:1:def parse_date(s):", tool_call_id="c2"),
+        Message("assistant", "Now edit parse_date", (bash("c3", "sed -i 's/match/fullmatch/' utils/dates.py"),)),
+        Message("tool", "<returncode>1</returncode>\nsed: can't read", tool_call_id="c3"),
+    ]
+
+
+def test_features_on_a_hand_made_session():
+    g = ContextGraph("f", edit_session())
+    counter = Signals().counter
+    X = feature_matrix(g, [2, 4, 6], counter)
+    f = [dict(zip(FEATURES, row)) for row in X]
+    # result 2 (cat): turn 1 of 3 -> age 2; TFA: parse_date reused by turns 2 and 3, held by results 2 and 4
+    # (n = 2), so c = 1/2 + 1/2 = 1; values {parse_date, DATE_RE.match}, the second held by no other result
+    assert f[0]["age"] == 2 and f[0]["recency"] == pytest.approx(math.exp(-0.6))
+    assert f[0]["reuse_score"] == pytest.approx(math.log(2)) and f[0]["reuse_turns"] == pytest.approx(math.log(3))
+    assert (f[0]["reused_last"], f[0]["reused_recent"], f[0]["since_reuse"], f[0]["never_reused"]) == (1, 2, 0, 0)
+    assert f[0]["latest_values"] == pytest.approx(math.log(2)) and f[0]["task_values"] == pytest.approx(math.log(2))
+    assert f[0]["unique_values"] == pytest.approx(math.log(2)) and f[0]["log_values"] == pytest.approx(math.log(3))
+    assert (f[0]["kind_view"], f[0]["superseded"], f[0]["edited_later"], f[0]["path_in_latest"]) == (1, 0, 1, 1)
+    assert (f[0]["error"], f[0]["latest_result"]) == (0, 0)
+    # result 4 (grep): age 1; dates.py (held only by it) reused by turn 3 -> c = 1
+    assert f[1]["age"] == 1 and f[1]["kind_search"] == 1 and f[1]["reuse_score"] == pytest.approx(math.log(2))
+    assert (f[1]["reused_last"], f[1]["since_reuse"], f[1]["edited_later"]) == (1, 0, 0)
+    # result 6 (sed -i): age 0, never reused, an error, the latest call's result, no TFA values
+    assert (f[2]["age"], f[2]["never_reused"], f[2]["kind_edit"], f[2]["error"], f[2]["latest_result"]) == (0, 1, 1, 1, 1)
+    assert f[2]["since_reuse"] == pytest.approx(math.log(2)) and f[2]["log_values"] == 0
+
+
+def test_features_extend_incrementally_as_the_graph_grows():
+    msgs = edit_session()
+    g = ContextGraph("inc", msgs[:3])
+    counter = Signals().counter
+    feature_matrix(g, [2], counter)  # caches facts for the first result
+    g.extend(msgs[3:])
+    assert np.array_equal(feature_matrix(g, [2, 4, 6], counter), feature_matrix(ContextGraph("fresh", msgs), [2, 4, 6], counter))
+
+
+@pytest.mark.parametrize("name, args, kind", [
+    ("bash", {"command": "cat src/a.py"}, "view"), ("bash", {"command": "sed -n '10,20p' a.py"}, "view"),
+    ("bash", {"command": "grep -rn foo ."}, "search"), ("bash", {"command": "find . -name '*.py'"}, "search"),
+    ("bash", {"command": "sed -i 's/a/b/' a.py"}, "edit"), ("bash", {"command": "cat > a.py << 'EOF'\nx\nEOF"}, "edit"),
+    ("bash", {"command": "python -m pytest tests/test_a.py"}, "test"), ("bash", {"command": "python setup.py build"}, "run"),
+    ("str_replace_editor", {"command": "view", "path": "/r/a.py"}, "view"),
+    ("str_replace_editor", {"command": "str_replace", "path": "/r/a.py"}, "edit"),
+    ("get_user_details", {"user_id": "u1"}, "other"),
+])
+def test_call_kind(name, args, kind):
+    assert call_kind(name, json.dumps(args)) == kind
+
+
+def layout_with_results(sizes, budget=None):
+    """One step per result; the latest assistant message holds no call. Returns (layout, positions)."""
+    msgs = [Message("user", "task")]
+    for i, n in enumerate(sizes):
+        msgs += [Message("assistant", "", (bash(f"c{i}", "ls"),)), Message("tool", "word " * n, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "thinking"))
+    g = ContextGraph("k", msgs)
+    lay = Layout(g, Signals().counter, budget)
+    return lay, lay.candidates
+
+
+def test_knapsack_prefers_value_per_token_over_the_largest_value():
+    lay, (a, b, c, d) = layout_with_results([900, 300, 300, 300])
+    room = lay.delta[a]  # exactly A alone, or B + C + D (each a third of A's size)
+    assert lay.delta[b] + lay.delta[c] + lay.delta[d] <= room
+    lay, _ = layout_with_results([900, 300, 300, 300], budget=lay.base_tokens + room)
+    value = {a: 0.9, b: 0.5, c: 0.5, d: 0.45}
+    sel = lay.selection()
+    # by hand: A alone is worth 0.9; B, C, D together fit and are worth 1.45 (the optimum)
+    assert sorted(knapsack_select([a, b, c, d], value, sel)) == [b, c, d]
+
+
+def test_knapsack_swaps_in_a_single_item_worth_more_than_the_greedy_set():
+    lay, (a, b) = layout_with_results([900, 60])
+    room = lay.delta[a] + lay.delta[b] - 1  # both do not fit
+    lay, _ = layout_with_results([900, 60], budget=lay.base_tokens + room)
+    sel = lay.selection()
+    # by hand: B has the best ratio and is taken first; A then does not fit; A alone (0.9) beats {B} (0.1)
+    assert knapsack_select([a, b], {a: 0.9, b: 0.1}, sel) == [a]
+    assert sel.used == lay.base_tokens + lay.delta[a]
+
+
+def test_knapsack_never_takes_worthless_results():
+    lay, (a, b) = layout_with_results([50, 50], budget=100_000)
+    assert knapsack_select([a, b], {a: 0.0, b: 0.3}, lay.selection()) == [b]
+
+
+def test_model_round_trip_and_clear_errors(tmp_path):
+    m = ReuseModel.load()  # the shipped default
+    assert m.features == list(FEATURES)
+    path = tmp_path / "m.json"
+    m.save(path)
+    again = ReuseModel.load(path)
+    X = np.random.default_rng(0).normal(size=(5, len(FEATURES)))
+    assert np.allclose(again.predict(X), m.predict(X), atol=1e-6)
+    bad = json.loads(path.read_text()) | {"features": list(FEATURES)[:-1]}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ReuseModelError, match="features differ"):
+        ReuseModel.load(path)
+    path.write_text("{}")
+    with pytest.raises(ReuseModelError, match="not a historygraph reuse model"):
+        ReuseModel.load(path)
+    with pytest.raises(ReuseModelError, match="cannot read"):
+        ReuseModel.load(tmp_path / "missing.json")
+
+
+def test_labels_are_observed_reuse_of_tfa():
+    ex = trace_examples(Trace("t", "x", "t1", edit_session() + [Message("assistant", "done: DATE_RE.match fixed")]),
+                        Signals().counter)
+    # invocation 0 (msg 1) has no result before it; then before msg 3 (result 2), 5 (2, 4), 7 (2, 4, 6)
+    assert ex.invocation.tolist() == [1, 2, 2, 3, 3, 3]
+    # TFA: msg 3 reuses parse_date (result 2); msg 5 reuses parse_date (2) and dates.py (4); msg 7 DATE_RE.match (2)
+    assert ex.reused.tolist() == [1, 1, 1, 1, 0, 0]
+    assert ex.within.tolist() == [1, 1, 1, 1, 0, 0]
+
+
+def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces_dir):
+    from historygraph.formats import read_traces
+    traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
+              for f in ("django__django-11099.traj.json", "marshmallow-code__marshmallow-1359.traj.json")]
+    counter = Signals().counter
+    a = fit_traces(traces, tmp_path / "a.json", counter)
+    fit_traces(traces, tmp_path / "b.json", counter)
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    coef = dict(zip(a.features, a.coef))
+    assert coef["reuse_turns"] > 0  # results reused before are reused again
+
+
+def test_fit_refuses_examples_without_reuse():
+    ex = trace_examples(Trace("t", "x", "t1", edit_session()[:3] + [Message("assistant", "nothing reused")]),
+                        Signals().counter)
+    with pytest.raises(ValueError, match="cannot fit"):
+        fit_examples(ex)
+
+
+def test_learned_keeps_the_invariants_and_prefers_the_reused_result():
+    msgs = [Message("user", "Fix the bug")]
+    for i in range(6):
+        msgs += [Message("assistant", f"step {i}", (bash(f"c{i}", f"cat file{i}.py"),)),
+                 Message("tool", f"VALUE_{i}_TOKEN " + "filler text " * 300, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "Use VALUE_0_TOKEN again", (bash("c9", "grep -rn VALUE_0_TOKEN ."),)))
+    msgs.append(Message("tool", "file0.py:1: VALUE_0_TOKEN", tool_call_id="c9"))
+    g = ContextGraph("l", msgs)
+    sig = Signals()
+    r = create("learned").render(g, 2000, sig)
+    check_invariants(r, g, sig.counter)
+    assert 2 in r.full  # the oldest result, reused by the latest call, beats newer unreused ones
+
+
+def oracle_trace():
+    """Four large results; the final turn reuses a token first seen in result 2 (the oldest)."""
+    msgs = [Message("user", "task")]
+    for i in range(4):
+        msgs += [Message("assistant", f"look {i}", (bash(f"c{i}", f"cat f{i}.txt"),)),
+                 Message("tool", f"Marker_{i}_Value " + "data " * 400, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "The answer is in Marker_0_Value"))
+    return Trace("test", "oracle.json", "o1", msgs)
+
+
+def test_oracle_shows_exactly_what_the_next_turn_reuses():
+    tr = oracle_trace()
+    sig = Signals()
+    policies = {n: create(n, replay=True) for n in ("oracle", "oracle-omit", "prune")}
+    res = replay_trace(tr, policies, 900, sig)
+    assert res.stats["oracle"].events == 1 and res.stats["oracle"].hits == 1
+    assert res.stats["oracle-omit"].hits == 1
+    assert res.stats["prune"].hits == 0  # keeps the most recent result, not the reused one
+    for st in res.stats.values():
+        assert st.violations == []
+
+
+def test_oracle_takes_the_smallest_reused_results_first():
+    msgs = [Message("user", "task")]
+    sizes = [600, 100, 150]
+    for i, n in enumerate(sizes):
+        msgs += [Message("assistant", "", (bash(f"c{i}", "ls"),)), Message("tool", "x " * n, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "next"))
+    g = ContextGraph("o", msgs)
+    sig = Signals()
+    lay = Layout(g, sig.counter, None)
+    big, small, mid = lay.candidates
+    oracle = create("oracle", replay=True)
+    oracle.upcoming = frozenset({big, small, mid})
+    budget = lay.base_tokens + lay.delta[small] + lay.delta[mid] + 10  # room for the two smaller ones only
+    # (the big one is over B and offered as a marked excerpt: the cheapest form, but it never counts as shown)
+    r = oracle.render(g, budget, sig)
+    check_invariants(r, g, sig.counter)
+    assert sorted(r.full) == [small, mid]
+
+
+def test_oracles_are_refused_outside_replay():
+    with pytest.raises(PolicyError, match="recorded future"):
+        create("oracle")
+    with pytest.raises(PolicyError, match="recorded future"):
+        create("oracle-omit")
+    with pytest.raises(PolicyError, match="recorded future"):
+        Session("s", policy="oracle").render()
+    unset = create("oracle", replay=True)
+    with pytest.raises(PolicyError, match="only `historygraph replay`"):
+        unset.render(ContextGraph("x", [Message("user", "u")]), 100, Signals())
