@@ -186,3 +186,36 @@ def test_12_1_message_interposed_between_a_call_and_its_result(name, budget, sig
     _paired_in_provider_order(r)
     if budget == 6000:  # fits: the same messages, results moved up to their call
         assert r.messages == [msgs[i] for i in (0, 1, 3, 5, 2, 4, 6, 7, 8)]
+
+
+def _thinking_loop(big_input_words=300):
+    """One Anthropic user turn with extended thinking: the opening assistant message carries the signed
+    thinking block and a large tool input, then five more tool steps; the request ends with a result."""
+    from historygraph.formats.anthropic import to_canonical
+    think = {"type": "thinking", "thinking": "plan the search", "signature": "EqQBCkgIARABGAIiQ=="}
+    turns = [{"role": "user", "content": "find the bug"},
+             {"role": "assistant", "content": [think, {"type": "tool_use", "id": "t0", "name": "bash",
+                                                       "input": {"script": "echo x " * big_input_words}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t0", "content": "out 0 " + "w " * 200}]}]
+    for i in range(1, 6):
+        turns += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "bash", "input": {"i": i}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": f"out {i} " + "w " * 200}]}]
+    msgs, _ = to_canonical(None, turns)
+    return msgs
+
+
+@pytest.mark.parametrize("name", BUDGETED)
+def test_12_2_thinking_block_opening_the_tool_loop_is_protected(name, signals):
+    """Anthropic extended thinking: the first assistant message of the active tool loop starts with a
+    signed thinking block and must be sent back; a policy never drops it (§5.7), or the budget is too small."""
+    msgs = _thinking_loop()
+    assert msgs[1].opens_with_thinking
+    for budget in (900, 1500):
+        g = ContextGraph("think", msgs)
+        try:
+            r = create(name).render(g, budget, signals)
+        except BudgetTooSmallError as exc:
+            assert "thinking" in str(exc)
+            continue
+        check_invariants(r, g, signals.counter)
+        assert 1 in r.positions and r.messages[r.positions.index(1)] == msgs[1]

@@ -483,3 +483,62 @@ def test_interposed_message_openai_and_anthropic_results_follow_their_call(serve
     a.messages.create(model="m", max_tokens=20, messages=amsgs, tools=A_TOOLS)
     sent = received(servers)["body"]["messages"]
     assert sent[1] == amsgs[1] and sent[2]["content"][0] == amsgs[3]["content"][0]
+
+
+def test_thinking_block_opening_the_active_tool_loop_is_forwarded_or_a_clear_400(servers):
+    """Issue 12.2: with extended thinking the loop's first assistant turn (thinking block, large tool
+    input) is sent back byte-exact however small B is; a B too small for it is a 400 naming the header."""
+    think = {"type": "thinking", "thinking": "plan ✓", "signature": "EqQBCkgIARABGAIiQ+/=="}
+    turns = [{"role": "user", "content": "find the bug (thinking)"},
+             {"role": "assistant", "content": [think, {"type": "tool_use", "id": "th0", "name": "search",
+                                                       "input": {"script": "echo x " * 300}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "th0", "content": "out " * WORDS}]}]
+    for i in range(1, 4):
+        turns += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"th{i}", "name": "search", "input": {"i": i}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"th{i}", "content": "out " * WORDS}]}]
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
+                            default_headers={"X-HistoryGraph-Session": "thinking-loop", "X-HistoryGraph-Budget": "1000"})
+    a.messages.create(model="m", max_tokens=20, messages=turns, tools=A_TOOLS)
+    sent = received(servers)["body"]["messages"]
+    assert sent[1] == turns[1]  # the opening turn, thinking first, byte-exact
+    with pytest.raises(anthropic.BadRequestError) as info:
+        a.messages.create(model="m", max_tokens=20, messages=turns, tools=A_TOOLS,
+                          extra_headers={"X-HistoryGraph-Budget": "200"})
+    assert "X-HistoryGraph-Budget" in str(info.value) and "thinking" in str(info.value)
+
+
+def _leaf_tokens(value) -> int:
+    """Independent recount: tokens of every string leaf of a wire block (keys and JSON syntax not counted)."""
+    if isinstance(value, str):
+        return counter.count(value)
+    if isinstance(value, dict):
+        return sum(_leaf_tokens(v) for k, v in value.items() if k != "type")
+    if isinstance(value, list):
+        return sum(_leaf_tokens(v) for v in value)
+    return counter.count(json.dumps(value))
+
+
+def test_server_tool_blocks_and_thinking_are_charged_to_the_budget(servers):
+    """Issue 12.3: a 2,000-token web search result and thinking text are forwarded, so B counts them:
+    at B = 150 the request is a 400 naming the header (before: forwarded, 136 tokens counted); at a B
+    that holds them the forwarded history, recounted from the wire, is within B."""
+    search = {"type": "web_search_tool_result", "tool_use_id": "srv1",
+              "content": [{"type": "web_search_result", "url": f"https://example.org/{i}", "title": f"page {i}",
+                           "encrypted_content": "EncryptedPageText " * 40, "page_age": None} for i in range(6)]}
+    turns = [{"role": "user", "content": "what is new (server tools)?"},
+             {"role": "assistant", "content": [{"type": "thinking", "thinking": "search the web " * 30, "signature": "c2ln"},
+                                               {"type": "server_tool_use", "id": "srv1", "name": "web_search",
+                                                "input": {"query": "news"}}, search,
+                                               {"type": "text", "text": "Here is what I found."}]},
+             {"role": "user", "content": "thanks; and more?"}]
+    charged = sum(_leaf_tokens(b) for b in turns[1]["content"])
+    assert charged > 1000
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
+                            default_headers={"X-HistoryGraph-Session": "server-tools"})
+    with pytest.raises(anthropic.BadRequestError, match="X-HistoryGraph-Budget"):
+        a.messages.create(model="m", max_tokens=20, messages=turns, extra_headers={"X-HistoryGraph-Budget": "150"})
+    budget = charged + 200
+    a.messages.create(model="m", max_tokens=20, messages=turns, extra_headers={"X-HistoryGraph-Budget": str(budget)})
+    sent = received(servers)["body"]["messages"]
+    assert sent[1] == turns[1]
+    assert sum(_leaf_tokens(m["content"]) for m in sent[:-1]) <= budget

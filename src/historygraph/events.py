@@ -69,6 +69,12 @@ class Message:
         timestamp: seconds since the epoch when known, else ``None``.
         rendered_as: ``None`` for stored originals; ``"placeholder"`` or ``"excerpt"`` when a
             policy shows a stand-in for the stored text (DESIGN.md §5.3).
+        provider_blocks: compact JSON (sorted keys) of the provider content blocks that travel
+            with the message but are not text a policy scores: Anthropic ``thinking`` and
+            ``redacted_thinking`` blocks (signatures included), server-tool blocks
+            (``server_tool_use``, ``web_search_tool_result`` …) and other non-text blocks; ``""``
+            when none. They are forwarded byte for byte and counted against B with the message
+            (DESIGN.md §5.8).
     """
 
     role: str
@@ -78,6 +84,7 @@ class Message:
     name: str | None = None
     timestamp: float | None = None
     rendered_as: str | None = None
+    provider_blocks: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -92,6 +99,15 @@ class Message:
     @property
     def is_tool_result(self) -> bool:
         return self.role == "tool"
+
+    @property
+    def opens_with_thinking(self) -> bool:
+        """Whether the message's first provider block is a ``thinking`` or ``redacted_thinking``
+        block (Anthropic extended thinking)."""
+        if not self.provider_blocks.startswith("[{"):
+            return False
+        first = json.loads(self.provider_blocks)[0]
+        return isinstance(first, dict) and first.get("type") in ("thinking", "redacted_thinking")
 
     def with_content(self, content: str, rendered_as: str) -> "Message":
         """A copy showing ``content`` instead of the stored text, marked ``rendered_as``."""
@@ -116,6 +132,8 @@ class Message:
             out["timestamp"] = self.timestamp
         if self.rendered_as is not None:
             out["rendered_as"] = self.rendered_as
+        if self.provider_blocks:
+            out["provider_blocks"] = self.provider_blocks
         return out
 
     @classmethod
@@ -143,6 +161,7 @@ class Message:
             name=data.get("name"),
             timestamp=float(ts) if isinstance(ts, (int, float)) else None,
             rendered_as=data.get("rendered_as"),
+            provider_blocks=pb if isinstance(pb := data.get("provider_blocks"), str) else "",
         )
 
 

@@ -16,8 +16,9 @@ implemented once:
   calls and results, or a user message) are dropped, each with a reason, until the base fits in
   half of B, leaving the other half for results; a dropped step comes back when a policy selects
   one of its results, and its assistant message is then charged too. The first user message,
-  the current user message, system messages and the latest assistant message (the current turn,
-  which may hold an in-flight call) are protected. When even the
+  the current user message, system messages, the latest assistant message (the current turn,
+  which may hold an in-flight call) and, when it opens with a thinking block, the first assistant
+  message of the active tool loop (:func:`loop_opening`) are protected. When even the
   protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
 * **Provider order** (DESIGN.md §5.2, §5.7): a rendering shows each tool result directly after the
   assistant message that made its call, even when another message (a user note, a summary) was
@@ -58,7 +59,8 @@ class BudgetTooSmallError(ValueError):
         self.budget, self.required, self.shortfall = budget, required, required - budget
         super().__init__(
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history "
-            f"(the first user message unless it is the current one, and the latest assistant message; "
+            f"(the first user message unless it is the current one, the latest assistant message and the "
+            f"assistant message with the thinking block that opens the active tool loop; "
             f"system and current user messages are outside B) needs {required} tokens")
 
 
@@ -79,6 +81,32 @@ def render_order(graph: ContextGraph) -> list[int]:
         if m.tool_calls:
             out.extend(sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of))
     return out
+
+
+def loop_opening(graph: ContextGraph) -> int | None:
+    """Position of the assistant message that opens the active tool loop when it starts with a
+    thinking block (it must then be rendered, byte-exact), else ``None``.
+
+    Anthropic's rule (Messages API, "Extended thinking" with tool use): while a tool-use cycle is
+    in progress, its first assistant message must be sent back starting with its ``thinking`` or
+    ``redacted_thinking`` block, signature unmodified; otherwise the request is rejected
+    ("a final assistant message must start with a thinking block"). The active loop is what
+    follows the last user message that starts a new exchange: one neither stored between a call
+    and its result nor directly after a tool result (on the wire such text shares the user turn
+    of the results, which continues the loop). DESIGN.md §5.7 protects that message like the
+    latest assistant message; with no thinking block no provider requires it, and it is not."""
+    msgs = graph.messages
+    spans = [(graph.call_owner[c], r) for c, r in graph.result_of.items()]
+    start = 0
+    for p in range(len(msgs) - 1, -1, -1):
+        if msgs[p].role != "user" or (p > 0 and msgs[p - 1].role == "tool"):
+            continue
+        if any(a < p < r for a, r in spans):
+            continue
+        start = p + 1
+        break
+    first = next((p for p in range(start, len(msgs)) if msgs[p].role == "assistant"), None)
+    return first if first is not None and msgs[first].opens_with_thinking else None
 
 
 @dataclass
@@ -248,6 +276,7 @@ class Layout:
         first_user = users[0] if users else None
         assistants = [p for p, m in enumerate(msgs) if m.role == "assistant"]
         last_assistant = assistants[-1] if assistants else None
+        self.loop_opening = loop_opening(graph)
         self.order = render_order(graph)
         self.outside = {p for p, m in enumerate(msgs) if m.role == "system"}
         if self.current_user is not None:
@@ -265,7 +294,7 @@ class Layout:
             if m.role == "user":
                 self.units.append(_Unit([p], protected=p == first_user))
             elif m.role == "assistant":
-                unit = _Unit([p], protected=p == last_assistant)
+                unit = _Unit([p], protected=p in (last_assistant, self.loop_opening))
                 for call in m.tool_calls:
                     rp = graph.result_of.get(call.id)
                     if rp is not None:

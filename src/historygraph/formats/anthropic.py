@@ -10,8 +10,13 @@ Conversion to canonical form (:func:`to_canonical`):
 * a user turn → one ``tool`` message per ``tool_result`` block (in block order), then one ``user``
   message with the remaining blocks flattened to text, if there are any;
 * an assistant turn → one ``assistant`` message: text blocks joined by newlines, ``tool_use``
-  blocks as tool calls whose arguments are ``json.dumps(input)``. Thinking blocks carry no
-  history the policies score and are not part of the canonical text.
+  blocks as tool calls whose arguments are ``json.dumps(input)``. Every other block (``thinking``,
+  ``redacted_thinking``, ``server_tool_use``, ``web_search_tool_result`` and any other server-tool
+  block) is kept, in order, in :attr:`Message.provider_blocks`: not scored, but counted against B
+  because it is forwarded (DESIGN.md §5.8). Non-text user blocks other than images and documents
+  are kept there too; images and documents are charged as their ``[image]``-style marker only,
+  because providers bill them by pixel area or pages, not by their bytes (Anthropic "Vision":
+  about width × height / 750 tokens), which a text tokenizer cannot count.
 
 Every canonical message keeps a pointer to its wire original (:class:`Piece`). The proxy sends a
 message that a policy rendered unchanged as that original, so thinking blocks (with their
@@ -36,6 +41,18 @@ class Piece:
 
     value: Any
     turn: int
+
+
+UNCOUNTED_USER_BLOCKS = ("text", "image", "document", "tool_result")
+
+
+def provider_blocks_of(blocks: list[Any]) -> str:
+    """:attr:`Message.provider_blocks` of ``blocks``: compact JSON with sorted keys, ``None``
+    fields left out (clients echo blocks with and without them), ``""`` for none."""
+    if not blocks:
+        return ""
+    return json.dumps([{k: v for k, v in b.items() if v is not None} for b in blocks],
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def arguments_of(tool_input: Any) -> str:
@@ -94,7 +111,8 @@ def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece 
             else:
                 rest.append(b)
         if rest:
-            out.append(Message("user", _text(rest, f"{where}.content")))
+            extra = [b for b in rest if isinstance(b, dict) and b.get("type") not in UNCOUNTED_USER_BLOCKS]
+            out.append(Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra)))
             pieces.append(Piece(rest, i))
     return out, pieces
 
@@ -102,7 +120,7 @@ def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece 
 def _assistant(content: Any, blocks: list | None, where: str) -> Message:
     if blocks is None:
         return Message("assistant", _text(content, f"{where}.content"))
-    texts, calls = [], []
+    texts, calls, extra = [], [], []
     for j, b in enumerate(blocks):
         if not isinstance(b, dict):
             raise EventError(f"{where}.content[{j}] must be an object")
@@ -112,7 +130,9 @@ def _assistant(content: Any, blocks: list | None, where: str) -> Message:
             if not b.get("id") or not b.get("name"):
                 raise EventError(f"{where}.content[{j}]: a tool_use block needs id and name")
             calls.append(ToolCall(str(b["id"]), str(b["name"]), arguments_of(b.get("input", {}))))
-    return Message("assistant", "\n".join(texts), tuple(calls))
+        else:
+            extra.append(b)
+    return Message("assistant", "\n".join(texts), tuple(calls), provider_blocks=provider_blocks_of(extra))
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -156,7 +176,8 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
         if m.role == "assistant":
             flush()
             out.append(original if original is not None else
-                       {"role": "assistant", "content": ([{"type": "text", "text": m.content}] if m.content else [])
+                       {"role": "assistant", "content": (json.loads(m.provider_blocks) if m.provider_blocks else [])
+                        + ([{"type": "text", "text": m.content}] if m.content else [])
                         + [_tool_use(c) for c in m.tool_calls]})
         elif m.role == "tool":
             pending.append(original if original is not None else
@@ -196,6 +217,10 @@ class StreamAccumulator:
             block = self.blocks[idx]
             if delta.get("type") == "text_delta":
                 block["text"] = block.get("text", "") + delta.get("text", "")
+            elif delta.get("type") == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+            elif delta.get("type") == "signature_delta":
+                block["signature"] = block.get("signature", "") + delta.get("signature", "")
             elif delta.get("type") == "input_json_delta":
                 self.partial_json.setdefault(idx, []).append(delta.get("partial_json", ""))
         elif kind == "message_stop":
@@ -207,7 +232,7 @@ class StreamAccumulator:
         blocks = []
         for idx in sorted(self.blocks):
             b = dict(self.blocks[idx])
-            if b.get("type") == "tool_use" and idx in self.partial_json:
+            if idx in self.partial_json:  # tool_use and server_tool_use inputs
                 text = "".join(self.partial_json[idx])
                 b["input"] = json.loads(text) if text.strip() else {}
             blocks.append(b)

@@ -74,7 +74,8 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, oversized_excerpt, render_order
+from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, loop_opening, oversized_excerpt,
+                      placeholder_for, render_order)
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -372,7 +373,7 @@ class Recap:
             self.update(st, graph, blocks, [blocks[i] for i in ids if i < len(blocks)], start, signals)
         st.pending.clear()
         t1 = time.perf_counter()
-        chosen = self.select(st, graph, hist, cost, budget, len(users), signals)
+        chosen = self.select(st, graph, hist, cost, budget, len(users), signals, forms)
         stats.update(compaction=1, attention_s=t1 - t0, selection_s=time.perf_counter() - t1,
                      graph_bytes=st.graph_bytes())
         if st.selection is not None:
@@ -388,8 +389,11 @@ class Recap:
         return p > 0 and seeded_rng(graph.session_id + ":warm", turn).random() < p
 
     def select(self, st: SessionState, graph: ContextGraph, hist: list[Block], cost: dict[int, int], budget: int,
-               turn: int, signals: Signals) -> set[int]:
-        """The §3.3 selection over the history blocks ``hist`` (ids, chronological)."""
+               turn: int, signals: Signals, forms: dict[int, Message] | None = None) -> set[int]:
+        """The §3.3 selection over the history blocks ``hist`` (ids, chronological). The block
+        opening the active tool loop with a thinking block is mandatory too
+        (:func:`~historygraph.render.loop_opening`); when the mandatory blocks do not fit, its
+        results get placeholders in ``forms`` (and ``cost`` is updated)."""
         cfg = self.config
         chars = {b.id: sum(message_chars(m) for m in block_messages(graph, b)) for b in hist}
         pack_tok = int(cfg.pack_fraction * budget)
@@ -401,7 +405,15 @@ class Recap:
         if assistants:
             last = next(b for b in hist if b.id == assistants[-1]).positions[0]
             mandatory |= {b.id for b in hist if b.positions[0] == last}
+        opening = loop_opening(graph)  # the active tool loop's first message, with its thinking block (§5.7)
+        open_ids = {b.id for b in hist if b.role == "assistant" and b.positions[0] == opening} - mandatory
+        mandatory |= open_ids
         need = sum(cost[i] for i in mandatory)
+        if need > budget and forms is not None:  # the opening message is protected, not its results
+            for b in (b for b in hist if b.id in open_ids):
+                forms.update({p: placeholder_for(graph.messages[p], signals.counter) for p in b.positions[1:]})
+                need += block_tokens(graph, b, signals, forms) - cost[b.id]
+                cost[b.id] = block_tokens(graph, b, signals, forms)
         if need > budget:
             raise BudgetTooSmallError(budget, need)
         chosen, used_tok = set(mandatory), need
@@ -599,7 +611,9 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     reasons = {p: f"block {block_of[p].id} dropped by ReCAP selection"
                for p in range(len(graph)) if p not in keep and p in block_of}
     for p in keep & forms.keys():
-        reasons[p] = f"oversized: {count(graph.messages[p])} tokens > B; shown as a marked excerpt"
+        reasons[p] = (f"oversized: {count(graph.messages[p])} tokens > B; shown as a marked excerpt"
+                      if forms[p].rendered_as == "excerpt" else
+                      "placeholder: its block opens the active tool loop (protected) and its results do not fit")
     tools = [p for p, m in enumerate(graph.messages) if m.role == "tool"]
     return Rendering(policy=name, budget=budget, messages=out, positions=positions,
                      full=[p for p in tools if p in keep and p not in forms],

@@ -50,7 +50,7 @@ def derived_session_id(messages: Sequence[Message]) -> str:
 def same_event(a: Message, b: Message) -> bool:
     """Whether two events are the same turn (timestamps and render marks are ignored)."""
     return (a.role == b.role and a.content == b.content and a.tool_call_id == b.tool_call_id
-            and a.tool_calls == b.tool_calls)
+            and a.tool_calls == b.tool_calls and a.provider_blocks == b.provider_blocks)
 
 
 def common_prefix(stored: Sequence[Message], incoming: Sequence[Message]) -> int:
