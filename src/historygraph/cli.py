@@ -289,6 +289,24 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
 
 
 @app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="The --out folder of 'historygraph replay'.")] = Path("replay-results"),
+    budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="Budget of the headline figures and tables (default 6000 when it ran, else the first).")] = None,
+    trace: Annotated[Optional[str], typer.Option(help="Session or trace id for the timeline (default: the compared trace with the most reuse events).")] = None,
+) -> None:
+    """Write RUN_DIR/report.html (self-contained: plots embedded, sortable tables) and RUN_DIR/report.md."""
+    from .eval.html_report import ReportError, write_report
+
+    try:
+        paths = write_report(run_dir, budget, trace)
+    except ReportError as exc:
+        _fail(str(exc))
+    except RuntimeError as exc:  # matplotlib missing
+        _fail(str(exc))
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()), markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
 def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """List the registered policies with their parameters and paper sources."""
     rows = [{"name": n, "source": s.source, "summary": s.summary, "parameters": config_fields(n)}

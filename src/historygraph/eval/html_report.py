@@ -1,0 +1,277 @@
+"""``historygraph report RUN_DIR``: one self-contained HTML page and a Markdown summary of a replay.
+
+Reads what ``historygraph replay`` wrote into ``RUN_DIR`` (``replay.json``, ``timelines.json.gz``)
+and writes ``report.html`` (every figure embedded as a PNG data URI, a small inline script that
+sorts and filters the per-trace table; nothing is fetched at view time) and ``report.md`` with its
+figures as PNG files in ``report-files/``.
+
+Contents: recall against normalised cost per source (ContextRender Figure 4), recall by result age
+(Table 2), recall, tokens and cost against B when several budgets ran (Figure 5), measured
+prefix-cache reuse with both cost variants, ``% of oracle`` when a policy named ``oracle`` ran,
+the per-source summary, the per-trace table, and one trace's timeline (what each policy showed of
+each result at each call, with the reuse events). The headline budget is 6000 when it ran (B.1),
+else the first budget; the timeline trace is the compared trace with the most reuse events unless
+one is named.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import plots
+
+SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
+                   ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
+                   ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost (Full ρ)"),
+                   ("norm_cost_own", "cost (own ρ)"), ("cost_traces", "cost traces"),
+                   ("mean_history_tokens", "hist tok mean"), ("budget_errors", "budget errors")]
+TRACE_COLUMNS = [("source", "source"), ("trace_id", "trace"), ("policy", "policy"), ("invocations", "calls"),
+                 ("events", "events"), ("recall", "recall %"), ("value_recall", "value recall %"),
+                 ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost vs Full"), ("cost_usd", "cost USD"),
+                 ("mean_history_tokens", "hist tok mean"), ("max_history_tokens", "hist tok max"),
+                 ("budget_errors", "budget errors")]
+
+
+class ReportError(ValueError):
+    """The run folder lacks what the report needs (the message names the file and what to run)."""
+
+
+@dataclass
+class Run:
+    meta: dict[str, Any]
+    per_source: list[dict[str, Any]]
+    per_trace: list[dict[str, Any]]
+    timelines: dict[str, Any]
+
+    @property
+    def policies(self) -> list[str]:
+        return list(self.meta.get("policies") or dict.fromkeys(r["policy"] for r in self.per_source))
+
+    @property
+    def budgets(self) -> list[int]:
+        return sorted({r["budget"] for r in self.per_source if r.get("budget") is not None})
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read ``replay.json`` (required) and ``timelines.json.gz`` (optional) from ``run_dir``.
+
+    Raises:
+        ReportError: no such folder, no ``replay.json``, or one written before costs were recorded.
+    """
+    path = run_dir / "replay.json"
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such folder (give the --out folder of 'historygraph replay')")
+    if not path.is_file():
+        raise ReportError(f"{path}: not found; run 'historygraph replay ... --out {run_dir}' first")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc}); run the replay again") from None
+    per_source = data.get("per_source")
+    if not isinstance(per_source, list) or (per_source and "norm_cost" not in per_source[0]):
+        raise ReportError(f"{path}: written by an older replay without cost figures; run the replay again")
+    tl_path = run_dir / "timelines.json.gz"
+    timelines = {}
+    if tl_path.is_file():
+        with gzip.open(tl_path, "rt", encoding="utf-8") as fh:
+            timelines = json.load(fh)
+    return Run(data.get("meta") or {}, per_source, data.get("per_trace") or [], timelines)
+
+
+def headline_budget(run: Run, budget: int | None = None) -> int | None:
+    """``budget`` when it ran (else ReportError), else 6000 when it ran, else the first budget."""
+    if budget is not None:
+        if budget not in run.budgets:
+            raise ReportError(f"--budget {budget} did not run; the run has B = {', '.join(map(str, run.budgets))}")
+        return budget
+    return 6000 if 6000 in run.budgets else (run.budgets[0] if run.budgets else None)
+
+
+def with_oracle_share(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``rows`` with ``pct_of_oracle`` = 100 · recall / recall of ``oracle`` in the same
+    budget and source (``None`` where no oracle ran or its recall is 0 or missing)."""
+    oracle = {(r.get("budget"), r["source"], r.get("trace_id", "")): r.get("recall") for r in rows if r["policy"] == "oracle"}
+    out = []
+    for r in rows:
+        o = oracle.get((r.get("budget"), r["source"], r.get("trace_id", "")))
+        share = round(100.0 * r["recall"] / o, 1) if o and r.get("recall") is not None else None
+        out.append({**r, "pct_of_oracle": share})
+    return out
+
+
+def pick_timeline(run: Run, budget: int | None, trace: str | None = None) -> str | None:
+    """The timelines key (``"{budget}|{session}"``) to draw: ``trace`` (a session id or a trace id
+    ending exactly one session) at ``budget``, else the compared trace with the most reuse events.
+
+    Raises:
+        ReportError: ``trace`` names no trace of the run, or several.
+    """
+    keys = [k for k in run.timelines if k.split("|", 1)[0] == str(budget)]
+    if trace is not None:
+        hits = [k for k in keys if k.split("|", 1)[1] == trace] or \
+            [k for k in keys if k.split("|", 1)[1].endswith(":" + trace)]
+        if len(hits) != 1:
+            raise ReportError(f"--trace {trace!r} matches {len(hits)} traces of the run at B = {budget}" +
+                              (f": {', '.join(h.split('|', 1)[1] for h in hits[:5])}" if hits else ""))
+        return hits[0]
+    compared = {r["session"] for r in run.per_trace if r.get("budget") == budget and r.get("cost_traces")}
+    best = sorted(((len(run.timelines[k]["events"]), len(run.timelines[k]["results"]), k) for k in keys
+                   if k.split("|", 1)[1] in compared and len(run.timelines[k]["results"]) <= 120), reverse=True)
+    if not best:
+        best = sorted(((len(run.timelines[k]["events"]), 0, k) for k in keys), reverse=True)
+    return best[0][2] if best else None
+
+
+def _trace_set(run: Run) -> str:
+    paths = run.meta.get("paths") or []
+    n = run.meta.get("trajectories_done", run.meta.get("trajectories"))
+    return f"{n} trace{'' if n == 1 else 's'} from {', '.join(paths) if paths else 'the run'}"
+
+
+def _fmt(v: Any, key: str = "") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.3f}" if key.startswith("norm_cost") else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
+    return str(v)
+
+
+def _figures(run: Run, budget: int | None, trace_key: str | None) -> list[tuple[str, str, bytes]]:
+    """``(file stem, caption, png)`` of each figure that has data."""
+    pols, ts = run.policies, _trace_set(run)
+    at = [r for r in run.per_source if r.get("budget") == budget]
+    out = []
+    for stem, cap, fn, rows, title in (
+        ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
+         plots.recall_vs_cost, at, f"Recall vs normalised cost at B = {budget}; {ts}"),
+        ("recall_by_age", "Recall by result age (ContextRender Table 2)", plots.recall_by_age, at,
+         f"Later-Used Result Recall by result age at B = {budget}; {ts}"),
+        ("budget_sweep", "Recall, history tokens and cost against the budget (ContextRender Figure 5)",
+         plots.budget_sweep, run.per_source, f"All sources, B = {', '.join(map(str, run.budgets))}; {ts}"),
+        ("cache_and_cost", "Prefix-cache reuse and both cost variants per policy", plots.cache_and_cost, at,
+         f"All sources at B = {budget}; {ts}"),
+    ):
+        png = fn(rows, pols, title)
+        if png:
+            out.append((stem, cap, png))
+    if trace_key:
+        tl = run.timelines[trace_key]
+        png = plots.timeline(tl, pols, f"{tl['source']} trace {tl['trace_id']} at B = {budget}: "
+                                       f"{len(tl['results'])} results, {len(tl['invocations'])} calls, {len(tl['events'])} reuse events")
+        if png:
+            out.append(("timeline", f"Timeline of {tl['source']} trace {tl['trace_id']}", png))
+    return out
+
+
+def _html_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]], table_id: str) -> str:
+    head = "".join(f'<th data-key="{k}" title="click to sort">{html.escape(lab)}</th>' for k, lab in cols)
+    body = []
+    for r in rows:
+        cells = []
+        for k, _ in cols:
+            v = r.get(k)
+            num = f' data-v="{v}"' if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
+            cells.append(f"<td{num}>{html.escape(_fmt(v, k))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _md_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
+    lines = ["| " + " | ".join(lab for _, lab in cols) + " |", "|" + "|".join("---" if k == "policy" else "---:" for k, _ in cols) + "|"]
+    lines += ["| " + " | ".join(_fmt(r.get(k), k) for k, _ in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+SCRIPT = """
+function sortTable(th) {
+  const table = th.closest('table'), body = table.tBodies[0], idx = th.cellIndex;
+  const asc = th.dataset.dir !== 'asc';
+  for (const h of table.tHead.rows[0].cells) { delete h.dataset.dir; }
+  th.dataset.dir = asc ? 'asc' : 'desc';
+  const rows = Array.from(body.rows);
+  const key = r => { const c = r.cells[idx]; return c.dataset.v !== undefined ? parseFloat(c.dataset.v) : null; };
+  rows.sort((a, b) => {
+    const x = key(a), y = key(b);
+    let d;
+    if (x !== null || y !== null) { d = (x === null) - (y === null) || (x - y); if (x === null || y === null) return d; }
+    else { d = a.cells[idx].textContent.localeCompare(b.cells[idx].textContent); }
+    return asc ? d : -d;
+  });
+  for (const r of rows) body.appendChild(r);
+}
+function filterTable(input) {
+  const q = input.value.toLowerCase(), table = document.getElementById(input.dataset.table);
+  for (const r of table.tBodies[0].rows) { r.hidden = q && !r.textContent.toLowerCase().includes(q); }
+}
+document.querySelectorAll('table.sortable th').forEach(th => th.addEventListener('click', () => sortTable(th)));
+document.querySelectorAll('input.filter').forEach(i => i.addEventListener('input', () => filterTable(i)));
+"""
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;color:#222;padding:0 1em}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0 1.5em}
+th,td{border:1px solid #ddd;padding:2px 6px;text-align:right}
+th{background:#f1f3f5;cursor:pointer;position:sticky;top:0}
+th[data-dir=asc]::after{content:" ▲"} th[data-dir=desc]::after{content:" ▼"}
+td:nth-child(-n+3){text-align:left}
+img{max-width:100%;border:1px solid #eee}
+.note{color:#555;font-size:13px;max-width:75em}
+"""
+
+
+def write_report(run_dir: Path, budget: int | None = None, trace: str | None = None) -> dict[str, Path]:
+    """Write ``report.html``, ``report.md`` and ``report-files/*.png`` into ``run_dir``; returns the
+    paths by kind. Raises :class:`ReportError` (see :func:`load_run`, :func:`pick_timeline`)."""
+    run = load_run(run_dir)
+    b = headline_budget(run, budget)
+    key = pick_timeline(run, b, trace)
+    figs = _figures(run, b, key)
+    files = run_dir / "report-files"
+    files.mkdir(exist_ok=True)
+    for stem, _, png in figs:
+        (files / f"{stem}.png").write_bytes(png)
+    ts = _trace_set(run)
+    summary = with_oracle_share([r for r in run.per_source if r.get("budget") == b])
+    cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
+    sources = list(dict.fromkeys(r["source"] for r in summary))
+    prices = run.meta.get("prices") or {}
+    note = ("Recall: ContextRender B.4 Later-Used Result Recall (a reused result counts only when shown complete). "
+            "Value recall: the reused values appear anywhere in the rendering (full result, excerpt, summary, marker). "
+            "Prefix reuse: share of prompt tokens equal to a prefix of the previous call's prompt. "
+            "Cost: ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in prices.items()) +
+            " USD per million tokens, normalised as the ratio of mean costs over the traces whose Full history exceeds B "
+            "(Full history = 1); 'Full ρ' prices every policy with Full history's cache fraction (C.2), 'own ρ' with its own prefix reuse.")
+    cmd = run.meta.get("command", "")
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>historygraph replay report</title>"
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>historygraph replay report</h1><p class=note>{html.escape(ts)}; policies: {html.escape(', '.join(run.policies))}; "
+             f"B = {', '.join(map(str, run.budgets))} tokens ({html.escape(str(run.meta.get('encoding', '')))}); "
+             f"command: <code>{html.escape(cmd)}</code></p><p class=note>{html.escape(note)}</p>"]
+    md = [f"# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", "", note, ""]
+    if run.meta.get("interrupted"):
+        warn = f"Interrupted run: {run.meta.get('trajectories_done')} of {run.meta.get('trajectories')} trajectories."
+        parts.append(f"<p><b>{html.escape(warn)}</b></p>")
+        md += [f"**{warn}**", ""]
+    for src in sources:
+        rows = [r for r in summary if r["source"] == src]
+        parts.append(f"<h2>{html.escape(src)} at B = {b}</h2>" + _html_table(rows, cols, f"summary-{src}"))
+        md += [f"## {src} at B = {b}", "", _md_table(rows, cols), ""]
+    for stem, cap, png in figs:
+        data = base64.b64encode(png).decode()
+        parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
+        md += [f"## {cap}", "", f"![{cap}](report-files/{stem}.png)", ""]
+    traces = with_oracle_share([r for r in run.per_trace if r.get("budget") == b])
+    parts.append(f"<h2>Per trace at B = {b} ({len(traces)} rows)</h2><p class=note>Click a column to sort; type to filter.</p>"
+                 f"<input class=filter data-table=per-trace placeholder=filter size=40>" + _html_table(traces, TRACE_COLUMNS, "per-trace"))
+    md += [f"Per-trace figures ({len(traces)} rows) are in report.html and replay.csv.", ""]
+    parts.append(f"<script>{SCRIPT}</script></body></html>")
+    paths = {"html": run_dir / "report.html", "markdown": run_dir / "report.md"}
+    paths["html"].write_text("".join(parts), encoding="utf-8")
+    paths["markdown"].write_text("\n".join(md), encoding="utf-8")
+    return paths

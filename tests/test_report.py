@@ -1,0 +1,104 @@
+"""historygraph report: one self-contained HTML page (checked in headless Chromium) and Markdown."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from historygraph.cli import app
+from historygraph.eval.html_report import ReportError, load_run, with_oracle_share
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--policy", "full", "--policy", "cw-sliding-window",
+                              "--budget", "1500,3000", "--store", ":memory:", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_report_is_self_contained_html_plus_markdown(run_dir):
+    page = (run_dir / "report.html").read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched at view time
+    pngs = sorted(p.name for p in (run_dir / "report-files").glob("*.png"))
+    # Figure 4, Table 2, Figure 5 (two budgets ran), cache and cost, one timeline
+    assert pngs == ["budget_sweep.png", "cache_and_cost.png", "recall_by_age.png", "recall_vs_cost.png", "timeline.png"]
+    assert page.count('src="data:image/png;base64,') == len(pngs)
+    md = (run_dir / "report.md").read_text()
+    for name in pngs:
+        assert f"(report-files/{name})" in md
+    assert "| prune |" in md and "cost (Full ρ)" in md and "B = 3000" not in md.split("##")[0].split(";")[0]
+    # headline budget: 6000 did not run, so the first one; every table row is at that budget
+    assert "at B = 1500" in page and "at B = 3000" not in page
+
+
+def test_report_errors_name_what_to_run(tmp_path):
+    res = runner.invoke(app, ["report", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "no such folder" in res.output
+    (tmp_path / "replay.json").write_text(json.dumps({"meta": {}, "per_source": [{"policy": "prune", "recall": 1.0}]}))
+    with pytest.raises(ReportError, match="older replay"):
+        load_run(tmp_path)
+
+
+def test_report_rejects_a_budget_or_trace_the_run_lacks(run_dir):
+    res = runner.invoke(app, ["report", str(run_dir), "--budget", "6000"])
+    assert res.exit_code == 2 and "did not run" in res.output and "1500, 3000" in res.output
+    res = runner.invoke(app, ["report", str(run_dir), "--trace", "no-such-trace"])
+    assert res.exit_code == 2 and "matches 0 traces" in res.output
+
+
+def test_pct_of_oracle_is_recall_over_the_oracle_recall_in_the_same_setting():
+    rows = [{"budget": 6000, "source": "s", "policy": "oracle", "recall": 80.0},
+            {"budget": 6000, "source": "s", "policy": "prune", "recall": 60.0},
+            {"budget": 3000, "source": "s", "policy": "prune", "recall": 50.0}]
+    assert [r["pct_of_oracle"] for r in with_oracle_share(rows)] == [100.0, 75.0, None]
+
+
+HARNESS = """<!doctype html><html><body><pre id=out>pending</pre>
+<iframe id=f src="report.html" width=1400 height=900></iframe>
+<script>
+function column(d, key) {
+  const t = d.getElementById('per-trace'), idx = [...t.tHead.rows[0].cells].findIndex(c => c.dataset.key === key);
+  return [...t.tBodies[0].rows].map(r => r.cells[idx].dataset.v === undefined ? null : parseFloat(r.cells[idx].dataset.v));
+}
+document.getElementById('f').onload = () => {
+  const d = document.getElementById('f').contentDocument;
+  const images = [...d.images].map(i => ({complete: i.complete, width: i.naturalWidth}));
+  const th = d.querySelector('#per-trace th[data-key=recall]');
+  th.click(); const up = column(d, 'recall');
+  th.click(); const down = column(d, 'recall');
+  const src = d.querySelector('#per-trace th[data-key=policy]'); src.click();
+  const names = [...d.getElementById('per-trace').tBodies[0].rows].map(r => r.cells[2].textContent);
+  document.getElementById('out').textContent = JSON.stringify({images, up, down, names});
+};
+</script></body></html>"""
+
+
+def _chromium():
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("headless Chromium not installed (Debian: apt-get install chromium; .ci/run installs it)")
+    return exe
+
+
+def test_report_loads_in_headless_chromium_every_image_renders_and_the_table_sorts(run_dir):
+    exe = _chromium()
+    (run_dir / "harness.html").write_text(HARNESS)
+    out = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+                          "--virtual-time-budget=20000", "--dump-dom", (run_dir / "harness.html").as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    m = re.search(r"<pre id=\"out\">(.*?)</pre>", out.stdout, re.DOTALL)
+    assert m and m.group(1) != "pending", out.stdout[-2000:] + out.stderr[-2000:]
+    got = json.loads(m.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"'))
+    assert len(got["images"]) == 5 and all(i["complete"] and i["width"] > 100 for i in got["images"])
+    up = [v for v in got["up"] if v is not None]
+    assert len(up) >= 3 and up == sorted(up) and [v for v in got["down"] if v is not None] == sorted(up, reverse=True)
+    assert got["names"] == sorted(got["names"])
