@@ -54,7 +54,7 @@ def start(args: list[str], port: int, log: Path) -> subprocess.Popen:
             return proc
         except httpx.HTTPError:
             if proc.poll() is not None:
-                raise SystemExit(f"{args[:3]} failed: {log.read_text()}")
+                raise SystemExit(f"{args[:3]} failed: {log.read_text()}") from None
             time.sleep(0.1)
     raise SystemExit(f"{args[:3]} did not start")
 

@@ -1,9 +1,8 @@
 """DESIGN.md §5 over every registered policy, on synthetic edge cases and on real traces."""
 
 import pytest
-from doubles import ScriptedModel
 
-from historygraph.events import Message, ToolCall, Trace
+from historygraph.events import Message, ToolCall
 from historygraph.eval.replay import replay_trace
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph

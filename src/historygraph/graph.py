@@ -88,6 +88,7 @@ class ContextGraph:
                 self.call_owner[call.id] = pos
             self.reuse.add_operations(pos, operations(message))
         elif message.role == "tool":
+            assert message.tool_call_id is not None  # validate() refuses a result without a call id
             self.result_of[message.tool_call_id] = pos
             self.reuse.add_result(pos, message.content)
         return pos

@@ -253,7 +253,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
              f"<h1>historygraph replay report</h1><p class=note>{html.escape(ts)}; policies: {html.escape(', '.join(run.policies))}; "
              f"B = {', '.join(map(str, run.budgets))} tokens ({html.escape(str(run.meta.get('encoding', '')))}); "
              f"command: <code>{html.escape(cmd)}</code></p><p class=note>{html.escape(note)}</p>"]
-    md = [f"# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", "", note, ""]
+    md = ["# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", "", note, ""]
     if run.meta.get("interrupted"):
         warn = f"Interrupted run: {run.meta.get('trajectories_done')} of {run.meta.get('trajectories')} trajectories."
         parts.append(f"<p><b>{html.escape(warn)}</b></p>")

@@ -14,10 +14,10 @@ message is outside the budget and passed on unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
-from langchain_core.messages import BaseMessage, ToolMessage, convert_to_messages, convert_to_openai_messages
+from langchain_core.messages import AnyMessage, BaseMessage, ToolMessage, convert_to_messages, convert_to_openai_messages
 
 from ..events import EventError, Message
 from ..messages import render_events
@@ -49,7 +49,7 @@ class HistoryGraphMiddleware(AgentMiddleware):
         self.budget, self.policy, self.session, self.store, self.signals = budget, policy, session, store, signals
         self.last_rendering: Rendering | None = None
 
-    def render(self, messages: list[BaseMessage], system: BaseMessage | None = None) -> list[BaseMessage]:
+    def render(self, messages: Sequence[BaseMessage], system: BaseMessage | None = None) -> list[AnyMessage]:
         """The LangChain messages to send for ``messages`` (``system`` is not returned)."""
         given = ([system] if system is not None else []) + list(messages)
         events = []
@@ -61,7 +61,7 @@ class HistoryGraphMiddleware(AgentMiddleware):
         rendering, _ = render_events(events, budget=self.budget, policy=self.policy, session=self.session,
                                      store=self.store, signals=self.signals)
         self.last_rendering = rendering
-        out: list[BaseMessage] = []
+        out: list[Any] = []
         for m, p in zip(rendering.messages, rendering.positions):
             original = given[p] if p is not None else None
             if original is system and system is not None:
