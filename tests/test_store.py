@@ -125,6 +125,18 @@ def test_sqlite_embedding_batch_failing_inside_the_transaction_rolls_back(tmp_pa
     assert set(s.get_embeddings(["c", "d"])) == {"c", "d"}
 
 
+def test_postgres_embedding_batch_failing_inside_the_transaction_rolls_back(pg_dsn):
+    from historygraph.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_dsn)
+    v = np.arange(4, dtype=np.float32)
+    with pytest.raises(Exception):  # PostgreSQL text cannot hold NUL: the second row fails after the first
+        s.put_embeddings({"a": v, "b\x00": v})
+    assert s.get_embeddings(["a"]) == {}
+    s.put_embeddings({"c": v})
+    assert list(s.get_embeddings(["c"])) == ["c"]
+
+
 def test_sqlite_reopen_gives_back_what_was_stored(tmp_path):
     path = tmp_path / "hg.sqlite"
     s = SQLiteStore(path)

@@ -275,7 +275,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
         if st.extra.get("graph_bytes"):
             st.extra["graph_bytes_session"] = [max(st.extra["graph_bytes"])]
     if reference is None:
-        reference = full_reference(trace, signals)
+        full = stats.get("full")
+        reference = (Reference(full.usage, max(full.history_tokens, default=0)) if full is not None and not full.budget_errors
+                     else full_reference(trace, signals))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats, budget, reference, timeline)
 
