@@ -121,3 +121,57 @@ def test_vectorised_greedy_on_fixed_inputs(scores, vecs, expected):
     a = contextrender.greedy_select(lay.candidates, scores, lay.selection(), vectors, 0.5)
     b = reference_greedy(lay.candidates, scores, lay.selection(), vectors, 0.5)
     assert a == b == expected
+
+
+def reference_build_steps(graph, selector, selector_key):
+    """:func:`historygraph.signals.steps.build_steps` before the inverted index (every eligible
+    earlier step offered to the selector, every earlier step checked for superseding)."""
+    from historygraph.signals import steps as st
+
+    pcache = st._CACHE.setdefault(graph, {"features": {}, "parents": {}})["parents"]
+    out = []
+    for pos, m in enumerate(graph.messages):
+        if m.role != "assistant":
+            continue
+        results = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
+        k = len(out)
+        step = st._features(graph, k, pos, results)
+        out.append(step)
+        if step.test_results is not None:
+            for earlier in out[:k]:
+                if (earlier.validation_status == "failed" and earlier.test_results is not None
+                        and st.supersedes(step.test_results, step.action, earlier.test_results, earlier.action)):
+                    earlier.validation_status, earlier.superseded_by = "superseded", k
+        key = (selector_key, k, len(results))
+        if key not in pcache:
+            eligible = [i for i in range(k) if out[i].validation_status in ("passed", "unknown")]
+            pcache[key] = tuple(selector(out, k, eligible)) if eligible else ()
+        step.parents = pcache[key]
+    return out
+
+
+def test_incremental_step_view_equals_the_view_built_from_scratch(real_traces, traces_dir):
+    """The step view of a growing graph (inverted index kept across calls, results arriving after
+    their call) equals the old from-scratch build at every size, on real traces."""
+    from historygraph.signals.steps import ParentScoring, build_steps, lowcost_selector
+
+    sel = lowcost_selector(ParentScoring())
+    compared = with_parents = 0
+    statuses: set[str] = set()
+    with_tests = [t for t in read_traces(traces_dir / "mini-swe-agent-deepseek")  # failed, superseded steps
+                  if t.trace_id.startswith(("django__django-15388", "pvlib__pvlib-python-1154"))]
+    for tr in real_traces[3:4] + with_tests:
+        g = ContextGraph(tr.trace_id)
+        for j, m in enumerate(tr.messages):
+            g.append(m)
+            build_steps(g, sel, "lowcost-test")  # the incremental state follows every event
+            if j % 7:
+                continue
+            fast = build_steps(g, sel, "lowcost-test")
+            slow = reference_build_steps(ContextGraph(tr.trace_id, g.messages), sel, "lowcost-test")
+            assert fast == slow, (tr.trace_id, len(g))
+            compared += 1
+            statuses.update(s.validation_status for s in fast)
+            with_parents += sum(bool(s.parents) for s in fast)
+    assert compared > 30
+    assert with_parents > 100 and {"passed", "failed", "superseded"} <= statuses, statuses

@@ -148,6 +148,7 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
         scored.sort(key=lambda t: (t[0], t[1]), reverse=True)  # ties: the more recent first
         return tuple(i for _, i in scored[:cfg.max_parents])
 
+    select.shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
     return select
 
 
@@ -173,10 +174,20 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
     """All steps of ``graph`` with validation statuses, superseded pointers and parents.
 
     ``selector_key`` names the selector in the per-graph parent cache (a step's parents depend only
-    on earlier steps, so they are chosen once per selector).
+    on earlier steps, so they are chosen once per selector). A selector marked ``shared_only``
+    (the low-cost one: a candidate that shares no file or identifier cannot be a parent) is
+    offered only the eligible steps that share one, found through an inverted index of the
+    steps' features kept per graph, so the first view of an ``n``-step graph costs far less than
+    scoring all ``n²/2`` pairs. The superseded check visits only the steps still failed.
     """
-    pcache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["parents"]
+    cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})
+    pcache = cache["parents"]
+    shared_only = getattr(selector, "shared_only", False)
+    if shared_only:
+        index = cache.setdefault("index", {"by_feature": {}, "of_step": {}})
+        by_feature, of_step = index["by_feature"], index["of_step"]
     steps: list[Step] = []
+    failed: list[int] = []  # steps whose status is "failed" so far, ascending
     for pos, m in enumerate(graph.messages):
         if m.role != "assistant":
             continue
@@ -184,16 +195,37 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
         k = len(steps)
         step = _features(graph, k, pos, results)
         steps.append(step)
-        if step.test_results is not None:
-            for earlier in steps[:k]:
-                if (earlier.validation_status == "failed" and earlier.test_results is not None
-                        and supersedes(step.test_results, step.action, earlier.test_results, earlier.action)):
+        if step.test_results is not None and failed:
+            for i in list(failed):
+                earlier = steps[i]
+                if earlier.test_results is not None and supersedes(step.test_results, step.action,
+                                                                   earlier.test_results, earlier.action):
                     earlier.validation_status, earlier.superseded_by = "superseded", k
+                    failed.remove(i)
+        if step.validation_status == "failed":
+            failed.append(k)
         key = (selector_key, k, len(results))
         if key not in pcache:
-            eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
+            if shared_only:
+                shared: set[int] = set()
+                for f in (("f", x) for x in step.files):
+                    shared.update(by_feature.get(f, ()))
+                for f in (("i", x) for x in step.identifiers):
+                    shared.update(by_feature.get(f, ()))
+                eligible = sorted(i for i in shared if i < k and steps[i].validation_status in ("passed", "unknown"))
+            else:
+                eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
             pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
         step.parents = pcache[key]
+        if shared_only:
+            feats = frozenset([("f", x) for x in step.files] + [("i", x) for x in step.identifiers])
+            old = of_step.get(k)
+            if old != feats:  # new step, or its observation arrived since it was indexed
+                for f in old or ():
+                    by_feature[f].discard(k)
+                for f in feats:
+                    by_feature.setdefault(f, set()).add(k)
+                of_step[k] = feats
     return steps
 
 
