@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import resource
 import sys
 import time
 from importlib.resources import files
@@ -26,6 +25,7 @@ from .formats import READERS, TraceFormatError, list_trace_files, read_traces
 from .graph import ContextGraph
 from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
+from .policies import params as policy_params
 from .render import BudgetTooSmallError
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
@@ -47,6 +47,35 @@ def _unknown_policy(name: str) -> None:
     close = difflib.get_close_matches(name, list(REGISTRY), n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     _fail(f"unknown policy {name!r}; {hint}run 'historygraph policies' to list them")
+
+
+ParamOption = Annotated[list[str], typer.Option(
+    "--param", "-P", help="Policy parameter name=value, or policy.name=value for one policy (repeatable; "
+                          "'historygraph policies' lists them). Overrides --params.")]
+ParamsFileOption = Annotated[Optional[Path], typer.Option(
+    "--params", help="TOML file of policy parameters, one [policy-name] table per policy.")]
+
+
+def _policy_params(items: list[str], path: Path | None, names: list[str]) -> dict[str, dict]:
+    """Parameters per policy from ``--params`` then ``-P`` (exits naming the field on an error)."""
+    try:
+        out = policy_params.load_file(path) if path is not None else {}
+        for name, values in policy_params.parse_cli(items, names).items():
+            out[name] = {**out.get(name, {}), **values}
+    except PolicyError as exc:
+        _fail(str(exc))
+    return out
+
+
+def _peak_rss_mb() -> float | None:
+    """Peak resident memory of this process and its children in MB (``None`` where the platform
+    has no ``resource`` module, i.e. Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    kb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return kb / (1024 * 1024) if sys.platform == "darwin" else kb / 1024  # bytes on macOS, KB elsewhere
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -105,6 +134,8 @@ def replay(
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
     strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file (default: skip it with a warning, exit 1 at the end).")] = False,
+    param: ParamOption = [],
+    params_file: ParamsFileOption = None,
 ) -> None:
     """Replay recorded traces through policies and report recall, tokens and render time.
 
@@ -119,6 +150,7 @@ def replay(
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     if fmt is not None and fmt not in READERS:
         _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
+    params = _policy_params(param, params_file, names)
     budgets = _budgets(budget)
     try:
         prices = Prices.parse(price)
@@ -139,7 +171,7 @@ def replay(
         _fail(f"cannot open store {store or 'default'}: {exc}")
     signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
-        policies = {n: create(n, replay=True) for n in names}
+        policies = {n: create(n, replay=True, **params.get(n, {})) for n in names}
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
@@ -152,13 +184,13 @@ def replay(
         task = bar.add_task("replay", total=len(traces))
         try:
             if jobs > 1:
-                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: bar.advance(task))
+                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: bar.advance(task), params)
             for i, tr in enumerate(traces if jobs == 1 else ()):
                 bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
                 if len(budgets) == 1:
                     done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
                 else:
-                    done[i] = replay_budgets(tr, names, budgets, signals, db)
+                    done[i] = replay_budgets(tr, names, budgets, signals, db, params=params)
                 bar.advance(task)
         except KeyboardInterrupt:
             stopped = "interrupted (Ctrl-C)"
@@ -166,11 +198,11 @@ def replay(
             stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
     results = [done[i][k] for k in range(len(budgets)) for i in sorted(done)]  # budget by budget, traces in order
     wall = time.perf_counter() - t_start
-    peak_mb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+    peak_mb = _peak_rss_mb()
     meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budgets[0],
             "budgets": budgets,
             "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
-            "wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_mb, 1),
+            "wall_seconds": round(wall, 1), "peak_rss_mb": None if peak_mb is None else round(peak_mb, 1),
             "texts_embedded": embedded[0] + _embedded(signals), "skipped_files": skipped,
             "interrupted": stopped is not None, "trajectories_done": len(done)}
     written = write_outputs(out, results, meta, prices)
@@ -189,7 +221,7 @@ def replay(
             err.print(f"[yellow]warning:[/] {r['policy']}: B = {r['budget']} tokens could not hold the protected history "
                       f"(first user message, latest assistant turn) in {r['budget_errors']} of {r['invocations']} "
                       "invocations; those renderings count as showing nothing (raise --budget)")
-    console.print(f"wall time {wall:.1f} s, peak memory {peak_mb:.0f} MB, {meta['texts_embedded']} texts embedded; "
+    console.print(f"wall time {wall:.1f} s, peak memory {'n/a' if peak_mb is None else f'{peak_mb:.0f} MB'}, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
     console.print("wrote " + ", ".join(str(p) for p in written.values()))
     console.print(f"report (HTML and Markdown): historygraph report {out}", markup=False, highlight=False, soft_wrap=True)
@@ -214,10 +246,11 @@ def _budgets(text: str) -> list[int]:
 _worker: tuple = ()
 
 
-def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None) -> None:
+def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None,
+                 params: dict[str, dict] | None = None) -> None:
     global _worker
     db = open_store(store)
-    _worker = (Signals(counter=TokenCounter(encoding), store=db), names, budgets, db)
+    _worker = (Signals(counter=TokenCounter(encoding), store=db), names, budgets, db, params)
 
 
 def _embedded(signals: Signals) -> int:
@@ -226,13 +259,13 @@ def _embedded(signals: Signals) -> int:
 
 
 def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
-    signals, names, budgets, db = _worker
+    signals, names, budgets, db, params = _worker
     before = _embedded(signals)
-    return replay_budgets(trace, names, budgets, signals, db), _embedded(signals) - before
+    return replay_budgets(trace, names, budgets, signals, db, params=params), _embedded(signals) - before
 
 
 def _replay_parallel(traces: list, names: list[str], budgets: list[int], encoding: str, store: str | None, jobs: int,
-                     done: dict, embedded: list[int], advance) -> None:  # noqa: ANN001
+                     done: dict, embedded: list[int], advance, params: dict[str, dict] | None = None) -> None:  # noqa: ANN001
     """Replay whole traces in ``jobs`` processes (largest first), putting each finished trace's
     results (one per budget) into ``done`` (trace index -> results) and adding the texts the workers
     embedded to ``embedded[0]``, so that an interrupt keeps what is finished. Pending traces are
@@ -240,7 +273,7 @@ def _replay_parallel(traces: list, names: list[str], budgets: list[int], encodin
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
-    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store))
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params))
     try:
         futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
         for fut in as_completed(futures):
@@ -390,6 +423,8 @@ def render(
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rendered OpenAI messages instead of the table.")] = False,
+    param: ParamOption = [],
+    params_file: ParamsFileOption = None,
 ) -> None:
     """Show what a policy keeps of a stored session under B: each message's form, tokens and reason,
     and the ids of the omitted tool results (fetch one with 'show SESSION --result ID')."""
@@ -397,6 +432,7 @@ def render(
         _unknown_policy(policy)
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    params = _policy_params(param, params_file, [policy]).get(policy, {})
     db = _existing_store(store)
     session, full = _session_graph(db, session)
     if at is not None and at > len(full):
@@ -404,7 +440,7 @@ def render(
     graph = ContextGraph(session, full.messages[:at]) if at is not None else full
     signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
-        r = create(policy).render(graph, budget, signals)
+        r = create(policy, **params).render(graph, budget, signals)
     except PolicyError as exc:
         _fail(str(exc))
     except BudgetTooSmallError as exc:
@@ -459,6 +495,8 @@ def serve(
     encoding: Annotated[str, typer.Option(help=f"Tokenizer for the budget: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     log_format: Annotated[str, typer.Option(help="Log lines on stderr: 'json' (one object per line) or 'text'.")] = "json",
     log_level: Annotated[str, typer.Option(help="Log level: DEBUG, INFO (one line per request), WARNING, ERROR.")] = "INFO",
+    param: ParamOption = [],
+    params_file: ParamsFileOption = None,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:
@@ -475,10 +513,12 @@ def serve(
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         _fail(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
     configure_logs(log_level, json=log_format == "json")
+    dotted = [k.partition("=")[0].rpartition(".")[0] for k in param]
+    params = _policy_params(param, params_file, list(dict.fromkeys([policy] + [d for d in dotted if d])))
     try:
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
-                              timeout=timeout)
+                              timeout=timeout, policy_params=params)
         application = create_app(config)
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))

@@ -283,12 +283,14 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
 
 
 def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[int], signals: Signals,
-                   store: Store | None = None) -> list[TraceResult]:
+                   store: Store | None = None, params: dict[str, dict[str, Any]] | None = None) -> list[TraceResult]:
     """Replay ``trace`` at every budget in ``budgets`` (one result each, in that order): the trace
     is parsed once, the embedding cache and one Full-history reference are shared, and each budget
-    gets fresh policy instances."""
+    gets fresh policy instances (``params``: policy -> parameter overrides)."""
     reference = full_reference(trace, signals)
-    return [replay_trace(trace, {n: create(n, replay=True) for n in policy_names}, b, signals, store, reference) for b in budgets]
+    params = params or {}
+    return [replay_trace(trace, {n: create(n, replay=True, **params.get(n, {})) for n in policy_names}, b, signals, store,
+                         reference) for b in budgets]
 
 
 def replay(traces: Iterable[Trace], policy_names: list[str], budget: int, signals: Signals,

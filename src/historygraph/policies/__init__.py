@@ -1,7 +1,11 @@
-"""Context policies. Importing this package registers every built-in policy in
-:data:`historygraph.policies.base.REGISTRY`, the single source of truth for policy names."""
+"""Context policies. Importing this package registers every built-in policy, then those of installed
+plugins (entry point group ``historygraph.policies``), in :data:`historygraph.policies.base.REGISTRY`,
+the single source of truth for policy names."""
 
 from . import baselines, condensers, contextrender, contextweaver, learned, oracle, recap, recap_baselines, retrieval, windows  # noqa: F401  (registration side effects)
-from .base import REGISTRY, Policy, PolicyError, Signals, check_production, config_fields, create, get_spec, names
+from .base import (REGISTRY, Policy, PolicyError, Signals, check_production, config_fields, create, get_spec,
+                   load_plugins, names)
 
-__all__ = ["REGISTRY", "Policy", "PolicyError", "Signals", "check_production", "config_fields", "create", "get_spec", "names"]
+load_plugins()  # policies of installed packages (entry point group "historygraph.policies")
+
+__all__ = ["REGISTRY", "Policy", "PolicyError", "Signals", "check_production", "config_fields", "create", "get_spec", "load_plugins", "names"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol, cast
 
 from ..graph import ContextGraph
 from ..llm import ChatModel, default_model
@@ -137,23 +137,63 @@ def check_production(name: str) -> PolicySpec:
     return spec
 
 
-def create(name: str, *, replay: bool = False, **overrides: Any) -> Any:
+def create(name: str, *, replay: bool = False, **overrides: Any) -> Policy:
     """Instantiate the policy ``name`` with its defaults plus ``overrides``. ``replay=True`` is
     passed only by the evaluator, which can show a policy the recorded future.
 
     Raises:
-        PolicyError: unknown policy, unknown config field, or a replay-only policy (``oracle``,
-            ``oracle-omit``) asked for outside replay.
+        PolicyError: unknown policy, unknown config field, a value of the wrong type (names the
+            field and the expected type), a value the policy's ``Config`` refuses (its message), or
+            a replay-only policy (``oracle``, ``oracle-omit``) asked for outside replay.
     """
+    from .params import check
+
     spec = check_production(name) if not replay else get_spec(name)
-    params = {**spec.defaults, **overrides}
     cfg_cls = getattr(spec.cls, "Config", None)
     if cfg_cls is None:
-        if params:
-            raise PolicyError(f"policy {name!r} takes no parameters, got {', '.join(params)}")
-        return spec.cls(name=name)
+        if overrides:
+            raise PolicyError(f"policy {name!r} takes no parameters, got {', '.join(overrides)}")
+        return cast(Policy, spec.cls(name=name))
     known = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = set(params) - known
+    unknown = set(overrides) - known
     if unknown:
         raise PolicyError(f"policy {name!r} has no parameter(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-    return spec.cls(name=name, config=cfg_cls(**params))
+    params = {**spec.defaults, **check(name, overrides)}
+    try:
+        config = cfg_cls(**params)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"policy {name!r}: {exc}") from None
+    return cast(Policy, spec.cls(name=name, config=config))
+
+
+ENTRY_POINT_GROUP = "historygraph.policies"
+
+
+def load_plugins(group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Register the policies that installed packages declare under the entry point ``group``.
+
+    An entry point names a module or a class (``name = "package.module:Class"``). Loading it runs
+    its :func:`register` decorators; a loaded class that registered nothing is registered under
+    the entry point's name (``source``/``summary`` from its ``source`` attribute and docstring).
+    A plugin that fails to load, or reuses a registered name, is skipped with a warning naming it:
+    one broken package never stops the others. Returns the names added.
+    """
+    import warnings
+    from importlib.metadata import entry_points
+
+    added: list[str] = []
+    for ep in entry_points(group=group):
+        before = set(REGISTRY)
+        try:
+            obj = ep.load()
+            if isinstance(obj, type) and ep.name not in REGISTRY and set(REGISTRY) == before:
+                doc = (obj.__doc__ or "").strip().splitlines()
+                register(ep.name, str(getattr(obj, "source", f"plugin {ep.value}")), doc[0] if doc else "")(obj)
+        except Exception as exc:  # any failure of a third-party package is reported, not raised
+            for n in set(REGISTRY) - before:
+                del REGISTRY[n]
+            warnings.warn(f"historygraph policy plugin {ep.name!r} ({ep.value}) not loaded: {type(exc).__name__}: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        added += sorted(set(REGISTRY) - before)
+    return added

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import httpx
@@ -62,6 +62,7 @@ class ServerConfig:
         max_body_bytes: larger request bodies get 413.
         encoding: tokenizer defining the budget's unit.
         timeout: seconds to wait for the upstream (connect and between bytes).
+        policy_params: parameter overrides per policy name (checked against each policy's Config).
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -73,11 +74,14 @@ class ServerConfig:
     max_body_bytes: int = 20_000_000
     encoding: str = DEFAULT_ENCODING
     timeout: float = 600.0
+    policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only
         if self.budget < 1:
             raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
+        for name, values in self.policy_params.items():
+            create(name, **values)  # PolicyError naming the policy, field and expected type
 
 
 class ClientError(Exception):
@@ -122,7 +126,7 @@ class Proxy:
 
     def policy(self, name: str) -> Any:
         if name not in self._policies:
-            self._policies[name] = create(name)
+            self._policies[name] = create(name, **self.config.policy_params.get(name, {}))
         return self._policies[name]
 
     def render(self, session_id: str, policy: str, budget: int) -> Rendering:
