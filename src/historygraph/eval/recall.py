@@ -55,14 +55,27 @@ class ReuseEvent:
     tokens: frozenset[str] = field(default=frozenset(), compare=False)  # the tokens linking j to r
 
 
+_runs: dict[str, frozenset[str]] = {}
+
+
+def _token_runs(text: str) -> frozenset[str]:
+    """``TOKEN`` runs of ``text``, memoised per text (a replay scans the same messages at every call)."""
+    hit = _runs.get(text)
+    if hit is None:
+        if len(_runs) > 50_000:
+            _runs.clear()
+        hit = _runs[text] = frozenset(TOKEN.findall(text))
+    return hit
+
+
 def rendered_tokens(messages: Iterable[Message]) -> set[str]:
-    """Every ``[A-Za-z0-9_]{6,}`` run in rendered messages (contents, tool-call names and arguments):
-    what value recall looks the linking tokens up in."""
+    """Every ``[A-Za-z0-9_]{6,}`` run in rendered messages (contents and tool-call arguments): what
+    value recall looks the linking tokens up in."""
     out: set[str] = set()
     for m in messages:
-        out.update(TOKEN.findall(m.content))
+        out |= _token_runs(m.content)
         for c in m.tool_calls:
-            out.update(TOKEN.findall(c.arguments))
+            out |= _token_runs(c.arguments)
     return out
 
 
