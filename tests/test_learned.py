@@ -51,9 +51,14 @@ def test_features_on_a_hand_made_session():
     assert f[0]["unique_values"] == pytest.approx(math.log(2)) and f[0]["log_values"] == pytest.approx(math.log(3))
     assert (f[0]["kind_view"], f[0]["superseded"], f[0]["edited_later"], f[0]["path_in_latest"]) == (1, 0, 1, 1)
     assert (f[0]["error"], f[0]["latest_result"]) == (0, 0)
+    # identifiers {parse_date, DATE_RE}, both first held here; parse_date named by turns 2 and 3 and the task
+    assert f[0]["own_values"] == pytest.approx(math.log(3)) and f[0]["own_idents"] == pytest.approx(math.log(3))
+    assert f[0]["ident_turns"] == pytest.approx(math.log(3)) and f[0]["recent_own_idents"] == pytest.approx(math.log(3))
+    assert f[0]["latest_idents"] == f[0]["latest_own_idents"] == f[0]["task_idents"] == pytest.approx(math.log(2))
     # result 4 (grep): age 1; dates.py (held only by it) reused by turn 3 -> c = 1
     assert f[1]["age"] == 1 and f[1]["kind_search"] == 1 and f[1]["reuse_score"] == pytest.approx(math.log(2))
     assert (f[1]["reused_last"], f[1]["since_reuse"], f[1]["edited_later"]) == (1, 0, 0)
+    assert f[1]["own_values"] == pytest.approx(math.log(2)) and f[1]["own_idents"] == 0  # parse_date came from 2
     # result 6 (sed -i): age 0, never reused, an error, the latest call's result, no TFA values
     assert (f[2]["age"], f[2]["never_reused"], f[2]["kind_edit"], f[2]["error"], f[2]["latest_result"]) == (0, 1, 1, 1, 1)
     assert f[2]["since_reuse"] == pytest.approx(math.log(2)) and f[2]["log_values"] == 0
@@ -231,3 +236,21 @@ def test_oracles_are_refused_outside_replay():
     unset = create("oracle", replay=True)
     with pytest.raises(PolicyError, match="only `historygraph replay`"):
         unset.render(ContextGraph("x", [Message("user", "u")]), 100, Signals())
+
+
+def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from historygraph.cli import app
+    runner = CliRunner()
+    src = traces_dir / "mini-swe-agent-deepseek" / "django__django-11099.traj.json"
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["fit", str(src), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert ReuseModel.load(out).meta["traces"] == 1
+    again = runner.invoke(app, ["fit", str(src), "--out", str(out)])
+    assert again.exit_code != 0 and "--force" in again.output  # never overwrites silently
+    missing = runner.invoke(app, ["fit", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")])
+    assert missing.exit_code != 0 and "no such file" in missing.output
+    monkeypatch.setenv("HISTORYGRAPH_LEARNED_MODEL", str(out))
+    assert create("learned").model.meta["traces"] == 1

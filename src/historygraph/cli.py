@@ -539,3 +539,53 @@ def _version(value: bool) -> None:
 def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
     """historygraph: render agent histories under a token budget, chosen by evidence."""
+
+
+@app.command()
+def fit(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or folders (searched recursively) of your own agent.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Model file to write (JSON, a few KB); refuses to overwrite without --force.")] = Path("model.json"),
+    c: Annotated[float, typer.Option("--C", help="Inverse L2 regularisation strength of the logistic regression.")] = 1.0,
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite --out if it exists.")] = False,
+    strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file.")] = False,
+) -> None:
+    """Fit the learned selector's reuse model on recorded traces and write it as JSON.
+
+    Label: observed reuse (Tool-Flow Analysis, ContextRender §3.2) at the next model call; features:
+    render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
+    parameter model=FILE) and replay to measure it. Needs scikit-learn (pip install 'historygraph[fit]')."""
+    from .fit.train import fit_traces
+
+    if out.exists() and not force:
+        _fail(f"{out} exists; pass --force to overwrite it or choose another --out")
+    if out.is_dir():
+        _fail(f"--out {out} is a folder; name a file such as {out / 'model.json'}")
+    if encoding not in ENCODINGS:
+        _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if fmt is not None and fmt not in READERS:
+        _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
+    for p in paths:
+        if not p.exists():
+            _fail(f"{p}: no such file or folder")
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        _fail("historygraph fit needs scikit-learn: pip install 'historygraph[fit]'")
+    traces, _ = _read_all(paths, fmt, strict)
+    if not traces:
+        _fail(f"no readable traces in {', '.join(map(str, paths))}")
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("features", total=len(traces))
+        try:
+            model = fit_traces(traces, out, TokenCounter(encoding), c=c,
+                               meta={"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
+                                     "historygraph": __version__},
+                               on_trace=lambda tr: bar.advance(task))
+        except ValueError as exc:
+            _fail(str(exc))
+    m = model.meta
+    console.print(f"wrote {out}: {m['traces']} trajectories, {m['examples']} examples ({m['reused']} reused); "
+                  f"use it with HISTORYGRAPH_LEARNED_MODEL={out} historygraph replay ... -p learned")

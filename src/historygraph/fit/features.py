@@ -36,6 +36,14 @@ Features of result ``r`` (a row of :func:`feature_matrix`; names in :data:`FEATU
   ``log_values``: ``ln(1 + |V(r)|)``. Values found only here can only be reused from here.
 * ``error``: 1 when ``r`` reports a non-zero return code, a traceback or an error.
 * ``latest_result``: 1 for a result of the latest assistant message.
+* Identifiers (ContextWeaver §3.1's code-like names, :func:`historygraph.signals.steps.identifiers_in`),
+  attributed as TFA attributes values, to the first tool result holding them: ``own_values`` and
+  ``own_idents``, ``ln(1 + number of values / identifiers no earlier result holds)``; ``ident_turns``,
+  ``ln(1 + earlier assistant messages naming one of r's own identifiers)``; ``latest_idents`` and
+  ``latest_own_idents``, identifiers (own ones) of r named by the latest assistant message;
+  ``recent_own_idents``, own identifiers named by the last 3 assistant messages (summed);
+  ``task_idents``, identifiers of r named in the task. Identifier reuse catches dotted and
+  partial names (``DATE_RE`` in ``DATE_RE.match``) that TFA's whole-value matching misses.
 
 Per-result facts that do not change (values, words, kind, files, tokens) are computed once per
 graph and extended incrementally (the graph is append-only), so a render costs ``O(n)`` small
@@ -54,7 +62,7 @@ import numpy as np
 
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
-from ..signals.steps import ancestry, lowcost_steps
+from ..signals.steps import ancestry, files_in, identifiers_in, lowcost_steps
 from ..signals.tokens import TokenCounter
 
 FEATURES: tuple[str, ...] = (
@@ -65,6 +73,7 @@ FEATURES: tuple[str, ...] = (
     "kind_view", "kind_search", "kind_edit", "kind_test", "kind_run", "kind_other",
     "ancestor", "superseded", "edited_later", "path_in_latest",
     "unique_values", "log_values", "error", "latest_result",
+    "own_values", "own_idents", "ident_turns", "latest_idents", "latest_own_idents", "recent_own_idents", "task_idents",
 )
 KINDS = ("view", "search", "edit", "test", "run", "other")
 ANCESTRY_STEPS = 10   # W of the ancestry feature (ContextWeaver §3.1; the value contextrender-dep uses)
@@ -72,18 +81,12 @@ RECENT_TURNS = 3
 TEXT_CHARS = 8000     # characters of a result read for words (as ContextRender A.3 clips results)
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
-_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.[A-Za-z]{1,5})(?![\w/])")
 _ERROR = re.compile(r"<returncode>[1-9]|Traceback \(most recent call last\)|\b\w*Error\b|\bFAILED\b|\berror:")
 
 
 def words(text: str) -> frozenset[str]:
     """Distinct lower-cased words of at least three characters (first :data:`TEXT_CHARS` characters)."""
     return frozenset(w.lower() for w in _WORD.findall(text[:TEXT_CHARS]))
-
-
-def files_in(text: str) -> frozenset[str]:
-    """File names (last path component with an extension) named in ``text``."""
-    return frozenset(m.rsplit("/", 1)[-1] for m in _PATH.findall(text))
 
 
 def _command(name: str, arguments: str) -> str:
@@ -134,6 +137,9 @@ class _ResultFacts:
     position: int
     owner: int                 # position of the assistant message that called it
     values: frozenset[str]
+    own_values: int            # values no earlier result holds (TFA attributes their reuse here)
+    idents: frozenset[str]
+    own_idents: frozenset[str]  # identifiers no earlier result holds
     words: frozenset[str]
     kind: str
     command: str
@@ -155,6 +161,9 @@ class _GraphFacts:
     last_view: dict[str, int] = field(default_factory=dict)     # file -> latest result position viewing it
     last_edit: dict[str, int] = field(default_factory=dict)     # file -> latest result position editing it
     last_command: dict[str, int] = field(default_factory=dict)  # command -> latest result position
+    ident_first: dict[str, int] = field(default_factory=dict)   # identifier -> first result position holding it
+    ident_turns: dict[int, list[int]] = field(default_factory=dict)  # result -> turns whose message names an own identifier
+    assistant_idents: list[tuple[int, frozenset[str]]] = field(default_factory=list)  # (turn, identifiers) per message
     encoding: str = ""
 
 
@@ -168,6 +177,13 @@ def _graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     msgs = graph.messages
     for p in range(gf.upto, len(msgs)):
         m = msgs[p]
+        if m.role == "assistant":
+            ids = identifiers_in("\n".join(operations(m)))
+            turn = graph.turn_of[p]
+            gf.assistant_idents.append((turn, ids))
+            for r in {gf.ident_first[i] for i in ids if i in gf.ident_first}:
+                gf.ident_turns.setdefault(r, []).append(turn)
+            continue
         if m.role != "tool":
             continue
         owner = graph.call_owner.get(m.tool_call_id or "", p)
@@ -176,7 +192,11 @@ def _graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         cmd = _command(name, args)
         kind = call_kind(name, args)
         cfiles = files_in(cmd)
-        f = _ResultFacts(position=p, owner=owner, values=frozenset(extract_values(m.content)), words=words(m.content),
+        values = frozenset(extract_values(m.content))
+        idents = identifiers_in(m.content[:TEXT_CHARS])
+        own_idents = frozenset(i for i in idents if i not in gf.ident_first)
+        f = _ResultFacts(position=p, owner=owner, values=values, own_values=sum(1 for v in values if v not in gf.value_df),
+                         idents=idents, own_idents=own_idents, words=words(m.content),
                          kind=kind, command=cmd.strip(), files=cfiles,
                          shown_files=cfiles | (files_in(m.content[:TEXT_CHARS]) if kind != "search" else frozenset()),
                          tokens=counter.count(m.content), error=bool(_ERROR.search(m.content[:TEXT_CHARS])))
@@ -185,6 +205,8 @@ def _graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
             gf.df[w] = gf.df.get(w, 0) + 1
         for v in f.values:
             gf.value_df[v] = gf.value_df.get(v, 0) + 1
+        for i in own_idents:
+            gf.ident_first[i] = p
         for name_ in cfiles:
             if kind == "view":
                 gf.last_view[name_] = p
@@ -219,6 +241,8 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     latest_values, task_values = extract_values(latest_text), extract_values(task_text)
     latest_words, task_words = words(latest_text), words(task_text)
     latest_files = files_in(latest_text)
+    latest_idents, task_idents = identifiers_in(latest_text), identifiers_in(task_text)
+    recent_idents = [ids for turn, ids in gf.assistant_idents if turn > t - RECENT_TURNS]
     n_docs = max(1, len(gf.facts))
     idf = {w: math.log(1.0 + n_docs / (1.0 + gf.df.get(w, 0))) for w in latest_words | task_words}
     latest_total = sum(idf[w] for w in latest_words)
@@ -251,5 +275,8 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
             float(p in deps), float(superseded), float(edited_later),
             float(bool(f.shown_files & latest_files)),
             math.log1p(unique), math.log1p(len(f.values)), float(f.error), float(f.owner == latest),
+            math.log1p(f.own_values), math.log1p(len(f.own_idents)), math.log1p(len(set(gf.ident_turns.get(p, ())))),
+            math.log1p(len(f.idents & latest_idents)), math.log1p(len(f.own_idents & latest_idents)),
+            math.log1p(sum(len(f.own_idents & ids) for ids in recent_idents)), math.log1p(len(f.idents & task_idents)),
         )
     return out

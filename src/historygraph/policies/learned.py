@@ -13,15 +13,17 @@
    subject to the assembled history staying within B, where a result costs its extra tokens over
    its placeholder plus, for a result of a dropped step, the step's revival
    (:class:`~historygraph.render.Selection`). Solved greedily by ``p(r) / cost(r)`` (highest first,
-   ties to the older result), then the single most probable result that fits is swapped in if it
-   alone beats the greedy set (the classic guarantee of half the optimum); a second pass retries
-   what did not fit, since revivals make later costs smaller. An oversized result is offered as its
+   ties to the older result; a revival makes the other results of that step cheaper, and they are
+   re-queued at their new ratio), then the single most probable result that fits is swapped in if it
+   alone beats the greedy set (the classic guarantee of half the optimum). An oversized result is offered as its
    marked excerpt, valued at ``excerpt_value·p``. Results with ``p < min_probability`` are not shown
    (fewer tokens sent when nothing else is likely to be needed).
 """
 
 from __future__ import annotations
 
+import heapq
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +39,8 @@ SOURCE = "ours: fitted reuse probability (render-time features incl. ContextRend
 
 @dataclass(frozen=True)
 class LearnedConfig:
-    """``model``: path of a model file written by ``historygraph fit`` (``""``: the shipped default).
+    """``model``: path of a model file written by ``historygraph fit`` (``""``: the file named by the
+    environment variable ``HISTORYGRAPH_LEARNED_MODEL``, else the shipped default).
     ``min_probability``: results less likely to be reused are not shown. ``excerpt_value``: the
     value of an oversized result's excerpt relative to the whole result."""
 
@@ -45,6 +48,7 @@ class LearnedConfig:
     min_probability: float = 0.0
     excerpt_value: float = 0.5
     oversized_excerpt_fraction: float = 0.25
+    result_reserve: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -53,28 +57,47 @@ class LearnedConfig:
             raise ValueError(f"learned config: excerpt_value must be in [0, 1], got {self.excerpt_value}")
         if not 0 < self.oversized_excerpt_fraction <= 1:
             raise ValueError("learned config: oversized_excerpt_fraction must be in (0, 1]")
+        if not 0.0 <= self.result_reserve < 1.0:
+            raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
 
 def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selection) -> list[int]:
     """Greedy 0/1 knapsack on ``value[p] / sel.cost(p)`` with the best-single-item swap (see module
-    docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. Items with
-    value ≤ 0 are never taken. Costs below one token count as one."""
+    docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. Costs are
+    re-read when a revival lowers them (the other results of a revived step become cheaper: they are
+    queued again at their new ratio). Items with value ≤ 0 are never taken; costs below one token
+    count as one."""
     items = [p for p in candidates if value[p] > 0]
-    order = sorted(items, key=lambda p: (-value[p] / max(1, sel.cost(p)), p))
+    lay = sel.layout
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
+    heap = [(-value[p] / max(1, c), p, c) for p in items for c in (sel.cost(p),)]
+    heapq.heapify(heap)
+    by_unit: dict[int, list[int]] = {}
+    for p in items:
+        by_unit.setdefault(lay.unit_of[p], []).append(p)
     taken: list[int] = []
-    left: list[int] = []
-    for p in order:
-        if sel.fits(p):
-            sel.take(p)
-            taken.append(p)
-        else:
-            left.append(p)
-    for p in sorted(left, key=lambda p: (-value[p] / max(1, sel.cost(p)), p)):  # revivals may have made room
-        if sel.fits(p):
-            sel.take(p)
-            taken.append(p)
-    best = max((p for p in items if sel.layout.budget is None or base_used + _alone(sel, p, base_revived) <= sel.layout.budget),
+    done: set[int] = set()
+    while heap:
+        _, p, c = heapq.heappop(heap)
+        if p in done:
+            continue
+        now = sel.cost(p)
+        if now != c:  # its step was revived since it was queued
+            heapq.heappush(heap, (-value[p] / max(1, now), p, now))
+            continue
+        if not sel.fits(p):
+            continue  # stays out unless its step is revived (then it is queued again)
+        u = lay.unit_of[p]
+        revives = u in lay.dropped_units and u not in sel.revived
+        sel.take(p)
+        taken.append(p)
+        done.add(p)
+        if revives:
+            for q in by_unit[u]:
+                if q not in done:
+                    cq = sel.cost(q)
+                    heapq.heappush(heap, (-value[q] / max(1, cq), q, cq))
+    best = max((p for p in items if lay.budget is None or base_used + _alone(sel, p, base_revived) <= lay.budget),
                key=lambda p: (value[p], -p), default=None)
     if best is not None and value[best] > sum(value[p] for p in taken):
         sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
@@ -102,11 +125,12 @@ class Learned:
     def __init__(self, name: str = "learned", config: LearnedConfig | None = None) -> None:
         self.name = name
         self.config = config or LearnedConfig()
-        self.model = ReuseModel.load(self.config.model)
+        self.model = ReuseModel.load(self.config.model or os.environ.get("HISTORYGRAPH_LEARNED_MODEL") or None)
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
-        layout = Layout(graph, signals.counter, budget, excerpt_fraction=cfg.oversized_excerpt_fraction)
+        layout = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
+                        excerpt_fraction=cfg.oversized_excerpt_fraction)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         cands = layout.candidates

@@ -1,0 +1,136 @@
+"""Cross-validated recall of the learned selector: the protocol behind docs/results.md.
+
+Grouped k-fold over trajectories: the model that renders a trajectory was fitted without it. For
+each fold the reuse model is fitted on the other trajectories' examples (observed TFA reuse as the
+label) and the held-out ones are replayed through ``learned`` with that model; Later-Used Result
+Recall (ContextRender B.4) is summed over all held-out trajectories. Also prints ``oracle`` and
+``contextrender`` on the same trajectories for comparison.
+
+    python bench/fit_cv.py ../shared/traces-train/mini-swe-agent-deepseek --budget 6000 --folds 5
+    python bench/fit_cv.py TRAIN --test ../shared/traces/mini-swe-agent-deepseek   # fit on all of TRAIN, score TEST
+    python bench/fit_cv.py TRAIN --curve 5,10,20,45,90                             # learning curve on TEST
+
+Variants for model choice (``--variant``): ``base`` (the shipped recipe), ``within`` (label: reused
+within the next 3 invocations), ``hgb`` (scikit-learn HistGradientBoosting instead of logistic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from historygraph.eval.replay import replay_trace
+from historygraph.fit.dataset import Examples, trace_examples
+from historygraph.fit.train import C, fit_examples
+from historygraph.formats import read_traces
+from historygraph.policies import Signals, create
+
+
+class _SklearnModel:
+    def __init__(self, est):
+        self.est = est
+
+    def predict(self, X):
+        return self.est.predict_proba(X)[:, 1]
+
+
+def fit_variant(ex: Examples, variant: str, c: float):
+    if variant in ("base", "within"):
+        if variant == "within":
+            ex = Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation)
+        return fit_examples(ex, c)
+    if variant == "hgb":
+        from sklearn.ensemble import HistGradientBoostingClassifier
+        return _SklearnModel(HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
+                                                            random_state=0).fit(ex.X, ex.reused))
+    raise SystemExit(f"unknown variant {variant!r}")
+
+
+def score(traces, model, budgets, signals, extra=(), **cfg):
+    out = {}
+    for b in budgets:
+        pol = create("learned", **cfg)
+        pol.model = model
+        others = {n: create(n, replay=True) for n in extra}
+        tot = {"learned": [0, 0, []]} | {n: [0, 0, []] for n in extra}
+        for tr in traces:
+            res = replay_trace(tr, {"learned": pol, **others}, b, signals)
+            for n, st in res.stats.items():
+                tot[n][0] += st.hits
+                tot[n][1] += st.events
+                tot[n][2] += st.history_tokens
+        out[b] = {n: (h, e, t) for n, (h, e, t) in tot.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("train")
+    ap.add_argument("--test")
+    ap.add_argument("--budget", default="6000,3000")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--variant", default="base")
+    ap.add_argument("--C", type=float, default=C)
+    ap.add_argument("--min-probability", type=float, default=0.0)
+    ap.add_argument("--reserve", type=float, default=0.5, help="learned's result_reserve")
+    ap.add_argument("--curve")
+    ap.add_argument("--compare", action="store_true", help="also replay oracle and contextrender")
+    a = ap.parse_args()
+    budgets = [int(x) for x in a.budget.split(",")]
+    signals = Signals()
+    t0 = time.process_time()
+    train = [t for f in sorted(Path(a.train).glob("*")) for t in read_traces(f)]
+    exs = [trace_examples(t, signals.counter, group=g) for g, t in enumerate(train)]
+    print(f"{len(train)} training trajectories, {sum(len(e.reused) for e in exs)} examples "
+          f"({time.process_time() - t0:.0f} s CPU)", file=sys.stderr)
+    extra = ("oracle", "contextrender") if a.compare else ()
+    cfg = {"min_probability": a.min_probability, "result_reserve": a.reserve}
+    if a.curve:
+        test = [t for f in sorted(Path(a.test).glob("*")) for t in read_traces(f)]
+        rng = np.random.default_rng(0)
+        for n in [int(x) for x in a.curve.split(",")]:
+            rows = []
+            for rep in range(3 if n < len(train) else 1):
+                pick = sorted(rng.choice(len(train), size=n, replace=False))
+                model = fit_variant(Examples.concat([exs[i] for i in pick]), a.variant, a.C)
+                rows.append(score(test, model, budgets, signals, **cfg))
+            rec = {b: [100.0 * r[b]["learned"][0] / max(1, r[b]["learned"][1]) for r in rows] for b in budgets}
+            print(f"n={n}: " + ", ".join(f"B={b}: {np.mean(v):.1f} (min {min(v):.1f}, max {max(v):.1f})"
+                                         for b, v in rec.items()), flush=True)
+        return
+    if a.test:
+        test = [t for f in sorted(Path(a.test).glob("*")) for t in read_traces(f)]
+        model = fit_variant(Examples.concat(exs), a.variant, a.C)
+        res = score(test, model, budgets, signals, extra, **cfg)
+        for b in budgets:
+            print(f"unseen B={b}: " + ", ".join(f"{n} {100.0 * h / max(1, e):.1f} % ({np.mean(t):.0f} tok)"
+                                                for n, (h, e, t) in res[b].items()))
+        return
+    folds = np.arange(len(train)) % a.folds
+    tot = {b: {} for b in budgets}
+    for k in range(a.folds):
+        fit_on = [exs[i] for i in range(len(train)) if folds[i] != k]
+        model = fit_variant(Examples.concat(fit_on), a.variant, a.C)
+        held = [train[i] for i in range(len(train)) if folds[i] == k]
+        res = score(held, model, budgets, signals, extra, **cfg)
+        for b in budgets:
+            for n, (h, e, t) in res[b].items():
+                acc = tot[b].setdefault(n, [0, 0, []])
+                acc[0] += h
+                acc[1] += e
+                acc[2] += t
+        print(f"fold {k}: " + ", ".join(f"B={b} {100.0 * res[b]['learned'][0] / max(1, res[b]['learned'][1]):.1f}"
+                                        for b in budgets), file=sys.stderr, flush=True)
+    for b in budgets:
+        print(f"CV B={b} variant={a.variant} C={a.C} minp={a.min_probability}: " +
+              ", ".join(f"{n} {100.0 * h / max(1, e):.1f} % ({np.mean(t):.0f} tok)" for n, (h, e, t) in tot[b].items()))
+    print(f"CPU {time.process_time() - t0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
