@@ -5,9 +5,10 @@ from pathlib import Path
 
 from .base import KEPT_KEYS, AppendConflict, SessionInfo, Store, StoreError
 from .memory import MemoryStore
+from .migrations import SchemaVersionError
 from .sqlite import SQLiteStore, default_path
 
-__all__ = ["AppendConflict", "KEPT_KEYS", "MemoryStore", "SQLiteStore", "SessionInfo", "Store", "StoreError", "default_path", "open_store"]
+__all__ = ["AppendConflict", "KEPT_KEYS", "MemoryStore", "SQLiteStore", "SchemaVersionError", "SessionInfo", "Store", "StoreError", "default_path", "open_store"]
 
 
 def open_store(url: str | None = None, must_exist: bool = False) -> Store:

@@ -1,7 +1,7 @@
 """PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
-``append_keys``, :data:`APPEND_KEYS_TABLE`; events stored as the
+``append_keys``, :data:`APPEND_KEYS_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from ..events import Message
 from .base import SessionInfo, Store
+from .migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, seq BIGSERIAL, created DOUBLE PRECISION NOT NULL, meta TEXT NOT NULL);
@@ -48,8 +49,15 @@ CREATE TABLE IF NOT EXISTS append_keys (
     fingerprint TEXT NOT NULL, start_position INTEGER NOT NULL, event_count INTEGER NOT NULL, UNIQUE (session_id, key));
 CREATE INDEX IF NOT EXISTS append_keys_order ON append_keys (session_id, id);
 """
-"""Added by issue 17 (idempotency keys, :meth:`Store.append`). A forward migration: run on every open,
-it adds the empty table to a database created before it and changes nothing else."""
+"""Added by issue 17 (idempotency keys, :meth:`Store.append`): migration 2, which adds the empty
+table to a database created before it and changes nothing else."""
+
+MIGRATIONS = (
+    Migration(1, "sessions, events, embeddings, texts", SCHEMA),
+    Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
+)
+"""Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
+SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
 class PostgresStore(Store):
@@ -62,11 +70,24 @@ class PostgresStore(Store):
         self._local = threading.local()
         self._opened: list[Any] = []
         self._opened_lock = threading.Lock()
+        self.schema_version = self._migrate()
+
+    def _migrate(self) -> int:
+        """Bring the database to :data:`SCHEMA_VERSION` in one transaction; returns the version."""
         db = self._db
         with db.transaction():
-            db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts
-            db.execute(SCHEMA)
-            db.execute(APPEND_KEYS_TABLE)
+            db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts migrate once
+            db.execute(VERSION_TABLE)
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            current = row[0] if row else 0
+            steps = pending(MIGRATIONS, current, self.path)
+            for step in steps:
+                db.execute(step.sql)
+            new = steps[-1].version if steps else current
+            if new != current or row is None:
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version VALUES (%s)", (new,))
+        return new
 
     @property
     def _db(self) -> Any:

@@ -7,7 +7,9 @@ Schema: ``sessions(id, created, meta)``, ``events(session_id, position, data)`` 
 stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, vector)`` for the
 content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
 ``append_keys`` (:data:`APPEND_KEYS_TABLE`) holds the idempotency keys of appends, written in the
-transaction of their events.
+transaction of their events. ``schema_version`` holds the schema's version; opening a store
+written by an earlier release migrates it forward (:data:`MIGRATIONS`,
+:mod:`historygraph.store.migrations`).
 
 Concurrency: one connection per store, serialised by a lock; an append runs in a
 ``BEGIN IMMEDIATE`` transaction (SQLite's single writer), inside which the stored length is
@@ -31,6 +33,7 @@ import platformdirs
 
 from ..events import Message
 from .base import SessionInfo, Store
+from .migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
@@ -47,8 +50,15 @@ CREATE TABLE IF NOT EXISTS append_keys (
     fingerprint TEXT NOT NULL, start_position INTEGER NOT NULL, event_count INTEGER NOT NULL, UNIQUE (session_id, key));
 CREATE INDEX IF NOT EXISTS append_keys_order ON append_keys (session_id, id);
 """
-"""Added by issue 17 (idempotency keys, :meth:`Store.append`). A forward migration: run on every open,
-it adds the empty table to a store created before it and changes nothing else."""
+"""Added by issue 17 (idempotency keys, :meth:`Store.append`): migration 2, which adds the empty
+table to a store created before it and changes nothing else."""
+
+MIGRATIONS = (
+    Migration(1, "sessions, events, embeddings, texts", SCHEMA),
+    Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
+)
+"""Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
+SCHEMA_VERSION = MIGRATIONS[-1].version
 
 
 def default_path() -> Path:
@@ -68,8 +78,33 @@ class SQLiteStore(Store):
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._db.executescript(APPEND_KEYS_TABLE)
+        try:
+            self.schema_version = self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _migrate(self) -> int:
+        """Bring the file to :data:`SCHEMA_VERSION` in one transaction; returns the version."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(VERSION_TABLE)
+                row = self._db.execute("SELECT version FROM schema_version").fetchone()
+                current = row[0] if row else 0
+                steps = pending(MIGRATIONS, current, str(self.path))
+                for step in steps:
+                    for statement in step.statements():
+                        self._db.execute(statement)
+                new = steps[-1].version if steps else current
+                if new != current or row is None:
+                    self._db.execute("DELETE FROM schema_version")
+                    self._db.execute("INSERT INTO schema_version VALUES (?)", (new,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return new
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
         with self._lock:

@@ -1,0 +1,64 @@
+"""Schema versions and forward migrations of the SQL stores (SQLite and PostgreSQL).
+
+Each backend lists its :class:`Migration` steps in order (``sqlite.MIGRATIONS``,
+``postgres.MIGRATIONS``); a store records the version it is at in a one-row table
+``schema_version``. On every open, in one transaction (SQLite ``BEGIN IMMEDIATE``; PostgreSQL under
+an advisory lock, so instances starting together migrate once), the store reads its version, runs
+the steps above it in order and records the new version; a step that fails rolls the whole upgrade
+back and the store is left as it was.
+
+* A store written before versions were recorded (no ``schema_version`` row) is at version 0: its
+  tables are those of steps 1 and 2, which are written ``CREATE … IF NOT EXISTS`` so that they
+  apply to it unchanged. Every later step runs exactly once per store and may alter tables.
+* A store at a version newer than this historygraph knows (written by a later release) is refused
+  with :class:`SchemaVersionError` rather than used, so an older release never writes rows a newer
+  schema does not expect.
+
+To change the schema: append a ``Migration(n + 1, summary, sql)`` to both backends' lists (SQL
+statements separated by ``;``, no ``;`` inside literals), and add a test opening a store at version
+``n`` (tests/test_migrations.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+
+
+class SchemaVersionError(RuntimeError):
+    """A store's schema is newer than this historygraph supports (names both versions)."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One forward step: after it the store is at ``version``; ``sql`` is its DDL (``;``-separated)."""
+
+    version: int
+    summary: str
+    sql: str
+
+    def statements(self) -> list[str]:
+        return [s.strip() for s in self.sql.split(";") if s.strip()]
+
+
+def check(migrations: Sequence[Migration]) -> int:
+    """The newest version of ``migrations`` after checking they are numbered 1, 2, … in order."""
+    for i, m in enumerate(migrations, 1):
+        if m.version != i:
+            raise ValueError(f"migration {m.summary!r} has version {m.version}, expected {i}")
+    return len(migrations)
+
+
+def pending(migrations: Sequence[Migration], current: int, where: str) -> list[Migration]:
+    """The steps a store at version ``current`` needs, in order.
+
+    Raises:
+        SchemaVersionError: ``current`` is newer than the newest of ``migrations``.
+    """
+    newest = check(migrations)
+    if current > newest:
+        raise SchemaVersionError(f"store {where} has schema version {current}, newer than the {newest} this "
+                                 f"historygraph supports: upgrade historygraph to open it")
+    return list(migrations[current:])

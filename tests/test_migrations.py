@@ -1,0 +1,116 @@
+"""Schema versions and forward migrations: stores written before this release open, migrated,
+with everything they held; a newer store is refused; a failing step changes nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from historygraph.events import Message
+from historygraph.store import SchemaVersionError, SQLiteStore
+from historygraph.store import sqlite as sqlite_mod
+from historygraph.store.migrations import Migration
+from test_store import pg_dsn  # noqa: F401 (fixture)
+
+DUMP = Path(__file__).parent / "data" / "store-schema-2.sql"
+
+
+def version_of(path) -> list[tuple]:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT version FROM schema_version").fetchall()
+
+
+def test_a_store_written_before_versions_opens_with_everything_it_held(tmp_path):
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(DUMP.read_text())
+    s = SQLiteStore(path)
+    assert s.schema_version == sqlite_mod.SCHEMA_VERSION == 2 and version_of(path) == [(2,)]
+    assert s.sessions() == ["run-1", "run-1~1"]
+    assert s.session_meta("run-1~1") == {"parent": "run-1", "forked_at": 1}
+    g = s.graph("run-1")
+    assert [m.role for m in g.messages] == ["user", "assistant", "tool"]
+    assert g.result_by_id("c1").content == "FAILED test_x" and g.messages[1].tool_calls[0].arguments == '{"cmd": "pytest"}'
+    assert np.array_equal(s.get_embeddings(["h1"])["h1"], np.arange(4, dtype=np.float32))
+    assert s.get_text("summary", "k") == "a summary"
+    # the idempotency key stored before the upgrade still answers a retry, storing nothing again
+    again = [Message("user", "find the bug"), g.messages[1], g.messages[2]]
+    assert s.append("run-1", again, idempotency_key="k1") == [0, 1, 2]
+    assert len(s.messages("run-1")) == 3
+    s.append("run-1", Message("user", "next"))
+    s.close()
+    s = SQLiteStore(path)  # opening again migrates nothing and keeps the version
+    assert s.schema_version == 2 and version_of(path) == [(2,)] and len(s.messages("run-1")) == 4
+    s.close()
+
+
+def test_a_version_1_store_gains_the_append_keys_table(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    with sqlite3.connect(path) as db:
+        for statement in sqlite_mod.MIGRATIONS[0].statements():
+            db.execute(statement)
+        db.execute("INSERT INTO sessions VALUES ('s', 0, '{}')")
+        db.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
+    s = SQLiteStore(path)
+    assert s.schema_version == 2 and s.messages("s")[0].content == "hi"
+    assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
+    assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
+    s.close()
+
+
+def test_a_new_store_starts_at_the_current_version(tmp_path):
+    s = SQLiteStore(tmp_path / "new.sqlite")
+    assert s.schema_version == sqlite_mod.SCHEMA_VERSION and version_of(tmp_path / "new.sqlite") == [(2,)]
+    s.close()
+
+
+def test_a_store_from_a_newer_release_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "future.sqlite"
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE schema_version SET version = 99")
+    with pytest.raises(SchemaVersionError, match=r"schema version 99, newer than the 2 this historygraph supports"):
+        SQLiteStore(path)
+    assert version_of(path) == [(99,)]
+
+
+def test_a_failing_step_rolls_the_whole_upgrade_back(tmp_path, monkeypatch):
+    path = tmp_path / "s.sqlite"
+    SQLiteStore(path).close()
+    bad = Migration(3, "a step whose second statement fails", "CREATE TABLE extra (x INTEGER); CREATE TABLE broken (")
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS, bad))
+    with pytest.raises(sqlite3.OperationalError):
+        SQLiteStore(path)
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "extra" not in tables and version_of(path) == [(2,)]
+    good = Migration(3, "a column", "ALTER TABLE texts ADD COLUMN note TEXT")
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS[:2], good))
+    s = SQLiteStore(path)
+    assert s.schema_version == 3 and version_of(path) == [(3,)]
+    s.close()
+
+
+def test_postgres_store_written_before_versions_is_migrated(pg_dsn):  # noqa: F811
+    import psycopg
+
+    from historygraph.store.postgres import MIGRATIONS, SCHEMA_VERSION, PostgresStore
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(MIGRATIONS[0].sql)  # a database of the first schema, before versions and append_keys
+        c.execute("INSERT INTO sessions (id, created, meta) VALUES ('s', 0, '{}')")
+        c.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
+    s = PostgresStore(pg_dsn)
+    assert s.schema_version == SCHEMA_VERSION == 2 and s.messages("s")[0].content == "hi"
+    assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
+    assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
+    s.close()
+    assert PostgresStore(pg_dsn).schema_version == 2
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        c.execute("UPDATE schema_version SET version = 7")
+    with pytest.raises(SchemaVersionError, match="schema version 7"):
+        PostgresStore(pg_dsn)
