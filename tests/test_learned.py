@@ -254,3 +254,59 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     assert missing.exit_code != 0 and "no such file" in missing.output
     monkeypatch.setenv("HISTORYGRAPH_LEARNED_MODEL", str(out))
     assert create("learned").model.meta["traces"] == 1
+
+
+def long_steps(n=8, thought_words=200, result_words=150):
+    msgs = [Message("user", "Fix the bug")]
+    for i in range(n):
+        msgs += [Message("assistant", f"Thinking about step {i}. " + "reasoning " * thought_words, (bash(f"c{i}", f"cat f{i}.py"),)),
+                 Message("tool", f"Result_{i}_Value " + "data " * result_words, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "Now use Result_0_Value", (bash("cz", "grep Result_0_Value f0.py"),)))
+    return msgs
+
+
+def test_brief_revival_shows_an_old_result_with_its_call_and_a_marked_text():
+    msgs = long_steps()
+    g = ContextGraph("b", msgs)
+    sig = Signals()
+    lay = Layout(g, sig.counter, 1500, result_reserve=0.9, brief_revivals=True)
+    first = lay.unit_of[2]
+    assert first in lay.dropped_units
+    cost, brief = lay.brief(first)
+    assert brief is not None and brief.tool_calls == msgs[1].tool_calls and "c0" in brief.content
+    # reviving costs the brief assistant message and the placeholder, not the full reasoning text
+    full_cost = lay.units[first].cost
+    assert cost == full_cost - sig.counter.count_message(msgs[1]) + sig.counter.count_message(brief)
+    sel = lay.selection()
+    assert sel.cost(2) == lay.delta[2] + cost
+    sel.take(2)
+    r = lay.assemble("t", sel)
+    check_invariants(r, g, sig.counter)
+    shown = dict(zip(r.positions, r.messages))
+    assert shown[1].rendered_as == "brief" and shown[2] == msgs[2]
+    assert r.history_tokens <= 1500 and "in brief" in r.reasons[1]
+
+
+def test_an_altered_brief_view_breaks_the_verbatim_invariant():
+    from historygraph.render import InvariantError
+    msgs = long_steps(n=3)
+    g = ContextGraph("b2", msgs)
+    sig = Signals()
+    lay = Layout(g, sig.counter, 900, result_reserve=0.9, brief_revivals=True)
+    sel = lay.selection()
+    sel.take(2)
+    r = lay.assemble("t", sel)
+    i = r.positions.index(1)
+    r.messages[i] = r.messages[i].with_content(r.messages[i].content.replace("c0", "c9"), "brief")
+    with pytest.raises(InvariantError, match="verbatim"):
+        check_invariants(r, g, sig.counter)
+
+
+def test_learned_with_brief_revivals_keeps_the_invariants_on_a_long_session():
+    msgs = long_steps(n=12)
+    g = ContextGraph("b3", msgs)
+    sig = Signals()
+    for budget in (900, 1500, 3000):
+        r = create("learned", result_reserve=0.9, brief_revivals=True).render(g, budget, sig)
+        check_invariants(r, g, sig.counter)
+        assert r.history_tokens <= budget

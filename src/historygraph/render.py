@@ -43,6 +43,7 @@ from .signals.tokens import TokenCounter
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
 SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant message (ReCAP ablations)
+BRIEF = "[the text of this earlier assistant message is omitted from this context ({tokens} tokens); it is stored in full with tool call {id}]"
 EXCERPT_MARK = "\n[... tool result {id} truncated: {kept} of {total} tokens shown (head and tail); the full result is stored and can be restored by id ...]\n"
 
 
@@ -218,7 +219,7 @@ class Selection:
         """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``)."""
         lay = self.layout
         u = lay.unit_of[p]
-        extra = lay.units[u].cost if u in lay.dropped_units and u not in self.revived else 0
+        extra = lay.revival_cost(u) if u in lay.dropped_units and u not in self.revived else 0
         if form is None or form is lay.form[p]:
             delta = lay.delta[p]
         else:
@@ -267,8 +268,11 @@ class Layout:
     def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
                  result_reserve: float = 0.5, excerpt_fraction: float = 0.25, omit: Iterable[int] = (),
                  inserts: dict[int, Message] | None = None,
-                 placeholder: Callable[[Message, TokenCounter], Message] | None = None) -> None:
+                 placeholder: Callable[[Message, TokenCounter], Message] | None = None,
+                 brief_revivals: bool = False) -> None:
         self.graph, self.counter, self.budget = graph, counter, budget
+        self.brief_revivals = brief_revivals
+        self._brief: dict[int, tuple[int, Message | None]] = {}
         msgs = graph.messages
         self.reasons: dict[int, str] = {}
         users = [p for p, m in enumerate(msgs) if m.role == "user"]
@@ -356,6 +360,31 @@ class Layout:
             self.form[p] = m
             self.delta[p] = cost - counter.count_message(self.placeholder[p])
 
+    def revival_cost(self, u: int) -> int:
+        """Tokens that bringing back dropped unit ``u`` adds: its whole cost, or with
+        ``brief_revivals`` the cost with its assistant message in brief view (:meth:`brief`)."""
+        return self.brief(u)[0]
+
+    def brief(self, u: int) -> tuple[int, Message | None]:
+        """``(revival cost, brief message or None)`` of unit ``u``. The brief view of an assistant
+        message keeps its tool calls and replaces its text by :data:`BRIEF`, which names its first
+        call id and the tokens left out (ours, beyond the papers: reviving a step for one of its
+        results then costs little more than the result). Only for messages with calls, no provider
+        blocks (thinking, server tools) and text longer than the marker."""
+        hit = self._brief.get(u)
+        if hit is None:
+            unit = self.units[u]
+            hit = (unit.cost, None)
+            m = self.graph.messages[unit.positions[0]]
+            if self.brief_revivals and m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content:
+                text = BRIEF.format(tokens=self.counter.count(m.content), id=m.tool_calls[0].id)
+                b = m.with_content(text, "brief")
+                saved = self.counter.count_message(m) - self.counter.count_message(b)
+                if saved > 0:
+                    hit = (unit.cost - saved, b)
+            self._brief[u] = hit
+        return hit
+
     @property
     def fits_in_full(self) -> bool:
         """True when the complete history fits in B (then it is rendered unchanged, A.1 line 6)."""
@@ -378,14 +407,16 @@ class Layout:
         shown = selection.shown
         msgs = self.graph.messages
         dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
+        briefs = {self.units[u].positions[0]: b for u in self.dropped_units & selection.revived
+                  if (b := self.brief(u)[1]) is not None}
         reasons = dict(self.reasons)
         why = "retained non-tool history over its share of the budget (oldest first)"
         for u in self.dropped_units - self.left_out:  # dropped for the share; a policy's own omissions keep its reason
             for p in self.units[u].positions:
                 if u in selection.revived:
                     if msgs[p].role != "tool":
-                        reasons.setdefault(p, f"kept: brought back because a result of its step is shown "
-                                              f"(the step was first dropped as {why})")
+                        reasons.setdefault(p, f"kept{' in brief (its text left out)' if p in briefs else ''}: brought "
+                                              f"back because a result of its step is shown (the step was first dropped as {why})")
                 elif p not in reasons:
                     reasons[p] = f"dropped: {why}"
                 elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
@@ -418,7 +449,7 @@ class Layout:
                     else:
                         reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
                 else:
-                    r = m
+                    r = briefs.get(p, m)
                 out.append(r)
                 positions.append(p)
                 if p not in self.outside:
@@ -481,7 +512,8 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
         if p is None:
             continue
         orig = graph.messages[p]
-        if m.role in ("user", "assistant", "system") and m != orig and not _is_segment_view(m, orig):
+        if m.role in ("user", "assistant", "system") and m != orig and not _is_segment_view(m, orig) \
+                and not _is_brief_view(m, orig):
             raise InvariantError(f"§5.3 verbatim: {m.role} message at position {p} was altered")
         if m.role == "tool" and m.content != orig.content:
             if m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
@@ -506,6 +538,15 @@ def _is_segment_view(m: Message, orig: Message) -> bool:
     ``rendered_as="segments"`` (ReCAP §4.4 segmentation ablations); every piece is verbatim."""
     return (m.role == orig.role == "assistant" and m.rendered_as == "segments" and not orig.tool_calls
             and not m.tool_calls and all(piece in orig.content for piece in m.content.split(SEGMENT_JOIN)))
+
+
+def _is_brief_view(m: Message, orig: Message) -> bool:
+    """An assistant message shown with its tool calls and provider blocks unchanged and its text
+    replaced by a :data:`BRIEF` marker naming its first call id (``rendered_as="brief"``)."""
+    return (m.role == orig.role == "assistant" and m.rendered_as == "brief" and bool(orig.tool_calls)
+            and m.tool_calls == orig.tool_calls and m.provider_blocks == orig.provider_blocks
+            and m.content.startswith(BRIEF.split("{tokens}", 1)[0])
+            and m.content.endswith(f"tool call {orig.tool_calls[0].id}]"))
 
 
 def _has_unanswered(graph: ContextGraph) -> bool:

@@ -164,6 +164,9 @@ class _GraphFacts:
     ident_first: dict[str, int] = field(default_factory=dict)   # identifier -> first result position holding it
     ident_turns: dict[int, list[int]] = field(default_factory=dict)  # result -> turns whose message names an own identifier
     assistant_idents: list[tuple[int, frozenset[str]]] = field(default_factory=list)  # (turn, identifiers) per message
+    value_first: dict[str, int] = field(default_factory=dict)   # TFA value -> first result position holding it
+    unique: dict[int, int] = field(default_factory=dict)        # result -> its values no other result holds
+    task: tuple[str, frozenset[str], frozenset[str], frozenset[str]] | None = None  # text, values, words, identifiers
     encoding: str = ""
 
 
@@ -203,8 +206,15 @@ def _graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         gf.facts[p] = f
         for w in f.words:
             gf.df[w] = gf.df.get(w, 0) + 1
+        gf.unique[p] = 0
         for v in f.values:
-            gf.value_df[v] = gf.value_df.get(v, 0) + 1
+            df = gf.value_df.get(v, 0)
+            if df == 0:
+                gf.value_first[v] = p
+                gf.unique[p] += 1
+            elif df == 1:
+                gf.unique[gf.value_first[v]] -= 1
+            gf.value_df[v] = df + 1
         for i in own_idents:
             gf.ident_first[i] = p
         for name_ in cfiles:
@@ -221,7 +231,13 @@ def _graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
 def _cover(result_words: frozenset[str], query: frozenset[str], idf: dict[str, float], total: float) -> float:
     if total <= 0:
         return 0.0
-    return sum(idf[w] for w in query if w in result_words) / total
+    return sum(idf[w] for w in result_words & query) / total
+
+
+def _task(gf: _GraphFacts, text: str) -> tuple[str, frozenset[str], frozenset[str], frozenset[str]]:
+    if gf.task is None or gf.task[0] is not text:
+        gf.task = (text, frozenset(extract_values(text)), words(text), identifiers_in(text))
+    return gf.task
 
 
 def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCounter) -> np.ndarray:
@@ -234,14 +250,13 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     gf = _graph_facts(graph, counter)
     msgs = graph.messages
     t = graph.turns
-    users = [m for m in msgs if m.role == "user"]
+    task_text = next((m.content for m in msgs if m.role == "user"), "")
     latest = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
     latest_text = "\n".join(operations(msgs[latest])) if latest is not None else ""
-    task_text = users[0].content if users else ""
-    latest_values, task_values = extract_values(latest_text), extract_values(task_text)
-    latest_words, task_words = words(latest_text), words(task_text)
+    _, task_values, task_words, task_idents = _task(gf, task_text)
+    latest_values, latest_words = extract_values(latest_text), words(latest_text)
     latest_files = files_in(latest_text)
-    latest_idents, task_idents = identifiers_in(latest_text), identifiers_in(task_text)
+    latest_idents = identifiers_in(latest_text)
     recent_idents = [ids for turn, ids in gf.assistant_idents if turn > t - RECENT_TURNS]
     n_docs = max(1, len(gf.facts))
     idf = {w: math.log(1.0 + n_docs / (1.0 + gf.df.get(w, 0))) for w in latest_words | task_words}
@@ -262,7 +277,7 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         later_view = any(gf.last_view.get(x, -1) > p for x in f.files) if f.kind == "view" else False
         superseded = later_view or gf.last_command.get(f.command, -1) > p
         edited_later = any(gf.last_edit.get(x, -1) > p for x in f.shown_files)
-        unique = sum(1 for v in f.values if gf.value_df.get(v, 0) <= 1)
+        unique = gf.unique[p]
         out[row] = (
             age, math.log1p(age), math.exp(-0.3 * age),
             math.log1p(graph.reuse.score(p)), math.log1p(len(reuse_turns)),

@@ -49,6 +49,7 @@ class LearnedConfig:
     excerpt_value: float = 0.5
     oversized_excerpt_fraction: float = 0.25
     result_reserve: float = 0.5
+    brief_revivals: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -110,7 +111,7 @@ def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     """Cost of ``p`` when nothing else is shown (its step's revival included)."""
     lay = sel.layout
     u = lay.unit_of[p]
-    return lay.delta[p] + (lay.units[u].cost if u in lay.dropped_units and u not in revived else 0)
+    return lay.delta[p] + (lay.revival_cost(u) if u in lay.dropped_units and u not in revived else 0)
 
 
 class Learned:
@@ -130,7 +131,7 @@ class Learned:
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
         layout = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
-                        excerpt_fraction=cfg.oversized_excerpt_fraction)
+                        excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         cands = layout.candidates
