@@ -497,6 +497,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="Log level: DEBUG, INFO (one line per request), WARNING, ERROR.")] = "INFO",
     param: ParamOption = [],
     params_file: ParamsFileOption = None,
+    recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides).")] = False,
+    recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:
@@ -518,7 +520,7 @@ def serve(
     try:
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
-                              timeout=timeout, policy_params=params)
+                              timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds)
         application = create_app(config)
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))

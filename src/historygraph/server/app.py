@@ -40,6 +40,7 @@ from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
+from . import recall_tool
 from .metrics import ProxyMetrics
 from .sessions import SESSION_HEADER, SessionRouter, derived_session_id
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
@@ -63,6 +64,8 @@ class ServerConfig:
         encoding: tokenizer defining the budget's unit.
         timeout: seconds to wait for the upstream (connect and between bytes).
         policy_params: parameter overrides per policy name (checked against each policy's Config).
+        recall, recall_rounds, recall_max_tokens: the recall tool (:mod:`historygraph.server.recall_tool`):
+            offered by default, answered calls per request at most, tokens per recalled result at most.
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -75,6 +78,9 @@ class ServerConfig:
     encoding: str = DEFAULT_ENCODING
     timeout: float = 600.0
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recall: bool = False
+    recall_rounds: int = 3
+    recall_max_tokens: int = 8000
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only
@@ -331,6 +337,8 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                    for m, p in zip(rendering.messages, rendering.positions)]
             url = config.upstream.rstrip("/") + "/chat/completions"
+            if recall_tool.wanted(config.recall, request, rendering):
+                return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "openai")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator)
         except ClientError as exc:
             return _openai_error(exc)
@@ -349,6 +357,8 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                            for p in rendering.positions])
             url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
+            if recall_tool.wanted(config.recall, request, rendering):
+                return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator)
         except ClientError as exc:
             return _anthropic_error(exc)

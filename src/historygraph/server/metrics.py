@@ -16,6 +16,8 @@ units, ``_total`` counters):
 * ``historygraph_calibration_ratio``: median of provider-reported / our-estimated prompt tokens
   over the recent window (:class:`~historygraph.signals.calibration.TokenCalibration`; 1.0 before
   any observation), ``historygraph_calibration_observations``;
+* ``historygraph_recall_calls_total{api}``: calls of the recall tool the proxy answered
+  (:mod:`historygraph.server.recall_tool`);
 * ``historygraph_upstream_errors_total{api, kind}``: upstream answers with status ≥ 400 (kind =
   the status code), unreachable upstreams (``unreachable``) and streams cut mid-way (``stream_cut``).
 """
@@ -58,6 +60,7 @@ class ProxyMetrics:
                                   ["policy"], registry=r)
         self.tokens_saved = Counter("historygraph_tokens_saved", "History tokens not sent (in - out)",
                                     ["policy"], registry=r)
+        self.recall_calls = Counter("historygraph_recall_calls", "Recall tool calls the proxy answered", ["api"], registry=r)
         self.upstream_errors = Counter("historygraph_upstream_errors", "Upstream errors by API and kind",
                                        ["api", "kind"], registry=r)
         if calibration is not None:
