@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -113,7 +112,7 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for n in [int(x) for x in a.curve.split(",")]:
             rows = []
-            for rep in range(3 if n < len(train) else 1):
+            for _rep in range(3 if n < len(train) else 1):
                 pick = sorted(rng.choice(len(train), size=n, replace=False))
                 model = fit_variant(Examples.concat([exs[i] for i in pick]), a.variant, a.C)
                 rows.append(score(test, model, budgets, signals, configs=configs))
