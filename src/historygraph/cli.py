@@ -591,3 +591,26 @@ def fit(
     m = model.meta
     console.print(f"wrote {out}: {m['traces']} trajectories, {m['examples']} examples ({m['reused']} reused); "
                   f"use it with HISTORYGRAPH_LEARNED_MODEL={out} historygraph replay ... -p learned")
+
+
+@app.command("mcp")
+def mcp_command(
+    session: Annotated[Optional[str], typer.Option(help="Default session of the tools (else each call names one).")] = None,
+    store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL (default: the user data dir).")] = None,
+    http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on --host/--port instead of stdio.")] = False,
+    host: Annotated[str, typer.Option(help="Address for --http; loopback by default.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port for --http.")] = 8643,
+) -> None:
+    """Serve a store's tool results to MCP-capable agents (tools results, recall, search; needs the 'mcp' extra)."""
+    try:
+        from .mcp_server import build_server
+    except ImportError as exc:
+        _fail(f"the MCP server needs the 'mcp' extra (pip install 'historygraph[mcp]'): {exc}")
+    db = _existing_store(store)
+    if session is not None and not db.has_session(session):
+        _fail(f"no session {session!r} in {_store_name(db)} (historygraph sessions --store {_store_name(db)} lists them)")
+    server = build_server(db, session)
+    if http:
+        server.run("streamable-http", host=host, port=port)
+    else:
+        server.run("stdio")

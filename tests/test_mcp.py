@@ -1,0 +1,87 @@
+"""historygraph mcp: the official MCP client, in-process and over stdio against the real command."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+pytest.importorskip("mcp", reason="mcp not installed (pip install 'historygraph[mcp]')")
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+from historygraph.events import Message, ToolCall  # noqa: E402
+from historygraph.mcp_server import build_server  # noqa: E402
+from historygraph.store import SQLiteStore  # noqa: E402
+
+BIG = "\n".join(f"row {i}: invoice total {i * 3}" for i in range(300))
+LOG = "ERROR connection refused to db.internal:5432\nretrying in 5 s"
+
+
+def fill(store) -> None:
+    store.create_session("run-1")
+    store.append("run-1", [
+        Message("user", "Why is the invoice job failing?"),
+        Message("assistant", "", (ToolCall("c1", "read_csv", '{"f": "invoices.csv"}'), ToolCall("c2", "tail_log", "{}"))),
+        Message("tool", BIG, tool_call_id="c1"),
+        Message("tool", LOG, tool_call_id="c2"),
+    ])
+
+
+def test_tools_over_the_in_process_client(tmp_path):
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    fill(store)
+
+    async def run():
+        async with Client(build_server(store, "run-1")) as c:
+            names = sorted(t.name for t in (await c.list_tools()).tools)
+            recalled = await c.call_tool("recall", {"ids": ["c1"]})
+            both = await c.call_tool("recall", {"ids": ["c2", "nope"]})
+            found = await c.call_tool("search", {"query": "connection refused", "limit": 3})
+            listed = await c.call_tool("results", {})
+            missing = await c.call_tool("results", {"session": "other"})
+            return names, recalled, both, found, listed, missing
+
+    names, recalled, both, found, listed, missing = asyncio.run(run())
+    assert names == ["recall", "results", "search"]
+    assert not recalled.is_error and recalled.content[0].text == BIG  # complete, byte for byte
+    assert both.content[0].text == f"tool result c2:\n{LOG}\n\ntool result nope:\n[no stored tool result has id 'nope']"
+    hits = found.structured_content["result"]
+    assert [h["id"] for h in hits] == ["c2"] and hits[0]["first_line"].startswith("ERROR connection refused")
+    rows = listed.structured_content["result"]
+    assert [(r["id"], r["tool"]) for r in rows] == [("c1", "read_csv"), ("c2", "tail_log")]
+    assert rows[0]["first_line"] == "row 0: invoice total 0"
+    assert missing.is_error and "no session 'other' in the store" in missing.content[0].text
+    store.close()
+
+
+def test_the_mcp_command_over_stdio(tmp_path):
+    path = tmp_path / "s.sqlite"
+    store = SQLiteStore(path)
+    fill(store)
+    store.close()
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "historygraph", "mcp", "--store", str(path), "--session", "run-1"])
+
+    async def run():
+        async with Client(params) as c:
+            return await c.call_tool("recall", {"ids": ["c2"]})
+
+    r = asyncio.run(run())
+    assert not r.is_error and r.content[0].text == LOG
+
+
+def test_the_command_names_a_missing_session_and_store(tmp_path):
+    from typer.testing import CliRunner
+
+    from historygraph.cli import app
+
+    path = tmp_path / "s.sqlite"
+    store = SQLiteStore(path)
+    fill(store)
+    store.close()
+    r = CliRunner().invoke(app, ["mcp", "--store", str(path), "--session", "nope"])
+    assert r.exit_code == 2 and "no session 'nope'" in r.output and "historygraph sessions --store" in r.output
+    r = CliRunner().invoke(app, ["mcp", "--store", str(tmp_path / "missing.sqlite")])
+    assert r.exit_code == 2 and "missing.sqlite" in r.output
