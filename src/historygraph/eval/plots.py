@@ -90,7 +90,7 @@ def recall_vs_cost(rows: list[dict[str, Any]], policies: Sequence[str], title: s
                 ax.plot([r["norm_cost"], r["norm_cost_own"]], [r["recall"]] * 2, color=s["color"], lw=0.6)
                 ax.plot([r["norm_cost_own"]], [r["recall"]], linestyle="none", marker=s["marker"], ms=7,
                         markerfacecolor="none", markeredgecolor=s["color"])
-        ax.set_title(f"{src} ({n} traces with Full history > B)", fontsize=9)
+        ax.set_title(f"{src} ({n} trace{'' if n == 1 else 's'} with Full history > B)", fontsize=9)
         ax.set_xlabel("normalised inference cost (Full history = 1)", fontsize=8)
         ax.set_ylabel("Later-Used Result Recall (%)", fontsize=8)
         ax.axvline(1.0, color="#999", lw=0.5)
