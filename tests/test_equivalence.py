@@ -175,3 +175,24 @@ def test_incremental_step_view_equals_the_view_built_from_scratch(real_traces, t
             with_parents += sum(bool(s.parents) for s in fast)
     assert compared > 30
     assert with_parents > 100 and {"passed", "failed", "superseded"} <= statuses, statuses
+
+
+@pytest.mark.parametrize("policy", ["prune", "observation-masking", "contextrender", "cw-bm25", "contextweaver-placeholder"])
+def test_layout_memo_kept_across_renders_equals_a_fresh_graph(real_traces, policy):
+    """Token counts and placeholders memoised per graph while it grows (a render after every
+    step, results arriving after their call) give the rendering a fresh graph of the same
+    messages gives (nothing cached there)."""
+    signals = Signals(counter=TokenCounter(), embedder_factory=GridEmbedder)
+    pol = create(policy)
+    tr = real_traces[0]
+    g = ContextGraph(tr.trace_id)
+    compared = 0
+    for j, m in enumerate(tr.messages):
+        g.append(m)
+        if m.role == "tool" and j % 3 == 0:
+            for budget in (2500, 6000):
+                a = pol.render(g, budget, signals)
+                b = pol.render(ContextGraph(tr.trace_id, g.messages), budget, signals)
+                assert rendering_tuple(a) == rendering_tuple(b), (j, budget)
+                compared += 1
+    assert compared > 20

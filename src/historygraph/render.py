@@ -33,6 +33,8 @@ Token counts are in tokens of the :class:`~historygraph.signals.tokens.TokenCoun
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -191,6 +193,48 @@ def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> M
     return message.with_content(text, "excerpt")
 
 
+class _TokenMemo:
+    """What :class:`Layout` needs per message of one graph, computed once and kept across renders
+    (the graph is append-only, so position ``p`` always holds the same message): the token count
+    of every message, and for every tool result its placeholder and the placeholder's count. One
+    memo per graph, counter type + encoding and placeholder builder; filled up to the graph's
+    length on each use, under a lock (the proxy renders in worker threads)."""
+
+    def __init__(self, counter: TokenCounter, placeholder: Callable[[Message, TokenCounter], Message]) -> None:
+        self.counter, self.build = counter, placeholder
+        self.tokens: list[int] = []                              # count_message(messages[p])
+        self.placeholder: dict[int, tuple[Message, int]] = {}   # result position -> (placeholder, its count)
+        self._lock = threading.Lock()
+
+    def update(self, messages: list[Message]) -> None:
+        if len(self.tokens) == len(messages):
+            return
+        with self._lock:
+            count = self.counter.count_message
+            for p in range(len(self.tokens), len(messages)):
+                m = messages[p]
+                if m.role == "tool":
+                    ph = self.build(m, self.counter)
+                    self.placeholder[p] = (ph, count(ph))
+                self.tokens.append(count(m))
+
+
+_MEMOS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple, _TokenMemo]]" = weakref.WeakKeyDictionary()
+_MEMOS_LOCK = threading.Lock()
+
+
+def _token_memo(graph: ContextGraph, counter: TokenCounter,
+                placeholder: Callable[[Message, TokenCounter], Message]) -> _TokenMemo:
+    key = (type(counter), counter.encoding_name, placeholder)
+    with _MEMOS_LOCK:
+        memos = _MEMOS.setdefault(graph, {})
+        memo = memos.get(key)
+        if memo is None:
+            memo = memos[key] = _TokenMemo(counter, placeholder)
+    memo.update(graph.messages)
+    return memo
+
+
 @dataclass
 class _Unit:
     """A droppable group of history: one user message, or an assistant message with its results."""
@@ -223,7 +267,7 @@ class Selection:
         if form is None or form is lay.form[p]:
             delta = lay.delta[p]
         else:
-            delta = lay.counter.count_message(form) - lay.counter.count_message(lay.placeholder[p])
+            delta = lay.counter.count_message(form) - lay.placeholder_tokens[p]
         return delta + extra
 
     def fits(self, p: int, form: Message | None = None) -> bool:
@@ -286,7 +330,10 @@ class Layout:
         if self.current_user is not None:
             self.outside.add(self.current_user)
 
+        memo = _token_memo(graph, counter, placeholder or placeholder_for)
+        tokens, self._tokens = memo.tokens, memo.tokens
         self.placeholder: dict[int, Message] = {}
+        self.placeholder_tokens: dict[int, int] = {}
         self.full_cost: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
         self.units: list[_Unit] = []
@@ -314,12 +361,12 @@ class Layout:
             for p in unit.positions:
                 m = msgs[p]
                 if m.role == "tool":
-                    self.full_cost[p] = counter.count_message(m)
-                    self.placeholder[p] = (placeholder or placeholder_for)(m, counter)
-                    unit.cost += counter.count_message(self.placeholder[p])
-                    full_tokens += self.full_cost[p]
+                    self.full_cost[p] = tokens[p]
+                    self.placeholder[p], self.placeholder_tokens[p] = memo.placeholder[p]
+                    unit.cost += self.placeholder_tokens[p]
+                    full_tokens += tokens[p]
                 else:
-                    c = counter.count_message(m) + sum(counter.count_message(s) for s in self.synthetic.get(p, ()))
+                    c = tokens[p] + sum(counter.count_message(s) for s in self.synthetic.get(p, ()))
                     unit.cost += c
                     full_tokens += c
         self.full_history_tokens = full_tokens
@@ -358,7 +405,7 @@ class Layout:
                 m, cost = excerpt, counter.count_message(excerpt)
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
             self.form[p] = m
-            self.delta[p] = cost - counter.count_message(self.placeholder[p])
+            self.delta[p] = cost - self.placeholder_tokens[p]
 
     def revival_cost(self, u: int) -> int:
         """Tokens that bringing back dropped unit ``u`` adds: its whole cost, or with
@@ -426,15 +473,16 @@ class Layout:
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []
-        history = 0
+        history = outside = 0  # tokens charged to B, tokens of system and current user messages
         pending: list[Message] = []  # inserts wait for the end of the step they follow
+        count, tokens, placeholder = self.counter.count_message, self._tokens, self.placeholder
 
         def flush() -> None:
             nonlocal history
             for s in pending:
                 out.append(s)
                 positions.append(None)
-                history += self.counter.count_message(s)
+                history += count(s)
             pending.clear()
 
         for p in self.order:
@@ -443,25 +491,31 @@ class Layout:
                 flush()
             if p not in dropped:
                 if m.role == "tool":
-                    r = shown.get(p, self.placeholder.get(p, m))
+                    ph = placeholder.get(p, m)
+                    r = shown.get(p, ph)
                     if r is m:
                         full.append(p)
+                        n = tokens[p]
                     else:
                         reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
+                        n = self.placeholder_tokens[p] if r is ph else count(r)
                 else:
                     r = briefs.get(p, m)
+                    n = tokens[p] if r is m else count(r)
                 out.append(r)
                 positions.append(p)
-                if p not in self.outside:
-                    history += self.counter.count_message(r)
+                if p in self.outside:
+                    outside += n
+                else:
+                    history += n
                 for s in self.synthetic.get(p, ()):
                     out.append(s)
                     positions.append(None)
-                    history += self.counter.count_message(s)
+                    history += count(s)
             if p in self.inserts:
                 pending.append(self.inserts[p])
         flush()
-        total = sum(self.counter.count_message(m) for m in out)
+        total = history + outside
         full_set = set(full)
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
         return Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
