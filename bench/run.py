@@ -235,7 +235,11 @@ def bench_proxy(policies: list[str], levels: dict[int, int], tmp: str) -> dict:
                 args = argparse.Namespace(requests=requests)
                 c0 = tree_cpu(procs[1].pid)
                 w0 = time.perf_counter()
-                r = asyncio.run(pl.level(n, args, f"http://127.0.0.1:{px_port}/v1", f"http://127.0.0.1:{up_port}/v1"))
+                try:
+                    r = asyncio.run(pl.level(n, args, f"http://127.0.0.1:{px_port}/v1", f"http://127.0.0.1:{up_port}/v1"))
+                except Exception as exc:  # report the level as failed and go on (e.g. client timeouts under load)
+                    print(f"  proxy  {policy:14s} {n:3d} sessions: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    break
                 wall = time.perf_counter() - w0
                 cpu = tree_cpu(procs[1].pid) - c0
                 total = n * (requests + 1)
@@ -246,7 +250,11 @@ def bench_proxy(policies: list[str], levels: dict[int, int], tmp: str) -> dict:
         finally:
             for p in reversed(procs):
                 p.terminate()
-                p.wait(10)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
     return out
 
 
