@@ -196,3 +196,29 @@ def test_layout_memo_kept_across_renders_equals_a_fresh_graph(real_traces, polic
                 assert rendering_tuple(a) == rendering_tuple(b), (j, budget)
                 compared += 1
     assert compared > 20
+
+
+def test_incremental_bm25_index_scores_as_bm25s_rebuilt_per_render(real_traces):
+    """cw-bm25's per-graph index gives, bit for bit, the scores of a ``bm25s`` index rebuilt over
+    the older observations at every render, on real traces (the corpus grows render by render)."""
+    from historygraph.policies.retrieval import bm25_index, bm25_scores, current_step
+
+    compared = nonzero = 0
+    for tr in real_traces:
+        g = ContextGraph(tr.trace_id)
+        for j, m in enumerate(tr.messages):
+            g.append(m)
+            results = g.results()
+            if m.role != "tool" or len(results) < 5 or j % 3:
+                continue
+            older = list(reversed(results))[3:]
+            fast = bm25_index(g).scores(g, older, current_step(g))
+            slow = bm25_scores([g.messages[p].content for p in older], current_step(g))
+            assert fast.dtype == slow.dtype and np.array_equal(fast, slow), (tr.trace_id, j)
+            compared += 1
+            nonzero += int(np.count_nonzero(slow))
+    assert compared > 40 and nonzero > 500
+    # a corpus that shrinks (another caller's choice of documents) is followed too
+    g = ContextGraph(real_traces[0].trace_id, real_traces[0].messages)
+    some = g.results()[::2]
+    assert np.array_equal(bm25_index(g).scores(g, some, "django test"), bm25_scores([g.messages[p].content for p in some], "django test"))

@@ -23,6 +23,9 @@ unchanged; unselected results are placeholders naming their ids and stay retriev
 
 from __future__ import annotations
 
+import math
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +134,105 @@ def bm25_scores(corpus: list[str], query: str) -> np.ndarray:
     return np.asarray(retriever.get_scores(q), dtype=float)
 
 
+def _bm25_tokens(texts: list[str]) -> list[list[str]]:
+    import bm25s
+
+    return bm25s.tokenize(texts, stopwords="en", show_progress=False, return_ids=False)
+
+
+class BM25Index:
+    """An incremental BM25 index over the tool results of one graph, scoring as :func:`bm25_scores`
+    does, bit for bit, without re-tokenising or rebuilding per render.
+
+    Each result is tokenised once (``bm25s`` tokenizer, English stop words) when it first enters
+    the corpus; document frequencies, lengths and postings are kept for the current corpus and
+    updated by difference when the corpus changes (for ``cw-bm25`` it only grows: the older
+    observations). Scores follow ``bm25s``'s defaults (Lucene variant, k1 = 1.5, b = 0.75):
+    ``idf(t) = ln(1 + (N − df + 0.5)/(df + 0.5))`` stored as float32; per document
+    ``float32(idf · tf/(k1·(1 − b + b·|d|/avgdl) + tf))``; summed in float32 over the query's
+    tokens in order, repeats included, terms absent from the corpus skipped. Cost per render:
+    O(new results) to index and O(postings of the query's terms) to score.
+    """
+
+    K1, B = 1.5, 0.75
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, tuple[dict[str, int], int]] = {}  # position -> (term frequencies, length)
+        self.members: set[int] = set()
+        self.df: dict[str, int] = {}
+        self.postings: dict[str, dict[int, int]] = {}  # term -> {position: tf} over the members
+        self.total_length = 0
+        self.lock = threading.Lock()
+
+    def _tokenise(self, graph: ContextGraph, positions: list[int]) -> None:
+        new = [p for p in positions if p not in self.tokens]
+        if new:
+            for p, toks in zip(new, _bm25_tokens([graph.messages[p].content for p in new])):
+                tf: dict[str, int] = {}
+                for t in toks:
+                    tf[t] = tf.get(t, 0) + 1
+                self.tokens[p] = (tf, len(toks))
+
+    def _set_corpus(self, graph: ContextGraph, corpus: list[int]) -> None:
+        want = set(corpus)
+        gone, added = self.members - want, [p for p in corpus if p not in self.members]
+        self._tokenise(graph, added)
+        for sign, ps in ((-1, gone), (1, added)):
+            for p in ps:
+                tf, n = self.tokens[p]
+                self.total_length += sign * n
+                for t, c in tf.items():
+                    self.df[t] = self.df.get(t, 0) + sign
+                    post = self.postings.setdefault(t, {})
+                    if sign > 0:
+                        post[p] = c
+                    else:
+                        del post[p]
+        self.members = want
+
+    def scores(self, graph: ContextGraph, corpus: list[int], query: str) -> np.ndarray:
+        """BM25 score of each result at ``corpus`` (graph positions, any order) for ``query``; equal
+        to ``bm25_scores([content of p for p in corpus], query)``."""
+        q = _bm25_tokens([query])[0]
+        with self.lock:
+            self._set_corpus(graph, corpus)
+            n = len(corpus)
+            if not q or not self.total_length:
+                return np.zeros(n)
+            avg = np.float64(self.total_length) / n
+            rank = {p: i for i, p in enumerate(corpus)}
+            out = np.zeros(n, dtype=np.float32)
+            contrib: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            for t in q:
+                if not self.df.get(t):
+                    continue
+                hit = contrib.get(t)
+                if hit is None:
+                    post = self.postings[t]
+                    df = self.df[t]
+                    idf = np.float32(math.log(1 + (n - df + 0.5) / (df + 0.5)))
+                    tf = np.fromiter(post.values(), dtype=np.float64, count=len(post))
+                    lens = np.fromiter((self.tokens[p][1] for p in post), dtype=np.int64, count=len(post))
+                    tfc = tf / (self.K1 * ((1 - self.B) + self.B * lens / avg) + tf)
+                    idx = np.fromiter((rank[p] for p in post), dtype=np.int64, count=len(post))
+                    hit = contrib[t] = (idx, (np.float64(idf) * tfc).astype(np.float32))
+                out[hit[0]] += hit[1]
+            return np.asarray(out, dtype=float)
+
+
+_BM25_INDEXES: "weakref.WeakKeyDictionary[ContextGraph, BM25Index]" = weakref.WeakKeyDictionary()
+_BM25_LOCK = threading.Lock()
+
+
+def bm25_index(graph: ContextGraph) -> BM25Index:
+    """The :class:`BM25Index` of ``graph`` (one per graph object, kept while the graph lives)."""
+    with _BM25_LOCK:
+        idx = _BM25_INDEXES.get(graph)
+        if idx is None:
+            idx = _BM25_INDEXES[graph] = BM25Index()
+        return idx
+
+
 @register("cw-bm25", "ContextWeaver §4 Baselines (retrieval; BM25 as in SWE-bench)",
           "6 observations in full: the 3 most recent and the 3 older ones BM25 ranks best for the current step.")
 class BM25Retrieval:
@@ -157,8 +259,9 @@ class BM25Retrieval:
             else:
                 layout.reasons[p] = "omitted: recent, but does not fit in B"
         if older and cfg.n_retrieved:
-            scores = bm25_scores([msgs[p].content for p in older], current_step(graph))
-            ranked = [i for i in np.argsort(-scores, kind="stable") if scores[i] > 0][:cfg.n_retrieved]
+            scores = bm25_index(graph).scores(graph, older, current_step(graph))
+            # descending and stable: the positive scores come first, so the first n_retrieved positive ones
+            ranked = [i for i in np.argsort(-scores, kind="stable")[:cfg.n_retrieved] if scores[i] > 0]
             for i in ranked:
                 p = older[i]
                 if sel.fits(p):
@@ -166,6 +269,7 @@ class BM25Retrieval:
                     layout.reasons[p] = f"kept: BM25 {scores[i]:.2f} for the current step"
                 else:
                     layout.reasons[p] = f"omitted: BM25 {scores[i]:.2f}, but does not fit in B"
+            values = scores.tolist()  # Python floats: same text as numpy's, formatted faster
             for i, p in enumerate(older):
-                layout.reasons.setdefault(p, f"omitted: BM25 {scores[i]:.2f}, not among the {cfg.n_retrieved} best older")
+                layout.reasons.setdefault(p, f"omitted: BM25 {values[i]:.2f}, not among the {cfg.n_retrieved} best older")
         return layout.assemble(self.name, sel)
