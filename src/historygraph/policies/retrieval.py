@@ -248,7 +248,7 @@ class BM25Retrieval:
         layout = Layout(graph, signals.counter, budget)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
-        msgs, sel = graph.messages, layout.selection()
+        sel = layout.selection()
         n_recent = cfg.n_full - cfg.n_retrieved
         newest = list(reversed(layout.candidates))
         recent, older = newest[:n_recent], newest[n_recent:]
