@@ -82,3 +82,11 @@ def test_under_budget_the_model_gets_the_same_objects():
     agent = create_agent(model, tools=[read], middleware=[HistoryGraphMiddleware(budget=100_000, policy="prune")])
     state = agent.invoke({"messages": [HumanMessage("What is in big.txt and small.txt?")]})
     assert [m.content for m in model.seen[2]] == [m.content for m in state["messages"][:5]]
+
+
+def test_with_a_store_the_thread_id_names_the_session():
+    model, store = script(), MemoryStore()
+    agent = create_agent(model, tools=[read], middleware=[HistoryGraphMiddleware(budget=500, policy="prune", store=store)])
+    agent.invoke({"messages": [HumanMessage("What is in big.txt and small.txt?")]},
+                 config={"configurable": {"thread_id": "thread-7"}})
+    assert store.sessions() == ["thread-7"] and len(store.messages("thread-7")) == 5  # user, 2 calls, 2 results

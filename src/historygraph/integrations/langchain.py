@@ -33,7 +33,9 @@ class HistoryGraphMiddleware(AgentMiddleware):
         budget: history budget B in tokens (system and current user messages are outside B).
         policy: a registered policy name or an instance from :func:`historygraph.create`.
         session, store: as :func:`historygraph.render_messages` (store every call's new messages
-            in a session, e.g. to fetch omitted results by id later); default nothing stored.
+            in a session, e.g. to fetch omitted results by id later); default nothing stored. With a
+            ``store`` and no ``session``, the run's LangGraph ``thread_id`` (``config={"configurable":
+            {"thread_id": ...}}``) names the session when there is one.
         signals: shared signal providers.
 
     Attributes:
@@ -58,7 +60,8 @@ class HistoryGraphMiddleware(AgentMiddleware):
                 events.append(Message.from_openai(d))
             except EventError as exc:
                 raise EventError(f"messages[{i}]: {exc}") from None
-        rendering, _ = render_events(events, budget=self.budget, policy=self.policy, session=self.session,
+        session = self.session or (_thread_id() if self.store is not None else None)
+        rendering, _ = render_events(events, budget=self.budget, policy=self.policy, session=session,
                                      store=self.store, signals=self.signals)
         self.last_rendering = rendering
         out: list[Any] = []
@@ -84,3 +87,14 @@ class HistoryGraphMiddleware(AgentMiddleware):
         if not request.messages:
             return await handler(request)
         return await handler(request.override(messages=self.render(request.messages, request.system_message)))
+
+
+def _thread_id() -> str | None:
+    """The ``thread_id`` of the LangGraph run this call is part of, if any."""
+    try:
+        from langgraph.config import get_config
+
+        value = (get_config().get("configurable") or {}).get("thread_id")
+    except (ImportError, RuntimeError):  # no run context (a direct call of render)
+        return None
+    return str(value) if value is not None else None
