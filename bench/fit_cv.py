@@ -1,17 +1,24 @@
-"""Cross-validated recall of the learned selector: the protocol behind docs/results.md.
+"""Cross-validated recall of the learned selector: the protocol behind docs/learned.md.
 
 Grouped k-fold over trajectories: the model that renders a trajectory was fitted without it. For
 each fold the reuse model is fitted on the other trajectories' examples (observed TFA reuse as the
-label) and the held-out ones are replayed through ``learned`` with that model; Later-Used Result
-Recall (ContextRender B.4) is summed over all held-out trajectories. Also prints ``oracle`` and
-``contextrender`` on the same trajectories for comparison.
+label) and the held-out ones are scored with Later-Used Result Recall (ContextRender B.4), summed
+over all held-out trajectories.
 
-    python bench/fit_cv.py ../shared/traces-train/mini-swe-agent-deepseek --budget 6000 --folds 5
-    python bench/fit_cv.py TRAIN --test ../shared/traces/mini-swe-agent-deepseek   # fit on all of TRAIN, score TEST
-    python bench/fit_cv.py TRAIN --curve 5,10,20,45,90                             # learning curve on TEST
+Scoring runs the policy's own code (the same :class:`~historygraph.render.Layout` and
+:func:`~historygraph.policies.learned.knapsack_select`, on the same feature rows) at every recorded
+invocation; only the final assembly of the message list is skipped, and the layouts, which do not
+depend on the model, are built once per trajectory and budget and shared by every model and fold.
+``--check`` replays the same trajectories through ``historygraph.eval.replay`` as well and asserts
+equal hits, so the shortcut measures exactly what ``historygraph replay -p learned`` reports.
 
-Variants for model choice (``--variant``): ``base`` (the shipped recipe), ``within`` (label: reused
-within the next 3 invocations), ``hgb`` (scikit-learn HistGradientBoosting instead of logistic).
+    python bench/fit_cv.py TRAIN --folds 5                               # CV on TRAIN (used to choose)
+    python bench/fit_cv.py TRAIN --test TEST                             # fit on all of TRAIN, score TEST
+    python bench/fit_cv.py TRAIN --test TEST --curve 5,10,20,45,90       # learning curve on TEST
+    python bench/fit_cv.py TRAIN --configs 'reserve=0.5;reserve=0.9,brief,alpha=0.5'
+
+``--variant``: ``base`` (the shipped recipe), ``within`` (label: reused within the next 3 calls),
+``union`` (label: TFA reuse or identifier reuse).
 """
 
 from __future__ import annotations
@@ -23,32 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
+from historygraph.eval.recall import reuse_events
 from historygraph.eval.replay import replay_trace
 from historygraph.fit.dataset import Examples, trace_examples
 from historygraph.fit.train import C, fit_examples
 from historygraph.formats import read_traces
+from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.store import open_store
+from historygraph.policies.learned import knapsack_select
+from historygraph.render import BudgetTooSmallError, Layout
 
-
-class _SklearnModel:
-    def __init__(self, est):
-        self.est = est
-
-    def predict(self, X):
-        return self.est.predict_proba(X)[:, 1]
-
-
-def fit_variant(ex: Examples, variant: str, c: float):
-    if variant in ("base", "within"):
-        if variant == "within":
-            ex = Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation)
-        return fit_examples(ex, c)
-    if variant == "hgb":
-        from sklearn.ensemble import HistGradientBoostingClassifier
-        return _SklearnModel(HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
-                                                            random_state=0).fit(ex.X, ex.reused))
-    raise SystemExit(f"unknown variant {variant!r}")
+KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent"}
 
 
 def parse_configs(text: str) -> dict[str, dict]:
@@ -58,30 +50,110 @@ def parse_configs(text: str) -> dict[str, dict]:
         cfg = {}
         for item in filter(None, part.split(",")):
             k, _, v = item.partition("=")
-            key = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability"}.get(k, k)
-            cfg[key] = True if not v else float(v)
-        out[f"learned[{part}]" if part else "learned"] = cfg
+            cfg[KEYS.get(k, k)] = True if not v else float(v)
+        out[part or "defaults"] = cfg
     return out
 
 
-def score(traces, model, budgets, signals, extra=(), configs=None):
+def fit_variant(ex: Examples, variant: str, c: float):
+    if variant == "within":
+        ex = Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, ex.named)
+    elif variant == "union":
+        ex = Examples(ex.X, np.maximum(ex.reused, ex.named), ex.within, ex.group, ex.invocation, ex.named)
+    elif variant != "base":
+        raise SystemExit(f"unknown variant {variant!r}")
+    return fit_examples(ex, c)
+
+
+class Scorer:
+    """Per trajectory: the B.4 events per invocation, the feature rows, and cached layouts."""
+
+    def __init__(self, trace, ex: Examples, counter):
+        self.trace, self.ex, self.counter = trace, ex, counter
+        self.events: dict[int, set[int]] = {}
+        for e in reuse_events(trace.messages):
+            self.events.setdefault(e.turn, set()).add(e.result)
+        self._layouts: dict[tuple, list] = {}
+
+    def layouts(self, budget: int, reserve: float, brief: bool):
+        key = (budget, reserve, brief)
+        if key not in self._layouts:
+            out, g, inv = [], ContextGraph("cv"), 0
+            rows = np.cumsum([0] + [int((self.ex.invocation == i).sum()) for i in range(int(self.ex.invocation.max()) + 1)]) \
+                if len(self.ex.invocation) else [0]
+            for j, m in enumerate(self.trace.messages):
+                if m.role == "assistant" and len(g):
+                    try:
+                        lay = Layout(g, self.counter, budget, result_reserve=reserve, brief_revivals=brief)
+                    except BudgetTooSmallError:
+                        lay = None
+                    lo, hi = (rows[inv], rows[inv + 1]) if inv + 1 < len(rows) else (0, 0)
+                    out.append((j, lay, lo, hi))
+                    inv += 1
+                g.append(m)
+            self._layouts[key] = out
+        return self._layouts[key]
+
+    def hits(self, model, budget: int, cfg: dict) -> tuple[int, int, list[int]]:
+        reserve, brief = cfg.get("result_reserve", 0.5), bool(cfg.get("brief_revivals", False))
+        alpha, minp, exv = cfg.get("cost_exponent", 1.0), cfg.get("min_probability", 0.0), cfg.get("excerpt_value", 0.5)
+        prob = model.predict(self.ex.X) if len(self.ex.X) else np.zeros(0)
+        hits = events = 0
+        tokens = []
+        msgs = self.trace.messages
+        for j, lay, lo, hi in self.layouts(budget, reserve, brief):
+            ev = self.events.get(j, set())
+            events += len(ev)
+            if lay is None:
+                continue
+            if lay.fits_in_full:
+                hits += len(ev)
+                tokens.append(lay.full_history_tokens)
+                continue
+            cands = lay.candidates
+            value = {}
+            for p, pr in zip(cands, prob[lo:hi]):
+                v = float(pr) if pr >= minp else 0.0
+                value[p] = v * exv if lay.form[p] is not msgs[p] else v
+            sel = lay.selection()
+            knapsack_select(cands, value, sel, alpha)
+            shown = {p for p, f in sel.shown.items() if f is msgs[p]}
+            hits += len(ev & shown)
+            tokens.append(sel.used)
+        return hits, events, tokens
+
+
+def run(scorers, model, budgets, configs):
     out = {}
-    configs = configs or {"learned": {}}
     for b in budgets:
-        pols = {}
         for label, cfg in configs.items():
-            pols[label] = create("learned", **cfg)
-            pols[label].model = model
-        others = {n: create(n, replay=True) for n in extra}
-        tot = {n: [0, 0, []] for n in [*pols, *extra]}
-        for tr in traces:
-            res = replay_trace(tr, {**pols, **others}, b, signals)
-            for n, st in res.stats.items():
-                tot[n][0] += st.hits
-                tot[n][1] += st.events
-                tot[n][2] += st.history_tokens
-        out[b] = {n: (h, e, t) for n, (h, e, t) in tot.items()}
+            h = e = 0
+            t: list[int] = []
+            for s in scorers:
+                a, b_, c = s.hits(model, b, cfg)
+                h, e, t = h + a, e + b_, t + c
+            out[(b, label)] = (h, e, t)
     return out
+
+
+def fmt(res) -> str:
+    return "; ".join(f"B={b} [{label}] {100.0 * h / max(1, e):.1f} % ({np.mean(t):.0f} tok)" for (b, label), (h, e, t) in res.items())
+
+
+def oracle_figures(traces, budgets, signals) -> str:
+    parts = []
+    for b in budgets:
+        h = e = 0
+        for tr in traces:
+            st = replay_trace(tr, {"oracle": create("oracle", replay=True)}, b, signals).stats["oracle"]
+            h, e = h + st.hits, e + st.events
+        parts.append(f"B={b} oracle {100.0 * h / max(1, e):.1f} %")
+    return "; ".join(parts)
+
+
+def load(folder: str, limit: int = 0):
+    traces = [t for f in sorted(Path(folder).glob("*")) for t in read_traces(f)]
+    return traces[::max(1, len(traces) // limit)][:limit] if limit else traces
 
 
 def main() -> None:
@@ -92,60 +164,64 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--variant", default="base")
     ap.add_argument("--C", type=float, default=C)
-    ap.add_argument("--configs", default="", help="learned configs to compare, e.g. 'reserve=0.8,brief;reserve=0.5'")
-    ap.add_argument("--curve")
-    ap.add_argument("--compare", default="", help="comma-separated policies replayed beside learned, e.g. oracle,contextrender "
-                    "(embeddings are cached in the default store)")
+    ap.add_argument("--configs", default="", help="learned configs to compare, e.g. 'reserve=0.9,brief;reserve=0.5'")
+    ap.add_argument("--limit", type=int, default=0, help="use N training trajectories (every k-th)")
+    ap.add_argument("--curve", help="learning curve: comma-separated numbers of training trajectories (needs --test)")
+    ap.add_argument("--oracle", action="store_true", help="also replay the oracle on the scored trajectories")
+    ap.add_argument("--check", action="store_true", help="replay learned on the scored trajectories and assert equal hits")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budget.split(",")]
-    signals = Signals(store=open_store())
+    configs = parse_configs(a.configs)
+    signals = Signals()
     t0 = time.process_time()
-    train = [t for f in sorted(Path(a.train).glob("*")) for t in read_traces(f)]
+    train = load(a.train, a.limit)
     exs = [trace_examples(t, signals.counter, group=g) for g, t in enumerate(train)]
     print(f"{len(train)} training trajectories, {sum(len(e.reused) for e in exs)} examples "
           f"({time.process_time() - t0:.0f} s CPU)", file=sys.stderr)
-    extra = tuple(filter(None, a.compare.split(",")))
-    configs = parse_configs(a.configs)
-    first = next(iter(configs))
-    if a.curve:
-        test = [t for f in sorted(Path(a.test).glob("*")) for t in read_traces(f)]
-        rng = np.random.default_rng(0)
-        for n in [int(x) for x in a.curve.split(",")]:
-            rows = []
-            for _rep in range(3 if n < len(train) else 1):
-                pick = sorted(rng.choice(len(train), size=n, replace=False))
-                model = fit_variant(Examples.concat([exs[i] for i in pick]), a.variant, a.C)
-                rows.append(score(test, model, budgets, signals, configs=configs))
-            rec = {b: [100.0 * r[b][first][0] / max(1, r[b][first][1]) for r in rows] for b in budgets}
-            print(f"n={n}: " + ", ".join(f"B={b}: {np.mean(v):.1f} (min {min(v):.1f}, max {max(v):.1f})"
-                                         for b, v in rec.items()), flush=True)
-        return
     if a.test:
-        test = [t for f in sorted(Path(a.test).glob("*")) for t in read_traces(f)]
+        test = load(a.test)
+        scorers = [Scorer(t, trace_examples(t, signals.counter), signals.counter) for t in test]
+        if a.curve:
+            rng = np.random.default_rng(0)
+            for n in [int(x) for x in a.curve.split(",")]:
+                reps = []
+                for _ in range(5 if n < len(train) else 1):
+                    pick = sorted(rng.choice(len(train), size=n, replace=False))
+                    reps.append(run(scorers, fit_variant(Examples.concat([exs[i] for i in pick]), a.variant, a.C), budgets, configs))
+                print(f"n={n}: " + "; ".join(
+                    f"B={b} [{label}] mean {np.mean(v):.1f} (min {min(v):.1f}, max {max(v):.1f})"
+                    for (b, label) in reps[0] for v in [[100.0 * r[(b, label)][0] / max(1, r[(b, label)][1]) for r in reps]]),
+                    flush=True)
+            return
         model = fit_variant(Examples.concat(exs), a.variant, a.C)
-        res = score(test, model, budgets, signals, extra, configs)
-        for b in budgets:
-            print(f"unseen B={b}: " + ", ".join(f"{n} {100.0 * h / max(1, e):.1f} % ({np.mean(t):.0f} tok)"
-                                                for n, (h, e, t) in res[b].items()))
+        res = run(scorers, model, budgets, configs)
+        print(f"unseen ({len(test)} trajectories, variant={a.variant}, C={a.C}): {fmt(res)}")
+        if a.oracle:
+            print("unseen " + oracle_figures(test, budgets, signals))
         return
     folds = np.arange(len(train)) % a.folds
-    tot = {b: {} for b in budgets}
+    total: dict = {}
     for k in range(a.folds):
-        fit_on = [exs[i] for i in range(len(train)) if folds[i] != k]
-        model = fit_variant(Examples.concat(fit_on), a.variant, a.C)
-        held = [train[i] for i in range(len(train)) if folds[i] == k]
-        res = score(held, model, budgets, signals, extra, configs)
-        for b in budgets:
-            for n, (h, e, t) in res[b].items():
-                acc = tot[b].setdefault(n, [0, 0, []])
-                acc[0] += h
-                acc[1] += e
-                acc[2] += t
-        print(f"fold {k}: " + ", ".join(f"B={b} {n} {100.0 * h / max(1, e):.1f}" for b in budgets
-                                        for n, (h, e, _) in res[b].items()), file=sys.stderr, flush=True)
-    for b in budgets:
-        print(f"CV B={b} variant={a.variant} C={a.C}: " +
-              ", ".join(f"{n} {100.0 * h / max(1, e):.1f} % ({np.mean(t):.0f} tok)" for n, (h, e, t) in tot[b].items()))
+        model = fit_variant(Examples.concat([exs[i] for i in range(len(train)) if folds[i] != k]), a.variant, a.C)
+        held = [i for i in range(len(train)) if folds[i] == k]
+        scorers = [Scorer(train[i], exs[i], signals.counter) for i in held]
+        res = run(scorers, model, budgets, configs)
+        if a.check:
+            for b in budgets:
+                for label, cfg in configs.items():
+                    pol = create("learned", **cfg)
+                    pol.model = model
+                    h = sum(replay_trace(train[i], {"l": pol}, b, signals).stats["l"].hits for i in held)
+                    assert h == res[(b, label)][0], (b, label, h, res[(b, label)][0])
+        for key, (h, e, t) in res.items():
+            acc = total.setdefault(key, [0, 0, []])
+            acc[0] += h
+            acc[1] += e
+            acc[2] += t
+        print(f"fold {k}: {fmt(res)}", file=sys.stderr, flush=True)
+    print(f"CV {a.folds} folds over {len(train)} trajectories (variant={a.variant}, C={a.C}): {fmt(total)}")
+    if a.oracle:
+        print("CV trajectories " + oracle_figures(train, budgets, signals))
     print(f"CPU {time.process_time() - t0:.0f} s", file=sys.stderr)
 
 

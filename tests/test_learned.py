@@ -150,6 +150,8 @@ def test_labels_are_observed_reuse_of_tfa():
     # TFA: msg 3 reuses parse_date (result 2); msg 5 reuses parse_date (2) and dates.py (4); msg 7 DATE_RE.match (2)
     assert ex.reused.tolist() == [1, 1, 1, 1, 0, 0]
     assert ex.within.tolist() == [1, 1, 1, 1, 0, 0]
+    # identifiers: parse_date (first held by 2) named by msgs 3 and 5; DATE_RE (held by 2) by msg 7
+    assert ex.named.tolist() == [1, 1, 0, 1, 0, 0]
 
 
 def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces_dir):

@@ -21,7 +21,7 @@ import numpy as np
 from ..events import Trace
 from ..graph import ContextGraph
 from ..signals.tokens import TokenCounter
-from .features import FEATURES, feature_matrix
+from .features import FEATURES, feature_matrix, graph_facts
 
 
 @dataclass
@@ -32,6 +32,10 @@ class Examples:
         X: features, shape ``(n, len(FEATURES))``.
         reused: 1 when the result is reused at the invocation itself, shape ``(n,)``.
         within: 1 when it is reused at one of the next ``horizon`` invocations, shape ``(n,)``.
+        named: 1 when the invocation's message names a code identifier that no earlier result held
+            (ContextWeaver §3.1's identifier rule, attributed to the first result holding it as TFA
+            attributes values), shape ``(n,)``: a second observed-reuse signal, used only by
+            variants under evaluation (bench/fit_cv.py), not by the shipped recipe.
         group: index of the trace each row comes from (for grouped cross-validation), shape ``(n,)``.
         invocation: running invocation number within its trace, shape ``(n,)``.
     """
@@ -41,13 +45,15 @@ class Examples:
     within: np.ndarray
     group: np.ndarray
     invocation: np.ndarray
+    named: np.ndarray
 
     @staticmethod
     def concat(parts: list["Examples"]) -> "Examples":
         if not parts:
             z = np.zeros(0)
-            return Examples(np.zeros((0, len(FEATURES))), z, z, z.astype(int), z.astype(int))
-        return Examples(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("X", "reused", "within", "group", "invocation")))
+            return Examples(np.zeros((0, len(FEATURES))), z, z, z.astype(int), z.astype(int), z)
+        return Examples(*(np.concatenate([getattr(p, k) for p in parts])
+                          for k in ("X", "reused", "within", "group", "invocation", "named")))
 
 
 def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon: int = 3) -> Examples:
@@ -56,6 +62,7 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
     rows: list[np.ndarray] = []
     cand: list[list[int]] = []
     reuse_turn: dict[int, list[int]] = {}  # result position -> invocation numbers that reused it
+    named_at: set[tuple[int, int]] = set()  # (invocation, result) where the message named an identifier of it
     inv = 0
     for j, message in enumerate(trace.messages):
         if message.role == "assistant" and len(graph):
@@ -67,14 +74,18 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
                 rows.append(np.zeros((0, len(FEATURES))))
                 cand.append([])
             graph.append(message)
+            facts = graph_facts(graph, counter)
             for p in results:
                 ms = graph.reuse.matches.get(p, ())
                 if ms and ms[-1].user == j:
                     reuse_turn.setdefault(p, []).append(inv)
+                turns = facts.ident_turns.get(p)
+                if turns and turns[-1] == graph.turn_of[j]:
+                    named_at.add((inv, p))
             inv += 1
         else:
             graph.append(message)
-    X, reused, within, invocation = [], [], [], []
+    X, reused, within, invocation, named = [], [], [], [], []
     for i, (x, results) in enumerate(zip(rows, cand)):
         X.append(x)
         for p in results:
@@ -82,6 +93,7 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
             reused.append(float(i in turns))
             within.append(float(any(i <= k < i + horizon for k in turns)))
             invocation.append(i)
+            named.append(float((i, p) in named_at))
     n = len(reused)
     return Examples(np.concatenate(X) if X else np.zeros((0, len(FEATURES))), np.array(reused), np.array(within),
-                    np.full(n, group), np.array(invocation, dtype=int))
+                    np.full(n, group), np.array(invocation, dtype=int), np.array(named))

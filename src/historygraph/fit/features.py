@@ -173,7 +173,7 @@ class _GraphFacts:
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKeyDictionary()
 
 
-def _graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
+def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     gf = _CACHE.get(graph)
     if gf is None or gf.encoding != counter.encoding_name or gf.upto > len(graph):
         gf = _CACHE[graph] = _GraphFacts(encoding=counter.encoding_name)
@@ -247,7 +247,7 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     Raises:
         KeyError: a position that is not a stored tool result.
     """
-    gf = _graph_facts(graph, counter)
+    gf = graph_facts(graph, counter)
     msgs = graph.messages
     t = graph.turns
     task_text = next((m.content for m in msgs if m.role == "user"), "")

@@ -50,6 +50,7 @@ class LearnedConfig:
     oversized_excerpt_fraction: float = 0.25
     result_reserve: float = 0.5
     brief_revivals: bool = False
+    cost_exponent: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -58,20 +59,27 @@ class LearnedConfig:
             raise ValueError(f"learned config: excerpt_value must be in [0, 1], got {self.excerpt_value}")
         if not 0 < self.oversized_excerpt_fraction <= 1:
             raise ValueError("learned config: oversized_excerpt_fraction must be in (0, 1]")
+        if not 0.0 <= self.cost_exponent <= 1.0:
+            raise ValueError(f"learned config: cost_exponent must be in [0, 1], got {self.cost_exponent}")
         if not 0.0 <= self.result_reserve < 1.0:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
 
-def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selection) -> list[int]:
+def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selection, cost_exponent: float = 1.0) -> list[int]:
     """Greedy 0/1 knapsack on ``value[p] / sel.cost(p)`` with the best-single-item swap (see module
     docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. Costs are
     re-read when a revival lowers them (the other results of a revived step become cheaper: they are
     queued again at their new ratio). Items with value ≤ 0 are never taken; costs below one token
-    count as one."""
+    count as one. ``cost_exponent`` ``α`` ranks by ``value / cost^α`` instead (``α = 1``: the knapsack
+    ratio; ``α < 1`` favours larger results that are likely to be reused over many small unlikely ones)."""
     items = [p for p in candidates if value[p] > 0]
+
+    def ratio(p: int, c: int) -> float:
+        return -value[p] / max(1, c) ** cost_exponent
+
     lay = sel.layout
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
-    heap = [(-value[p] / max(1, c), p, c) for p in items for c in (sel.cost(p),)]
+    heap = [(ratio(p, c), p, c) for p in items for c in (sel.cost(p),)]
     heapq.heapify(heap)
     by_unit: dict[int, list[int]] = {}
     for p in items:
@@ -84,7 +92,7 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
             continue
         now = sel.cost(p)
         if now != c:  # its step was revived since it was queued
-            heapq.heappush(heap, (-value[p] / max(1, now), p, now))
+            heapq.heappush(heap, (ratio(p, now), p, now))
             continue
         if not sel.fits(p):
             continue  # stays out unless its step is revived (then it is queued again)
@@ -97,7 +105,7 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
             for q in by_unit[u]:
                 if q not in done:
                     cq = sel.cost(q)
-                    heapq.heappush(heap, (-value[q] / max(1, cq), q, cq))
+                    heapq.heappush(heap, (ratio(q, cq), q, cq))
     best = max((p for p in items if lay.budget is None or base_used + _alone(sel, p, base_revived) <= lay.budget),
                key=lambda p: (value[p], -p), default=None)
     if best is not None and value[best] > sum(value[p] for p in taken):
@@ -142,7 +150,7 @@ class Learned:
             v = float(pr) if pr >= cfg.min_probability else 0.0
             value[p] = v * cfg.excerpt_value if layout.form[p] is not msgs[p] else v
         sel = layout.selection()
-        taken = knapsack_select(cands, value, sel)
+        taken = knapsack_select(cands, value, sel, cfg.cost_exponent)
         chosen = set(taken)
         for rank, p in enumerate(taken, 1):
             kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
