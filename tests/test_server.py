@@ -542,3 +542,42 @@ def test_server_tool_blocks_and_thinking_are_charged_to_the_budget(servers):
     sent = received(servers)["body"]["messages"]
     assert sent[1] == turns[1]
     assert sum(_leaf_tokens(m["content"]) for m in sent[:-1]) <= budget
+
+
+def test_two_worker_processes_share_one_store(servers, tmp_path):
+    """``--workers 2``: two processes answer on one port and share the SQLite store, so a session
+    continued on whichever worker takes the request stores each event once, in order; a developer
+    message is counted by the calibration hook from the rendering (the request is not parsed again)."""
+    import psutil
+
+    port, db = _port(), tmp_path / "w.sqlite"
+    px = _start(["-m", "historygraph", "serve", "--upstream", servers["up"] + "/v1", "--port", str(port), "--store",
+                 str(db), "--policy", "prune", "--budget", str(BUDGET), "--workers", "2"], port, tmp_path / "w.log")
+    try:
+        def workers() -> int:  # uvicorn's supervisor spawns the workers with multiprocessing
+            return sum("spawn_main" in " ".join(c.cmdline()) for c in psutil.Process(px.pid).children())
+
+        deadline = time.time() + 60
+        while workers() < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        assert workers() == 2
+        msgs = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "task for two workers"}]
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=60) as client:
+            for step in range(6):  # new connections: requests spread over the workers
+                r = client.post("/chat/completions", json={"model": "fake-model", "messages": msgs, "tools": TOOLS},
+                                headers={"X-HistoryGraph-Session": "two-workers", "Connection": "close"})
+                assert r.status_code == 200, r.text
+                answer = {k: v for k, v in r.json()["choices"][0]["message"].items() if v is not None}
+                msgs.append(answer)
+                if answer.get("tool_calls"):
+                    msgs.append({"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": f"out {step}"})
+                else:
+                    msgs.append({"role": "user", "content": f"go on {step}"})
+    finally:
+        px.terminate()
+        px.wait(30)
+    from historygraph.store import open_store
+    stored = open_store(str(db)).messages("two-workers")
+    assert [m.content for m in stored] == [m.get("content") or "" for m in msgs[:len(stored)]]
+    assert stored[0].role == "system" and [m.role for m in stored[1:]] == [m["role"] for m in msgs[1:len(stored)]]
+    assert len(stored) == len(msgs) - 1  # everything but the last tool result / user message, which no request carried yet

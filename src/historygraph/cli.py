@@ -499,6 +499,7 @@ def serve(
     params_file: ParamsFileOption = None,
     recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides).")] = False,
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core.")] = 1,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:
@@ -528,7 +529,19 @@ def serve(
         _fail(f"cannot open store {store or 'default'}: {type(exc).__name__}: {exc}")
     err.print(f"historygraph proxy on http://{host}:{port} → {upstream} | {anthropic_upstream}; policy {policy}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
-    uvicorn.run(application, host=host, port=port, log_level="warning")
+    if workers == 1:
+        uvicorn.run(application, host=host, port=port, log_level="warning")
+        return
+    if store == ":memory:":
+        _fail("--workers > 1 needs a store the workers share (a SQLite file or postgresql://…), not ':memory:'")
+    import dataclasses
+
+    from .server.app import CONFIG_ENV
+
+    application.state.proxy.store.close()  # each worker opens its own connection
+    os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(config))
+    uvicorn.run("historygraph.server.app:create_app_from_env", factory=True, workers=workers, host=host, port=port,
+                log_level="warning")
 
 
 def _version(value: bool) -> None:

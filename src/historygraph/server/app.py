@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 from fastapi import FastAPI, Request
@@ -171,13 +172,15 @@ class Proxy:
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
 
-    def observe_usage(self, body: dict[str, Any], content: bytes) -> None:
+    def observe_usage(self, body: dict[str, Any], content: bytes, sent: Sequence[Message] | None = None) -> None:
         """Feed the calibration hook: our estimate of the forwarded request (messages + tool
-        schemas) against the provider's reported ``usage.prompt_tokens`` (issue 6, input 10)."""
+        schemas) against the provider's reported ``usage.prompt_tokens`` (issue 6, input 10).
+        ``sent``: the forwarded messages as parsed events (the rendering), so that the request
+        body is not parsed again; without it they are read from ``body``."""
         try:
             reported = int(json.loads(content)["usage"]["prompt_tokens"])
-            estimate = self.calibration.estimate_request([Message.from_openai(m) for m in body["messages"]],
-                                                         body.get("tools"))
+            msgs = sent if sent is not None else [Message.from_openai(m) for m in body["messages"]]
+            estimate = self.calibration.estimate_request(msgs, body.get("tools"))
         except (ValueError, KeyError, TypeError, EventError):
             return  # no usage reported, or a shape we do not count
         self.calibration.observe(estimate, reported)
@@ -208,8 +211,9 @@ class Proxy:
         return body
 
     async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                      accumulator: Callable[[], Any]) -> Response:
-        """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``)."""
+                      accumulator: Callable[[], Any], sent: Sequence[Message] | None = None) -> Response:
+        """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
+        ``sent``: the rendered messages ``body`` carries, for :meth:`observe_usage`."""
         headers = forward_headers(request.headers)
         ours = {"x-historygraph-session": session_id}
         api = "openai" if accumulator is OpenAIStreamAccumulator else "anthropic"
@@ -231,7 +235,7 @@ class Proxy:
             upstream_s = time.perf_counter() - t_up
             if upstream.status_code < 400:
                 if accumulator is OpenAIStreamAccumulator:
-                    self.observe_usage(body, content)
+                    self.observe_usage(body, content, sent)
                 answer = _answer_of(content, accumulator)
                 if answer is not None:
                     await run_in_threadpool(self.store_answer, session_id, answer)
@@ -299,6 +303,19 @@ def _anthropic_error(exc: ClientError) -> JSONResponse:
     return JSONResponse({"type": "error", "error": {"type": kind, "message": str(exc)}}, exc.status)
 
 
+CONFIG_ENV = "HISTORYGRAPH_SERVE_CONFIG"  # JSON of a ServerConfig, read by each worker process
+
+
+def create_app_from_env() -> FastAPI:
+    """The app built from the :class:`ServerConfig` JSON in ``$HISTORYGRAPH_SERVE_CONFIG``: the
+    factory each worker process calls when ``historygraph serve --workers N`` runs several
+    (uvicorn's multi-process mode needs an import string, not an app object)."""
+    raw = os.environ.get(CONFIG_ENV)
+    if not raw:
+        raise RuntimeError(f"${CONFIG_ENV} is not set (it is set by historygraph serve --workers)")
+    return create_app(ServerConfig(**json.loads(raw)))
+
+
 def create_app(config: ServerConfig | None = None, store: Store | None = None) -> FastAPI:
     """The ASGI app: the proxy endpoints and the session API (:mod:`historygraph.server.api`)."""
     from .api import router as api_router
@@ -321,7 +338,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
 
     @app.post("/v1/chat/completions", tags=["proxy"], summary="OpenAI Chat Completions, rendered and forwarded")
     async def chat_completions(request: Request) -> Response:
-        started = time.perf_counter()
+        started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
         try:
             body = await proxy.read_json(request)
             raw = body["messages"]
@@ -339,13 +356,14 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             url = config.upstream.rstrip("/") + "/chat/completions"
             if recall_tool.wanted(config.recall, request, rendering):
                 return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "openai")
-            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator)
+            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
+                                       rendering.messages)
         except ClientError as exc:
             return _openai_error(exc)
 
     @app.post("/v1/messages", tags=["proxy"], summary="Anthropic Messages, rendered and forwarded")
     async def messages_endpoint(request: Request) -> Response:
-        started = time.perf_counter()
+        started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
         try:
             body = await proxy.read_json(request)
             try:
@@ -376,7 +394,25 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     app.include_router(ops_router)
     app.add_middleware(SizeLimit, limit=config.max_body_bytes)
     app.add_middleware(CountRequests, metrics=proxy.metrics)
+    app.add_middleware(Arrival)  # added last: outermost
     return app
+
+
+ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
+
+
+class Arrival:
+    """ASGI middleware, outermost: stamps ``scope["state"][ARRIVAL]`` when a request reaches the
+    application, before any other middleware, routing or reading of the body, so that
+    ``X-HistoryGraph-Proxy-Ms`` includes the time a request waits behind others in this process."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
+        await self.app(scope, receive, send)
 
 
 class SizeLimit:

@@ -31,7 +31,7 @@ from typing import Sequence
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..store import Store, StoreError
+from ..store import AppendConflict, Store, StoreError
 
 SESSION_HEADER = "x-historygraph-session"
 
@@ -115,7 +115,10 @@ class SessionRouter:
             if best is not None:
                 new = list(messages[best_len:])
                 if new:
-                    self.store.append(best, new)
+                    try:  # expected_length: another process serving this store may have appended meanwhile
+                        self.store.append(best, new, expected_length=best_len)
+                    except AppendConflict:
+                        return self.ingest(messages, session_id, meta)  # compare again with what is stored now
                 return Ingest(best, len(new))
             return self._branch(root, parent, parent_len, messages, meta)
 
