@@ -218,19 +218,22 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def bench_proxy(policies: list[str], levels: dict[int, int], tmp: str) -> dict:
-    """``levels``: concurrent sessions -> steady-state requests per session."""
+def bench_proxy(runs: list[tuple[str, int, dict[int, int]]], tmp: str) -> dict:
+    """``runs``: (policy, worker processes, {concurrent sessions: steady-state requests per session})."""
     import proxy_latency as pl
 
     out: dict = {}
-    for policy in policies:
+    for policy, workers, levels in runs:
         up_port, px_port = pl.free_port(), pl.free_port()
         procs = [pl.start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port,
                           Path(tmp, f"upstream-{policy}.log"))]
         try:
             procs.append(pl.start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1",
-                                   "--port", str(px_port), "--store", f"{tmp}/proxy-{policy}.sqlite", "--policy", policy,
-                                   "--budget", str(BUDGET)], px_port, Path(tmp, f"proxy-{policy}.log")))
+                                   "--port", str(px_port), "--store", f"{tmp}/proxy-{policy}-{workers}.sqlite", "--policy", policy,
+                                   "--budget", str(BUDGET), "--workers", str(workers)], px_port,
+                                  Path(tmp, f"proxy-{policy}-{workers}.log")))
+            if workers > 1:
+                time.sleep(5)  # the supervisor answers once one worker is up; let the others start
             for n, requests in levels.items():
                 args = argparse.Namespace(requests=requests)
                 c0 = tree_cpu(procs[1].pid)
@@ -238,15 +241,15 @@ def bench_proxy(policies: list[str], levels: dict[int, int], tmp: str) -> dict:
                 try:
                     r = asyncio.run(pl.level(n, args, f"http://127.0.0.1:{px_port}/v1", f"http://127.0.0.1:{up_port}/v1"))
                 except Exception as exc:  # report the level as failed and go on (e.g. client timeouts under load)
-                    print(f"  proxy  {policy:14s} {n:3d} sessions: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    print(f"  proxy  {policy:14s} {workers} workers {n:3d} sessions: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                     break
                 wall = time.perf_counter() - w0
                 cpu = tree_cpu(procs[1].pid) - c0
                 total = n * (requests + 1)
-                out[(policy, n)] = {"rps": total / wall, "e2e_p50": statistics.median(r["e2e"]), "e2e_p95": pct(r["e2e"], 0.95),
+                out[(policy, workers, n)] = {"rps": total / wall, "e2e_p50": statistics.median(r["e2e"]), "e2e_p95": pct(r["e2e"], 0.95),
                                     "direct_p50": statistics.median(r["direct"]), "cpu_ms": cpu * 1000 / total,
                                     "hdr_p50": statistics.median(r["proxy"])}
-                print(f"  proxy  {policy:14s} {n:3d} sessions: {out[(policy, n)]}", file=sys.stderr, flush=True)
+                print(f"  proxy  {policy:14s} {workers} workers {n:3d} sessions: {out[(policy, workers, n)]}", file=sys.stderr, flush=True)
         finally:
             for p in reversed(procs):
                 p.terminate()
@@ -318,12 +321,12 @@ def report(pool: StepPool, render: dict, first: dict, append: dict, proxy: dict,
     if proxy:
         print(f"\n### Proxy, 200-message histories ({os.cpu_count()} CPUs; requests/s over all requests, the first "
               f"of each session storing its 200 messages; latency over the later ones)\n")
-        print("| policy | sessions | requests/s | e2e p50 ms | e2e p95 ms | direct p50 ms | proxy CPU ms/request | "
+        print("| policy | workers | sessions | requests/s | e2e p50 ms | e2e p95 ms | direct p50 ms | proxy CPU ms/request | "
               "X-…-Proxy-Ms p50 | req/s vs prune |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for (name, n), r in proxy.items():
-            ref = proxy.get(("prune", n))
-            print(f"| {name} | {n} | {r['rps']:.1f} | {r['e2e_p50']:.1f} | {r['e2e_p95']:.1f} | {r['direct_p50']:.1f} | "
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (name, w, n), r in proxy.items():
+            ref = proxy.get(("prune", w, n))
+            print(f"| {name} | {w} | {n} | {r['rps']:.1f} | {r['e2e_p50']:.1f} | {r['e2e_p95']:.1f} | {r['direct_p50']:.1f} | "
                   f"{r['cpu_ms']:.1f} | {r['hdr_p50']:.1f} | {ratio(r['rps'], ref and ref['rps'])} |")
     if replay:
         ref = render.get(("prune", 1000))
@@ -347,6 +350,10 @@ def main() -> None:
     sizes = [50, 1000] if args.quick else [50, 200, 1000, 5000]
     args.repeats = 5 if args.quick else 15
     levels = {1: 10, 10: 3} if args.quick else {1: 20, 10: 5, 50: 2}
+    workers = min(2, os.cpu_count() or 1)
+    # contextrender embeds each fresh synthetic history (100 new results per session) on its first
+    # request, so it runs at 1 and 10 sessions only
+    runs = [("prune", 1, levels), ("prune", workers, levels), ("contextrender", workers, {1: levels[1], 10: levels[10]})]
     policies = args.policy or POLICIES
     if "prune" not in policies:
         policies = ["prune"] + policies
@@ -362,7 +369,7 @@ def main() -> None:
     first_pol = [p for p in ("prune", "contextrender", "contextrender-dep", "cw-bm25", "contextweaver-placeholder") if p in policies]
     first = bench_first(pool, signals, first_pol, [1000] if args.quick else [1000, 5000], tmp, render)
     append = bench_append(pool, [100, 1000, 10000], tmp, 20 if args.quick else 100)
-    proxy = {} if args.no_proxy else bench_proxy(["prune", "contextrender"], levels, tmp)
+    proxy = {} if args.no_proxy else bench_proxy(runs, tmp)
     replay = {} if args.no_replay or args.quick else bench_replay(args.traces, tmp)
     report(pool, render, first, append, proxy, replay, policies, sizes, args)
 
