@@ -17,8 +17,8 @@ equal hits, so the shortcut measures exactly what ``historygraph replay -p learn
     python bench/fit_cv.py TRAIN --test TEST --curve 5,10,20,45,90       # learning curve on TEST
     python bench/fit_cv.py TRAIN --configs 'reserve=0.5;reserve=0.9,brief,alpha=0.5'
 
-``--variant``: ``base`` (the shipped recipe), ``within`` (label: reused within the next 3 calls),
-``union`` (label: TFA reuse or identifier reuse).
+``--variant``: ``shipped`` (label: TFA reuse or identifier reuse at the next call, the shipped
+recipe), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse within the next 3 calls).
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ def parse_configs(text: str) -> dict[str, dict]:
 
 def fit_variant(ex: Examples, variant: str, c: float):
     if variant == "within":
-        ex = Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, ex.named)
-    elif variant == "union":
-        ex = Examples(ex.X, np.maximum(ex.reused, ex.named), ex.within, ex.group, ex.invocation, ex.named)
-    elif variant != "base":
+        return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, np.zeros_like(ex.named)), c,
+                            label="reuse")
+    if variant == "tfa":
+        return fit_examples(ex, c, label="reuse")
+    if variant != "shipped":
         raise SystemExit(f"unknown variant {variant!r}")
     return fit_examples(ex, c)
 
@@ -162,7 +163,7 @@ def main() -> None:
     ap.add_argument("--test")
     ap.add_argument("--budget", default="6000,3000")
     ap.add_argument("--folds", type=int, default=5)
-    ap.add_argument("--variant", default="base")
+    ap.add_argument("--variant", default="shipped")
     ap.add_argument("--C", type=float, default=C)
     ap.add_argument("--configs", default="", help="learned configs to compare, e.g. 'reserve=0.9,brief;reserve=0.5'")
     ap.add_argument("--limit", type=int, default=0, help="use N training trajectories (every k-th)")

@@ -312,3 +312,12 @@ def test_learned_with_brief_revivals_keeps_the_invariants_on_a_long_session():
         r = create("learned", result_reserve=0.9, brief_revivals=True).render(g, budget, sig)
         check_invariants(r, g, sig.counter)
         assert r.history_tokens <= budget
+
+
+def test_replay_table_reports_recall_as_a_share_of_the_oracle(tmp_path):
+    from historygraph.eval.report import summarize
+    tr = oracle_trace()
+    res = replay_trace(tr, {n: create(n, replay=True) for n in ("oracle", "prune")}, 900, Signals())
+    _, per_source = summarize([res])
+    rows = {r["policy"]: r for r in per_source if r["source"] == "ALL"}
+    assert rows["oracle"]["pct_of_oracle"] == 100.0 and rows["prune"]["pct_of_oracle"] == 0.0

@@ -292,12 +292,12 @@ def _fmt(v: object, digits: int = 1) -> str:
 
 def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     t = Table(title=title, header_style="bold")
-    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "value_recall"] + \
+    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
-    heads = {"value_recall": "value recall %", "prefix_reuse_pct": "prefix reuse %", "norm_cost": "cost (Full ρ)",
+    heads = {"pct_of_oracle": "% of oracle", "value_recall": "value recall %", "prefix_reuse_pct": "prefix reuse %", "norm_cost": "cost (Full ρ)",
              "norm_cost_own": "cost (own ρ)", "cost_traces": "cost traces",
              "selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
              "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",

@@ -26,7 +26,7 @@ from .recall import AGE_BINS
 from .replay import PolicyStats, TraceResult
 from .steps_metrics import COLUMNS as STEPS_COLUMNS
 
-COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces", "invocations", "events", "recall",
+COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
            "value_recall", "prefix_reuse_pct", "input_tokens_P", "output_tokens_O", "embedding_tokens_E", "rho_full",
            "cost_usd", "cost_usd_own", "norm_cost", "norm_cost_own", "cost_traces"] + \
     [f"recall_age_{b}" for b in AGE_BINS] + [f"events_age_{b}" for b in AGE_BINS] + \
@@ -135,7 +135,19 @@ def summarize(results: list[TraceResult], prices: Prices = Prices()) -> tuple[li
                          cost_usd=_round(n.mean_cost, 6), norm_cost=_round(n.normalised, 4),
                          cost_usd_own=_round(n.mean_cost_own, 6), norm_cost_own=_round(n.normalised_own, 4))
             per_source.append(r)
+    _of_oracle(per_trace, ("budget", "source", "trace_id"))
+    _of_oracle(per_source, ("budget", "source"))
     return per_trace, per_source
+
+
+def _of_oracle(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Add ``pct_of_oracle`` (recall as a percentage of the ``oracle`` policy's recall in the same
+    group) to every row whose group has an oracle row with non-zero recall."""
+    ref = {tuple(r.get(k) for k in keys): r.get("recall") for r in rows if r.get("policy") == "oracle"}
+    for r in rows:
+        o = ref.get(tuple(r.get(k) for k in keys))
+        if o and r.get("recall") is not None:
+            r["pct_of_oracle"] = round(100.0 * r["recall"] / o, 1)
 
 
 def _round(v: float | None, digits: int) -> float | None:

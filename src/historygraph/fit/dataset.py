@@ -2,7 +2,7 @@
 
 One example per (invocation ``t``, stored tool result ``r``) of a trace, replayed event by event as
 the evaluator does: the features are those of :func:`historygraph.fit.features.feature_matrix` on
-the history before ``t``; the label is *observed reuse*, the production signal of Tool-Flow Analysis
+the history before ``t``; ``reused`` is *observed reuse*, the production signal of Tool-Flow Analysis
 (ContextRender, arXiv:2609.37743, §3.2, A.2): ``r`` is labelled reused at ``t`` when the assistant
 message of ``t`` (its text or a tool call) repeats a TFA value that TFA attributes to ``r`` (first
 earlier result holding it). This is what a deployment can log about its own sessions; the
@@ -34,8 +34,8 @@ class Examples:
         within: 1 when it is reused at one of the next ``horizon`` invocations, shape ``(n,)``.
         named: 1 when the invocation's message names a code identifier that no earlier result held
             (ContextWeaver §3.1's identifier rule, attributed to the first result holding it as TFA
-            attributes values), shape ``(n,)``: a second observed-reuse signal, used only by
-            variants under evaluation (bench/fit_cv.py), not by the shipped recipe.
+            attributes values), shape ``(n,)``: a second observed-reuse signal; the shipped recipe
+            labels a result reused when ``reused`` or ``named`` (:mod:`historygraph.fit.train`).
         group: index of the trace each row comes from (for grouped cross-validation), shape ``(n,)``.
         invocation: running invocation number within its trace, shape ``(n,)``.
     """

@@ -1,7 +1,11 @@
 """``historygraph fit``: fit the learned selector's reuse model on recorded traces.
 
-Examples come from :func:`historygraph.fit.dataset.trace_examples` (observed reuse by Tool-Flow
-Analysis as the label, render-time features only). The model is scikit-learn's
+Examples come from :func:`historygraph.fit.dataset.trace_examples` (render-time features only).
+The label is observed reuse at the next invocation: a TFA value attributed to the result
+(ContextRender, arXiv:2609.37743, §3.2, A.2) *or* a code identifier first held by the result
+(ContextWeaver §3.1's identifier rule) repeated by the next assistant message. Chosen over TFA alone
+by grouped 5-fold cross-validation on the training trajectories (docs/learned.md): identifier reuse
+catches dotted and partial names that TFA's whole-value matching misses. The model is scikit-learn's
 ``LogisticRegression`` (L2, ``C`` below, ``lbfgs``) on features standardised with the training mean
 and standard deviation; it is written as a small JSON file that :class:`~historygraph.fit.model.ReuseModel`
 reads with numpy alone. The fit is deterministic: the same traces and options give the same file.
@@ -33,15 +37,20 @@ def examples(traces: Iterable[Trace], counter: TokenCounter,
     return Examples.concat(parts)
 
 
-def fit_examples(ex: Examples, c: float = C, meta: dict | None = None) -> ReuseModel:
-    """Fit the model on ``ex`` (needs scikit-learn).
+LABELS = ("reuse-or-named", "reuse")  # the shipped recipe first; "reuse" = TFA alone
+
+
+def fit_examples(ex: Examples, c: float = C, meta: dict | None = None, label: str = LABELS[0]) -> ReuseModel:
+    """Fit the model on ``ex`` (needs scikit-learn); ``label`` is one of :data:`LABELS`.
 
     Raises:
         ValueError: no positive or no negative example (nothing to learn from).
     """
     from sklearn.linear_model import LogisticRegression
 
-    y = ex.reused
+    if label not in LABELS:
+        raise ValueError(f"unknown label {label!r}; choose one of {', '.join(LABELS)}")
+    y = np.maximum(ex.reused, ex.named) if label == "reuse-or-named" else ex.reused
     if len(y) == 0 or y.min() == y.max():
         raise ValueError(f"cannot fit a reuse model on {len(y)} examples with {int(y.sum())} reused: the traces need "
                          f"tool results, some of them reused later (values repeated by later tool calls or messages)")
@@ -50,7 +59,8 @@ def fit_examples(ex: Examples, c: float = C, meta: dict | None = None) -> ReuseM
     scale[scale == 0] = 1.0
     lr = LogisticRegression(C=c, max_iter=5000, tol=1e-8)
     lr.fit((ex.X - mean) / scale, y)
-    info = {"examples": int(len(y)), "reused": int(y.sum()), "traces": int(len(np.unique(ex.group))), "C": c}
+    info = {"examples": int(len(y)), "reused": int(y.sum()), "traces": int(len(np.unique(ex.group))), "C": c,
+            "label": label}
     return ReuseModel(list(FEATURES), mean, scale, lr.coef_[0].copy(), float(lr.intercept_[0]), {**info, **(meta or {})})
 
 

@@ -12,12 +12,18 @@
 3. Selection is a 0/1 knapsack: maximise ``Σ p(r)`` (the expected number of reused results shown)
    subject to the assembled history staying within B, where a result costs its extra tokens over
    its placeholder plus, for a result of a dropped step, the step's revival
-   (:class:`~historygraph.render.Selection`). Solved greedily by ``p(r) / cost(r)`` (highest first,
+   (:class:`~historygraph.render.Selection`). Solved greedily by ``p(r) / cost(r)^α`` (``α`` =
+   ``cost_exponent``, 0.5 by default: the plain ratio, ``α = 1``, let many small unlikely results
+   crowd out a large likely one; highest first,
    ties to the older result; a revival makes the other results of that step cheaper, and they are
    re-queued at their new ratio), then the single most probable result that fits is swapped in if it
    alone beats the greedy set (the classic guarantee of half the optimum). An oversized result is offered as its
    marked excerpt, valued at ``excerpt_value·p``. Results with ``p < min_probability`` are not shown
    (fewer tokens sent when nothing else is likely to be needed).
+4. Layout (ours): non-tool history keeps only the newest steps within ``(1 − result_reserve)·B``
+   (0.95: 5 % of B), so old steps that hold nothing worth showing leave room for results; a step
+   comes back when one of its results is shown, in brief view (its calls, its text replaced by a
+   marker naming the call id; :class:`~historygraph.render.Layout` ``brief_revivals``).
 """
 
 from __future__ import annotations
@@ -42,15 +48,20 @@ class LearnedConfig:
     """``model``: path of a model file written by ``historygraph fit`` (``""``: the file named by the
     environment variable ``HISTORYGRAPH_LEARNED_MODEL``, else the shipped default).
     ``min_probability``: results less likely to be reused are not shown. ``excerpt_value``: the
-    value of an oversized result's excerpt relative to the whole result."""
+    value of an oversized result's excerpt relative to the whole result. ``result_reserve``: share of
+    B not given to retained non-tool history (:class:`~historygraph.render.Layout`; older steps come
+    back only with a result). ``brief_revivals``: such a step shows its calls, not its text.
+    ``cost_exponent``: rank by ``p / cost^α``. The defaults of the last three were chosen by grouped
+    5-fold cross-validation on the 90 training trajectories at B = 6000 and 3000 (docs/learned.md);
+    settings within 0.5 points of each other were tied there."""
 
     model: str = ""
     min_probability: float = 0.0
     excerpt_value: float = 0.5
     oversized_excerpt_fraction: float = 0.25
-    result_reserve: float = 0.5
-    brief_revivals: bool = False
-    cost_exponent: float = 1.0
+    result_reserve: float = 0.95
+    brief_revivals: bool = True
+    cost_exponent: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
