@@ -49,3 +49,22 @@ def test_each_text_embedded_once_per_store(tmp_path, embedder):
     b = second.embed(["beta text", "alpha text"])
     assert second.calls == 0
     assert np.allclose(a[1], b[0]) and np.allclose(a[0], b[1])
+
+
+def test_cached_embedder_memoises_content_keys_and_stays_bounded():
+    """The per-text memo of cache keys gives exactly ``content_key`` (sha256 of model NUL text,
+    the persistent cache's key) and is cleared when full, never grows without bound."""
+    import hashlib
+
+    class Unit:
+        model, dim = "unit", 2
+
+        def embed(self, texts):
+            return np.ones((len(texts), 2), dtype=np.float32)
+
+    emb = CachedEmbedder(Unit())
+    emb.key_memo_size = 3
+    for t in ["a", "b", "a", "c", "d", "ü"]:
+        assert emb.key(t) == hashlib.sha256(f"unit\0{t}".encode()).hexdigest()
+        assert len(emb._keys) <= 3
+    assert emb.embed(["a", "b", "a"]).shape == (3, 2) and emb.calls == 2

@@ -126,13 +126,25 @@ class CachedEmbedder:
         self.model, self.dim = embedder.model, embedder.dim
         self.cache = cache
         self._memo: dict[str, np.ndarray] = {}
+        self._keys: dict[str, str] = {}  # text -> content_key (bounded by key_memo_size)
+        self.key_memo_size = 50_000
         self.calls = 0
         self.log: list[str] | None = None
+
+    def key(self, text: str) -> str:
+        """:func:`content_key` of ``text``, memoised per text: a policy asks for the same results'
+        vectors at every render, and hashing them again each time cost more than the lookup."""
+        k = self._keys.get(text)
+        if k is None:
+            if len(self._keys) >= self.key_memo_size:
+                self._keys.clear()
+            k = self._keys[text] = content_key(self.model, text)
+        return k
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if self.log is not None:
             self.log.extend(texts)
-        keys = [content_key(self.model, t) for t in texts]
+        keys = [self.key(t) for t in texts]
         missing = [k for k in dict.fromkeys(keys) if k not in self._memo]
         if missing and self.cache is not None:
             self._memo.update(self.cache.get_embeddings(missing))
