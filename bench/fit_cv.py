@@ -37,7 +37,7 @@ from historygraph.fit.train import C, fit_examples
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned import knapsack_select
+from historygraph.policies.learned import LearnedConfig, knapsack_select
 from historygraph.render import BudgetTooSmallError, Layout
 
 KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent"}
@@ -96,8 +96,9 @@ class Scorer:
         return self._layouts[key]
 
     def hits(self, model, budget: int, cfg: dict) -> tuple[int, int, list[int]]:
-        reserve, brief = cfg.get("result_reserve", 0.5), bool(cfg.get("brief_revivals", False))
-        alpha, minp, exv = cfg.get("cost_exponent", 1.0), cfg.get("min_probability", 0.0), cfg.get("excerpt_value", 0.5)
+        c = LearnedConfig(**cfg)  # the policy's defaults for what cfg does not set
+        reserve, brief, alpha, minp, exv = (c.result_reserve, c.brief_revivals, c.cost_exponent, c.min_probability,
+                                            c.excerpt_value)
         prob = model.predict(self.ex.X) if len(self.ex.X) else np.zeros(0)
         hits = events = 0
         tokens = []

@@ -219,6 +219,7 @@ class _TokenMemo:
                 self.tokens.append(count(m))
 
 
+_BRIEFS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, str], tuple[int, Message]]]" = weakref.WeakKeyDictionary()
 _MEMOS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple, _TokenMemo]]" = weakref.WeakKeyDictionary()
 _MEMOS_LOCK = threading.Lock()
 
@@ -422,11 +423,15 @@ class Layout:
         if hit is None:
             unit = self.units[u]
             hit = (unit.cost, None)
-            m = self.graph.messages[unit.positions[0]]
+            pos = unit.positions[0]
+            m = self.graph.messages[pos]
             if self.brief_revivals and m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content:
-                text = BRIEF.format(tokens=self.counter.count(m.content), id=m.tool_calls[0].id)
-                b = m.with_content(text, "brief")
-                saved = self.counter.count_message(m) - self.counter.count_message(b)
+                memo = _BRIEFS.setdefault(self.graph, {})
+                key = (pos, self.counter.encoding_name)
+                if key not in memo:  # the view of a stored message never changes: built once per graph
+                    b = m.with_content(BRIEF.format(tokens=self.counter.count(m.content), id=m.tool_calls[0].id), "brief")
+                    memo[key] = (self.counter.count_message(m) - self.counter.count_message(b), b)
+                saved, b = memo[key]
                 if saved > 0:
                     hit = (unit.cost - saved, b)
             self._brief[u] = hit
