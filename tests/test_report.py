@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from historygraph.cli import app
-from historygraph.eval.html_report import ReportError, load_run, with_oracle_share
+from historygraph.eval.html_report import ReportError, load_run
 
 runner = CliRunner()
 
@@ -18,7 +18,7 @@ runner = CliRunner()
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     res = runner.invoke(app, ["replay", "--policy", "prune", "--policy", "full", "--policy", "cw-sliding-window",
-                              "--budget", "1500,3000", "--store", ":memory:", "--out", str(out)])
+                              "--policy", "oracle", "--budget", "1500,3000", "--store", ":memory:", "--out", str(out)])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["report", str(out)])
     assert res.exit_code == 0, res.output
@@ -35,7 +35,7 @@ def test_report_is_self_contained_html_plus_markdown(run_dir):
     md = (run_dir / "report.md").read_text()
     for name in pngs:
         assert f"(report-files/{name})" in md
-    assert "| prune |" in md and "cost (Full ρ)" in md and "B = 3000" not in md.split("##")[0].split(";")[0]
+    assert "| prune |" in md and "cost (Full ρ)" in md and "% of oracle" in md  # the oracle ran and "B = 3000" not in md.split("##")[0].split(";")[0]
     # headline budget: 6000 did not run, so the first one; every table row is at that budget
     assert "at B = 1500" in page and "at B = 3000" not in page
 
@@ -53,13 +53,6 @@ def test_report_rejects_a_budget_or_trace_the_run_lacks(run_dir):
     assert res.exit_code == 2 and "did not run" in res.output and "1500, 3000" in res.output
     res = runner.invoke(app, ["report", str(run_dir), "--trace", "no-such-trace"])
     assert res.exit_code == 2 and "matches 0 traces" in res.output
-
-
-def test_pct_of_oracle_is_recall_over_the_oracle_recall_in_the_same_setting():
-    rows = [{"budget": 6000, "source": "s", "policy": "oracle", "recall": 80.0},
-            {"budget": 6000, "source": "s", "policy": "prune", "recall": 60.0},
-            {"budget": 3000, "source": "s", "policy": "prune", "recall": 50.0}]
-    assert [r["pct_of_oracle"] for r in with_oracle_share(rows)] == [100.0, 75.0, None]
 
 
 HARNESS = """<!doctype html><html><body><pre id=out>pending</pre>

@@ -33,7 +33,7 @@ SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse
                    ("mean_history_tokens", "hist tok mean"), ("budget_errors", "budget errors")]
 TRACE_COLUMNS = [("source", "source"), ("trace_id", "trace"), ("policy", "policy"), ("invocations", "calls"),
                  ("events", "events"), ("recall", "recall %"), ("value_recall", "value recall %"),
-                 ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost vs Full"), ("cost_usd", "cost USD"),
+                 ("pct_of_oracle", "% of oracle"), ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost vs Full"), ("cost_usd", "cost USD"),
                  ("mean_history_tokens", "hist tok mean"), ("max_history_tokens", "hist tok max"),
                  ("budget_errors", "budget errors")]
 
@@ -91,18 +91,6 @@ def headline_budget(run: Run, budget: int | None = None) -> int | None:
             raise ReportError(f"--budget {budget} did not run; the run has B = {', '.join(map(str, run.budgets))}")
         return budget
     return 6000 if 6000 in run.budgets else (run.budgets[0] if run.budgets else None)
-
-
-def with_oracle_share(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of ``rows`` with ``pct_of_oracle`` = 100 · recall / recall of ``oracle`` in the same
-    budget and source (``None`` where no oracle ran or its recall is 0 or missing)."""
-    oracle = {(r.get("budget"), r["source"], r.get("trace_id", "")): r.get("recall") for r in rows if r["policy"] == "oracle"}
-    out = []
-    for r in rows:
-        o = oracle.get((r.get("budget"), r["source"], r.get("trace_id", "")))
-        share = round(100.0 * r["recall"] / o, 1) if o and r.get("recall") is not None else None
-        out.append({**r, "pct_of_oracle": share})
-    return out
 
 
 def pick_timeline(run: Run, budget: int | None, trace: str | None = None) -> str | None:
@@ -237,7 +225,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     for stem, _, png in figs:
         (files / f"{stem}.png").write_bytes(png)
     ts = _trace_set(run)
-    summary = with_oracle_share([r for r in run.per_source if r.get("budget") == b])
+    summary = [r for r in run.per_source if r.get("budget") == b]  # pct_of_oracle comes from the replay's summary
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
     sources = list(dict.fromkeys(r["source"] for r in summary))
     prices = run.meta.get("prices") or {}
@@ -266,9 +254,11 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         data = base64.b64encode(png).decode()
         parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
         md += [f"## {cap}", "", f"![{cap}](report-files/{stem}.png)", ""]
-    traces = with_oracle_share([r for r in run.per_trace if r.get("budget") == b])
+    traces = [r for r in run.per_trace if r.get("budget") == b]
     parts.append(f"<h2>Per trace at B = {b} ({len(traces)} rows)</h2><p class=note>Click a column to sort; type to filter.</p>"
-                 f"<input class=filter data-table=per-trace placeholder=filter size=40>" + _html_table(traces, TRACE_COLUMNS, "per-trace"))
+                 f"<input class=filter data-table=per-trace placeholder=filter size=40>" +
+                 _html_table(traces, [c for c in TRACE_COLUMNS if c[0] != "pct_of_oracle" or any(r.get(c[0]) is not None for r in traces)],
+                             "per-trace"))
     md += [f"Per-trace figures ({len(traces)} rows) are in report.html and replay.csv.", ""]
     parts.append(f"<script>{SCRIPT}</script></body></html>")
     paths = {"html": run_dir / "report.html", "markdown": run_dir / "report.md"}
