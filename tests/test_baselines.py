@@ -62,8 +62,11 @@ def test_window_results_that_do_not_fit_become_placeholders(signals):
 
 
 def test_bm25_retrieves_the_older_observation_that_matches_the_current_step(signals):
-    bodies = ["apples and pears", "DATABASES settings: ENGINE sqlite3 NAME db.sqlite3", "bananas are yellow",
-              "the weather is sunny", "cats sleep a lot", "dogs bark", "fish swim", "ok"]
+    # bodies longer than their placeholders, so no step has to be dropped (a revived step would
+    # also pay for splitting the dropped-step marker)
+    bodies = [" ".join([b] * 8) for b in ["apples and pears", "DATABASES settings: ENGINE sqlite3 NAME db.sqlite3",
+                                            "bananas are yellow", "the weather is sunny", "cats sleep a lot",
+                                            "dogs bark", "fish swim", "ok"]]
     g = steps(bodies, assistant=lambda i: "now check the DATABASES settings ENGINE" if i == 7 else f"step {i}")
     r = create("cw-bm25").render(g, just_over(g, signals), signals)
     check_invariants(r, g, signals.counter)

@@ -219,3 +219,35 @@ def test_12_2_thinking_block_opening_the_tool_loop_is_protected(name, signals):
             continue
         check_invariants(r, g, signals.counter)
         assert 1 in r.positions and r.messages[r.positions.index(1)] == msgs[1]
+
+
+@pytest.mark.parametrize("name", BUDGETED)
+def test_12_6_dropped_steps_leave_a_marker_charged_to_the_budget(name, signals):
+    """A step left out leaves a short marker where it was, naming the stored positions and the tool
+    calls (first ones, last one, how many), charged to B (DESIGN.md §5.6)."""
+    msgs = [Message("user", "task")]
+    for i in range(30):
+        msgs += [Message("assistant", f"step {i} " * 20, (call(f"c{i}"),)), Message("tool", "out " * 100, tool_call_id=f"c{i}")]
+    msgs.append(Message("user", "next"))
+    g, r = render(name, msgs, 800, signals)  # check_invariants: every left-out message lies in a marker's span
+    markers = [m for m in r.messages if m.rendered_as == "marker"]
+    left_out = [p for p in range(1, 61) if p not in r.positions]
+    if any(m.rendered_as == "summary" and m.role == "user" for m in r.messages):
+        return  # a summary of earlier history stands in for what it covers and names it
+    assert left_out and markers
+    text = " ".join(m.content for m in markers)
+    first_call = msgs[left_out[0]].tool_calls[0].id if msgs[left_out[0]].tool_calls else None
+    assert f"#{left_out[0]}" in text and (first_call is None or f"{first_call} (bash)" in text)
+    assert r.history_tokens <= 800
+
+
+def test_12_6_marker_text_for_a_known_run():
+    """The exact marker for steps 1–3 of a history: positions, the calls, how many."""
+    from historygraph.render import Layout, dropped_marker
+    msgs = [Message("user", "t")] + [m for i in range(7) for m in (Message("assistant", "", (call(f"k{i}"),)),
+                                                                   Message("tool", "r", tool_call_id=f"k{i}"))]
+    g = ContextGraph("m", msgs)
+    assert dropped_marker(g, [[1, 2], [3, 4]]).content == \
+        "[omitted: messages #1–#4, tool calls k0 (bash), k1 (bash); stored in full, restore by id]"
+    many = dropped_marker(g, [[1 + 2 * i, 2 + 2 * i] for i in range(7)]).content
+    assert many == "[omitted: messages #1–#14, tool calls k0 (bash), k1 (bash), …, k6 (bash): 7 calls; stored in full, restore by id]"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -46,6 +47,11 @@ PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
 SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant message (ReCAP ablations)
 BRIEF = "[the text of this earlier assistant message is omitted from this context ({tokens} tokens); it is stored in full with tool call {id}]"
+#: The dropped-step marker (DESIGN.md §5.6): one per run of consecutive steps left out, where they
+#: were, charged to B. It names the stored positions, the tool calls (the first ones and the last
+#: one when there are more than ``MARK_CALLS``, with their number) and how to get them back.
+DROPPED_MARK = "[omitted: messages #{first}–#{last}{calls}; stored in full, restore by id]"
+MARK_CALLS = 3
 EXCERPT_MARK = "\n[... tool result {id} truncated: {kept} of {total} tokens shown (head and tail); the full result is stored and can be restored by id ...]\n"
 
 
@@ -63,7 +69,8 @@ class BudgetTooSmallError(ValueError):
         super().__init__(
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history "
             f"(the first user message unless it is the current one, the latest assistant message and the "
-            f"assistant message with the thinking block that opens the active tool loop; "
+            f"assistant message with the thinking block that opens the active tool loop, with the markers "
+            f"of the steps left out; "
             f"system and current user messages are outside B) needs {required} tokens")
 
 
@@ -147,6 +154,20 @@ class Rendering:
 def placeholder_for(message: Message, counter: TokenCounter) -> Message:
     text = PLACEHOLDER.format(id=message.tool_call_id, tokens=counter.count(message.content))
     return message.with_content(text, "placeholder")
+
+
+def dropped_marker(graph: ContextGraph, steps: list[list[int]]) -> Message:
+    """The marker standing for ``steps`` (consecutive steps left out, each a list of graph
+    positions: a message and its results), a ``user`` message marked ``rendered_as="marker"``.
+    Shared by every policy (:class:`Layout`, ReCAP). Its size is bounded: at most
+    ``MARK_CALLS`` calls are named (the first ones and the last one), with the total."""
+    calls = [c for step in steps for c in graph.messages[step[0]].tool_calls]
+    listed = ", ".join(f"{c.id} ({c.name})" for c in (calls if len(calls) <= MARK_CALLS else calls[:MARK_CALLS - 1]))
+    if len(calls) > MARK_CALLS:
+        listed += f", …, {calls[-1].id} ({calls[-1].name}): {len(calls)} calls"
+    text = DROPPED_MARK.format(first=min(min(s) for s in steps), last=max(max(s) for s in steps),
+                               calls=(", tool call " if len(calls) == 1 else ", tool calls ") + listed if calls else "")
+    return Message("user", text, rendered_as="marker")
 
 
 _excerpts: dict[tuple[str, int, str | None, int], Message] = {}
@@ -245,26 +266,103 @@ class _Unit:
     cost: int = 0
 
 
+class _Runs:
+    """Runs of consecutive marked units (no rendered message between them), each standing for one
+    dropped-step marker. ``glue[i]`` says whether unit ``i`` may share a run with unit ``i − 1``;
+    ``cost(a, b)`` is the marker's tokens for units ``a..b``. ``start[i]`` is the first unit of
+    the run holding ``i``; ``end[a]`` the last unit of the run starting at ``a``."""
+
+    def __init__(self, glue: list[bool], cost: Callable[[int, int], int]) -> None:
+        self.glue, self.cost = glue, cost
+        self.start: dict[int, int] = {}
+        self.end: dict[int, int] = {}
+
+    def copy(self) -> "_Runs":
+        other = _Runs(self.glue, self.cost)
+        other.start, other.end = dict(self.start), dict(self.end)
+        return other
+
+    def _neighbours(self, i: int) -> tuple[int | None, int | None]:
+        left = self.start.get(i - 1) if i > 0 and self.glue[i] else None
+        right = i + 1 if i + 1 < len(self.glue) and self.glue[i + 1] and (i + 1) in self.end else None
+        return left, right
+
+    def add_delta(self, i: int) -> int:
+        """Marker tokens added by marking unit ``i`` (not marked yet)."""
+        left, right = self._neighbours(i)
+        a = left if left is not None else i
+        b = self.end[right] if right is not None else i
+        return self.cost(a, b) - (self.cost(left, i - 1) if left is not None else 0) \
+            - (self.cost(right, self.end[right]) if right is not None else 0)
+
+    def add(self, i: int) -> None:
+        left, right = self._neighbours(i)
+        a = left if left is not None else i
+        b = self.end.pop(right) if right is not None else i
+        if left is not None:
+            del self.end[left]
+        for k in range(i, b + 1):
+            self.start[k] = a
+        self.end[a] = b
+
+    def remove_delta(self, i: int) -> int:
+        """Marker tokens added (negative: saved) by unmarking unit ``i`` (a revived step)."""
+        a = self.start[i]
+        b = self.end[a]
+        return (self.cost(a, i - 1) if i > a else 0) + (self.cost(i + 1, b) if i < b else 0) - self.cost(a, b)
+
+    def remove(self, i: int) -> None:
+        a = self.start.pop(i)
+        b = self.end.pop(a)
+        if i > a:
+            self.end[a] = i - 1
+        if i < b:
+            for k in range(i + 1, b + 1):
+                self.start[k] = i + 1
+            self.end[i + 1] = b
+
+    def total(self) -> int:
+        return sum(self.cost(a, b) for a, b in self.end.items())
+
+
 class Selection:
     """Running budget state of one greedy pass: tokens used and the dropped steps revived so far.
 
     ``cost(p)`` is the exact growth of the assembled history if result ``p`` is shown as
     ``layout.shown_cost`` says: its extra tokens over the placeholder, plus, when its step was
-    dropped, the step's assistant message and its siblings' placeholders (eq. 6 on the assembled
-    history).
+    dropped, the step's assistant message and its siblings' placeholders, and the change of the
+    dropped-step markers around it (eq. 6 on the assembled history). Reviving a step changes the
+    cost of reviving the other steps of its marker's run, so a caller caching costs recomputes
+    those after :meth:`take` (``layout.dropped_units``).
     """
 
     def __init__(self, layout: "Layout") -> None:
         self.layout = layout
         self.used = layout.base_tokens
-        self.revived: set[int] = set()
+        self.revived = set()
         self.shown: dict[int, Message] = {}
+
+    @property
+    def revived(self) -> set[int]:
+        """Dropped units brought back so far. Assigning a set (to roll a selection back) also
+        rebuilds the dropped-step marker runs for it."""
+        return self._revived
+
+    @revived.setter
+    def revived(self, units: set[int]) -> None:
+        self._revived = units
+        self.runs = self.layout.runs.copy()
+        for u in units:
+            if u in self.runs.start:
+                self.runs.remove(u)
 
     def cost(self, p: int, form: Message | None = None) -> int:
         """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``)."""
         lay = self.layout
         u = lay.unit_of[p]
-        extra = lay.revival_cost(u) if u in lay.dropped_units and u not in self.revived else 0
+        extra = 0
+        if u in lay.dropped_units and u not in self.revived:
+            extra = lay.revival_cost(u) + (self.runs.remove_delta(u) if u in self.runs.start else 0)
         if form is None or form is lay.form[p]:
             delta = lay.delta[p]
         else:
@@ -279,7 +377,10 @@ class Selection:
         of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
         the result id (DESIGN.md §5.3)."""
         self.used += self.cost(p, form)
-        self.revived.add(self.layout.unit_of[p])
+        u = self.layout.unit_of[p]
+        if u in self.runs.start and u not in self.revived:
+            self.runs.remove(u)
+        self.revived.add(u)
         self.shown[p] = self.layout.form[p] if form is None else form
 
 
@@ -335,6 +436,7 @@ class Layout:
         tokens, self._tokens = memo.tokens, memo.tokens
         self.placeholder: dict[int, Message] = {}
         self.placeholder_tokens: dict[int, int] = {}
+        self._marks: dict[tuple[int, int], int] = {}
         self.full_cost: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
         self.units: list[_Unit] = []
@@ -380,8 +482,13 @@ class Layout:
         self.inserts = dict(inserts or {})
         self.left_out = left_out
         self.dropped_units: set[int] = set(left_out)
+        # Steps left out get a dropped-step marker where they were (DESIGN.md §5.6), charged to B,
+        # except those a policy stands in for with its own inserts (a summary names what it covers).
+        self.runs = _Runs(self._glue(), self._marker_tokens)
+        for i in sorted(left_out if not self.inserts else ()):
+            self.runs.add(i)
         self.base_tokens = sum(u.cost for i, u in enumerate(self.units) if i not in left_out) + \
-            sum(counter.count_message(m) for m in self.inserts.values())
+            sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
         if budget is not None and self.base_tokens > budget and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than
             # the short results they stand for, and the unchanged history is rendered instead)
@@ -393,7 +500,8 @@ class Layout:
                     break
                 if unit.protected or i in left_out:
                     continue
-                self.base_tokens -= unit.cost
+                self.base_tokens += self.runs.add_delta(i) - unit.cost
+                self.runs.add(i)
                 self.dropped_units.add(i)
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
@@ -436,6 +544,35 @@ class Layout:
                     hit = (unit.cost - saved, b)
             self._brief[u] = hit
         return hit
+
+    def _glue(self) -> list[bool]:
+        """``glue[i]``: no rendered message (system, current user message, insert) sits between
+        unit ``i − 1`` and unit ``i``, so one marker may stand for both when both are left out."""
+        first = {u.positions[0]: i for i, u in enumerate(self.units)}
+        unit_at = {p: i for i, u in enumerate(self.units) for p in u.positions}
+        glue = [False] * len(self.units)
+        apart = True
+        for p in self.order:
+            if p in first:
+                glue[first[p]] = not apart
+                apart = False
+            elif p in self.outside:
+                apart = True
+            if p in self.inserts and p in unit_at:
+                apart = True
+        return glue
+
+    def _marker_tokens(self, a: int, b: int) -> int:
+        """Tokens of the marker standing for units ``a..b`` (memoised per layout)."""
+        key = (a, b)
+        n = self._marks.get(key)
+        if n is None:
+            n = self._marks[key] = self.counter.count_message(self.marker(a, b))
+        return n
+
+    def marker(self, a: int, b: int) -> Message:
+        """The dropped-step marker for units ``a..b`` (:func:`dropped_marker`)."""
+        return dropped_marker(self.graph, [self.units[i].positions for i in range(a, b + 1)])
 
     @property
     def fits_in_full(self) -> bool:
@@ -490,10 +627,22 @@ class Layout:
                 history += count(s)
             pending.clear()
 
+        runs = selection.runs
+        first = {u.positions[0]: i for i, u in enumerate(self.units)}
+        open_run: int | None = None
         for p in self.order:
             m = msgs[p]
             if m.role != "tool":
                 flush()
+                i = first.get(p)
+                if open_run is not None and (i is None or runs.start.get(i) != open_run):
+                    marker = self.marker(open_run, runs.end[open_run])
+                    out.append(marker)
+                    positions.append(None)
+                    history += self.counter.count_message(marker)
+                    open_run = None
+                if i is not None and i in runs.start:
+                    open_run = runs.start[i]
             if p not in dropped:
                 if m.role == "tool":
                     ph = placeholder.get(p, m)
@@ -520,6 +669,11 @@ class Layout:
             if p in self.inserts:
                 pending.append(self.inserts[p])
         flush()
+        if open_run is not None:
+            marker = self.marker(open_run, runs.end[open_run])
+            out.append(marker)
+            positions.append(None)
+            history += self.counter.count_message(marker)
         total = history + outside
         full_set = set(full)
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
@@ -586,10 +740,21 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
         full_cost = sum(counter.count_message(m) for p, m in enumerate(graph.messages) if p not in outside)
         if full_cost <= B and not _has_unanswered(graph) and msgs != [graph.messages[p] for p in order]:
             raise InvariantError("§5.5 unchanged: history fits in B but was not returned unchanged")
-    # 6. omitted results are retrievable
+    # 6. omitted results are retrievable, and a step left out leaves a marker naming where it was
     for p in rendering.omitted:
         if graph.messages[p].role != "tool":
             raise InvariantError(f"§5.6 omitted position {p} is not a stored tool result")
+    spans = [(int(a), int(b)) for m in msgs if m.rendered_as == "marker"
+             for a, b in _MARK_SPAN.findall(m.content)]
+    summarised = any(m.rendered_as == "summary" and m.role != "tool" for m in msgs)  # names the span it covers
+    shown = set(rendering.positions)
+    for p in rank:
+        if p not in shown and graph.messages[p].role != "tool" and p not in outside and not summarised \
+                and not any(a <= p <= b for a, b in spans):
+            raise InvariantError(f"§5.6 marker: message {p} was left out without a dropped-step marker naming it")
+
+
+_MARK_SPAN = re.compile(r"messages #(\d+)–#(\d+)")
 
 
 def _is_segment_view(m: Message, orig: Message) -> bool:

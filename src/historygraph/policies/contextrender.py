@@ -129,6 +129,8 @@ def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection
         left[i] = False
         sel.take(best)
         same = np.flatnonzero(left & (unit == unit[i]))
+        if unit[i] in lay.dropped_units:  # a revived step also changes the markers of its neighbours
+            same = np.flatnonzero(left & np.isin(unit, list(lay.dropped_units)))
         for j in same:  # the step is revived: its other results no longer pay for it
             cost[j] = sel.cost(int(cand[j]))
         # row by row with one kernel (einsum, not BLAS gemv, whose rounding depends on the row's

@@ -130,7 +130,9 @@ def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     """Cost of ``p`` when nothing else is shown (its step's revival included)."""
     lay = sel.layout
     u = lay.unit_of[p]
-    return lay.delta[p] + (lay.revival_cost(u) if u in lay.dropped_units and u not in revived else 0)
+    if u not in lay.dropped_units or u in revived:
+        return lay.delta[p]
+    return lay.delta[p] + lay.revival_cost(u) + (lay.runs.remove_delta(u) if u in lay.runs.start else 0)
 
 
 class Learned:

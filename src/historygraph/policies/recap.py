@@ -74,8 +74,8 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, loop_opening, oversized_excerpt,
-                      placeholder_for, render_order)
+from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, dropped_marker, loop_opening,
+                      oversized_excerpt, placeholder_for, render_order)
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -179,6 +179,11 @@ def build_blocks(graph: ContextGraph, segment: str = "message") -> list[Block]:
                 n = len(out)
                 out.extend(Block(n + k, (p,), "assistant", span, len(pieces)) for k, span in enumerate(pieces))
     return out
+
+
+def last_assistant(hist: list[Block]) -> int | None:
+    """Graph position of the latest assistant message among ``hist``."""
+    return max((b.positions[0] for b in hist if b.role == "assistant"), default=None)
 
 
 def block_messages(graph: ContextGraph, block: Block) -> list[Message]:
@@ -380,8 +385,18 @@ class Recap:
             stats["revived"] = int(bool(chosen & st.omitted))
         st.omitted = {b.id for b in hist} - chosen
         st.selection, st.append_from = frozenset(chosen), len(graph)
-        shown = sorted(chosen | {b.id for b in blocks if b.positions[0] == current})
-        return assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms)
+        current_ids = {b.id for b in blocks if b.positions[0] == current}
+        r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms)
+        mandatory = self.mandatory(graph, hist)
+        while r.history_tokens > budget:  # the dropped-step markers are charged too: give up the oldest choice
+            spare = sorted(chosen - mandatory)
+            if not spare:
+                raise BudgetTooSmallError(budget, r.history_tokens)
+            chosen.discard(spare[0])
+            st.omitted.add(spare[0])
+            st.selection = frozenset(chosen)
+            r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms)
+        return r
 
     def _warm(self, graph: ContextGraph, turn: int) -> bool:
         """Whether the boundary before user turn ``turn`` is warm (§5.3: a seeded draw with probability p)."""
@@ -400,14 +415,9 @@ class Recap:
         grow_tok = min(budget, int((1 + cfg.delta) * pack_tok))
         pack_chr = math.floor(cfg.beta * sum(chars.values())) if cfg.unit == "chars" else None
         grow_chr = math.floor((1 + cfg.delta) * pack_chr) if pack_chr is not None else None
-        mandatory = set([b.id for b in hist if b.role == "user"][:1])
-        assistants = [b.id for b in hist if b.role == "assistant"]
-        if assistants:
-            last = next(b for b in hist if b.id == assistants[-1]).positions[0]
-            mandatory |= {b.id for b in hist if b.positions[0] == last}
-        opening = loop_opening(graph)  # the active tool loop's first message, with its thinking block (§5.7)
-        open_ids = {b.id for b in hist if b.role == "assistant" and b.positions[0] == opening} - mandatory
-        mandatory |= open_ids
+        mandatory = self.mandatory(graph, hist)
+        opening = loop_opening(graph)
+        open_ids = {b.id for b in hist if b.role == "assistant" and b.positions[0] == opening != last_assistant(hist)}
         need = sum(cost[i] for i in mandatory)
         if need > budget and forms is not None:  # the opening message is protected, not its results
             for b in (b for b in hist if b.id in open_ids):
@@ -440,6 +450,15 @@ class Recap:
                         used_tok += cost[a]
                         used_chr += chars[a]
         return chosen
+
+    @staticmethod
+    def mandatory(graph: ContextGraph, hist: list[Block]) -> set[int]:
+        """Blocks every selection keeps: the first user block, the latest assistant message's
+        blocks and the block opening the active tool loop with a thinking block
+        (:func:`~historygraph.render.loop_opening`, DESIGN.md §5.7)."""
+        out = set([b.id for b in hist if b.role == "user"][:1])
+        keep = {p for p in (last_assistant(hist), loop_opening(graph)) if p is not None}
+        return out | {b.id for b in hist if b.role == "assistant" and b.positions[0] in keep}
 
     def scores(self, st: SessionState, graph: ContextGraph, hist: list[Block], turn: int) -> dict[int, float]:
         """``s(v)`` of §3.3 for every history block (the relevance alone without the graph)."""
@@ -596,7 +615,24 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     out: list[Message] = []
     positions: list[int | None] = []
     history = 0
-    for p in (q for q in render_order(graph) if q in keep):  # results directly after their call
+    run: list[list[int]] = []  # consecutive steps left out: one dropped-step marker (DESIGN.md §5.6)
+
+    def mark() -> None:
+        nonlocal history
+        if run:
+            marker = dropped_marker(graph, run)
+            out.append(marker)
+            positions.append(None)
+            history += count(marker)
+            run.clear()
+
+    for p in render_order(graph):  # results directly after their call
+        if p not in keep:
+            if graph.messages[p].role != "tool":
+                run.append([p] + [graph.result_of[c.id] for c in graph.messages[p].tool_calls if c.id in graph.result_of])
+            continue
+        if graph.messages[p].role != "tool":
+            mark()
         m = forms.get(p, graph.messages[p])
         if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
             m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in sorted(x.span for x in pieces[p])), "segments")
@@ -607,6 +643,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
             out.append(s)
             positions.append(None)
             history += count(s)
+    mark()
     block_of = {p: b for b in build_blocks(graph) for p in b.positions}
     reasons = {p: f"block {block_of[p].id} dropped by ReCAP selection"
                for p in range(len(graph)) if p not in keep and p in block_of}
