@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: replay real agent traces through ContextRender, Prune and Full history at
+# The main job: replay real agent traces through learned, ContextRender, Prune, Full history and the oracle at
 # B = 6000 tokens, with the embedded SQLite store. Uses ../shared/traces when present, else the
 # example trace shipped with the package (at B = 3000, where the example's history overflows).
 # Extra arguments are passed to `historygraph replay` (e.g. --policy all, --per-trace).
@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 TRACES=${HISTORYGRAPH_TRACES:-../shared/traces}
 if [ -d "$TRACES" ]; then
-  exec .venv/bin/historygraph replay "$TRACES" --budget 6000 --out replay-results "$@"
+  exec .venv/bin/historygraph replay "$TRACES" -p learned -p contextrender -p prune -p full -p oracle --budget 6000 --out replay-results "$@"
 else
   echo "no trace folder at $TRACES: replaying the shipped example trace instead" >&2
-  exec .venv/bin/historygraph replay --budget 3000 --out replay-results "$@"
+  exec .venv/bin/historygraph replay -p learned -p contextrender -p prune -p full -p oracle --budget 3000 --out replay-results "$@"
 fi
