@@ -31,3 +31,34 @@ from hypothesis import settings as _settings  # noqa: E402
 _settings.register_profile("ci", derandomize=True, deadline=None)
 _settings.register_profile("fuzz", max_examples=5000, deadline=None)
 _settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+# Tests that load the local language model (SmolLM2-135M) carry the `lm` mark (registered in
+# pyproject.toml), so `pytest -m "not lm"` runs everything else. A test that uses the model without
+# the mark is listed at the end of the run.
+_UNMARKED_LM: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _record_language_model_use(request, monkeypatch):
+    try:
+        from historygraph.models import smollm2
+    except ImportError:
+        yield
+        return
+    original = smollm2.load_smollm2
+
+    def recording():
+        if request.node.get_closest_marker("lm") is None and request.node.nodeid not in _UNMARKED_LM:
+            _UNMARKED_LM.append(request.node.nodeid)
+        return original()
+
+    monkeypatch.setattr(smollm2, "load_smollm2", recording)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _UNMARKED_LM:
+        terminalreporter.write_line("tests that load SmolLM2-135M without the lm mark (add @pytest.mark.lm):")
+        for nodeid in _UNMARKED_LM:
+            terminalreporter.write_line(f"  {nodeid}")

@@ -272,6 +272,7 @@ def test_rendering_carries_validation_counts_and_the_f1_summary():
     assert r.stats["test_summary"] == "TEST STATUS:\n✓ test_raw: PASSED\n✓ test_split: PASSED"
 
 
+@pytest.mark.lm
 def test_local_model_writes_a_bounded_cached_summary():
     """The real default model path (local SmolLM2 unless an endpoint is configured): one call."""
     pytest.importorskip("torch", reason="the 'llm' extra is not installed")

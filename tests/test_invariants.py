@@ -54,7 +54,8 @@ def test_under_budget_history_comes_back_unchanged(name, signals):
     assert create(name).render(g, 6000, signals).messages == msgs
 
 
-@pytest.mark.parametrize("name", [n for n in POLICIES if n != "full"])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.lm) if n in ("recap", "recap-line", "recap-paragraph") else n
+                                  for n in POLICIES if n != "full"])  # those three run the SmolLM2 proxy attention
 def test_budget_below_protected_history_raises_with_shortfall(name, signals):
     msgs = [Message("user", "first task " * 200), Message("assistant", "", (call("c1"),)),
             Message("tool", "x", tool_call_id="c1"), Message("user", "now this")]
@@ -72,6 +73,7 @@ def test_unanswered_call_gets_a_synthetic_error_result(signals):
     assert r.messages[2].role == "tool" and "c1" in r.messages[2].content
 
 
+@pytest.mark.lm
 def test_every_policy_on_one_real_trace_per_format(traces_dir, signals):
     picks = ["mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json", "swe-agent/pydicom__pydicom-1458.traj",
              "openhands/multi_swe_bench_examples/output.jsonl", "tau2-bench/gpt-4.1_airline_default_gpt-4.1_1trials.json"]

@@ -2,6 +2,8 @@
 
 import pytest
 
+pytestmark = pytest.mark.lm
+
 torch = pytest.importorskip("torch", reason="the 'llm' extra is not installed")
 
 from historygraph.models.smollm2 import load_smollm2  # noqa: E402

@@ -242,6 +242,7 @@ def test_consolidate_clips_and_maps_tokens_to_messages():
 
 
 # -- the real proxy model --------------------------------------------------------------------------
+@pytest.mark.lm
 def test_proxy_model_rows_match_eager_attention_and_map_to_messages():
     torch = pytest.importorskip("torch", reason="the 'llm' extra is not installed")
     from historygraph.models.smollm2 import load_smollm2
@@ -279,6 +280,7 @@ def test_segments_split_paragraphs_and_lines_but_keep_fenced_code_whole():
     assert pieces("line") == ["Intro line one", "line two", "```py\nx = 1\n\ny = 2\n```", "after", "last"]
 
 
+@pytest.mark.lm
 def test_line_segmentation_renders_pieces_of_an_answer_within_budget(signals):
     answer = "\n".join(f"line {i}: " + ("detail " * 30 if i != 3 else "the KeyError comes from parse_config") for i in range(8))
     msgs = [Message("user", "why does it fail?"), Message("assistant", answer), Message("assistant", "anything else?"),

@@ -208,6 +208,7 @@ def test_cli_reports_an_unreachable_endpoint_without_a_traceback(tmp_path, monke
     assert json.loads((tmp_path / "o" / "replay.json").read_text())["meta"]["interrupted"] is True
 
 
+@pytest.mark.lm
 def test_one_real_summary_from_the_local_smollm2_model():
     pytest.importorskip("torch", reason="the 'llm' extra is not installed")
     from historygraph.llm import LocalSmolLM2
