@@ -284,6 +284,17 @@ def test_contextrender_policy_by_header(servers):
     assert_paired(sent)
 
 
+def test_learned_policy_by_header_and_the_oracle_is_refused(servers):
+    client = oai(servers, "lr", **{"X-HistoryGraph-Policy": "learned", "X-HistoryGraph-Budget": "700"})
+    msgs = history("lr")
+    client.chat.completions.create(model="m", messages=msgs)
+    sent = received(servers)["body"]["messages"]
+    assert history_tokens(sent) <= 700 < history_tokens(msgs)
+    assert_paired(sent)
+    with pytest.raises(openai.BadRequestError, match="recorded future"):
+        oai(servers, "or", **{"X-HistoryGraph-Policy": "oracle"}).chat.completions.create(model="m", messages=msgs)
+
+
 def test_bad_requests_get_clear_4xx_errors(servers):
     client = oai(servers, "bad")
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]"):
