@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -181,6 +182,11 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
     scoring all ``n²/2`` pairs. The superseded check visits only the steps still failed.
     """
     cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})
+    with cache.setdefault("lock", threading.RLock()):  # renders of one graph in two threads share the index
+        return _build_steps(graph, cache, selector, selector_key)
+
+
+def _build_steps(graph: ContextGraph, cache: dict, selector: Selector, selector_key: str) -> list[Step]:
     pcache = cache["parents"]
     shared_only = getattr(selector, "shared_only", False)
     if shared_only:
