@@ -251,3 +251,16 @@ def test_12_6_marker_text_for_a_known_run():
         "[omitted: messages #1–#4, tool calls k0 (bash), k1 (bash); stored in full, restore by id]"
     many = dropped_marker(g, [[1 + 2 * i, 2 + 2 * i] for i in range(7)]).content
     assert many == "[omitted: messages #1–#14, tool calls k0 (bash), k1 (bash), …, k6 (bash): 7 calls; stored in full, restore by id]"
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_12_5_a_late_second_result_for_one_call(name, signals):
+    """A framework writes a synthetic error on timeout, then the real result arrives: both are stored,
+    the latest is rendered directly after its call, the earlier one is listed as dropped."""
+    msgs = [Message("user", "task"), Message("assistant", "", (call("c1"),)),
+            Message("tool", "error: timed out", tool_call_id="c1"), Message("assistant", "retrying later"),
+            Message("tool", "real output", tool_call_id="c1"), Message("user", "go on")]
+    g, r = render(name, msgs, 6000, signals)
+    assert [m.content for m in r.messages if m.role == "tool"] == ["real output"]
+    assert r.messages[r.positions.index(1) + 1].content == "real output"
+    assert 2 in r.dropped and g.messages[2].content == "error: timed out" and g.result_by_id("c1").content == "real output"

@@ -592,3 +592,20 @@ def test_two_worker_processes_share_one_store(servers, tmp_path):
     assert [m.content for m in stored] == [m.get("content") or "" for m in msgs[:len(stored)]]
     assert stored[0].role == "system" and [m.role for m in stored[1:]] == [m["role"] for m in msgs[1:len(stored)]]
     assert len(stored) == len(msgs) - 1  # everything but the last tool result / user message, which no request carried yet
+
+
+def test_late_second_result_for_one_call_is_stored_and_one_is_forwarded(servers):
+    """Issue 12.5: a synthetic timeout error, then the real result for the same call (before: 400 on
+    this and every later request). Both are stored; the latest is forwarded, right after its call."""
+    msgs = [{"role": "user", "content": "task late result"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "late1", "type": "function",
+                                                                   "function": {"name": "search", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "late1", "content": "error: timed out"},
+            {"role": "tool", "tool_call_id": "late1", "content": "the real result"}]
+    client = oai(servers, "late-result")
+    for _ in range(2):
+        client.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+        sent = received(servers)["body"]["messages"]
+        assert [m.get("content") for m in sent if m["role"] == "tool"] == ["the real result"]
+    stored = api(servers, "GET", "/sessions/late-result").json()["messages"]
+    assert [m["content"] for m in stored if m["role"] == "tool"] == ["error: timed out", "the real result"]

@@ -194,7 +194,7 @@ def test_two_instances_serve_one_session_consistently(shared_db, request):
     assert a.messages("s1") == EVENTS
     assert len(a.graph("s1")) == 5 and a.graph("s1").result_by_id("c2").content == ""
     with pytest.raises(GraphError, match="c1"):  # a validates against what b wrote
-        a.append("s1", [Message("tool", "again", tool_call_id="c1")])
+        a.append("s1", [Message("assistant", "", (ToolCall("c1", "x"),))])  # c1 is taken
     assert b.sessions() == ["s1"] and len(b.messages("s1")) == 5
     a.close(), b.close()
 
@@ -493,8 +493,7 @@ def test_validate_checks_a_batch_against_the_graph_and_itself():
         g.validate([call2, Message("assistant", "", (ToolCall("c1", "bash", "{}"),))])
     with pytest.raises(GraphError, match="event 1: tool call id 'c2' appears twice"):
         g.validate([call2, call2])
-    with pytest.raises(GraphError, match="event 1: tool_call_id 'c1' already has a result"):
-        g.validate([Message("tool", "r", tool_call_id="c1")] * 2)
+    g.validate([Message("tool", "r", tool_call_id="c1")] * 2)  # a late second result is accepted (issue 12.5)
     with pytest.raises(GraphError, match="unknown tool_call_id 'c9'"):
         g.validate([Message("tool", "r", tool_call_id="c9")])
     assert len(g) == 2 and set(g.call_owner) == {"c1"} and not g.result_of  # nothing changed

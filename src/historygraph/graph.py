@@ -45,9 +45,12 @@ def operations(message: Message) -> list[str]:
 class ContextGraph:
     """Append-only graph of one session's history.
 
+    A second result for an answered call (a framework wrote a synthetic timeout error, then the
+    real result arrived) is stored too: ``result_of`` points to the latest, which is the one
+    rendered; ``superseded`` maps each earlier result's position to the one that replaced it.
+
     Raises:
-        GraphError: on a duplicate tool-call id, or a tool result whose call is unknown or already
-            answered.
+        GraphError: on a duplicate tool-call id, or a tool result whose call is unknown.
     """
 
     def __init__(self, session_id: str = "session", messages: Iterable[Message] = ()) -> None:
@@ -57,7 +60,8 @@ class ContextGraph:
         self.turns = 0
         self.reuse = ReuseIndex()
         self.call_owner: dict[str, int] = {}   # tool_call_id -> position of the assistant message
-        self.result_of: dict[str, int] = {}    # tool_call_id -> position of its result
+        self.result_of: dict[str, int] = {}    # tool_call_id -> position of its latest result
+        self.superseded: dict[int, int] = {}   # position of an earlier result -> position of the later one
         for m in messages:
             self.append(m)
 
@@ -79,8 +83,6 @@ class ContextGraph:
             cid = message.tool_call_id
             if cid not in self.call_owner:
                 raise GraphError(f"tool result at position {pos} answers unknown tool_call_id {cid!r}")
-            if cid in self.result_of:
-                raise GraphError(f"tool_call_id {cid!r} already has a result at position {self.result_of[cid]}")
         self.messages.append(message)
         self.turn_of.append(self.turns)
         if message.role == "assistant":
@@ -89,6 +91,8 @@ class ContextGraph:
             self.reuse.add_operations(pos, operations(message))
         elif message.role == "tool":
             assert message.tool_call_id is not None  # validate() refuses a result without a call id
+            if message.tool_call_id in self.result_of:  # a late second result: the latest is rendered
+                self.superseded[self.result_of[message.tool_call_id]] = pos
             self.result_of[message.tool_call_id] = pos
             self.reuse.add_result(pos, message.content)
         return pos
@@ -98,7 +102,6 @@ class ContextGraph:
 
         Cost: O(len(batch)); the graph's own id maps are read, never copied."""
         calls: set[str] = set()      # call ids the batch adds
-        answered: set[str] = set()   # call ids the batch answers
         for i, m in enumerate(batch):
             if m.role == "assistant":
                 for c in m.tool_calls:
@@ -109,9 +112,6 @@ class ContextGraph:
                 cid = m.tool_call_id
                 if cid not in self.call_owner and cid not in calls:
                     raise GraphError(f"event {i}: tool result answers unknown tool_call_id {cid!r}")
-                if cid in self.result_of or cid in answered:
-                    raise GraphError(f"event {i}: tool_call_id {cid!r} already has a result")
-                answered.add(cid)
 
     def extend(self, messages: Iterable[Message]) -> None:
         for m in messages:
@@ -123,7 +123,8 @@ class ContextGraph:
         return [p for p, m in enumerate(self.messages) if m.role == "tool"]
 
     def result_by_id(self, tool_call_id: str) -> Message:
-        """The stored, complete tool result for ``tool_call_id`` (raises KeyError naming it)."""
+        """The stored, complete tool result for ``tool_call_id``, the latest when it has several
+        (raises KeyError naming it)."""
         try:
             return self.messages[self.result_of[tool_call_id]]
         except KeyError:

@@ -24,6 +24,8 @@ implemented once:
   assistant message that made its call, even when another message (a user note, a summary) was
   stored between the call and its result; the interposed message follows the results
   (:func:`render_order`). Everything else stays chronological.
+* **A late second result** for one call: both are stored; the latest is rendered (after its call),
+  each earlier one is listed in ``dropped`` with its reason (``ContextGraph.superseded``).
 * **Unanswered calls**: a call with no stored result that is not in the latest assistant message
   is answered by a synthetic result saying so; a call in the latest assistant message is in
   flight and is rendered without a result (DESIGN.md §5.4).
@@ -596,9 +598,12 @@ class Layout:
         shown = selection.shown
         msgs = self.graph.messages
         dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
+        dropped |= self.graph.superseded.keys()
         briefs = {self.units[u].positions[0]: b for u in self.dropped_units & selection.revived
                   if (b := self.brief(u)[1]) is not None}
         reasons = dict(self.reasons)
+        for p, later in self.graph.superseded.items():
+            reasons[p] = f"superseded: a later result for the same call (message {later}) is rendered instead"
         why = "retained non-tool history over its share of the budget (oldest first)"
         for u in self.dropped_units - self.left_out:  # dropped for the share; a policy's own omissions keep its reason
             for p in self.units[u].positions:
@@ -737,7 +742,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
             raise InvariantError("§5.4 in-flight: the last assistant tool call was cut")
     # 5. under budget → unchanged
     if B is not None and rendering.policy != "full":
-        full_cost = sum(counter.count_message(m) for p, m in enumerate(graph.messages) if p not in outside)
+        full_cost = sum(counter.count_message(graph.messages[p]) for p in order if p not in outside)
         if full_cost <= B and not _has_unanswered(graph) and msgs != [graph.messages[p] for p in order]:
             raise InvariantError("§5.5 unchanged: history fits in B but was not returned unchanged")
     # 6. omitted results are retrievable, and a step left out leaves a marker naming where it was
