@@ -1,6 +1,6 @@
 """Latency the proxy adds per request, at 1, 10 and 50 concurrent sessions with 200-event histories.
 
-Set-up: the recording fake provider (``historygraph.server.fake_upstream``) and ``historygraph
+Set-up: the recording fake provider (``tests/fake_upstream.py``) and ``historygraph
 serve`` run as separate processes on loopback; the load generator is a third (asyncio + httpx).
 Each session starts with a 200-event history (system, task, 99 tool steps whose results are
 about 150–600 tokens, far over the budget so the policy has to select) and then runs ``--requests``
@@ -127,7 +127,7 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="hg-bench-")
     up_port, px_port = free_port(), free_port()
-    procs = [start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port, Path(tmp, "upstream.log"))]
+    procs = [start([str(Path(__file__).resolve().parents[1] / "tests" / "fake_upstream.py"), "--port", str(up_port)], up_port, Path(tmp, "upstream.log"))]
     try:
         procs.append(start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--port", str(px_port),
                             "--store", args.store or f"{tmp}/bench.sqlite", "--policy", args.policy, "--budget", str(args.budget)],

@@ -225,7 +225,7 @@ def bench_proxy(runs: list[tuple[str, int, dict[int, int]]], tmp: str) -> dict:
     out: dict = {}
     for policy, workers, levels in runs:
         up_port, px_port = pl.free_port(), pl.free_port()
-        procs = [pl.start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port,
+        procs = [pl.start([str(Path(__file__).resolve().parents[1] / "tests" / "fake_upstream.py"), "--port", str(up_port)], up_port,
                           Path(tmp, f"upstream-{policy}.log"))]
         try:
             procs.append(pl.start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1",

@@ -20,7 +20,10 @@ import pytest
 from historygraph import Message, Session, TokenCounter
 from historygraph.server.sessions import derived_session_id
 
+from fake_upstream import sign
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+FAKE = str(Path(__file__).resolve().parent / "fake_upstream.py")  # the rule-enforcing fake provider
 BUDGET = 800
 WORDS = 200  # a result of about 400 tokens: the newest fits in B, two do not
 TOKEN = "test-token"
@@ -56,7 +59,7 @@ def _start(args: list[str], port: int, log: Path) -> subprocess.Popen:
 def servers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
     up_port, px_port = _port(), _port()
-    up = _start(["-m", "historygraph.server.fake_upstream", "--port", str(up_port)], up_port, tmp / "upstream.log")
+    up = _start([FAKE, "--port", str(up_port)], up_port, tmp / "upstream.log")
     db = tmp / "proxy.sqlite"
     px = _start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--anthropic-upstream",
                  f"http://127.0.0.1:{up_port}", "--port", str(px_port), "--store", str(db), "--policy", "prune",
@@ -218,7 +221,7 @@ def test_stream_is_relayed_chunk_by_chunk(servers):
 def test_anthropic_client_thinking_byte_exact_tools_paired_answer_stored(servers, stream):
     sid = f"anth-{stream}"
     a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": sid})
-    thinking = {"type": "thinking", "thinking": "weird ✓ \u2028 text", "signature": "c2lnbmF0dXJl+/=="}
+    thinking = {"type": "thinking", "thinking": "weird ✓ \u2028 text", "signature": sign("weird ✓ \u2028 text")}
     msgs: list[dict] = [{"role": "user", "content": f"task {sid}"}]
     for i in range(3):
         msgs.append({"role": "assistant", "content": [thinking, {"type": "text", "text": f"step {i}"},
@@ -499,7 +502,7 @@ def test_interposed_message_openai_and_anthropic_results_follow_their_call(serve
 def test_thinking_block_opening_the_active_tool_loop_is_forwarded_or_a_clear_400(servers):
     """Issue 12.2: with extended thinking the loop's first assistant turn (thinking block, large tool
     input) is sent back byte-exact however small B is; a B too small for it is a 400 naming the header."""
-    think = {"type": "thinking", "thinking": "plan ✓", "signature": "EqQBCkgIARABGAIiQ+/=="}
+    think = {"type": "thinking", "thinking": "plan ✓", "signature": sign("plan ✓")}
     turns = [{"role": "user", "content": "find the bug (thinking)"},
              {"role": "assistant", "content": [think, {"type": "tool_use", "id": "th0", "name": "search",
                                                        "input": {"script": "echo x " * 300}}]},
@@ -537,7 +540,7 @@ def test_server_tool_blocks_and_thinking_are_charged_to_the_budget(servers):
               "content": [{"type": "web_search_result", "url": f"https://example.org/{i}", "title": f"page {i}",
                            "encrypted_content": "EncryptedPageText " * 40, "page_age": None} for i in range(6)]}
     turns = [{"role": "user", "content": "what is new (server tools)?"},
-             {"role": "assistant", "content": [{"type": "thinking", "thinking": "search the web " * 30, "signature": "c2ln"},
+             {"role": "assistant", "content": [{"type": "thinking", "thinking": "search the web " * 30, "signature": sign("search the web " * 30)},
                                                {"type": "server_tool_use", "id": "srv1", "name": "web_search",
                                                 "input": {"query": "news"}}, search,
                                                {"type": "text", "text": "Here is what I found."}]},

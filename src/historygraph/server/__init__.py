@@ -2,7 +2,7 @@
 
 Modules: :mod:`.app` (config, proxy endpoints), :mod:`.api` (session API), :mod:`.sessions`
 (session ids, diffing, branches), :mod:`.upstream` (headers, SSE parsing, stream accumulation),
-:mod:`.fake_upstream` (a recording stand-in for a provider, used by tests and the benchmark).
+the fake provider the tests and benchmarks run lives in tests/fake_upstream.py (a test double, not installed).
 Needs the ``server`` extra (fastapi, uvicorn; psycopg for PostgreSQL).
 """
 

@@ -1,6 +1,13 @@
 """A recording stand-in for a model provider (OpenAI Chat Completions and Anthropic Messages), run
-as a real server process by the tests and the benchmark: ``python -m
-historygraph.server.fake_upstream --port N``.
+as a real server process by the tests and the benchmarks: ``python tests/fake_upstream.py --port N``.
+A test double: it lives with the tests, never in the installed package.
+
+It enforces the providers' documented request rules and answers a violation with 400 in the
+provider's error shape, recording it at ``GET /_rejections`` (:func:`openai_violation`,
+:func:`anthropic_violation`): pairing and order of calls and results, ``tool_result`` blocks
+first in their user turn, server-tool pairs, the extended-thinking rule and thinking signatures
+(the fake signs what it emits with :func:`sign`; a block whose signature does not match is
+rejected, as the provider rejects a modified thinking block).
 
 It keeps every request it receives (path, headers, JSON body), readable at ``GET /_requests`` and
 cleared by ``POST /_reset``. Its answers are deterministic:
@@ -8,7 +15,7 @@ cleared by ``POST /_reset``. Its answers are deterministic:
 * when the request offers ``tools`` and the last message is the user's (not a tool result), it
   calls the first tool with ``{"q": "<n>"}`` (call id ``call_<n>`` / ``toolu_<n>``, ``n`` the request
   count), otherwise it answers with the text ``answer <n>``;
-* Anthropic answers start with a ``thinking`` block (text ``thinking <n>``, signature ``sig<n>``);
+* Anthropic answers start with a ``thinking`` block (text ``thinking <n>``, signature ``sign(text)``);
 * model ``error-model`` gets 429 (OpenAI) or 529 (Anthropic) with an error body; model
   ``slow-model`` streams with 0.4 s between events (to observe unbuffered relaying); model
   ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events; model
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 from typing import Any, AsyncIterator
 
@@ -30,9 +38,106 @@ OPENAI_ERROR = {"error": {"message": "fake upstream: rate limit reached", "type"
 ANTHROPIC_ERROR = {"type": "error", "error": {"type": "overloaded_error", "message": "fake upstream: overloaded"}}
 
 
+def sign(thinking: str) -> str:
+    """The fake's signature of a thinking text (the provider's is opaque; this one is checkable)."""
+    return "sig-" + hashlib.sha256(thinking.encode()).hexdigest()[:24]
+
+
+def openai_violation(messages: list[Any]) -> str | None:
+    """The first Chat Completions rule ``messages`` breaks, or ``None``: an assistant message with
+    ``tool_calls`` must be followed directly by one ``tool`` message per call id, and a ``tool``
+    message must answer a call of that assistant message (OpenAI: "An assistant message with
+    'tool_calls' must be followed by tool messages responding to each 'tool_call_id'")."""
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if not isinstance(m, dict):
+            return f"messages[{i}]: not an object"
+        if m.get("role") == "tool":
+            return f"messages[{i}]: a 'tool' message must be a response to a preceding message with 'tool_calls'"
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            ids = [c.get("id") for c in m["tool_calls"]]
+            j, got = i + 1, []
+            while j < len(messages) and isinstance(messages[j], dict) and messages[j].get("role") == "tool":
+                got.append(messages[j].get("tool_call_id"))
+                j += 1
+            last = i == len(messages) - 1
+            if not last and sorted(got) != sorted(ids):
+                return (f"messages[{i}]: an assistant message with 'tool_calls' must be followed by tool messages "
+                        f"responding to each 'tool_call_id' (calls {ids}, results {got})")
+            i = j
+            continue
+        i += 1
+    return None
+
+
+def _merged(turns: list[Any]) -> list[dict[str, Any]]:
+    """Consecutive turns of one role combined into one, as the Messages API does."""
+    out: list[dict[str, Any]] = []
+    for t in turns:
+        blocks = t["content"] if isinstance(t.get("content"), list) else [{"type": "text", "text": t.get("content")}]
+        if out and out[-1]["role"] == t.get("role"):
+            out[-1]["content"] += blocks
+        else:
+            out.append({"role": t.get("role"), "content": list(blocks)})
+    return out
+
+
+def anthropic_violation(body: dict[str, Any]) -> str | None:
+    """The first Messages API rule ``body`` breaks, or ``None`` (turns of one role are merged first):
+    every ``tool_use`` is answered by a ``tool_result`` in the next user turn, all ``tool_result``
+    blocks come first in that turn and answer a ``tool_use`` of the turn before; each
+    ``server_tool_use`` is followed in its turn by its result block; with ``thinking`` enabled the
+    first assistant turn of the active tool loop starts with a ``thinking``/``redacted_thinking``
+    block; every thinking block carries the signature the fake gave it."""
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
+        return "messages: a non-empty list of objects is required"
+    turns = _merged(turns)
+    if turns[0]["role"] != "user":
+        return "messages: the first message must use the user role"
+    for k, t in enumerate(turns):
+        blocks = t["content"]
+        if t["role"] == "assistant":
+            served = {b.get("tool_use_id") for b in blocks if isinstance(b, dict) and str(b.get("type", "")).endswith("_tool_result")}
+            for b in blocks:
+                if b.get("type") == "server_tool_use" and b.get("id") not in served:
+                    return f"messages.{k}: server_tool_use {b.get('id')} has no result block in its turn"
+                if b.get("type") == "thinking" and b.get("signature") != sign(str(b.get("thinking", ""))):
+                    return f"messages.{k}: invalid signature in thinking block"
+            uses = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
+            if uses and k + 1 < len(turns):
+                nxt = turns[k + 1]["content"]
+                n = 0
+                while n < len(nxt) and nxt[n].get("type") == "tool_result":
+                    n += 1
+                if sorted(b.get("tool_use_id") for b in nxt[:n]) != sorted(uses):
+                    return (f"messages.{k + 1}: tool_use ids were found without tool_result blocks immediately after: "
+                            f"{uses} (tool_result blocks must come first in the next user turn)")
+        else:
+            results = [(n, b) for n, b in enumerate(blocks) if isinstance(b, dict) and b.get("type") == "tool_result"]
+            prev = turns[k - 1]["content"] if k else []
+            uses = {b.get("id") for b in prev if isinstance(b, dict) and b.get("type") == "tool_use"}
+            for n, b in results:
+                if b.get("tool_use_id") not in uses or any(x.get("type") != "tool_result" for x in blocks[:n]):
+                    return f"messages.{k}.content.{n}: unexpected tool_use_id {b.get('tool_use_id')} in tool_result block"
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled" and turns[-1]["role"] == "user" \
+            and any(b.get("type") == "tool_result" for b in turns[-1]["content"]):
+        start = max((k for k, t in enumerate(turns) if t["role"] == "user"
+                     and not any(b.get("type") == "tool_result" for b in t["content"])), default=-1) + 1
+        first = next((t for t in turns[start:] if t["role"] == "assistant"), None)
+        if first is not None and (not first["content"] or first["content"][0].get("type") not in ("thinking", "redacted_thinking")):
+            return ("messages: Expected `thinking` or `redacted_thinking`, but found "
+                    f"`{first['content'][0].get('type') if first['content'] else 'nothing'}`. When `thinking` is enabled, "
+                    "a final `assistant` message must start with a thinking block")
+    return None
+
+
 def build_app() -> FastAPI:
     app = FastAPI()
     seen: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
 
     async def record(request: Request) -> dict[str, Any]:
         body = await request.json()
@@ -43,9 +148,14 @@ def build_app() -> FastAPI:
     async def requests() -> list[dict[str, Any]]:
         return seen
 
+    @app.get("/_rejections")
+    async def rejections() -> list[dict[str, Any]]:
+        return rejected
+
     @app.post("/_reset")
     async def reset() -> dict[str, int]:
         seen.clear()
+        rejected.clear()
         return {"cleared": 1}
 
     @app.get("/v1/models")
@@ -55,6 +165,10 @@ def build_app() -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await record(request)
+        if (why := openai_violation(body.get("messages") or [])) is not None:
+            rejected.append({"path": "/v1/chat/completions", "error": why, "body": body})
+            return JSONResponse({"error": {"message": why, "type": "invalid_request_error", "param": "messages",
+                                           "code": None}}, 400)
         if body.get("model") == "error-model":
             return JSONResponse(OPENAI_ERROR, 429, headers={"x-fake": "1"})
         if body.get("model") == "hang-model":
@@ -96,13 +210,16 @@ def build_app() -> FastAPI:
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         body = await record(request)
+        if (why := anthropic_violation(body)) is not None:
+            rejected.append({"path": "/v1/messages", "error": why, "body": body})
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": why}}, 400)
         if body.get("model") == "error-model":
             return JSONResponse(ANTHROPIC_ERROR, 529)
         n = len(seen)
         last = (body.get("messages") or [{}])[-1]
         content = last.get("content")
         answers_tool = isinstance(content, list) and any(b.get("type") == "tool_result" for b in content)
-        blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"thinking {n}", "signature": f"sig{n}"}]
+        blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"thinking {n}", "signature": sign(f"thinking {n}")}]
         if body.get("tools") and last.get("role") == "user" and not answers_tool:
             blocks.append({"type": "tool_use", "id": f"toolu_{n}", "name": body["tools"][0]["name"], "input": {"q": str(n)}})
         else:
