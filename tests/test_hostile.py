@@ -243,7 +243,7 @@ def test_12_6_dropped_steps_leave_a_marker_charged_to_the_budget(name, signals):
 
 def test_12_6_marker_text_for_a_known_run():
     """The exact marker for steps 1–3 of a history: positions, the calls, how many."""
-    from historygraph.render import Layout, dropped_marker
+    from historygraph.render import dropped_marker
     msgs = [Message("user", "t")] + [m for i in range(7) for m in (Message("assistant", "", (call(f"k{i}"),)),
                                                                    Message("tool", "r", tool_call_id=f"k{i}"))]
     g = ContextGraph("m", msgs)

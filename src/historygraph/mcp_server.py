@@ -27,8 +27,9 @@ from .signals.tokens import TokenCounter
 from .store import Store
 
 INSTRUCTIONS = ("Tool results of this agent's session are stored in full by historygraph. When the "
-                "conversation shows '[tool result ID omitted from this context ...]', call recall with that id "
-                "to read the complete result; use search to find results by content.")
+                "conversation shows '[tool result ID omitted from this context ...]', or an '[omitted: messages ...]' "
+                "marker naming tool calls, call recall with those ids to read the complete results; use search "
+                "to find results by content.")
 
 
 def _first_line(text: str, width: int = 120) -> str:

@@ -34,7 +34,8 @@ from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, respo
 
 TOOL_NAME = "historygraph_recall"
 DESCRIPTION = ("Fetch the complete text of earlier tool results that this conversation shows only as a "
-               "placeholder ('[tool result ID omitted from this context ...]'). Pass their ids.")
+               "placeholder ('[tool result ID omitted from this context ...]') or names in an "
+               "'[omitted: messages ...; tool calls ID (tool), ...]' marker. Pass their ids.")
 PARAMETERS = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"},
                                                         "description": "tool result ids named by placeholders"}},
               "required": ["ids"]}
