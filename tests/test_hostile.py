@@ -26,6 +26,13 @@ from doubles import ScriptedModel
 
 POLICIES = names()
 BUDGETED = [p for p in POLICIES if p != "full"]
+ATTENTION = {"recap", "recap-line", "recap-paragraph"}  # run the SmolLM2 proxy attention
+
+
+def lm_marked(names_: list[str]) -> list:
+    """``names_`` with the ``lm`` mark on the policies that run the local language model."""
+    return [pytest.param(n, marks=pytest.mark.lm) if n in ATTENTION else n for n in names_]
+
 # Policies that by design rewrite or cut the history as a whole when it exceeds B: the summarising
 # baselines fold older results into a summary, ReCAP Recency stops at the first block that does not fit.
 WHOLE_HISTORY = {"compact-llm", "recency-summary", "recap-recency"}
@@ -77,7 +84,7 @@ def test_3_five_hundred_pairs_and_one_in_flight(name, signals):
     assert r.messages[-1] is msgs[-1]
 
 
-@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("name", lm_marked(POLICIES))
 def test_4_large_result_with_budget_for_the_last_three(name, signals):
     c = signals.counter
     msgs = [Message("user", "task"), Message("assistant", "", (call("c1"),)), Message("tool", "big " * 3000, tool_call_id="c1"),
@@ -119,7 +126,7 @@ def test_7_in_flight_call_is_kept(name, signals):
     assert r.messages[-1] is msgs[-1]
 
 
-@pytest.mark.parametrize("name", BUDGETED)
+@pytest.mark.parametrize("name", lm_marked(BUDGETED))
 def test_8_budget_below_protected_part(name, signals):
     msgs = [Message("user", "a long first task " * 100), Message("assistant", "", (call("c1"),)),
             Message("tool", "ok", tool_call_id="c1"), Message("user", "follow-up")]
@@ -221,7 +228,7 @@ def test_12_2_thinking_block_opening_the_tool_loop_is_protected(name, signals):
         assert 1 in r.positions and r.messages[r.positions.index(1)] == msgs[1]
 
 
-@pytest.mark.parametrize("name", BUDGETED)
+@pytest.mark.parametrize("name", lm_marked(BUDGETED))
 def test_12_6_dropped_steps_leave_a_marker_charged_to_the_budget(name, signals):
     """A step left out leaves a short marker where it was, naming the stored positions and the tool
     calls (first ones, last one, how many), charged to B (DESIGN.md §5.6)."""
