@@ -1,0 +1,201 @@
+"""The hostile-history gate (issue 12): generated histories with the shapes real frameworks send —
+messages interposed between a call and its result, late second results, parallel calls, extended
+thinking, server tools, images, huge results — go through every policy of the library and through
+``historygraph serve`` with the official ``openai`` and ``anthropic`` clients, in front of the fake
+provider that enforces the providers' request rules (tests/fake_upstream.py).
+
+Every example must give: no 5xx; no request the fake rejects; a forwarded history, recounted from the
+wire, within B (or our own 400 naming ``X-HistoryGraph-Budget``); every event stored. Bounded for CI
+(``HYPOTHESIS_PROFILE=ci`` draws the same examples every run)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from historygraph.events import Message
+from historygraph.formats.anthropic import from_canonical, to_canonical
+from historygraph.graph import ContextGraph
+from historygraph.policies import create, names
+from historygraph.render import BudgetTooSmallError, check_invariants
+
+from fake_upstream import anthropic_violation, openai_violation, sign
+from test_properties import SIGNALS
+from test_server import A_TOOLS, KEY, TOOLS, servers  # noqa: F401  (the proxy + fake provider fixture)
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64).decode()
+FIGURES = {"histories": 0, "requests": 0, "rejections": 0, "5xx": 0, "budget_400": 0}
+
+
+@st.composite
+def hostile(draw):
+    """Anthropic Messages turns (and whether thinking is on) with the issue-12 shapes."""
+    think = draw(st.booleans())
+    turns: list[dict] = [{"role": "user", "content": "task " + draw(st.sampled_from(["fix it", "find ABC_123", "ünï ✓"]))}]
+    n = 0
+    loop_open = True  # the next assistant turn opens a tool loop
+
+    def opening(blocks):
+        nonlocal loop_open
+        if think and loop_open:
+            text = f"plan {n}"
+            blocks = [{"type": "thinking", "thinking": text, "signature": sign(text)}] + blocks
+        loop_open = False
+        return {"role": "assistant", "content": blocks}
+
+    def use(i, big=False):
+        return {"type": "tool_use", "id": f"t{i}", "name": "search",
+                "input": {"q": "x " * (400 if big else draw(st.integers(0, 20)))}}
+
+    def result(i, size):
+        return {"type": "tool_result", "tool_use_id": f"t{i}", "content": f"out {i} " + "w " * size}
+
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["tool", "tool", "parallel", "interposed", "late", "server", "text", "user",
+                                     "image", "huge"]))
+        n += 1
+        if kind in ("tool", "huge"):
+            turns += [opening([use(n, big=draw(st.booleans()))]),
+                      {"role": "user", "content": [result(n, 30_000 if kind == "huge" else draw(st.integers(0, 300)))]}]
+        elif kind == "parallel":
+            k = draw(st.integers(2, 4))
+            turns += [opening([use(n * 10 + j) for j in range(k)]),
+                      {"role": "user", "content": [result(n * 10 + j, draw(st.integers(0, 200))) for j in range(k)]}]
+        elif kind == "interposed":  # a note stored while the call is in flight, the result after it
+            turns += [opening([use(n)]), {"role": "user", "content": [{"type": "text", "text": "note: still running"}]},
+                      {"role": "user", "content": [result(n, draw(st.integers(0, 200)))]}]
+        elif kind == "late":  # a synthetic timeout error, then the real result
+            turns += [opening([use(n)]), {"role": "user", "content": [result(n, 0) | {"content": "error: timed out"}]},
+                      {"role": "assistant", "content": [{"type": "text", "text": "waiting"}]},
+                      {"role": "user", "content": [result(n, draw(st.integers(0, 200)))]}]
+        elif kind == "server":
+            size = draw(st.integers(1, 12))
+            turns.append(opening([{"type": "server_tool_use", "id": f"srv{n}", "name": "web_search", "input": {"query": "q"}},
+                                  {"type": "web_search_tool_result", "tool_use_id": f"srv{n}",
+                                   "content": [{"type": "web_search_result", "url": f"https://e.org/{i}", "title": "t",
+                                                "encrypted_content": "Enc " * 40} for i in range(size)]},
+                                  {"type": "text", "text": "found"}]))
+            turns.append({"role": "user", "content": "thanks, go on"})
+            loop_open = True
+        elif kind == "text":
+            turns += [opening([{"type": "text", "text": "thinking aloud " * draw(st.integers(0, 30))}]),
+                      {"role": "user", "content": "continue"}]
+            loop_open = True
+        elif kind == "user":
+            turns.append({"role": "user", "content": "also: " + "detail " * draw(st.integers(0, 50))})
+            loop_open = True
+        else:
+            turns.append({"role": "user", "content": [{"type": "text", "text": "see the picture"},
+                                                      {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                                   "data": PNG}}]})
+            loop_open = True
+    if turns[-1]["role"] == "assistant":
+        turns.append({"role": "user", "content": "and now?"})
+    return turns, think
+
+
+def _budget_history(msgs: list[Message]) -> int:
+    """Tokens charged to B in a canonical message list: all but system messages and the last user message."""
+    users = [i for i, m in enumerate(msgs) if m.role == "user"]
+    return sum(SIGNALS.counter.count_message(m) for i, m in enumerate(msgs)
+               if m.role != "system" and i != (users[-1] if users else -1))
+
+
+# -- the library: every policy, both wire forms -------------------------------------------------------
+
+LM = {"recap", "recap-line", "recap-paragraph"}  # their attention comes from the local SmolLM2 model
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.lm) if n in LM else n
+                                  for n in names()])  # every production policy (oracles need a recorded future)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=hostile(), budget=st.integers(50, 4000))
+def test_every_policy_renders_hostile_histories_to_requests_the_providers_accept(name, case, budget):
+    turns, think = case
+    msgs, pieces = to_canonical("be brief", turns)
+    FIGURES["histories"] += 1
+    g = ContextGraph(f"gate-{FIGURES['histories']}", msgs)
+    try:
+        r = create(name).render(g, budget, SIGNALS)
+    except BudgetTooSmallError as exc:
+        assert exc.required > budget
+        return
+    check_invariants(r, g, SIGNALS.counter)
+    assert len(g) == len(msgs)  # nothing stored is lost
+    if name != "full":
+        assert _budget_history(r.messages) <= budget
+    assert openai_violation([m.to_openai() for m in r.messages if m.role != "system"]) is None
+    wire = from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
+    body = {"messages": wire, **({"thinking": {"type": "enabled", "budget_tokens": 1024}} if think else {})}
+    why = anthropic_violation(body)
+    assert why is None, (why, [(p, m.role, m.rendered_as, [c.id for c in m.tool_calls], m.tool_call_id,
+                                m.opens_with_thinking) for m, p in zip(r.messages, r.positions)],
+                         [(p, m.role, [c.id for c in m.tool_calls], m.tool_call_id) for p, m in enumerate(msgs)])
+
+
+# -- the proxy: official clients, model-free policies ------------------------------------------------
+
+PROXY_POLICIES = ["prune", "contextrender", "recap-noattn", "recap-recency", "cw-sliding-window", "observation-masking",
+                  "learned"]
+
+
+def _wire_history_tokens(api: str, body: dict) -> int:
+    """Independent recount of what was forwarded, from the wire, in the counter's unit."""
+    if api == "openai":
+        return _budget_history([Message.from_openai(m) for m in body["messages"]])
+    return _budget_history(to_canonical(body.get("system"), body["messages"])[0])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(case=hostile(), budget=st.integers(100, 4000), policy=st.sampled_from(PROXY_POLICIES), stream=st.booleans())
+def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers, case, budget, policy, stream):  # noqa: F811
+    turns, think = case
+    FIGURES["histories"] += 1
+    sid = f"gate-{FIGURES['histories']}"
+    headers = {"X-HistoryGraph-Budget": str(budget), "X-HistoryGraph-Policy": policy}
+    canon, _ = to_canonical(None, turns)
+    before = len(httpx.get(servers["up"] + "/_requests").json())
+    for api in ("anthropic", "openai"):
+        FIGURES["requests"] += 1
+        try:
+            if api == "anthropic":
+                client = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
+                                             default_headers={**headers, "X-HistoryGraph-Session": sid + "-a"})
+                kw = dict(model="m", max_tokens=2048, messages=turns, tools=A_TOOLS, system="be brief",
+                          **({"thinking": {"type": "enabled", "budget_tokens": 1024}} if think else {}))
+                if stream:
+                    with client.messages.stream(**kw) as s:
+                        s.get_final_message()
+                else:
+                    client.messages.create(**kw)
+            else:
+                client = openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY, max_retries=0,
+                                       default_headers={**headers, "X-HistoryGraph-Session": sid + "-o"})
+                msgs = [{"role": "system", "content": "be brief"}] + [m.to_openai() for m in canon]
+                if stream:
+                    for _ in client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, stream=True):
+                        pass
+                else:
+                    client.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+        except (anthropic.APIStatusError, openai.APIStatusError) as exc:
+            FIGURES["5xx"] += exc.status_code >= 500
+            assert exc.status_code == 400 and "X-HistoryGraph-Budget" in str(exc), str(exc)
+            FIGURES["budget_400"] += 1
+            continue
+        sent = httpx.get(servers["up"] + "/_requests").json()[-1]["body"]
+        assert _wire_history_tokens(api, sent) <= budget
+        stored = httpx.get(servers["px"] + f"/api/sessions/{sid}-{api[0]}", headers={"Authorization": "Bearer test-token"})
+        assert len(stored.json()["messages"]) >= len(canon) + (1 if api == "openai" else 1)  # + system, all events kept
+    rejected = httpx.get(servers["up"] + "/_rejections").json()
+    FIGURES["rejections"] = len(rejected)
+    assert rejected == [], rejected[-1]["error"]
+    assert len(httpx.get(servers["up"] + "/_requests").json()) >= before
+    if FIGURES["histories"] % 4 == 0:
+        print("gate figures:", json.dumps(FIGURES))
