@@ -164,11 +164,17 @@ def dropped_marker(graph: ContextGraph, steps: list[list[int]]) -> Message:
     Shared by every policy (:class:`Layout`, ReCAP). Its size is bounded: at most
     ``MARK_CALLS`` calls are named (the first ones and the last one), with the total."""
     calls = [c for step in steps for c in graph.messages[step[0]].tool_calls]
-    listed = ", ".join(f"{c.id} ({c.name})" for c in (calls if len(calls) <= MARK_CALLS else calls[:MARK_CALLS - 1]))
-    if len(calls) > MARK_CALLS:
-        listed += f", …, {calls[-1].id} ({calls[-1].name}): {len(calls)} calls"
-    text = DROPPED_MARK.format(first=min(min(s) for s in steps), last=max(max(s) for s in steps),
-                               calls=(", tool call " if len(calls) == 1 else ", tool calls ") + listed if calls else "")
+    return _marker_message(min(min(s) for s in steps), max(max(s) for s in steps), calls[:MARK_CALLS],
+                           calls[-1] if calls else None, len(calls))
+
+
+def _marker_message(first: int, last: int, head: list, last_call: Any, n_calls: int) -> Message:
+    """:func:`dropped_marker` from its parts: ``head`` = the first ``MARK_CALLS`` calls (or all)."""
+    listed = ", ".join(f"{c.id} ({c.name})" for c in (head if n_calls <= MARK_CALLS else head[:MARK_CALLS - 1]))
+    if n_calls > MARK_CALLS:
+        listed += f", …, {last_call.id} ({last_call.name}): {n_calls} calls"
+    text = DROPPED_MARK.format(first=first, last=last,
+                               calls=(", tool call " if n_calls == 1 else ", tool calls ") + listed if n_calls else "")
     return Message("user", text, rendered_as="marker")
 
 
@@ -439,6 +445,7 @@ class Layout:
         self.placeholder: dict[int, Message] = {}
         self.placeholder_tokens: dict[int, int] = {}
         self._marks: dict[tuple[int, int], int] = {}
+        self._facts: tuple[list[int], list[int], list[int], list[int]] | None = None
         self.full_cost: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
         self.units: list[_Unit] = []
@@ -573,8 +580,38 @@ class Layout:
         return n
 
     def marker(self, a: int, b: int) -> Message:
-        """The dropped-step marker for units ``a..b`` (:func:`dropped_marker`)."""
-        return dropped_marker(self.graph, [self.units[i].positions for i in range(a, b + 1)])
+        """The dropped-step marker for units ``a..b`` (:func:`dropped_marker`, same message), built
+        from per-unit facts in O(``MARK_CALLS``) plus a C-level max over the run, not O(run) Python:
+        selection asks for the markers of many runs per render."""
+        facts = self._unit_facts()
+        lo, hi, ncalls, pre = facts
+        head: list = []
+        i = a
+        while len(head) < MARK_CALLS and i <= b:
+            head += self.graph.messages[self.units[i].positions[0]].tool_calls[:MARK_CALLS - len(head)]
+            i += 1
+        n = pre[b + 1] - pre[a]
+        last_call = None
+        if n:
+            j = b
+            while not ncalls[j]:
+                j -= 1
+            last_call = self.graph.messages[self.units[j].positions[0]].tool_calls[-1]
+        return _marker_message(min(lo[a:b + 1]), max(hi[a:b + 1]), head, last_call, n)
+
+    def _unit_facts(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Per unit: lowest and highest position, number of calls of its first message, and the
+        prefix sums of those numbers (computed once per layout)."""
+        if self._facts is None:
+            msgs = self.graph.messages
+            lo = [min(u.positions) for u in self.units]
+            hi = [max(u.positions) for u in self.units]
+            ncalls = [len(msgs[u.positions[0]].tool_calls) for u in self.units]
+            pre = [0]
+            for c in ncalls:
+                pre.append(pre[-1] + c)
+            self._facts = (lo, hi, ncalls, pre)
+        return self._facts
 
     @property
     def fits_in_full(self) -> bool:
