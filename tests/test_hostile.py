@@ -271,3 +271,25 @@ def test_12_5_a_late_second_result_for_one_call(name, signals):
     assert [m.content for m in r.messages if m.role == "tool"] == ["real output"]
     assert r.messages[r.positions.index(1) + 1].content == "real output"
     assert 2 in r.dropped and g.messages[2].content == "error: timed out" and g.result_by_id("c1").content == "real output"
+
+
+def test_12_8_session_render_budget_zero_is_an_error_not_the_default(tmp_path):
+    from historygraph import Session
+    s = Session("s0")
+    s.add(Message("user", "hi"))
+    with pytest.raises(ValueError, match="got 0"):
+        s.render(budget=0)
+
+
+def test_12_8_excerpt_at_a_small_size_never_shows_nothing_and_never_exceeds_it(signals):
+    """At a size that cannot hold the truncation marker and some text, the placeholder is used
+    (before: '0 of 501 tokens shown' and a marker larger than the stated size)."""
+    from historygraph.render import excerpt_for
+    m = Message("tool", "word " * 500, tool_call_id="big1")
+    for size in (16, 30, 60, 200):
+        e = excerpt_for(m, size, signals.counter)
+        assert "big1" in e.content and " 0 of " not in e.content
+        if e.rendered_as == "excerpt":
+            assert signals.counter.count_message(e) <= size
+        else:
+            assert e.rendered_as == "placeholder"

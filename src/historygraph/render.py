@@ -184,8 +184,10 @@ _excerpts: dict[tuple[str, int, str | None, int], Message] = {}
 def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
     """Head-and-tail truncation of a tool result to at most ``max_tokens`` tokens (whole message,
     overhead included). The marker in the middle says it is truncated and names the result id
-    (ContextRender A.4 oversized-result fallback when no LLM is configured). The stored original is
-    unchanged. Excerpts are memoised per (encoding, size, id, content hash)."""
+    (ContextRender A.4 oversized-result fallback when no LLM is configured). When ``max_tokens``
+    cannot hold the marker and some of the text, the result's placeholder is returned instead
+    (``rendered_as="placeholder"``). The stored original is unchanged. Excerpts are memoised per
+    (encoding, size, id, content hash)."""
     key = (counter.encoding_name, max_tokens, message.tool_call_id, hash(message.content))
     hit = _excerpts.get(key)
     if hit is None:
@@ -219,6 +221,8 @@ def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> M
         head = counter.truncate(message.content, keep - keep // 3)
         tail = counter.tail(message.content, keep // 3)
         text = head + EXCERPT_MARK.format(id=message.tool_call_id, kept=counter.count(head) + counter.count(tail), total=total) + tail
+    if not (head or tail) or counter.count(text) > max_tokens:  # no room to show anything: say so, never "0 of N shown"
+        return placeholder_for(message, counter)
     return message.with_content(text, "excerpt")
 
 

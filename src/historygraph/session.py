@@ -67,12 +67,16 @@ class Session:
         return self.store.append(self.session_id, m, idempotency_key=idempotency_key, expected_length=expected_length)[0]
 
     def render(self, budget: int | None = None, policy: str | None = None) -> list[dict[str, Any]]:
-        """The model input for the next call: OpenAI chat messages, history within ``budget`` tokens."""
+        """The model input for the next call: OpenAI chat messages, history within ``budget`` tokens
+        (``None``: the session's default). Raises ValueError for a budget below 1 token and
+        :class:`~historygraph.render.BudgetTooSmallError` when it cannot hold the protected history."""
+        if budget is not None and budget < 1:
+            raise ValueError(f"budget must be a positive number of tokens, got {budget}")
         name = policy or self.policy
         if name not in self._policies:
             self._policies[name] = create(name)
         graph = self.store.graph(self.session_id)
-        self.rendering = self._policies[name].render(graph, budget or self.budget, self.signals)
+        self.rendering = self._policies[name].render(graph, self.budget if budget is None else budget, self.signals)
         check_invariants(self.rendering, graph, self.signals.counter)
         return self.rendering.to_openai()
 
