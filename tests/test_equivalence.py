@@ -222,3 +222,22 @@ def test_incremental_bm25_index_scores_as_bm25s_rebuilt_per_render(real_traces):
     g = ContextGraph(real_traces[0].trace_id, real_traces[0].messages)
     some = g.results()[::2]
     assert np.array_equal(bm25_index(g).scores(g, some, "django test"), bm25_scores([g.messages[p].content for p in some], "django test"))
+
+
+def test_layout_marker_equals_dropped_marker_for_every_run(real_traces):
+    """``Layout.marker(a, b)`` (per-unit facts) is the message :func:`dropped_marker` builds by
+    walking the run, for every run of units of a real trace, and of a graph whose result arrives
+    after an interposed message (a unit whose highest position is past the next unit's)."""
+    from historygraph.render import dropped_marker
+
+    late = ContextGraph("late", [Message("user", "task"), Message("assistant", "", (ToolCall("l1", "bash", "{}"),)),
+                                 Message("user", "note"), Message("assistant", "", (ToolCall("l2", "bash", "{}"),
+                                                                                  ToolCall("l3", "bash", "{}"))),
+                                 Message("tool", "r2", tool_call_id="l2"), Message("tool", "r3", tool_call_id="l3"),
+                                 Message("tool", "r1", tool_call_id="l1"), Message("assistant", "done")])
+    for g in (ContextGraph("t", real_traces[0].messages[:80]), late):
+        lay = Layout(g, TokenCounter(), None)
+        n = len(lay.units)
+        for a in range(n):
+            for b in range(a, n):
+                assert lay.marker(a, b) == dropped_marker(g, [lay.units[i].positions for i in range(a, b + 1)]), (a, b)

@@ -449,7 +449,7 @@ class Layout:
         self.placeholder: dict[int, Message] = {}
         self.placeholder_tokens: dict[int, int] = {}
         self._marks: dict[tuple[int, int], int] = {}
-        self._facts: tuple[list[int], list[int], list[int], list[int]] | None = None
+        self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = None
         self.full_cost: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
         self.units: list[_Unit] = []
@@ -587,8 +587,7 @@ class Layout:
         """The dropped-step marker for units ``a..b`` (:func:`dropped_marker`, same message), built
         from per-unit facts in O(``MARK_CALLS``) plus a C-level max over the run, not O(run) Python:
         selection asks for the markers of many runs per render."""
-        facts = self._unit_facts()
-        lo, hi, ncalls, pre = facts
+        lo, hi, top, ncalls, pre = self._unit_facts()
         head: list = []
         i = a
         while len(head) < MARK_CALLS and i <= b:
@@ -601,20 +600,26 @@ class Layout:
             while not ncalls[j]:
                 j -= 1
             last_call = self.graph.messages[self.units[j].positions[0]].tool_calls[-1]
-        return _marker_message(min(lo[a:b + 1]), max(hi[a:b + 1]), head, last_call, n)
+        # units are in chronological order of their first message, which is each unit's lowest position
+        last = hi[top[b]] if top[b] >= a else max(hi[a:b + 1])
+        return _marker_message(lo[a], last, head, last_call, n)
 
-    def _unit_facts(self) -> tuple[list[int], list[int], list[int], list[int]]:
-        """Per unit: lowest and highest position, number of calls of its first message, and the
-        prefix sums of those numbers (computed once per layout)."""
+    def _unit_facts(self) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """Per unit: lowest and highest position, the unit holding the highest position among
+        units 0..i, the number of calls of its first message, and the prefix sums of those
+        numbers (computed once per layout)."""
         if self._facts is None:
             msgs = self.graph.messages
             lo = [min(u.positions) for u in self.units]
             hi = [max(u.positions) for u in self.units]
+            top: list[int] = []
+            for i, h in enumerate(hi):
+                top.append(i if not top or h >= hi[top[-1]] else top[-1])
             ncalls = [len(msgs[u.positions[0]].tool_calls) for u in self.units]
             pre = [0]
             for c in ncalls:
                 pre.append(pre[-1] + c)
-            self._facts = (lo, hi, ncalls, pre)
+            self._facts = (lo, hi, top, ncalls, pre)
         return self._facts
 
     @property
