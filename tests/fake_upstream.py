@@ -204,7 +204,11 @@ def build_app() -> FastAPI:
                        for i in range(0, len(args), 4)]
         else:
             events += [chunk({"content": piece}) for piece in ("answer", " ", str(n))]
-        events += [chunk({}, "tool_calls" if call else "stop"), "data: [DONE]\n\n"]
+        events.append(chunk({}, "tool_calls" if call else "stop"))
+        if (body.get("stream_options") or {}).get("include_usage"):  # the usage chunk: no choices
+            events.append("data: " + json.dumps({**base, "object": "chat.completion.chunk", "choices": [],
+                                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}) + "\n\n")
+        events.append("data: [DONE]\n\n")
         return StreamingResponse(_paced(events, body), media_type="text/event-stream")
 
     @app.post("/v1/messages")

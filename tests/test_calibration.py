@@ -24,7 +24,43 @@ def test_ratio_and_adjusted_budget():
         cal.observe(est, rep)
     assert abs(cal.ratio - 1.10) < 1e-9
     assert cal.adjusted_budget(6000) == 5454  # floor(6000 / 1.1)
-    assert cal.summary() == {"observations": 3, "median_ratio": 1.1, "max_abs_error": 40}
+    assert cal.summary() == {"observations": 3, "median_ratio": 1.1, "max_abs_error": 40,
+                             "input_tokens": {"fresh": 455, "cache_read": 0, "cache_write": 0}}
     cal2 = TokenCalibration(TokenCounter())
     cal2.observe(100, 80)  # provider counts fewer: the budget is never grown
     assert cal2.adjusted_budget(6000) == 6000
+
+
+def test_usage_of_every_answer_shape_keeps_fresh_cache_read_and_cache_write_apart():
+    from historygraph.formats.anthropic import StreamAccumulator
+    from historygraph.server.upstream import OpenAIStreamAccumulator
+    from historygraph.signals.calibration import Usage, anthropic_usage, openai_usage
+    assert openai_usage({"usage": {"prompt_tokens": 1200, "prompt_tokens_details": {"cached_tokens": 1024}}}) == Usage(176, 1024, 0)
+    acc = OpenAIStreamAccumulator()  # the include_usage chunk: no choices, usage only
+    for ev in [{"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
+               {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 2}}, "[DONE]"]:
+        acc.feed(ev)
+    assert acc.usage == Usage(50)
+    body = {"usage": {"input_tokens": 20, "cache_read_input_tokens": 3000, "cache_creation_input_tokens": 500}}
+    assert anthropic_usage(body) == Usage(20, 3000, 500) and anthropic_usage(body).total == 3520
+    sacc = StreamAccumulator()
+    sacc.feed({"type": "message_start", "message": {"usage": {"input_tokens": 7, "cache_read_input_tokens": 100,
+                                                               "cache_creation_input_tokens": 0, "output_tokens": 1}}})
+    sacc.feed({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 9}})
+    assert sacc.usage == Usage(7, 100, 0)
+    cal = TokenCalibration(TokenCounter())
+    cal.observe(100, Usage(20, 70, 30))
+    assert cal.summary()["input_tokens"] == {"fresh": 20, "cache_read": 70, "cache_write": 30} and cal.ratio == 1.2
+
+
+def test_the_proxy_renders_at_the_calibrated_budget_unless_turned_off():
+    from historygraph.server.app import Proxy, ServerConfig
+    from historygraph.events import ToolCall
+    msgs = [Message("user", "task")] + [m for i in range(6) for m in (
+        Message("assistant", "", (ToolCall(f"c{i}", "bash", "{}"),)), Message("tool", "out " * 300, tool_call_id=f"c{i}"))]
+    msgs.append(Message("user", "next"))
+    for calibrate, expected in [(True, 500), (False, 1000)]:
+        proxy = Proxy(ServerConfig(store=":memory:", policy="prune", calibrate=calibrate))
+        proxy.calibration.observe(100, 200)  # the provider counts twice what we do
+        _, r = proxy.prepare(msgs, "cal", "prune", 1000)
+        assert r.budget == expected and r.history_tokens <= expected

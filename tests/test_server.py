@@ -612,3 +612,22 @@ def test_late_second_result_for_one_call_is_stored_and_one_is_forwarded(servers)
         assert [m.get("content") for m in sent if m["role"] == "tool"] == ["the real result"]
     stored = api(servers, "GET", "/sessions/late-result").json()["messages"]
     assert [m["content"] for m in stored if m["role"] == "tool"] == ["error: timed out", "the real result"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calibration_sees_anthropic_and_streamed_usage_with_cache_parts(servers, stream):
+    """Issue 12.4: every answer's usage reaches the calibration, both APIs, streamed or not."""
+    before = api(servers, "GET", "/calibration").json()
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
+                            default_headers={"X-HistoryGraph-Session": f"calib-a-{stream}"})
+    kw = dict(model="m", max_tokens=20, messages=[{"role": "user", "content": f"usage please {stream}"}])
+    if stream:
+        with a.messages.stream(**kw) as s:
+            s.get_final_message()
+    else:
+        a.messages.create(**kw)
+    oai(servers, f"calib-o-{stream}").chat.completions.create(model="m", messages=history(f"cu{stream}", n=1),
+                                                              stream=stream, stream_options={"include_usage": True} if stream else None)
+    after = api(servers, "GET", "/calibration").json()
+    assert after["observations"] == before["observations"] + 2 and after["applied"] is True
+    assert after["input_tokens"]["fresh"] == before["input_tokens"]["fresh"] + 2  # the fake reports 1 fresh token each

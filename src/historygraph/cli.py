@@ -499,6 +499,7 @@ def serve(
     params_file: ParamsFileOption = None,
     recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides).")] = False,
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
+    calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core.")] = 1,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
@@ -521,7 +522,8 @@ def serve(
     try:
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
-                              timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds)
+                              timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds,
+                              calibrate=calibration)
         application = create_app(config)
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))

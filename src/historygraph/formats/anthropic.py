@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..events import EventError, Message, ToolCall, content_text
+from ..signals.calibration import Usage, anthropic_usage
 
 
 @dataclass(frozen=True)
@@ -207,9 +208,12 @@ class StreamAccumulator:
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, list[str]] = {}
         self.complete = False
+        self.usage: Usage | None = None  # from message_start, updated by message_delta
 
     def feed(self, event: dict[str, Any]) -> None:
         kind, idx = event.get("type"), event.get("index")
+        if kind in ("message_start", "message_delta"):
+            self.usage = anthropic_usage(event, self.usage)
         if kind == "content_block_start" and isinstance(event.get("content_block"), dict):
             self.blocks[idx] = dict(event["content_block"])
         elif kind == "content_block_delta" and idx in self.blocks:

@@ -116,10 +116,14 @@ def _known(proxy: Any, session_id: str) -> None:
 
 
 @router.get("/calibration")
-def calibration(request: Request) -> dict[str, float | int]:
+def calibration(request: Request) -> dict[str, Any]:
     """Our token estimates against the provider's reported prompt tokens: observations, median
     ratio (reported / estimated) and the largest absolute error in tokens."""
-    return _proxy(request).calibration.summary()
+    proxy = _proxy(request)
+    return {**proxy.calibration.summary(), "applied": proxy.config.calibrate,
+            "default_budget": proxy.config.budget,
+            "calibrated_default_budget": proxy.calibration.adjusted_budget(proxy.config.budget)
+            if proxy.config.calibrate else proxy.config.budget}
 
 
 @router.get("/sessions", response_model=list[SessionSummary])

@@ -38,7 +38,7 @@ from ..events import EventError, Message
 from ..formats import anthropic as anth
 from ..policies import PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
-from ..signals.calibration import TokenCalibration
+from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import recall_tool
@@ -67,6 +67,8 @@ class ServerConfig:
         policy_params: parameter overrides per policy name (checked against each policy's Config).
         recall, recall_rounds, recall_max_tokens: the recall tool (:mod:`historygraph.server.recall_tool`):
             offered by default, answered calls per request at most, tokens per recalled result at most.
+        calibrate: render proxied requests at the calibrated budget ``floor(B / max(1, ratio))``,
+            ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -82,6 +84,7 @@ class ServerConfig:
     recall: bool = False
     recall_rounds: int = 3
     recall_max_tokens: int = 8000
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only
@@ -161,6 +164,8 @@ class Proxy:
                 ingest = self.router.ingest(messages, root)
             except EventError as exc:
                 raise ClientError(f"messages: {exc}", "messages") from None
+            if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
+                budget = self.calibration.adjusted_budget(budget)
             return ingest.session_id, self.render(ingest.session_id, policy, budget)
 
     def store_answer(self, session_id: str, answer: Message) -> None:
@@ -172,18 +177,22 @@ class Proxy:
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
 
-    def observe_usage(self, body: dict[str, Any], content: bytes, sent: Sequence[Message] | None = None) -> None:
+    def observe_usage(self, body: dict[str, Any], usage: Usage | None, sent: Sequence[Message] | None = None,
+                      api: str = "openai") -> None:
         """Feed the calibration hook: our estimate of the forwarded request (messages + tool
-        schemas) against the provider's reported ``usage.prompt_tokens`` (issue 6, input 10).
-        ``sent``: the forwarded messages as parsed events (the rendering), so that the request
-        body is not parsed again; without it they are read from ``body``."""
+        schemas) against the prompt tokens the provider reported for it (fresh, cache read and
+        cache write kept apart; both APIs, streamed or not). ``sent``: the forwarded messages as
+        parsed events (the rendering), so that the request body is not parsed again."""
+        if usage is None:
+            return
         try:
-            reported = int(json.loads(content)["usage"]["prompt_tokens"])
-            msgs = sent if sent is not None else [Message.from_openai(m) for m in body["messages"]]
-            estimate = self.calibration.estimate_request(msgs, body.get("tools"))
+            if sent is None:
+                sent = ([Message.from_openai(m) for m in body["messages"]] if api == "openai"
+                        else anth.to_canonical(body.get("system"), body["messages"])[0])
+            estimate = self.calibration.estimate_request(sent, body.get("tools"))
         except (ValueError, KeyError, TypeError, EventError):
-            return  # no usage reported, or a shape we do not count
-        self.calibration.observe(estimate, reported)
+            return  # a shape we do not count
+        self.calibration.observe(estimate, usage)
 
     def store_partial(self, session_id: str, raw: bytes, reason: str) -> None:
         """Keep the relayed part of a stream that was cut, marked partial, outside the history:
@@ -234,8 +243,7 @@ class Proxy:
             await upstream.aclose()
             upstream_s = time.perf_counter() - t_up
             if upstream.status_code < 400:
-                if accumulator is OpenAIStreamAccumulator:
-                    self.observe_usage(body, content, sent)
+                self.observe_usage(body, _usage_of(content, api), sent, api)
                 answer = _answer_of(content, accumulator)
                 if answer is not None:
                     await run_in_threadpool(self.store_answer, session_id, answer)
@@ -262,6 +270,8 @@ class Proxy:
                         yield chunk
                     if not acc.complete:
                         cut = "the upstream closed the stream before its final event"
+                    else:
+                        self.observe_usage(body, acc.usage, sent, api)
                 except httpx.HTTPError as exc:  # after the final event the answer is complete: not a cut
                     cut = None if acc.complete else str(exc)
                 if cut is not None:
@@ -280,6 +290,15 @@ class Proxy:
 
 def _too_large(limit: int) -> str:
     return f"request body exceeds the proxy's size limit of {limit} bytes (historygraph serve --max-body-bytes)"
+
+
+def _usage_of(content: bytes, api: str) -> Usage | None:
+    """Prompt-token usage of a non-streamed answer (``None`` when it reports none)."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return None
+    return openai_usage(data) if api == "openai" else anthropic_usage(data)
 
 
 def _answer_of(content: bytes, accumulator: Callable[[], Any]) -> Message | None:

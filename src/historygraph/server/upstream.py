@@ -12,6 +12,7 @@ import json
 from typing import Any, Iterator
 
 from ..events import EventError, Message
+from ..signals.calibration import Usage, openai_usage
 
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                  "proxy-authorization", "proxy-connection", "accept-encoding"}
@@ -69,6 +70,7 @@ class OpenAIStreamAccumulator:
         self.content: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
         self.complete = False
+        self.usage: Usage | None = None  # from the include_usage chunk, when the client asked for it
 
     def feed(self, event: Any) -> None:
         if event == "[DONE]":
@@ -76,6 +78,7 @@ class OpenAIStreamAccumulator:
             return
         if not isinstance(event, dict):
             return
+        self.usage = openai_usage(event) or self.usage
         for choice in event.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
