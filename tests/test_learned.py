@@ -254,6 +254,8 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     assert again.exit_code != 0 and "--force" in again.output  # never overwrites silently
     missing = runner.invoke(app, ["fit", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")])
     assert missing.exit_code != 0 and "no such file" in missing.output
+    nested = tmp_path / "new" / "dir" / "m.json"  # a missing folder is created
+    assert runner.invoke(app, ["fit", str(src), "--out", str(nested)]).exit_code == 0 and nested.is_file()
     monkeypatch.setenv("HISTORYGRAPH_LEARNED_MODEL", str(out))
     assert create("learned").model.meta["traces"] == 1
 
@@ -321,3 +323,18 @@ def test_replay_table_reports_recall_as_a_share_of_the_oracle(tmp_path):
     _, per_source = summarize([res])
     rows = {r["policy"]: r for r in per_source if r["source"] == "ALL"}
     assert rows["oracle"]["pct_of_oracle"] == 100.0 and rows["prune"]["pct_of_oracle"] == 0.0
+
+
+def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_dir):
+    """docs/learned.md: `historygraph fit ../shared/traces-train/mini-swe-agent-deepseek` re-creates
+    the shipped model; the file stores 5 significant digits, compared here within 1e-4 relative."""
+    train = traces_dir.parent / "traces-train" / "mini-swe-agent-deepseek"
+    if not train.is_dir():
+        pytest.skip(f"training traces not found at {train}")
+    from historygraph.formats import read_traces
+    traces = [t for f in sorted(train.glob("*")) for t in read_traces(f)]
+    fresh = fit_traces(traces, tmp_path / "m.json", Signals().counter)
+    shipped = ReuseModel.load()
+    assert shipped.meta["traces"] == fresh.meta["traces"] == 90
+    assert np.allclose(fresh.coef, shipped.coef, rtol=1e-4, atol=1e-6)
+    assert np.allclose(fresh.mean, shipped.mean, rtol=1e-4) and fresh.intercept == pytest.approx(shipped.intercept, rel=1e-4)

@@ -579,6 +579,10 @@ def fit(
         _fail(f"{out} exists; pass --force to overwrite it or choose another --out")
     if out.is_dir():
         _fail(f"--out {out} is a folder; name a file such as {out / 'model.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"--out {out}: cannot create its folder: {exc}")
     if encoding not in ENCODINGS:
         _fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     if fmt is not None and fmt not in READERS:

@@ -1,6 +1,6 @@
 """Value types for everything a session's context graph stores.
 
-The canonical wire format is OpenAI chat messages (DESIGN.md §1): an assistant message may
+The canonical wire format is OpenAI chat messages (docs/architecture.md): an assistant message may
 carry ``tool_calls`` and each tool result is a ``role: "tool"`` message with the
 ``tool_call_id`` of the call it answers. Every reader and adapter converts to these types and
 every policy renders back to them with :meth:`Message.to_openai`.
@@ -68,13 +68,13 @@ class Message:
         name: optional tool name on tool results.
         timestamp: seconds since the epoch when known, else ``None``.
         rendered_as: ``None`` for stored originals; ``"placeholder"`` or ``"excerpt"`` when a
-            policy shows a stand-in for the stored text (DESIGN.md §5.3).
+            policy shows a stand-in for the stored text (docs/architecture.md, invariant §5.3).
         provider_blocks: compact JSON (sorted keys) of the provider content blocks that travel
             with the message but are not text a policy scores: Anthropic ``thinking`` and
             ``redacted_thinking`` blocks (signatures included), server-tool blocks
             (``server_tool_use``, ``web_search_tool_result`` …) and other non-text blocks; ``""``
             when none. They are forwarded byte for byte and counted against B with the message
-            (DESIGN.md §5.8).
+            (docs/architecture.md, invariant §5.8).
     """
 
     role: str

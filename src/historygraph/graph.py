@@ -1,4 +1,4 @@
-"""The persistent context graph of one session (ContextRender §3.1, DESIGN.md §1).
+"""The persistent context graph of one session (ContextRender §3.1, docs/architecture.md).
 
 Nodes are the session's messages in chronological order, addressed by their position (0, 1, …).
 An assistant node carries its tool calls; a tool-result node answers one call by id. Each node

@@ -1,4 +1,4 @@
-"""Assembly of a rendering and the invariants every rendering must hold (DESIGN.md §5).
+"""Assembly of a rendering and the invariants every rendering must hold (docs/architecture.md, invariant §5).
 
 Every policy renders through :class:`Layout`, so budget accounting and tool-call pairing are
 implemented once:
@@ -20,7 +20,7 @@ implemented once:
   which may hold an in-flight call) and, when it opens with a thinking block, the first assistant
   message of the active tool loop (:func:`loop_opening`) are protected. When even the
   protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
-* **Provider order** (DESIGN.md §5.2, §5.7): a rendering shows each tool result directly after the
+* **Provider order** (docs/architecture.md, invariant §5.2, §5.7): a rendering shows each tool result directly after the
   assistant message that made its call, even when another message (a user note, a summary) was
   stored between the call and its result; the interposed message follows the results
   (:func:`render_order`). Everything else stays chronological.
@@ -28,7 +28,7 @@ implemented once:
   each earlier one is listed in ``dropped`` with its reason (``ContextGraph.superseded``).
 * **Unanswered calls**: a call with no stored result that is not in the latest assistant message
   is answered by a synthetic result saying so; a call in the latest assistant message is in
-  flight and is rendered without a result (DESIGN.md §5.4).
+  flight and is rendered without a result (docs/architecture.md, invariant §5.4).
 
 Token counts are in tokens of the :class:`~historygraph.signals.tokens.TokenCounter` encoding.
 """
@@ -49,7 +49,7 @@ PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
 SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant message (ReCAP ablations)
 BRIEF = "[the text of this earlier assistant message is omitted from this context ({tokens} tokens); it is stored in full with tool call {id}]"
-#: The dropped-step marker (DESIGN.md §5.6): one per run of consecutive steps left out, where they
+#: The dropped-step marker (docs/architecture.md, invariant §5.6): one per run of consecutive steps left out, where they
 #: were, charged to B. It names the stored positions, the tool calls (the first ones and the last
 #: one when there are more than ``MARK_CALLS``, with their number) and how to get them back.
 DROPPED_MARK = "[omitted: messages #{first}–#{last}{calls}; stored in full, restore by id]"
@@ -77,13 +77,13 @@ class BudgetTooSmallError(ValueError):
 
 
 class InvariantError(AssertionError):
-    """A rendering broke one of the invariants of DESIGN.md §5 (names which)."""
+    """A rendering broke one of the invariants of docs/architecture.md, invariant §5 (names which)."""
 
 
 def render_order(graph: ContextGraph) -> list[int]:
     """Graph positions in the order a rendering shows them: chronological, except that the tool
     results of an assistant message follow it directly (in the order they arrived), so a message
-    stored between a call and its result comes after the result (DESIGN.md §5.3 exception, §5.7:
+    stored between a call and its result comes after the result (docs/architecture.md, invariant §5.3 exception, §5.7:
     both providers reject a request where anything sits between a call and its result)."""
     out: list[int] = []
     for p, m in enumerate(graph.messages):
@@ -105,7 +105,7 @@ def loop_opening(graph: ContextGraph) -> int | None:
     ("a final assistant message must start with a thinking block"). The active loop is what
     follows the last user message that starts a new exchange: one neither stored between a call
     and its result nor directly after a tool result (on the wire such text shares the user turn
-    of the results, which continues the loop). DESIGN.md §5.7 protects that message like the
+    of the results, which continues the loop). docs/architecture.md, invariant §5.7 protects that message like the
     latest assistant message; with no thinking block no provider requires it, and it is not."""
     msgs = graph.messages
     spans = [(graph.call_owner[c], r) for c, r in graph.result_of.items()]
@@ -387,7 +387,7 @@ class Selection:
     def take(self, p: int, form: Message | None = None) -> None:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
         of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
-        the result id (DESIGN.md §5.3)."""
+        the result id (docs/architecture.md, invariant §5.3)."""
         self.used += self.cost(p, form)
         u = self.layout.unit_of[p]
         if u in self.runs.start and u not in self.revived:
@@ -417,7 +417,7 @@ class Layout:
     not candidates (e.g. covered by a summary, or a block a ReCAP baseline did not select);
     ``inserts`` maps a position to a synthetic message rendered right after it (e.g. a summary with
     ``rendered_as="summary"``), charged to B first, like the non-tool history; ``placeholder``
-    builds the stand-in of an unshown result (it must name the result id, DESIGN.md §5.3).
+    builds the stand-in of an unshown result (it must name the result id, docs/architecture.md, invariant §5.3).
 
     Raises:
         BudgetTooSmallError: when ``budget`` cannot hold the protected history.
@@ -495,7 +495,7 @@ class Layout:
         self.inserts = dict(inserts or {})
         self.left_out = left_out
         self.dropped_units: set[int] = set(left_out)
-        # Steps left out get a dropped-step marker where they were (DESIGN.md §5.6), charged to B,
+        # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
         self.runs = _Runs(self._glue(), self._marker_tokens)
         for i in sorted(left_out if not self.inserts else ()):
@@ -734,7 +734,7 @@ class Layout:
 
 
 def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCounter) -> None:
-    """Raise :class:`InvariantError` naming the first invariant of DESIGN.md §5 that is broken."""
+    """Raise :class:`InvariantError` naming the first invariant of docs/architecture.md, invariant §5 that is broken."""
     msgs = rendering.messages
     B = rendering.budget
     # 1. budget, recounted independently of the policy's own figure

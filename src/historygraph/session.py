@@ -9,7 +9,7 @@
 
 Each :meth:`Session.add` appends one event to the session's append-only graph in a store (an
 in-memory store unless one is given); :meth:`Session.render` renders the whole graph with a
-registered policy under a history budget (tokens), checks the invariants of DESIGN.md §5 and
+registered policy under a history budget (tokens), checks the invariants of docs/architecture.md, invariant §5 and
 returns OpenAI chat messages. The last :class:`~historygraph.render.Rendering` (selected and
 omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`.
 """

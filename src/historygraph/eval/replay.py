@@ -2,7 +2,7 @@
 
 For each trace the events are added to a fresh context graph one by one. Before every assistant
 message ``j`` (one recorded model invocation) each policy renders the preceding history under the
-budget; the rendering is checked against the invariants of DESIGN.md §5, its tokens and render
+budget; the rendering is checked against the invariants of docs/architecture.md, invariant §5, its tokens and render
 time are recorded, and the B.4 reuse events of turn ``j`` are scored against the results it showed
 in full. Turn ``j`` itself is added to the graph only afterwards, so every policy sees the same
 history and is scored on the same event set.

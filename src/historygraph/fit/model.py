@@ -27,6 +27,7 @@ from .features import FEATURES
 
 FORMAT = "historygraph-reuse-model"
 VERSION = 1
+DIGITS = 5  # significant digits stored: lbfgs fits agree to about 6 across machines and BLAS builds
 DEFAULT_MODEL = "default_model.json"  # shipped in this package, fitted by `historygraph fit` (docs/results.md)
 
 
@@ -52,10 +53,10 @@ class ReuseModel:
 
     def to_dict(self) -> dict[str, Any]:
         def r(a: np.ndarray) -> list[float]:
-            return [float(f"{x:.8g}") for x in a]
+            return [float(f"{x:.{DIGITS}g}") for x in a]
         return {"format": FORMAT, "version": VERSION, "kind": "logistic", "features": list(self.features),
                 "mean": r(self.mean), "scale": r(self.scale), "coef": r(self.coef),
-                "intercept": float(f"{self.intercept:.8g}"), "meta": self.meta}
+                "intercept": float(f"{self.intercept:.{DIGITS}g}"), "meta": self.meta}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")

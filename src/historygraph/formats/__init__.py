@@ -2,7 +2,7 @@
 
 Each supported format has a small module exposing ``NAME``, ``sniff(obj)`` (cheap detection on
 the parsed JSON, or on the first line of a JSONL file) and ``read(path, obj=None)`` (an iterator
-of traces). The formats and their fields are described in ``shared/traces/SOURCES.md``.
+of traces). The formats and their fields are described in each reader's module docstring.
 
 Every reader produces OpenAI-form messages (what the model saw: raw API copies, costs and usage
 are ignored) and guarantees pairing: each assistant tool call is answered by exactly one tool

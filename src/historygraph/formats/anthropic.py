@@ -13,7 +13,7 @@ Conversion to canonical form (:func:`to_canonical`):
   blocks as tool calls whose arguments are ``json.dumps(input)``. Every other block (``thinking``,
   ``redacted_thinking``, ``server_tool_use``, ``web_search_tool_result`` and any other server-tool
   block) is kept, in order, in :attr:`Message.provider_blocks`: not scored, but counted against B
-  because it is forwarded (DESIGN.md §5.8). Non-text user blocks other than images and documents
+  because it is forwarded (docs/architecture.md, invariant §5.8). Non-text user blocks other than images and documents
   are kept there too; images and documents are charged as their ``[image]``-style marker only,
   because providers bill them by pixel area or pages, not by their bytes (Anthropic "Vision":
   about width × height / 750 tokens), which a text tokenizer cannot count.

@@ -1,6 +1,6 @@
 """Reader for mini-swe-agent trajectories (``trajectory_format: "mini-swe-agent-1.1"``).
 
-See ``shared/traces/SOURCES.md`` §1. One file holds one trajectory: ``{trajectory_format,
+Layout of the files as recorded by the tool's public runs. One file holds one trajectory: ``{trajectory_format,
 instance_id, info{…}, messages[]}``; ``messages`` is already OpenAI chat form.
 
 Read:

@@ -1,6 +1,6 @@
 """Reader for OpenHands event histories: ``output.jsonl`` and bare event-list JSON.
 
-See ``shared/traces/SOURCES.md`` §3. An ``output.jsonl`` line is one run ``{instance_id | issue,
+Layout of the files as recorded by the tool's public runs. An ``output.jsonl`` line is one run ``{instance_id | issue,
 instruction, metadata, history[], metrics, error, test_result, instance}``; a ``.json`` file may
 also be a bare list of events (``basic_gui_mode.json``; trace id = file stem). The trace id of a
 line is ``instance_id``, else ``issue-{issue.number}``, else ``{stem}-line{n}``.

@@ -1,6 +1,6 @@
 """Reader for SWE-agent / SWE-agent EnIGMA ``.traj`` files.
 
-See ``shared/traces/SOURCES.md`` §4. A file is ``{environment, trajectory[], history[], info{…},
+Layout of the files as recorded by the tool's public runs. A file is ``{environment, trajectory[], history[], info{…},
 replay_config?}`` holding one run; the trace id is the file stem.
 
 Read:

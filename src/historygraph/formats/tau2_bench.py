@@ -1,6 +1,6 @@
 """Reader for τ²-bench simulation results (``results/*.json``).
 
-See ``shared/traces/SOURCES.md`` §6. A file is ``{timestamp, info{agent_info, environment_info{policy,
+Layout of the files as recorded by the tool's public runs. A file is ``{timestamp, info{agent_info, environment_info{policy,
 …}, …}, tasks[], simulations[]}`` (a bare list of simulations is accepted too). Each simulation
 ``{id, task_id, trial, termination_reason, reward_info, messages[], …}`` is one trace; the trace id
 is the simulation ``id`` (else ``task{task_id}-trial{trial}``, else ``simulation{n}-trial{trial}``).

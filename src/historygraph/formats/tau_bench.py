@@ -1,6 +1,6 @@
 """Reader for τ-bench historical trajectories (``historical_trajectories/*.json``).
 
-See ``shared/traces/SOURCES.md`` §5. A file is a JSON list of runs ``{task_id, trial, reward,
+Layout of the files as recorded by the tool's public runs. A file is a JSON list of runs ``{task_id, trial, reward,
 info{task, reward_info, …}, traj[]}``; ``traj`` is already OpenAI chat form (an assistant
 ``content`` may be ``null`` when it carries ``tool_calls``). Trace id: ``task{task_id}-trial{trial}``.
 

@@ -1,6 +1,6 @@
 """ContextRender: usefulness-scored greedy selection of complete tool results under B.
 
-Source: ContextRender (papers/contextrender-paper.md) §3.3, Appendix A.1 (Algorithm 1), A.3, A.4.
+Source: ContextRender, "ContextRender: From Execution Dependencies to Agent Context", arXiv:2609.37743 §3.3, Appendix A.1 (Algorithm 1), A.3, A.4.
 
 1. If the complete history fits in B it is returned unchanged (Algorithm 1, lines 6–7).
 2. Query vector (eq. 4): ``q_t = 0.4·unit(emb(x)) + 0.6·unit(emb(f_t))`` where ``x`` is the first

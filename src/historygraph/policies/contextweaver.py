@@ -1,12 +1,12 @@
 """ContextWeaver: keep the observations the current step depends on, summarise the rest.
 
-Source: ContextWeaver (papers/contextweaver-paper.md) §3.1 (node extraction, parent selection,
+Source: ContextWeaver, "ContextWeaver: Selective and Dependency-Structured Memory Construction for LLM Agents" §3.1 (node extraction, parent selection,
 ancestry, weaving), §3.3 (validation layer, low-cost configuration), §5.5 and Table 4 (selection
 ablations), Appendix F.1 (test summary) and F.2 (parent analyzer).
 
 Rendering one invocation (``render(graph, B, signals)``):
 
-1. If the complete history fits in B it is returned unchanged (DESIGN.md §5.5).
+1. If the complete history fits in B it is returned unchanged (docs/architecture.md, invariant §5.5).
 2. The steps view (:mod:`historygraph.signals.steps`) gives every thought–action–observation
    node with files, identifiers, test results, validation status and parents. The *current step*
    ``N_k`` is the latest assistant message.

@@ -167,7 +167,9 @@ class Learned:
         chosen = set(taken)
         for rank, p in enumerate(taken, 1):
             kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
-            layout.reasons[p] = f"{kind} #{rank}: reuse probability {value[p]:.3f}, {sel.cost(p)} tokens"
+            c = sel.cost(p)
+            size = f"{c} tokens" if c >= 0 else f"{-c} tokens fewer than its placeholder"
+            layout.reasons[p] = f"{kind} #{rank}: reuse probability {value[p]:.3f}, {size}"
         for p in cands:
             if p not in chosen:
                 why = (f"reuse probability {value[p]:.3f} below min_probability {cfg.min_probability:g}"

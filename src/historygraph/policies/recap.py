@@ -1,6 +1,6 @@
 """ReCAP: a persistent context graph of blocks with attention-derived importance and dependency edges.
 
-Source: ReCAP (papers/recap-paper.md). Section numbers below are the paper's.
+Source: ReCAP, "Persistent Context Graphs for Efficient Memory Compaction in LLM Agents". Section numbers below are the paper's.
 
 **Blocks (§3.1).** The selectable units ``V_t`` are a user message, an assistant message together
 with its tool calls and their results, and a plain assistant message; system messages are not
@@ -12,7 +12,7 @@ Whole blocks are kept or left out, so tool calls stay paired with their results.
 **Budgets.** ``unit="chars"``: the packing budget is ``B_t = floor(β·c(V_t))`` characters (β = 0.1,
 §4.1). ``unit="tokens"`` (default, for comparisons at equal token budgets): ``B_t`` is
 ``pack_fraction·B`` tokens of the budget ``B`` handed to :meth:`Recap.render`. In both units the
-token budget ``B`` is a hard cap that no rendering exceeds (DESIGN.md §5.1): protected blocks beyond
+token budget ``B`` is a hard cap that no rendering exceeds (docs/architecture.md, invariant §5.1): protected blocks beyond
 the mandatory ones, packing and the ``(1+δ)·B_t`` expansion are all also bounded in tokens, by
 ``(1+δ)·pack_fraction·B ≤ B``. The rest of ``B`` is room for the turn to grow: blocks appended
 after a compaction stay until the rendering would exceed ``B``, which forces a compaction
@@ -52,7 +52,7 @@ Deviations, each needed by the shared invariants: the first user message and the
 block are mandatory (a budget that cannot hold them raises
 :class:`~historygraph.render.BudgetTooSmallError`); other protected blocks are kept newest first
 while the protected set stays within ``(1+δ)·B_t`` tokens; a history that fits in ``B`` is returned
-unchanged (DESIGN.md §5.5); a call without a recorded result gets the shared synthetic result; a
+unchanged (docs/architecture.md, invariant §5.5); a call without a recorded result gets the shared synthetic result; a
 tool result whose own cost exceeds ``B`` is shown as the shared marked head-and-tail excerpt
 (:func:`oversized_forms`) and its block is charged for the excerpt.
 """
@@ -455,7 +455,7 @@ class Recap:
     def mandatory(graph: ContextGraph, hist: list[Block]) -> set[int]:
         """Blocks every selection keeps: the first user block, the latest assistant message's
         blocks and the block opening the active tool loop with a thinking block
-        (:func:`~historygraph.render.loop_opening`, DESIGN.md §5.7)."""
+        (:func:`~historygraph.render.loop_opening`, docs/architecture.md, invariant §5.7)."""
         out = set([b.id for b in hist if b.role == "user"][:1])
         keep = {p for p in (last_assistant(hist), loop_opening(graph)) if p is not None}
         return out | {b.id for b in hist if b.role == "assistant" and b.positions[0] in keep}
@@ -615,7 +615,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     out: list[Message] = []
     positions: list[int | None] = []
     history = 0
-    run: list[list[int]] = []  # consecutive steps left out: one dropped-step marker (DESIGN.md §5.6)
+    run: list[list[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
 
     def mark() -> None:
         nonlocal history

@@ -1,6 +1,6 @@
 """ReCAP's heuristic baselines, Recency and Random, under ReCAP's character budget and B.
 
-Source: ReCAP (papers/recap-paper.md) §3.1 (blocks, character cost, ``B_t = floor(β · c(V_t))``)
+Source: ReCAP, "Persistent Context Graphs for Efficient Memory Compaction in LLM Agents" §3.1 (blocks, character cost, ``B_t = floor(β · c(V_t))``)
 and §5 "Baselines" ("Recency retains the most recent content, and Random samples content and
 restores its order").
 
@@ -12,7 +12,7 @@ restores its order").
   arguments), summed over the block's messages. The character budget is
   ``C = floor(β · c(V))`` with ``β = 0.1`` by default.
 * **Protected blocks**: the first user message and the latest assistant block (the current turn,
-  possibly an in-flight call) are always kept (DESIGN.md §5.4); their characters count first.
+  possibly an in-flight call) are always kept (docs/architecture.md, invariant §5.4); their characters count first.
 * **Both budgets**: a block is kept only when the characters kept stay within ``C`` *and* the
   history tokens stay within B (the evaluator checks tokens ≤ B for every policy).
 * **Recency** keeps blocks newest first and stops at the first that does not fit, so what it keeps
@@ -21,7 +21,7 @@ restores its order").
   exploration bonus), keeps each that fits, and renders the kept blocks in their original order.
 
 Blocks that are not kept are left out entirely (not placeholders); they stay stored and can be
-kept at a later invocation. A history that fits in B is returned unchanged (DESIGN.md §5.5).
+kept at a later invocation. A history that fits in B is returned unchanged (docs/architecture.md, invariant §5.5).
 """
 
 from __future__ import annotations

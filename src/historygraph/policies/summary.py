@@ -26,7 +26,7 @@ extends over time. The chain is a pure function of the graph, B and the policy's
 policy is evaluated at every invocation point (the prefix before each assistant message, and the
 whole graph), and whenever its *view* (first user message, the current summary, and the history
 after it) exceeds B and the trigger fires, the units it names are condensed together with the
-previous summary into a new one. Condensing only when the view exceeds B follows DESIGN.md §5.5
+previous summary into a new one. Condensing only when the view exceeds B follows docs/architecture.md, invariant §5.5
 (an under-budget history is returned unchanged); it is our decision where the papers count
 observations or turns without a token budget. The chain found so far is memoised per session and
 budget and checked against the graph prefix, so each render only looks at the new invocation points.

@@ -11,7 +11,7 @@ placeholder says.
   ContextWeaver §2 and Lindenbauer et al. 2025): ``n = 5``, SWE-agent's default; the placeholder
   states how many lines of output were omitted and names the result id so it can be restored.
 
-Shared rules (DESIGN.md §5, :class:`~historygraph.render.Layout`): a history that fits in B is
+Shared rules (docs/architecture.md, invariant §5, :class:`~historygraph.render.Layout`): a history that fits in B is
 returned unchanged, so the window applies only when the history exceeds B; a window result that
 does not fit in what is left of B is shown as its placeholder too (newest first, like Prune).
 """

@@ -6,7 +6,7 @@ Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 li
 2. route them to a session and store only what is new (:mod:`historygraph.server.sessions`);
 3. render the session's graph with the policy under the budget (``X-HistoryGraph-Policy`` and
    ``X-HistoryGraph-Budget`` headers, else the configured defaults) and check the invariants of
-   DESIGN.md §5; a message rendered unchanged is sent as the client's original JSON, so images,
+   docs/architecture.md, invariant §5; a message rendered unchanged is sent as the client's original JSON, so images,
    thinking blocks and unknown fields pass through untouched;
 4. forward the request, all other fields unchanged, to the upstream; stream answers are relayed
    chunk by chunk as they arrive while a copy is parsed;
@@ -140,7 +140,7 @@ class Proxy:
         return self._policies[name]
 
     def render(self, session_id: str, policy: str, budget: int) -> Rendering:
-        """Render the stored session and check DESIGN.md §5 (raises :class:`ClientError` when the
+        """Render the stored session and check docs/architecture.md, invariant §5 (raises :class:`ClientError` when the
         budget cannot hold the protected history)."""
         graph = self.store.graph(session_id)
         t0 = time.perf_counter()

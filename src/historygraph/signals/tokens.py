@@ -113,7 +113,7 @@ class TokenCounter:
 
     def count_message(self, message: Message) -> int:
         n = MESSAGE_OVERHEAD + self.count(message.content)
-        if message.provider_blocks:  # forwarded with the message, so charged with it (DESIGN.md §5.8)
+        if message.provider_blocks:  # forwarded with the message, so charged with it (docs/architecture.md, invariant §5.8)
             n += self.count(message.provider_blocks)
         for call in message.tool_calls:
             n += self.count(call.name) + self.count(call.arguments)
