@@ -293,3 +293,13 @@ def test_12_8_excerpt_at_a_small_size_never_shows_nothing_and_never_exceeds_it(s
             assert signals.counter.count_message(e) <= size
         else:
             assert e.rendered_as == "placeholder"
+
+
+def test_12_2_user_messages_after_a_result_continue_the_thinking_loop():
+    """Found by the gate: a result, a note and two user messages merge into one wire user turn holding
+    a tool_result, so the loop (and its thinking opening) goes on past them."""
+    from historygraph.render import loop_opening
+    think = Message("assistant", "", (call("t1"),), provider_blocks='[{"signature":"s","thinking":"p","type":"thinking"}]')
+    msgs = [Message("user", "task"), think, Message("tool", "r1", tool_call_id="t1"), Message("user", "see this"),
+            Message("user", "and this"), Message("assistant", "", (call("t2"),)), Message("tool", "r2", tool_call_id="t2")]
+    assert loop_opening(ContextGraph("l", msgs)) == 1

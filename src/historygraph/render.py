@@ -104,16 +104,19 @@ def loop_opening(graph: ContextGraph) -> int | None:
     ``redacted_thinking`` block, signature unmodified; otherwise the request is rejected
     ("a final assistant message must start with a thinking block"). The active loop is what
     follows the last user message that starts a new exchange: one neither stored between a call
-    and its result nor directly after a tool result (on the wire such text shares the user turn
-    of the results, which continues the loop). docs/architecture.md, invariant §5.7 protects that message like the
+    and its result nor following a tool result with only user messages between (on the wire such
+    text shares the user turn of the results, which continues the loop). docs/architecture.md, invariant §5.7 protects that message like the
     latest assistant message; with no thinking block no provider requires it, and it is not."""
     msgs = graph.messages
     spans = [(graph.call_owner[c], r) for c, r in graph.result_of.items()]
     start = 0
     for p in range(len(msgs) - 1, -1, -1):
-        if msgs[p].role != "user" or (p > 0 and msgs[p - 1].role == "tool"):
+        if msgs[p].role != "user":
             continue
-        if any(a < p < r for a, r in spans):
+        q = p - 1
+        while q >= 0 and msgs[q].role == "user":  # consecutive user turns merge on the wire
+            q -= 1
+        if (q >= 0 and msgs[q].role == "tool") or any(a < p < r for a, r in spans):
             continue
         start = p + 1
         break
