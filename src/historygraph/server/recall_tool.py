@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from ..events import Message
 from ..formats import anthropic as anth
 from ..render import Rendering
+from ..signals.calibration import anthropic_usage, openai_usage
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
 
 TOOL_NAME = "historygraph_recall"
@@ -209,8 +210,12 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
             continue
         break
     if rnd.status < 400 and rnd.answer is not None:
-        if api == "openai" and not body.get("stream"):
-            proxy.observe_usage(body, b"".join(rnd.chunks))
+        if not body.get("stream"):  # (a streamed answer's usage is read by the stream relay)
+            try:
+                data = json.loads(b"".join(rnd.chunks))
+            except ValueError:
+                data = None
+            proxy.observe_usage(body, openai_usage(data) if api == "openai" else anthropic_usage(data), api=api)
         await run_in_threadpool(proxy.store_answer, session_id, rnd.answer)
     out_headers = {k: v for k, v in response_headers(rnd.headers).items() if k.lower() != "content-encoding"}
     if rnd.status >= 400 or not body.get("stream"):
