@@ -37,7 +37,7 @@ from historygraph.fit.train import C, fit_examples
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned import LearnedConfig, knapsack_select
+from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values
 from historygraph.render import BudgetTooSmallError, Layout
 
 KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent"}
@@ -97,8 +97,7 @@ class Scorer:
 
     def hits(self, model, budget: int, cfg: dict) -> tuple[int, int, list[int]]:
         c = LearnedConfig(**cfg)  # the policy's defaults for what cfg does not set
-        reserve, brief, alpha, minp, exv = (c.result_reserve, c.brief_revivals, c.cost_exponent, c.min_probability,
-                                            c.excerpt_value)
+        reserve, brief, alpha = c.result_reserve, c.brief_revivals, c.cost_exponent
         prob = model.predict(self.ex.X) if len(self.ex.X) else np.zeros(0)
         hits = events = 0
         tokens = []
@@ -113,10 +112,7 @@ class Scorer:
                 tokens.append(lay.full_history_tokens)
                 continue
             cands = lay.candidates
-            value = {}
-            for p, pr in zip(cands, prob[lo:hi]):
-                v = float(pr) if pr >= minp else 0.0
-                value[p] = v * exv if lay.form[p] is not msgs[p] else v
+            value = reuse_values(lay, prob[lo:hi], c)
             sel = lay.selection()
             knapsack_select(cands, value, sel, alpha)
             shown = {p for p, f in sel.shown.items() if f is msgs[p]}

@@ -278,24 +278,19 @@ def test_session_api_append_render_result_and_auth(servers):
             "/api/sessions/{session_id}/results/{tool_call_id}", "/v1/chat/completions", "/v1/messages"} <= set(paths)
 
 
-def test_contextrender_policy_by_header(servers):
-    client = oai(servers, "cr", **{"X-HistoryGraph-Policy": "contextrender", "X-HistoryGraph-Budget": "700"})
-    msgs = history("cr")
+@pytest.mark.parametrize("policy, tag", [("contextrender", "cr"), ("learned", "lr")])
+def test_policy_by_header(servers, policy, tag):
+    client = oai(servers, tag, **{"X-HistoryGraph-Policy": policy, "X-HistoryGraph-Budget": "700"})
+    msgs = history(tag)
     client.chat.completions.create(model="m", messages=msgs)
     sent = received(servers)["body"]["messages"]
     assert history_tokens(sent) <= 700 < history_tokens(msgs)
     assert_paired(sent)
 
 
-def test_learned_policy_by_header_and_the_oracle_is_refused(servers):
-    client = oai(servers, "lr", **{"X-HistoryGraph-Policy": "learned", "X-HistoryGraph-Budget": "700"})
-    msgs = history("lr")
-    client.chat.completions.create(model="m", messages=msgs)
-    sent = received(servers)["body"]["messages"]
-    assert history_tokens(sent) <= 700 < history_tokens(msgs)
-    assert_paired(sent)
+def test_the_oracle_is_refused_by_header(servers):
     with pytest.raises(openai.BadRequestError, match="recorded future"):
-        oai(servers, "or", **{"X-HistoryGraph-Policy": "oracle"}).chat.completions.create(model="m", messages=msgs)
+        oai(servers, "or", **{"X-HistoryGraph-Policy": "oracle"}).chat.completions.create(model="m", messages=history("or"))
 
 
 def test_bad_requests_get_clear_4xx_errors(servers):

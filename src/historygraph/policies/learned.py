@@ -126,6 +126,18 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
     return taken
 
 
+def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> dict[int, float]:
+    """Knapsack value of each candidate of ``layout`` from its reuse probability (``prob`` in
+    candidate order): 0 below ``min_probability``, times ``excerpt_value`` for an oversized result
+    offered as its excerpt."""
+    msgs = layout.graph.messages
+    value: dict[int, float] = {}
+    for p, pr in zip(layout.candidates, prob):
+        v = float(pr) if pr >= cfg.min_probability else 0.0
+        value[p] = v * cfg.excerpt_value if layout.form[p] is not msgs[p] else v
+    return value
+
+
 def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     """Cost of ``p`` when nothing else is shown (its step's revival included)."""
     lay = sel.layout
@@ -158,10 +170,7 @@ class Learned:
         cands = layout.candidates
         msgs = graph.messages
         prob = self.model.predict(feature_matrix(graph, cands, signals.counter)) if cands else np.zeros(0)
-        value: dict[int, float] = {}
-        for p, pr in zip(cands, prob):
-            v = float(pr) if pr >= cfg.min_probability else 0.0
-            value[p] = v * cfg.excerpt_value if layout.form[p] is not msgs[p] else v
+        value = reuse_values(layout, prob, cfg)
         sel = layout.selection()
         taken = knapsack_select(cands, value, sel, cfg.cost_exponent)
         chosen = set(taken)
