@@ -35,7 +35,7 @@ def lm_marked(names_: list[str]) -> list:
 
 # Policies that by design rewrite or cut the history as a whole when it exceeds B: the summarising
 # baselines fold older results into a summary, ReCAP Recency stops at the first block that does not fit.
-WHOLE_HISTORY = {"compact-llm", "recency-summary", "recap-recency"}
+WHOLE_HISTORY = {"compact-llm", "codex-summary", "recency-summary", "recap-recency"}
 
 
 @pytest.fixture(scope="module")

@@ -100,14 +100,19 @@ class Summarizer:
         historygraph.llm.ModelError: the model cannot be loaded or the call failed.
     """
 
-    def __init__(self, max_summary_tokens: int, prompt_chars: int) -> None:
-        self.max_summary_tokens, self.prompt_chars = max_summary_tokens, prompt_chars
+    def __init__(self, max_summary_tokens: int, prompt_chars: int, version: str = PROMPT_VERSION) -> None:
+        self.max_summary_tokens, self.prompt_chars, self.version = max_summary_tokens, prompt_chars, version
         self._memo: dict[str, str] = {}
 
     def summarize(self, signals: Signals, previous: str | None, messages: list[Message], usage: ModelUsage) -> str:
-        prompt = summary_prompt(previous, messages, self.prompt_chars)
+        """The (merged) summary of ``messages`` with the prompt of :func:`summary_prompt`."""
+        return self.complete(signals, summary_prompt(previous, messages, self.prompt_chars), usage)
+
+    def complete(self, signals: Signals, prompt: list[dict[str, str]], usage: ModelUsage) -> str:
+        """The model's answer to ``prompt``, from the cache when it has it (key: model name,
+        ``version``, output cap, prompt); a model call adds its tokens and seconds to ``usage``."""
         model = signals.model
-        key = hashlib.sha256(json.dumps([model.name, PROMPT_VERSION, self.max_summary_tokens, prompt]).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps([model.name, self.version, self.max_summary_tokens, prompt]).encode()).hexdigest()
         store = signals.store
         cached = store.get_text("summary", key) if store is not None else self._memo.get(key)
         if cached is not None:
@@ -137,7 +142,8 @@ class View:
 
     ``units`` are the condensable units after the current summary, oldest first (lists of
     positions; the first user message, the current user message and the latest assistant unit are
-    protected and not listed); ``tokens`` is the cost of the whole view with the summary, in B's
+    protected and not listed; a policy with ``keeps_users`` lists no user message and counts every
+    earlier one as kept); ``tokens`` is the cost of the whole view with the summary, in B's
     tokens; ``observations`` and ``turns`` count tool results and assistant messages in it.
     """
 
@@ -156,10 +162,14 @@ class CondensingPolicy:
     :meth:`layout` (e.g. a different placeholder)."""
 
     Config: type
+    #: keep every user message verbatim instead of condensing it (Codex-style summarization, ReCAP §4)
+    keeps_users: bool = False
+    summary_header: str = SUMMARY_HEADER
+    prompt_version: str = PROMPT_VERSION
 
     def __init__(self, name: str, config: Any = None) -> None:
         self.name, self.config = name, config or self.Config()
-        self.summarizer = Summarizer(self.config.max_summary_tokens, self.config.prompt_chars)
+        self.summarizer = Summarizer(self.config.max_summary_tokens, self.config.prompt_chars, self.prompt_version)
         self._chains: dict[tuple[str, int | None], tuple[int, int, list[Condensation]]] = {}
 
     def plan(self, view: View, budget: int, graph: ContextGraph) -> int:
@@ -172,6 +182,12 @@ class CondensingPolicy:
         """Default: the view's results newest first while they fit in B (as Prune)."""
         return newest_first(layout, "kept: after the summary, newest first, fits",
                             "omitted: after the summary, does not fit in B")
+
+    def condense(self, signals: Signals, previous: str | None, graph: ContextGraph, k: int, positions: list[int],
+                 usage: ModelUsage) -> str:
+        """The new summary at invocation point ``k`` of the ``positions`` condensed now, merging
+        ``previous`` (default: the prompt of :func:`summary_prompt`)."""
+        return self.summarizer.summarize(signals, previous, [graph.messages[p] for p in positions], usage)
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         plain = self.layout(graph, signals, budget)  # raises BudgetTooSmallError before any model call
@@ -191,9 +207,10 @@ class CondensingPolicy:
                         c: Condensation) -> Rendering:
         msgs, counter = graph.messages, signals.counter
         ids = [msgs[p].tool_call_id for p in sorted(c.covered) if msgs[p].role == "tool"]
-        header = SUMMARY_HEADER.format(first=min(c.covered), last=c.last, results=len(ids),
-                                       id0=ids[0] if ids else "-", id1=ids[-1] if ids else "-")
-        protected = sum(u.cost for u in plain.units if u.protected)
+        header = self.summary_header.format(first=min(c.covered), last=c.last, results=len(ids),
+                                            id0=ids[0] if ids else "-", id1=ids[-1] if ids else "-")
+        protected = sum(u.cost for u in plain.units
+                        if u.protected or (self.keeps_users and msgs[u.positions[0]].role == "user"))
         room = budget - protected - counter.count_message(Message("user", header))
         text = counter.truncate(c.text, max(0, room))
         summary = Message("user", header + text, rendered_as="summary")
@@ -225,7 +242,7 @@ class CondensingPolicy:
                     continue
                 new = [p for u in view.units[:i] for p in u]
                 prev = links[-1] if links else None
-                text = self.summarizer.summarize(signals, prev.text if prev else None, [msgs[p] for p in sorted(new)], usage)
+                text = self.condense(signals, prev.text if prev else None, graph, k, sorted(new), usage)
                 covered = (prev.covered if prev else frozenset()) | frozenset(new)
                 links.append(Condensation(covered, max(covered), text))
         self._chains[key] = (n, hash(tuple(msgs)), links)
@@ -244,19 +261,20 @@ class CondensingPolicy:
             if p in covered or p in (first_user, current_user, last_assistant):
                 continue
             if m.role == "user":
-                units.append([p])
+                if not self.keeps_users:
+                    units.append([p])
             elif m.role == "assistant":
                 units.append([p] + [graph.result_of[c.id] for c in m.tool_calls
                                     if graph.result_of.get(c.id, k) < k])
         unit_tokens = [sum(tok[p] for p in u) for u in units]
-        kept = [p for p in (first_user,) if p is not None and p != current_user]
+        kept = [p for p in (users if self.keeps_users else [first_user]) if p is not None and p != current_user]
         tail = []
         if last_assistant is not None:
             tail = [last_assistant] + [graph.result_of[c.id] for c in msgs[last_assistant].tool_calls
                                        if graph.result_of.get(c.id, k) < k]
         tokens = sum(unit_tokens) + sum(tok[p] for p in kept + tail)
         if last is not None:
-            tokens += signals.counter.count_message(Message("user", SUMMARY_HEADER + last.text))
+            tokens += signals.counter.count_message(Message("user", self.summary_header + last.text))
         in_view = [p for u in units for p in u] + tail
         return View(k, units, unit_tokens, tokens, sum(msgs[p].role == "tool" for p in in_view),
                     sum(msgs[p].role == "assistant" for p in in_view))
