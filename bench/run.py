@@ -218,12 +218,13 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def bench_proxy(runs: list[tuple[str, int, dict[int, int]]], tmp: str) -> dict:
-    """``runs``: (policy, worker processes, {concurrent sessions: steady-state requests per session})."""
+def bench_proxy(runs: list[tuple[str, int, float, dict[int, int]]], tmp: str) -> dict:
+    """``runs``: (policy, worker processes, think ms of the paced phase, {concurrent sessions:
+    requests per session and phase}); the phases are those of ``bench/proxy_latency.py``."""
     import proxy_latency as pl
 
     out: dict = {}
-    for policy, workers, levels in runs:
+    for policy, workers, think_ms, levels in runs:
         up_port, px_port = pl.free_port(), pl.free_port()
         procs = [pl.start([str(Path(__file__).resolve().parents[1] / "tests" / "fake_upstream.py"), "--port", str(up_port)], up_port,
                           Path(tmp, f"upstream-{policy}.log"))]
@@ -235,20 +236,18 @@ def bench_proxy(runs: list[tuple[str, int, dict[int, int]]], tmp: str) -> dict:
             if workers > 1:
                 time.sleep(5)  # the supervisor answers once one worker is up; let the others start
             for n, requests in levels.items():
-                args = argparse.Namespace(requests=requests)
-                c0 = tree_cpu(procs[1].pid)
-                w0 = time.perf_counter()
                 try:
-                    r = asyncio.run(pl.level(n, args, f"http://127.0.0.1:{px_port}/v1", f"http://127.0.0.1:{up_port}/v1"))
+                    r = asyncio.run(pl.level(n, requests, think_ms, f"http://127.0.0.1:{px_port}/v1",
+                                             f"http://127.0.0.1:{up_port}/v1", cpu=lambda: tree_cpu(procs[1].pid)))
                 except Exception as exc:  # report the level as failed and go on (e.g. client timeouts under load)
                     print(f"  proxy  {policy:14s} {workers} workers {n:3d} sessions: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                     break
-                wall = time.perf_counter() - w0
-                cpu = tree_cpu(procs[1].pid) - c0
-                total = n * (requests + 1)
-                out[(policy, workers, n)] = {"rps": total / wall, "e2e_p50": statistics.median(r["e2e"]), "e2e_p95": pct(r["e2e"], 0.95),
-                                    "direct_p50": statistics.median(r["direct"]), "cpu_ms": cpu * 1000 / total,
-                                    "hdr_p50": statistics.median(r["proxy"])}
+                out[(policy, workers, n)] = {
+                    "rps": r["rps"], "cpu_ms": r["cpu_s"] * 1000 / r["count"], "think_ms": think_ms,
+                    "sat_p50": statistics.median(r["sat"]), "e2e_p50": statistics.median(r["paced"]),
+                    "e2e_p95": pct(r["paced"], 0.95), "direct_p50": statistics.median(r["direct"]),
+                    "direct_p95": pct(r["direct"], 0.95), "hdr_p50": statistics.median(r["hdr"]),
+                    "first_p50": statistics.median(r["first"])}
                 print(f"  proxy  {policy:14s} {workers} workers {n:3d} sessions: {out[(policy, workers, n)]}", file=sys.stderr, flush=True)
         finally:
             for p in reversed(procs):
@@ -284,12 +283,16 @@ def ratio(x: float | None, ref: float | None) -> str:
     return f"{x / ref:.1f}×" if x is not None and ref else "–"
 
 
-def report(pool: StepPool, render: dict, first: dict, append: dict, proxy: dict, replay: dict,
+def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy: dict, replay: dict,
            policies: list[str], sizes: list[int], args: argparse.Namespace) -> None:
     print(f"## historygraph speed ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+    flags = "".join(f" --{f.replace('_', '-')}" for f in ("quick", "proxy_only") if getattr(args, f))
     print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.1f}. Command: `python bench/run.py{' --quick' if args.quick else ''}`. "
-          f"B = {BUDGET}; synthetic sessions cycle {len(pool.steps)} real mini-swe-agent steps "
+          f"load average {os.getloadavg()[0]:.1f}. Command: `python bench/run.py{flags}`. B = {BUDGET}.")
+    if pool is None:
+        report_proxy(proxy)
+        return
+    print(f"Synthetic sessions cycle {len(pool.steps)} real mini-swe-agent steps "
           f"({pool.unique_results} distinct results). CPU ms, p50 over {args.repeats} renders.\n")
     print("### Render p50 (p95) in CPU ms, and p50 as a ratio to prune\n")
     print("| policy | " + " | ".join(f"{n:,} results" for n in sizes) + " |")
@@ -318,16 +321,7 @@ def report(pool: StepPool, render: dict, first: dict, append: dict, proxy: dict,
             cells = [f"{append[(kind, n)]['p50']:.3f} ({append[(kind, n)]['p95']:.3f}) · {ratio(append[(kind, n)]['p50'], ref and ref['p50'])}"
                      for n in sorted({n for _, n in append})]
             print(f"| {kind} | " + " | ".join(cells) + " |")
-    if proxy:
-        print(f"\n### Proxy, 200-message histories ({os.cpu_count()} CPUs; requests/s over all requests, the first "
-              f"of each session storing its 200 messages; latency over the later ones)\n")
-        print("| policy | workers | sessions | requests/s | e2e p50 ms | e2e p95 ms | direct p50 ms | proxy CPU ms/request | "
-              "X-…-Proxy-Ms p50 | req/s vs prune |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for (name, w, n), r in proxy.items():
-            ref = proxy.get(("prune", w, n))
-            print(f"| {name} | {w} | {n} | {r['rps']:.1f} | {r['e2e_p50']:.1f} | {r['e2e_p95']:.1f} | {r['direct_p50']:.1f} | "
-                  f"{r['cpu_ms']:.1f} | {r['hdr_p50']:.1f} | {ratio(r['rps'], ref and ref['rps'])} |")
+    report_proxy(proxy)
     if replay:
         ref = render.get(("prune", 1000))
         print("\n### Replay of the traces (contextrender, prune, full, --jobs 2)\n")
@@ -337,6 +331,23 @@ def report(pool: StepPool, render: dict, first: dict, append: dict, proxy: dict,
             print(f"| {kind} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {ratio(r['cpu_s'] * 1000, ref and ref['p50'])} |")
 
 
+def report_proxy(proxy: dict) -> None:
+    if not proxy:
+        return
+    print(f"\n### Proxy, 200-message histories ({os.cpu_count()} CPUs; client, proxy and fake provider on them; "
+          f"phases of bench/proxy_latency.py)\n")
+    print("requests/s and CPU: saturated phase (no pause between requests). Latency: client-side, paced phase "
+          "(the think time between an answer and the next request); added = through the proxy − direct.\n")
+    print("| policy | workers | sessions | requests/s | proxy CPU ms/request | think ms | e2e p50 ms | e2e p95 ms | "
+          "direct p50 | direct p95 | added p50 | added p95 | X-…-Proxy-Ms p50 | first request p50 ms | req/s vs prune |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (name, w, n), r in proxy.items():
+        ref = proxy.get(("prune", w, n))
+        print(f"| {name} | {w} | {n} | {r['rps']:.1f} | {r['cpu_ms']:.1f} | {r['think_ms']:.0f} | {r['e2e_p50']:.1f} | "
+              f"{r['e2e_p95']:.1f} | {r['direct_p50']:.1f} | {r['direct_p95']:.1f} | {r['e2e_p50'] - r['direct_p50']:.1f} | "
+              f"{r['e2e_p95'] - r['direct_p95']:.1f} | {r['hdr_p50']:.1f} | {r['first_p50']:.1f} | {ratio(r['rps'], ref and ref['rps'])} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="historygraph speed table (see module docstring).")
     ap.add_argument("--quick", action="store_true", help="50 and 1,000 results, fewer repeats, proxy at 1 and 10, no replay")
@@ -344,16 +355,21 @@ def main() -> None:
     ap.add_argument("--policy", action="append", help=f"policies to render (default: {', '.join(POLICIES)})")
     ap.add_argument("--no-proxy", action="store_true")
     ap.add_argument("--no-replay", action="store_true")
+    ap.add_argument("--proxy-only", action="store_true", help="only the proxy rows (no render, first-render, append, replay)")
     ap.add_argument("--first-limit", type=float, default=20.0, help="skip larger sizes of a policy whose first render "
                     "would take longer than this many CPU seconds")
     args = ap.parse_args()
     sizes = [50, 1000] if args.quick else [50, 200, 1000, 5000]
     args.repeats = 5 if args.quick else 15
-    levels = {1: 10, 10: 3} if args.quick else {1: 20, 10: 5, 50: 2}
-    workers = min(2, os.cpu_count() or 1)
-    # contextrender embeds each fresh synthetic history (100 new results per session) on its first
-    # request, so it runs at 1 and 10 sessions only
-    runs = [("prune", 1, levels), ("prune", workers, levels), ("contextrender", workers, {1: levels[1], 10: levels[10]})]
+    levels = {1: 10, 10: 4} if args.quick else {1: 20, 10: 8, 50: 4}
+    workers = os.cpu_count() or 1
+    # think times: 50 sessions offer the target load (prune 150 requests/s, contextrender 50)
+    runs = [("prune", 1, 333.0, levels), ("prune", workers, 333.0, levels), ("contextrender", workers, 1000.0, levels)]
+    if args.proxy_only:
+        tmp = tempfile.mkdtemp(prefix="hg-bench-")
+        proxy = bench_proxy(runs, tmp)
+        report(None, {}, {}, {}, proxy, {}, [], [], args)
+        return
     policies = args.policy or POLICIES
     if "prune" not in policies:
         policies = ["prune"] + policies
