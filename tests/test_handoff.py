@@ -1,4 +1,4 @@
-"""ReCAP's Codex-style summarization baseline (`codex-summary`): user instructions verbatim and in
+"""ReCAP §5 Codex-style summarization baseline (`codex-summary`): user instructions verbatim and in
 order, the handoff summary after them, the budget, model usage, caching and merging."""
 
 import pytest

@@ -1,11 +1,13 @@
 """ReCAP's Codex-style summarization baseline: a handoff summary, every user instruction verbatim.
 
-Source: ReCAP, "Persistent Context Graphs for Efficient Memory Compaction in LLM Agents", §4
-(Baselines: "Codex-style summarization (OpenAI, 2025) generates a handoff summary while preserving
-historical user instructions"; End-to-end protocol: "summarization sets its own summary length";
-all compactors work on the history before the current user turn, with system instructions and the
-current turn kept separately). The reference is the compaction of the OpenAI Codex CLI (2025), which
-rebuilds the history as its initial context, then the earlier user messages, then the summary.
+Source: ReCAP, "Persistent Context Graphs for Efficient Memory Compaction in LLM Agents", §5
+(experiments; the paper's cross-references put the method in §4), Baselines: Codex-style
+summarization (OpenAI, 2025) is a memory-compaction baseline in which the backbone writes a handoff
+summary and the earlier user instructions are preserved; End-to-end protocol: the summariser chooses
+its own summary length; every compactor works on the history before the current user turn, with
+system instructions and the current turn kept apart. The reference implementation, the compaction
+of the OpenAI Codex CLI (2025), rebuilds the history as its initial context, the earlier user
+messages and then the summary.
 
 What ``codex-summary`` renders once the history exceeds B:
 
@@ -32,10 +34,13 @@ previous summary (``prompt_chars // 2``) and the newly condensed history (``prom
 :func:`~historygraph.policies.summary.history_text` clips it).
 
 **Length**: the model stops when it is done, at most ``max_summary_tokens = 128`` model tokens (our
-cap, for the local CPU model: ReCAP Table 1 reports 285–591 output tokens per invocation from 20–30B
+cap, for the local CPU model: ReCAP §5 reports 285–591 output tokens per summarisation on LiC from 20–30B
 backbones); the summary is cut further only when the user messages and the current step leave less
-room in B. When the earlier user messages alone do not fit in B, the shared layout leaves out the
-oldest of them with a marker (Codex likewise keeps only its newest user messages within a cap).
+room in B. When the earlier user messages and the current step alone exceed B (never on the shared
+traces at B = 6000: at most 1,342 tokens of earlier user messages), the shared
+:class:`~historygraph.render.Layout` drops the oldest user messages but the first, each with a
+dropped-step marker, until half of B is left (Codex likewise keeps only its newest user messages
+within a cap).
 
 **Model**: the paper's summariser is the agent's backbone; here it is the configured chat model
 (an OpenAI-compatible endpoint, else SmolLM2-135M-Instruct on the CPU), as for every summarising
@@ -95,7 +100,7 @@ class CodexSummaryConfig:
         _check_summary(self)
 
 
-@register("codex-summary", "ReCAP §4 Baselines (Codex-style summarization)",
+@register("codex-summary", "ReCAP §5 Baselines (Codex-style summarization)",
           "Over B, the model writes a handoff summary of the history; every earlier user message stays verbatim "
           "before it. Summariser: the configured model (default local SmolLM2), not the agent's backbone.")
 class CodexSummary(CondensingPolicy):
