@@ -241,3 +241,89 @@ def test_layout_marker_equals_dropped_marker_for_every_run(real_traces):
         for a in range(n):
             for b in range(a, n):
                 assert lay.marker(a, b) == dropped_marker(g, [lay.units[i].positions for i in range(a, b + 1)]), (a, b)
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_token_count_is_the_sum_over_forced_boundaries(encoding):
+    """:func:`boundary_pieces` cuts only where tiktoken's pre-tokeniser always cuts: on 40,000
+    seeded random texts over digits, spaces, newlines, punctuation, contractions and non-ASCII
+    letters and numerals, the pieces' counts add up to the text's count (each piece encoded on
+    its own, as the marker plan counts)."""
+    import random
+
+    from historygraph.signals.tokens import boundary_pieces
+
+    c = TokenCounter(encoding)
+    alphabet = list("ab AZ09 5,.;:()[]#-–…_'s\n\t  \r/") + ["’", "é", "²", "١", "\u00a0", "ll", "re", "'S"]
+    rng = random.Random(13)
+    split = 0
+    for _ in range(40_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24)))
+        pieces = boundary_pieces(text)
+        assert "".join(pieces) == text
+        assert sum(len(c.encode(p)) for p in pieces) == len(c.encode(text)), (text, pieces)
+        split += len(pieces) > 1
+    assert split > 25_000  # the rule does cut most texts
+
+
+def _odd_calls_graph():
+    """Steps whose call ids and names start or end with digits, spaces, punctuation, non-ASCII."""
+    ids = ["7", " sp", "", "ü-1", "a b", "call_9", "x", "…", "12 ", "(", "toolu_01", "z"]
+    names = ["bash", "", "9", "é", " x", "a)", "edit", "bash"]
+    msgs = [Message("system", "s"), Message("user", "task")]
+    k = 0
+    for i in range(14):
+        calls = tuple(ToolCall(f"{ids[(k + j) % len(ids)]}{i}-{j}" if j % 2 else ids[(k + j) % len(ids)] + str(i * 7),
+                               names[(k + j) % len(names)], "{}") for j in range(1 + i % 3))
+        k += len(calls)
+        msgs.append(Message("assistant", f"step {i}", calls))
+        msgs += [Message("tool", f"out {i}", tool_call_id=c.id) for c in calls]
+        if i % 5 == 4:
+            msgs.append(Message("user", f"note {i}"))
+    return ContextGraph("odd", msgs)
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_marker_plan_counts_every_run_as_encoding_its_marker(real_traces, encoding):
+    """The per-slot marker counts (:class:`_MarkerPlan`) equal the count of the marker's text for
+    every run of units of a real trace and of a graph with odd call ids and names, in both
+    encodings; runs of up to ``MARK_CALLS`` calls are counted from their text."""
+    c = TokenCounter(encoding)
+    fast = 0
+    for g in (ContextGraph("t", real_traces[0].messages[:90]), ContextGraph("o", real_traces[3].messages[:60]),
+              _odd_calls_graph()):
+        lay = Layout(g, c, None)
+        assert lay._plan is not None
+        for a in range(len(lay.units)):
+            for b in range(a, len(lay.units)):
+                n = lay._fast_marker_tokens(a, b)
+                if n is not None:
+                    fast += 1
+                    assert n == c.count_message(lay.marker(a, b)), (len(g), a, b, lay.marker(a, b).content)
+    assert fast > 500
+
+
+@pytest.mark.parametrize("wording, planned", [
+    ("[omitted: messages #{first}–#{last}{calls}; stored in full, restore by id]", True),
+    ("[gap {first}-{last}{calls}]", True),
+    ("[{first} {last}{calls}]", True),           # the space goes with the second number's chunk
+    ("<{first}{last}{calls}>", False),           # two numbers side by side: one chunk
+    ("[#{first}0{last}{calls}]", False),         # a digit between two numbers joins both
+])
+def test_marker_plan_follows_the_wording_or_steps_aside(monkeypatch, wording, planned):
+    """Reworded markers are counted exactly: with a plan when the wording separates the slots,
+    from the whole text when it does not (two slots in one chunk)."""
+    from historygraph import render
+
+    monkeypatch.setattr(render, "DROPPED_MARK", wording)
+    c = TokenCounter()
+    plan = render._MarkerPlan.build(c)
+    g = _odd_calls_graph()
+    lay = Layout(g, c, None)
+    if planned:
+        assert plan is not None and lay._plan is not None
+    for a in range(len(lay.units)):
+        for b in range(a, len(lay.units)):
+            assert lay._marker_tokens(a, b) == c.count_message(lay.marker(a, b)), (a, b, lay.marker(a, b).content)
+    if not planned:
+        assert plan is None

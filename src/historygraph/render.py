@@ -39,11 +39,12 @@ import threading
 import weakref
 import re
 from dataclasses import dataclass, field
+from string import Formatter
 from typing import Any, Callable, Iterable
 
 from .events import Message
 from .graph import ContextGraph
-from .signals.tokens import TokenCounter
+from .signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
@@ -173,12 +174,141 @@ def dropped_marker(graph: ContextGraph, steps: list[list[int]]) -> Message:
 
 def _marker_message(first: int, last: int, head: list, last_call: Any, n_calls: int) -> Message:
     """:func:`dropped_marker` from its parts: ``head`` = the first ``MARK_CALLS`` calls (or all)."""
-    listed = ", ".join(f"{c.id} ({c.name})" for c in (head if n_calls <= MARK_CALLS else head[:MARK_CALLS - 1]))
-    if n_calls > MARK_CALLS:
-        listed += f", …, {last_call.id} ({last_call.name}): {n_calls} calls"
-    text = DROPPED_MARK.format(first=first, last=last,
-                               calls=(", tool call " if n_calls == 1 else ", tool calls ") + listed if n_calls else "")
-    return Message("user", text, rendered_as="marker")
+    return Message("user", "".join(t for _, t in _marker_parts(first, last, head, last_call, n_calls)),
+                   rendered_as="marker")
+
+
+_FIELDS = Formatter()
+
+
+def _marker_parts(first: int, last: int, head: list, last_call: Any, n_calls: int) -> list[tuple[str | None, str]]:
+    """The marker's text as ``(slot, text)`` parts, in order: slot ``None`` for fixed wording,
+    ``"first"``, ``"last"``, ``"n"`` for numbers, ``"head0"``, ``"head1"``, … and ``"last_call"``
+    for the listed calls (``"<id> (<name>)"``). :class:`_MarkerPlan` counts a marker from them."""
+    items = head if n_calls <= MARK_CALLS else head[:MARK_CALLS - 1]
+    calls: list[tuple[str | None, str]] = []
+    if n_calls:
+        calls.append((None, ", tool call " if n_calls == 1 else ", tool calls "))
+        for j, c in enumerate(items):
+            calls += [(None, ", ")] if j else []
+            calls.append((f"head{j}", f"{c.id} ({c.name})"))
+        if n_calls > MARK_CALLS:
+            calls += [(None, ", …, "), ("last_call", f"{last_call.id} ({last_call.name})"), (None, ": "),
+                      ("n", str(n_calls)), (None, " calls")]
+    values = {"first": first, "last": last}
+    out: list[tuple[str | None, str]] = []
+    for literal, name, spec, conversion in _FIELDS.parse(DROPPED_MARK):
+        if literal:
+            out.append((None, literal))
+        if name == "calls":
+            out += calls
+        elif name is not None:
+            out.append((name, _FIELDS.format_field(_FIELDS.convert_field(values[name], conversion), spec or "")))
+    return out
+
+
+class _MarkerPlan:
+    """Exact token counts of dropped-step markers listing more than ``MARK_CALLS`` calls, from
+    per-slot counts instead of encoding each marker (selection prices thousands of markers per
+    render, each a new text).
+
+    The marker's fixed wording is cut into pieces at every
+    :func:`~historygraph.signals.tokens.forced_boundary`; a slot's value (a number or a listed
+    call) forms one chunk with the pieces next to it that it is not forcibly separated from. Then
+    ``tokens = MESSAGE_OVERHEAD + Σ tokens(fixed pieces) + Σ_slots (tokens(chunk) − tokens(the
+    pieces it took))``, exact because every chunk and piece is bounded by forced boundaries. The
+    slot counts are memoised per value. When the wording leaves two slots in one chunk (no forced
+    boundary between them) no plan is built (:meth:`build` returns ``None``) and markers are counted
+    whole."""
+
+    def __init__(self, counter: TokenCounter, literals: list[str], slots: list[str]) -> None:
+        from .signals.tokens import boundary_pieces
+        self.counter, self.slots = counter, slots
+        self.pieces = [boundary_pieces(lit) if lit else [] for lit in literals]  # literals[j] precedes slots[j]
+        self.const = MESSAGE_OVERHEAD + sum(counter.count(p) for ps in self.pieces for p in ps)
+        self.index = {name: j for j, name in enumerate(slots)}
+        self.memo: list[dict[str, int]] = [{} for _ in slots]
+        self._heads: dict[int, int] = {}   # first position -> its slots' deltas ("first" and the listed head)
+        self._lasts: dict[int, int] = {}   # position of the run's last calling message -> "last_call" delta
+        self._k = sum(1 for name in slots if name.startswith("head"))
+
+    def tokens(self, messages: list[Message], first: int, last: int, last_caller: int, n_calls: int) -> int:
+        """Tokens of the marker for a run starting at position ``first`` with highest position
+        ``last``, ``n_calls`` > ``MARK_CALLS`` calls, the last made by the message at
+        ``last_caller``; the listed head is the first calls of the assistant messages from
+        ``first`` on (the run's own, as it holds more than ``MARK_CALLS`` calls)."""
+        head = self._heads.get(first)
+        if head is None:
+            head, need, p = self.delta(self.index["first"], str(first)), self._k, first
+            while need:
+                m = messages[p]
+                if m.role == "assistant":
+                    for c in m.tool_calls[:need]:
+                        head += self.delta(self.index[f"head{self._k - need}"], f"{c.id} ({c.name})")
+                        need -= 1
+                p += 1
+            self._heads[first] = head
+        tail = self._lasts.get(last_caller)
+        if tail is None:
+            c = messages[last_caller].tool_calls[-1]
+            tail = self._lasts[last_caller] = self.delta(self.index["last_call"], f"{c.id} ({c.name})")
+        return self.const + head + tail + self.delta(self.index["last"], str(last)) + \
+            self.delta(self.index["n"], str(n_calls))
+
+    @classmethod
+    def build(cls, counter: TokenCounter) -> "_MarkerPlan | None":
+        if not counter.splits_exactly:
+            return None
+
+        class _Call:
+            id = name = "x"
+
+        parts = _marker_parts(0, 0, [_Call()] * MARK_CALLS, _Call(), MARK_CALLS + 1)
+        literals, slots, text = [], [], ""
+        for slot, t in parts:
+            if slot is None:
+                text += t
+            else:
+                literals.append(text)
+                slots.append(slot)
+                text = ""
+        literals.append(text)
+        if sorted(slots) != sorted(["first", "last", "last_call", "n"] + [f"head{j}" for j in range(MARK_CALLS - 1)]):
+            return None
+        plan = cls(counter, literals, slots)
+        return plan if all(plan._separates(j) for j in range(1, len(slots))) else None
+
+    def _separates(self, j: int) -> bool:
+        """Whether the fixed text before slot ``j`` keeps slots ``j − 1`` and ``j`` in different
+        chunks for every value. A number has digits at both ends, a listed call ends with ``)``
+        and may start with anything."""
+        from .signals.tokens import forced_boundary
+        ps, left, right = self.pieces[j], self.slots[j - 1], self.slots[j]
+        numeric = right in ("first", "last", "n")
+        end = "0" if left in ("first", "last", "n") else ")"
+        if not ps:  # slots side by side: their meeting must be a forced boundary
+            return numeric and forced_boundary(end, "0")
+        if len(ps) >= 2:
+            return True
+        left_takes = not forced_boundary(end, ps[0][0])
+        right_may_take = not numeric or not forced_boundary(ps[0][-1], "0")
+        return not (left_takes and right_may_take)
+
+    def delta(self, j: int, value: str) -> int:
+        """Tokens slot ``j`` adds with ``value``: its chunk's count minus the pieces it took."""
+        n = self.memo[j].get(value)
+        if n is None:
+            from .signals.tokens import forced_boundary
+            chunk, took = value, 0
+            before, after = self.pieces[j], self.pieces[j + 1]
+            if before and not forced_boundary(before[-1][-1], value[0]):
+                chunk = before[-1] + chunk
+                took += self.counter.count(before[-1])
+            if after and not forced_boundary(value[-1], after[0][0]):
+                chunk += after[0]
+                took += self.counter.count(after[0])
+            n = self.memo[j][value] = self.counter.count(chunk) - took
+        return n
 
 
 _excerpts: dict[tuple[str, int, str | None, int], Message] = {}
@@ -240,6 +370,7 @@ class _TokenMemo:
         self.counter, self.build = counter, placeholder
         self.tokens: list[int] = []                              # count_message(messages[p])
         self.placeholder: dict[int, tuple[Message, int]] = {}   # result position -> (placeholder, its count)
+        self.marker_plan = _MarkerPlan.build(counter)
         self._lock = threading.Lock()
 
     def update(self, messages: list[Message]) -> None:
@@ -449,6 +580,7 @@ class Layout:
 
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
         tokens, self._tokens = memo.tokens, memo.tokens
+        self._plan = memo.marker_plan
         self.placeholder: dict[int, Message] = {}
         self.placeholder_tokens: dict[int, int] = {}
         self._marks: dict[tuple[int, int], int] = {}
@@ -583,8 +715,26 @@ class Layout:
         key = (a, b)
         n = self._marks.get(key)
         if n is None:
-            n = self._marks[key] = self.counter.count_message(self.marker(a, b))
+            n = self._fast_marker_tokens(a, b)
+            if n is None:
+                n = self.counter.count_message(self.marker(a, b))
+            self._marks[key] = n
         return n
+
+    def _fast_marker_tokens(self, a: int, b: int) -> int | None:
+        """:meth:`_marker_tokens` from the per-graph :class:`_MarkerPlan`, or ``None`` where it does
+        not apply (no plan, or a run with at most ``MARK_CALLS`` calls)."""
+        if self._plan is None:
+            return None
+        lo, hi, top, ncalls, pre = self._unit_facts()
+        n = pre[b + 1] - pre[a]
+        if n <= MARK_CALLS:
+            return None
+        j = b
+        while not ncalls[j]:
+            j -= 1
+        last = hi[top[b]] if top[b] >= a else max(hi[a:b + 1])
+        return self._plan.tokens(self.graph.messages, lo[a], last, lo[j], n)
 
     def marker(self, a: int, b: int) -> Message:
         """The dropped-step marker for units ``a..b`` (:func:`dropped_marker`, same message), built

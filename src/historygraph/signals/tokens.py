@@ -122,6 +122,14 @@ class TokenCounter:
     def count_messages(self, messages: Iterable[Message]) -> int:
         return sum(self.count_message(m) for m in messages)
 
+    @property
+    def splits_exactly(self) -> bool:
+        """True when :func:`forced_boundary` holds for this counter: ``count(x + y) == count(x) +
+        count(y)`` whenever ``forced_boundary(x[-1], y[0])`` (the stock counter on
+        :data:`ENCODINGS`; a subclass that counts differently gets ``False``)."""
+        return self.encoding_name in ENCODINGS and type(self).count is TokenCounter.count \
+            and type(self).count_message is TokenCounter.count_message
+
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest prefix of ``text`` with at most ``max_tokens`` tokens."""
         ids = self._enc.encode_ordinary(text)
@@ -131,3 +139,41 @@ class TokenCounter:
         """The longest suffix of ``text`` with at most ``max_tokens`` tokens."""
         ids = self._enc.encode_ordinary(text)
         return text if len(ids) <= max_tokens else (self._enc.decode(ids[-max_tokens:]) if max_tokens > 0 else "")
+
+
+_DIGITS = frozenset("0123456789")
+
+
+def forced_boundary(left: str, right: str) -> bool:
+    r"""True when the pre-tokeniser of every encoding in :data:`ENCODINGS` always ends a piece
+    between the characters ``left`` and ``right``, whatever surrounds them; then for any texts
+    ``x`` ending with ``left`` and ``y`` starting with ``right``, ``count(x + y) == count(x) +
+    count(y)`` (tiktoken encodes each piece of its regex split on its own).
+
+    ASCII only (anything else answers ``False``, which is always safe: the caller then counts
+    the texts together). The three cases, from the o200k_base and cl100k_base patterns
+    (``tiktoken_ext.openai_public``): no alternative but ``\p{N}{1,3}`` matches a digit, and it
+    matches digits only, so a piece never joins a digit and a non-digit; a space is only ever the
+    *first* character of a piece that holds anything else, so a space after a non-space character
+    starts a new piece. In each case the text before the boundary is split as it would be on its
+    own: ``left`` is not whitespace, so the only end-sensitive alternatives (``\s+(?!\S)``,
+    ``\s++$``) cannot end there, and the patterns have no look-behind, so the text after the
+    boundary is split as on its own too.
+    """
+    if not (left.isascii() and right.isascii()) or left.isspace():
+        return False
+    if left in _DIGITS:
+        return right not in _DIGITS
+    return right == " " or right in _DIGITS
+
+
+def boundary_pieces(text: str) -> list[str]:
+    """``text`` cut at every :func:`forced_boundary` (at least one piece; ``[""]`` for ``""``):
+    the token count of ``text`` is the sum of its pieces' counts."""
+    out, start = [], 0
+    for i in range(1, len(text)):
+        if forced_boundary(text[i - 1], text[i]):
+            out.append(text[start:i])
+            start = i
+    out.append(text[start:])
+    return out
