@@ -42,3 +42,42 @@ class CountingModel:
     def complete(self, messages: list[dict[str, str]], max_tokens: int = 256) -> Completion:
         self.prompts.append(messages)
         return Completion(f"summary #{len(self.prompts)}", 10 * len(messages), min(5, max_tokens), 0.25)
+
+
+class TableScorer:
+    """A deterministic :class:`~historygraph.signals.perplexity.TokenScorer`: tokens are words (a run
+    of non-space characters with the spaces before it); a token's NLL is ``table[word]`` (nats),
+    else a value in 1.0..4.5 from the word's sha256; a word that also occurs in the context scores
+    ``context_bonus`` lower. Each ``score`` call is recorded in ``calls`` and reports
+    ``tokens(context) + tokens(text) + 1`` input tokens and ``seconds`` seconds."""
+
+    name = "table-test-scorer"
+
+    def __init__(self, table: dict[str, float] | None = None, context_bonus: float = 1.0, seconds: float = 0.0) -> None:
+        self.table = dict(table or {})
+        self.context_bonus, self.seconds = context_bonus, seconds
+        self.calls: list[tuple[str, str]] = []
+
+    def tokenize(self, text):
+        import re
+
+        return [(m.start(), m.end()) for m in re.finditer(r"\s*\S+", text)]
+
+    def value(self, word: str) -> float:
+        import hashlib
+
+        if word in self.table:
+            return self.table[word]
+        return 1.0 + hashlib.sha256(word.encode("utf-8", "surrogatepass")).digest()[0] % 8 / 2
+
+    def score(self, text, context=""):
+        import numpy as np
+
+        from historygraph.signals.perplexity import Scored
+
+        self.calls.append((text, context))
+        spans = self.tokenize(text)
+        seen = {context[a:b].strip() for a, b in self.tokenize(context)}
+        nll = np.array([self.value(w) - (self.context_bonus if w in seen else 0.0)
+                        for w in (text[a:b].strip() for a, b in spans)], dtype=np.float64)
+        return Scored(spans, nll, len(spans) + len(seen) + 1, self.seconds)

@@ -9,7 +9,7 @@ from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create, names
 from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
 
-from doubles import ScriptedModel
+from doubles import ScriptedModel, TableScorer
 
 POLICIES = names()
 
@@ -18,7 +18,7 @@ POLICIES = names()
 def signals():
     # summarising policies (ContextWeaver) get a deterministic test-double model: the invariants
     # concern the rendering, not the summary text, and the local model would take minutes here
-    return Signals(model_factory=ScriptedModel)
+    return Signals(model_factory=ScriptedModel, scorer_factory=TableScorer)
 
 
 def call(cid):

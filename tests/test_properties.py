@@ -16,7 +16,7 @@ from historygraph.policies import Signals, config_fields, create, names
 from historygraph.render import BudgetTooSmallError, check_invariants
 from historygraph.signals.tokens import TokenCounter
 
-from doubles import ScriptedModel
+from doubles import ScriptedModel, TableScorer
 
 
 class HashEmbedder:
@@ -32,7 +32,8 @@ class HashEmbedder:
         return out
 
 
-SIGNALS = Signals(counter=TokenCounter(), embedder_factory=HashEmbedder, model_factory=ScriptedModel)
+SIGNALS = Signals(counter=TokenCounter(), embedder_factory=HashEmbedder, model_factory=ScriptedModel,
+                  scorer_factory=TableScorer)
 WORDS = st.sampled_from(["ok", "error", "ABC_123", "file.py", "tr_solo@gmail.com", "x" * 40, "line\n" * 30, "ünïcode ✓", ""])
 
 

@@ -933,7 +933,11 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
                 and not _is_brief_view(m, orig):
             raise InvariantError(f"§5.3 verbatim: {m.role} message at position {p} was altered")
         if m.role == "tool" and m.content != orig.content:
-            if m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
+            if m.rendered_as == "compressed":
+                if not _is_compressed_view(m, orig):
+                    raise InvariantError(f"§5.3 complete: compressed result at position {p} does not name its id "
+                                         f"or is not made of pieces of the original in order")
+            elif m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
                 raise InvariantError(f"§5.3 complete: result at position {p} altered without a mark naming its id")
     # 4. in-flight call kept
     if graph.messages and graph.messages[-1].role == "assistant" and graph.messages[-1].tool_calls:
@@ -966,6 +970,23 @@ def _is_segment_view(m: Message, orig: Message) -> bool:
     ``rendered_as="segments"`` (ReCAP §4.4 segmentation ablations); every piece is verbatim."""
     return (m.role == orig.role == "assistant" and m.rendered_as == "segments" and not orig.tool_calls
             and not m.tool_calls and all(piece in orig.content for piece in m.content.split(SEGMENT_JOIN)))
+
+
+#: The first line of a compressed tool result (the prompt-compression policies, policies/lingua.py).
+COMPRESSED_PREFIX = "[tool result {id} compressed by "
+#: Where the middle of a long result was left out of a compressed form.
+COMPRESSED_GAP = "…"
+
+
+def _is_compressed_view(m: Message, orig: Message) -> bool:
+    """A tool result shown compressed (``rendered_as="compressed"``): a first line starting with
+    :data:`COMPRESSED_PREFIX` naming its id, then a text whose characters, apart from
+    :data:`COMPRESSED_GAP`, appear in the original in the same order (kept pieces, nothing added)."""
+    head, sep, body = m.content.partition("]\n")
+    if not sep or not head.startswith(COMPRESSED_PREFIX.format(id=orig.tool_call_id)) or m.tool_call_id != orig.tool_call_id:
+        return False
+    rest = iter(orig.content.replace(COMPRESSED_GAP, ""))
+    return all(c in rest for c in body.replace(COMPRESSED_GAP, ""))
 
 
 def _is_brief_view(m: Message, orig: Message) -> bool:

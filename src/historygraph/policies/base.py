@@ -17,6 +17,7 @@ from ..graph import ContextGraph
 from ..llm import ChatModel, default_model
 from ..render import Rendering
 from ..signals.embeddings import CachedEmbedder, Embedder, MiniLMEmbedder
+from ..signals.perplexity import TokenScorer, default_scorer
 from ..signals.tokens import TokenCounter
 
 
@@ -33,6 +34,8 @@ class Signals:
         embedder_factory: builds the sentence embedder on first use.
         model_factory: builds the chat model (summaries, analyses) on first use
             (:func:`historygraph.llm.default_model`: a configured endpoint, else local SmolLM2).
+        scorer_factory: builds the token-surprisal model of the prompt compressors on first use
+            (:func:`historygraph.signals.perplexity.default_scorer`: local SmolLM2-135M).
         store: the store whose caches (embeddings, summaries) are used; ``None`` = in-process only.
 
     Models are created on first use, so policies that do not need them never load one.
@@ -41,9 +44,11 @@ class Signals:
     counter: TokenCounter = field(default_factory=TokenCounter)
     embedder_factory: Callable[[], Embedder] = MiniLMEmbedder
     model_factory: Callable[[], ChatModel] = default_model
+    scorer_factory: Callable[[], TokenScorer] = default_scorer
     store: Any = None
     _embedder: CachedEmbedder | None = None
     _model: ChatModel | None = None
+    _scorer: TokenScorer | None = None
     _embed_log: list[str] | None = None
 
     @property
@@ -67,6 +72,12 @@ class Signals:
         if self._model is None:
             self._model = self.model_factory()
         return self._model
+
+    @property
+    def scorer(self) -> TokenScorer:
+        if self._scorer is None:
+            self._scorer = self.scorer_factory()
+        return self._scorer
 
 
 class Policy(Protocol):
