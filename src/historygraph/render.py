@@ -516,7 +516,19 @@ class Selection:
         return delta + extra
 
     def fits(self, p: int, form: Message | None = None) -> bool:
-        return self.layout.budget is None or self.used + self.cost(p, form) <= self.layout.budget
+        lay = self.layout
+        if lay.budget is None:
+            return True
+        u = lay.unit_of[p]
+        if form is None and u in lay.dropped_units and u not in self.revived and u in self.runs.start:
+            # a lower bound first: reviving the step costs at least its own tokens less the whole
+            # marker of its run (the markers left around it are never negative); most results of
+            # dropped steps fail on it, without pricing the two markers the revival would leave
+            a = self.runs.start[u]
+            low = lay.delta[p] + lay.revival_cost(u) - lay._marker_tokens(a, self.runs.end[a])
+            if self.used + low > lay.budget:
+                return False
+        return self.used + self.cost(p, form) <= lay.budget
 
     def take(self, p: int, form: Message | None = None) -> None:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
