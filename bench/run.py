@@ -53,8 +53,8 @@ from historygraph.policies import Signals, create  # noqa: E402
 from historygraph.store import open_store  # noqa: E402
 
 BUDGET = 6000
-POLICIES = ["prune", "full", "contextrender", "contextrender-dep", "cw-bm25", "cw-sliding-window",
-            "observation-masking", "contextweaver-placeholder", "recap-noattn", "recap-recency", "semantic"]
+POLICIES = ["prune", "full", "contextrender", "contextrender-dep", "learned", "cw-bm25", "cw-sliding-window",
+            "observation-masking", "contextweaver-placeholder", "recap-noattn", "recap-recency", "recap-random", "semantic"]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -303,6 +303,10 @@ def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy
             r, ref = render.get((name, n)), render.get(("prune", n))
             cells.append("skipped" if r is None else f"{r['p50']:.2f} ({r['p95']:.2f}) · {ratio(r['p50'], ref and ref['p50'])}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if "learned" in policies and "contextrender" in policies:
+        cells = [ratio(*(r and r["p50"] for r in (render.get(("learned", n)), render.get(("contextrender", n))))) for n in sizes]
+        print("\n`learned` p50 as a ratio to `contextrender` (target ≤ 2×): " + ", ".join(
+            f"{n:,} results {c}" for n, c in zip(sizes, cells)))
     if first:
         print("\n### First render of a session reopened from the SQLite store (CPU ms)\n")
         print("| policy | results | load graph | first render | warm render | first / warm | first / prune first |")
@@ -382,7 +386,8 @@ def main() -> None:
     warm_embeddings(pool, signals)
     tmp = tempfile.mkdtemp(prefix="hg-bench-")
     render = bench_render(pool, signals, policies, sizes, args.repeats, args.first_limit)
-    first_pol = [p for p in ("prune", "contextrender", "contextrender-dep", "cw-bm25", "contextweaver-placeholder") if p in policies]
+    first_pol = [p for p in ("prune", "contextrender", "contextrender-dep", "learned", "cw-bm25", "contextweaver-placeholder")
+                 if p in policies]
     first = bench_first(pool, signals, first_pol, [1000] if args.quick else [1000, 5000], tmp, render)
     append = bench_append(pool, [100, 1000, 10000], tmp, 20 if args.quick else 100)
     proxy = {} if args.no_proxy else bench_proxy(runs, tmp)
