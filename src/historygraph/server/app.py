@@ -43,7 +43,7 @@ from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import recall_tool
 from .metrics import ProxyMetrics
-from .sessions import SESSION_HEADER, SessionRouter, derived_session_id
+from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, derived_session_id
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
 
 log = logging.getLogger("historygraph.server")
@@ -69,6 +69,9 @@ class ServerConfig:
             offered by default, answered calls per request at most, tokens per recalled result at most.
         calibrate: render proxied requests at the calibrated budget ``floor(B / max(1, ratio))``,
             ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
+        prefix_cache: sessions per process whose last stored request messages are remembered, so
+            that a re-sent history is recognised without parsing it (:mod:`historygraph.server.sessions`,
+            "Incremental comparison"); 0 turns it off (every request is parsed and compared in full).
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -85,6 +88,7 @@ class ServerConfig:
     recall_rounds: int = 3
     recall_max_tokens: int = 8000
     calibrate: bool = True
+    prefix_cache: int = 256
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only
@@ -108,7 +112,7 @@ class Proxy:
     def __init__(self, config: ServerConfig, store: Store | None = None) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store)
-        self.router = SessionRouter(self.store)
+        self.router = SessionRouter(self.store, prefix_cache=config.prefix_cache)
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store)
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
@@ -156,12 +160,19 @@ class Proxy:
                                     "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
         return rendering
 
-    def prepare(self, messages: list[Message], session_id: str | None, policy: str, budget: int) -> tuple[str, Rendering]:
-        """Steps 2–3 of the module docstring, in a worker thread."""
-        root = session_id or derived_session_id(messages)
+    def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str, budget: int) -> tuple[str, Rendering]:
+        """Steps 1–3 of the module docstring, in a worker thread. ``messages``: parsed events, or a
+        :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
+        stored is recognised without parsing it)."""
+        try:
+            root = session_id or derived_session_id(messages)
+        except MessageError as exc:
+            raise ClientError(str(exc), f"messages[{exc.index}]") from None
         with self.router.lock(root):  # no other request of this conversation between ingest and render
             try:
                 ingest = self.router.ingest(messages, root)
+            except MessageError as exc:
+                raise ClientError(str(exc), f"messages[{exc.index}]") from None
             except EventError as exc:
                 raise ClientError(f"messages: {exc}", "messages") from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
@@ -361,15 +372,9 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
         try:
             body = await proxy.read_json(request)
             raw = body["messages"]
-            messages = []
-            for i, m in enumerate(raw):
-                try:  # a "developer" message is the newer name of a system message
-                    dev = isinstance(m, dict) and m.get("role") == "developer"
-                    messages.append(Message.from_openai({**m, "role": "system"} if dev else m))
-                except EventError as exc:
-                    raise ClientError(f"messages[{i}]: {exc}", f"messages[{i}]") from None
             sid, policy, budget = proxy.options(request)
-            sid, rendering = await run_in_threadpool(proxy.prepare, messages, sid, policy, budget)
+            # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
+            sid, rendering = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget)
             out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                    for m, p in zip(rendering.messages, rendering.positions)]
             url = config.upstream.rstrip("/") + "/chat/completions"
@@ -396,7 +401,8 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
             if recall_tool.wanted(config.recall, request, rendering):
                 return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
-            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator)
+            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
+                                       rendering.messages)
         except ClientError as exc:
             return _anthropic_error(exc)
 

@@ -19,6 +19,18 @@ append-only graph per conversation and, per request:
 
 After :meth:`SessionRouter.ingest` the session's graph equals the request's messages, so graph
 position ``i`` is incoming message ``i``.
+
+**Incremental comparison.** An agent re-sends its whole history with every request, so comparing
+it with the stored session event by event, after parsing every message, costs O(history) in
+Python per request. The router therefore remembers, per session (an LRU of ``prefix_cache``
+sessions per process), the client's own JSON objects of the messages it last stored there
+(:class:`RequestMessages` keeps them). Stored positions never change (sessions are append-only,
+branches are other sessions), so when the leading messages of a request are equal, as JSON
+values, to the remembered ones, they equal the stored events: that prefix is recognised by one
+C-level list comparison and is neither parsed nor compared again. Comparison and parsing resume
+at the first message that differs or is new; an edited earlier message therefore differs there
+and is compared event by event, exactly as without the cache, and events another process
+appended meanwhile are read from the store (:meth:`Store.graph` catches up by length).
 """
 
 from __future__ import annotations
@@ -26,10 +38,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence, overload
 
-from ..events import Message
+from ..events import EventError, Message
 from ..graph import ContextGraph
 from ..store import AppendConflict, Store, StoreError
 
@@ -53,12 +66,71 @@ def same_event(a: Message, b: Message) -> bool:
             and a.tool_calls == b.tool_calls and a.provider_blocks == b.provider_blocks)
 
 
-def common_prefix(stored: Sequence[Message], incoming: Sequence[Message]) -> int:
-    n = 0
-    for a, b in zip(stored, incoming):
-        if not same_event(a, b):
-            break
+def common_prefix(stored: Sequence[Message], incoming: Sequence[Message], start: int = 0) -> int:
+    """Length of the common prefix of ``stored`` and ``incoming`` (:func:`same_event`), their
+    first ``start`` events being known equal (not compared again)."""
+    end = min(len(stored), len(incoming))
+    n = min(start, end)
+    while n < end and same_event(stored[n], incoming[n]):
         n += 1
+    return n
+
+
+class MessageError(EventError):
+    """A request message that cannot be parsed; ``index`` is its position in the request."""
+
+    def __init__(self, index: int, exc: EventError) -> None:
+        super().__init__(f"messages[{index}]: {exc}")
+        self.index, self.reason = index, str(exc)
+
+
+class RequestMessages(Sequence[Message]):
+    """The messages of one request in OpenAI form (``developer`` read as ``system``), each parsed
+    when first read and at most once; ``raw`` keeps the client's JSON objects (see "Incremental
+    comparison" above).
+
+    Raises (on reading a message): :class:`MessageError` naming the message that is invalid.
+    """
+
+    def __init__(self, raw: list[Any]) -> None:
+        self.raw = raw
+        self._parsed: list[Message | None] = [None] * len(raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @overload
+    def __getitem__(self, i: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Message]: ...
+
+    def __getitem__(self, i: int | slice) -> Message | list[Message]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.raw)))]
+        m = self._parsed[i]
+        if m is None:
+            try:
+                m = self._parsed[i] = Message.from_openai(self.raw[i])
+            except EventError as exc:
+                raise MessageError(i if i >= 0 else len(self.raw) + i, exc) from None
+        return m
+
+    def parse_all(self) -> list[Message]:
+        """Every message, parsed (raises :class:`MessageError` for the first invalid one)."""
+        return self[:]
+
+
+def known_prefix(cached: list[Any] | None, raw: list[Any]) -> int:
+    """How many leading items of ``raw`` equal those of ``cached`` (as JSON values)."""
+    if not cached:
+        return 0
+    n = min(len(cached), len(raw))
+    if cached[:n] == raw[:n]:  # the common case, one comparison in C
+        return n
+    for i in range(n):
+        if cached[i] != raw[i]:
+            return i
     return n
 
 
@@ -77,10 +149,38 @@ class SessionRouter:
     one conversation sequential within this process (the store makes them safe across
     processes)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, prefix_cache: int = 256) -> None:
         self.store = store
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
+        self.prefix_cache = prefix_cache  # sessions whose last stored client messages are remembered
+        self._raw: OrderedDict[str, list[Any]] = OrderedDict()  # session id -> client JSON of its events 0..k-1
+        self._known: set[str] = set()  # sessions seen to exist (sessions are never deleted)
+
+    def _cached_raw(self, session_id: str) -> list[Any] | None:
+        with self._guard:
+            raw = self._raw.get(session_id)
+            if raw is not None:
+                self._raw.move_to_end(session_id)
+            return raw
+
+    def _remember(self, session_id: str, raw: list[Any]) -> None:
+        """``raw``: the client's JSON of the session's stored events 0..len(raw)−1."""
+        if self.prefix_cache < 1:
+            return
+        with self._guard:
+            self._raw[session_id] = raw
+            self._raw.move_to_end(session_id)
+            while len(self._raw) > self.prefix_cache:
+                self._raw.popitem(last=False)
+
+    def _exists(self, session_id: str) -> bool:
+        if session_id in self._known:
+            return True
+        if self.store.has_session(session_id):
+            self._known.add(session_id)
+            return True
+        return False
 
     def lock(self, session_id: str) -> threading.RLock:
         root = session_id.split("~", 1)[0]
@@ -91,23 +191,28 @@ class SessionRouter:
         return self.store.sessions_with_prefix(root + "~")
 
     def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None) -> Ingest:
-        """Store what is new in ``messages`` (see module docstring).
+        """Store what is new in ``messages`` (see module docstring). With a
+        :class:`RequestMessages`, the prefix equal to what this router last stored in a session is
+        recognised without parsing or comparing it ("Incremental comparison").
 
         Raises:
             EventError/GraphError: the new events are invalid (nothing is written).
         """
+        raw = messages.raw if isinstance(messages, RequestMessages) else None
         root = session_id or derived_session_id(messages)
         with self.lock(root):
-            if not self.store.has_session(root):
-                ContextGraph(root, messages)  # invalid events raise before anything is created
+            if not self._exists(root):
+                ContextGraph(root).validate(messages)  # invalid events raise before anything is created
                 try:
                     self.store.create_session(root, dict(meta or {}))
                 except StoreError:  # another instance created it meanwhile
                     pass
+                self._known.add(root)
             best, best_len, parent, parent_len = None, -1, root, -1
             for sid in [root] + self.branches(root):
                 stored = self.store.graph(sid).messages
-                n = common_prefix(stored, messages)
+                start = min(known_prefix(self._cached_raw(sid), raw), len(stored)) if raw is not None else 0
+                n = common_prefix(stored, messages, start)
                 if n == len(stored) and n > best_len:
                     best, best_len = sid, n
                 if n > parent_len:
@@ -119,11 +224,13 @@ class SessionRouter:
                         self.store.append(best, new, expected_length=best_len)
                     except AppendConflict:
                         return self.ingest(messages, session_id, meta)  # compare again with what is stored now
+                if raw is not None:
+                    self._remember(best, list(raw))
                 return Ingest(best, len(new))
             return self._branch(root, parent, parent_len, messages, meta)
 
     def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
-        ContextGraph(root, messages)  # invalid events raise before the branch is created
+        ContextGraph(root).validate(messages)  # invalid events raise before the branch is created
         k = len(self.branches(root)) + 1
         while True:
             sid = f"{root}~{k}"
@@ -133,4 +240,6 @@ class SessionRouter:
             except StoreError:
                 k += 1
         self.store.append(sid, list(messages))
+        if isinstance(messages, RequestMessages):
+            self._remember(sid, list(messages.raw))
         return Ingest(sid, len(messages), forked_from=parent)

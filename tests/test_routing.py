@@ -1,0 +1,162 @@
+"""Incremental routing of proxied requests (historygraph.server.sessions, "Incremental
+comparison"): the prefix a router last stored is recognised without parsing it, an edit anywhere
+is still found, and a session another process (another worker) appended to is re-read."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from historygraph import Message
+from historygraph.server.sessions import MessageError, RequestMessages, SessionRouter
+from historygraph.store import MemoryStore, SQLiteStore
+
+
+def history(steps: int) -> list[dict]:
+    out = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the parser."}]
+    for i in range(steps):
+        out.append({"role": "assistant", "content": f"step {i}",
+                    "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
+        out.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"output {i}"})
+    return out
+
+
+def parsed(req: RequestMessages) -> list[int]:
+    """Positions of the request's messages that were parsed."""
+    return [i for i, m in enumerate(req._parsed) if m is not None]
+
+
+def test_a_resent_history_is_parsed_only_where_it_is_new():
+    router = SessionRouter(MemoryStore())
+    raw = history(5)  # 12 messages
+    first = RequestMessages(copy.deepcopy(raw))
+    assert router.ingest(first, "s").appended == 12
+    assert parsed(first) == list(range(12))
+    # the client re-sends its history (new objects, equal JSON) plus the answer and a new result
+    nxt = copy.deepcopy(raw) + [{"role": "assistant", "content": "done?"}, {"role": "user", "content": "go on"}]
+    req = RequestMessages(nxt)
+    got = router.ingest(req, "s")
+    assert (got.session_id, got.appended, got.forked_from) == ("s", 2, None)
+    assert parsed(req) == [12, 13]  # the 12 known messages were neither parsed nor compared
+    assert [m.content for m in router.store.messages("s")][-2:] == ["done?", "go on"]
+
+
+def test_an_edited_earlier_message_is_found_and_branches():
+    router = SessionRouter(MemoryStore())
+    raw = history(5)
+    router.ingest(RequestMessages(copy.deepcopy(raw)), "s")
+    edited = copy.deepcopy(raw) + [{"role": "user", "content": "next"}]
+    edited[5]["content"] = "output 1, edited"  # a tool result in the middle
+    req = RequestMessages(edited)
+    got = router.ingest(req, "s")
+    assert (got.session_id, got.forked_from) == ("s~1", "s")
+    assert router.store.session_meta("s~1")["forked_at"] == 5  # compared event by event from the edit on
+    assert router.store.messages("s")[5].content == "output 1"  # nothing stored was overwritten
+    assert [m.content for m in router.store.messages("s~1")] == [m.content for m in req.parse_all()]
+    # the branch is continued later: its own prefix is recognised; the edited message is parsed
+    # once, to compare it with the root's event there
+    more = RequestMessages(copy.deepcopy(edited) + [{"role": "assistant", "content": "ok"}])
+    assert (router.ingest(more, "s").session_id, parsed(more)) == ("s~1", [5, 13])
+
+
+def test_an_edit_that_parses_to_the_same_event_is_no_edit():
+    # equality is that of the stored events (same_event), not of the JSON: a message re-sent as
+    # a list of text parts instead of a string is the same turn, as without the cache
+    router = SessionRouter(MemoryStore())
+    raw = history(2)
+    router.ingest(RequestMessages(copy.deepcopy(raw)), "s")
+    again = copy.deepcopy(raw)
+    again[1]["content"] = [{"type": "text", "text": "Fix the parser."}]
+    got = router.ingest(RequestMessages(again + [{"role": "user", "content": "more"}]), "s")
+    assert (got.session_id, got.appended) == ("s", 1)
+
+
+def test_a_session_another_worker_appended_to_is_re_read(tmp_path):
+    # two workers: two routers, each with its own store connection to one SQLite file
+    path = tmp_path / "shared.sqlite"
+    a, b = SessionRouter(SQLiteStore(path)), SessionRouter(SQLiteStore(path))
+    raw = history(3)
+    assert a.ingest(RequestMessages(copy.deepcopy(raw)), "s").appended == 8
+    a.store.append("s", Message("assistant", "answer 1"))  # worker a stores the upstream's answer
+    step2 = copy.deepcopy(raw) + [{"role": "assistant", "content": "answer 1"}, {"role": "user", "content": "u2"}]
+    assert b.ingest(RequestMessages(step2), "s").appended == 1  # served by worker b (a cold cache)
+    b.store.append("s", Message("assistant", "answer 2"))
+    step3 = copy.deepcopy(step2) + [{"role": "assistant", "content": "answer 2"}, {"role": "user", "content": "u3"}]
+    req = RequestMessages(step3)
+    got = a.ingest(req, "s")  # back on worker a, whose cache knows only the first 8 messages
+    assert (got.session_id, got.appended, got.forked_from) == ("s", 1, None)
+    assert parsed(req) == [8, 9, 10, 11]  # compared with what b stored, from a's known prefix on
+    assert [m.content for m in SQLiteStore(path).messages("s")][8:] == ["answer 1", "u2", "answer 2", "u3"]
+    assert a.store.sessions() == ["s"]  # no branch
+
+
+def test_an_invalid_new_message_names_its_index_and_stores_nothing():
+    router = SessionRouter(MemoryStore())
+    raw = history(2)
+    router.ingest(RequestMessages(copy.deepcopy(raw)), "s")
+    bad = copy.deepcopy(raw) + [{"role": "assistant", "content": "a"}, {"role": "robot", "content": "?"}]
+    with pytest.raises(MessageError) as err:
+        router.ingest(RequestMessages(bad), "s")
+    assert err.value.index == 7 and str(err.value).startswith("messages[7]: role 'robot'")
+    assert len(router.store.messages("s")) == 6
+
+
+def test_the_prefix_cache_is_bounded():
+    router = SessionRouter(MemoryStore(), prefix_cache=2)
+    for sid in ("a", "b", "c"):
+        router.ingest(RequestMessages(history(1)), sid)
+    assert list(router._raw) == ["b", "c"]
+    req = RequestMessages(history(1) + [{"role": "user", "content": "again"}])
+    assert router.ingest(req, "a").appended == 1  # forgotten: compared in full, same result
+    assert parsed(req) == list(range(5))
+
+
+def _proxy_run(prefix_cache: int, steps: list[list[dict]]) -> tuple[list, list[dict]]:
+    """Send each history to an in-process proxy (prune, B = 60) in front of a recording mock
+    upstream; returns the status codes (the param named for a 400) and the bodies forwarded."""
+    import asyncio
+
+    import httpx
+
+    from historygraph.server import ServerConfig, create_app
+
+    forwarded: list[dict] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        import json
+
+        forwarded.append(json.loads(request.content))
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": "m", "created": 0,
+                                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                      "finish_reason": "stop"}]})
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="prune", budget=60,
+                                  prefix_cache=prefix_cache, calibrate=False))
+    app.state.proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+
+    async def go() -> list[int]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
+            out = []
+            for msgs in steps:
+                r = await c.post("/v1/chat/completions", json={"model": "m", "messages": msgs},
+                                 headers={"X-HistoryGraph-Session": "p"})
+                out.append(r.status_code if r.status_code != 400 else r.json()["error"]["param"])
+        return out
+
+    return asyncio.run(go()), forwarded
+
+
+def test_the_proxy_forwards_the_same_with_and_without_the_prefix_cache():
+    base = history(4)
+    steps = [base, base + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]]
+    edited = copy.deepcopy(steps[1])
+    edited[3]["content"] = "output 0, edited"
+    steps.append(edited + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}])
+    bad_new = copy.deepcopy(steps[-1]) + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": 5}]
+    bad_known = copy.deepcopy(steps[-1]) + [{"role": "user", "content": "x"}]
+    bad_known[9] = {"role": "user", "content": 7}  # an invalid message inside the prefix the cache knows
+    steps += [bad_new, bad_known, steps[-1] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "last"}]]
+    with_cache, without = _proxy_run(256, steps), _proxy_run(0, steps)
+    assert with_cache[0] == without[0] == [200, 200, 200, "messages[15]", "messages[9]", 200]
+    assert with_cache[1] == without[1] and len(with_cache[1]) == 4
