@@ -129,3 +129,27 @@ def test_bad_config_is_refused_by_name(value):
 
     with pytest.raises(PolicyError, match="codex-summary"):
         create("codex-summary", **value)
+
+
+def test_a_real_mini_swe_agent_trace_replays_within_b_with_every_invariant(traces_dir):
+    from historygraph.eval.replay import replay_trace
+    from historygraph.formats import read_traces
+
+    trace = next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json")))
+    model = ScriptedModel()
+    res = replay_trace(trace, {"codex-summary": create("codex-summary")}, 6000, signals_with(model))
+    st = res.stats["codex-summary"]
+    assert st.violations == [] and max(st.history_tokens) <= 6000
+    assert st.model_calls == len(model.calls) > 0  # the history outgrows B: summaries were written and charged
+    assert all(call[1]["content"].startswith("User instructions:\n[user] ") for call in model.calls)
+
+
+def test_instructions_are_clipped_to_their_heads():
+    from historygraph.policies.handoff import instructions_text
+
+    one = instructions_text([Message("user", "a" * 1000)], 600)  # share 600 - 10: 7 + 590 + 2 = 599 characters
+    assert one == "[user] " + "a" * 590 + " …"
+    many = instructions_text([Message("user", f"{i} " + "b" * 100) for i in range(30)], 600)
+    # share max(40, 600 // 30 - 10 = 10) = 40 characters each; 30 lines of 7 + 40 + 2 = 49 characters and 29
+    # newlines = 1499 > 600: the first 300 and the last 300 characters remain
+    assert len(many) == 603 and many.startswith("[user] 0 bbb") and many.endswith("bb …")

@@ -17,7 +17,7 @@ from historygraph.policies.summary import SUMMARY_INSTRUCTIONS, View, history_te
 from historygraph.render import Layout, check_invariants
 from historygraph.store import MemoryStore
 
-SUMMARISING = ["compact-llm", "recency-summary", "cw-llm-summary", "cw-hybrid"]
+SUMMARISING = ["compact-llm", "codex-summary", "recency-summary", "cw-llm-summary", "cw-hybrid"]
 
 
 def steps(n, body=lambda i: f"listing {i}\n" + "src/pkg/module.py line\n" * 30):

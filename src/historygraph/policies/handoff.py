@@ -29,7 +29,8 @@ written from the previous one plus the history condensed since, so it covers all
 summary for another assistant that will resume the task: progress and decisions so far, the
 constraints and user preferences that matter, what remains to be done, and the exact data needed to
 continue (paths, identifiers, commands, error messages, numbers). It is given the user instructions
-(clipped to ``prompt_chars // 4`` characters: they stay verbatim in the rendering anyway), the
+(``prompt_chars // 4`` characters, each clipped to its head, :func:`instructions_text`: they stay
+verbatim in the rendering anyway), the
 previous summary (``prompt_chars // 2``) and the newly condensed history (``prompt_chars``, as
 :func:`~historygraph.policies.summary.history_text` clips it).
 
@@ -72,6 +73,18 @@ HANDOFF_HEADER = ("[handoff summary of the earlier work: stands for messages {fi
                   "full and can be restored by id]\n")
 
 
+def instructions_text(users: list[Message], limit: int) -> str:
+    """The user instructions as the summariser sees them: each ``[user]`` message clipped to its head
+    of ``max(40, limit // len(users) − 10)`` characters (10: the ``[user] `` label, the `` …`` mark and
+    the newline); when they are still longer than ``limit`` (many messages), the first and the last
+    ``limit // 2`` characters are kept."""
+    if not users:
+        return ""
+    share = max(40, limit // len(users) - 10)
+    text = "\n".join(f"[user] {m.content[:share]}" + (" …" if len(m.content) > share else "") for m in users)
+    return text if len(text) <= limit else text[:limit // 2] + " … " + text[-(limit // 2):]
+
+
 def handoff_prompt(instructions: list[Message], previous: str | None, messages: list[Message],
                    prompt_chars: int) -> list[dict[str, str]]:
     """OpenAI-form chat messages asking for a handoff summary (module docstring).
@@ -81,7 +94,7 @@ def handoff_prompt(instructions: list[Message], previous: str | None, messages: 
     """
     parts = []
     if instructions:
-        parts.append("User instructions:\n" + history_text(instructions, prompt_chars // 4))
+        parts.append("User instructions:\n" + instructions_text(instructions, prompt_chars // 4))
     if previous:
         parts.append("Previous handoff summary:\n" + previous[:prompt_chars // 2])
     parts.append(("Work since that summary:\n" if previous else "Work so far:\n") + history_text(messages, prompt_chars))
