@@ -590,6 +590,9 @@ def test_two_worker_processes_share_one_store(servers, tmp_path):
     assert [m.content for m in stored] == [m.get("content") or "" for m in msgs[:len(stored)]]
     assert stored[0].role == "system" and [m.role for m in stored[1:]] == [m["role"] for m in msgs[1:len(stored)]]
     assert len(stored) == len(msgs) - 1  # everything but the last tool result / user message, which no request carried yet
+    records = [json.loads(line) for line in (tmp_path / "w.log").read_text().splitlines() if line.startswith("{")]
+    # the workers are spawned processes: each configures the logs itself (one rendered record per request)
+    assert sum(r.get("message") == "rendered" and r.get("session") == "two-workers" for r in records) == 6
 
 
 def test_late_second_result_for_one_call_is_stored_and_one_is_forwarded(servers):

@@ -501,6 +501,7 @@ def serve(
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core.")] = 1,
+    prefix_cache: Annotated[int, typer.Option(min=0, help="Sessions per worker whose last stored request messages are remembered, so a re-sent history is recognised without parsing it (0: off).")] = 256,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:
@@ -523,7 +524,7 @@ def serve(
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
                               timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds,
-                              calibrate=calibration)
+                              calibrate=calibration, prefix_cache=prefix_cache)
         application = create_app(config)
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
@@ -538,10 +539,11 @@ def serve(
         _fail("--workers > 1 needs a store the workers share (a SQLite file or postgresql://…), not ':memory:'")
     import dataclasses
 
-    from .server.app import CONFIG_ENV
+    from .server.app import CONFIG_ENV, LOG_ENV
 
     application.state.proxy.store.close()  # each worker opens its own connection
     os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(config))
+    os.environ[LOG_ENV] = json.dumps({"level": log_level, "json": log_format == "json"})
     uvicorn.run("historygraph.server.app:create_app_from_env", factory=True, workers=workers, host=host, port=port,
                 log_level="warning")
 

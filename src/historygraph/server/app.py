@@ -41,7 +41,7 @@ from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
-from . import recall_tool
+from . import jsonio, recall_tool
 from .metrics import ProxyMetrics
 from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, derived_session_id
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
@@ -221,9 +221,10 @@ class Proxy:
                 raise ClientError(_too_large(self.config.max_body_bytes), "body", 413)
             chunks.append(chunk)
         try:
-            body = json.loads(b"".join(chunks))
+            body, fast = jsonio.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
+        request.state.historygraph_json_fast = fast  # then the forwarded body may be encoded by msgspec too
         if not isinstance(body, dict):
             raise ClientError("request body must be a JSON object", "body")
         if not isinstance(body.get("messages"), list):
@@ -237,7 +238,10 @@ class Proxy:
         headers = forward_headers(request.headers)
         ours = {"x-historygraph-session": session_id}
         api = "openai" if accumulator is OpenAIStreamAccumulator else "anthropic"
-        request_up = self.client.build_request("POST", url, json=body, headers=headers)
+        if not any(k.lower() == "content-type" for k in headers):
+            headers["content-type"] = "application/json"
+        content = jsonio.dumps(body, getattr(request.state, "historygraph_json_fast", False))
+        request_up = self.client.build_request("POST", url, content=content, headers=headers)
         t_up = time.perf_counter()
         try:
             try:
@@ -254,8 +258,10 @@ class Proxy:
             await upstream.aclose()
             upstream_s = time.perf_counter() - t_up
             if upstream.status_code < 400:
-                self.observe_usage(body, _usage_of(content, api), sent, api)
-                answer = _answer_of(content, accumulator)
+                data = _json_or_none(content)
+                self.observe_usage(body, None if data is None else openai_usage(data) if api == "openai" else anthropic_usage(data),
+                                   sent, api)
+                answer = _answer_of(data, accumulator)
                 if answer is not None:
                     await run_in_threadpool(self.store_answer, session_id, answer)
             proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
@@ -303,19 +309,20 @@ def _too_large(limit: int) -> str:
     return f"request body exceeds the proxy's size limit of {limit} bytes (historygraph serve --max-body-bytes)"
 
 
-def _usage_of(content: bytes, api: str) -> Usage | None:
-    """Prompt-token usage of a non-streamed answer (``None`` when it reports none)."""
+def _json_or_none(content: bytes) -> Any:
+    """A non-streamed answer's JSON, parsed once for its usage and its message (``None``: not JSON)."""
     try:
-        data = json.loads(content)
+        return jsonio.loads(content)[0]
     except ValueError:
         return None
-    return openai_usage(data) if api == "openai" else anthropic_usage(data)
 
 
-def _answer_of(content: bytes, accumulator: Callable[[], Any]) -> Message | None:
-    """The assistant message of a non-streamed response (``None`` when it has none)."""
+def _answer_of(data: Any, accumulator: Callable[[], Any]) -> Message | None:
+    """The assistant message of a non-streamed response's JSON (``None`` when it has none;
+    ``data`` may also be the response's bytes)."""
     try:
-        data = json.loads(content)
+        if isinstance(data, (bytes, str)):
+            data = jsonio.loads(data)[0]
         if accumulator is OpenAIStreamAccumulator:
             return Message.from_openai({**data["choices"][0]["message"], "role": "assistant"})
         return anth.answer_message(data)
@@ -334,15 +341,22 @@ def _anthropic_error(exc: ClientError) -> JSONResponse:
 
 
 CONFIG_ENV = "HISTORYGRAPH_SERVE_CONFIG"  # JSON of a ServerConfig, read by each worker process
+LOG_ENV = "HISTORYGRAPH_SERVE_LOG"  # JSON {"level", "json"} of historygraph serve's log options, for each worker
 
 
 def create_app_from_env() -> FastAPI:
     """The app built from the :class:`ServerConfig` JSON in ``$HISTORYGRAPH_SERVE_CONFIG``: the
     factory each worker process calls when ``historygraph serve --workers N`` runs several
-    (uvicorn's multi-process mode needs an import string, not an app object)."""
+    (uvicorn's multi-process mode needs an import string, not an app object). The workers are
+    spawned, not forked, so each configures its own logs from ``$HISTORYGRAPH_SERVE_LOG``."""
     raw = os.environ.get(CONFIG_ENV)
     if not raw:
         raise RuntimeError(f"${CONFIG_ENV} is not set (it is set by historygraph serve --workers)")
+    if logs := os.environ.get(LOG_ENV):
+        from .logs import configure
+
+        opts = json.loads(logs)
+        configure(opts["level"], json=opts["json"])
     return create_app(ServerConfig(**json.loads(raw)))
 
 

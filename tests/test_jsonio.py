@@ -1,0 +1,44 @@
+"""historygraph.server.jsonio: msgspec on the proxy's request path, the standard library for what
+msgspec refuses; values and strings as with ``json``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from historygraph.server import jsonio
+
+DOCS = [b'{"messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9 \\ud83d\\ude00 \\n\\t\\"q\\""}]}',
+        b'{"a": 1, "a": 2, "n": null, "f": [0.1, 1e-05, -0.0, 12345678901234567890]}',
+        b'{"t": NaN, "u": Infinity}',  # msgspec refuses: json's values
+        b'{"big": 123456789012345678901234567890}',
+        b'{"lone": "\\ud800"}']
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_loads_gives_the_values_json_gives(doc):
+    value, fast = jsonio.loads(doc)
+    expect = json.loads(doc)
+    assert json.dumps(value, sort_keys=True) == json.dumps(expect, sort_keys=True)
+    assert fast == (b"NaN" not in doc and b"lone" not in doc)  # msgspec keeps big integers exact
+
+
+def test_loads_raises_as_json_does():
+    for bad in (b'{"a": ', b"\xff\xfe{", b"[1,]"):
+        with pytest.raises(ValueError):
+            jsonio.loads(bad)
+
+
+def test_dumps_writes_the_bytes_httpx_wrote_for_text():
+    value = json.loads(DOCS[0]) | {"tools": [{"name": "x", "schema": {"type": "object"}}], "n": 3, "ok": True}
+    assert jsonio.dumps(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def test_dumps_refuses_nan_and_falls_back_for_what_msgspec_cannot_encode():
+    with pytest.raises(ValueError):
+        jsonio.dumps({"t": math.nan}, fast=False)  # a body that needed json's parser
+    big = {"big": 123456789012345678901234567890}
+    assert json.loads(jsonio.dumps(big)) == big
+    assert jsonio.dumps({"f": 1e-05}) in (b'{"f":1e-05}', b'{"f":0.00001}')  # the same number
