@@ -34,9 +34,10 @@ verbatim in the rendering anyway), the
 previous summary (``prompt_chars // 2``) and the newly condensed history (``prompt_chars``, as
 :func:`~historygraph.policies.summary.history_text` clips it).
 
-**Length**: the model stops when it is done, at most ``max_summary_tokens = 128`` model tokens (our
-cap, for the local CPU model: ReCAP §5 reports 285–591 output tokens per summarisation on LiC from 20–30B
-backbones); the summary is cut further only when the user messages and the current step leave less
+**Length**: the model stops when it is done, at most ``max_summary_tokens = 64`` model tokens (our
+cap, for the local CPU model: ReCAP §5 reports 285–591 output tokens per summarisation on LiC from
+20–30B backbones; SmolLM2-135M rarely stops by itself, and on the shared 2-core machine 128 tokens
+cost about 2 minutes per call, which would have put the 14-trajectory run past two hours); the summary is cut further only when the user messages and the current step leave less
 room in B. When the earlier user messages and the current step alone exceed B (never on the shared
 traces at B = 6000: at most 1,342 tokens of earlier user messages), the shared
 :class:`~historygraph.render.Layout` drops the oldest user messages but the first, each with a
@@ -106,7 +107,7 @@ def handoff_prompt(instructions: list[Message], previous: str | None, messages: 
 class CodexSummaryConfig:
     """Summary output cap (model tokens) and prompt size (characters of history); module docstring."""
 
-    max_summary_tokens: int = 128
+    max_summary_tokens: int = 64
     prompt_chars: int = 2400
 
     def __post_init__(self) -> None:
