@@ -530,7 +530,9 @@ def serve(
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
                               timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds,
-                              calibrate=calibration, prefix_cache=prefix_cache)
+                              calibrate=calibration, prefix_cache=prefix_cache,
+                              # each worker's embedder gets its share of the cores (none competes for all of them)
+                              embed_threads=max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None)
         application = create_app(config)
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))

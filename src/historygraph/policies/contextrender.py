@@ -157,6 +157,13 @@ class ContextRender:
         self.name = name
         self.config = config or ContextRenderConfig()
 
+    def prefetch(self, graph: ContextGraph, signals: Signals) -> None:
+        """Embed the query texts ``x`` and ``f_t`` (eq. 4) of ``graph`` as it stands, into the
+        embedder's cache. The proxy calls it once an answer is stored, off the request path: when
+        the next request only adds tool results, its render embeds the same ``f_t``. Changes
+        nothing a render returns."""
+        signals.embedder.embed(list(query_texts(graph, self.config)))
+
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
         layout = Layout(graph, signals.counter, budget, excerpt_fraction=cfg.oversized_excerpt_fraction)

@@ -27,11 +27,13 @@ import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ..events import EventError, Message
@@ -39,6 +41,7 @@ from ..formats import anthropic as anth
 from ..policies import PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
+from ..signals.embeddings import MiniLMEmbedder
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import jsonio, recall_tool
@@ -72,6 +75,9 @@ class ServerConfig:
         prefix_cache: sessions per process whose last stored request messages are remembered, so
             that a re-sent history is recognised without parsing it (:mod:`historygraph.server.sessions`,
             "Incremental comparison"); 0 turns it off (every request is parsed and compared in full).
+        embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores
+            (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'
+            embedders do not compete for the same cores).
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -89,6 +95,7 @@ class ServerConfig:
     recall_max_tokens: int = 8000
     calibrate: bool = True
     prefix_cache: int = 256
+    embed_threads: int | None = None
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only
@@ -113,7 +120,8 @@ class Proxy:
         self.config = config
         self.store = store if store is not None else open_store(config.store)
         self.router = SessionRouter(self.store, prefix_cache=config.prefix_cache)
-        self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store)
+        self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
+                               embedder_factory=partial(MiniLMEmbedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}
@@ -188,6 +196,24 @@ class Proxy:
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
 
+    def prefetch(self, session_id: str, policy: str, answer: Message | None) -> None:
+        """After the response is sent (a background task, off the request path): let the policy
+        compute what its next render of the session needs and the stored answer already
+        determines (its ``prefetch(graph, signals)``, when it has one: ContextRender embeds its
+        query texts). Only when the answer calls tools: the next request then carries their
+        results and the latest user message is unchanged, so the query text is the one the next
+        render embeds; after a text answer the client's next message changes it. Never raises
+        (a failure costs only the time saved)."""
+        hook = getattr(self.policy(policy), "prefetch", None)
+        if hook is None or answer is None or not answer.tool_calls:
+            return
+        try:
+            with self.router.lock(session_id):
+                graph = self.store.graph(session_id)
+            hook(graph, self.signals)
+        except Exception as exc:  # noqa: BLE001 - a background task: log and go on
+            log.warning("prefetch for session %s failed: %s: %s", session_id, type(exc).__name__, exc)
+
     def observe_usage(self, body: dict[str, Any], usage: Usage | None, sent: Sequence[Message] | None = None,
                       api: str = "openai") -> None:
         """Feed the calibration hook: our estimate of the forwarded request (messages + tool
@@ -232,9 +258,11 @@ class Proxy:
         return body
 
     async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                      accumulator: Callable[[], Any], sent: Sequence[Message] | None = None) -> Response:
+                      accumulator: Callable[[], Any], sent: Sequence[Message] | None = None,
+                      policy: str | None = None) -> Response:
         """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
-        ``sent``: the rendered messages ``body`` carries, for :meth:`observe_usage`."""
+        ``sent``: the rendered messages ``body`` carries, for :meth:`observe_usage`; ``policy``:
+        the policy that rendered it, whose :meth:`prefetch` runs once the response is sent."""
         headers = forward_headers(request.headers)
         ours = {"x-historygraph-session": session_id}
         api = "openai" if accumulator is OpenAIStreamAccumulator else "anthropic"
@@ -257,6 +285,7 @@ class Proxy:
             content = await upstream.aread()
             await upstream.aclose()
             upstream_s = time.perf_counter() - t_up
+            answer = None
             if upstream.status_code < 400:
                 data = _json_or_none(content)
                 self.observe_usage(body, None if data is None else openai_usage(data) if api == "openai" else anthropic_usage(data),
@@ -266,11 +295,16 @@ class Proxy:
                     await run_in_threadpool(self.store_answer, session_id, answer)
             proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
             headers = {k: v for k, v in response_headers(upstream.headers).items() if k.lower() != "content-encoding"}
-            return Response(content, upstream.status_code, {**headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"})
+            after = BackgroundTask(self.prefetch, session_id, policy, answer) if policy and answer else None
+            return Response(content, upstream.status_code, {**headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"},
+                            background=after)
+
+        answer: Message | None = None
 
         async def relay():
             # The answer is stored as soon as the event completing it arrives and before that event
             # is relayed: clients close the connection right after the final event.
+            nonlocal answer
             parser, acc, stored = SSEParser(), accumulator(), False
             relayed: list[bytes] = []
             cut: str | None = None
@@ -302,7 +336,8 @@ class Proxy:
             finally:
                 await upstream.aclose()
 
-        return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours})
+        after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if policy else None
+        return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
 
 
 def _too_large(limit: int) -> str:
@@ -395,7 +430,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             if recall_tool.wanted(config.recall, request, rendering):
                 return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "openai")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
-                                       rendering.messages)
+                                       rendering.messages, policy)
         except ClientError as exc:
             return _openai_error(exc)
 
@@ -416,7 +451,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             if recall_tool.wanted(config.recall, request, rendering):
                 return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
-                                       rendering.messages)
+                                       rendering.messages, policy)
         except ClientError as exc:
             return _anthropic_error(exc)
 
