@@ -327,3 +327,60 @@ def test_marker_plan_follows_the_wording_or_steps_aside(monkeypatch, wording, pl
             assert lay._marker_tokens(a, b) == c.count_message(lay.marker(a, b)), (a, b, lay.marker(a, b).content)
     if not planned:
         assert plan is None
+
+
+def test_bulk_run_pricing_equals_one_marker_at_a_time(real_traces):
+    """``Layout._run_costs`` (every run ``a..x`` and ``y..b`` of a run priced at once from the plan's
+    per-unit tables) equals counting each marker's text, for every run of a real trace and of a
+    graph with odd call ids; a second layout of the same graph (tables already filled) too."""
+    from historygraph.render import Layout as L
+
+    c = TokenCounter()
+    for g in (ContextGraph("t", real_traces[0].messages[:70]), _odd_calls_graph()):
+        for lay in (L(g, c, None), L(g, c, None)):
+            n = len(lay.units)
+            for a in range(n):
+                for b in range(a, n):
+                    P, S = lay._run_costs(a, b)
+                    assert P.tolist() == [c.count_message(lay.marker(a, x)) for x in range(a, b + 1)], (a, b)
+                    assert S.tolist() == [c.count_message(lay.marker(y, b)) for y in range(a, b + 1)], (a, b)
+
+
+@pytest.mark.parametrize("budget", [1500, 3000, 6000])
+def test_candidate_costs_and_the_segment_drop_equal_the_unit_by_unit_code(real_traces, budget):
+    """``Selection.candidate_costs`` equals ``[cost(p) …]`` before and after revivals, and
+    ``Layout._drop_oldest`` (a segment at a time) drops the units the unit-by-unit loop drops, with
+    the same base and marker runs, on real-trace prefixes with long runs of dropped steps."""
+    from historygraph.render import _Runs
+
+    c = TokenCounter()
+    checked = revived = 0
+    for tr in real_traces:
+        for g in prefixes(tr, every=4):
+            try:
+                lay = Layout(g, c, budget)
+            except ValueError:
+                continue
+            # the unit-by-unit loop the segment drop replaced
+            ref = _Runs(lay.runs.glue, lay._marker_tokens)
+            base = sum(u.cost for u in lay.units)
+            if base > budget and not lay.fits_in_full:
+                protected = sum(u.cost for u in lay.units if u.protected)
+                for i, unit in enumerate(lay.units):
+                    if base <= max(int(budget * 0.5), protected):
+                        break
+                    if unit.protected:
+                        continue
+                    base += ref.add_delta(i) - unit.cost
+                    ref.add(i)
+            assert (lay.base_tokens, lay.runs.start, lay.runs.end) == (base, ref.start, ref.end), (tr.trace_id, len(g))
+            sel = lay.selection()
+            for p in reversed(lay.candidates):
+                assert sel.candidate_costs().tolist() == [sel.cost(q) for q in lay.candidates]
+                checked += 1
+                if sel.fits(p):
+                    revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
+                    sel.take(p)
+                if checked % 7 == 0:
+                    break
+    assert checked > 30 and revived > 3, (checked, revived)

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from string import Formatter
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from .events import Message
 from .graph import ContextGraph
 from .signals.tokens import MESSAGE_OVERHEAD, TokenCounter
@@ -207,6 +209,9 @@ def _marker_parts(first: int, last: int, head: list, last_call: Any, n_calls: in
     return out
 
 
+_UNKNOWN = np.iinfo(np.int64).min  # a table entry of _MarkerPlan.gather not computed yet
+
+
 class _MarkerPlan:
     """Exact token counts of dropped-step markers listing more than ``MARK_CALLS`` calls, from
     per-slot counts instead of encoding each marker (selection prices thousands of markers per
@@ -231,12 +236,18 @@ class _MarkerPlan:
         self._heads: dict[int, int] = {}   # first position -> its slots' deltas ("first" and the listed head)
         self._lasts: dict[int, int] = {}   # position of the run's last calling message -> "last_call" delta
         self._k = sum(1 for name in slots if name.startswith("head"))
+        self._tables: dict[str, np.ndarray] = {}
 
     def tokens(self, messages: list[Message], first: int, last: int, last_caller: int, n_calls: int) -> int:
         """Tokens of the marker for a run starting at position ``first`` with highest position
         ``last``, ``n_calls`` > ``MARK_CALLS`` calls, the last made by the message at
         ``last_caller``; the listed head is the first calls of the assistant messages from
         ``first`` on (the run's own, as it holds more than ``MARK_CALLS`` calls)."""
+        return self.const + self.head(messages, first) + self.caller(messages, last_caller) + \
+            self.number("last", last) + self.number("n", n_calls)
+
+    def head(self, messages: list[Message], first: int) -> int:
+        """Deltas of the ``first`` slot and the listed head for a run starting at ``first``."""
         head = self._heads.get(first)
         if head is None:
             head, need, p = self.delta(self.index["first"], str(first)), self._k, first
@@ -248,12 +259,40 @@ class _MarkerPlan:
                         need -= 1
                 p += 1
             self._heads[first] = head
+        return head
+
+    def caller(self, messages: list[Message], last_caller: int) -> int:
+        """Delta of the ``last_call`` slot: the last call of the message at ``last_caller``."""
         tail = self._lasts.get(last_caller)
         if tail is None:
             c = messages[last_caller].tool_calls[-1]
             tail = self._lasts[last_caller] = self.delta(self.index["last_call"], f"{c.id} ({c.name})")
-        return self.const + head + tail + self.delta(self.index["last"], str(last)) + \
-            self.delta(self.index["n"], str(n_calls))
+        return tail
+
+    def number(self, slot: str, value: int) -> int:
+        """Delta of a number slot (``"last"`` or ``"n"``)."""
+        return self.delta(self.index[slot], str(value))
+
+    def gather(self, kind: str, messages: list[Message], values: np.ndarray) -> np.ndarray:
+        """``[f(v) for v in values]`` (int64) for ``kind`` ``"last"``, ``"n"`` (:meth:`number`),
+        ``"head"`` (:meth:`head`) or ``"caller"`` (:meth:`caller`), from a table per kind indexed
+        by the value (a number or a position), filled as values first appear."""
+        table = self._tables.get(kind)
+        top = int(values.max()) + 1 if len(values) else 0
+        if table is None or len(table) < top:
+            grown = np.full(max(top, 2 * len(table) if table is not None else top), _UNKNOWN, dtype=np.int64)
+            if table is not None:
+                grown[:len(table)] = table
+            table = self._tables[kind] = grown
+        out = table[values]
+        missing = np.flatnonzero(out == _UNKNOWN)
+        if len(missing):
+            fn = {"last": lambda v: self.number("last", v), "n": lambda v: self.number("n", v),
+                  "head": lambda v: self.head(messages, v), "caller": lambda v: self.caller(messages, v)}[kind]
+            for i in missing.tolist():
+                v = int(values[i])
+                out[i] = table[v] = fn(v)
+        return out
 
     @classmethod
     def build(cls, counter: TokenCounter) -> "_MarkerPlan | None":
@@ -412,19 +451,24 @@ class _Unit:
     cost: int = 0
 
 
+_BULK_AFTER = 16  # remove_delta questions on one run before the whole run is priced in bulk
+
+
 class _Runs:
     """Runs of consecutive marked units (no rendered message between them), each standing for one
     dropped-step marker. ``glue[i]`` says whether unit ``i`` may share a run with unit ``i − 1``;
     ``cost(a, b)`` is the marker's tokens for units ``a..b``. ``start[i]`` is the first unit of
     the run holding ``i``; ``end[a]`` the last unit of the run starting at ``a``."""
 
-    def __init__(self, glue: list[bool], cost: Callable[[int, int], int]) -> None:
-        self.glue, self.cost = glue, cost
+    def __init__(self, glue: list[bool], cost: Callable[[int, int], int],
+                 bulk: Callable[[int, int], np.ndarray] | None = None) -> None:
+        self.glue, self.cost, self.bulk = glue, cost, bulk
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
+        self._asked: dict[tuple[int, int], int] = {}  # remove_delta questions per run
 
     def copy(self) -> "_Runs":
-        other = _Runs(self.glue, self.cost)
+        other = _Runs(self.glue, self.cost, self.bulk)
         other.start, other.end = dict(self.start), dict(self.end)
         return other
 
@@ -455,6 +499,10 @@ class _Runs:
         """Marker tokens added (negative: saved) by unmarking unit ``i`` (a revived step)."""
         a = self.start[i]
         b = self.end[a]
+        if self.bulk is not None:  # a run asked about often is priced for all its units at once
+            n = self._asked[(a, b)] = self._asked.get((a, b), 0) + 1
+            if n > _BULK_AFTER:
+                return int(self.bulk(a, b)[i - a])
         return (self.cost(a, i - 1) if i > a else 0) + (self.cost(i + 1, b) if i < b else 0) - self.cost(a, b)
 
     def remove(self, i: int) -> None:
@@ -514,6 +562,20 @@ class Selection:
         else:
             delta = lay.counter.count_message(form) - lay.placeholder_tokens[p]
         return delta + extra
+
+    def candidate_costs(self) -> np.ndarray:
+        """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is
+        priced for all its units at once."""
+        lay = self.layout
+        delta, unit = lay._candidate_arrays()
+        extra = np.zeros(len(lay.units), dtype=np.int64)
+        idle = lay.dropped_units - self.revived
+        if idle:
+            idx = np.fromiter(idle, dtype=np.int64, count=len(idle))
+            extra[idx] = lay._revival_costs()[idx]
+        for a, b in self.runs.end.items():
+            extra[a:b + 1] += lay._remove_deltas(a, b)
+        return delta + extra[unit]
 
     def fits(self, p: int, form: Message | None = None) -> bool:
         lay = self.layout
@@ -597,6 +659,10 @@ class Layout:
         self.placeholder_tokens: dict[int, int] = {}
         self._marks: dict[tuple[int, int], int] = {}
         self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = None
+        self._arrays: tuple[np.ndarray, ...] | None = None
+        self._bulk: dict[tuple[int, int], np.ndarray] = {}
+        self._cand: tuple[np.ndarray, np.ndarray] | None = None
+        self._revivals: np.ndarray | None = None
         self.full_cost: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
         self.units: list[_Unit] = []
@@ -644,7 +710,7 @@ class Layout:
         self.dropped_units: set[int] = set(left_out)
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
-        self.runs = _Runs(self._glue(), self._marker_tokens)
+        self.runs = _Runs(self._glue(), self._marker_tokens, self._remove_deltas)
         for i in sorted(left_out if not self.inserts else ()):
             self.runs.add(i)
         self.base_tokens = sum(u.cost for i, u in enumerate(self.units) if i not in left_out) + \
@@ -655,14 +721,17 @@ class Layout:
             target = int(budget * (1.0 - result_reserve))
             protected = sum(u.cost for u in self.units if u.protected) + \
                 sum(counter.count_message(m) for m in self.inserts.values())
-            for i, unit in enumerate(self.units):
-                if self.base_tokens <= max(target, protected):
-                    break
-                if unit.protected or i in left_out:
-                    continue
-                self.base_tokens += self.runs.add_delta(i) - unit.cost
-                self.runs.add(i)
-                self.dropped_units.add(i)
+            if left_out:
+                for i, unit in enumerate(self.units):
+                    if self.base_tokens <= max(target, protected):
+                        break
+                    if unit.protected or i in left_out:
+                        continue
+                    self.base_tokens += self.runs.add_delta(i) - unit.cost
+                    self.runs.add(i)
+                    self.dropped_units.add(i)
+            else:
+                self._drop_oldest(max(target, protected))
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
         self.candidates = sorted(p for p in self.placeholder if self.unit_of[p] not in left_out)
@@ -675,6 +744,31 @@ class Layout:
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
             self.form[p] = m
             self.delta[p] = cost - self.placeholder_tokens[p]
+
+    def _drop_oldest(self, limit: int) -> None:
+        """Drop the oldest unprotected units until ``base_tokens ≤ limit`` (no unit left out by
+        the policy, so no run yet), a segment at a time: within consecutive droppable units that
+        share one marker, dropping units ``a..x`` leaves ``base − Σ cost(a..x) + marker(a, x)``,
+        priced for every ``x`` at once; the first ``x`` within ``limit`` ends it, as unit by unit."""
+        units, glue = self.units, self.runs.glue
+        i, n = 0, len(units)
+        while i < n and self.base_tokens > limit:
+            if units[i].protected:
+                i += 1
+                continue
+            j = i
+            while j + 1 < n and glue[j + 1] and not units[j + 1].protected:
+                j += 1
+            cost = np.cumsum(np.fromiter((u.cost for u in units[i:j + 1]), dtype=np.int64, count=j + 1 - i))
+            after = self.base_tokens - cost + self._run_costs(i, j)[0]
+            within = np.flatnonzero(after <= limit)
+            x = i + int(within[0]) if len(within) else j
+            self.base_tokens = int(after[x - i])
+            for k in range(i, x + 1):
+                self.runs.start[k] = i
+            self.runs.end[i] = x
+            self.dropped_units.update(range(i, x + 1))
+            i = j + 1
 
     def revival_cost(self, u: int) -> int:
         """Tokens that bringing back dropped unit ``u`` adds: its whole cost, or with
@@ -786,6 +880,72 @@ class Layout:
                 pre.append(pre[-1] + c)
             self._facts = (lo, hi, top, ncalls, pre)
         return self._facts
+
+    def _run_costs(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Marker tokens of the runs ``a..x`` and ``y..b`` for every ``x``, ``y`` in ``a..b``:
+        ``P[x − a] = _marker_tokens(a, x)``, ``S[y − a] = _marker_tokens(y, b)`` (int64), with
+        the :class:`_MarkerPlan` terms gathered per unit; runs of at most ``MARK_CALLS`` calls
+        one by one."""
+        if self._arrays is None:
+            lo, hi, _top, ncalls, pre = self._unit_facts()
+            caller, last = [], -1
+            for i, c in enumerate(ncalls):
+                last = lo[i] if c else last
+                caller.append(last)
+            self._arrays = (np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64),
+                            np.asarray(pre, dtype=np.int64), np.asarray(caller, dtype=np.int64))
+        lo, hi, pre, caller = self._arrays
+        xs = np.arange(a, b + 1)
+        n_p, n_s = pre[xs + 1] - pre[a], pre[b + 1] - pre[xs]
+        P = np.zeros(len(xs), dtype=np.int64)
+        S = np.zeros(len(xs), dtype=np.int64)
+        plan, msgs = self._plan, self.graph.messages
+        fast_p = np.flatnonzero(n_p > MARK_CALLS) if plan is not None else np.zeros(0, dtype=np.int64)
+        fast_s = np.flatnonzero(n_s > MARK_CALLS) if plan is not None else np.zeros(0, dtype=np.int64)
+        if len(fast_p):
+            top_p = np.maximum.accumulate(hi[a:b + 1])[fast_p]
+            P[fast_p] = plan.const + plan.head(msgs, int(lo[a])) + plan.gather("caller", msgs, caller[a + fast_p]) \
+                + plan.gather("last", msgs, top_p) + plan.gather("n", msgs, n_p[fast_p])
+        if len(fast_s):
+            top_s = np.maximum.accumulate(hi[a:b + 1][::-1])[::-1][fast_s]
+            S[fast_s] = plan.const + plan.caller(msgs, int(caller[b])) + plan.gather("head", msgs, lo[a + fast_s]) \
+                + plan.gather("last", msgs, top_s) + plan.gather("n", msgs, n_s[fast_s])
+        slow_p = np.ones(len(xs), dtype=bool)
+        slow_p[fast_p] = False
+        for i in np.flatnonzero(slow_p).tolist():
+            P[i] = self._marker_tokens(a, a + i)
+        slow_s = np.ones(len(xs), dtype=bool)
+        slow_s[fast_s] = False
+        for i in np.flatnonzero(slow_s).tolist():
+            S[i] = self._marker_tokens(a + i, b)
+        return P, S
+
+    def _remove_deltas(self, a: int, b: int) -> np.ndarray:
+        """``[runs.remove_delta(i) for i in a..b]`` for the run ``a..b`` (int64), memoised."""
+        out = self._bulk.get((a, b))
+        if out is None:
+            P, S = self._run_costs(a, b)
+            out = np.full(len(P), -P[-1], dtype=np.int64)
+            out[1:] += P[:-1]
+            out[:-1] += S[1:]
+            self._bulk[(a, b)] = out
+        return out
+
+    def _candidate_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``delta`` and unit of every candidate, in ``candidates`` order (int64)."""
+        if self._cand is None:
+            n = len(self.candidates)
+            self._cand = (np.fromiter((self.delta[p] for p in self.candidates), dtype=np.int64, count=n),
+                          np.fromiter((self.unit_of[p] for p in self.candidates), dtype=np.int64, count=n))
+        return self._cand
+
+    def _revival_costs(self) -> np.ndarray:
+        """:meth:`revival_cost` of every dropped unit (0 for the others), int64."""
+        if self._revivals is None:
+            self._revivals = np.zeros(len(self.units), dtype=np.int64)
+            for u in self.dropped_units:
+                self._revivals[u] = self.revival_cost(u)
+        return self._revivals
 
     @property
     def fits_in_full(self) -> bool:

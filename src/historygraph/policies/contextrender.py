@@ -113,7 +113,8 @@ def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection
     cand = np.asarray(candidates)
     s = np.fromiter((score[p] for p in candidates), dtype=np.float64, count=n)
     V = np.stack([vectors[p] for p in candidates])
-    cost = np.fromiter((sel.cost(p) for p in candidates), dtype=np.int64, count=n)
+    cost = sel.candidate_costs() if candidates == lay.candidates else \
+        np.fromiter((sel.cost(p) for p in candidates), dtype=np.int64, count=n)
     unit = np.fromiter((lay.unit_of[p] for p in candidates), dtype=np.int64, count=n)
     sim = np.zeros(n)  # D(r, S), floored at 0
     left = np.ones(n, dtype=bool)
@@ -127,12 +128,14 @@ def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection
         best = int(cand[i])
         selected.append(best)
         left[i] = False
+        revives = int(unit[i]) in lay.dropped_units and int(unit[i]) not in sel.revived
         sel.take(best)
-        same = np.flatnonzero(left & (unit == unit[i]))
-        if unit[i] in lay.dropped_units:  # a revived step also changes the markers of its neighbours
-            same = np.flatnonzero(left & np.isin(unit, list(lay.dropped_units)))
-        for j in same:  # the step is revived: its other results no longer pay for it
-            cost[j] = sel.cost(int(cand[j]))
+        if revives:  # its other results no longer pay for the step, and the markers around it change
+            if candidates == lay.candidates:
+                cost = sel.candidate_costs()
+            else:
+                for j in np.flatnonzero(left & np.isin(unit, list(lay.dropped_units))):
+                    cost[j] = sel.cost(int(cand[j]))
         # row by row with one kernel (einsum, not BLAS gemv, whose rounding depends on the row's
         # place in a block): identical results get identical similarities, so exact ties stay ties
         np.maximum(sim, np.einsum("ij,j->i", V, V[i]).astype(np.float64), out=sim)
@@ -191,9 +194,10 @@ class ContextRender:
             kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
             layout.reasons[p] = f"{kind} #{rank}: {parts[p]}"
         left = budget - sel.used  # budget is set here: with None the history always fits (above)
+        final = dict(zip(cands, sel.candidate_costs().tolist()))
         for p in cands:
             if p not in chosen:
-                layout.reasons[p] = (f"omitted: {parts[p]}; not selected within B (showing it costs {sel.cost(p)} "
+                layout.reasons[p] = (f"omitted: {parts[p]}; not selected within B (showing it costs {final[p]} "
                                      f"tokens, {left} were left when selection ended)")
         return layout.assemble(self.name, sel)
 
