@@ -112,7 +112,7 @@ def test_the_prefix_cache_is_bounded():
     assert parsed(req) == list(range(5))
 
 
-def _proxy_run(prefix_cache: int, steps: list[list[dict]]) -> tuple[list, list[dict]]:
+def _proxy_run(session_cache: int, steps: list[list[dict]]) -> tuple[list, list[dict]]:
     """Send each history to an in-process proxy (prune, B = 60) in front of a recording mock
     upstream; returns the status codes (the param named for a 400) and the bodies forwarded."""
     import asyncio
@@ -132,7 +132,7 @@ def _proxy_run(prefix_cache: int, steps: list[list[dict]]) -> tuple[list, list[d
                                                       "finish_reason": "stop"}]})
 
     app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="prune", budget=60,
-                                  prefix_cache=prefix_cache, calibrate=False))
+                                  session_cache=session_cache, calibrate=False))
     app.state.proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
 
     async def go() -> list[int]:
@@ -160,3 +160,32 @@ def test_the_proxy_forwards_the_same_with_and_without_the_prefix_cache():
     with_cache, without = _proxy_run(256, steps), _proxy_run(0, steps)
     assert with_cache[0] == without[0] == [200, 200, 200, "messages[15]", "messages[9]", 200]
     assert with_cache[1] == without[1] and len(with_cache[1]) == 4
+
+
+def test_the_store_keeps_at_most_graph_cache_graphs_and_rebuilds_a_dropped_one(tmp_path):
+    store = SQLiteStore(tmp_path / "lru.sqlite")
+    store.graph_cache = 2
+    for sid in ("a", "b", "c"):
+        store.create_session(sid)
+        store.append(sid, [Message("user", f"task {sid}")])
+    assert list(store._graphs) == ["b", "c"]  # a, least recently used, was dropped
+    kept = store.graph("b")
+    store.append("a", Message("assistant", "answer a"))  # rebuilt from the stored events, then appended
+    assert [m.content for m in store.graph("a").messages] == ["task a", "answer a"]
+    assert list(store._graphs) == ["b", "a"] and store.graph("b") is kept
+
+
+def test_full_history_tokens_is_a_running_sum_equal_to_the_full_count():
+    from historygraph import TokenCounter
+    from historygraph.graph import ContextGraph
+    from historygraph.server.metrics import full_history_tokens
+
+    counter = TokenCounter()
+    msgs = [Message.from_openai(m) for m in history(3)] + [Message("assistant", "done"), Message("user", "and now?")]
+    graph = ContextGraph("g")
+    for m in msgs:
+        graph.append(m)
+        current = max((p for p, x in enumerate(graph.messages) if x.role == "user"), default=None)
+        expect = sum(counter.count_message(x) for p, x in enumerate(graph.messages) if x.role != "system" and p != current)
+        assert full_history_tokens(graph, counter) == expect
+    assert full_history_tokens(graph, counter) == full_history_tokens(ContextGraph("h", msgs), counter)

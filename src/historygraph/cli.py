@@ -507,7 +507,7 @@ def serve(
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core.")] = 1,
-    prefix_cache: Annotated[int, typer.Option(min=0, help="Sessions per worker whose last stored request messages are remembered, so a re-sent history is recognised without parsing it (0: off).")] = 256,
+    session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs and the client messages last stored, so a re-sent history is recognised without parsing it); least recently used dropped first; 0: no messages remembered.")] = 256,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:
@@ -530,7 +530,7 @@ def serve(
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
                               timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds,
-                              calibrate=calibration, prefix_cache=prefix_cache,
+                              calibrate=calibration, session_cache=session_cache,
                               # each worker's embedder gets its share of the cores (none competes for all of them)
                               embed_threads=max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None)
         application = create_app(config)

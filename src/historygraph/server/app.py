@@ -72,9 +72,11 @@ class ServerConfig:
             offered by default, answered calls per request at most, tokens per recalled result at most.
         calibrate: render proxied requests at the calibrated budget ``floor(B / max(1, ratio))``,
             ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
-        prefix_cache: sessions per process whose last stored request messages are remembered, so
-            that a re-sent history is recognised without parsing it (:mod:`historygraph.server.sessions`,
-            "Incremental comparison"); 0 turns it off (every request is parsed and compared in full).
+        session_cache: open sessions kept warm per process, least recently used dropped first:
+            their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state) and the
+            client messages last stored, so that a re-sent history is recognised without parsing
+            it (:mod:`historygraph.server.sessions`, "Incremental comparison"); 0 remembers no
+            messages (every request is parsed and compared in full) and keeps one graph.
         embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores
             (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'
             embedders do not compete for the same cores).
@@ -94,7 +96,7 @@ class ServerConfig:
     recall_rounds: int = 3
     recall_max_tokens: int = 8000
     calibrate: bool = True
-    prefix_cache: int = 256
+    session_cache: int = 256
     embed_threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -119,7 +121,8 @@ class Proxy:
     def __init__(self, config: ServerConfig, store: Store | None = None) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store)
-        self.router = SessionRouter(self.store, prefix_cache=config.prefix_cache)
+        self.store.graph_cache = config.session_cache
+        self.router = SessionRouter(self.store, prefix_cache=config.session_cache)
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
                                embedder_factory=partial(MiniLMEmbedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage

@@ -24,6 +24,9 @@ units, ``_total`` counters):
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
@@ -36,12 +39,29 @@ from ..signals.tokens import TokenCounter
 RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+_running: "weakref.WeakKeyDictionary[ContextGraph, tuple[TokenCounter, int, int, int | None]]" = weakref.WeakKeyDictionary()
+_running_lock = threading.Lock()
+
+
 def full_history_tokens(graph: ContextGraph, counter: TokenCounter) -> int:
     """Tokens of the complete stored history charged to B if shown whole: every message except
-    system messages and the latest user message (the same scope as the budget check)."""
-    users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
-    current = users[-1] if users else None
-    return sum(counter.count_message(m) for p, m in enumerate(graph.messages) if m.role != "system" and p != current)
+    system messages and the latest user message (the same scope as the budget check).
+
+    Kept as a running sum per graph (graphs are append-only), so each call counts only the
+    messages appended since the last: O(new messages), not O(history), per proxied request."""
+    with _running_lock:
+        hit = _running.get(graph)
+    done, total, last_user = (hit[1], hit[2], hit[3]) if hit is not None and hit[0] is counter else (0, 0, None)
+    msgs = graph.messages
+    for p in range(done, len(msgs)):
+        m = msgs[p]
+        if m.role != "system":
+            total += counter.count_message(m)
+        if m.role == "user":
+            last_user = p
+    with _running_lock:
+        _running[graph] = (counter, len(msgs), total, last_user)
+    return total - (counter.count_message(msgs[last_user]) if last_user is not None else 0)
 
 
 class ProxyMetrics:

@@ -28,6 +28,7 @@ import hashlib
 import json
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -89,9 +90,13 @@ class Store(ABC):
     """Abstract store. Subclasses implement the ``_``-prefixed primitives."""
 
     kept_keys = KEPT_KEYS
+    graph_cache: int | None = None
+    """Sessions whose graph this instance keeps built in memory, least recently used dropped
+    first (a dropped graph is rebuilt from the stored events when next asked for); ``None`` =
+    all (the library's and the evaluator's default; the proxy bounds it, ``serve --session-cache``)."""
 
     def __init__(self) -> None:
-        self._graphs: dict[str, ContextGraph] = {}
+        self._graphs: OrderedDict[str, ContextGraph] = OrderedDict()
         self._graph_lock = threading.Lock()  # guards the two dicts; each session has its own lock
         self._session_locks: dict[str, threading.RLock] = {}
 
@@ -196,11 +201,17 @@ class Store(ABC):
     def graph(self, session_id: str) -> ContextGraph:
         """The session's context graph (rebuilt from stored events on first access)."""
         with self._session_lock(session_id):
-            g = self._graphs.get(session_id)
+            with self._graph_lock:
+                g = self._graphs.get(session_id)
+                if g is not None:
+                    self._graphs.move_to_end(session_id)
             if g is None:
                 self.session_meta(session_id)
                 g = ContextGraph(session_id, self._read_events(session_id))
-                self._graphs[session_id] = g
+                with self._graph_lock:
+                    self._graphs[session_id] = g
+                    while self.graph_cache is not None and len(self._graphs) > max(1, self.graph_cache):
+                        self._graphs.popitem(last=False)
             elif self._event_count(session_id) > len(g):  # another instance appended
                 g.extend(self._read_events_from(session_id, len(g)))
             return g

@@ -34,6 +34,9 @@ class MemoryStore(Store):
     def _read_events(self, session_id: str) -> list[Message]:
         return list(self._events[session_id])
 
+    def _event_count(self, session_id: str) -> int:
+        return len(self._events[session_id])
+
     def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
         return self._keys.get(session_id, {}).get(key)
 
