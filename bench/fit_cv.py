@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("--test")
     ap.add_argument("--budget", default="6000,3000")
     ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--only", default="", help="run only these folds, e.g. '0,1' (quick comparisons)")
     ap.add_argument("--variant", default="shipped")
     ap.add_argument("--C", type=float, default=C)
     ap.add_argument("--configs", default="", help="learned configs to compare, e.g. 'reserve=0.9,brief;reserve=0.5'")
@@ -199,7 +200,7 @@ def main() -> None:
         return
     folds = np.arange(len(train)) % a.folds
     total: dict = {}
-    for k in range(a.folds):
+    for k in [int(x) for x in a.only.split(",")] if a.only else range(a.folds):
         model = fit_variant(Examples.concat([exs[i] for i in range(len(train)) if folds[i] != k]), a.variant, a.C)
         held = [i for i in range(len(train)) if folds[i] == k]
         scorers = [Scorer(train[i], exs[i], signals.counter) for i in held]

@@ -64,6 +64,25 @@ def test_features_on_a_hand_made_session():
     assert f[2]["since_reuse"] == pytest.approx(math.log(2)) and f[2]["log_values"] == 0
 
 
+def test_echo_features_on_a_hand_made_session():
+    """A traceback (the newest result) repeats values and the file of an earlier view."""
+    msgs = [
+        Message("user", "Fix the date parser"),
+        Message("assistant", "", (bash("c1", "cat utils/dates.py"),)),
+        Message("tool", "def parse_date(s):\n    return DATE_RE.match(s)", tool_call_id="c1"),
+        Message("assistant", "", (bash("c2", "python reproduce.py"),)),
+        Message("tool", 'Traceback (most recent call last):\n  File "utils/dates.py", line 2, in parse_date\n'
+                        "    return DATE_RE.match(s)\nAttributeError: no", tool_call_id="c2"),
+    ]
+    f = [dict(zip(FEATURES, row)) for row in feature_matrix(ContextGraph("e", msgs), [2, 4], Signals().counter)]
+    # result 2 holds (first) the TFA values parse_date and DATE_RE.match and the identifiers
+    # parse_date and DATE_RE; the traceback repeats all four and names utils/dates.py, which c1 viewed
+    assert f[0]["echo_values"] == f[0]["echo_own_values"] == pytest.approx(math.log(3))
+    assert f[0]["echo_own_idents"] == pytest.approx(math.log(3)) and f[0]["echo_files"] == 1
+    # the newest result itself: no echo
+    assert (f[1]["echo_values"], f[1]["echo_own_values"], f[1]["echo_own_idents"], f[1]["echo_files"]) == (0, 0, 0, 0)
+
+
 def test_features_extend_incrementally_as_the_graph_grows():
     msgs = edit_session()
     g = ContextGraph("inc", msgs[:3])

@@ -44,6 +44,12 @@ Features of result ``r`` (a row of :func:`feature_matrix`; names in :data:`FEATU
   ``recent_own_idents``, own identifiers named by the last 3 assistant messages (summed);
   ``task_idents``, identifiers of r named in the task. Identifier reuse catches dotted and
   partial names (``DATE_RE`` in ``DATE_RE.match``) that TFA's whole-value matching misses.
+* Echoes in the newest results (the results of the latest assistant message, which the next
+  invocation answers): ``echo_values``, ``ln(1 + |V(r) ∩ V(newest)|)``; ``echo_own_values`` and
+  ``echo_own_idents``, the same for the values / identifiers first held by ``r`` (a value the
+  agent just saw again, which TFA attributes to ``r`` when the agent uses it); ``echo_files``, 1
+  when a file ``r`` shows or touched is named in the newest results (a traceback pointing into a
+  file viewed earlier). 0 for the newest results themselves.
 
 Per-result facts that do not change (values, words, kind, files, tokens) are computed once per
 graph and extended incrementally (the graph is append-only), so a render costs ``O(n)`` small
@@ -74,6 +80,7 @@ FEATURES: tuple[str, ...] = (
     "ancestor", "superseded", "edited_later", "path_in_latest",
     "unique_values", "log_values", "error", "latest_result",
     "own_values", "own_idents", "ident_turns", "latest_idents", "latest_own_idents", "recent_own_idents", "task_idents",
+    "echo_values", "echo_own_values", "echo_own_idents", "echo_files",
 )
 KINDS = ("view", "search", "edit", "test", "run", "other")
 ANCESTRY_STEPS = 10   # W of the ancestry feature (ContextWeaver §3.1; the value contextrender-dep uses)
@@ -137,7 +144,7 @@ class _ResultFacts:
     position: int
     owner: int                 # position of the assistant message that called it
     values: frozenset[str]
-    own_values: int            # values no earlier result holds (TFA attributes their reuse here)
+    own_values: frozenset[str]  # values no earlier result holds (TFA attributes their reuse here)
     idents: frozenset[str]
     own_idents: frozenset[str]  # identifiers no earlier result holds
     words: frozenset[str]
@@ -198,7 +205,7 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         values = frozenset(extract_values(m.content))
         idents = identifiers_in(m.content[:TEXT_CHARS])
         own_idents = frozenset(i for i in idents if i not in gf.ident_first)
-        f = _ResultFacts(position=p, owner=owner, values=values, own_values=sum(1 for v in values if v not in gf.value_df),
+        f = _ResultFacts(position=p, owner=owner, values=values, own_values=frozenset(v for v in values if v not in gf.value_df),
                          idents=idents, own_idents=own_idents, words=words(m.content),
                          kind=kind, command=cmd.strip(), files=cfiles,
                          shown_files=cfiles | (files_in(m.content[:TEXT_CHARS]) if kind != "search" else frozenset()),
@@ -262,6 +269,10 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     idf = {w: math.log(1.0 + n_docs / (1.0 + gf.df.get(w, 0))) for w in latest_words | task_words}
     latest_total = sum(idf[w] for w in latest_words)
     task_total = sum(idf[w] for w in task_words)
+    fresh = [q for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
+    fresh_values = frozenset().union(*(gf.facts[q].values for q in fresh))
+    fresh_idents = frozenset().union(*(gf.facts[q].idents for q in fresh))
+    fresh_files = frozenset().union(*(files_in(msgs[q].content[:TEXT_CHARS]) for q in fresh))
     deps: set[int] = set()
     steps = lowcost_steps(graph)
     if steps:
@@ -290,8 +301,11 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
             float(p in deps), float(superseded), float(edited_later),
             float(bool(f.shown_files & latest_files)),
             math.log1p(unique), math.log1p(len(f.values)), float(f.error), float(f.owner == latest),
-            math.log1p(f.own_values), math.log1p(len(f.own_idents)), math.log1p(len(set(gf.ident_turns.get(p, ())))),
+            math.log1p(len(f.own_values)), math.log1p(len(f.own_idents)), math.log1p(len(set(gf.ident_turns.get(p, ())))),
             math.log1p(len(f.idents & latest_idents)), math.log1p(len(f.own_idents & latest_idents)),
             math.log1p(sum(len(f.own_idents & ids) for ids in recent_idents)), math.log1p(len(f.idents & task_idents)),
+            *((0.0, 0.0, 0.0, 0.0) if f.owner == latest else
+              (math.log1p(len(f.values & fresh_values)), math.log1p(len(f.own_values & fresh_values)),
+               math.log1p(len(f.own_idents & fresh_idents)), float(bool(f.shown_files & fresh_files)))),
         )
     return out
