@@ -35,6 +35,7 @@ Token counts are in tokens of the :class:`~historygraph.signals.tokens.TokenCoun
 
 from __future__ import annotations
 
+import bisect
 import threading
 import weakref
 import re
@@ -410,7 +411,22 @@ class _TokenMemo:
         self.tokens: list[int] = []                              # count_message(messages[p])
         self.placeholder: dict[int, tuple[Message, int]] = {}   # result position -> (placeholder, its count)
         self.marker_plan = _MarkerPlan.build(counter)
+        self._skeleton = _Skeleton()
         self._lock = threading.Lock()
+
+    def skeleton(self, graph: ContextGraph) -> dict[str, Any]:
+        """A snapshot of the graph's :class:`_Skeleton` (copies of its containers, taken under the
+        lock: another thread may extend it meanwhile)."""
+        with self._lock:
+            sk = self._skeleton
+            sk.update(graph, self)
+            return {"current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
+                    "outside": set(sk.outside), "order": list(sk.order), "units": list(sk.units),
+                    "unit_first": dict(sk.unit_first), "unit_of": dict(sk.unit_of), "synthetic": dict(sk.synthetic),
+                    "full_cost": dict(sk.full_cost), "placeholder": dict(sk.placeholder),
+                    "placeholder_tokens": dict(sk.placeholder_tokens), "candidates": list(sk.candidates),
+                    "big": list(sk.big), "glue": list(sk.glue),
+                    "full_tokens": sk.full_tokens, "total_cost": sk.total_cost}
 
     def update(self, messages: list[Message]) -> None:
         if len(self.tokens) == len(messages):
@@ -423,6 +439,140 @@ class _TokenMemo:
                     ph = self.build(m, self.counter)
                     self.placeholder[p] = (ph, count(ph))
                 self.tokens.append(count(m))
+
+
+class _Skeleton:
+    """The part of a :class:`Layout` that depends on the graph alone (render order, units with
+    their costs, placeholders, synthetic answers, glue without inserts), kept per graph and
+    extended when the graph grows by steps of the current tool loop: the last unit is rebuilt
+    with the new messages. Anything else (a user or system message, a result for an earlier
+    step, a superseding result) rebuilds it from scratch."""
+
+    def __init__(self) -> None:
+        self.n = -1
+        self.superseded = -1
+
+    def update(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
+        if self.n == len(graph.messages) and self.superseded == len(graph.superseded):
+            return
+        if not self._extend(graph, memo):
+            self._build(graph, memo)
+        self.n, self.superseded = len(graph.messages), len(graph.superseded)
+
+    def _build(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
+        msgs = graph.messages
+        users = [p for p, m in enumerate(msgs) if m.role == "user"]
+        self.current_user = users[-1] if users else None
+        self.first_user = users[0] if users else None
+        self.last_assistant = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
+        self.outside = {p for p, m in enumerate(msgs) if m.role == "system"}
+        if self.current_user is not None:
+            self.outside.add(self.current_user)
+        self.order: list[int] = []
+        self.units: list[_Unit] = []
+        self.starts: list[int] = []        # index in order where each unit's message is
+        self.fulls: list[int] = []         # each unit's tokens when complete
+        self.unit_first: dict[int, int] = {}
+        self.unit_of: dict[int, int] = {}
+        self.synthetic: dict[int, list[Message]] = {}
+        self.full_cost: dict[int, int] = {}
+        self.placeholder: dict[int, Message] = {}
+        self.placeholder_tokens: dict[int, int] = {}
+        self.candidates: list[int] = []
+        self.big: list[tuple[int, int]] = []  # (full cost, position), ascending
+        self.glue: list[bool] = []
+        self.full_tokens = self.total_cost = 0
+        apart = True
+        for p, m in enumerate(msgs):
+            if m.role == "tool":
+                continue
+            if p in self.outside:
+                self.order.append(p)
+                self.order.extend(sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of))
+                apart = True
+                continue
+            if self._add(p, graph, memo, not apart):
+                apart = False
+
+    def _add(self, p: int, graph: ContextGraph, memo: "_TokenMemo", glue: bool) -> bool:
+        """Append message ``p`` (not a tool result, not outside B) to the order, as a unit when it is
+        a user or assistant message (the unit-building rules of :class:`Layout`)."""
+        msgs = graph.messages
+        m = msgs[p]
+        start = len(self.order)
+        self.order.append(p)
+        results = sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
+        self.order.extend(results)
+        if m.role not in ("user", "assistant"):
+            return False
+        i = len(self.units)
+        unit = _Unit([p], protected=False)
+        synthetic = []
+        if m.role == "assistant":
+            for call in m.tool_calls:
+                rp = graph.result_of.get(call.id)
+                if rp is not None:
+                    self.unit_of[rp] = i
+                elif p != len(msgs) - 1:  # only the very last message can be in flight
+                    synthetic.append(Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
+                                             rendered_as="placeholder"))
+            unit.positions += results
+        if synthetic:
+            self.synthetic[p] = synthetic
+        full = memo.tokens[p] + sum(memo.counter.count_message(x) for x in synthetic)
+        unit.cost = full
+        for r in unit.positions[1:]:
+            self.full_cost[r] = memo.tokens[r]
+            self.placeholder[r], self.placeholder_tokens[r] = memo.placeholder[r]
+            unit.cost += self.placeholder_tokens[r]
+            full += memo.tokens[r]
+            bisect.insort(self.candidates, r)
+            bisect.insort(self.big, (memo.tokens[r], r))
+        self.units.append(unit)
+        self.starts.append(start)
+        self.fulls.append(full)
+        self.unit_first[p] = i
+        self.glue.append(glue)
+        self.full_tokens += full
+        self.total_cost += unit.cost
+        return True
+
+    def _extend(self, graph: ContextGraph, memo: "_TokenMemo") -> bool:
+        msgs = graph.messages
+        if self.n < 1 or self.superseded != len(graph.superseded) or not self.units or len(msgs) < self.n:
+            return False
+        last = self.units[-1]
+        t = last.positions[0]
+        if msgs[t].role != "assistant" or any(p > t for p in self.outside) \
+                or self.starts[-1] + len(last.positions) != len(self.order):
+            return False
+        for q in range(self.n, len(msgs)):
+            m = msgs[q]
+            if m.role == "assistant":
+                continue
+            if m.role != "tool":
+                return False
+            owner = graph.call_owner.get(m.tool_call_id or "")
+            if owner is None or owner < t or graph.result_of.get(m.tool_call_id or "") != q:
+                return False
+        # rebuild the last unit with what arrived, then add the new steps
+        self.units.pop()
+        del self.order[self.starts.pop():]
+        self.full_tokens -= self.fulls.pop()
+        self.total_cost -= last.cost
+        del self.unit_first[t]
+        glue = self.glue.pop()
+        self.synthetic.pop(t, None)
+        for r in last.positions[1:]:
+            del self.unit_of[r], self.full_cost[r], self.placeholder[r], self.placeholder_tokens[r]
+            self.candidates.remove(r)
+            self.big.remove((memo.tokens[r], r))
+        for q in range(t, len(msgs)):
+            if msgs[q].role == "assistant":
+                self._add(q, graph, memo, glue)
+                glue = True
+                self.last_assistant = q
+        return True
 
 
 _BRIEFS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, str], tuple[int, Message]]]" = weakref.WeakKeyDictionary()
@@ -641,67 +791,38 @@ class Layout:
         self._brief: dict[int, tuple[int, Message | None]] = {}
         msgs = graph.messages
         self.reasons: dict[int, str] = {}
-        users = [p for p, m in enumerate(msgs) if m.role == "user"]
-        self.current_user = users[-1] if users else None
-        first_user = users[0] if users else None
-        assistants = [p for p, m in enumerate(msgs) if m.role == "assistant"]
-        last_assistant = assistants[-1] if assistants else None
-        self.loop_opening = loop_opening(graph)
-        self.order = render_order(graph)
-        self.outside = {p for p, m in enumerate(msgs) if m.role == "system"}
-        if self.current_user is not None:
-            self.outside.add(self.current_user)
-
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
-        tokens, self._tokens = memo.tokens, memo.tokens
+        sk = memo.skeleton(graph)
+        self.current_user = sk["current_user"]
+        self.loop_opening = loop_opening(graph)
+        self.order: list[int] = sk["order"]
+        self.outside: set[int] = sk["outside"]
+        self._tokens = memo.tokens
         self._plan = memo.marker_plan
-        self.placeholder: dict[int, Message] = {}
-        self.placeholder_tokens: dict[int, int] = {}
+        self.placeholder: dict[int, Message] = sk["placeholder"]
+        self.placeholder_tokens: dict[int, int] = sk["placeholder_tokens"]
         self._marks: dict[tuple[int, int], int] = {}
         self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = None
         self._arrays: tuple[np.ndarray, ...] | None = None
         self._bulk: dict[tuple[int, int], np.ndarray] = {}
         self._cand: tuple[np.ndarray, np.ndarray] | None = None
         self._revivals: np.ndarray | None = None
-        self.full_cost: dict[int, int] = {}
-        self.synthetic: dict[int, list[Message]] = {}  # assistant position -> synthetic results
-        self.units: list[_Unit] = []
-        self.unit_of: dict[int, int] = {}
-        for p in self.order:
-            m = msgs[p]
-            if p in self.outside or m.role == "tool":
-                continue
-            if m.role == "user":
-                self.units.append(_Unit([p], protected=p == first_user))
-            elif m.role == "assistant":
-                unit = _Unit([p], protected=p in (last_assistant, self.loop_opening))
-                for call in m.tool_calls:
-                    rp = graph.result_of.get(call.id)
-                    if rp is not None:
-                        self.unit_of[rp] = len(self.units)
-                    elif p != len(msgs) - 1:  # only the very last message can be in flight
-                        self.synthetic.setdefault(p, []).append(
-                            Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
-                                    rendered_as="placeholder"))
-                unit.positions += sorted(rp for c in m.tool_calls if (rp := graph.result_of.get(c.id)) is not None)
-                self.units.append(unit)
-        full_tokens = 0
-        for unit in self.units:
-            for p in unit.positions:
-                m = msgs[p]
-                if m.role == "tool":
-                    self.full_cost[p] = tokens[p]
-                    self.placeholder[p], self.placeholder_tokens[p] = memo.placeholder[p]
-                    unit.cost += self.placeholder_tokens[p]
-                    full_tokens += tokens[p]
-                else:
-                    c = tokens[p] + sum(counter.count_message(s) for s in self.synthetic.get(p, ()))
-                    unit.cost += c
-                    full_tokens += c
-        self.full_history_tokens = full_tokens
+        self.full_cost: dict[int, int] = sk["full_cost"]
+        self.synthetic: dict[int, list[Message]] = sk["synthetic"]  # assistant position -> synthetic results
+        self.units: list[_Unit] = sk["units"]
+        self.unit_of: dict[int, int] = sk["unit_of"]
+        # protected: the first user message, the latest assistant message and the one opening the
+        # active tool loop (:func:`loop_opening`); the skeleton's units are shared, so fresh copies
+        protected_units = {sk["unit_first"].get(p) for p in (sk["first_user"], sk["last_assistant"], self.loop_opening)
+                           if p is not None} - {None}
+        for i in protected_units:
+            u = self.units[i]
+            self.units[i] = _Unit(u.positions, True, u.cost)
+        self.full_history_tokens = sk["full_tokens"]
 
         omit = set(omit)
-        left_out = {i for i, u in enumerate(self.units) if not u.protected and omit.intersection(u.positions)}
+        left_out = {i for i, u in enumerate(self.units) if not u.protected and omit.intersection(u.positions)} \
+            if omit else set()
         for i in left_out:
             for p in self.units[i].positions:
                 self.reasons[p] = "left out by the policy"
@@ -710,16 +831,16 @@ class Layout:
         self.dropped_units: set[int] = set(left_out)
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
-        self.runs = _Runs(self._glue(), self._marker_tokens, self._remove_deltas)
+        self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
         for i in sorted(left_out if not self.inserts else ()):
             self.runs.add(i)
-        self.base_tokens = sum(u.cost for i, u in enumerate(self.units) if i not in left_out) + \
+        self.base_tokens = sk["total_cost"] - sum(self.units[i].cost for i in left_out) + \
             sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
         if budget is not None and self.base_tokens > budget and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than
             # the short results they stand for, and the unchanged history is rendered instead)
             target = int(budget * (1.0 - result_reserve))
-            protected = sum(u.cost for u in self.units if u.protected) + \
+            protected = sum(self.units[i].cost for i in protected_units) + \
                 sum(counter.count_message(m) for m in self.inserts.values())
             if left_out:
                 for i, unit in enumerate(self.units):
@@ -734,16 +855,19 @@ class Layout:
                 self._drop_oldest(max(target, protected))
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
-        self.candidates = sorted(p for p in self.placeholder if self.unit_of[p] not in left_out)
-        self.form: dict[int, Message] = {}
-        self.delta: dict[int, int] = {}
-        for p in self.candidates:
-            m, cost = msgs[p], self.full_cost[p]
-            if (excerpt := oversized_excerpt(m, cost, budget, counter, excerpt_fraction)) is not None:
-                m, cost = excerpt, counter.count_message(excerpt)
+        self.candidates = [p for p in sk["candidates"] if self.unit_of[p] not in left_out] if left_out \
+            else sk["candidates"]
+        self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
+        ph = self.placeholder_tokens
+        self.delta: dict[int, int] = {p: self.full_cost[p] - ph[p] for p in self.candidates}
+        big = sk["big"]
+        over = sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(msgs))):]) if budget is not None else []
+        for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
+            if p in self.form:
+                excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction)
+                self.form[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
-            self.form[p] = m
-            self.delta[p] = cost - self.placeholder_tokens[p]
+                self.delta[p] = counter.count_message(excerpt) - ph[p]
 
     def _drop_oldest(self, limit: int) -> None:
         """Drop the oldest unprotected units until ``base_tokens ≤ limit`` (no unit left out by
