@@ -695,6 +695,8 @@ class Selection:
     @revived.setter
     def revived(self, units: set[int]) -> None:
         self._revived = units
+        self._table: dict[int, int] | None = None  # every candidate's cost, once asked often (see cost)
+        self._asked = 0
         self.runs = self.layout.runs.copy()
         for u in units:
             if u in self.runs.start:
@@ -703,6 +705,13 @@ class Selection:
     def cost(self, p: int, form: Message | None = None) -> int:
         """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``)."""
         lay = self.layout
+        if form is None or form is lay.form[p]:  # many questions between revivals: price every candidate at once
+            if self._table is not None and (hit := self._table.get(p)) is not None:
+                return hit
+            self._asked += 1
+            if self._asked > _BULK_AFTER * 4 and p in lay.form:
+                self._table = dict(zip(lay.candidates, self.candidate_costs().tolist()))
+                return self._table[p]
         u = lay.unit_of[p]
         extra = 0
         if u in lay.dropped_units and u not in self.revived:
@@ -750,6 +759,8 @@ class Selection:
         u = self.layout.unit_of[p]
         if u in self.runs.start and u not in self.revived:
             self.runs.remove(u)
+        if u in self.layout.dropped_units and u not in self.revived:  # costs change: the step is back
+            self._table, self._asked = None, 0
         self.revived.add(u)
         self.shown[p] = self.layout.form[p] if form is None else form
 
