@@ -210,6 +210,7 @@ def _marker_parts(first: int, last: int, head: list, last_call: Any, n_calls: in
     return out
 
 
+_SLOT_COUNTS: dict[tuple, list[dict[str, int]]] = {}  # (encoding, wording, slots) -> per-slot value counts
 _UNKNOWN = np.iinfo(np.int64).min  # a table entry of _MarkerPlan.gather not computed yet
 
 
@@ -233,7 +234,9 @@ class _MarkerPlan:
         self.pieces = [boundary_pieces(lit) if lit else [] for lit in literals]  # literals[j] precedes slots[j]
         self.const = MESSAGE_OVERHEAD + sum(counter.count(p) for ps in self.pieces for p in ps)
         self.index = {name: j for j, name in enumerate(slots)}
-        self.memo: list[dict[str, int]] = [{} for _ in slots]
+        # slot counts depend on the encoding and the wording only: shared by every graph's plan
+        self.memo: list[dict[str, int]] = _SLOT_COUNTS.setdefault(
+            (counter.encoding_name, tuple(literals), tuple(slots)), [{} for _ in slots])
         self._heads: dict[int, int] = {}   # first position -> its slots' deltas ("first" and the listed head)
         self._lasts: dict[int, int] = {}   # position of the run's last calling message -> "last_call" delta
         self._k = sum(1 for name in slots if name.startswith("head"))
@@ -347,6 +350,8 @@ class _MarkerPlan:
             if after and not forced_boundary(value[-1], after[0][0]):
                 chunk += after[0]
                 took += self.counter.count(after[0])
+            if len(self.memo[j]) >= 100_000:  # bounded, like the counter's own memo
+                self.memo[j].clear()
             n = self.memo[j][value] = self.counter.count(chunk) - took
         return n
 
