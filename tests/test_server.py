@@ -370,6 +370,16 @@ def test_continuing_with_another_choice_than_the_stored_one_branches():
     assert (nxt.session_id, nxt.forked_from) == ("n~1", "n")
     assert router.store.messages("n")[1].content == "red" and router.store.messages("n~1")[1].content == "blue"
 
+def test_upstream_pool_drops_idle_connections_before_a_5_s_keep_alive_timeout():
+    # the limits must reach the transport (an httpx client given a transport ignores its own):
+    # a connection idle for 5 s, closed by uvicorn's default keep-alive just as it was reused,
+    # surfaced as a ReadError and a 502 under load
+    from historygraph.server import ServerConfig, create_app
+
+    pool = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy.client._transport._pool
+    assert pool._keepalive_expiry < 5.0 and pool._max_connections == 1000 and pool._max_keepalive_connections == 100
+
+
 def test_unreachable_upstream_gives_502_naming_it(tmp_path):
     import asyncio
 

@@ -128,9 +128,12 @@ class Proxy:
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}
+        # The limits belong to the transport (a client given a transport ignores its own limits).
+        # Idle connections are dropped after 4 s, before the 5 s keep-alive timeout of uvicorn and
+        # similar servers closes one just as it is reused (a ReadError: 502 to the client).
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=4.0)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0),
-                                        transport=httpx.AsyncHTTPTransport(retries=2),  # connection failures only
-                                        limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+                                        transport=httpx.AsyncHTTPTransport(retries=2, limits=limits))  # retries: connection failures only
 
     def options(self, request: Request) -> tuple[str | None, str, int]:
         """Session id, policy and budget from headers, else the configured defaults."""
