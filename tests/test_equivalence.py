@@ -416,3 +416,28 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
             assert grown == fresh, (len(g), [k for k in grown if grown[k] != fresh[k]])
             compared += 1
     assert compared > 400
+
+
+def test_between_call_and_result_equals_the_scan_over_every_span(real_traces, traces_dir):
+    """``render._between_call_and_result`` (the shorter side of the position only) answers as the
+    scan over every (call, latest result) span it replaced, at every position of real traces of
+    four formats and of a graph with notes between calls and results, late and second results."""
+    from historygraph.render import _between_call_and_result
+
+    late = ContextGraph("late", [Message("user", "task"), Message("assistant", "", (ToolCall("l1", "bash", "{}"),)),
+                                 Message("user", "note"), Message("assistant", "", (ToolCall("l2", "bash", "{}"),)),
+                                 Message("tool", "r2", tool_call_id="l2"), Message("user", "n2"),
+                                 Message("tool", "r1", tool_call_id="l1"), Message("tool", "r1b", tool_call_id="l1"),
+                                 Message("user", "n3"), Message("assistant", "done")])
+    graphs = [ContextGraph(t.trace_id, t.messages) for t in real_traces] + [late]
+    for rel in ("swe-agent", "tau-bench", "tau2-bench"):
+        if (traces_dir / rel).exists():
+            graphs += [ContextGraph(t.trace_id, t.messages) for t in list(read_traces(traces_dir / rel))[:2]]
+    inside = 0
+    for g in graphs:
+        spans = [(g.call_owner[c], r) for c, r in g.result_of.items()]
+        for p in range(len(g)):
+            want = any(a < p < r for a, r in spans)
+            assert _between_call_and_result(g, p) == want, (g.session_id, p)
+            inside += want
+    assert inside >= 5  # positions inside a span occur (notes, parallel calls, late results)

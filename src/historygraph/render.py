@@ -112,7 +112,6 @@ def loop_opening(graph: ContextGraph) -> int | None:
     text shares the user turn of the results, which continues the loop). docs/architecture.md, invariant §5.7 protects that message like the
     latest assistant message; with no thinking block no provider requires it, and it is not."""
     msgs = graph.messages
-    spans = [(graph.call_owner[c], r) for c, r in graph.result_of.items()]
     start = 0
     for p in range(len(msgs) - 1, -1, -1):
         if msgs[p].role != "user":
@@ -120,12 +119,22 @@ def loop_opening(graph: ContextGraph) -> int | None:
         q = p - 1
         while q >= 0 and msgs[q].role == "user":  # consecutive user turns merge on the wire
             q -= 1
-        if (q >= 0 and msgs[q].role == "tool") or any(a < p < r for a, r in spans):
+        if (q >= 0 and msgs[q].role == "tool") or _between_call_and_result(graph, p):
             continue
         start = p + 1
         break
     first = next((p for p in range(start, len(msgs)) if msgs[p].role == "assistant"), None)
     return first if first is not None and msgs[first].opens_with_thinking else None
+
+
+def _between_call_and_result(graph: ContextGraph, p: int) -> bool:
+    """Whether position ``p`` lies strictly between a call and its (latest) result, looking at
+    the shorter side of ``p``: the calls made before it, or the results stored after it."""
+    msgs, result_of, owner = graph.messages, graph.result_of, graph.call_owner
+    if p <= len(msgs) - p:
+        return any(result_of.get(c.id, -1) > p for a in range(p) for c in msgs[a].tool_calls)
+    return any(m.role == "tool" and result_of.get(m.tool_call_id or "") == r and owner[m.tool_call_id] < p
+               for r in range(p + 1, len(msgs)) for m in (msgs[r],))
 
 
 @dataclass
@@ -431,6 +440,8 @@ class _TokenMemo:
                     "full_cost": dict(sk.full_cost), "placeholder": dict(sk.placeholder),
                     "placeholder_tokens": dict(sk.placeholder_tokens), "candidates": list(sk.candidates),
                     "big": list(sk.big), "glue": list(sk.glue),
+                    "facts": (list(sk.lo), list(sk.hi), list(sk.top), list(sk.ncalls), list(sk.pre)),
+                    "costs": list(sk.costs),
                     "full_tokens": sk.full_tokens, "total_cost": sk.total_cost}
 
     def update(self, messages: list[Message]) -> None:
@@ -487,6 +498,13 @@ class _Skeleton:
         self.big: list[tuple[int, int]] = []  # (full cost, position), ascending
         self.glue: list[bool] = []
         self.full_tokens = self.total_cost = 0
+        # Layout._unit_facts per unit: lowest and highest position, prefix-max holder, calls, prefix sums
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        self.top: list[int] = []
+        self.ncalls: list[int] = []
+        self.pre: list[int] = [0]
+        self.costs: list[int] = []
         apart = True
         for p, m in enumerate(msgs):
             if m.role == "tool":
@@ -540,6 +558,12 @@ class _Skeleton:
         self.glue.append(glue)
         self.full_tokens += full
         self.total_cost += unit.cost
+        self.lo.append(p)  # a unit's message comes before its results
+        self.hi.append(unit.positions[-1] if len(unit.positions) > 1 else p)
+        self.top.append(i if not self.top or self.hi[-1] >= self.hi[self.top[-1]] else self.top[-1])
+        self.ncalls.append(len(m.tool_calls) if m.role == "assistant" else 0)
+        self.pre.append(self.pre[-1] + self.ncalls[-1])
+        self.costs.append(unit.cost)
         return True
 
     def _extend(self, graph: ContextGraph, memo: "_TokenMemo") -> bool:
@@ -567,6 +591,8 @@ class _Skeleton:
         self.total_cost -= last.cost
         del self.unit_first[t]
         glue = self.glue.pop()
+        for facts in (self.lo, self.hi, self.top, self.ncalls, self.pre, self.costs):
+            facts.pop()
         self.synthetic.pop(t, None)
         for r in last.positions[1:]:
             del self.unit_of[r], self.full_cost[r], self.placeholder[r], self.placeholder_tokens[r]
@@ -818,7 +844,8 @@ class Layout:
         self.placeholder: dict[int, Message] = sk["placeholder"]
         self.placeholder_tokens: dict[int, int] = sk["placeholder_tokens"]
         self._marks: dict[tuple[int, int], int] = {}
-        self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = None
+        self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = sk["facts"]
+        self._costs = sk["costs"]
         self._arrays: tuple[np.ndarray, ...] | None = None
         self._bulk: dict[tuple[int, int], np.ndarray] = {}
         self._cand: tuple[np.ndarray, np.ndarray] | None = None
@@ -899,7 +926,7 @@ class Layout:
             j = i
             while j + 1 < n and glue[j + 1] and not units[j + 1].protected:
                 j += 1
-            cost = np.cumsum(np.fromiter((u.cost for u in units[i:j + 1]), dtype=np.int64, count=j + 1 - i))
+            cost = np.cumsum(np.asarray(self._costs[i:j + 1], dtype=np.int64))
             after = self.base_tokens - cost + self._run_costs(i, j)[0]
             within = np.flatnonzero(after <= limit)
             x = i + int(within[0]) if len(within) else j
@@ -1149,7 +1176,8 @@ class Layout:
         for p in self.order:
             m = msgs[p]
             if m.role != "tool":
-                flush()
+                if pending:
+                    flush()
                 i = first.get(p)
                 if open_run is not None and (i is None or runs.start.get(i) != open_run):
                     marker = self.marker(open_run, runs.end[open_run])
