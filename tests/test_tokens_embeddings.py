@@ -71,7 +71,7 @@ def test_cached_embedder_memoises_content_keys_and_stays_bounded():
 
 
 def test_truncation_length_and_threads(embedder):
-    """A shorter truncation changes only texts longer than it, and is part of the cache's model
+    """The truncation length changes only texts longer than it, and is part of the cache's model
     name; one thread without spin-waiting gives the vectors of the default settings."""
     short, long = "A man is eating food.", " ".join(f"word{i}" for i in range(400))
     at128 = MiniLMEmbedder(max_word_pieces=128, threads=1, spin=True)

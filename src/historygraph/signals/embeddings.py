@@ -57,9 +57,14 @@ class MiniLMEmbedder:
         spin: let idle onnxruntime threads spin-wait for work (onnxruntime's default). Off (ours):
             on a shared 2-core machine spinning threads burn CPU that the other process or worker
             needs, about 20 % more CPU for the same vectors (``bench/embedding_choice.py``).
-        max_word_pieces: truncation length; 256 is the model's own limit (its sentence-transformers
-            configuration). Any other value is part of :attr:`model`, so cached vectors of one
-            length are never returned for another.
+        max_word_pieces: truncation length; any other than 256 is part of :attr:`model`
+            (``all-MiniLM-L6-v2@128``), so cached vectors of one length are never returned for
+            another. 256: the model's own (its sentence-transformers configuration). 128 was
+            measured as a speed-up and not taken: on the 14 mini-swe-agent traces at B = 6000 it embeds with 2.25x less CPU (70.5
+            vs 158.6 CPU s for 1,588 texts, one thread) at about the same recall (49.5 % vs 49.1 %,
+            ``bench/embedding_choice.py``), but in ContextRender's own dinner-bill scenario (the
+            example trace at B = 3000, ``tests/test_dinner_bill.py``) the contact result is no
+            longer kept.
 
     Raises:
         EmbeddingError: the model package is missing.
