@@ -441,3 +441,32 @@ def test_between_call_and_result_equals_the_scan_over_every_span(real_traces, tr
             assert _between_call_and_result(g, p) == want, (g.session_id, p)
             inside += want
     assert inside >= 5  # positions inside a span occur (notes, parallel calls, late results)
+
+
+@pytest.mark.parametrize("budget", [1200, 2500, 6000])
+def test_newest_first_a_take_at_a_time_equals_the_loop_over_every_result(real_traces, budget):
+    """Prune's selection (next take found on the exact cost array) keeps what the loop "newest to
+    oldest, keep each that fits" keeps, with the same budget use and reasons, on real-trace
+    prefixes with dropped steps and revivals."""
+    from historygraph.policies.baselines import newest_first
+
+    c = TokenCounter()
+    compared = 0
+    for tr in real_traces:
+        for g in prefixes(tr, every=3):
+            try:
+                fast_layout, ref_layout = Layout(g, c, budget), Layout(g, c, budget)
+            except ValueError:
+                continue
+            fast = newest_first(fast_layout, "kept", "omitted")
+            ref = ref_layout.selection()
+            for p in reversed(ref_layout.candidates):
+                if ref.fits(p):
+                    ref.take(p)
+                    ref_layout.reasons[p] = "kept"
+                else:
+                    ref_layout.reasons[p] = "omitted"
+            assert (fast.used, fast.shown, fast.revived, list(fast_layout.reasons.items())) == \
+                (ref.used, ref.shown, ref.revived, list(ref_layout.reasons.items())), (tr.trace_id, len(g))
+            compared += 1
+    assert compared > 30

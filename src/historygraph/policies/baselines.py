@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
@@ -11,12 +13,32 @@ def newest_first(layout: Layout, kept: str, omitted: str) -> Selection:
     """Prune's rule (ContextRender B.2): results newest to oldest, each kept when it still fits in B;
     ``kept``/``omitted`` are the reasons recorded per result."""
     sel = layout.selection()
-    for p in reversed(layout.candidates):
-        if sel.fits(p):
+    cands, reasons = layout.candidates, layout.reasons
+    if layout.budget is None:
+        for p in reversed(cands):
             sel.take(p)
-            layout.reasons[p] = kept
-        else:
-            layout.reasons[p] = omitted
+            reasons[p] = kept
+        return sel
+    # the loop "newest to oldest, take each that fits", a take at a time: the costs of all
+    # candidates are exact for the current revivals, so the next one taken is the newest older
+    # one whose cost fits what is left; a revival changes costs, which are then priced again
+    costs = sel.candidate_costs()
+    i = len(cands) - 1
+    while i >= 0:
+        fitting = np.flatnonzero(costs[:i + 1] <= layout.budget - sel.used)
+        j = int(fitting[-1]) if len(fitting) else -1
+        for k in range(i, j, -1):
+            reasons[cands[k]] = omitted
+        if j < 0:
+            break
+        p = cands[j]
+        u = layout.unit_of[p]
+        revives = u in layout.dropped_units and u not in sel.revived
+        sel.take(p)
+        reasons[p] = kept
+        if revives:
+            costs = sel.candidate_costs()
+        i = j - 1
     return sel
 
 
