@@ -136,6 +136,14 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
     assert res.exit_code == 2 and f"historygraph sessions --store {path}" in " ".join(res.output.split())
     res = runner.invoke(app, ["show", "issue-1", "--result", "c9", "--store", path])
     assert res.exit_code == 2 and "no tool result with id 'c9'" in res.output and "lists its tool call ids" in res.output
+    # the messages a dropped-step marker names, by number
+    res = runner.invoke(app, ["show", "issue-1", "--message", "1-2", "--store", path])
+    assert res.exit_code == 0 and res.output == ("message #1 (assistant):\n\ntool call c1: bash {}\n\n"
+                                                 "message #2 (tool, tool result c1):\nresult of openhands:output.jsonl:issue-1\n")
+    res = runner.invoke(app, ["show", "issue-1", "--message", "2-7", "--store", path])
+    assert res.exit_code == 2 and "holds messages #0–#2" in res.output
+    res = runner.invoke(app, ["show", "issue-1", "--message", "last", "--store", path])
+    assert res.exit_code == 2 and "give a message number or span" in res.output
 
 
 def test_render_shows_messages_the_policy_added(tmp_path):

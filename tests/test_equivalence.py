@@ -287,7 +287,7 @@ def _odd_calls_graph():
 def test_marker_plan_counts_every_run_as_encoding_its_marker(real_traces, encoding):
     """The per-slot marker counts (:class:`_MarkerPlan`) equal the count of the marker's text for
     every run of units of a real trace and of a graph with odd call ids and names, in both
-    encodings; runs of up to ``MARK_CALLS`` calls are counted from their text."""
+    encodings."""
     c = TokenCounter(encoding)
     fast = 0
     for g in (ContextGraph("t", real_traces[0].messages[:90]), ContextGraph("o", real_traces[3].messages[:60]),
@@ -304,11 +304,11 @@ def test_marker_plan_counts_every_run_as_encoding_its_marker(real_traces, encodi
 
 
 @pytest.mark.parametrize("wording, planned", [
-    ("[omitted: messages #{first}–#{last}{calls}; stored in full, restore by id]", True),
-    ("[gap {first}-{last}{calls}]", True),
-    ("[{first} {last}{calls}]", True),           # the space goes with the second number's chunk
-    ("<{first}{last}{calls}>", False),           # two numbers side by side: one chunk
-    ("[#{first}0{last}{calls}]", False),         # a digit between two numbers joins both
+    ("[omitted: messages #{first}–#{last}, tool calls: {n}; stored in full, restore by message number]", True),
+    ("[gap {first}-{last} ({n})]", True),
+    ("[{first} {last} {n}]", True),              # the space goes with the next number's chunk
+    ("<{first}{last}: {n}>", False),             # two numbers side by side: one chunk
+    ("[#{first}0{last}; {n}]", False),           # a digit between two numbers joins both
 ])
 def test_marker_plan_follows_the_wording_or_steps_aside(monkeypatch, wording, planned):
     """Reworded markers are counted exactly: with a plan when the wording separates the slots,

@@ -296,7 +296,9 @@ def test_brief_revival_shows_an_old_result_with_its_call_and_a_marked_text():
     first = lay.unit_of[2]
     assert first in lay.dropped_units
     cost, brief = lay.brief(first)
-    assert brief is not None and brief.tool_calls == msgs[1].tool_calls and "c0" in brief.content
+    assert brief is not None and brief.tool_calls == msgs[1].tool_calls
+    n = sig.counter.count(msgs[1].content)
+    assert brief.content == f"[text omitted ({n} tokens); stored in full, restore by message number #1]"
     # reviving costs the brief assistant message and the placeholder, not the full reasoning text
     full_cost = lay.units[first].cost
     assert cost == full_cost - sig.counter.count_message(msgs[1]) + sig.counter.count_message(brief)
@@ -320,7 +322,7 @@ def test_an_altered_brief_view_breaks_the_verbatim_invariant():
     sel.take(2)
     r = lay.assemble("t", sel)
     i = r.positions.index(1)
-    r.messages[i] = r.messages[i].with_content(r.messages[i].content.replace("c0", "c9"), "brief")
+    r.messages[i] = r.messages[i].with_content(r.messages[i].content.replace("#1]", "#3]"), "brief")
     with pytest.raises(InvariantError, match="verbatim"):
         check_invariants(r, g, sig.counter)
 

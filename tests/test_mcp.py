@@ -38,15 +38,20 @@ def test_tools_over_the_in_process_client(tmp_path):
             names = sorted(t.name for t in (await c.list_tools()).tools)
             recalled = await c.call_tool("recall", {"ids": ["c1"]})
             both = await c.call_tool("recall", {"ids": ["c2", "nope"]})
+            span = await c.call_tool("recall", {"ids": ["#3", "#1-#2"]})
             found = await c.call_tool("search", {"query": "connection refused", "limit": 3})
             listed = await c.call_tool("results", {})
             missing = await c.call_tool("results", {"session": "other"})
-            return names, recalled, both, found, listed, missing
+            return names, recalled, both, span, found, listed, missing
 
-    names, recalled, both, found, listed, missing = asyncio.run(run())
+    names, recalled, both, span, found, listed, missing = asyncio.run(run())
     assert names == ["recall", "results", "search"]
     assert not recalled.is_error and recalled.content[0].text == BIG  # complete, byte for byte
-    assert both.content[0].text == f"tool result c2:\n{LOG}\n\ntool result nope:\n[no stored tool result has id 'nope']"
+    assert both.content[0].text == f"tool result c2:\n{LOG}\n\ntool result nope:\n[no tool result with id 'nope' in session 'run-1']"
+    # the messages a dropped-step marker names, by number
+    assert span.content[0].text == (f"messages #3:\nmessage #3 (tool, tool result c2):\n{LOG}\n\nmessages #1-#2:\n"
+                                    f"message #1 (assistant):\n\ntool call c1: read_csv {{\"f\": \"invoices.csv\"}}\n"
+                                    f"tool call c2: tail_log {{}}\n\nmessage #2 (tool, tool result c1):\n{BIG}")
     hits = found.structured_content["result"]
     assert [h["id"] for h in hits] == ["c2"] and hits[0]["first_line"].startswith("ERROR connection refused")
     rows = listed.structured_content["result"]

@@ -239,6 +239,12 @@ def test_unknown_ids_and_bad_arguments_are_answered_not_raised():
     app, _, store = proxy()
     asyncio.run(openai_answer(app, False))
     px = app.state.proxy
-    assert recalled_text(px, "r-1", '{"ids": ["nope"]}') == "[no stored tool result has id 'nope']"
+    assert recalled_text(px, "r-1", '{"ids": ["nope"]}') == "[no tool result with id 'nope' in session 'r-1']"
+    n = len(store.graph("r-1"))
+    assert recalled_text(px, "r-1", f'{{"ids": ["#{n}"]}}') == f"[messages '#{n}': session 'r-1' holds messages #0–#{n - 1}]"
     assert recalled_text(px, "r-1", "not json").startswith(f'[{TOOL_NAME}: pass {{"ids"')
     assert recalled_text(px, "r-1", '{"ids": ["c2", "c1"]}') == f"tool result c2:\n{SMALL}\n\ntool result c1:\n{BIG}"
+    # a span a dropped-step marker names: the stored messages, each headed by its number and role
+    g = store.graph("r-1")
+    p = g.result_of["c1"]
+    assert recalled_text(px, "r-1", f'{{"ids": ["#{p}–#{p}"]}}') == f"message #{p} (tool, tool result c1):\n{BIG}"

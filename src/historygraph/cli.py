@@ -23,7 +23,7 @@ from .eval.cost import Prices
 from .eval.replay import replay_budgets, replay_trace
 from .eval.report import summarize, write_outputs
 from .formats import READERS, TraceFormatError, list_trace_files, read_traces
-from .graph import ContextGraph
+from .graph import MESSAGE_SPAN, ContextGraph
 from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
 from .policies import params as policy_params
@@ -406,11 +406,21 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (defa
 
 @app.command()
 def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
+         message: Annotated[Optional[str], typer.Option(help="Print stored messages by number or span, as a "
+                                                             "dropped-step marker names them: '16' or '16-23'.")] = None,
          store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
-    """Print a stored session as OpenAI messages, or one complete tool result by id."""
+    """Print a stored session as OpenAI messages, one complete tool result by id, or the messages a
+    dropped-step marker stands for."""
     db = _existing_store(store)
     session, g = _session_graph(db, session)
-    if result:
+    if message:
+        if not MESSAGE_SPAN.fullmatch(message):
+            _fail(f"--message {message!r}: give a message number or span, e.g. 16 or 16-23")
+        try:
+            sys.stdout.write(g.recall_text(message) + "\n")
+        except KeyError as exc:
+            _fail(exc.args[0])
+    elif result:
         try:
             sys.stdout.write(g.result_by_id(result).content)  # byte for byte: no wrapping, no added newline
         except KeyError as exc:

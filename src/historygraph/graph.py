@@ -18,11 +18,16 @@ The graph is append-only: nothing here modifies or removes a node.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from .events import EventError, Message
 from .signals.reuse import ReuseIndex, ReuseMatch
+
+
+#: A message number or span as dropped-step markers name them: ``#16``, ``#16–#23`` (``#`` optional, ``-`` or ``–``).
+MESSAGE_SPAN = re.compile(r"\s*#?(\d+)(?:\s*[–-]\s*#?(\d+))?\s*")
 
 
 class GraphError(EventError):
@@ -129,6 +134,26 @@ class ContextGraph:
             return self.messages[self.result_of[tool_call_id]]
         except KeyError:
             raise KeyError(f"no tool result with id {tool_call_id!r} in session {self.session_id!r}") from None
+
+    def recall_text(self, ref: str) -> str:
+        """What a placeholder or a dropped-step marker left out, by the reference it names: a tool
+        call id gives that result's complete stored text (:meth:`result_by_id`); a message number
+        or span (``"#16"``, ``"#16–#23"``, :data:`MESSAGE_SPAN`) gives each of those stored
+        messages in full, headed by its number and role, an assistant message with its tool calls
+        (name and arguments). Raises KeyError naming ``ref`` when it is neither."""
+        if ref not in self.result_of and (m := MESSAGE_SPAN.fullmatch(ref)):
+            a = int(m.group(1))
+            b = int(m.group(2)) if m.group(2) else a
+            if not 0 <= a <= b < len(self.messages):
+                raise KeyError(f"messages {ref!r}: session {self.session_id!r} holds messages #0–#{len(self.messages) - 1}")
+            parts = []
+            for p in range(a, b + 1):
+                msg = self.messages[p]
+                head = f"message #{p} ({msg.role}" + (f", tool result {msg.tool_call_id}" if msg.role == "tool" else "") + ")"
+                calls = "".join(f"\ntool call {c.id}: {c.name} {c.arguments}" for c in msg.tool_calls)
+                parts.append(f"{head}:\n{msg.content}{calls}")
+            return "\n\n".join(parts)
+        return self.result_by_id(ref).content
 
     def age(self, position: int) -> int:
         """Turns since the node at ``position`` was produced, at the next invocation."""

@@ -22,14 +22,15 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from .graph import MESSAGE_SPAN
 from .policies.retrieval import bm25_scores
 from .signals.tokens import TokenCounter
 from .store import Store
 
 INSTRUCTIONS = ("Tool results of this agent's session are stored in full by historygraph. When the "
-                "conversation shows '[tool result ID omitted from this context ...]', or an '[omitted: messages ...]' "
-                "marker naming tool calls, call recall with those ids to read the complete results; use search "
-                "to find results by content.")
+                "conversation shows '[tool result ID omitted from this context ...]', call recall with those ids "
+                "to read the complete results; for an '[omitted: messages #A–#B ...]' marker pass '#A–#B' to read "
+                "those messages; use search to find results by content.")
 
 
 def _first_line(text: str, width: int = 120) -> str:
@@ -65,15 +66,17 @@ def build_server(store: Store, session: str | None = None, counter: TokenCounter
 
     @server.tool()
     def recall(ids: list[str], session: str | None = None) -> str:
-        """The complete stored text of tool results, by the ids their placeholders name."""
+        """The complete stored text of tool results, by the ids their placeholders name, or of the
+        messages a dropped-step marker names (``"#A–#B"``)."""
         g = graph(session)
         parts = []
         for i in ids:
             try:
-                text = g.result_by_id(i).content
-            except KeyError:
-                text = f"[no stored tool result has id {i!r}]"
-            parts.append(text if len(ids) == 1 else f"tool result {i}:\n{text}")
+                text = g.recall_text(i)
+            except KeyError as exc:
+                text = f"[{exc.args[0]}]"
+            what = f"messages {i}" if i not in g.result_of and MESSAGE_SPAN.fullmatch(i) else f"tool result {i}"
+            parts.append(text if len(ids) == 1 else f"{what}:\n{text}")
         return "\n\n".join(parts)
 
     @server.tool()

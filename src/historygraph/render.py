@@ -52,12 +52,15 @@ from .signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
 SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant message (ReCAP ablations)
-BRIEF = "[the text of this earlier assistant message is omitted from this context ({tokens} tokens); it is stored in full with tool call {id}]"
+#: The text of an assistant message shown in brief view (its tool calls kept): what was left out and
+#: where it is stored (its message number, as in :data:`DROPPED_MARK`).
+BRIEF = "[text omitted ({tokens} tokens); stored in full, restore by message number #{position}]"
 #: The dropped-step marker (docs/architecture.md, invariant §5.6): one per run of consecutive steps left out, where they
-#: were, charged to B. It names the stored positions, the tool calls (the first ones and the last
-#: one when there are more than ``MARK_CALLS``, with their number) and how to get them back.
-DROPPED_MARK = "[omitted: messages #{first}–#{last}{calls}; stored in full, restore by id]"
-MARK_CALLS = 3
+#: were, charged to B. It names the stored message numbers (positions in the session, ids the recall tool,
+#: ``historygraph show --message`` and the session API take), the number of tool calls they hold and how
+#: to get them back. Call ids are not listed: providers' ids are long (about 20 tokens each) and a
+#: history over B may hold dozens of runs.
+DROPPED_MARK = "[omitted: messages #{first}–#{last}, tool calls: {n}; stored in full, restore by message number]"
 EXCERPT_MARK = "\n[... tool result {id} truncated: {kept} of {total} tokens shown (head and tail); the full result is stored and can be restored by id ...]\n"
 
 
@@ -177,44 +180,29 @@ def placeholder_for(message: Message, counter: TokenCounter) -> Message:
 def dropped_marker(graph: ContextGraph, steps: list[list[int]]) -> Message:
     """The marker standing for ``steps`` (consecutive steps left out, each a list of graph
     positions: a message and its results), a ``user`` message marked ``rendered_as="marker"``.
-    Shared by every policy (:class:`Layout`, ReCAP). Its size is bounded: at most
-    ``MARK_CALLS`` calls are named (the first ones and the last one), with the total."""
-    calls = [c for step in steps for c in graph.messages[step[0]].tool_calls]
-    return _marker_message(min(min(s) for s in steps), max(max(s) for s in steps), calls[:MARK_CALLS],
-                           calls[-1] if calls else None, len(calls))
+    Shared by every policy (:class:`Layout`, ReCAP). Its size is bounded: three numbers
+    (:data:`DROPPED_MARK`)."""
+    n_calls = sum(len(graph.messages[step[0]].tool_calls) for step in steps)
+    return _marker_message(min(min(s) for s in steps), max(max(s) for s in steps), n_calls)
 
 
-def _marker_message(first: int, last: int, head: list, last_call: Any, n_calls: int) -> Message:
-    """:func:`dropped_marker` from its parts: ``head`` = the first ``MARK_CALLS`` calls (or all)."""
-    return Message("user", "".join(t for _, t in _marker_parts(first, last, head, last_call, n_calls)),
-                   rendered_as="marker")
+def _marker_message(first: int, last: int, n_calls: int) -> Message:
+    """:func:`dropped_marker` from its numbers."""
+    return Message("user", "".join(t for _, t in _marker_parts(first, last, n_calls)), rendered_as="marker")
 
 
 _FIELDS = Formatter()
 
 
-def _marker_parts(first: int, last: int, head: list, last_call: Any, n_calls: int) -> list[tuple[str | None, str]]:
+def _marker_parts(first: int, last: int, n_calls: int) -> list[tuple[str | None, str]]:
     """The marker's text as ``(slot, text)`` parts, in order: slot ``None`` for fixed wording,
-    ``"first"``, ``"last"``, ``"n"`` for numbers, ``"head0"``, ``"head1"``, … and ``"last_call"``
-    for the listed calls (``"<id> (<name>)"``). :class:`_MarkerPlan` counts a marker from them."""
-    items = head if n_calls <= MARK_CALLS else head[:MARK_CALLS - 1]
-    calls: list[tuple[str | None, str]] = []
-    if n_calls:
-        calls.append((None, ", tool call " if n_calls == 1 else ", tool calls "))
-        for j, c in enumerate(items):
-            calls += [(None, ", ")] if j else []
-            calls.append((f"head{j}", f"{c.id} ({c.name})"))
-        if n_calls > MARK_CALLS:
-            calls += [(None, ", …, "), ("last_call", f"{last_call.id} ({last_call.name})"), (None, ": "),
-                      ("n", str(n_calls)), (None, " calls")]
-    values = {"first": first, "last": last}
+    ``"first"``, ``"last"`` and ``"n"`` for its numbers. :class:`_MarkerPlan` counts a marker from them."""
+    values = {"first": first, "last": last, "n": n_calls}
     out: list[tuple[str | None, str]] = []
     for literal, name, spec, conversion in _FIELDS.parse(DROPPED_MARK):
         if literal:
             out.append((None, literal))
-        if name == "calls":
-            out += calls
-        elif name is not None:
+        if name is not None:
             out.append((name, _FIELDS.format_field(_FIELDS.convert_field(values[name], conversion), spec or "")))
     return out
 
@@ -224,18 +212,19 @@ _UNKNOWN = np.iinfo(np.int64).min  # a table entry of _MarkerPlan.gather not com
 
 
 class _MarkerPlan:
-    """Exact token counts of dropped-step markers listing more than ``MARK_CALLS`` calls, from
-    per-slot counts instead of encoding each marker (selection prices thousands of markers per
-    render, each a new text).
+    """Exact token counts of dropped-step markers from per-slot counts instead of encoding each
+    marker (selection prices thousands of markers per render, each a new text).
 
     The marker's fixed wording is cut into pieces at every
-    :func:`~historygraph.signals.tokens.forced_boundary`; a slot's value (a number or a listed
-    call) forms one chunk with the pieces next to it that it is not forcibly separated from. Then
+    :func:`~historygraph.signals.tokens.forced_boundary`; a slot's value (one of its numbers) forms
+    one chunk with the pieces next to it that it is not forcibly separated from. Then
     ``tokens = MESSAGE_OVERHEAD + Σ tokens(fixed pieces) + Σ_slots (tokens(chunk) − tokens(the
     pieces it took))``, exact because every chunk and piece is bounded by forced boundaries. The
     slot counts are memoised per value. When the wording leaves two slots in one chunk (no forced
     boundary between them) no plan is built (:meth:`build` returns ``None``) and markers are counted
     whole."""
+
+    SLOTS = ("first", "last", "n")
 
     def __init__(self, counter: TokenCounter, literals: list[str], slots: list[str]) -> None:
         from .signals.tokens import boundary_pieces
@@ -246,78 +235,40 @@ class _MarkerPlan:
         # slot counts depend on the encoding and the wording only: shared by every graph's plan
         self.memo: list[dict[str, int]] = _SLOT_COUNTS.setdefault(
             (counter.encoding_name, tuple(literals), tuple(slots)), [{} for _ in slots])
-        self._heads: dict[int, int] = {}   # first position -> its slots' deltas ("first" and the listed head)
-        self._lasts: dict[int, int] = {}   # position of the run's last calling message -> "last_call" delta
-        self._k = sum(1 for name in slots if name.startswith("head"))
         self._tables: dict[str, np.ndarray] = {}
 
-    def tokens(self, messages: list[Message], first: int, last: int, last_caller: int, n_calls: int) -> int:
-        """Tokens of the marker for a run starting at position ``first`` with highest position
-        ``last``, ``n_calls`` > ``MARK_CALLS`` calls, the last made by the message at
-        ``last_caller``; the listed head is the first calls of the assistant messages from
-        ``first`` on (the run's own, as it holds more than ``MARK_CALLS`` calls)."""
-        return self.const + self.head(messages, first) + self.caller(messages, last_caller) + \
-            self.number("last", last) + self.number("n", n_calls)
-
-    def head(self, messages: list[Message], first: int) -> int:
-        """Deltas of the ``first`` slot and the listed head for a run starting at ``first``."""
-        head = self._heads.get(first)
-        if head is None:
-            head, need, p = self.delta(self.index["first"], str(first)), self._k, first
-            while need:
-                m = messages[p]
-                if m.role == "assistant":
-                    for c in m.tool_calls[:need]:
-                        head += self.delta(self.index[f"head{self._k - need}"], f"{c.id} ({c.name})")
-                        need -= 1
-                p += 1
-            self._heads[first] = head
-        return head
-
-    def caller(self, messages: list[Message], last_caller: int) -> int:
-        """Delta of the ``last_call`` slot: the last call of the message at ``last_caller``."""
-        tail = self._lasts.get(last_caller)
-        if tail is None:
-            c = messages[last_caller].tool_calls[-1]
-            tail = self._lasts[last_caller] = self.delta(self.index["last_call"], f"{c.id} ({c.name})")
-        return tail
+    def tokens(self, first: int, last: int, n_calls: int) -> int:
+        """Tokens of the marker for a run from position ``first`` to position ``last`` holding
+        ``n_calls`` tool calls."""
+        return self.const + self.number("first", first) + self.number("last", last) + self.number("n", n_calls)
 
     def number(self, slot: str, value: int) -> int:
-        """Delta of a number slot (``"last"`` or ``"n"``)."""
+        """Delta of the number slot ``slot`` (one of :attr:`SLOTS`) holding ``value``."""
         return self.delta(self.index[slot], str(value))
 
-    def gather(self, kind: str, messages: list[Message], values: np.ndarray) -> np.ndarray:
-        """``[f(v) for v in values]`` (int64) for ``kind`` ``"last"``, ``"n"`` (:meth:`number`),
-        ``"head"`` (:meth:`head`) or ``"caller"`` (:meth:`caller`), from a table per kind indexed
-        by the value (a number or a position), filled as values first appear."""
-        table = self._tables.get(kind)
+    def gather(self, slot: str, values: np.ndarray) -> np.ndarray:
+        """``[number(slot, v) for v in values]`` (int64), from a table per slot indexed by the
+        value, filled as values first appear."""
+        table = self._tables.get(slot)
         top = int(values.max()) + 1 if len(values) else 0
         if table is None or len(table) < top:
             grown = np.full(max(top, 2 * len(table) if table is not None else top), _UNKNOWN, dtype=np.int64)
             if table is not None:
                 grown[:len(table)] = table
-            table = self._tables[kind] = grown
+            table = self._tables[slot] = grown
         out = table[values]
         missing = np.flatnonzero(out == _UNKNOWN)
-        if len(missing):
-            fn = {"last": lambda v: self.number("last", v), "n": lambda v: self.number("n", v),
-                  "head": lambda v: self.head(messages, v), "caller": lambda v: self.caller(messages, v)}[kind]
-            for i in missing.tolist():
-                v = int(values[i])
-                out[i] = table[v] = fn(v)
+        for i in missing.tolist():
+            v = int(values[i])
+            out[i] = table[v] = self.number(slot, v)
         return out
 
     @classmethod
     def build(cls, counter: TokenCounter) -> "_MarkerPlan | None":
         if not counter.splits_exactly:
             return None
-
-        class _Call:
-            id = name = "x"
-
-        parts = _marker_parts(0, 0, [_Call()] * MARK_CALLS, _Call(), MARK_CALLS + 1)
         literals, slots, text = [], [], ""
-        for slot, t in parts:
+        for slot, t in _marker_parts(0, 0, 0):
             if slot is None:
                 text += t
             else:
@@ -325,26 +276,21 @@ class _MarkerPlan:
                 slots.append(slot)
                 text = ""
         literals.append(text)
-        if sorted(slots) != sorted(["first", "last", "last_call", "n"] + [f"head{j}" for j in range(MARK_CALLS - 1)]):
+        if sorted(slots) != sorted(cls.SLOTS):
             return None
         plan = cls(counter, literals, slots)
         return plan if all(plan._separates(j) for j in range(1, len(slots))) else None
 
     def _separates(self, j: int) -> bool:
         """Whether the fixed text before slot ``j`` keeps slots ``j − 1`` and ``j`` in different
-        chunks for every value. A number has digits at both ends, a listed call ends with ``)``
-        and may start with anything."""
+        chunks for every value (a number has digits at both ends)."""
         from .signals.tokens import forced_boundary
-        ps, left, right = self.pieces[j], self.slots[j - 1], self.slots[j]
-        numeric = right in ("first", "last", "n")
-        end = "0" if left in ("first", "last", "n") else ")"
-        if not ps:  # slots side by side: their meeting must be a forced boundary
-            return numeric and forced_boundary(end, "0")
+        ps = self.pieces[j]
+        if not ps:  # numbers side by side: their meeting must be a forced boundary
+            return forced_boundary("0", "0")
         if len(ps) >= 2:
             return True
-        left_takes = not forced_boundary(end, ps[0][0])
-        right_may_take = not numeric or not forced_boundary(ps[0][-1], "0")
-        return not (left_takes and right_may_take)
+        return forced_boundary("0", ps[0][0]) or forced_boundary(ps[0][-1], "0")
 
     def delta(self, j: int, value: str) -> int:
         """Tokens slot ``j`` adds with ``value``: its chunk's count minus the pieces it took."""
@@ -944,8 +890,8 @@ class Layout:
 
     def brief(self, u: int) -> tuple[int, Message | None]:
         """``(revival cost, brief message or None)`` of unit ``u``. The brief view of an assistant
-        message keeps its tool calls and replaces its text by :data:`BRIEF`, which names its first
-        call id and the tokens left out (ours, beyond the papers: reviving a step for one of its
+        message keeps its tool calls and replaces its text by :data:`BRIEF`, which names its
+        message number and the tokens left out (ours, beyond the papers: reviving a step for one of its
         results then costs little more than the result). Only for messages with calls, no provider
         blocks (thinking, server tools) and text longer than the marker."""
         hit = self._brief.get(u)
@@ -958,7 +904,7 @@ class Layout:
                 memo = _BRIEFS.setdefault(self.graph, {})
                 key = (pos, self.counter.encoding_name)
                 if key not in memo:  # the view of a stored message never changes: built once per graph
-                    b = m.with_content(BRIEF.format(tokens=self.counter.count(m.content), id=m.tool_calls[0].id), "brief")
+                    b = m.with_content(BRIEF.format(tokens=self.counter.count(m.content), position=pos), "brief")
                     memo[key] = (self.counter.count_message(m) - self.counter.count_message(b), b)
                 saved, b = memo[key]
                 if saved > 0:
@@ -995,40 +941,22 @@ class Layout:
         return n
 
     def _fast_marker_tokens(self, a: int, b: int) -> int | None:
-        """:meth:`_marker_tokens` from the per-graph :class:`_MarkerPlan`, or ``None`` where it does
-        not apply (no plan, or a run with at most ``MARK_CALLS`` calls)."""
+        """:meth:`_marker_tokens` from the per-graph :class:`_MarkerPlan`, or ``None`` without one."""
         if self._plan is None:
             return None
-        lo, hi, top, ncalls, pre = self._unit_facts()
-        n = pre[b + 1] - pre[a]
-        if n <= MARK_CALLS:
-            return None
-        j = b
-        while not ncalls[j]:
-            j -= 1
-        last = hi[top[b]] if top[b] >= a else max(hi[a:b + 1])
-        return self._plan.tokens(self.graph.messages, lo[a], last, lo[j], n)
+        return self._plan.tokens(*self._marker_numbers(a, b))
+
+    def _marker_numbers(self, a: int, b: int) -> tuple[int, int, int]:
+        """First and last position and number of calls of units ``a..b``, from per-unit facts
+        (a C-level max over the run at worst)."""
+        lo, hi, top, _ncalls, pre = self._unit_facts()
+        # units are in chronological order of their first message, which is each unit's lowest position
+        return lo[a], (hi[top[b]] if top[b] >= a else max(hi[a:b + 1])), pre[b + 1] - pre[a]
 
     def marker(self, a: int, b: int) -> Message:
         """The dropped-step marker for units ``a..b`` (:func:`dropped_marker`, same message), built
-        from per-unit facts in O(``MARK_CALLS``) plus a C-level max over the run, not O(run) Python:
-        selection asks for the markers of many runs per render."""
-        lo, hi, top, ncalls, pre = self._unit_facts()
-        head: list = []
-        i = a
-        while len(head) < MARK_CALLS and i <= b:
-            head += self.graph.messages[self.units[i].positions[0]].tool_calls[:MARK_CALLS - len(head)]
-            i += 1
-        n = pre[b + 1] - pre[a]
-        last_call = None
-        if n:
-            j = b
-            while not ncalls[j]:
-                j -= 1
-            last_call = self.graph.messages[self.units[j].positions[0]].tool_calls[-1]
-        # units are in chronological order of their first message, which is each unit's lowest position
-        last = hi[top[b]] if top[b] >= a else max(hi[a:b + 1])
-        return _marker_message(lo[a], last, head, last_call, n)
+        from per-unit facts, not O(run) Python: selection asks for the markers of many runs per render."""
+        return _marker_message(*self._marker_numbers(a, b))
 
     def _unit_facts(self) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
         """Per unit: lowest and highest position, the unit holding the highest position among
@@ -1051,40 +979,22 @@ class Layout:
     def _run_costs(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Marker tokens of the runs ``a..x`` and ``y..b`` for every ``x``, ``y`` in ``a..b``:
         ``P[x − a] = _marker_tokens(a, x)``, ``S[y − a] = _marker_tokens(y, b)`` (int64), with
-        the :class:`_MarkerPlan` terms gathered per unit; runs of at most ``MARK_CALLS`` calls
-        one by one."""
-        if self._arrays is None:
-            lo, hi, _top, ncalls, pre = self._unit_facts()
-            caller, last = [], -1
-            for i, c in enumerate(ncalls):
-                last = lo[i] if c else last
-                caller.append(last)
-            self._arrays = (np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64),
-                            np.asarray(pre, dtype=np.int64), np.asarray(caller, dtype=np.int64))
-        lo, hi, pre, caller = self._arrays
+        the :class:`_MarkerPlan` terms gathered per unit (one by one without a plan)."""
         xs = np.arange(a, b + 1)
+        plan = self._plan
+        if plan is None:
+            return (np.array([self._marker_tokens(a, x) for x in xs.tolist()], dtype=np.int64),
+                    np.array([self._marker_tokens(y, b) for y in xs.tolist()], dtype=np.int64))
+        if self._arrays is None:
+            lo_, hi_, _top, _ncalls, pre_ = self._unit_facts()
+            self._arrays = (np.asarray(lo_, dtype=np.int64), np.asarray(hi_, dtype=np.int64),
+                            np.asarray(pre_, dtype=np.int64))
+        lo, hi, pre = self._arrays
         n_p, n_s = pre[xs + 1] - pre[a], pre[b + 1] - pre[xs]
-        P = np.zeros(len(xs), dtype=np.int64)
-        S = np.zeros(len(xs), dtype=np.int64)
-        plan, msgs = self._plan, self.graph.messages
-        fast_p = np.flatnonzero(n_p > MARK_CALLS) if plan is not None else np.zeros(0, dtype=np.int64)
-        fast_s = np.flatnonzero(n_s > MARK_CALLS) if plan is not None else np.zeros(0, dtype=np.int64)
-        if len(fast_p):
-            top_p = np.maximum.accumulate(hi[a:b + 1])[fast_p]
-            P[fast_p] = plan.const + plan.head(msgs, int(lo[a])) + plan.gather("caller", msgs, caller[a + fast_p]) \
-                + plan.gather("last", msgs, top_p) + plan.gather("n", msgs, n_p[fast_p])
-        if len(fast_s):
-            top_s = np.maximum.accumulate(hi[a:b + 1][::-1])[::-1][fast_s]
-            S[fast_s] = plan.const + plan.caller(msgs, int(caller[b])) + plan.gather("head", msgs, lo[a + fast_s]) \
-                + plan.gather("last", msgs, top_s) + plan.gather("n", msgs, n_s[fast_s])
-        slow_p = np.ones(len(xs), dtype=bool)
-        slow_p[fast_p] = False
-        for i in np.flatnonzero(slow_p).tolist():
-            P[i] = self._marker_tokens(a, a + i)
-        slow_s = np.ones(len(xs), dtype=bool)
-        slow_s[fast_s] = False
-        for i in np.flatnonzero(slow_s).tolist():
-            S[i] = self._marker_tokens(a + i, b)
+        top_p = np.maximum.accumulate(hi[a:b + 1])
+        top_s = np.maximum.accumulate(hi[a:b + 1][::-1])[::-1]
+        P = plan.const + plan.number("first", int(lo[a])) + plan.gather("last", top_p) + plan.gather("n", n_p)
+        S = plan.const + plan.gather("first", lo[xs]) + plan.gather("last", top_s) + plan.gather("n", n_s)
         return P, S
 
     def _remove_deltas(self, a: int, b: int) -> np.ndarray:
@@ -1270,7 +1180,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
             continue
         orig = graph.messages[p]
         if m.role in ("user", "assistant", "system") and m != orig and not _is_segment_view(m, orig) \
-                and not _is_brief_view(m, orig):
+                and not _is_brief_view(m, orig, p):
             raise InvariantError(f"§5.3 verbatim: {m.role} message at position {p} was altered")
         if m.role == "tool" and m.content != orig.content:
             if m.rendered_as == "compressed":
@@ -1329,13 +1239,13 @@ def _is_compressed_view(m: Message, orig: Message) -> bool:
     return all(c in rest for c in body.replace(COMPRESSED_GAP, ""))
 
 
-def _is_brief_view(m: Message, orig: Message) -> bool:
+def _is_brief_view(m: Message, orig: Message, position: int) -> bool:
     """An assistant message shown with its tool calls and provider blocks unchanged and its text
-    replaced by a :data:`BRIEF` marker naming its first call id (``rendered_as="brief"``)."""
+    replaced by a :data:`BRIEF` marker naming its message number (``rendered_as="brief"``)."""
     return (m.role == orig.role == "assistant" and m.rendered_as == "brief" and bool(orig.tool_calls)
             and m.tool_calls == orig.tool_calls and m.provider_blocks == orig.provider_blocks
             and m.content.startswith(BRIEF.split("{tokens}", 1)[0])
-            and m.content.endswith(f"tool call {orig.tool_calls[0].id}]"))
+            and m.content.endswith(f"#{position}]"))
 
 
 def _has_unanswered(graph: ContextGraph) -> bool:

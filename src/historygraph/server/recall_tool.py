@@ -35,10 +35,11 @@ from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, respo
 
 TOOL_NAME = "historygraph_recall"
 DESCRIPTION = ("Fetch the complete text of earlier tool results that this conversation shows only as a "
-               "placeholder ('[tool result ID omitted from this context ...]') or names in an "
-               "'[omitted: messages ...; tool calls ID (tool), ...]' marker. Pass their ids.")
+               "placeholder ('[tool result ID omitted from this context ...]'), or of the messages an "
+               "'[omitted: messages #A–#B, ...]' marker stands for. Pass the result ids, or '#A–#B'.")
 PARAMETERS = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"},
-                                                        "description": "tool result ids named by placeholders"}},
+                                                        "description": "tool result ids named by placeholders, "
+                                                                       "or message spans '#A–#B' named by markers"}},
               "required": ["ids"]}
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"
 HEADER = "x-historygraph-recall"
@@ -67,8 +68,9 @@ def without_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
 
 
 def recalled_text(proxy: Any, session_id: str, arguments: str) -> str:
-    """The answer to one recall call: each requested result's complete stored text (cut to
-    ``recall_max_tokens`` tokens with a marker), or why it cannot be given."""
+    """The answer to one recall call: each requested result's complete stored text, or the stored
+    messages of a span a marker names (:meth:`~historygraph.graph.ContextGraph.recall_text`), each
+    cut to ``recall_max_tokens`` tokens with a marker, or why it cannot be given."""
     try:
         ids = json.loads(arguments or "{}").get("ids")
     except (json.JSONDecodeError, AttributeError):
@@ -82,14 +84,15 @@ def recalled_text(proxy: Any, session_id: str, arguments: str) -> str:
     parts = []
     for i in ids:
         try:
-            text = graph.result_by_id(i).content
-        except KeyError:
-            parts.append(f"[no stored tool result has id {i!r}]")
+            text = graph.recall_text(i)
+        except KeyError as exc:
+            parts.append(f"[{exc.args[0]}]")
             continue
         n = counter.count(text)
+        what = f"tool result {i}" if i in graph.result_of else f"messages {i}"
         if n > limit:
-            text = counter.truncate(text, limit) + f"\n[... cut: {limit} of {n} tokens of tool result {i} shown]"
-        parts.append(text if len(ids) == 1 else f"tool result {i}:\n{text}")
+            text = counter.truncate(text, limit) + f"\n[... cut: {limit} of {n} tokens of {what} shown]"
+        parts.append(text if len(ids) == 1 else f"{what}:\n{text}")
     return "\n\n".join(parts)
 
 
