@@ -25,18 +25,23 @@ def traces_dir() -> Path:
 
 # Hypothesis profiles: the default draws fresh random examples on every run; HYPOTHESIS_PROFILE=ci
 # (set by .ci/run) draws the same examples every time, so CI cannot turn red by chance (bugs found
-# by random runs become explicit tests); HYPOTHESIS_PROFILE=fuzz runs a long fuzzing pass.
+# by random runs become explicit tests); HYPOTHESIS_PROFILE=fuzz runs a long fuzzing pass;
+# HYPOTHESIS_PROFILE=dev draws 20 fresh examples per property instead of 100, for the quick
+# developer run (docs/tests.md); CI keeps the full count.
 from hypothesis import settings as _settings  # noqa: E402
 
 _settings.register_profile("ci", derandomize=True, deadline=None)
 _settings.register_profile("fuzz", max_examples=5000, deadline=None)
+_settings.register_profile("dev", max_examples=20, deadline=None)
 _settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 # Tests that load the local language model (SmolLM2-135M) carry the `lm` mark (registered in
 # pyproject.toml), so `pytest -m "not lm"` runs everything else. A test that uses the model without
-# the mark is listed at the end of the run.
+# the mark is listed at the end of the run. The finding travels as a user property of the test's
+# report, so the list is complete under pytest-xdist too (each worker's reports reach the controller).
 _UNMARKED_LM: list[str] = []
+_UNMARKED_LM_PROPERTY = "loads_smollm2_without_lm_mark"
 
 
 @pytest.fixture(autouse=True)
@@ -49,12 +54,18 @@ def _record_language_model_use(request, monkeypatch):
     original = smollm2.load_smollm2
 
     def recording():
-        if request.node.get_closest_marker("lm") is None and request.node.nodeid not in _UNMARKED_LM:
-            _UNMARKED_LM.append(request.node.nodeid)
+        props = request.node.user_properties
+        if request.node.get_closest_marker("lm") is None and (_UNMARKED_LM_PROPERTY, True) not in props:
+            props.append((_UNMARKED_LM_PROPERTY, True))
         return original()
 
     monkeypatch.setattr(smollm2, "load_smollm2", recording)
     yield
+
+
+def pytest_runtest_logreport(report):
+    if (_UNMARKED_LM_PROPERTY, True) in report.user_properties and report.nodeid not in _UNMARKED_LM:
+        _UNMARKED_LM.append(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):

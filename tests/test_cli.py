@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 import historygraph
@@ -55,6 +57,7 @@ def test_public_api_is_curated():
     assert "ContextGraph" in historygraph.__all__ and "create" in historygraph.__all__
 
 
+@pytest.mark.slow
 def test_replay_with_worker_processes_gives_the_same_figures(tmp_path):
     rows, embedded = [], []
     for jobs in ("1", "2"):

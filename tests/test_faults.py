@@ -21,6 +21,7 @@ from historygraph.store import open_store
 from test_server import _port, _start
 
 PG = os.environ.get("HISTORYGRAPH_TEST_POSTGRES")
+pytestmark = pytest.mark.slow  # servers killed and restarted, bursts of requests: the whole module
 
 
 def _serve(store: str, port: int, log) -> object:

@@ -153,6 +153,7 @@ def _wire_history_tokens(api: str, body: dict) -> int:
     return _budget_history(to_canonical(body.get("system"), body["messages"])[0])
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=hostile(), budget=st.integers(100, 4000), policy=st.sampled_from(PROXY_POLICIES), stream=st.booleans())
 def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers, case, budget, policy, stream):  # noqa: F811

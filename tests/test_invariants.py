@@ -3,10 +3,10 @@
 import pytest
 
 from historygraph.events import Message, ToolCall
-from historygraph.eval.replay import replay_trace
+from historygraph.eval.replay import full_reference, replay_trace
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
-from historygraph.policies import Signals, create, names
+from historygraph.policies import Signals, config_fields, create, names
 from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
 
 from doubles import ScriptedModel, TableScorer
@@ -73,15 +73,27 @@ def test_unanswered_call_gets_a_synthetic_error_result(signals):
     assert r.messages[2].role == "tool" and "c1" in r.messages[2].content
 
 
-@pytest.mark.lm
-def test_every_policy_on_one_real_trace_per_format(traces_dir, signals):
-    picks = ["mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json", "swe-agent/pydicom__pydicom-1458.traj",
-             "openhands/multi_swe_bench_examples/output.jsonl", "tau2-bench/gpt-4.1_airline_default_gpt-4.1_1trials.json"]
-    policies = {n: create(n, replay=True) for n in names(replay=True)}  # oracles included: replay gives them the future
-    for rel in picks:
-        trace = next(iter(read_traces(traces_dir / rel)))
-        res = replay_trace(trace, policies, 2000, signals)
-        for name, st in res.stats.items():
-            assert st.violations == [], (rel, name, st.violations[:2])
-            if name != "full":
-                assert max(st.history_tokens, default=0) <= 2000
+REAL_PICKS = ["mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json", "swe-agent/pydicom__pydicom-1458.traj",
+              "openhands/multi_swe_bench_examples/output.jsonl", "tau2-bench/gpt-4.1_airline_default_gpt-4.1_1trials.json"]
+
+
+@pytest.fixture(scope="module")
+def real_picks(traces_dir, signals):
+    """One real trace per format, parsed once (with its Full-history reference) for every policy."""
+    traces = [(rel, next(iter(read_traces(traces_dir / rel)))) for rel in REAL_PICKS]
+    return [(rel, trace, full_reference(trace, signals)) for rel, trace in traces]
+
+
+def _real_trace_marks(name):
+    cfg = config_fields(name)  # ReCAP's proxy attention runs the local SmolLM2 model
+    return pytest.mark.lm if cfg.get("attention") == "proxy" and cfg.get("use_graph", True) else pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_real_trace_marks(n)) for n in names(replay=True)])
+def test_every_policy_on_one_real_trace_per_format(real_picks, signals, name):
+    policy = {name: create(name, replay=True)}  # oracles included: replay gives them the future
+    for rel, trace, reference in real_picks:
+        st = replay_trace(trace, policy, 2000, signals, reference=reference).stats[name]
+        assert st.violations == [], (rel, name, st.violations[:2])
+        if name != "full":
+            assert max(st.history_tokens, default=0) <= 2000

@@ -173,6 +173,7 @@ def test_labels_are_observed_reuse_of_tfa():
     assert ex.named.tolist() == [1, 1, 0, 1, 0, 0]
 
 
+@pytest.mark.slow
 def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces_dir):
     from historygraph.formats import read_traces
     traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
@@ -346,6 +347,7 @@ def test_replay_table_reports_recall_as_a_share_of_the_oracle(tmp_path):
     assert rows["oracle"]["pct_of_oracle"] == 100.0 and rows["prune"]["pct_of_oracle"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_dir):
     """docs/learned.md: `historygraph fit ../shared/traces-train/mini-swe-agent-deepseek` re-creates
     the shipped model; the file stores 5 significant digits, compared here within 1e-4 relative."""

@@ -309,6 +309,11 @@ def test_bad_requests_get_clear_4xx_errors(servers):
 
 
 def test_models_pass_through_and_keys_are_forwarded_never_stored(servers):
+    # one request of each API first: the test must not rely on others of this module having run
+    # in the same process before it (pytest-xdist spreads them over workers, each with its servers)
+    oai(servers, "keys").chat.completions.create(model="m", messages=[{"role": "user", "content": "keys"}])
+    anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": "keys-a"}) \
+        .messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "keys"}])
     models = openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY).models.list()
     assert [m.id for m in models.data] == ["fake-model"]
     seen = httpx.get(servers["up"] + "/_requests").json()
@@ -563,6 +568,7 @@ def test_server_tool_blocks_and_thinking_are_charged_to_the_budget(servers):
     assert sum(_leaf_tokens(m["content"]) for m in sent[:-1]) <= budget
 
 
+@pytest.mark.slow
 def test_two_worker_processes_share_one_store(servers, tmp_path):
     """``--workers 2``: two processes answer on one port and share the SQLite store, so a session
     continued on whichever worker takes the request stores each event once, in order; a developer
