@@ -152,6 +152,7 @@ class _ResultFacts:
     command: str
     files: frozenset[str]      # files named by the call
     shown_files: frozenset[str]  # files named by the call or the result
+    content_files: frozenset[str]  # files named by the result (a search's hits included)
     tokens: int
     error: bool
 
@@ -202,13 +203,14 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         cmd = _command(name, args)
         kind = call_kind(name, args)
         cfiles = files_in(cmd)
+        content_files = files_in(m.content[:TEXT_CHARS])
         values = frozenset(extract_values(m.content))
         idents = identifiers_in(m.content[:TEXT_CHARS])
         own_idents = frozenset(i for i in idents if i not in gf.ident_first)
         f = _ResultFacts(position=p, owner=owner, values=values, own_values=frozenset(v for v in values if v not in gf.value_df),
                          idents=idents, own_idents=own_idents, words=words(m.content),
                          kind=kind, command=cmd.strip(), files=cfiles,
-                         shown_files=cfiles | (files_in(m.content[:TEXT_CHARS]) if kind != "search" else frozenset()),
+                         shown_files=cfiles | (content_files if kind != "search" else frozenset()), content_files=content_files,
                          tokens=counter.count(m.content), error=bool(_ERROR.search(m.content[:TEXT_CHARS])))
         gf.facts[p] = f
         for w in f.words:
@@ -272,7 +274,7 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     fresh = [q for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
     fresh_values = frozenset().union(*(gf.facts[q].values for q in fresh))
     fresh_idents = frozenset().union(*(gf.facts[q].idents for q in fresh))
-    fresh_files = frozenset().union(*(files_in(msgs[q].content[:TEXT_CHARS]) for q in fresh))
+    fresh_files = frozenset().union(*(gf.facts[q].content_files for q in fresh))
     deps: set[int] = set()
     steps = lowcost_steps(graph)
     if steps:
