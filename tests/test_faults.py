@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from historygraph.store import open_store
 from test_server import _port, _start
+from test_store import pg_dsn  # noqa: F401 (fixture: a fresh schema per test, so parallel workers never share tables)
 
-PG = os.environ.get("HISTORYGRAPH_TEST_POSTGRES")
 pytestmark = pytest.mark.slow  # servers killed and restarted, bursts of requests: the whole module
 
 
@@ -30,10 +30,8 @@ def _serve(store: str, port: int, log) -> object:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_sigkill_mid_burst_keeps_every_acknowledged_event(backend, tmp_path):
-    if backend == "postgres" and not PG:
-        pytest.skip("set HISTORYGRAPH_TEST_POSTGRES to a PostgreSQL DSN (.ci/run starts one)")
-    store = str(tmp_path / "kill.sqlite") if backend == "sqlite" else PG
+def test_sigkill_mid_burst_keeps_every_acknowledged_event(backend, tmp_path, request):
+    store = str(tmp_path / "kill.sqlite") if backend == "sqlite" else request.getfixturevalue("pg_dsn")
     sid = f"kill-{backend}-{time.time_ns()}"
     port = _port()
     proc = _serve(store, port, tmp_path / "kill1.log")
@@ -77,10 +75,9 @@ def test_sigkill_mid_burst_keeps_every_acknowledged_event(backend, tmp_path):
         proc.wait(10)
 
 
-def _backend_store(backend: str, tmp_path) -> str:
-    if backend == "postgres" and not PG:
-        pytest.skip("set HISTORYGRAPH_TEST_POSTGRES to a PostgreSQL DSN (.ci/run starts one)")
-    return str(tmp_path / "retry.sqlite") if backend == "sqlite" else PG
+def _backend_store(backend: str, tmp_path, request) -> str:
+    """SQLite in the test's folder, or a fresh PostgreSQL schema (skips without a server)."""
+    return str(tmp_path / "retry.sqlite") if backend == "sqlite" else request.getfixturevalue("pg_dsn")
 
 
 def _stored(store: str, sid: str) -> list[str]:
@@ -93,8 +90,8 @@ def _stored(store: str, sid: str) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_connection_cut_after_the_commit_then_a_retry_with_the_key_stores_once(backend, tmp_path):
-    store = _backend_store(backend, tmp_path)
+def test_connection_cut_after_the_commit_then_a_retry_with_the_key_stores_once(backend, tmp_path, request):
+    store = _backend_store(backend, tmp_path, request)
     sid, port = f"cut-{backend}-{time.time_ns()}", _port()
     url = f"http://127.0.0.1:{port}/api/sessions/{sid}/events"
     script = os.path.join(os.path.dirname(__file__), "cut_after_commit_server.py")
@@ -127,11 +124,11 @@ KILLS = 4
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_sigkills_mid_burst_with_retries_by_key_store_every_event_exactly_once(backend, tmp_path):
+def test_sigkills_mid_burst_with_retries_by_key_store_every_event_exactly_once(backend, tmp_path, request):
     """A writer sends event k with ``Idempotency-Key: e<k>`` and resends it, same key, until it is
     acknowledged; the server is SIGKILLed ``KILLS`` times mid-burst and restarted. The stored
     session must be exactly events 0..n-1: none lost, none twice, in order."""
-    store = _backend_store(backend, tmp_path)
+    store = _backend_store(backend, tmp_path, request)
     sid, port = f"retry-{backend}-{time.time_ns()}", _port()
     acked: list[int] = []
     answers: list[str] = []  # anything but the expected answer
