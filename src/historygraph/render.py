@@ -136,7 +136,7 @@ def _between_call_and_result(graph: ContextGraph, p: int) -> bool:
     msgs, result_of, owner = graph.messages, graph.result_of, graph.call_owner
     if p <= len(msgs) - p:
         return any(result_of.get(c.id, -1) > p for a in range(p) for c in msgs[a].tool_calls)
-    return any(m.role == "tool" and result_of.get(m.tool_call_id or "") == r and owner[m.tool_call_id] < p
+    return any(m.role == "tool" and result_of.get(m.tool_call_id or "") == r and owner[m.tool_call_id or ""] < p
                for r in range(p + 1, len(msgs)) for m in (msgs[r],))
 
 
@@ -852,8 +852,9 @@ class Layout:
         big = sk["big"]
         over = sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(msgs))):]) if budget is not None else []
         for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
-            if p in self.form:
-                excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction)
+            excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction) \
+                if p in self.form else None
+            if excerpt is not None:  # always one for a candidate here: its cost exceeds B
                 self.form[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
                 self.delta[p] = counter.count_message(excerpt) - ph[p]
