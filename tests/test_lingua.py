@@ -9,7 +9,7 @@ import pytest
 from historygraph.events import Message, ToolCall
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create, get_spec
-from historygraph.policies.compression import (budget_controller, contrastive, iterative_compress, lexical_units,
+from historygraph.policies.compression import (budget_controller, contrastive, iterative_compress, join_kept, lexical_units,
                                                percentile_keep, rank_ratios, select_top, snap, unit_information)
 from historygraph.policies.lingua import question_of, selective_text
 from historygraph.render import InvariantError, check_invariants
@@ -42,6 +42,17 @@ def test_token_selection_by_a_hand_given_perplexity_table():
     assert select_top(nll, 0.5).tolist() == [True, False, True, False, True]    # ⌈2.5⌉ = 3 tokens
     assert select_top(np.array([1.0, 1.0, 1.0]), 0.3).tolist() == [True, False, False]  # a tie: the earlier one
     assert select_top(np.array([4.0]), 0.01).tolist() == [True]                 # never all of a text dropped
+
+
+def test_kept_tokens_with_overlapping_spans_emit_each_character_once():
+    # a byte-level tokenizer splits "é" into two tokens that both carry its span (1, 2)
+    text = "aé b"
+    spans = [(0, 1), (1, 2), (1, 2), (2, 4)]
+    assert join_kept(text, spans, [True, True, True, True]) == text
+    assert join_kept(text, spans, [False, False, True, True]) == "é b"
+    # iterative segments that meet inside the character do not repeat it either
+    score = lambda seg, ctx: ([(0, len(seg))], np.array([1.0]))
+    assert iterative_compress(text, spans, 1.0, 2, score) == "aé b"
 
 
 def test_iterative_compression_conditions_each_segment_on_the_compressed_prefix():

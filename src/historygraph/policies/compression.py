@@ -50,8 +50,16 @@ def select_top(scores: np.ndarray, ratio: float) -> np.ndarray:
 
 
 def join_kept(text: str, spans: Spans, mask: Sequence[bool]) -> str:
-    """The kept tokens' text, in order (dropped runs leave nothing, as in LLMLingua's output)."""
-    return "".join(text[a:b] for (a, b), keep in zip(spans, mask) if keep)
+    """The kept tokens' text, in order (dropped runs leave nothing, as in LLMLingua's output).
+    Spans may overlap (a byte-level tokenizer gives every token of a split multi-byte character
+    that character's span): a character is emitted at most once, so the result is always a
+    subsequence of ``text``."""
+    out, end = [], 0
+    for (a, b), keep in zip(spans, mask):
+        if keep and b > max(a, end):
+            out.append(text[max(a, end):b])
+            end = b
+    return "".join(out)
 
 
 def budget_controller(perplexity: Sequence[float], sizes: Sequence[int], room: float,
@@ -103,9 +111,12 @@ def iterative_compress(text: str, spans: Spans, ratio: float, segment_tokens: in
     earlier segments, which is what the iteration conditions on) and keeps the
     ``keep_count(n, ratio)`` most surprising tokens (:func:`select_top`). Returns the compressed
     text. The first segment is scored with an empty prefix."""
-    out = ""
+    out, end = "", 0
     for i, j in segments(spans, segment_tokens):
-        a, b = spans[i][0], spans[j - 1][1]
+        a, b = max(spans[i][0], end), spans[j - 1][1]
+        if b <= a:
+            continue
+        end = b
         seg = text[a:b]
         seg_spans, nll = score(seg, out)
         out += join_kept(seg, seg_spans, select_top(nll, ratio))

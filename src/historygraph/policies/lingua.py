@@ -60,7 +60,8 @@ from .compression import (budget_controller, contrastive, iterative_compress, jo
                           percentile_keep, rank_ratios, select_top, snap, unit_information)
 from .summary import usage_stats
 
-CACHE_VERSION = "lingua-v1"
+SCORE_VERSION = "lingua-v1"  # token NLLs
+TEXT_VERSION = "lingua-text-v2"  # compressed texts (v2: overlapping token spans emitted once)
 COMPRESSED_MARK = COMPRESSED_PREFIX + ("{method} with {model}: {kept} of {total} tokens kept; "
                                       "the full result is stored and can be restored by id]\n")
 REGION_JOIN = COMPRESSED_GAP
@@ -86,7 +87,8 @@ class _Work:
         return self._scorer
 
     def key(self, *parts: Any) -> str:
-        return hashlib.sha256(json.dumps([self.scorer.name, CACHE_VERSION, *parts]).encode("utf-8", "surrogatepass")).hexdigest()
+        version = TEXT_VERSION if parts and parts[0] == "text" else SCORE_VERSION
+        return hashlib.sha256(json.dumps([self.scorer.name, version, *parts]).encode("utf-8", "surrogatepass")).hexdigest()
 
     def get(self, kind: str, key: str) -> str | None:
         store = self.signals.store
@@ -140,9 +142,9 @@ class _Work:
         head_spans = tokenize(text[:chars])[:h]
         tail_text = text[-chars:]
         tail_spans = tokenize(tail_text)[-t:]
-        head = text[:head_spans[-1][1]] if head_spans else ""
-        tail = tail_text[tail_spans[0][0]:] if tail_spans else ""
-        return head + REGION_JOIN + tail
+        head_end = head_spans[-1][1] if head_spans else 0
+        tail_start = len(text) - len(tail_text) + (tail_spans[0][0] if tail_spans else len(tail_text))
+        return text[:head_end] + REGION_JOIN + text[max(head_end, tail_start):]
 
 
 def _check_common(cfg: Any, what: str) -> None:
