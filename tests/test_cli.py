@@ -255,6 +255,18 @@ def test_one_replay_sweeps_several_budgets(tmp_path):
     assert (out / "timelines.json.gz").stat().st_size > 100
 
 
+def test_replay_records_which_reuse_model_learned_used(tmp_path):
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["replay", "--policy", "learned", "--policy", "prune", "--budget", "1500",
+                              "--store", ":memory:", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "learned: reuse model shipped historygraph/fit/default_model.json (fitted on 90 trajectories of " \
+           "mini-swe-agent-deepseek)" in " ".join(res.output.split())
+    models = json.loads((out / "replay.json").read_text())["meta"]["models"]
+    assert list(models) == ["learned"] and models["learned"]["traces"] == 90
+    assert models["learned"]["label"] == "reuse-or-named"
+
+
 def test_budget_and_price_errors_are_named_before_any_work(tmp_path):
     res = runner.invoke(app, ["replay", "--budget", "2000,lots", "--store", ":memory:", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "'lots' is not a whole number" in res.output and "Replaying" not in res.output

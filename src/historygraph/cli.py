@@ -178,6 +178,11 @@ def replay(
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
                   f"at B = {', '.join(map(str, budgets))} tokens ({encoding}); store: {_store_name(db)}")
+    for n, p in policies.items():
+        if hasattr(p, "model_info"):
+            info = p.model_info
+            console.print(f"{n}: reuse model {info['file']}" + (f" (fitted on {info['traces']} trajectories of "
+                          f"{', '.join(info.get('fitted_on') or ['?'])})" if "traces" in info else ""))
     done: dict[int, object] = {}
     embedded = [0]
     stopped: str | None = None
@@ -206,7 +211,8 @@ def replay(
             "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": None if peak_mb is None else round(peak_mb, 1),
             "texts_embedded": embedded[0] + _embedded(signals), "skipped_files": skipped,
-            "interrupted": stopped is not None, "trajectories_done": len(done)}
+            "interrupted": stopped is not None, "trajectories_done": len(done),
+            "models": {n: p.model_info for n, p in policies.items() if hasattr(p, "model_info")}}
     written = write_outputs(out, results, meta, prices)
     db.close()
     if stopped:

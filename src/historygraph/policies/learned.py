@@ -159,7 +159,10 @@ class Learned:
     def __init__(self, name: str = "learned", config: LearnedConfig | None = None) -> None:
         self.name = name
         self.config = config or LearnedConfig()
-        self.model = ReuseModel.load(self.config.model or os.environ.get("HISTORYGRAPH_LEARNED_MODEL") or None)
+        path = self.config.model or os.environ.get("HISTORYGRAPH_LEARNED_MODEL") or None
+        self.model = ReuseModel.load(path)
+        #: which model renders (recorded in replay.json): its file and what it was fitted on
+        self.model_info = {"file": path or "shipped historygraph/fit/default_model.json", **self.model.meta}
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
