@@ -308,3 +308,62 @@ def test_12_2_user_messages_after_a_result_continue_the_thinking_loop():
     msgs = [Message("user", "task"), think, Message("tool", "r1", tool_call_id="t1"), Message("user", "see this"),
             Message("user", "and this"), Message("assistant", "", (call("t2"),)), Message("tool", "r2", tool_call_id="t2")]
     assert loop_opening(ContextGraph("l", msgs)) == 1
+
+
+def _loop_after_a_new_exchange():
+    """Found by the gate (cw-hybrid, B = 172): an earlier thinking loop with a note between a call and its
+    result, a text reply and a new user message, then a second loop whose opening (signed thinking) has a
+    note between its call and its result, and two more steps without thinking. Dropping the text reply
+    (the step before the new user message) let its marker and the user message merge into the earlier
+    result's wire turn, so the provider's loop began at an assistant message without a thinking block."""
+    from historygraph.formats.anthropic import to_canonical
+    from fake_upstream import sign
+
+    def think(t):
+        return {"type": "thinking", "thinking": t, "signature": sign(t)}
+
+    def use(i, words=0):
+        return {"type": "tool_use", "id": f"t{i}", "name": "search", "input": {"q": "x " * words}}
+
+    def res(i):
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": f"out {i} " + "w " * 30}]}
+    note = {"role": "user", "content": [{"type": "text", "text": "note: still running"}]}
+    turns = [{"role": "user", "content": "task fix it"},
+             {"role": "assistant", "content": [think("plan 1"), use(1)]}, res(1),
+             {"role": "assistant", "content": [use(2)]}, note, res(2),
+             {"role": "assistant", "content": [{"type": "text", "text": "done with that " * 20}]},
+             {"role": "user", "content": "thanks, go on"},
+             {"role": "assistant", "content": [think("plan 3"), use(3)]}, note, res(3),
+             {"role": "assistant", "content": [use(4, 300)]}, res(4),
+             {"role": "assistant", "content": [use(5)]}, res(5)]
+    return to_canonical("be brief", turns)
+
+
+def test_12_2_loop_guard_keeps_the_new_exchange_before_the_thinking_opening():
+    """The positions every rendering keeps for the active loop: the text reply before the new user
+    message, that message and the opening (hand-read from the history: 7, 8, 9); and a call with no
+    result does not end a loop (its synthetic result shares the wire turn of the user message after it)."""
+    from historygraph.render import loop_guard, loop_opening
+    msgs, _ = _loop_after_a_new_exchange()
+    assert [msgs[p].role for p in (7, 8, 9)] == ["assistant", "user", "assistant"] and msgs[9].opens_with_thinking
+    assert loop_guard(ContextGraph("g", msgs)) == (7, 8, 9)
+    think = Message("assistant", "", (call("c1"),), provider_blocks='[{"signature":"s","thinking":"p","type":"thinking"}]')
+    unanswered = [Message("user", "task"), think, Message("user", "hi"), Message("assistant", "", (call("c2"),)),
+                  Message("tool", "r2", tool_call_id="c2")]
+    assert loop_opening(ContextGraph("u", unanswered)) == 1
+
+
+@pytest.mark.parametrize("name", lm_marked(BUDGETED))
+def test_12_2_dropping_the_step_before_a_new_exchange_keeps_the_thinking_opening_first(name, signals):
+    """At B = 300 and 400 (under the history's 685 tokens) every policy renders the history of
+    :func:`_loop_after_a_new_exchange` to a request the fake Anthropic provider accepts with thinking on
+    (before the fix most policies were rejected at 300, recap-noattn at 400)."""
+    from historygraph.formats.anthropic import from_canonical
+    from fake_upstream import anthropic_violation
+    msgs, pieces = _loop_after_a_new_exchange()
+    for budget in (300, 400):
+        g, r = render(name, msgs, budget, signals)
+        assert r.history_tokens <= budget and len(r.positions) < len(msgs)
+        wire = from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
+        why = anthropic_violation({"messages": wire, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+        assert why is None, (budget, why, r.positions)

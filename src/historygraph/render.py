@@ -18,7 +18,8 @@ implemented once:
   one of its results, and its assistant message is then charged too. The first user message,
   the current user message, system messages, the latest assistant message (the current turn,
   which may hold an in-flight call) and, when it opens with a thinking block, the first assistant
-  message of the active tool loop (:func:`loop_opening`) are protected. When even the
+  message of the active tool loop with the user message that starts its exchange and the
+  assistant message before that (:func:`loop_guard`) are protected. When even the
   protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
 * **Provider order** (docs/architecture.md, invariant §5.2, §5.7): a rendering shows each tool result directly after the
   assistant message that made its call, even when another message (a user note, a summary) was
@@ -78,7 +79,8 @@ class BudgetTooSmallError(ValueError):
         super().__init__(
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history "
             f"(the first user message unless it is the current one, the latest assistant message and the "
-            f"assistant message with the thinking block that opens the active tool loop, with the markers "
+            f"assistant message with the thinking block that opens the active tool loop, with the user message "
+            f"that starts its exchange and the assistant message before that, and the markers "
             f"of the steps left out; "
             f"system and current user messages are outside B) needs {required} tokens")
 
@@ -111,23 +113,51 @@ def loop_opening(graph: ContextGraph) -> int | None:
     ``redacted_thinking`` block, signature unmodified; otherwise the request is rejected
     ("a final assistant message must start with a thinking block"). The active loop is what
     follows the last user message that starts a new exchange: one neither stored between a call
-    and its result nor following a tool result with only user messages between (on the wire such
+    and its result nor following a tool result (or an assistant message with tool calls, whose
+    results a rendering shows right after it) with only user messages between (on the wire such
     text shares the user turn of the results, which continues the loop). docs/architecture.md, invariant §5.7 protects that message like the
     latest assistant message; with no thinking block no provider requires it, and it is not."""
+    return _loop_bounds(graph)[2]
+
+
+def loop_guard(graph: ContextGraph) -> tuple[int, ...]:
+    """Positions every rendering must keep so that, on the wire, the active tool loop opens with
+    its thinking block (docs/architecture.md, invariant §5.7): the user message that starts the
+    loop's exchange, the assistant message before it (when there is one) and :func:`loop_opening`;
+    empty when the loop opens without a thinking block.
+
+    The provider finds the loop from the wire: it starts after the last user turn holding no tool
+    result. Consecutive user messages merge into one turn, and a dropped-step marker or a summary
+    is a user message, so if that assistant message were left out, the starting user message
+    would share a turn with the tool results rendered before it, and the provider's loop would
+    begin at an earlier assistant message, usually one without a thinking block; if the user
+    message were left out without a marker (under a summary), the two assistant messages would
+    merge into one turn that does not start with the thinking block."""
+    before, start, opening = _loop_bounds(graph)
+    if opening is None:
+        return ()
+    return tuple(p for p in (before, start, opening) if p is not None)
+
+
+def _loop_bounds(graph: ContextGraph) -> tuple[int | None, int | None, int | None]:
+    """``(assistant message before the user message that starts the active loop, that user
+    message, loop_opening(graph))``, each ``None`` when there is none."""
     msgs = graph.messages
-    start = 0
+    start, before, user = 0, None, None
     for p in range(len(msgs) - 1, -1, -1):
         if msgs[p].role != "user":
             continue
         q = p - 1
         while q >= 0 and msgs[q].role == "user":  # consecutive user turns merge on the wire
             q -= 1
-        if (q >= 0 and msgs[q].role == "tool") or _between_call_and_result(graph, p):
+        if (q >= 0 and (msgs[q].role == "tool" or msgs[q].tool_calls)) or _between_call_and_result(graph, p):
             continue
-        start = p + 1
+        start, user, before = p + 1, p, (q if q >= 0 and msgs[q].role == "assistant" else None)
         break
     first = next((p for p in range(start, len(msgs)) if msgs[p].role == "assistant"), None)
-    return first if first is not None and msgs[first].opens_with_thinking else None
+    if first is None or not msgs[first].opens_with_thinking:
+        return None, None, None
+    return before, user, first
 
 
 def _between_call_and_result(graph: ContextGraph, p: int) -> bool:
@@ -782,7 +812,7 @@ class Layout:
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
         sk = memo.skeleton(graph)
         self.current_user = sk["current_user"]
-        self.loop_opening = loop_opening(graph)
+        self.loop_guard = loop_guard(graph)
         self.order: list[int] = sk["order"]
         self.outside: set[int] = sk["outside"]
         self._tokens = memo.tokens
@@ -800,9 +830,10 @@ class Layout:
         self.synthetic: dict[int, list[Message]] = sk["synthetic"]  # assistant position -> synthetic results
         self.units: list[_Unit] = sk["units"]
         self.unit_of: dict[int, int] = sk["unit_of"]
-        # protected: the first user message, the latest assistant message and the one opening the
-        # active tool loop (:func:`loop_opening`); the skeleton's units are shared, so fresh copies
-        protected_units = {sk["unit_first"].get(p) for p in (sk["first_user"], sk["last_assistant"], self.loop_opening)
+        # protected: the first user message, the latest assistant message and the ones that keep the
+        # active tool loop's opening on the wire (:func:`loop_guard`); the skeleton's units are shared,
+        # so fresh copies
+        protected_units = {sk["unit_first"].get(p) for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard)
                            if p is not None} - {None}
         for i in protected_units:
             u = self.units[i]

@@ -74,7 +74,7 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, dropped_marker, loop_opening,
+from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, dropped_marker, loop_guard, loop_opening,
                       oversized_excerpt, placeholder_for, render_order)
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
@@ -454,11 +454,11 @@ class Recap:
     @staticmethod
     def mandatory(graph: ContextGraph, hist: list[Block]) -> set[int]:
         """Blocks every selection keeps: the first user block, the latest assistant message's
-        blocks and the block opening the active tool loop with a thinking block
-        (:func:`~historygraph.render.loop_opening`, docs/architecture.md, invariant §5.7)."""
+        blocks and the blocks that keep the active tool loop's opening thinking block on the wire
+        (:func:`~historygraph.render.loop_guard`, docs/architecture.md, invariant §5.7)."""
         out = set([b.id for b in hist if b.role == "user"][:1])
-        keep = {p for p in (last_assistant(hist), loop_opening(graph)) if p is not None}
-        return out | {b.id for b in hist if b.role == "assistant" and b.positions[0] in keep}
+        keep = {p for p in (last_assistant(hist), *loop_guard(graph)) if p is not None}
+        return out | {b.id for b in hist if b.role in ("assistant", "user") and b.positions[0] in keep}
 
     def scores(self, st: SessionState, graph: ContextGraph, hist: list[Block], turn: int) -> dict[int, float]:
         """``s(v)`` of §3.3 for every history block (the relevance alone without the graph)."""
