@@ -102,8 +102,9 @@ def hostile(draw):
 
 
 def _budget_history(msgs: list[Message]) -> int:
-    """Tokens charged to B in a canonical message list: all but system messages and the last user message."""
-    users = [i for i, m in enumerate(msgs) if m.role == "user"]
+    """Tokens charged to B in a canonical message list: all but system messages and the current user
+    message (the last stored user message shown; a dropped-step marker or summary after it is charged)."""
+    users = [i for i, m in enumerate(msgs) if m.role == "user" and m.rendered_as is None]
     return sum(SIGNALS.counter.count_message(m) for i, m in enumerate(msgs)
                if m.role != "system" and i != (users[-1] if users else -1))
 
