@@ -262,6 +262,7 @@ def test_replay_records_which_reuse_model_learned_used(tmp_path):
     assert res.exit_code == 0, res.output
     assert "learned: reuse model shipped historygraph/fit/default_model.json (fitted on 90 trajectories of " \
            "mini-swe-agent-deepseek)" in " ".join(res.output.split())
+    assert "replay 1/1 trajectories" in res.output  # not a terminal: plain progress lines (here: the last)
     models = json.loads((out / "replay.json").read_text())["meta"]["models"]
     assert list(models) == ["learned"] and models["learned"]["traces"] == 90
     assert models["learned"]["label"] == "reuse-or-named"

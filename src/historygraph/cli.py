@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import __version__
@@ -123,6 +123,24 @@ def _read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, l
     return traces, skipped
 
 
+PLAIN_PROGRESS_SECONDS = 10.0  # when stderr is not a terminal, a progress line at most this often
+_last_line: dict[int, float] = {}
+
+
+def _advance(bar: Progress, task: TaskID, label: str) -> None:
+    """Advance ``task``; when stderr is not a terminal (a log file, CI), where rich draws no live
+    bar, also print a plain line every :data:`PLAIN_PROGRESS_SECONDS` and at the end."""
+    bar.advance(task)
+    if err.is_terminal:
+        return
+    t = bar.tasks[task]
+    now = time.monotonic()
+    if t.finished or now - _last_line.get(task, 0.0) >= PLAIN_PROGRESS_SECONDS:
+        _last_line[task] = now
+        left = f", about {t.time_remaining:.0f} s left" if t.time_remaining is not None and not t.finished else ""
+        err.print(f"{label} {t.completed:.0f}/{t.total:.0f} trajectories, {t.elapsed or 0:.0f} s{left}", highlight=False)
+
+
 @app.command()
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
@@ -191,14 +209,14 @@ def replay(
         task = bar.add_task("replay", total=len(traces))
         try:
             if jobs > 1:
-                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: bar.advance(task), params)
+                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: _advance(bar, task, "replay"), params)
             for i, tr in enumerate(traces if jobs == 1 else ()):
                 bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
                 if len(budgets) == 1:
                     done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
                 else:
                     done[i] = replay_budgets(tr, names, budgets, signals, db, params=params)
-                bar.advance(task)
+                _advance(bar, task, "replay")
         except KeyboardInterrupt:
             stopped = "interrupted (Ctrl-C)"
         except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
@@ -630,7 +648,7 @@ def fit(
             model = fit_traces(traces, out, TokenCounter(encoding), c=c,
                                meta={"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
                                      "historygraph": __version__},
-                               on_trace=lambda tr: bar.advance(task))
+                               on_trace=lambda tr: _advance(bar, task, "fit: features of"))
         except ValueError as exc:
             _fail(str(exc))
     m = model.meta
