@@ -149,6 +149,23 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
     assert res.exit_code == 2 and "give a message number or span" in res.output
 
 
+def test_render_prints_marker_text_as_it_is(tmp_path):
+    """Steps of 100 words of reasoning (more than B in all): learned (5 % of B for non-tool history) drops the oldest, and
+    the marker's text is printed verbatim (its brackets are not read as table markup), so the span it
+    names can be passed to show --message."""
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    db.create_session("s2")
+    msgs = [Message("user", "find the bug")]
+    for i in range(8):
+        msgs += [Message("assistant", f"step {i} " + "thinking " * 100, (ToolCall(f"r{i}", "bash", "{}"),)),
+                 Message("tool", f"r{i} " + "data " * 100, tool_call_id=f"r{i}")]
+    db.append("s2", msgs)
+    db.close()
+    res = runner.invoke(app, ["render", "s2", "-p", "learned", "-b", "700", "--store", path])
+    assert res.exit_code == 0 and "added by the policy: [omitted: messages #1–#" in res.output, res.output
+
+
 def test_render_shows_messages_the_policy_added(tmp_path):
     # a call that was never answered (not the last message) gets a synthetic result so that the
     # provider accepts the history (DESIGN.md §5.2); render lists it as an added row after its call

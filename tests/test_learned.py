@@ -278,6 +278,9 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     assert runner.invoke(app, ["fit", str(src), "--out", str(nested)]).exit_code == 0 and nested.is_file()
     monkeypatch.setenv("HISTORYGRAPH_LEARNED_MODEL", str(out))
     assert create("learned").model.meta["traces"] == 1
+    monkeypatch.setenv("HISTORYGRAPH_LEARNED_MODEL", str(tmp_path / "gone.json"))  # the error names where the path came from
+    with pytest.raises(ReuseModelError, match=r"cannot read reuse model .*gone\.json.*named by \$HISTORYGRAPH_LEARNED_MODEL"):
+        create("learned")
 
 
 def long_steps(n=8, thought_words=200, result_words=150):

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -506,10 +507,10 @@ def render(
         out = shown.get(p)
         form = "dropped" if out is None else (out.rendered_as or "full")
         tokens = "–" if out is None else str(signals.counter.count_message(out))
-        t.add_row(str(p), m.role, m.tool_call_id or "", form, tokens, r.reasons.get(p, ""))
+        t.add_row(str(p), m.role, m.tool_call_id or "", form, tokens, Text(r.reasons.get(p, "")))  # Text: no markup
         for extra in synthetic.get(p, ()):
             t.add_row("+", extra.role, extra.tool_call_id or "", extra.rendered_as or "synthetic",
-                      str(signals.counter.count_message(extra)), "added by the policy: " + extra.content[:120])
+                      str(signals.counter.count_message(extra)), Text("added by the policy: " + extra.content[:120]))
     console.print(t)
     ids = [graph.messages[p].tool_call_id for p in r.omitted]
     console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..fit.features import feature_matrix
-from ..fit.model import ReuseModel
+from ..fit.model import ReuseModel, ReuseModelError
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
@@ -160,7 +160,12 @@ class Learned:
         self.name = name
         self.config = config or LearnedConfig()
         path = self.config.model or os.environ.get("HISTORYGRAPH_LEARNED_MODEL") or None
-        self.model = ReuseModel.load(path)
+        try:
+            self.model = ReuseModel.load(path)
+        except ReuseModelError as exc:
+            if self.config.model or not path:
+                raise
+            raise ReuseModelError(f"{exc} (named by $HISTORYGRAPH_LEARNED_MODEL)") from None
         #: which model renders (recorded in replay.json): its file and what it was fitted on
         self.model_info = {"file": path or "shipped historygraph/fit/default_model.json", **self.model.meta}
 
