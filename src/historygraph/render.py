@@ -201,6 +201,35 @@ class Rendering:
     def to_openai(self) -> list[dict[str, Any]]:
         return [m.to_openai() for m in self.messages]
 
+    def defer_reasons(self, build: Callable[[], dict[int, str]]) -> None:
+        """Let :attr:`reasons` be built by ``build()`` when first read (an explanation per stored
+        message is O(history) strings; a model call reads none of them). ``build`` must depend only
+        on what it captured, so the dict it returns is the one an eager build would have given."""
+        self.__dict__["_reasons_build"] = build
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.reasons  # noqa: B018 (materialise: the builder is a closure)
+        return self.__dict__
+
+
+def _get_reasons(self: Rendering) -> dict[int, str]:
+    d = self.__dict__
+    build = d.get("_reasons_build")
+    if build is not None:  # idempotent: two threads reading at once build equal dicts
+        d["_reasons"] = value = build()
+        d.pop("_reasons_build", None)
+        return value
+    return d["_reasons"]
+
+
+def _set_reasons(self: Rendering, value: dict[int, str]) -> None:
+    self.__dict__.pop("_reasons_build", None)
+    self.__dict__["_reasons"] = value
+
+
+# a property over the dataclass field: ``Rendering(reasons=…)``, ``r.reasons = …`` and equality work as for a plain field
+Rendering.reasons = property(_get_reasons, _set_reasons, doc="per-position explanation of the decision")  # type: ignore[assignment]
+
 
 def placeholder_for(message: Message, counter: TokenCounter) -> Message:
     text = PLACEHOLDER.format(id=message.tool_call_id, tokens=counter.count(message.content))
@@ -808,7 +837,8 @@ class Layout:
         self.brief_revivals = brief_revivals
         self._brief: dict[int, tuple[int, Message | None]] = {}
         msgs = graph.messages
-        self.reasons: dict[int, str] = {}
+        self._reasons: dict[int, str] = {}
+        self._pending: list[Callable[[dict[int, str]], None]] = []
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
         sk = memo.skeleton(graph)
         self.current_user = sk["current_user"]
@@ -889,6 +919,23 @@ class Layout:
                 self.form[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
                 self.delta[p] = counter.count_message(excerpt) - ph[p]
+
+    @property
+    def reasons(self) -> dict[int, str]:
+        """Per-position explanation of the decisions so far (policies write theirs here). Reading
+        it first applies what :meth:`defer_reasons` put off, in order, so every write lands as if
+        made eagerly."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for fill in pending:
+                fill(self._reasons)
+        return self._reasons
+
+    def defer_reasons(self, fill: Callable[[dict[int, str]], None]) -> None:
+        """Put off writing reasons: ``fill(reasons)`` runs when :attr:`reasons` is next read, or
+        when the rendering's reasons are (:meth:`assemble` passes pending fills on unread).
+        ``fill`` must depend only on what it captured."""
+        self._pending.append(fill)
 
     def _drop_oldest(self, limit: int) -> None:
         """Drop the oldest unprotected units until ``base_tokens ≤ limit`` (no unit left out by
@@ -1081,22 +1128,7 @@ class Layout:
         dropped |= self.graph.superseded.keys()
         briefs = {self.units[u].positions[0]: b for u in self.dropped_units & selection.revived
                   if (b := self.brief(u)[1]) is not None}
-        reasons = dict(self.reasons)
-        for p, later in self.graph.superseded.items():
-            reasons[p] = f"superseded: a later result for the same call (message {later}) is rendered instead"
-        why = "retained non-tool history over its share of the budget (oldest first)"
-        for u in self.dropped_units - self.left_out:  # dropped for the share; a policy's own omissions keep its reason
-            for p in self.units[u].positions:
-                if u in selection.revived:
-                    if msgs[p].role != "tool":
-                        reasons.setdefault(p, f"kept{' in brief (its text left out)' if p in briefs else ''}: brought "
-                                              f"back because a result of its step is shown (the step was first dropped as {why})")
-                elif p not in reasons:
-                    reasons[p] = f"dropped: {why}"
-                elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
-                    reasons[p] = f"dropped with its step: {why}; the policy had decided: {reasons[p]}"
-        for p in self.outside:
-            reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
+        marks: list[tuple[int, str]] = []  # (result, reason) of placeholders and excerpts, in render order
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []
@@ -1137,7 +1169,7 @@ class Layout:
                         full.append(p)
                         n = tokens[p]
                     else:
-                        reasons.setdefault(p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt")
+                        marks.append((p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt"))
                         n = self.placeholder_tokens[p] if r is ph else count(r)
                 else:
                     r = briefs.get(p, m)
@@ -1163,9 +1195,44 @@ class Layout:
         total = history + outside
         full_set = set(full)
         omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
-        return Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
-                         omitted=omitted, dropped=sorted(dropped), history_tokens=history,
-                         input_tokens=total, reasons=reasons)
+        rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
+                              omitted=omitted, dropped=sorted(dropped), history_tokens=history, input_tokens=total)
+        rendering.defer_reasons(self._reasons_builder(selection, briefs, marks))
+        return rendering
+
+    def _reasons_builder(self, selection: Selection, briefs: dict[int, Message],
+                         marks: list[tuple[int, str]]) -> Callable[[], dict[int, str]]:
+        """The rendering's reasons, built when first read, from what this call captures now
+        (copies of what may still change: the policy's reasons, the revived units, the
+        superseded results)."""
+        base, pending = dict(self._reasons), list(self._pending)
+        revived, superseded = set(selection.revived), dict(self.graph.superseded)
+        msgs, units, dropped_units, left_out, outside = self.graph.messages, self.units, self.dropped_units, \
+            self.left_out, self.outside
+
+        def build() -> dict[int, str]:
+            reasons = dict(base)
+            for fill in pending:
+                fill(reasons)
+            for p, later in superseded.items():
+                reasons[p] = f"superseded: a later result for the same call (message {later}) is rendered instead"
+            why = "retained non-tool history over its share of the budget (oldest first)"
+            for u in dropped_units - left_out:  # dropped for the share; a policy's own omissions keep its reason
+                for p in units[u].positions:
+                    if u in revived:
+                        if msgs[p].role != "tool":
+                            reasons.setdefault(p, f"kept{' in brief (its text left out)' if p in briefs else ''}: brought "
+                                                  f"back because a result of its step is shown (the step was first dropped as {why})")
+                    elif p not in reasons:
+                        reasons[p] = f"dropped: {why}"
+                    elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
+                        reasons[p] = f"dropped with its step: {why}; the policy had decided: {reasons[p]}"
+            for p in outside:
+                reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
+            for p, why_p in marks:
+                reasons.setdefault(p, why_p)
+            return reasons
+        return build
 
 
 def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCounter) -> None:

@@ -13,32 +13,42 @@ def newest_first(layout: Layout, kept: str, omitted: str) -> Selection:
     """Prune's rule (ContextRender B.2): results newest to oldest, each kept when it still fits in B;
     ``kept``/``omitted`` are the reasons recorded per result."""
     sel = layout.selection()
-    cands, reasons = layout.candidates, layout.reasons
+    cands = layout.candidates
     if layout.budget is None:
         for p in reversed(cands):
             sel.take(p)
-            reasons[p] = kept
+            layout.reasons[p] = kept
         return sel
     # the loop "newest to oldest, take each that fits", a take at a time: the costs of all
     # candidates are exact for the current revivals, so the next one taken is the newest older
     # one whose cost fits what is left; a revival changes costs, which are then priced again
     costs = sel.candidate_costs()
+    taken: list[int] = []  # indices into cands, newest first; every other one from the newest down is omitted
     i = len(cands) - 1
     while i >= 0:
         fitting = np.flatnonzero(costs[:i + 1] <= layout.budget - sel.used)
         j = int(fitting[-1]) if len(fitting) else -1
-        for k in range(i, j, -1):
-            reasons[cands[k]] = omitted
         if j < 0:
             break
         p = cands[j]
         u = layout.unit_of[p]
         revives = u in layout.dropped_units and u not in sel.revived
         sel.take(p)
-        reasons[p] = kept
+        taken.append(j)
         if revives:
             costs = sel.candidate_costs()
         i = j - 1
+
+    def fill(reasons: dict[int, str]) -> None:  # the reasons in the order the loop decided them
+        top = len(cands) - 1
+        for j in taken:
+            for k in range(top, j, -1):
+                reasons[cands[k]] = omitted
+            reasons[cands[j]] = kept
+            top = j - 1
+        for k in range(top, -1, -1):
+            reasons[cands[k]] = omitted
+    layout.defer_reasons(fill)
     return sel
 
 
