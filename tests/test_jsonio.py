@@ -42,3 +42,31 @@ def test_dumps_refuses_nan_and_falls_back_for_what_msgspec_cannot_encode():
     big = {"big": 123456789012345678901234567890}
     assert json.loads(jsonio.dumps(big)) == big
     assert jsonio.dumps({"f": 1e-05}) in (b'{"f":1e-05}', b'{"f":0.00001}')  # the same number
+
+
+def test_loads_request_leaves_each_message_unparsed_and_dumps_copies_its_bytes():
+    doc = (b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9"}, {"content": "x",  "role": "assistant"}],'
+           b' "tools": [{"type": "function"}], "stream": false}')
+    body, fast = jsonio.loads_request(doc)
+    assert fast and list(body) == ["model", "messages", "tools", "stream"]  # the client's key order
+    assert (body["model"], body["tools"], body["stream"]) == ("m", [{"type": "function"}], False)
+    assert [bytes(m) for m in body["messages"]] == [b'{"role": "user", "content": "caf\\u00e9"}',
+                                                   b'{"content": "x",  "role": "assistant"}']
+    assert jsonio.plain(body["messages"]) == json.loads(doc)["messages"]
+    assert json.loads(jsonio.dumps(body)) == json.loads(doc)
+    assert b'"caf\\u00e9"' in jsonio.dumps(body)  # forwarded as sent: the escape is the client's own
+
+
+@pytest.mark.parametrize("doc", DOCS + [b'[1, 2]', b'{"messages": 3}', b'{"a": 1}', b'{"messages": [1e400]}'])
+def test_loads_request_is_loads_for_every_other_document(doc):
+    value, fast = jsonio.loads_request(doc)
+    if isinstance(value, dict) and isinstance(value.get("messages"), list):
+        value = {**value, "messages": jsonio.plain(value["messages"])}
+    assert json.dumps(value, sort_keys=True) == json.dumps(json.loads(doc), sort_keys=True)
+
+
+def test_loads_request_checks_the_bytes_it_leaves_unparsed():
+    with pytest.raises(UnicodeDecodeError):  # msgspec skips over the inside of a string unchecked
+        jsonio.loads_request(b'{"messages": [{"role": "user", "content": "\xff"}]}')
+    with pytest.raises(ValueError):
+        jsonio.loads_request(b'{"messages": [{"role": "user", "content": NaN}, ]}')

@@ -5,10 +5,13 @@ is still found, and a session another process (another worker) appended to is re
 from __future__ import annotations
 
 import copy
+import json
 
+import msgspec
 import pytest
 
 from historygraph import Message
+from historygraph.server import jsonio
 from historygraph.server.sessions import MessageError, RequestMessages, SessionRouter
 from historygraph.store import MemoryStore, SQLiteStore
 
@@ -40,6 +43,36 @@ def test_a_resent_history_is_parsed_only_where_it_is_new():
     assert (got.session_id, got.appended, got.forked_from) == ("s", 2, None)
     assert parsed(req) == [12, 13]  # the 12 known messages were neither parsed nor compared
     assert [m.content for m in router.store.messages("s")][-2:] == ["done?", "go on"]
+
+
+def unparsed(msgs: list[dict]) -> list:
+    """The messages as the proxy's OpenAI endpoint reads them: each item's bytes, unparsed."""
+    return jsonio.loads_request(json.dumps({"messages": msgs}).encode())[0]["messages"]
+
+
+def test_a_resent_history_of_unparsed_messages_is_recognised_by_its_bytes():
+    router = SessionRouter(MemoryStore())
+    raw = history(5)
+    first = RequestMessages(unparsed(raw))
+    assert router.ingest(first, "s").appended == 12
+    req = RequestMessages(unparsed(raw + [{"role": "assistant", "content": "done?"}, {"role": "user", "content": "go on"}]))
+    assert (router.ingest(req, "s").appended, parsed(req)) == (2, [12, 13])
+    # the same values in other bytes (keys in another order): parsed and compared, not a branch
+    again = [dict(reversed(list(m.items()))) for m in raw] + [{"role": "assistant", "content": "done?"},
+                                                              {"role": "user", "content": "go on"}, {"role": "user", "content": "?"}]
+    req = RequestMessages(unparsed(again))
+    got = router.ingest(req, "s")
+    assert (got.session_id, got.appended, got.forked_from) == ("s", 1, None)
+    assert parsed(req) == list(range(15))
+    assert [m.content for m in router.store.messages("s")] == [m.content for m in req.parse_all()]
+
+
+def test_an_unparsed_message_that_is_invalid_is_named():
+    body = jsonio.loads_request(b'{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": 1e400}]}')[0]
+    with pytest.raises(MessageError, match=r"messages\[1\]: content must be text"):
+        RequestMessages(body["messages"])[1]  # out of msgspec's range: json's inf, then refused as content
+    with pytest.raises(MessageError, match=r"messages\[0\]: not valid JSON"):
+        RequestMessages([msgspec.Raw(b'{"role": ')])[0]
 
 
 def test_an_edited_earlier_message_is_found_and_branches():

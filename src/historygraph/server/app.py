@@ -244,8 +244,10 @@ class Proxy:
         self.store.put_text("partial_answer", key, json.dumps({"partial": True, "reason": reason,
                                                                 "stream": raw.decode("utf-8", "replace")}))
 
-    async def read_json(self, request: Request) -> dict[str, Any]:
-        """The request body as a JSON object; 413 over the size limit, 400 when not JSON."""
+    async def read_json(self, request: Request, raw_messages: bool = False) -> dict[str, Any]:
+        """The request body as a JSON object; 413 over the size limit, 400 when not JSON.
+        ``raw_messages``: the items of ``messages`` stay unparsed (:func:`jsonio.loads_request`;
+        :class:`RequestMessages` parses those it needs)."""
         size, chunks = 0, []
         async for chunk in request.stream():
             size += len(chunk)
@@ -253,7 +255,8 @@ class Proxy:
                 raise ClientError(_too_large(self.config.max_body_bytes), "body", 413)
             chunks.append(chunk)
         try:
-            body, fast = jsonio.loads(b"".join(chunks))
+            data = b"".join(chunks)
+            body, fast = jsonio.loads_request(data) if raw_messages else jsonio.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
         request.state.historygraph_json_fast = fast  # then the forwarded body may be encoded by msgspec too
@@ -425,7 +428,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     async def chat_completions(request: Request) -> Response:
         started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
         try:
-            body = await proxy.read_json(request)
+            body = await proxy.read_json(request, raw_messages=True)
             raw = body["messages"]
             sid, policy, budget = proxy.options(request)
             # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
@@ -433,8 +436,8 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                    for m, p in zip(rendering.messages, rendering.positions)]
             url = config.upstream.rstrip("/") + "/chat/completions"
-            if recall_tool.wanted(config.recall, request, rendering):
-                return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "openai")
+            if recall_tool.wanted(config.recall, request, rendering):  # it reads and extends the messages
+                return await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
                                        rendering.messages, policy)
         except ClientError as exc:

@@ -24,10 +24,12 @@ position ``i`` is incoming message ``i``.
 it with the stored session event by event, after parsing every message, costs O(history) in
 Python per request. The router therefore remembers, per session (an LRU of ``prefix_cache``
 sessions per process), the client's own JSON objects of the messages it last stored there
-(:class:`RequestMessages` keeps them). Stored positions never change (sessions are append-only,
-branches are other sessions), so when the leading messages of a request are equal, as JSON
-values, to the remembered ones, they equal the stored events: that prefix is recognised by one
-C-level list comparison and is neither parsed nor compared again. Comparison and parsing resume
+(:class:`RequestMessages` keeps them; the proxy's OpenAI endpoint keeps each message's bytes as
+the client sent them, unparsed). Stored positions never change (sessions are append-only,
+branches are other sessions), so when the leading messages of a request are equal (as bytes, or
+as JSON values) to the remembered ones, they equal the stored events: that prefix is recognised
+by one C-level list comparison and is neither parsed nor compared again (a message re-sent with
+other bytes for the same value, e.g. its keys in another order, is parsed and compared). Comparison and parsing resume
 at the first message that differs or is new; an edited earlier message therefore differs there
 and is compared event by event, exactly as without the cache, and events another process
 appended meanwhile are read from the store (:meth:`Store.graph` catches up by length).
@@ -45,6 +47,7 @@ from typing import Any, Sequence, overload
 from ..events import EventError, Message
 from ..graph import ContextGraph
 from ..store import AppendConflict, Store, StoreError
+from . import jsonio
 
 SESSION_HEADER = "x-historygraph-session"
 
@@ -86,8 +89,9 @@ class MessageError(EventError):
 
 class RequestMessages(Sequence[Message]):
     """The messages of one request in OpenAI form (``developer`` read as ``system``), each parsed
-    when first read and at most once; ``raw`` keeps the client's JSON objects (see "Incremental
-    comparison" above).
+    when first read and at most once; ``raw`` keeps the client's JSON objects, or their unparsed
+    bytes (``msgspec.Raw`` items of :func:`historygraph.server.jsonio.loads_request`; see
+    "Incremental comparison" above).
 
     Raises (on reading a message): :class:`MessageError` naming the message that is invalid.
     """
@@ -111,9 +115,10 @@ class RequestMessages(Sequence[Message]):
         m = self._parsed[i]
         if m is None:
             try:
-                m = self._parsed[i] = Message.from_openai(self.raw[i])
-            except EventError as exc:
-                raise MessageError(i if i >= 0 else len(self.raw) + i, exc) from None
+                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i]))
+            except ValueError as exc:  # EventError, or an unparsed item that is not JSON
+                raise MessageError(i if i >= 0 else len(self.raw) + i,
+                                   exc if isinstance(exc, EventError) else EventError(f"not valid JSON: {exc}")) from None
         return m
 
     def parse_all(self) -> list[Message]:
