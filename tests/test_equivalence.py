@@ -470,3 +470,94 @@ def test_newest_first_a_take_at_a_time_equals_the_loop_over_every_result(real_tr
                 (ref.used, ref.shown, ref.revived, list(ref_layout.reasons.items())), (tr.trace_id, len(g))
             compared += 1
     assert compared > 30
+
+
+def reference_feature_matrix(graph, positions, counter):
+    """:func:`historygraph.fit.features.feature_matrix` before vectorisation: one row per result from
+    the per-result facts (the formulas of the module docstring), summing a cover's IDF weights in
+    sorted word order as the vectorised code does."""
+    from historygraph.fit import features as fx
+    from historygraph.graph import operations
+    from historygraph.signals.reuse import extract_values
+    from historygraph.signals.steps import ancestry, files_in, identifiers_in, lowcost_steps
+
+    def cover(result_words, query, idf, total):
+        return fx.ordered_sum(idf[w] for w in sorted(result_words & query)) / total if total > 0 else 0.0
+
+    gf = fx.graph_facts(graph, counter)
+    msgs = graph.messages
+    t = graph.turns
+    task_text = next((m.content for m in msgs if m.role == "user"), "")
+    latest = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
+    latest_text = "\n".join(operations(msgs[latest])) if latest is not None else ""
+    task_values, task_words, task_idents = extract_values(task_text), fx.words(task_text), identifiers_in(task_text)
+    latest_values, latest_words = extract_values(latest_text), fx.words(latest_text)
+    latest_files = files_in(latest_text)
+    latest_idents = identifiers_in(latest_text)
+    recent_idents = [ids for turn, ids in gf.assistant_idents if turn > t - fx.RECENT_TURNS]
+    idf = fx.idf_weights(gf, latest_words | task_words)
+    latest_total, task_total = fx.cover_total(latest_words, idf), fx.cover_total(task_words, idf)
+    fresh = [q for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
+    fresh_values = frozenset().union(*(gf.facts[q].values for q in fresh))
+    fresh_idents = frozenset().union(*(gf.facts[q].idents for q in fresh))
+    fresh_files = frozenset().union(*(gf.facts[q].content_files for q in fresh))
+    steps = lowcost_steps(graph)
+    deps = {p for i in ancestry(steps, len(steps) - 1, fx.ANCESTRY_STEPS) for p in steps[i].results} if steps else set()
+    turn_of = graph.turn_of
+    out = np.zeros((len(positions), len(fx.FEATURES)))
+    for row, p in enumerate(positions):
+        f = gf.facts[p]
+        age = t - turn_of[p]
+        reuse_turns = {turn_of[m.user] for m in graph.reuse.matches.get(p, ())}
+        last = max(reuse_turns) if reuse_turns else None
+        later_view = any(gf.last_view.get(x, -1) > p for x in f.files) if f.kind == "view" else False
+        superseded = later_view or gf.last_command.get(f.command, -1) > p
+        edited_later = any(gf.last_edit.get(x, -1) > p for x in f.shown_files)
+        out[row] = (
+            age, math.log1p(age), math.exp(-0.3 * age),
+            math.log1p(graph.reuse.score(p)), math.log1p(len(reuse_turns)),
+            float(last is not None and last == t), float(sum(1 for x in reuse_turns if x > t - fx.RECENT_TURNS)),
+            math.log1p(t - last) if last is not None else math.log(2 + age), float(last is None),
+            math.log1p(len(f.values & latest_values)), math.log1p(len(f.values & task_values)),
+            cover(f.words, latest_words, idf, latest_total), cover(f.words, task_words, idf, task_total),
+            math.log1p(f.tokens),
+            *(float(f.kind == k) for k in fx.KINDS),
+            float(p in deps), float(superseded), float(edited_later),
+            float(bool(f.shown_files & latest_files)),
+            math.log1p(gf.unique[p]), math.log1p(len(f.values)), float(f.error), float(f.owner == latest),
+            math.log1p(len(f.own_values)), math.log1p(len(f.own_idents)), math.log1p(len(set(gf.ident_turns.get(p, ())))),
+            math.log1p(len(f.idents & latest_idents)), math.log1p(len(f.own_idents & latest_idents)),
+            math.log1p(sum(len(f.own_idents & ids) for ids in recent_idents)), math.log1p(len(f.idents & task_idents)),
+            *((0.0, 0.0, 0.0, 0.0) if f.owner == latest else
+              (math.log1p(len(f.values & fresh_values)), math.log1p(len(f.own_values & fresh_values)),
+               math.log1p(len(f.own_idents & fresh_idents)), float(bool(f.shown_files & fresh_files)))),
+        )
+    return out
+
+
+def test_vectorised_features_equal_the_per_result_formulas(traces_dir):
+    """The feature matrix from the per-graph arrays equals the per-result formulas bit for bit, on
+    real traces of every format replayed event by event (state extended on each append), and on a
+    graph built in one go (the state built at once)."""
+    from historygraph.fit.features import FEATURES, feature_matrix
+
+    counter = TokenCounter()
+    traces = [t for rel in ("mini-swe-agent-deepseek", "openhands", "swe-agent", "tau-bench")
+              for t in list(read_traces(traces_dir / rel))[:2]]
+    compared = 0
+    nonzero = np.zeros(len(FEATURES), bool)
+    for tr in traces:
+        g = ContextGraph(tr.trace_id)
+        for m in tr.messages:
+            results = g.results()
+            if m.role == "assistant" and results:  # the render before this invocation
+                fast = feature_matrix(g, results, counter)
+                slow = reference_feature_matrix(g, results, counter)
+                assert np.array_equal(fast, slow), (tr.trace_id, len(g), [FEATURES[k] for k in np.nonzero((fast != slow).any(0))[0]])
+                nonzero |= (fast != 0).any(0)
+                compared += 1
+            g.append(m)
+        once = ContextGraph(tr.trace_id, tr.messages)
+        assert np.array_equal(feature_matrix(once, once.results(), counter), feature_matrix(g, g.results(), counter))
+    assert compared > 150
+    assert nonzero.all(), [f for f, z in zip(FEATURES, nonzero) if not z]  # every feature was exercised

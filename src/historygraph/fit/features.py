@@ -63,6 +63,7 @@ import math
 import re
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -157,10 +158,79 @@ class _ResultFacts:
     error: bool
 
 
+class _Grow:
+    """A numpy array that grows at its end (capacity doubling); ``view()`` is its filled part."""
+
+    __slots__ = ("a", "n")
+
+    def __init__(self, dtype: type, width: int = 0) -> None:
+        self.a = np.zeros((64, width) if width else 64, dtype)
+        self.n = 0
+
+    def extend(self, rows: list) -> None:
+        k = len(rows)
+        if self.n + k > len(self.a):
+            new = np.zeros((max(2 * len(self.a), self.n + k),) + self.a.shape[1:], self.a.dtype)
+            new[:self.n] = self.a[:self.n]
+            self.a = new
+        if k:
+            self.a[self.n:self.n + k] = rows
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        return self.a[:self.n]
+
+
+class _Flat:
+    """The members of one set-valued fact of every result (its values, words, …) as flat
+    ``(row, id, own)`` arrays over a per-graph vocabulary, so that ``|S(r) ∩ Q|`` for every ``r``
+    is one ``np.bincount``. ``own``: the member was first held by that row (TFA attribution)."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+        self.rows, self.ids, self.own = _Grow(np.int32), _Grow(np.int32), _Grow(np.float64)
+
+    def add(self, row: int, members: "list[str] | frozenset[str]", own: frozenset[str] = frozenset()) -> None:
+        vocab = self.vocab
+        ids = [vocab.setdefault(m, len(vocab)) for m in members]
+        self.rows.extend([row] * len(ids))
+        self.ids.extend(ids)
+        self.own.extend([float(m in own) for m in members])
+
+    def weights(self, items: "dict[str, float] | set[str] | frozenset[str]") -> np.ndarray:
+        """Weight of each vocabulary entry: ``items[m]`` (a dict) or 1 (a set member), else 0."""
+        w = np.zeros(len(self.vocab))
+        get = self.vocab.get
+        if isinstance(items, dict):
+            for m, x in items.items():
+                i = get(m)
+                if i is not None:
+                    w[i] = x
+        else:
+            ids = [i for m in items if (i := get(m)) is not None]
+            w[ids] = 1.0
+        return w
+
+    def sums(self, w: np.ndarray, n: int, own: bool = False) -> np.ndarray:
+        """``Σ_{m ∈ S(r)} w[m]`` per row (only members first held by the row when ``own``), summed in
+        the order the members were added (bincount adds sequentially)."""
+        x = w[self.ids.view()]
+        if own:
+            x = x * self.own.view()
+        return np.bincount(self.rows.view(), weights=x, minlength=n)
+
+
+_STATIC = ("log_tokens", *(f"kind_{k}" for k in KINDS), "log_values", "error", "own_values", "own_idents")
+
+
 @dataclass
 class _GraphFacts:
     """Per-graph incremental state: facts of each result, word document frequencies, and the
-    latest positions at which each file was viewed or edited and each command was run."""
+    latest positions at which each file was viewed or edited and each command was run. The same
+    facts are also kept as arrays over results in transcript order (row ``i`` is the ``i``-th
+    stored result): the features that do not change between renders, the flags that only ever turn
+    on (superseded, edited later), and flat tables of each result's values, identifiers, words and
+    files (:class:`_Flat`), so that a render is a few numpy passes."""
 
     upto: int = 0
     facts: dict[int, _ResultFacts] = field(default_factory=dict)
@@ -176,6 +246,21 @@ class _GraphFacts:
     unique: dict[int, int] = field(default_factory=dict)        # result -> its values no other result holds
     task: tuple[str, frozenset[str], frozenset[str], frozenset[str]] | None = None  # text, values, words, identifiers
     encoding: str = ""
+    # arrays over results (row i = i-th result)
+    row_of: dict[int, int] = field(default_factory=dict)        # result position -> row
+    turn: _Grow = field(default_factory=lambda: _Grow(np.intp))
+    owner: _Grow = field(default_factory=lambda: _Grow(np.intp))
+    static: _Grow = field(default_factory=lambda: _Grow(np.float64, len(_STATIC)))
+    unique_n: _Grow = field(default_factory=lambda: _Grow(np.intp))
+    superseded: _Grow = field(default_factory=lambda: _Grow(np.float64))
+    edited_later: _Grow = field(default_factory=lambda: _Grow(np.float64))
+    ident_turns_n: _Grow = field(default_factory=lambda: _Grow(np.intp))  # distinct turns in ident_turns
+    unedited: dict[str, list[int]] = field(default_factory=dict)  # file -> rows showing it not yet edited later
+    values_t: _Flat = field(default_factory=_Flat)
+    idents_t: _Flat = field(default_factory=_Flat)
+    words_t: _Flat = field(default_factory=_Flat)   # each row's words in sorted order
+    files_t: _Flat = field(default_factory=_Flat)   # shown files
+    reuse_seen: dict[int, tuple[int, set[int], int]] = field(default_factory=dict)  # result -> (matches read, turns, last)
 
 
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKeyDictionary()
@@ -193,7 +278,10 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
             turn = graph.turn_of[p]
             gf.assistant_idents.append((turn, ids))
             for r in {gf.ident_first[i] for i in ids if i in gf.ident_first}:
-                gf.ident_turns.setdefault(r, []).append(turn)
+                seen = gf.ident_turns.setdefault(r, [])
+                if not seen or seen[-1] != turn:  # turns only grow
+                    gf.ident_turns_n.a[gf.row_of[r]] += 1
+                seen.append(turn)
             continue
         if m.role != "tool":
             continue
@@ -213,34 +301,75 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
                          shown_files=cfiles | (content_files if kind != "search" else frozenset()), content_files=content_files,
                          tokens=counter.count(m.content), error=bool(_ERROR.search(m.content[:TEXT_CHARS])))
         gf.facts[p] = f
+        row = gf.row_of[p] = len(gf.row_of)
+        gf.turn.extend([graph.turn_of[p]])
+        gf.owner.extend([owner])
+        gf.static.extend([[math.log1p(f.tokens), *(float(kind == k) for k in KINDS), math.log1p(len(values)),
+                           float(f.error), math.log1p(len(f.own_values)), math.log1p(len(own_idents))]])
+        gf.superseded.extend([0.0])
+        gf.edited_later.extend([0.0])
+        gf.ident_turns_n.extend([0])
+        gf.values_t.add(row, values, f.own_values)
+        gf.idents_t.add(row, idents, own_idents)
+        gf.words_t.add(row, sorted(f.words))
+        gf.files_t.add(row, f.shown_files)
         for w in f.words:
             gf.df[w] = gf.df.get(w, 0) + 1
         gf.unique[p] = 0
+        gf.unique_n.extend([0])
         for v in f.values:
             df = gf.value_df.get(v, 0)
             if df == 0:
                 gf.value_first[v] = p
                 gf.unique[p] += 1
             elif df == 1:
-                gf.unique[gf.value_first[v]] -= 1
+                first = gf.value_first[v]
+                gf.unique[first] -= 1
+                gf.unique_n.a[gf.row_of[first]] -= 1
             gf.value_df[v] = df + 1
+        gf.unique_n.a[row] = gf.unique[p]
         for i in own_idents:
             gf.ident_first[i] = p
         for name_ in cfiles:
             if kind == "view":
+                prev = gf.last_view.get(name_)
+                if prev is not None:  # an earlier view of the file is stale now
+                    gf.superseded.a[gf.row_of[prev]] = 1.0
                 gf.last_view[name_] = p
             elif kind == "edit":
+                for r in gf.unedited.pop(name_, ()):  # every earlier result showing the file
+                    gf.edited_later.a[r] = 1.0
                 gf.last_edit[name_] = p
+        for name_ in f.shown_files:
+            gf.unedited.setdefault(name_, []).append(row)
         if f.command:
+            prev = gf.last_command.get(f.command)
+            if prev is not None:  # the same command was run again
+                gf.superseded.a[gf.row_of[prev]] = 1.0
             gf.last_command[f.command] = p
     gf.upto = len(msgs)
     return gf
 
 
-def _cover(result_words: frozenset[str], query: frozenset[str], idf: dict[str, float], total: float) -> float:
-    if total <= 0:
-        return 0.0
-    return sum(idf[w] for w in result_words & query) / total
+def ordered_sum(xs: "list[float] | map[float]") -> float:
+    """``xs`` added left to right from 0.0 (the order a ``np.bincount`` with weights adds in; Python's
+    ``sum`` of floats is compensated from 3.12 on)."""
+    acc = 0.0
+    for x in xs:
+        acc += x
+    return acc
+
+
+def idf_weights(gf: _GraphFacts, query: frozenset[str]) -> dict[str, float]:
+    """``ln(1 + N / (1 + df(w)))`` of each word of ``query``, ``N`` the results stored so far."""
+    n_docs = max(1, len(gf.facts))
+    return {w: math.log(1.0 + n_docs / (1.0 + gf.df.get(w, 0))) for w in query}
+
+
+def cover_total(query: frozenset[str], idf: dict[str, float]) -> float:
+    """The IDF mass of ``query``, its words added in sorted order (so the figure does not depend on
+    the order Python happens to iterate a set in)."""
+    return ordered_sum(idf[w] for w in sorted(query))
 
 
 def _task(gf: _GraphFacts, text: str) -> tuple[str, frozenset[str], frozenset[str], frozenset[str]]:
@@ -249,16 +378,50 @@ def _task(gf: _GraphFacts, text: str) -> tuple[str, frozenset[str], frozenset[st
     return gf.task
 
 
+_COL = {name: k for k, name in enumerate(FEATURES)}
+
+
+class _Table:
+    """``fn(i)`` for integers ``i ≥ 0``, computed once with :mod:`math` and looked up by numpy (so a
+    column holds the same numbers as the per-result formula, whatever numpy's own ``log1p`` or
+    ``exp`` would round to)."""
+
+    def __init__(self, fn: "Callable[[int], float]") -> None:
+        self.fn = fn
+        self.values = np.zeros(0)
+
+    def __call__(self, ints: np.ndarray) -> np.ndarray:
+        idx = ints.astype(np.intp)
+        if not len(idx):
+            return np.zeros(0)
+        top = int(idx.max()) + 1
+        if top > len(self.values):
+            k = len(self.values)
+            self.values = np.concatenate([self.values, [self.fn(i) for i in range(k, max(top, 2 * k, 64))]])
+        return self.values[idx]
+
+
+_log1p_int = _Table(math.log1p)
+_recency = _Table(lambda a: math.exp(-0.3 * a))
+_log2p = _Table(lambda a: math.log(2 + a))
+
+
 def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCounter) -> np.ndarray:
     """Features (:data:`FEATURES`, in that order) of the tool results at ``positions`` for the next
     invocation of ``graph``; shape ``(len(positions), len(FEATURES))``, float64.
+
+    Computed for every stored result at once from the per-graph arrays of :class:`_GraphFacts`
+    (``tests/test_equivalence.py`` checks it against the per-result formulas of the module
+    docstring on real traces).
 
     Raises:
         KeyError: a position that is not a stored tool result.
     """
     gf = graph_facts(graph, counter)
+    rows = [gf.row_of[p] for p in positions]
     msgs = graph.messages
     t = graph.turns
+    n = len(gf.row_of)
     task_text = next((m.content for m in msgs if m.role == "user"), "")
     latest = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
     latest_text = "\n".join(operations(msgs[latest])) if latest is not None else ""
@@ -266,48 +429,82 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     latest_values, latest_words = extract_values(latest_text), words(latest_text)
     latest_files = files_in(latest_text)
     latest_idents = identifiers_in(latest_text)
-    recent_idents = [ids for turn, ids in gf.assistant_idents if turn > t - RECENT_TURNS]
-    n_docs = max(1, len(gf.facts))
-    idf = {w: math.log(1.0 + n_docs / (1.0 + gf.df.get(w, 0))) for w in latest_words | task_words}
-    latest_total = sum(idf[w] for w in latest_words)
-    task_total = sum(idf[w] for w in task_words)
-    fresh = [q for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
-    fresh_values = frozenset().union(*(gf.facts[q].values for q in fresh))
-    fresh_idents = frozenset().union(*(gf.facts[q].idents for q in fresh))
-    fresh_files = frozenset().union(*(gf.facts[q].content_files for q in fresh))
-    deps: set[int] = set()
+    out = np.zeros((n, len(FEATURES)))
+
+    def col(name: str, x: np.ndarray | float) -> None:
+        out[:, _COL[name]] = x
+
+    turn = gf.turn.view()
+    age = t - turn
+    col("age", age)
+    col("log_age", _log1p_int(age))
+    col("recency", _recency(age))
+    # observed reuse (TFA): only the results with matches differ from the never-reused defaults
+    col("since_reuse", _log2p(age))
+    col("never_reused", 1.0)
+    turn_of = graph.turn_of
+    c_score, c_turns, c_last, c_recent, c_since, c_never = (
+        _COL[k] for k in ("reuse_score", "reuse_turns", "reused_last", "reused_recent", "since_reuse", "never_reused"))
+    for p, ms in graph.reuse.matches.items():
+        row = gf.row_of.get(p)
+        if not ms or row is None:
+            continue
+        read, turns, last = gf.reuse_seen.get(p, (0, set(), -1))
+        if read < len(ms):
+            turns = turns | {turn_of[m.user] for m in ms[read:]}
+            last = max(turns)
+            gf.reuse_seen[p] = (len(ms), turns, last)
+        r = out[row]
+        r[c_score] = math.log1p(graph.reuse.score(p))
+        r[c_turns] = math.log1p(len(turns))
+        r[c_last] = float(last == t)
+        r[c_recent] = float(sum(1 for x in turns if x > t - RECENT_TURNS))
+        r[c_since] = math.log1p(t - last)
+        r[c_never] = 0.0
+    # lexical and value overlap with the latest assistant message and the task
+    vt, it, wt, ft = gf.values_t, gf.idents_t, gf.words_t, gf.files_t
+    col("latest_values", _log1p_int(vt.sums(vt.weights(latest_values), n)))
+    col("task_values", _log1p_int(vt.sums(vt.weights(task_values), n)))
+    for name, query in (("latest_cover", latest_words), ("task_cover", task_words)):
+        idf = idf_weights(gf, query)
+        total = cover_total(query, idf)
+        if total > 0:
+            col(name, wt.sums(wt.weights(idf), n) / total)
+    static = gf.static.view()
+    for k, name in enumerate(_STATIC):
+        col(name, static[:, k])
     steps = lowcost_steps(graph)
     if steps:
-        deps = {p for i in ancestry(steps, len(steps) - 1, ANCESTRY_STEPS) for p in steps[i].results}
-    turn_of = graph.turn_of
-    out = np.zeros((len(positions), len(FEATURES)))
-    for row, p in enumerate(positions):
-        f = gf.facts[p]
-        age = t - turn_of[p]
-        matches = graph.reuse.matches.get(p, ())
-        reuse_turns = {turn_of[m.user] for m in matches}
-        last = max(reuse_turns) if reuse_turns else None
-        later_view = any(gf.last_view.get(x, -1) > p for x in f.files) if f.kind == "view" else False
-        superseded = later_view or gf.last_command.get(f.command, -1) > p
-        edited_later = any(gf.last_edit.get(x, -1) > p for x in f.shown_files)
-        unique = gf.unique[p]
-        out[row] = (
-            age, math.log1p(age), math.exp(-0.3 * age),
-            math.log1p(graph.reuse.score(p)), math.log1p(len(reuse_turns)),
-            float(last is not None and last == t), float(sum(1 for x in reuse_turns if x > t - RECENT_TURNS)),
-            math.log1p(t - last) if last is not None else math.log(2 + age), float(last is None),
-            math.log1p(len(f.values & latest_values)), math.log1p(len(f.values & task_values)),
-            _cover(f.words, latest_words, idf, latest_total), _cover(f.words, task_words, idf, task_total),
-            math.log1p(f.tokens),
-            *(float(f.kind == k) for k in KINDS),
-            float(p in deps), float(superseded), float(edited_later),
-            float(bool(f.shown_files & latest_files)),
-            math.log1p(unique), math.log1p(len(f.values)), float(f.error), float(f.owner == latest),
-            math.log1p(len(f.own_values)), math.log1p(len(f.own_idents)), math.log1p(len(set(gf.ident_turns.get(p, ())))),
-            math.log1p(len(f.idents & latest_idents)), math.log1p(len(f.own_idents & latest_idents)),
-            math.log1p(sum(len(f.own_idents & ids) for ids in recent_idents)), math.log1p(len(f.idents & task_idents)),
-            *((0.0, 0.0, 0.0, 0.0) if f.owner == latest else
-              (math.log1p(len(f.values & fresh_values)), math.log1p(len(f.own_values & fresh_values)),
-               math.log1p(len(f.own_idents & fresh_idents)), float(bool(f.shown_files & fresh_files)))),
-        )
-    return out
+        deps = [gf.row_of[p] for i in ancestry(steps, len(steps) - 1, ANCESTRY_STEPS) for p in steps[i].results
+                if p in gf.row_of]
+        out[deps, _COL["ancestor"]] = 1.0
+    col("superseded", gf.superseded.view())
+    col("edited_later", gf.edited_later.view())
+    col("path_in_latest", ft.sums(ft.weights(latest_files), n) > 0)
+    col("unique_values", _log1p_int(gf.unique_n.view()))
+    owner = gf.owner.view()
+    newest = owner == latest if latest is not None else np.zeros(n, bool)
+    col("latest_result", newest)
+    col("ident_turns", _log1p_int(gf.ident_turns_n.view()))
+    w_latest = it.weights(latest_idents)
+    col("latest_idents", _log1p_int(it.sums(w_latest, n)))
+    col("latest_own_idents", _log1p_int(it.sums(w_latest, n, own=True)))
+    recent = np.zeros(len(it.vocab))
+    for turn_, ids in reversed(gf.assistant_idents):  # in turn order
+        if turn_ <= t - RECENT_TURNS:
+            break
+        recent += it.weights(ids)
+    col("recent_own_idents", _log1p_int(it.sums(recent, n, own=True)))
+    col("task_idents", _log1p_int(it.sums(it.weights(task_idents), n)))
+    # echoes in the newest results (0 for the newest results themselves)
+    fresh = [gf.facts[q] for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
+    fresh_values = frozenset().union(*(f.values for f in fresh))
+    fresh_idents = frozenset().union(*(f.idents for f in fresh))
+    fresh_files = frozenset().union(*(f.content_files for f in fresh))
+    keep = ~newest
+    w_values = vt.weights(fresh_values)
+    col("echo_values", _log1p_int(vt.sums(w_values, n)) * keep)
+    col("echo_own_values", _log1p_int(vt.sums(w_values, n, own=True)) * keep)
+    col("echo_own_idents", _log1p_int(it.sums(it.weights(fresh_idents), n, own=True)) * keep)
+    col("echo_files", (ft.sums(ft.weights(fresh_files), n) > 0) & keep)
+    return out[rows]
