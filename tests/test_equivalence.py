@@ -561,3 +561,94 @@ def test_vectorised_features_equal_the_per_result_formulas(traces_dir):
         assert np.array_equal(feature_matrix(once, once.results(), counter), feature_matrix(g, g.results(), counter))
     assert compared > 150
     assert nonzero.all(), [f for f, z in zip(FEATURES, nonzero) if not z]  # every feature was exercised
+
+
+def reference_knapsack(candidates, value, sel, cost_exponent=1.0):
+    """:func:`historygraph.policies.learned.knapsack_select` before bulk pricing (each candidate
+    priced by ``sel.cost``, each alone by its own revival)."""
+    import heapq
+
+    from historygraph.policies.learned import _alone
+
+    items = [p for p in candidates if value[p] > 0]
+
+    def ratio(p, c):
+        return -value[p] / max(1, c) ** cost_exponent
+
+    lay = sel.layout
+    base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
+    heap = [(ratio(p, c), p, c) for p in items for c in (sel.cost(p),)]
+    heapq.heapify(heap)
+    by_unit = {}
+    for p in items:
+        by_unit.setdefault(lay.unit_of[p], []).append(p)
+    taken, done = [], set()
+    while heap:
+        _, p, c = heapq.heappop(heap)
+        if p in done:
+            continue
+        now = sel.cost(p)
+        if now != c:
+            heapq.heappush(heap, (ratio(p, now), p, now))
+            continue
+        if not sel.fits(p):
+            continue
+        u = lay.unit_of[p]
+        revives = u in lay.dropped_units and u not in sel.revived
+        sel.take(p)
+        taken.append(p)
+        done.add(p)
+        if revives:
+            for q in by_unit[u]:
+                if q not in done:
+                    cq = sel.cost(q)
+                    heapq.heappush(heap, (ratio(q, cq), q, cq))
+    best = max((p for p in items if lay.budget is None or base_used + _alone(sel, p, base_revived) <= lay.budget),
+               key=lambda p: (value[p], -p), default=None)
+    if best is not None and value[best] > sum(value[p] for p in taken):
+        sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
+        sel.take(best)
+        return [best]
+    return taken
+
+
+def reference_explain(reasons, layout, sel, value, taken, budget, min_probability):
+    """learned's reasons before they were deferred and priced in bulk (``sel.cost`` per candidate)."""
+    msgs = layout.graph.messages
+    chosen = set(taken)
+    for rank, p in enumerate(taken, 1):
+        kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
+        c = sel.cost(p)
+        size = f"{c} tokens" if c >= 0 else f"{-c} tokens fewer than its placeholder"
+        reasons[p] = f"{kind} #{rank}: reuse probability {value[p]:.3f}, {size}"
+    for p in layout.candidates:
+        if p not in chosen:
+            why = (f"reuse probability {value[p]:.3f} below min_probability {min_probability:g}"
+                   if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it costs {sel.cost(p)} tokens, "
+                   f"{budget - sel.used} were left")
+            reasons[p] = f"omitted: {why}"
+
+
+@pytest.mark.parametrize("config", [{}, {"cost_exponent": 1.0, "brief_revivals": False, "min_probability": 0.05}])
+def test_learned_knapsack_priced_in_bulk_renders_as_the_reference(real_traces, config, monkeypatch):
+    """learned with the bulk-priced knapsack and deferred reasons renders exactly as with the loop
+    it replaced (selections, reasons and their order), on real-trace prefixes at three budgets."""
+    from historygraph.policies import learned
+
+    signals = Signals(counter=TokenCounter(), embedder_factory=GridEmbedder)
+    pol = create("learned", **config)
+    checked = 0
+    for tr in real_traces:
+        for g in prefixes(tr, every=4):
+            for budget in (800, 2500, 6000):
+                try:
+                    fast = rendering_tuple(pol.render(g, budget, signals))
+                except ValueError:  # budget below the protected history of this prefix
+                    continue
+                with monkeypatch.context() as m:
+                    m.setattr(learned, "knapsack_select", reference_knapsack)
+                    m.setattr(learned, "_explain", reference_explain)
+                    slow = rendering_tuple(pol.render(g, budget, signals))
+                assert fast == slow, (tr.trace_id, len(g), budget)
+                checked += 1
+    assert checked > 40

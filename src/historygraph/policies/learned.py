@@ -90,7 +90,10 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
 
     lay = sel.layout
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
-    heap = [(ratio(p, c), p, c) for p in items for c in (sel.cost(p),)]
+    # every candidate priced at once; before anything is revived that is also its cost alone
+    start = dict(zip(lay.candidates, sel.candidate_costs().tolist()))
+    cost0 = {p: start[p] if p in start else sel.cost(p) for p in items}
+    heap = [(ratio(p, c), p, c) for p in items for c in (cost0[p],)]
     heapq.heapify(heap)
     by_unit: dict[int, list[int]] = {}
     for p in items:
@@ -117,8 +120,12 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
                 if q not in done:
                     cq = sel.cost(q)
                     heapq.heappush(heap, (ratio(q, cq), q, cq))
-    best = max((p for p in items if lay.budget is None or base_used + _alone(sel, p, base_revived) <= lay.budget),
-               key=lambda p: (value[p], -p), default=None)
+    if lay.budget is None:
+        fit_alone = items
+    else:
+        alone = cost0.__getitem__ if not base_revived else (lambda p: _alone(sel, p, base_revived))
+        fit_alone = [p for p in items if base_used + alone(p) <= lay.budget]
+    best = max(fit_alone, key=lambda p: (value[p], -p), default=None)
     if best is not None and value[best] > sum(value[p] for p in taken):
         sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
         sel.take(best)
@@ -145,6 +152,26 @@ def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     if u not in lay.dropped_units or u in revived:
         return lay.delta[p]
     return lay.delta[p] + lay.revival_cost(u) + (lay.runs.remove_delta(u) if u in lay.runs.start else 0)
+
+
+def _explain(reasons: dict[int, str], layout: Layout, sel: Selection, value: dict[int, float], taken: list[int],
+             budget: int | None, min_probability: float) -> None:
+    """The reason of every candidate: its rank and probability when taken, else why it stayed out
+    (costs as of the finished selection, all priced at once)."""
+    msgs = layout.graph.messages
+    cost = dict(zip(layout.candidates, sel.candidate_costs().tolist()))
+    chosen = set(taken)
+    for rank, p in enumerate(taken, 1):
+        kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
+        c = cost[p]
+        size = f"{c} tokens" if c >= 0 else f"{-c} tokens fewer than its placeholder"
+        reasons[p] = f"{kind} #{rank}: reuse probability {value[p]:.3f}, {size}"
+    for p in layout.candidates:
+        if p not in chosen:
+            why = (f"reuse probability {value[p]:.3f} below min_probability {min_probability:g}"
+                   if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it costs {cost[p]} tokens, "
+                   f"{budget - sel.used} were left")  # type: ignore[operator]
+            reasons[p] = f"omitted: {why}"
 
 
 class Learned:
@@ -176,23 +203,11 @@ class Learned:
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         cands = layout.candidates
-        msgs = graph.messages
         prob = self.model.predict(feature_matrix(graph, cands, signals.counter)) if cands else np.zeros(0)
         value = reuse_values(layout, prob, cfg)
         sel = layout.selection()
         taken = knapsack_select(cands, value, sel, cfg.cost_exponent)
-        chosen = set(taken)
-        for rank, p in enumerate(taken, 1):
-            kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
-            c = sel.cost(p)
-            size = f"{c} tokens" if c >= 0 else f"{-c} tokens fewer than its placeholder"
-            layout.reasons[p] = f"{kind} #{rank}: reuse probability {value[p]:.3f}, {size}"
-        for p in cands:
-            if p not in chosen:
-                why = (f"reuse probability {value[p]:.3f} below min_probability {cfg.min_probability:g}"
-                       if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it costs {sel.cost(p)} tokens, "
-                       f"{budget - sel.used} were left")
-                layout.reasons[p] = f"omitted: {why}"
+        layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, value, taken, budget, cfg.min_probability))
         return layout.assemble(self.name, sel)
 
 
