@@ -120,7 +120,7 @@ def loop_opening(graph: ContextGraph) -> int | None:
     return _loop_bounds(graph)[2]
 
 
-def loop_guard(graph: ContextGraph) -> tuple[int, ...]:
+def loop_guard(graph: ContextGraph, users: list[int] | None = None) -> tuple[int, ...]:
     """Positions every rendering must keep so that, on the wire, the active tool loop opens with
     its thinking block (docs/architecture.md, invariant §5.7): the user message that starts the
     loop's exchange, the assistant message before it (when there is one) and :func:`loop_opening`;
@@ -132,21 +132,25 @@ def loop_guard(graph: ContextGraph) -> tuple[int, ...]:
     would share a turn with the tool results rendered before it, and the provider's loop would
     begin at an earlier assistant message, usually one without a thinking block; if the user
     message were left out without a marker (under a summary), the two assistant messages would
-    merge into one turn that does not start with the thinking block."""
-    before, start, opening = _loop_bounds(graph)
+    merge into one turn that does not start with the thinking block.
+
+    ``users``: the positions of the graph's user messages, ascending, when the caller has them
+    (found by a scan otherwise)."""
+    before, start, opening = _loop_bounds(graph, users)
     if opening is None:
         return ()
     return tuple(p for p in (before, start, opening) if p is not None)
 
 
-def _loop_bounds(graph: ContextGraph) -> tuple[int | None, int | None, int | None]:
+def _loop_bounds(graph: ContextGraph, users: list[int] | None = None) -> tuple[int | None, int | None, int | None]:
     """``(assistant message before the user message that starts the active loop, that user
-    message, loop_opening(graph))``, each ``None`` when there is none."""
+    message, loop_opening(graph))``, each ``None`` when there is none; ``users`` as for
+    :func:`loop_guard`."""
     msgs = graph.messages
     start, before, user = 0, None, None
-    for p in range(len(msgs) - 1, -1, -1):
-        if msgs[p].role != "user":
-            continue
+    if users is None:
+        users = [p for p, m in enumerate(msgs) if m.role == "user"]
+    for p in reversed(users):
         q = p - 1
         while q >= 0 and msgs[q].role == "user":  # consecutive user turns merge on the wire
             q -= 1
@@ -418,6 +422,36 @@ def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> M
     return message.with_content(text, "excerpt")
 
 
+class _Grow:
+    """An int64 array grown by appending (amortised O(1)) and cut back by :meth:`truncate`.
+    :meth:`view` hands out a view of the filled part; a truncation first copies the buffer, so a
+    view handed out earlier keeps its values (a render may still be reading it)."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, values: Iterable[int] = ()) -> None:
+        vals = list(values)
+        self.buf = np.zeros(max(64, 2 * len(vals)), dtype=np.int64)
+        self.buf[:len(vals)] = vals
+        self.n = len(vals)
+
+    def append(self, value: int) -> None:
+        if self.n == len(self.buf):
+            grown = np.zeros(2 * len(self.buf), dtype=np.int64)
+            grown[:self.n] = self.buf
+            self.buf = grown
+        self.buf[self.n] = value
+        self.n += 1
+
+    def truncate(self, n: int) -> None:
+        if n < self.n:
+            self.buf = self.buf.copy()
+            self.n = n
+
+    def view(self) -> np.ndarray:
+        return self.buf[:self.n]
+
+
 class _TokenMemo:
     """What :class:`Layout` needs per message of one graph, computed once and kept across renders
     (the graph is append-only, so position ``p`` always holds the same message): the token count
@@ -429,6 +463,11 @@ class _TokenMemo:
         self.counter, self.build = counter, placeholder
         self.tokens: list[int] = []                              # count_message(messages[p])
         self.placeholder: dict[int, tuple[Message, int]] = {}   # result position -> (placeholder, its count)
+        # the same per result as three dicts, only ever added to, so layouts share them uncopied
+        self.result_tokens: dict[int, int] = {}
+        self.ph_message: dict[int, Message] = {}
+        self.ph_tokens: dict[int, int] = {}
+        self.tools = _Grow()                                     # positions of the tool results, ascending
         self.marker_plan = _MarkerPlan.build(counter)
         self._skeleton = _Skeleton()
         self._lock = threading.Lock()
@@ -439,15 +478,17 @@ class _TokenMemo:
         with self._lock:
             sk = self._skeleton
             sk.update(graph, self)
-            return {"current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
+            return {"users": sk.users, "current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
                     "outside": set(sk.outside), "order": list(sk.order), "units": list(sk.units),
                     "unit_first": dict(sk.unit_first), "unit_of": dict(sk.unit_of), "synthetic": dict(sk.synthetic),
-                    "full_cost": dict(sk.full_cost), "placeholder": dict(sk.placeholder),
-                    "placeholder_tokens": dict(sk.placeholder_tokens), "candidates": list(sk.candidates),
+                    "full_cost": self.result_tokens, "placeholder": self.ph_message,
+                    "placeholder_tokens": self.ph_tokens, "candidates": list(sk.candidates),
                     "big": list(sk.big), "glue": list(sk.glue),
                     "facts": (list(sk.lo), list(sk.hi), list(sk.top), list(sk.ncalls), list(sk.pre)),
                     "costs": list(sk.costs),
-                    "full_tokens": sk.full_tokens, "total_cost": sk.total_cost}
+                    "full_tokens": sk.full_tokens, "total_cost": sk.total_cost,
+                    "starts": list(sk.starts), "form": dict(sk.form), "delta": dict(sk.delta),
+                    "arrays": sk.arrays()}
 
     def update(self, messages: list[Message]) -> None:
         if len(self.tokens) == len(messages):
@@ -456,10 +497,14 @@ class _TokenMemo:
             count = self.counter.count_message
             for p in range(len(self.tokens), len(messages)):
                 m = messages[p]
+                n = count(m)
                 if m.role == "tool":
                     ph = self.build(m, self.counter)
                     self.placeholder[p] = (ph, count(ph))
-                self.tokens.append(count(m))
+                    self.ph_message[p], self.ph_tokens[p] = self.placeholder[p]
+                    self.result_tokens[p] = n
+                    self.tools.append(p)
+                self.tokens.append(n)
 
 
 class _Skeleton:
@@ -482,7 +527,7 @@ class _Skeleton:
 
     def _build(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
         msgs = graph.messages
-        users = [p for p, m in enumerate(msgs) if m.role == "user"]
+        users = self.users = [p for p, m in enumerate(msgs) if m.role == "user"]  # (extending adds none)
         self.current_user = users[-1] if users else None
         self.first_user = users[0] if users else None
         self.last_assistant = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
@@ -496,9 +541,6 @@ class _Skeleton:
         self.unit_first: dict[int, int] = {}
         self.unit_of: dict[int, int] = {}
         self.synthetic: dict[int, list[Message]] = {}
-        self.full_cost: dict[int, int] = {}
-        self.placeholder: dict[int, Message] = {}
-        self.placeholder_tokens: dict[int, int] = {}
         self.candidates: list[int] = []
         self.big: list[tuple[int, int]] = []  # (full cost, position), ascending
         self.glue: list[bool] = []
@@ -510,13 +552,23 @@ class _Skeleton:
         self.ncalls: list[int] = []
         self.pre: list[int] = [0]
         self.costs: list[int] = []
+        self.form: dict[int, Message] = {}   # candidate -> its complete message
+        self.delta: dict[int, int] = {}      # candidate -> full cost − placeholder cost
+        # the same as arrays (see :meth:`arrays`): per order entry its position and unit (−1 outside B),
+        # per unit its cost, lowest and highest position and the prefix sums of calls, per candidate
+        # (ascending) its delta and unit
+        self.g_order, self.g_entry_unit = _Grow(), _Grow()
+        self.g_cost, self.g_lo, self.g_hi, self.g_pre = _Grow(), _Grow(), _Grow(), _Grow([0])
+        self.g_cand_delta, self.g_cand_unit = _Grow(), _Grow()
+        self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
         apart = True
         for p, m in enumerate(msgs):
             if m.role == "tool":
                 continue
             if p in self.outside:
                 self.order.append(p)
-                self.order.extend(sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of))
+                self.g_order.append(p)
+                self.g_entry_unit.append(-1)  # (outside messages are system or user messages: no calls)
                 apart = True
                 continue
             if self._add(p, graph, memo, not apart):
@@ -531,9 +583,13 @@ class _Skeleton:
         self.order.append(p)
         results = sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
         self.order.extend(results)
-        if m.role not in ("user", "assistant"):
-            return False
+        unit_role = m.role in ("user", "assistant")
         i = len(self.units)
+        for q in (p, *results):
+            self.g_order.append(q)
+            self.g_entry_unit.append(i if unit_role else -1)
+        if not unit_role:
+            return False
         unit = _Unit([p], protected=False)
         synthetic = []
         if m.role == "assistant":
@@ -550,10 +606,16 @@ class _Skeleton:
         full = memo.tokens[p] + sum(memo.counter.count_message(x) for x in synthetic)
         unit.cost = full
         for r in unit.positions[1:]:
-            self.full_cost[r] = memo.tokens[r]
-            self.placeholder[r], self.placeholder_tokens[r] = memo.placeholder[r]
-            unit.cost += self.placeholder_tokens[r]
+            ph_tokens = memo.placeholder[r][1]
+            unit.cost += ph_tokens
             full += memo.tokens[r]
+            self.form[r] = msgs[r]
+            self.delta[r] = memo.tokens[r] - ph_tokens
+            if self.candidates and r < self.candidates[-1]:
+                self.cand_stale = True
+            elif not self.cand_stale:
+                self.g_cand_delta.append(self.delta[r])
+                self.g_cand_unit.append(i)
             bisect.insort(self.candidates, r)
             bisect.insort(self.big, (memo.tokens[r], r))
         self.units.append(unit)
@@ -569,7 +631,22 @@ class _Skeleton:
         self.ncalls.append(len(m.tool_calls) if m.role == "assistant" else 0)
         self.pre.append(self.pre[-1] + self.ncalls[-1])
         self.costs.append(unit.cost)
+        self.g_cost.append(unit.cost)
+        self.g_lo.append(self.lo[-1])
+        self.g_hi.append(self.hi[-1])
+        self.g_pre.append(self.pre[-1])
         return True
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Views of the array forms (int64): ``order``, ``entry_unit``, ``cost``, ``lo``, ``hi``,
+        ``pre``, ``cand_delta``, ``cand_unit``."""
+        if self.cand_stale:
+            self.g_cand_delta = _Grow(self.delta[p] for p in self.candidates)
+            self.g_cand_unit = _Grow(self.unit_of[p] for p in self.candidates)
+            self.cand_stale = False
+        return {"order": self.g_order.view(), "entry_unit": self.g_entry_unit.view(), "cost": self.g_cost.view(),
+                "lo": self.g_lo.view(), "hi": self.g_hi.view(), "pre": self.g_pre.view(),
+                "cand_delta": self.g_cand_delta.view(), "cand_unit": self.g_cand_unit.view()}
 
     def _extend(self, graph: ContextGraph, memo: "_TokenMemo") -> bool:
         msgs = graph.messages
@@ -591,7 +668,13 @@ class _Skeleton:
                 return False
         # rebuild the last unit with what arrived, then add the new steps
         self.units.pop()
-        del self.order[self.starts.pop():]
+        start = self.starts.pop()
+        del self.order[start:]
+        self.g_order.truncate(start)
+        self.g_entry_unit.truncate(start)
+        for g in (self.g_cost, self.g_lo, self.g_hi):
+            g.truncate(len(self.units))
+        self.g_pre.truncate(len(self.units) + 1)
         self.full_tokens -= self.fulls.pop()
         self.total_cost -= last.cost
         del self.unit_first[t]
@@ -599,8 +682,16 @@ class _Skeleton:
         for facts in (self.lo, self.hi, self.top, self.ncalls, self.pre, self.costs):
             facts.pop()
         self.synthetic.pop(t, None)
-        for r in last.positions[1:]:
-            del self.unit_of[r], self.full_cost[r], self.placeholder[r], self.placeholder_tokens[r]
+        gone = last.positions[1:]
+        if not self.cand_stale:
+            if self.candidates[len(self.candidates) - len(gone):] == sorted(gone):
+                self.g_cand_delta.truncate(len(self.candidates) - len(gone))
+                self.g_cand_unit.truncate(len(self.candidates) - len(gone))
+            else:
+                self.cand_stale = True
+        for r in gone:
+            del self.unit_of[r]
+            del self.form[r], self.delta[r]
             self.candidates.remove(r)
             self.big.remove((memo.tokens[r], r))
         for q in range(t, len(msgs)):
@@ -697,8 +788,7 @@ class _Runs:
         if i > a:
             self.end[a] = i - 1
         if i < b:
-            for k in range(i + 1, b + 1):
-                self.start[k] = i + 1
+            self.start.update(dict.fromkeys(range(i + 1, b + 1), i + 1))
             self.end[i + 1] = b
 
     def total(self) -> int:
@@ -763,11 +853,9 @@ class Selection:
         priced for all its units at once."""
         lay = self.layout
         delta, unit = lay._candidate_arrays()
-        extra = np.zeros(len(lay.units), dtype=np.int64)
-        idle = lay.dropped_units - self.revived
-        if idle:
-            idx = np.fromiter(idle, dtype=np.int64, count=len(idle))
-            extra[idx] = lay._revival_costs()[idx]
+        extra = lay._revival_costs().copy()  # 0 but for dropped units
+        if self.revived:
+            extra[list(self.revived)] = 0
         for a, b in self.runs.end.items():
             extra[a:b + 1] += lay._remove_deltas(a, b)
         return delta + extra[unit]
@@ -841,8 +929,9 @@ class Layout:
         self._pending: list[Callable[[dict[int, str]], None]] = []
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
         sk = memo.skeleton(graph)
+        self._tools = memo.tools.view()
         self.current_user = sk["current_user"]
-        self.loop_guard = loop_guard(graph)
+        self.loop_guard = loop_guard(graph, sk["users"])
         self.order: list[int] = sk["order"]
         self.outside: set[int] = sk["outside"]
         self._tokens = memo.tokens
@@ -851,8 +940,12 @@ class Layout:
         self.placeholder_tokens: dict[int, int] = sk["placeholder_tokens"]
         self._marks: dict[tuple[int, int], int] = {}
         self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = sk["facts"]
-        self._costs = sk["costs"]
-        self._arrays: tuple[np.ndarray, ...] | None = None
+        arr = self._arr = sk["arrays"]
+        self._costs: np.ndarray = arr["cost"]
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] = (arr["lo"], arr["hi"], arr["pre"])
+        self._starts: list[int] = sk["starts"]
+        self._unit_first: dict[int, int] = sk["unit_first"]
+        self._dropped_mask = np.zeros(len(self._costs), dtype=bool)  # dropped_units as a mask (kept in step)
         self._bulk: dict[tuple[int, int], np.ndarray] = {}
         self._cand: tuple[np.ndarray, np.ndarray] | None = None
         self._revivals: np.ndarray | None = None
@@ -868,6 +961,7 @@ class Layout:
         for i in protected_units:
             u = self.units[i]
             self.units[i] = _Unit(u.positions, True, u.cost)
+        self._protected = sorted(protected_units)
         self.full_history_tokens = sk["full_tokens"]
 
         omit = set(omit)
@@ -879,6 +973,8 @@ class Layout:
         self.inserts = dict(inserts or {})
         self.left_out = left_out
         self.dropped_units: set[int] = set(left_out)
+        if left_out:
+            self._dropped_mask[list(left_out)] = True
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
         self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
@@ -901,15 +997,19 @@ class Layout:
                     self.base_tokens += self.runs.add_delta(i) - unit.cost
                     self.runs.add(i)
                     self.dropped_units.add(i)
+                    self._dropped_mask[i] = True
             else:
                 self._drop_oldest(max(target, protected))
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
-        self.candidates = [p for p in sk["candidates"] if self.unit_of[p] not in left_out] if left_out \
-            else sk["candidates"]
-        self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
         ph = self.placeholder_tokens
-        self.delta: dict[int, int] = {p: self.full_cost[p] - ph[p] for p in self.candidates}
+        if left_out:
+            self.candidates = [p for p in sk["candidates"] if self.unit_of[p] not in left_out]
+            self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
+            self.delta: dict[int, int] = {p: self.full_cost[p] - ph[p] for p in self.candidates}
+        else:  # the skeleton's, for every candidate
+            self.candidates, self.form, self.delta = sk["candidates"], sk["form"], sk["delta"]
+            self._cand = (arr["cand_delta"], arr["cand_unit"])
         big = sk["big"]
         over = sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(msgs))):]) if budget is not None else []
         for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
@@ -919,6 +1019,10 @@ class Layout:
                 self.form[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
                 self.delta[p] = counter.count_message(excerpt) - ph[p]
+                if self._cand is not None:
+                    if self._cand[0] is arr["cand_delta"]:  # shared with the skeleton: a copy of our own
+                        self._cand = (self._cand[0].copy(), self._cand[1])
+                    self._cand[0][bisect.bisect_left(self.candidates, p)] = self.delta[p]
 
     @property
     def reasons(self) -> dict[int, str]:
@@ -948,18 +1052,23 @@ class Layout:
             if units[i].protected:
                 i += 1
                 continue
-            j = i
-            while j + 1 < n and glue[j + 1] and not units[j + 1].protected:
-                j += 1
-            cost = np.cumsum(np.asarray(self._costs[i:j + 1], dtype=np.int64))
-            after = self.base_tokens - cost + self._run_costs(i, j)[0]
+            # j: the last unit before the next one that starts a new marker (glue false) or is protected
+            try:
+                j = glue.index(False, i + 1) - 1
+            except ValueError:
+                j = n - 1
+            k = bisect.bisect_right(self._protected, i)
+            if k < len(self._protected):
+                j = min(j, self._protected[k] - 1)
+            cost = np.cumsum(self._costs[i:j + 1])
+            after = self.base_tokens - cost + self._prefix_costs(i, j)
             within = np.flatnonzero(after <= limit)
             x = i + int(within[0]) if len(within) else j
             self.base_tokens = int(after[x - i])
-            for k in range(i, x + 1):
-                self.runs.start[k] = i
+            self.runs.start.update(dict.fromkeys(range(i, x + 1), i))
             self.runs.end[i] = x
             self.dropped_units.update(range(i, x + 1))
+            self._dropped_mask[i:x + 1] = True
             i = j + 1
 
     def revival_cost(self, u: int) -> int:
@@ -1062,19 +1171,24 @@ class Layout:
         xs = np.arange(a, b + 1)
         plan = self._plan
         if plan is None:
-            return (np.array([self._marker_tokens(a, x) for x in xs.tolist()], dtype=np.int64),
+            return (self._prefix_costs(a, b),
                     np.array([self._marker_tokens(y, b) for y in xs.tolist()], dtype=np.int64))
-        if self._arrays is None:
-            lo_, hi_, _top, _ncalls, pre_ = self._unit_facts()
-            self._arrays = (np.asarray(lo_, dtype=np.int64), np.asarray(hi_, dtype=np.int64),
-                            np.asarray(pre_, dtype=np.int64))
         lo, hi, pre = self._arrays
-        n_p, n_s = pre[xs + 1] - pre[a], pre[b + 1] - pre[xs]
-        top_p = np.maximum.accumulate(hi[a:b + 1])
+        n_s = pre[b + 1] - pre[xs]
         top_s = np.maximum.accumulate(hi[a:b + 1][::-1])[::-1]
-        P = plan.const + plan.number("first", int(lo[a])) + plan.gather("last", top_p) + plan.gather("n", n_p)
         S = plan.const + plan.gather("first", lo[xs]) + plan.gather("last", top_s) + plan.gather("n", n_s)
-        return P, S
+        return self._prefix_costs(a, b), S
+
+    def _prefix_costs(self, a: int, b: int) -> np.ndarray:
+        """``P`` of :meth:`_run_costs` alone."""
+        xs = np.arange(a, b + 1)
+        plan = self._plan
+        if plan is None:
+            return np.array([self._marker_tokens(a, x) for x in xs.tolist()], dtype=np.int64)
+        lo, hi, pre = self._arrays
+        n_p = pre[xs + 1] - pre[a]
+        top_p = np.maximum.accumulate(hi[a:b + 1])
+        return plan.const + plan.number("first", int(lo[a])) + plan.gather("last", top_p) + plan.gather("n", n_p)
 
     def _remove_deltas(self, a: int, b: int) -> np.ndarray:
         """``[runs.remove_delta(i) for i in a..b]`` for the run ``a..b`` (int64), memoised."""
@@ -1098,9 +1212,12 @@ class Layout:
     def _revival_costs(self) -> np.ndarray:
         """:meth:`revival_cost` of every dropped unit (0 for the others), int64."""
         if self._revivals is None:
-            self._revivals = np.zeros(len(self.units), dtype=np.int64)
-            for u in self.dropped_units:
-                self._revivals[u] = self.revival_cost(u)
+            if self.brief_revivals:
+                self._revivals = np.zeros(len(self.units), dtype=np.int64)
+                for u in self.dropped_units:
+                    self._revivals[u] = self.revival_cost(u)
+            else:  # a unit's whole cost (:meth:`brief` without brief views)
+                self._revivals = np.where(self._dropped_mask, self._costs, 0)
         return self._revivals
 
     @property
@@ -1124,8 +1241,15 @@ class Layout:
         dropped steps that were not revived are left out. Chronological."""
         shown = selection.shown
         msgs = self.graph.messages
-        dropped = {p for u in self.dropped_units - selection.revived for p in self.units[u].positions}
-        dropped |= self.graph.superseded.keys()
+        # per order entry whether it is left out: its unit is dropped and not revived (a mask, as arrays)
+        idle = self._dropped_mask.copy()
+        if selection.revived:
+            idle[list(selection.revived)] = False
+        at = np.append(idle, False)[self._arr["entry_unit"]]  # (entries outside B have unit −1: kept)
+        dropped_at = at.tolist()
+        dropped = self._arr["order"][at]
+        if self.graph.superseded:
+            dropped = np.union1d(dropped, np.fromiter(self.graph.superseded, dtype=np.int64))
         briefs = {self.units[u].positions[0]: b for u in self.dropped_units & selection.revived
                   if (b := self.brief(u)[1]) is not None}
         marks: list[tuple[int, str]] = []  # (result, reason) of placeholders and excerpts, in render order
@@ -1145,9 +1269,14 @@ class Layout:
             pending.clear()
 
         runs = selection.runs
-        first = {u.positions[0]: i for i, u in enumerate(self.units)}
+        first, order, starts, units = self._unit_first, self.order, self._starts, self.units
+        # without inserts, the entries of a run of marked units are those units' positions, one after
+        # the other (no message outside B between them), all left out: the walk steps over them
+        jump = not self.inserts
         open_run: int | None = None
-        for p in self.order:
+        k, n_order = 0, len(order)
+        while k < n_order:
+            p = order[k]
             m = msgs[p]
             if m.role != "tool":
                 if pending:
@@ -1157,11 +1286,15 @@ class Layout:
                     marker = self.marker(open_run, runs.end[open_run])
                     out.append(marker)
                     positions.append(None)
-                    history += self.counter.count_message(marker)
+                    history += self._marker_tokens(open_run, runs.end[open_run])
                     open_run = None
                 if i is not None and i in runs.start:
                     open_run = runs.start[i]
-            if p not in dropped:
+                    if jump:
+                        b = runs.end[open_run]
+                        k = starts[b] + len(units[b].positions)
+                        continue
+            if not dropped_at[k]:
                 if m.role == "tool":
                     ph = placeholder.get(p, m)
                     r = shown.get(p, ph)
@@ -1186,17 +1319,18 @@ class Layout:
                     history += count(s)
             if p in self.inserts:
                 pending.append(self.inserts[p])
+            k += 1
         flush()
         if open_run is not None:
             marker = self.marker(open_run, runs.end[open_run])
             out.append(marker)
             positions.append(None)
-            history += self.counter.count_message(marker)
+            history += self._marker_tokens(open_run, runs.end[open_run])
         total = history + outside
-        full_set = set(full)
-        omitted = [p for p, m in enumerate(msgs) if m.role == "tool" and p not in full_set]
+        tools = self._tools
+        omitted = (tools[~np.isin(tools, full)] if full else tools).tolist()
         rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
-                              omitted=omitted, dropped=sorted(dropped), history_tokens=history, input_tokens=total)
+                              omitted=omitted, dropped=dropped.tolist(), history_tokens=history, input_tokens=total)
         rendering.defer_reasons(self._reasons_builder(selection, briefs, marks))
         return rendering
 
