@@ -9,9 +9,13 @@ work runs inline here (``run_in_threadpool`` is replaced by a direct call) so th
 it. Sessions are ``bench/proxy_latency.py``'s 200-message histories; each runs ``--requests``
 steady-state agent steps after its first request (which stores the 200 messages).
 
-Usage: ``python bench/proxy_profile.py [--policy prune] [--sessions 20] [--requests 10] [--top 30]``.
-Prints CPU ms per steady-state request (``time.process_time``) and the functions with the largest
-cumulative time.
+Usage: ``python bench/proxy_profile.py [--policy prune] [--sessions 20] [--requests 10] [--top 30]
+[--breakdown] [--logs] [--default-gc]``. Prints CPU ms per steady-state request (``time.process_time``) and the
+functions with the largest cumulative time; ``--breakdown`` instead times the stages of the
+request path without a profiler (each stage's CPU ms per request, ``time.thread_time`` around
+the functions listed in :data:`STAGES`; the rest is the HTTP framework, the in-process client
+and the mock provider); ``--logs`` writes the proxy's JSON log records to a null stream, as a
+deployment writes them to stderr (without it they are filtered out by level).
 """
 
 from __future__ import annotations
@@ -33,7 +37,96 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import proxy_latency as pl  # noqa: E402
 
+from historygraph import render as render_mod  # noqa: E402
 from historygraph.server import app as app_mod  # noqa: E402
+from historygraph.server import jsonio, sessions  # noqa: E402
+
+STAGES = [  # (stage, object, attribute): the functions of the request path timed by --breakdown
+    ("read and parse the body", app_mod.Proxy, "read_json"),
+    ("route and store new messages", sessions.SessionRouter, "ingest"),
+    ("policy render", None, "render"),  # the policy instance's render, patched once it exists
+    ("check_invariants", app_mod, "check_invariants"),
+    ("metrics of the render", app_mod.ProxyMetrics, "observe_render"),
+    ("encode the forwarded body", jsonio, "dumps"),
+    ("upstream call (httpx, less the mock provider)", "client", "send"),
+    ("store the answer", app_mod.Proxy, "store_answer"),
+    ("usage and calibration", app_mod.Proxy, "observe_usage"),
+    ("after the response (prefetch)", app_mod.Proxy, "prefetch"),
+]
+
+
+class Breakdown:
+    """CPU seconds (``time.thread_time``) per stage, outermost calls only (a stage called inside
+    another counts once, in the outer one)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {name: 0.0 for name, _, _ in STAGES}
+        self.depth = 0
+        self.on = False
+        self.mock = 0.0
+        self.gc = 0.0  # the cyclic garbage collector, counted apart from the stage it interrupted
+        self._gc0 = 0.0
+        import gc
+
+        def collecting(phase, info):
+            if phase == "start":
+                self._gc0 = time.thread_time()
+            elif self.on:
+                self.gc += time.thread_time() - self._gc0
+        gc.callbacks.append(collecting)
+
+    def wrap(self, name: str, fn):
+        import functools
+        import inspect
+
+        def enter():
+            self.depth += 1
+            return time.thread_time() if self.on and self.depth == 1 else None
+
+        def leave(t0):
+            self.depth -= 1
+            if t0 is not None:
+                self.cpu[name] += time.thread_time() - t0
+
+        if inspect.iscoroutinefunction(fn):  # its awaits run nothing else here (one request at a time)
+            @functools.wraps(fn)
+            async def awrapped(*a, **k):
+                t0 = enter()
+                try:
+                    return await fn(*a, **k)
+                finally:
+                    leave(t0)
+            return awrapped
+
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            t0 = enter()
+            try:
+                return fn(*a, **k)
+            finally:
+                leave(t0)
+        return wrapped
+
+    def install(self, proxy, policy: str) -> None:
+        for name, obj, attr in STAGES:
+            if obj is None:
+                pol = proxy.policy(policy)
+                pol.render = self.wrap(name, pol.render)
+            elif obj == "client":
+                continue  # below, with the mock provider
+            else:
+                setattr(obj, attr, self.wrap(name, getattr(obj, attr)))
+        mock = upstream
+
+        def timed(request):  # the mock provider's own work, at any depth, is not the proxy's
+            t0 = time.thread_time()
+            try:
+                return mock(request)
+            finally:
+                if self.on:
+                    self.mock += time.thread_time() - t0
+        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(timed))
+        proxy.client.send = self.wrap("upstream call (httpx, less the mock provider)", proxy.client.send)
 
 
 def upstream(request: httpx.Request) -> httpx.Response:
@@ -53,7 +146,8 @@ async def inline(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-async def drive(app, sessions: int, requests: int, profiler: cProfile.Profile | None) -> tuple[float, int]:
+async def drive(app, sessions: int, requests: int, profiler: cProfile.Profile | None,
+                breakdown: Breakdown | None = None) -> tuple[float, int]:
     """Round-robin over sessions; returns (CPU seconds of the steady-state requests, their count)."""
     histories = {s: pl.history(s) for s in range(sessions)}
     cpu, count = 0.0, 0
@@ -64,6 +158,8 @@ async def drive(app, sessions: int, requests: int, profiler: cProfile.Profile | 
                 c0 = time.process_time()
                 if step and profiler:
                     profiler.enable()
+                if breakdown:
+                    breakdown.on = bool(step)
                 r = await client.post("/v1/chat/completions", json=body, headers={"X-HistoryGraph-Session": f"p-{s}"})
                 if step and profiler:
                     profiler.disable()
@@ -103,18 +199,45 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--no-profile", action="store_true", help="only the CPU figure")
+    ap.add_argument("--breakdown", action="store_true", help="CPU per stage of the request path, no profiler")
+    ap.add_argument("--default-gc", action="store_true", help="CPython's collector settings, not serve's (tune_gc)")
+    ap.add_argument("--logs", action="store_true", help="log records written (to a null stream), as in a deployment")
     args = ap.parse_args()
+    if args.logs:
+        import io
+
+        from historygraph.server.logs import configure
+
+        class Null(io.TextIOBase):
+            def write(self, s: str) -> int:
+                return len(s)
+        configure("INFO", stream=Null())
     tmp = tempfile.mkdtemp(prefix="hg-profile-")
     config = app_mod.ServerConfig(upstream="http://upstream/v1", store=f"{tmp}/p.sqlite", policy=args.policy, budget=args.budget)
     app = app_mod.create_app(config)
+    if not args.default_gc:
+        app_mod.tune_gc()  # as historygraph serve does
     proxy = app.state.proxy
     proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
     app_mod.run_in_threadpool = inline
-    profiler = None if args.no_profile else cProfile.Profile()
-    cpu, count = asyncio.run(drive(app, args.sessions, args.requests, profiler))
+    profiler = None if args.no_profile or args.breakdown else cProfile.Profile()
+    breakdown = None
+    if args.breakdown:
+        breakdown = Breakdown()
+        breakdown.install(proxy, args.policy)
+    cpu, count = asyncio.run(drive(app, args.sessions, args.requests, profiler, breakdown))
     client = asyncio.run(bare_client_cost(args.sessions, min(args.requests, 3)))
     print(f"policy {args.policy}: {count} steady-state requests, {cpu * 1000 / count:.2f} CPU ms per request "
           f"(in-process client's share about {client:.2f} ms{', profiler on' if profiler else ''})")
+    if breakdown:
+        print("| stage | CPU ms per request | share |\n|---|---:|---:|")
+        for name, sec in breakdown.cpu.items():
+            print(f"| {name} | {sec * 1000 / count:.2f} | {sec / cpu:.0%} |")
+        breakdown.cpu["upstream call (httpx, less the mock provider)"] -= breakdown.mock
+        rest = cpu - sum(breakdown.cpu.values()) - breakdown.mock
+        print(f"| (of the stages above: the garbage collector) | {breakdown.gc * 1000 / count:.2f} | {breakdown.gc / cpu:.0%} |")
+        print(f"| (the mock provider, not the proxy) | {breakdown.mock * 1000 / count:.2f} | {breakdown.mock / cpu:.0%} |")
+        print(f"| rest (HTTP framework, in-process client) | {rest * 1000 / count:.2f} | {rest / cpu:.0%} |")
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.top)
 

@@ -645,3 +645,25 @@ def test_calibration_sees_anthropic_and_streamed_usage_with_cache_parts(servers,
     after = api(servers, "GET", "/calibration").json()
     assert after["observations"] == before["observations"] + 2 and after["applied"] is True
     assert after["input_tokens"]["fresh"] == before["input_tokens"]["fresh"] + 2  # the fake reports 1 fresh token each
+
+
+def test_a_worker_process_tunes_its_garbage_collector(monkeypatch, tmp_path):
+    # historygraph serve --workers N: each worker builds its app with create_app_from_env, then
+    # freezes what it allocated and collects less often (app.GC_THRESHOLDS)
+    import dataclasses
+    import gc
+    import json as _json
+
+    from historygraph.server import app as app_mod
+
+    before = gc.get_threshold()
+    config = app_mod.ServerConfig(store=str(tmp_path / "w.sqlite"), policy="prune")
+    monkeypatch.setenv(app_mod.CONFIG_ENV, _json.dumps(dataclasses.asdict(config)))
+    monkeypatch.delenv(app_mod.LOG_ENV, raising=False)
+    try:
+        app_mod.create_app_from_env()
+        assert gc.get_threshold() == app_mod.GC_THRESHOLDS != before
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -576,6 +576,9 @@ def serve(
     err.print(f"historygraph proxy on http://{host}:{port} → {upstream} | {anthropic_upstream}; policy {policy}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
     if workers == 1:
+        from .server.app import tune_gc
+
+        tune_gc()
         uvicorn.run(application, host=host, port=port, log_level="warning")
         return
     if store == ":memory:":
