@@ -56,7 +56,7 @@ ParamOption = Annotated[list[str], typer.Option(
     "--param", "-P", help="Policy parameter name=value, or policy.name=value for one policy (repeatable; "
                           "'historygraph policies' lists them). Overrides --params.")]
 ParamsFileOption = Annotated[Optional[Path], typer.Option(
-    "--params", help="TOML file of policy parameters, one [policy-name] table per policy.")]
+    "--params", help="TOML file of policy parameters, one \\[policy-name] table per policy.")]
 
 
 def _policy_params(items: list[str], path: Path | None, names: list[str]) -> dict[str, dict]:
@@ -620,7 +620,7 @@ def fit(
 
     Label: observed reuse (Tool-Flow Analysis, ContextRender §3.2) at the next model call; features:
     render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
-    parameter model=FILE) and replay to measure it. Needs scikit-learn (pip install 'historygraph[fit]')."""
+    parameter model=FILE) and replay to measure it. Needs scikit-learn (pip install 'historygraph\\[fit]')."""
     from .fit.train import fit_traces
 
     if out.exists() and not force:
