@@ -36,8 +36,11 @@ class GridEmbedder:
         return out
 
 
-def reference_greedy(candidates, score, sel, vectors, penalty):
+def reference_greedy(candidates, score, sel, vectors, penalty, arrays=None):
     """ContextRender's greedy loop before vectorisation (Algorithm 1 lines 15–20, eq. 6–7)."""
+    if arrays is not None:  # the render passes scores and vectors as arrays in candidate order
+        score = dict(zip(candidates, arrays[0].tolist()))
+        vectors = {p: arrays[1][i] for i, p in enumerate(candidates)}
     selected = []
     remaining = list(candidates)
     sim = {p: 0.0 for p in candidates}
@@ -96,6 +99,73 @@ def test_vectorised_greedy_selection_renders_as_the_reference_loop(real_traces, 
                 assert rendering_tuple(fast) == rendering_tuple(slow), (tr.trace_id, len(g), budget)
                 checked += 1
     assert checked > 20
+
+
+def reference_scores(graph, cands, vectors, q, qn, deps, cfg):
+    """ContextRender's per-candidate scoring loop before vectorisation (eq. 2, 1, 5 and the
+    dependency term), as ``(age, c, s, U')`` lists."""
+    out = ([], [], [], [])
+    for p in cands:
+        a, c = graph.age(p), graph.reuse_score(p)
+        s = max(float(vectors[p] @ q) / qn, 0.0)
+        u = contextrender.usefulness(a, c, s, cfg) + (cfg.w_dep if p in deps else 0.0)
+        for xs, v in zip(out, (a, c, s, u)):
+            xs.append(v)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["contextrender", "contextrender-dep", "cr-recency-relevance"])
+def test_vectorised_scores_equal_the_per_candidate_loop_bit_for_bit(real_traces, policy):
+    """``contextrender.scores`` (a table of exp per age, the reuse term for reused results only,
+    ``np.vecdot`` for the cosines) gives the per-candidate loop's values bit for bit, with
+    embedding-like float32 vectors (random, unit length: their dot products round), on
+    real-trace prefixes; and the reuse scores kept between appends equal eq. 1 summed afresh."""
+    cfg = create(policy).config
+    rng = np.random.default_rng(7)
+    compared = 0
+    for tr in real_traces:
+        g = ContextGraph(tr.trace_id)
+        cuts = set([p for p, m in enumerate(tr.messages) if m.role == "assistant"][2::4])
+        for j, m in enumerate(tr.messages):
+            if j in cuts:
+                cands = [p for p, x in enumerate(g.messages) if x.role == "tool"]
+                V = rng.standard_normal((len(cands), 384)).astype(np.float32)
+                V /= np.linalg.norm(V, axis=1, keepdims=True)
+                q = (0.4 * V[0] + 0.6 * V[-1]).astype(np.float32)
+                qn = float(np.linalg.norm(q)) or 1.0
+                deps = contextrender.dependency_results(g, cfg.dep_ancestors) if cfg.w_dep else set()
+                fast = [x.tolist() for x in contextrender.scores(g, cands, V, q, qn, deps, cfg)]
+                ref = reference_scores(g, cands, {p: V[i] for i, p in enumerate(cands)}, q, qn, deps, cfg)
+                assert fast == list(ref), (tr.trace_id, j)
+                holders = g.reuse._holders
+                assert [g.reuse.score(p) for p in cands] == \
+                    [sum(1.0 / len(holders[x.value]) for x in g.reuse.matches.get(p, ())) for p in cands]
+                compared += 1
+            g.append(m)
+    assert compared > 20
+
+
+def test_result_vectors_kept_per_graph_render_as_asking_for_every_result(real_traces):
+    """ContextRender with the per-graph vector table renders (messages, reasons, tokens) as when
+    every result is asked for at each render (the path taken while the embedder logs requests)."""
+    kept, asked = (Signals(counter=TokenCounter(), embedder_factory=GridEmbedder) for _ in range(2))
+    log = asked.embedding_log()
+    pol = create("contextrender")
+    compared = 0
+    for tr in real_traces:
+        g = ContextGraph(tr.trace_id)
+        cuts = set([p for p, m in enumerate(tr.messages) if m.role == "assistant"][3::5])
+        for j, m in enumerate(tr.messages):
+            if j in cuts:
+                for budget in (1500, 4000):
+                    try:
+                        a = pol.render(g, budget, kept)
+                    except ValueError:
+                        continue
+                    assert rendering_tuple(a) == rendering_tuple(pol.render(g, budget, asked)), (tr.trace_id, j)
+                    compared += 1
+            g.append(m)
+    assert log and compared > 20
 
 
 def _fixed_layout():

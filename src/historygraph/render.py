@@ -838,6 +838,11 @@ class Selection:
             if self._asked > _BULK_AFTER * 4 and p in lay.form:
                 self._table = dict(zip(lay.candidates, self.candidate_costs().tolist()))
                 return self._table[p]
+        return self.exact_cost(p, form)
+
+    def exact_cost(self, p: int, form: Message | None = None) -> int:
+        """:meth:`cost` priced for ``p`` alone (no table of every candidate)."""
+        lay = self.layout
         u = lay.unit_of[p]
         extra = 0
         if u in lay.dropped_units and u not in self.revived:
@@ -847,6 +852,20 @@ class Selection:
         else:
             delta = lay.counter.count_message(form) - lay.placeholder_tokens[p]
         return delta + extra
+
+    def lower_costs(self) -> np.ndarray:
+        """A lower bound of ``[cost(p) for p in layout.candidates]`` (int64), exact for the results
+        of steps not dropped: reviving a dropped step costs at least its own tokens less its run's
+        whole marker (the markers left around it are never negative). O(candidates) in numpy plus
+        one marker per run, where :meth:`candidate_costs` prices every unit of every run."""
+        lay = self.layout
+        delta, unit = lay._candidate_arrays()
+        extra = lay._revival_costs().copy()  # 0 but for dropped units
+        if self.revived:
+            extra[list(self.revived)] = 0
+        for a, b in self.runs.end.items():
+            extra[a:b + 1] -= lay._marker_tokens(a, b)
+        return delta + extra[unit]
 
     def candidate_costs(self) -> np.ndarray:
         """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is

@@ -37,12 +37,15 @@ bounded by ``dep_ancestors`` steps (:func:`dependency_results`); registered as
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
+from ..signals.embeddings import CachedEmbedder
 from ..signals.steps import ancestry, lowcost_steps
 from .base import Signals, register
 
@@ -83,27 +86,34 @@ def usefulness(age: int, reuse: float, relevance: float, cfg: ContextRenderConfi
 
 def query_texts(graph: ContextGraph, cfg: ContextRenderConfig) -> tuple[str, str]:
     """``(x, f_t)`` of eq. 4: first user message (clipped) and latest user + assistant messages."""
-    users = [m for m in graph.messages if m.role == "user"]
-    assistants = [m for m in graph.messages if m.role == "assistant"]
-    x = users[0].content[:cfg.task_clip_chars] if users else ""
+    msgs = graph.messages
+    first_user = next((m for m in msgs if m.role == "user"), None)
+    last_user = next((m for m in reversed(msgs) if m.role == "user"), None)
+    last_assistant = next((m for m in reversed(msgs) if m.role == "assistant"), None)
+    x = first_user.content[:cfg.task_clip_chars] if first_user else ""
     latest = []
-    if users:
-        latest.append(users[-1].content)
-    if assistants:
-        a = assistants[-1]
+    if last_user:
+        latest.append(last_user.content)
+    if last_assistant:
+        a = last_assistant
         latest.append("\n".join([a.content] + [f"{c.name} {c.arguments}" for c in a.tool_calls]))
     return x, "\n".join(latest)[:cfg.result_clip_chars]
 
 
-def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection, vectors: dict[int, np.ndarray],
-                  penalty: float) -> list[int]:
+def greedy_select(candidates: list[int], score: dict[int, float] | None, sel: Selection,
+                  vectors: dict[int, np.ndarray] | None, penalty: float, *,
+                  arrays: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
     """Algorithm 1 lines 15–20 with eq. 6–7; fills ``sel`` and returns positions in selection order.
 
     Each pick takes, among the remaining candidates that fit, the highest ``R = U − penalty·D``;
     candidates are in transcript order and ``argmax`` returns the first maximum, which is the
     loop's strictly-higher replacement (exact ties go to the older result). Vectorised: costs,
-    ``R`` and ``D(r, S)`` are arrays; after a pick only the costs of the picked result's own step
-    can change (the step is revived), so only those are recomputed.
+    ``R`` and ``D(r, S)`` are arrays. For the layout's own candidates, costs start as lower bounds
+    (:meth:`~historygraph.render.Selection.lower_costs`, exact but for results of dropped steps):
+    the best candidate by ``R`` among those whose bound fits is priced exactly and taken if it fits,
+    else left out of this pick, so the pick is the loop's. Otherwise every cost is exact, and after
+    a pick only the costs of results of dropped steps are recomputed. ``arrays``: the scores and
+    the vectors (one row per candidate) as arrays, in place of ``score`` and ``vectors``.
     """
     n = len(candidates)
     if not n:
@@ -111,28 +121,46 @@ def greedy_select(candidates: list[int], score: dict[int, float], sel: Selection
     lay = sel.layout
     budget = lay.budget
     cand = np.asarray(candidates)
-    s = np.fromiter((score[p] for p in candidates), dtype=np.float64, count=n)
-    V = np.stack([vectors[p] for p in candidates])
-    cost = sel.candidate_costs() if candidates == lay.candidates else \
-        np.fromiter((sel.cost(p) for p in candidates), dtype=np.int64, count=n)
-    unit = np.fromiter((lay.unit_of[p] for p in candidates), dtype=np.int64, count=n)
+    if arrays is not None:
+        s, V = arrays
+    else:
+        assert score is not None and vectors is not None
+        s = np.fromiter((score[p] for p in candidates), dtype=np.float64, count=n)
+        V = np.stack([vectors[p] for p in candidates])
+    bounded = candidates is lay.candidates or candidates == lay.candidates
+    cost = sel.lower_costs() if bounded else np.fromiter((sel.cost(p) for p in candidates), dtype=np.int64, count=n)
+    unit = lay._candidate_arrays()[1] if bounded else \
+        np.fromiter((lay.unit_of[p] for p in candidates), dtype=np.int64, count=n)
     sim = np.zeros(n)  # D(r, S), floored at 0
     left = np.ones(n, dtype=bool)
     selected: list[int] = []
     while True:
-        ok = left if budget is None else left & (cost <= budget - sel.used)
-        if not ok.any():
-            return selected
+        room = None if budget is None else budget - sel.used
+        ok = left if room is None else left & (cost <= room)
         r = np.where(ok, s - penalty * sim, -np.inf)
-        i = int(np.argmax(r))
+        while True:
+            if not ok.any():
+                return selected
+            i = int(np.argmax(r))
+            if room is None or not bounded:
+                break
+            cost[i] = sel.exact_cost(int(cand[i]))  # (kept: exact until the next revival)
+            if cost[i] <= room:
+                break
+            ok[i] = False  # its bound fits, the exact cost does not
+            r[i] = -np.inf
         best = int(cand[i])
         selected.append(best)
         left[i] = False
-        revives = int(unit[i]) in lay.dropped_units and int(unit[i]) not in sel.revived
+        v = int(unit[i])
+        revives = v in lay.dropped_units and v not in sel.revived
+        a = sel.runs.start.get(v, v)
+        b = sel.runs.end[a] if a in sel.runs.end else v
         sel.take(best)
         if revives:  # its other results no longer pay for the step, and the markers around it change
-            if candidates == lay.candidates:
-                cost = sel.candidate_costs()
+            if bounded:  # only the costs of results of the steps of its marker's run change: bounds again
+                again = (unit >= a) & (unit <= b)
+                cost[again] = sel.lower_costs()[again]
             else:
                 for j in np.flatnonzero(left & np.isin(unit, list(lay.dropped_units))):
                     cost[j] = sel.cost(int(cand[j]))
@@ -175,31 +203,118 @@ class ContextRender:
             return layout.assemble_full(self.name)
         cands = layout.candidates
         x, f = query_texts(graph, cfg)
-        vecs = signals.embedder.embed([msgs[p].content[:cfg.result_clip_chars] for p in cands] + [x, f])
-        q = cfg.task_weight * vecs[-2] + cfg.latest_weight * vecs[-1]
+        V, xf = _vectors(graph, cands, signals.embedder, cfg.result_clip_chars, [x, f])
+        q = cfg.task_weight * xf[0] + cfg.latest_weight * xf[1]
         qn = float(np.linalg.norm(q)) or 1.0
-        vectors = {p: vecs[i] for i, p in enumerate(cands)}
         deps = dependency_results(graph, cfg.dep_ancestors) if cfg.w_dep else set()
-        score, parts = {}, {}
-        for p in cands:
-            a, c = graph.age(p), graph.reuse_score(p)
-            s = max(float(vectors[p] @ q) / qn, 0.0)
-            score[p] = usefulness(a, c, s, cfg) + (cfg.w_dep if p in deps else 0.0)
-            dep = f", ancestor +{cfg.w_dep:g}" if p in deps else ""
-            parts[p] = f"U={score[p]:.3f} (age={a}, reuse c={c:.2f}, relevance s={s:.3f}{dep})"
+        age, c, s, score = scores(graph, cands, V, q, qn, deps, cfg)
         sel = layout.selection()
-        selected = greedy_select(cands, score, sel, vectors, cfg.similarity_penalty)
-        chosen = set(selected)
-        for rank, p in enumerate(selected, 1):
-            kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
-            layout.reasons[p] = f"{kind} #{rank}: {parts[p]}"
+        selected = greedy_select(cands, None, sel, None, cfg.similarity_penalty, arrays=(score, V))
         left = budget - sel.used  # budget is set here: with None the history always fits (above)
-        final = dict(zip(cands, sel.candidate_costs().tolist()))
-        for p in cands:
-            if p not in chosen:
-                layout.reasons[p] = (f"omitted: {parts[p]}; not selected within B (showing it costs {final[p]} "
-                                     f"tokens, {left} were left when selection ended)")
+
+        def fill(reasons: dict[int, str]) -> None:  # eq. 2's terms, per candidate, when someone reads them
+            a_, c_, s_, u_ = age.tolist(), c.tolist(), s.tolist(), score.tolist()
+            at = {p: i for i, p in enumerate(cands)}
+
+            def part(p: int) -> str:
+                i = at[p]
+                dep = f", ancestor +{cfg.w_dep:g}" if p in deps else ""
+                return f"U={u_[i]:.3f} (age={a_[i]}, reuse c={c_[i]:.2f}, relevance s={s_[i]:.3f}{dep})"
+            chosen = set(selected)
+            for rank, p in enumerate(selected, 1):
+                kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
+                reasons[p] = f"{kind} #{rank}: {part(p)}"
+            final = dict(zip(cands, sel.candidate_costs().tolist()))
+            for p in cands:
+                if p not in chosen:
+                    reasons[p] = (f"omitted: {part(p)}; not selected within B (showing it costs {final[p]} "
+                                  f"tokens, {left} were left when selection ended)")
+        layout.defer_reasons(fill)
         return layout.assemble(self.name, sel)
+
+
+_RECENCY: dict[float, np.ndarray] = {}  # λ -> [exp(−λ·a) for a = 0, 1, …]
+
+
+def scores(graph: ContextGraph, cands: list[int], V: np.ndarray, q: np.ndarray, qn: float, deps: set[int],
+           cfg: ContextRenderConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(age, c, s, U')`` of every candidate (eq. 2, eq. 1, eq. 5 and the dependency term), as
+    arrays, each value bit for bit what :func:`usefulness` and ``max(float(v @ q) / qn, 0.0)``
+    give one candidate at a time: ``e^{−λa}`` from a table of ``math.exp`` per age, the reuse term
+    computed for the results with observed reuse only (it is 0 for the others), the cosines by
+    ``np.vecdot`` (the per-pair dot product of ``v @ q``, not a matrix product, whose rounding
+    differs). ``V`` holds one row per candidate."""
+    n = len(cands)
+    turn_of = graph.turn_of
+    age = graph.turns - np.fromiter(map(turn_of.__getitem__, cands), dtype=np.int64, count=n)
+    table = _RECENCY.get(cfg.lam)
+    top = int(age.max()) + 1 if n else 0
+    if table is None or len(table) < top:
+        size = max(top, 2 * len(table) if table is not None else 64)
+        table = _RECENCY[cfg.lam] = np.array([math.exp(-cfg.lam * a) for a in range(size)])
+    rec = table[age]
+    c = np.zeros(n)
+    reuse_exp = np.ones(n)  # e^{−γ·0} = 1 for results never reused
+    cand = np.asarray(cands, dtype=np.int64)
+    matched = np.fromiter(graph.reuse.matches.keys(), dtype=np.int64)
+    at = np.searchsorted(cand, matched)
+    for i, p in zip(at.tolist(), matched.tolist()):
+        if i < n and cands[i] == p:
+            c[i] = ci = graph.reuse_score(p)
+            reuse_exp[i] = math.exp(-cfg.gamma * ci)
+    cos = np.vecdot(V, q).astype(np.float64) / qn if n else np.zeros(0)
+    s = np.where(cos < 0.0, 0.0, cos)  # max(cos, 0.0)
+    u = cfg.w_rec * rec + cfg.w_reuse * (1.0 - reuse_exp) + cfg.w_rel * s
+    if deps:
+        u = u + np.where(np.isin(cand, list(deps)), cfg.w_dep, 0.0)
+    return age, c, s, u
+
+
+class _VectorCache:
+    """The vectors of one graph's results (their first ``clip`` characters) from one embedder,
+    kept in position order: results never change, so each is asked for once."""
+
+    def __init__(self, embedder: CachedEmbedder) -> None:
+        self.embedder = weakref.ref(embedder)
+        self.have = np.zeros(0, dtype=bool)
+        self.rows = np.zeros((0, embedder.dim), dtype=np.float32)
+        self.lock = threading.Lock()
+
+
+_VECTORS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, int], _VectorCache]]" = weakref.WeakKeyDictionary()
+_VECTORS_LOCK = threading.Lock()
+
+
+def _vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedder, clip: int,
+             extra: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows of the candidates' vectors, vectors of the extra texts)``, the values one
+    ``embedder.embed([results clipped…] + extra)`` returns. Results embedded before for this graph
+    come from a per-graph table; the rest and ``extra`` are asked for in one call, in the same
+    order, so the embedder sees the same new texts in the same batch. While the embedder logs
+    every text asked for (the evaluator counts them) it is asked for all of them."""
+    msgs = graph.messages
+    if not isinstance(embedder, CachedEmbedder) or embedder.log is not None:
+        vecs = embedder.embed([msgs[p].content[:clip] for p in cands] + extra)
+        return vecs[:len(cands)], vecs[len(cands):]
+    with _VECTORS_LOCK:
+        per = _VECTORS.setdefault(graph, {})
+        cache = per.get((id(embedder), clip))
+        if cache is None or cache.embedder() is not embedder:
+            cache = per[(id(embedder), clip)] = _VectorCache(embedder)
+    with cache.lock:
+        cand = np.asarray(cands, dtype=np.int64)
+        if len(cache.have) < len(msgs):
+            size = max(len(msgs), 2 * len(cache.have))
+            have = np.zeros(size, dtype=bool)
+            have[:len(cache.have)] = cache.have
+            rows = np.zeros((size, cache.rows.shape[1]), dtype=np.float32)
+            rows[:len(cache.rows)] = cache.rows
+            cache.have, cache.rows = have, rows
+        new = cand[~cache.have[cand]]
+        vecs = embedder.embed([msgs[p].content[:clip] for p in new.tolist()] + extra)
+        cache.rows[new] = vecs[:len(new)]
+        cache.have[new] = True
+        return cache.rows[cand], vecs[len(new):]
 
 
 register("contextrender", SOURCE, "Usefulness = recency + observed reuse (TFA) + relevance; greedy under B with a similarity penalty.")(ContextRender)

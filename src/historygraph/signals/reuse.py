@@ -62,10 +62,19 @@ class ReuseIndex:
     def __init__(self) -> None:
         self._holders: dict[str, list[int]] = defaultdict(list)  # value -> result positions, in order
         self.matches: dict[int, list[ReuseMatch]] = defaultdict(list)  # source result -> matches
+        # score(p) as last computed; dropped when a match of p is added or a value p was matched on
+        # gains a holder (every match of a value goes to its first holder, which never changes)
+        self._scores: dict[int, float] = {}
+        self._matched: set[str] = set()
+        self._version = 0  # bumped by every change, so a score computed across one is not kept
 
     def add_result(self, position: int, text: str) -> None:
         for value in extract_values(text):
-            self._holders[value].append(position)
+            holders = self._holders[value]
+            holders.append(position)
+            if value in self._matched:
+                self._version += 1
+                self._scores.pop(holders[0], None)
 
     def add_operations(self, position: int, operations: list[str]) -> list[ReuseMatch]:
         """Record the uses in one assistant message; each entry of ``operations`` is one operation."""
@@ -76,6 +85,9 @@ class ReuseIndex:
                 if holders:
                     m = ReuseMatch(source=holders[0], user=position, op=op, value=value)
                     self.matches[holders[0]].append(m)
+                    self._matched.add(value)
+                    self._version += 1
+                    self._scores.pop(holders[0], None)
                     found.append(m)
         return found
 
@@ -84,5 +96,11 @@ class ReuseIndex:
         return len(self._holders.get(value, ()))
 
     def score(self, position: int) -> float:
-        """``c_t(r)`` of the result at ``position`` (eq. 1)."""
-        return sum(1.0 / len(self._holders[m.value]) for m in self.matches.get(position, ()))
+        """``c_t(r)`` of the result at ``position`` (eq. 1); kept until one of its terms changes."""
+        c = self._scores.get(position)
+        if c is None:
+            version = self._version
+            c = sum(1.0 / len(self._holders[m.value]) for m in self.matches.get(position, ()))
+            if version == self._version:
+                self._scores[position] = c
+        return c
