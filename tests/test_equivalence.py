@@ -247,6 +247,44 @@ def test_incremental_step_view_equals_the_view_built_from_scratch(real_traces, t
     assert with_parents > 100 and {"passed", "failed", "superseded"} <= statuses, statuses
 
 
+def test_kept_step_view_undoes_and_redoes_a_superseding_when_more_results_arrive():
+    """A step whose first result (a passing run) supersedes an earlier failure gets its second
+    result (the test failing again) later: the kept view undoes the superseding, builds the step
+    again and equals the from-scratch view after every event; what a caller sets on a returned
+    step stays its own."""
+    from historygraph.signals.steps import ParentScoring, build_steps, latest_ancestry_results, lowcost_selector
+
+    def bash(cid, command):
+        return ToolCall(cid, "bash", '{"command": "%s"}' % command)
+
+    msgs = [
+        Message("user", "Fix parse_date in utils/dates.py"),
+        Message("assistant", "run the tests", (bash("c1", "pytest tests/test_dates.py"),)),
+        Message("tool", "utils/dates.py parse_date\ntests/test_dates.py::test_parse FAILED\n=== 1 failed in 0.1s ===",
+                tool_call_id="c1"),
+        Message("assistant", "fix and rerun", (bash("c2", "pytest tests/test_dates.py"), bash("c3", "pytest -x tests"))),
+        Message("tool", "tests/test_dates.py::test_parse PASSED\n=== 1 passed in 0.1s ===", tool_call_id="c2"),
+        Message("tool", "tests/test_dates.py::test_parse FAILED\n=== 1 failed in 0.1s ===", tool_call_id="c3"),
+        Message("assistant", "check utils/dates.py parse_date again", (bash("c4", "grep -n parse_date utils/dates.py"),)),
+        Message("tool", "1:def parse_date(s):", tool_call_id="c4"),
+    ]
+    sel = lowcost_selector(ParentScoring())
+    g = ContextGraph("undo")
+    seen = []
+    for m in msgs:
+        g.append(m)
+        fast = build_steps(g, sel, "lowcost-undo")
+        assert fast == reference_build_steps(ContextGraph("undo", g.messages), sel, "lowcost-undo"), len(g)
+        seen.append([(s.validation_status, s.superseded_by, s.results) for s in fast])
+        if fast:
+            fast[0].summary = "set by a caller"
+    assert seen[4] == [("superseded", 1, (2,)), ("passed", None, (4,))]  # c2 arrived: step 0 superseded by 1
+    assert seen[5] == [("failed", None, (2,)), ("failed", None, (4, 5))]  # c3 arrived: step 1 built again
+    assert build_steps(g, sel, "lowcost-undo")[0].summary is None
+    assert build_steps(g, sel, "lowcost-undo")[2].parents == ()  # both earlier steps failed: not eligible
+    assert latest_ancestry_results(g, 10) == []
+
+
 @pytest.mark.parametrize("policy", ["prune", "observation-masking", "contextrender", "cw-bm25", "contextweaver-placeholder"])
 def test_layout_memo_kept_across_renders_equals_a_fresh_graph(real_traces, policy):
     """Token counts and placeholders memoised per graph while it grows (a render after every

@@ -69,7 +69,7 @@ import numpy as np
 
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
-from ..signals.steps import ancestry, files_in, identifiers_in, lowcost_steps
+from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
 from ..signals.tokens import TokenCounter
 
 FEATURES: tuple[str, ...] = (
@@ -473,11 +473,7 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     static = gf.static.view()
     for k, name in enumerate(_STATIC):
         col(name, static[:, k])
-    steps = lowcost_steps(graph)
-    if steps:
-        deps = [gf.row_of[p] for i in ancestry(steps, len(steps) - 1, ANCESTRY_STEPS) for p in steps[i].results
-                if p in gf.row_of]
-        out[deps, _COL["ancestor"]] = 1.0
+    out[[gf.row_of[p] for p in latest_ancestry_results(graph, ANCESTRY_STEPS) if p in gf.row_of], _COL["ancestor"]] = 1.0
     col("superseded", gf.superseded.view())
     col("edited_later", gf.edited_later.view())
     col("path_in_latest", ft.sums(ft.weights(latest_files), n) > 0)

@@ -37,13 +37,14 @@ a replay extracts each step once.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..graph import ContextGraph
@@ -156,8 +157,9 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, dict]" = weakref.WeakKeyDictionary()
 
 
-def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...]) -> Step:
-    cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["features"]
+def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...], cache: dict | None = None) -> Step:
+    if cache is None:
+        cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["features"]
     key = (position, len(results))
     if key not in cache:
         m = graph.messages[position]
@@ -171,36 +173,70 @@ def _features(graph: ContextGraph, index: int, position: int, results: tuple[int
                 validation_status(run))
 
 
+@dataclass
+class _View:
+    """The steps of one graph for one selector, extended as the graph grows: ``upto`` messages
+    read; ``undo[k]`` the earlier steps that step ``k`` marked superseded; ``open`` the steps some
+    of whose calls have no result yet (ascending), rebuilt from the first whose results arrive."""
+
+    upto: int = 0
+    steps: list[Step] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # steps whose status is "failed", ascending
+    undo: list[tuple[int, ...]] = field(default_factory=list)
+    open: list[int] = field(default_factory=list)
+
+
 def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> list[Step]:
-    """All steps of ``graph`` with validation statuses, superseded pointers and parents.
+    """All steps of ``graph`` with validation statuses, superseded pointers and parents (fresh
+    :class:`Step` objects: a caller may set their ``summary``).
 
     ``selector_key`` names the selector in the per-graph parent cache (a step's parents depend only
     on earlier steps, so they are chosen once per selector). A selector marked ``shared_only``
     (the low-cost one: a candidate that shares no file or identifier cannot be a parent) is
     offered only the eligible steps that share one, found through an inverted index of the
     steps' features kept per graph, so the first view of an ``n``-step graph costs far less than
-    scoring all ``n²/2`` pairs. The superseded check visits only the steps still failed.
+    scoring all ``n²/2`` pairs. The superseded check visits only the steps still failed. The view
+    is kept per graph and selector and extended when the graph grows: only new steps are built,
+    and a step whose results arrive after it was built is built again with the steps after it
+    (their superseding undone first), so the view equals one built from scratch.
     """
+    return [Step(s.index, s.position, s.results, s.thought, s.action, s.files, s.identifiers, s.test_results,
+                 s.validation_status, s.superseded_by, s.parents) for s in _view(graph, selector, selector_key)]
+
+
+def _view(graph: ContextGraph, selector: Selector, selector_key: str) -> list[Step]:
     cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})
     with cache.setdefault("lock", threading.RLock()):  # renders of one graph in two threads share the index
-        return _build_steps(graph, cache, selector, selector_key)
+        views = cache.setdefault("views", {})
+        view = views.get(selector_key)
+        if view is None or view.upto > len(graph.messages):
+            view = views[selector_key] = _View()
+        _extend(graph, cache, view, selector, selector_key)
+        return view.steps
 
 
-def _build_steps(graph: ContextGraph, cache: dict, selector: Selector, selector_key: str) -> list[Step]:
-    pcache = cache["parents"]
+def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
+    msgs, result_of = graph.messages, graph.result_of
+    for k in view.open:  # the first step whose results changed, and every step after it, are built again
+        s = view.steps[k]
+        if len(s.results) != sum(c.id in result_of for c in msgs[s.position].tool_calls):
+            _rollback(view, k)
+            break
+    pcache, fcache = cache["parents"], cache["features"]
     shared_only = getattr(selector, "shared_only", False)
     if shared_only:
         index = cache.setdefault("index", {"by_feature": {}, "of_step": {}})
         by_feature, of_step = index["by_feature"], index["of_step"]
-    steps: list[Step] = []
-    failed: list[int] = []  # steps whose status is "failed" so far, ascending
-    for pos, m in enumerate(graph.messages):
+    steps, failed = view.steps, view.failed
+    for pos in range(view.upto, len(msgs)):
+        m = msgs[pos]
         if m.role != "assistant":
             continue
-        results = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
+        results = tuple(result_of[c.id] for c in m.tool_calls if c.id in result_of)
         k = len(steps)
-        step = _features(graph, k, pos, results)
+        step = _features(graph, k, pos, results, fcache)
         steps.append(step)
+        undone: list[int] = []
         if step.test_results is not None and failed:
             for i in list(failed):
                 earlier = steps[i]
@@ -208,8 +244,12 @@ def _build_steps(graph: ContextGraph, cache: dict, selector: Selector, selector_
                                                                    earlier.test_results, earlier.action):
                     earlier.validation_status, earlier.superseded_by = "superseded", k
                     failed.remove(i)
+                    undone.append(i)
+        view.undo.append(tuple(undone))
         if step.validation_status == "failed":
             failed.append(k)
+        if len(results) < len(m.tool_calls):
+            view.open.append(k)
         key = (selector_key, k, len(results))
         if key not in pcache:
             if shared_only:
@@ -232,13 +272,41 @@ def _build_steps(graph: ContextGraph, cache: dict, selector: Selector, selector_
                 for f in feats:
                     by_feature.setdefault(f, set()).add(k)
                 of_step[k] = feats
-    return steps
+    view.upto = len(msgs)
+
+
+def _rollback(view: _View, k0: int) -> None:
+    """Return ``view`` to the state before step ``k0`` was built (steps ``k0…`` removed, the
+    supersedings they made undone); reading resumes at step ``k0``'s message."""
+    view.upto = view.steps[k0].position
+    for j in range(len(view.steps) - 1, k0 - 1, -1):
+        for i in view.undo[j]:
+            earlier = view.steps[i]
+            earlier.validation_status, earlier.superseded_by = "failed", None
+            bisect.insort(view.failed, i)
+        if view.failed and view.failed[-1] == j:
+            view.failed.pop()
+        view.steps.pop()
+        view.undo.pop()
+    view.open = [k for k in view.open if k < k0]
 
 
 def lowcost_steps(graph: ContextGraph, scoring: ParentScoring = ParentScoring()) -> list[Step]:
     """:func:`build_steps` with the low-cost selector; one parent cache per scoring, shared by
     every policy that uses it (ContextWeaver, ``contextrender-dep``)."""
     return build_steps(graph, lowcost_selector(scoring), f"lowcost:{scoring}")
+
+
+def latest_ancestry_results(graph: ContextGraph, max_ancestors: int, scoring: ParentScoring = ParentScoring()) -> list[int]:
+    """Graph positions of the results of the ancestors of the latest step (:func:`ancestry` over
+    :func:`lowcost_steps`, ``max_ancestors`` counted), read from the kept view without copying it;
+    ``[]`` for a graph without steps."""
+    cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})
+    with cache.setdefault("lock", threading.RLock()):
+        steps = _view(graph, lowcost_selector(scoring), f"lowcost:{scoring}")
+        if not steps:
+            return []
+        return [p for i in ancestry(steps, len(steps) - 1, max_ancestors) for p in steps[i].results]
 
 
 def ancestry(steps: list[Step], k: int, max_ancestors: int, uncounted: frozenset[int] | set[int] = frozenset()) -> list[int]:
