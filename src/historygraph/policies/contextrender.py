@@ -46,7 +46,7 @@ import numpy as np
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from ..signals.embeddings import CachedEmbedder
-from ..signals.steps import ancestry, lowcost_steps
+from ..signals.steps import latest_ancestry_results
 from .base import Signals, register
 
 SOURCE = "ContextRender §3.3, A.1–A.4"
@@ -172,11 +172,9 @@ def greedy_select(candidates: list[int], score: dict[int, float] | None, sel: Se
 def dependency_results(graph: ContextGraph, max_ancestors: int) -> set[int]:
     """Positions of the tool results of the current step's ancestors: ContextWeaver's low-cost
     parents (§3.3) and breadth-first ancestry bounded by ``max_ancestors`` (§3.1); ours to combine
-    them with eq. 2 (see :func:`historygraph.signals.steps.ancestry`)."""
-    steps = lowcost_steps(graph)
-    if not steps:
-        return set()
-    return {p for i in ancestry(steps, len(steps) - 1, max_ancestors) for p in steps[i].results}
+    them with eq. 2 (see :func:`historygraph.signals.steps.ancestry`); read from the kept step view
+    without copying it."""
+    return set(latest_ancestry_results(graph, max_ancestors))
 
 
 class ContextRender:
