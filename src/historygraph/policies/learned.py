@@ -76,6 +76,9 @@ class LearnedConfig:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
 
+_IDLE_POPS = 64  # pops without a take before knapsack_select checks whether anything left can fit
+
+
 def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selection, cost_exponent: float = 1.0) -> list[int]:
     """Greedy 0/1 knapsack on ``value[p] / sel.cost(p)`` with the best-single-item swap (see module
     docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. Costs are
@@ -100,22 +103,40 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         by_unit.setdefault(lay.unit_of[p], []).append(p)
     taken: list[int] = []
     done: set[int] = set()
+    budget, unit_of, dropped = lay.budget, lay.unit_of, lay.dropped_units
+    table: dict[int, int] | None = cost0  # every cost, until a revival changes some
+    # once no result left can fit, nothing more is taken (costs change only when one is): stop.
+    # Checked with every candidate priced after `idle` pops without a take, doubling while it fails
+    index = {p: i for i, p in enumerate(lay.candidates)}
+    left = np.zeros(len(lay.candidates), dtype=bool)
+    left[[index[p] for p in items if p in index]] = True
+    exact = budget is not None and all(p in index for p in items)
+    idle, since = _IDLE_POPS, 0
     while heap:
         _, p, c = heapq.heappop(heap)
         if p in done:
             continue
-        now = sel.cost(p)
+        now = table[p] if table is not None else sel.cost(p)
         if now != c:  # its step was revived since it was queued
             heapq.heappush(heap, (ratio(p, now), p, now))
             continue
-        if not sel.fits(p):
+        if budget is not None and sel.used + now > budget:  # Selection.fits, with the cost in hand
+            since += 1
+            if exact and since >= idle:
+                if sel.candidate_costs()[left].min(initial=budget + 1) > budget - sel.used:
+                    break
+                idle, since = 2 * idle, 0
             continue  # stays out unless its step is revived (then it is queued again)
-        u = lay.unit_of[p]
-        revives = u in lay.dropped_units and u not in sel.revived
+        u = unit_of[p]
+        revives = u in dropped and u not in sel.revived
         sel.take(p)
         taken.append(p)
         done.add(p)
+        if p in index:
+            left[index[p]] = False
+        since = 0
         if revives:
+            table = None
             for q in by_unit[u]:
                 if q not in done:
                     cq = sel.cost(q)
