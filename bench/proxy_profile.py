@@ -10,7 +10,7 @@ it. Sessions are ``bench/proxy_latency.py``'s 200-message histories; each runs `
 steady-state agent steps after its first request (which stores the 200 messages).
 
 Usage: ``python bench/proxy_profile.py [--policy prune] [--sessions 20] [--requests 10] [--top 30]
-[--breakdown] [--logs] [--default-gc]``. Prints CPU ms per steady-state request (``time.process_time``) and the
+[--api openai|anthropic] [--breakdown] [--logs] [--default-gc]``. Prints CPU ms per steady-state request (``time.process_time``) and the
 functions with the largest cumulative time; ``--breakdown`` instead times the stages of the
 request path without a profiler (each stage's CPU ms per request, ``time.thread_time`` around
 the functions listed in :data:`STAGES`; the rest is the HTTP framework, the in-process client
@@ -64,6 +64,8 @@ class Breakdown:
         self.depth = 0
         self.on = False
         self.mock = 0.0
+        self.embed = 0.0  # sentence embedding (the model), counted in the stage that asked for it
+        self.texts = 0
         self.gc = 0.0  # the cyclic garbage collector, counted apart from the stage it interrupted
         self._gc0 = 0.0
         import gc
@@ -116,6 +118,19 @@ class Breakdown:
                 continue  # below, with the mock provider
             else:
                 setattr(obj, attr, self.wrap(name, getattr(obj, attr)))
+        from historygraph.signals import embeddings
+
+        model = embeddings.MiniLMEmbedder.embed
+
+        def embed(emb, texts):  # the model's own work, at any depth (inside a render or a prefetch)
+            t0 = time.thread_time()
+            try:
+                return model(emb, texts)
+            finally:
+                if self.on:
+                    self.embed += time.thread_time() - t0
+                    self.texts += len(texts)
+        embeddings.MiniLMEmbedder.embed = embed
         mock = upstream
 
         def timed(request):  # the mock provider's own work, at any depth, is not the proxy's
@@ -130,6 +145,8 @@ class Breakdown:
 
 
 def upstream(request: httpx.Request) -> httpx.Response:
+    if request.url.path.endswith("/messages"):
+        return anthropic_upstream(request)
     body = json.loads(request.content)
     last = body["messages"][-1]
     n = upstream.count = getattr(upstream, "count", 0) + 1
@@ -142,13 +159,43 @@ def upstream(request: httpx.Request) -> httpx.Response:
                                      "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
 
+def anthropic_upstream(request: httpx.Request) -> httpx.Response:
+    """As ``tests/fake_upstream.py`` answers the Messages API (without its thinking block)."""
+    body = json.loads(request.content)
+    last = body["messages"][-1]
+    n = upstream.count = getattr(upstream, "count", 0) + 1
+    tool_result = isinstance(last["content"], list) and any(b.get("type") == "tool_result" for b in last["content"])
+    content: list = [{"type": "text", "text": f"answer {n}"}]
+    if body.get("tools") and not tool_result:
+        content = [{"type": "tool_use", "id": f"toolu_{n}", "name": "bash", "input": {"q": str(n)}}]
+    return httpx.Response(200, json={"id": f"m{n}", "type": "message", "role": "assistant", "model": "m", "content": content,
+                                     "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}})
+
+
+def anthropic_turns(msgs: list[dict]) -> tuple[str, list[dict]]:
+    """``pl.history``'s OpenAI messages as the Messages API's system and turns."""
+    turns: list[dict] = []
+    for m in msgs[1:]:
+        if m["role"] == "assistant":
+            turns.append({"role": "assistant", "content": [{"type": "text", "text": m["content"]}] + [
+                {"type": "tool_use", "id": c["id"], "name": c["function"]["name"], "input": json.loads(c["function"]["arguments"])}
+                for c in m.get("tool_calls") or []]})
+        elif m["role"] == "tool":
+            turns.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}]})
+        else:
+            turns.append({"role": "user", "content": m["content"]})
+    return msgs[0]["content"], turns
+
+
 async def inline(fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
 async def drive(app, sessions: int, requests: int, profiler: cProfile.Profile | None,
-                breakdown: Breakdown | None = None) -> tuple[float, int]:
+                breakdown: Breakdown | None = None, api: str = "openai") -> tuple[float, int]:
     """Round-robin over sessions; returns (CPU seconds of the steady-state requests, their count)."""
+    if api == "anthropic":
+        return await drive_anthropic(app, sessions, requests, breakdown)
     histories = {s: pl.history(s) for s in range(sessions)}
     cpu, count = 0.0, 0
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
@@ -176,6 +223,33 @@ async def drive(app, sessions: int, requests: int, profiler: cProfile.Profile | 
     return cpu, count
 
 
+async def drive_anthropic(app, sessions: int, requests: int, breakdown: Breakdown | None) -> tuple[float, int]:
+    """:func:`drive` for the Messages API endpoint (``/v1/messages``)."""
+    histories = {s: anthropic_turns(pl.history(s)) for s in range(sessions)}
+    tools = [{"name": "bash", "input_schema": {"type": "object", "properties": {}}}]
+    cpu, count = 0.0, 0
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+        for step in range(requests + 1):
+            for s, (system, turns) in histories.items():
+                body = {"model": "m", "system": system, "messages": turns, "tools": tools, "max_tokens": 100}
+                c0 = time.process_time()
+                if breakdown:
+                    breakdown.on = bool(step)
+                r = await client.post("/v1/messages", json=body, headers={"X-HistoryGraph-Session": f"a-{s}"})
+                if step:
+                    cpu += time.process_time() - c0
+                    count += 1
+                r.raise_for_status()
+                content = r.json()["content"]
+                turns.append({"role": "assistant", "content": content})
+                if content[0]["type"] == "tool_use":
+                    turns.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": content[0]["id"],
+                                                               "content": f"output of step {step}\n" * 20}]})
+                else:
+                    turns.append({"role": "user", "content": f"Continue with step {step}."})
+    return cpu, count
+
+
 async def bare_client_cost(sessions: int, requests: int) -> float:
     """CPU ms per request of the in-process client alone (a bare ASGI app that reads the body)."""
     async def bare(scope, receive, send):
@@ -199,6 +273,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--no-profile", action="store_true", help="only the CPU figure")
+    ap.add_argument("--api", choices=["openai", "anthropic"], default="openai",
+                    help="the endpoint: /v1/chat/completions or /v1/messages (the same histories as turns)")
     ap.add_argument("--breakdown", action="store_true", help="CPU per stage of the request path, no profiler")
     ap.add_argument("--default-gc", action="store_true", help="CPython's collector settings, not serve's (tune_gc)")
     ap.add_argument("--logs", action="store_true", help="log records written (to a null stream), as in a deployment")
@@ -225,16 +301,18 @@ def main() -> None:
     if args.breakdown:
         breakdown = Breakdown()
         breakdown.install(proxy, args.policy)
-    cpu, count = asyncio.run(drive(app, args.sessions, args.requests, profiler, breakdown))
+    cpu, count = asyncio.run(drive(app, args.sessions, args.requests, profiler, breakdown, args.api))
     client = asyncio.run(bare_client_cost(args.sessions, min(args.requests, 3)))
-    print(f"policy {args.policy}: {count} steady-state requests, {cpu * 1000 / count:.2f} CPU ms per request "
+    print(f"policy {args.policy}, {args.api} API: {count} steady-state requests, {cpu * 1000 / count:.2f} CPU ms per request "
           f"(in-process client's share about {client:.2f} ms{', profiler on' if profiler else ''})")
     if breakdown:
+        breakdown.cpu["upstream call (httpx, less the mock provider)"] -= breakdown.mock
         print("| stage | CPU ms per request | share |\n|---|---:|---:|")
         for name, sec in breakdown.cpu.items():
             print(f"| {name} | {sec * 1000 / count:.2f} | {sec / cpu:.0%} |")
-        breakdown.cpu["upstream call (httpx, less the mock provider)"] -= breakdown.mock
         rest = cpu - sum(breakdown.cpu.values()) - breakdown.mock
+        print(f"| (of the stages above: embedding, {breakdown.texts / count:.2f} texts per request) | "
+              f"{breakdown.embed * 1000 / count:.2f} | {breakdown.embed / cpu:.0%} |")
         print(f"| (of the stages above: the garbage collector) | {breakdown.gc * 1000 / count:.2f} | {breakdown.gc / cpu:.0%} |")
         print(f"| (the mock provider, not the proxy) | {breakdown.mock * 1000 / count:.2f} | {breakdown.mock / cpu:.0%} |")
         print(f"| rest (HTTP framework, in-process client) | {rest * 1000 / count:.2f} | {rest / cpu:.0%} |")

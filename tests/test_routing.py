@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from historygraph import Message
+from historygraph.events import EventError
 from historygraph.server import jsonio
 from historygraph.server.sessions import MessageError, RequestMessages, SessionRouter
 from historygraph.store import MemoryStore, SQLiteStore
@@ -222,3 +223,44 @@ def test_full_history_tokens_is_a_running_sum_equal_to_the_full_count():
         expect = sum(counter.count_message(x) for p, x in enumerate(graph.messages) if x.role != "system" and p != current)
         assert full_history_tokens(graph, counter) == expect
     assert full_history_tokens(graph, counter) == full_history_tokens(ContextGraph("h", msgs), counter)
+
+
+def anthropic_turns(steps: int) -> list[dict]:
+    out: list[dict] = [{"role": "user", "content": "Fix the parser."}]
+    for i in range(steps):
+        out.append({"role": "assistant", "content": [{"type": "thinking", "thinking": f"t{i}", "signature": f"s{i}"},
+                                                     {"type": "tool_use", "id": f"u{i}", "name": "bash", "input": {"i": i}}]})
+        out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"u{i}", "content": f"output {i}"},
+                                                {"type": "text", "text": f"and {i}"}]})
+    return out
+
+
+def test_the_anthropic_endpoint_converts_only_the_turns_it_has_not_seen(monkeypatch):
+    from historygraph.formats import anthropic as anth
+    from historygraph.server.sessions import TurnCache
+
+    converted: list[int] = []
+    real = anth.turn_to_canonical
+    monkeypatch.setattr(anth, "turn_to_canonical", lambda turn, i: converted.append(i) or real(turn, i))
+    cache = TurnCache()
+
+    def convert(turns: list[dict]) -> tuple[tuple, tuple, list[int]]:
+        """(the cache's conversion, to_canonical's, the turns the cache converted)"""
+        expect = anth.to_canonical("sys", turns)
+        converted.clear()
+        raw = jsonio.loads_request(json.dumps({"messages": turns}).encode())[0]["messages"]
+        return cache.convert(TurnCache.key("s", "sys", raw), "sys", raw), expect, list(converted)
+
+    turns = anthropic_turns(3)  # 7 turns -> system + 1 + 3 x (assistant, tool, user) = 11 messages
+    first, expect, done = convert(turns)
+    assert first == expect and len(first[0]) == 11 and done == list(range(7))
+    more = turns + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
+    got, expect, done = convert(more)
+    assert got == expect and done == [7, 8]
+    assert all(a is b for a, b in zip(got[0][1:], first[0][1:]))  # the same events: compared with the stored ones by identity
+    edited = copy.deepcopy(more)
+    edited[2]["content"][0]["content"] = "output 0, edited"  # a tool result in an earlier user turn
+    got, expect, done = convert(edited)
+    assert got == expect and done == list(range(2, 9))
+    with pytest.raises(EventError, match=r"messages\[9\]\.role must be"):
+        convert(edited + [{"role": "tool", "content": "x"}])

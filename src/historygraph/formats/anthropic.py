@@ -78,44 +78,59 @@ def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece 
     Raises:
         EventError: naming the field that is wrong (``messages[3].content[1].tool_use_id`` …).
     """
+    if not isinstance(messages, list):
+        raise EventError("messages must be a list")
+    return join_turns(system, [turn_to_canonical(turn, i) for i, turn in enumerate(messages)])
+
+
+def join_turns(system: Any, turns: list[list[tuple[Message, Piece]]]) -> tuple[list[Message], list[Piece | None]]:
+    """:func:`to_canonical`'s result from ``system`` and each turn's :func:`turn_to_canonical`
+    (which depends on that turn and its index alone, so a caller may keep the conversions of
+    turns it has seen)."""
     out: list[Message] = []
     pieces: list[Piece | None] = []
     if system:
         out.append(Message("system", _text(system, "system")))
         pieces.append(None)
-    if not isinstance(messages, list):
-        raise EventError("messages must be a list")
-    for i, turn in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(turn, dict):
-            raise EventError(f"{where} must be an object")
-        role, content = turn.get("role"), turn.get("content")
-        if role not in ("user", "assistant"):
-            raise EventError(f"{where}.role must be 'user' or 'assistant', got {role!r}")
-        blocks = content if isinstance(content, list) else None
-        if role == "assistant":
-            out.append(_assistant(content, blocks, where))
-            pieces.append(Piece(turn, i))
-            continue
-        if blocks is None:
-            out.append(Message("user", _text(content, f"{where}.content")))
-            pieces.append(Piece(content, i))
-            continue
-        rest = []
-        for j, b in enumerate(blocks):
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                if not b.get("tool_use_id"):
-                    raise EventError(f"{where}.content[{j}].tool_use_id is missing")
-                out.append(Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
-                                   tool_call_id=str(b["tool_use_id"])))
-                pieces.append(Piece(b, i))
-            else:
-                rest.append(b)
-        if rest:
-            extra = [b for b in rest if isinstance(b, dict) and b.get("type") not in UNCOUNTED_USER_BLOCKS]
-            out.append(Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra)))
-            pieces.append(Piece(rest, i))
+    for converted in turns:
+        for m, piece in converted:
+            out.append(m)
+            pieces.append(piece)
     return out, pieces
+
+
+def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
+    """The canonical messages of wire turn ``messages[i]``, each with its :class:`Piece`.
+
+    Raises:
+        EventError: naming the field that is wrong.
+    """
+    where = f"messages[{i}]"
+    if not isinstance(turn, dict):
+        raise EventError(f"{where} must be an object")
+    role, content = turn.get("role"), turn.get("content")
+    if role not in ("user", "assistant"):
+        raise EventError(f"{where}.role must be 'user' or 'assistant', got {role!r}")
+    blocks = content if isinstance(content, list) else None
+    if role == "assistant":
+        return [(_assistant(content, blocks, where), Piece(turn, i))]
+    if blocks is None:
+        return [(Message("user", _text(content, f"{where}.content")), Piece(content, i))]
+    out: list[tuple[Message, Piece]] = []
+    rest = []
+    for j, b in enumerate(blocks):
+        if isinstance(b, dict) and b.get("type") == "tool_result":
+            if not b.get("tool_use_id"):
+                raise EventError(f"{where}.content[{j}].tool_use_id is missing")
+            out.append((Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
+                                tool_call_id=str(b["tool_use_id"])), Piece(b, i)))
+        else:
+            rest.append(b)
+    if rest:
+        extra = [b for b in rest if isinstance(b, dict) and b.get("type") not in UNCOUNTED_USER_BLOCKS]
+        out.append((Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra)),
+                    Piece(rest, i)))
+    return out
 
 
 def _assistant(content: Any, blocks: list | None, where: str) -> Message:

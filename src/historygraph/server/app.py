@@ -46,7 +46,7 @@ from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import jsonio, recall_tool
 from .metrics import ProxyMetrics
-from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, derived_session_id
+from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
 
 log = logging.getLogger("historygraph.server")
@@ -123,6 +123,7 @@ class Proxy:
         self.store = store if store is not None else open_store(config.store)
         self.store.graph_cache = config.session_cache
         self.router = SessionRouter(self.store, prefix_cache=config.session_cache)
+        self.turns = TurnCache(config.session_cache)  # the Anthropic endpoint's converted wire turns
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
                                embedder_factory=partial(MiniLMEmbedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
@@ -475,13 +476,19 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     async def messages_endpoint(request: Request) -> Response:
         started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
         try:
-            body = await proxy.read_json(request)
-            try:
-                messages, pieces = anth.to_canonical(body.get("system"), body["messages"])
-            except EventError as exc:
-                raise ClientError(str(exc), "messages") from None
+            body = await proxy.read_json(request, raw_messages=True)
             sid, policy, budget = proxy.options(request)
-            sid, rendering = await run_in_threadpool(proxy.prepare, messages, sid, policy, budget)
+            turns, system = body["messages"], body.get("system")
+
+            def convert_and_prepare() -> tuple[str, Rendering, list[Any]]:
+                # in the worker thread too: only turns not seen last time are parsed and converted
+                try:
+                    messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
+                except EventError as exc:
+                    raise ClientError(str(exc), "messages") from None
+                return (*proxy.prepare(messages, sid, policy, budget), pieces)
+
+            sid, rendering, pieces = await run_in_threadpool(convert_and_prepare)
             out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                            for p in rendering.positions])
             url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
