@@ -772,6 +772,22 @@ class _Runs:
             self.start[k] = a
         self.end[a] = b
 
+    def add_sorted(self, units: list[int]) -> None:
+        """``add(i)`` for each of ``units`` (ascending) on runs with none marked yet, in bulk: the runs
+        are the stretches of consecutive units joined by glue."""
+        if self.start or not units:
+            for i in units:
+                self.add(i)
+            return
+        a = prev = units[0]
+        for i in units[1:] + [-1]:
+            if i == prev + 1 and self.glue[i]:
+                prev = i
+                continue
+            self.start.update(dict.fromkeys(range(a, prev + 1), a))
+            self.end[a] = prev
+            a = prev = i
+
     def remove_delta(self, i: int) -> int:
         """Marker tokens added (negative: saved) by unmarking unit ``i`` (a revived step)."""
         a = self.start[i]
@@ -983,9 +999,10 @@ class Layout:
         self._protected = sorted(protected_units)
         self.full_history_tokens = sk["full_tokens"]
 
-        omit = set(omit)
-        left_out = {i for i, u in enumerate(self.units) if not u.protected and omit.intersection(u.positions)} \
-            if omit else set()
+        # units with a position in ``omit``, unprotected, inserted in ascending order (as a scan of the units would)
+        unit_first, unit_of = sk["unit_first"], self.unit_of
+        found = {unit_first[p] if p in unit_first else unit_of.get(p) for p in set(omit)} - {None}
+        left_out = set(i for i in sorted(found) if not self.units[i].protected)  # type: ignore[type-var]
         for i in left_out:
             for p in self.units[i].positions:
                 self.reasons[p] = "left out by the policy"
@@ -997,8 +1014,8 @@ class Layout:
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
         self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
-        for i in sorted(left_out if not self.inserts else ()):
-            self.runs.add(i)
+        if left_out and not self.inserts:
+            self.runs.add_sorted(sorted(left_out))
         self.base_tokens = sk["total_cost"] - sum(self.units[i].cost for i in left_out) + \
             sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
         if budget is not None and self.base_tokens > budget and not self.fits_in_full:
@@ -1059,6 +1076,19 @@ class Layout:
         when the rendering's reasons are (:meth:`assemble` passes pending fills on unread).
         ``fill`` must depend only on what it captured."""
         self._pending.append(fill)
+
+    def unit_totals(self, per_position: np.ndarray) -> np.ndarray:
+        """For every unit, the sum of ``per_position`` (int64, indexed by graph position) over its
+        positions (int64)."""
+        at, units = self._arr["order"], self._arr["entry_unit"]
+        inside = units >= 0
+        return np.bincount(units[inside], weights=per_position[at[inside]],
+                           minlength=len(self.units)).astype(np.int64)
+
+    def unit_result_deltas(self) -> np.ndarray:
+        """For every unit, the sum of ``delta`` over its candidate results (int64)."""
+        delta, unit = self._candidate_arrays()
+        return np.bincount(unit, weights=delta, minlength=len(self.units)).astype(np.int64)
 
     def _drop_oldest(self, limit: int) -> None:
         """Drop the oldest unprotected units until ``base_tokens ≤ limit`` (no unit left out by

@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+import weakref
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..graph import ContextGraph
 from ..render import Layout, Rendering
@@ -42,6 +46,20 @@ def block_chars(graph: ContextGraph, positions: list[int]) -> int:
         m = graph.messages[p]
         total += len(m.content) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
     return total
+
+
+_CHARS: "weakref.WeakKeyDictionary[ContextGraph, list[int]]" = weakref.WeakKeyDictionary()
+_CHARS_LOCK = threading.Lock()
+
+
+def message_chars(graph: ContextGraph) -> np.ndarray:
+    """:func:`block_chars` of every single message, by position (int64); kept per graph and
+    extended on append (a stored message never changes)."""
+    with _CHARS_LOCK:
+        chars = _CHARS.setdefault(graph, [])
+        for p in range(len(chars), len(graph.messages)):
+            chars.append(block_chars(graph, [p]))
+        return np.asarray(chars, dtype=np.int64)
 
 
 def char_budget(beta: float, total_chars: int) -> int:
@@ -76,29 +94,36 @@ class _BlockBaseline:
         if base.fits_in_full:
             return base.assemble_full(self.name)
         units = base.units
-        chars = [block_chars(graph, u.positions) for u in units]
+        chars = base.unit_totals(message_chars(graph)).tolist()  # c(v) per block
+        full = (np.asarray([u.cost for u in units], dtype=np.int64) + base.unit_result_deltas()).tolist()
         cap = char_budget(self.config.beta, sum(chars))
         protected = [i for i, u in enumerate(units) if u.protected]
         used_chars = sum(chars[i] for i in protected)
         used_tokens = sum(units[i].cost for i in protected)
-        kept, why = set(protected), {}
+        kept: set[int] = set(protected)
+        visited: list[tuple[int, int | None]] = []  # (block, characters used after keeping it, or None)
         for i in self.order(graph, [i for i, u in enumerate(units) if not u.protected]):
-            tokens = units[i].cost + sum(base.delta[p] for p in units[i].positions if p in base.delta)
+            tokens = full[i]  # its messages with every result shown
             if used_chars + chars[i] <= cap and used_tokens + tokens <= budget:
                 kept.add(i)
                 used_chars += chars[i]
                 used_tokens += tokens
-                why[i] = f"kept: {chars[i]} chars; {used_chars} of C = {cap} chars used"
+                visited.append((i, used_chars))
             else:
-                why[i] = f"left out: {chars[i]} chars do not fit in C = {cap} chars (or B)"
+                visited.append((i, None))
                 if self.contiguous:
                     break
         omit = [p for i, u in enumerate(units) if i not in kept for p in u.positions]
         layout = Layout(graph, signals.counter, budget, result_reserve=0.0, omit=omit)  # kept blocks fit B by construction
-        for i, u in enumerate(units):
-            for p in u.positions:
-                layout.reasons[p] = why.get(i, "left out: older than the kept recent blocks" if i not in kept
-                                            else "kept: protected block")
+
+        def fill(reasons: dict[int, str]) -> None:  # per message, when someone reads them
+            why = {i: (f"kept: {chars[i]} chars; {used} of C = {cap} chars used" if used is not None else
+                       f"left out: {chars[i]} chars do not fit in C = {cap} chars (or B)") for i, used in visited}
+            for i, u in enumerate(units):
+                for p in u.positions:
+                    reasons[p] = why.get(i, "left out: older than the kept recent blocks" if i not in kept
+                                         else "kept: protected block")
+        layout.defer_reasons(fill)
         sel = layout.selection()
         for p in reversed(layout.candidates):
             if sel.fits(p):
