@@ -762,3 +762,34 @@ def test_learned_knapsack_priced_in_bulk_renders_as_the_reference(real_traces, c
                 assert fast == slow, (tr.trace_id, len(g), budget)
                 checked += 1
     assert checked > 40
+
+
+@pytest.mark.parametrize("budget", [1200, 4000])
+def test_take_in_order_equals_the_loop_over_every_result(real_traces, budget):
+    """``retrieval.take_in_order`` (lower bounds skip what cannot fit) takes what the loop "for each
+    result in this order, take it if it fits" takes, with the same budget use, for shuffled orders
+    on real-trace prefixes with dropped steps and revivals."""
+    from historygraph.policies.retrieval import take_in_order
+
+    c = TokenCounter()
+    rng = np.random.default_rng(3)
+    compared = revived = 0
+    for tr in real_traces:
+        for g in prefixes(tr, every=4):
+            try:
+                fast_layout, ref_layout = Layout(g, c, budget), Layout(g, c, budget)
+            except ValueError:
+                continue
+            order = [fast_layout.candidates[i] for i in rng.permutation(len(fast_layout.candidates)).tolist()]
+            fast, ref = fast_layout.selection(), ref_layout.selection()
+            taken = take_in_order(fast_layout, fast, order)
+            want = []
+            for p in order:
+                want.append(ref.fits(p))
+                if want[-1]:
+                    ref.take(p)
+            assert (taken, fast.used, fast.shown, fast.revived) == (want, ref.used, ref.shown, ref.revived), \
+                (tr.trace_id, len(g))
+            compared += 1
+            revived += bool(fast.revived & fast_layout.dropped_units)
+    assert compared > 30 and revived > 5

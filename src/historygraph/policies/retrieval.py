@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import ContextGraph
-from ..render import Layout, Rendering
+from ..render import Layout, Rendering, Selection
 from .base import Signals, register
 
 
@@ -83,18 +83,49 @@ class SemanticRetrieval:
                 layout.reasons[p] = f"kept: result of the {cfg.recent_turns} most recent turns (age {graph.age(p)})"
             else:
                 layout.reasons[p] = f"omitted: recent, but over {cfg.recent_share:.0%} of B or B"
-        rest = [p for p in layout.candidates if p not in set(recent)]
+        recent_set = set(recent)
+        rest = [p for p in layout.candidates if p not in recent_set]
         if rest:
             vecs = signals.embedder.embed([msgs[p].content[:cfg.clip_chars] for p in rest] + [latest_query(graph, cfg.clip_chars)])
             sims = vecs[:-1] @ vecs[-1]
-            for i in np.argsort(-sims, kind="stable"):
-                p = rest[i]
-                if sel.fits(p):
-                    sel.take(p)
-                    layout.reasons[p] = f"kept: cosine {sims[i]:.3f} to the latest messages"
-                else:
-                    layout.reasons[p] = f"omitted: cosine {sims[i]:.3f}; does not fit in B"
+            order = np.argsort(-sims, kind="stable")
+            taken = take_in_order(layout, sel, [rest[i] for i in order.tolist()])
+
+            def fill(reasons: dict[int, str]) -> None:  # in the order the loop decided them
+                for i, ok in zip(order.tolist(), taken):
+                    reasons[rest[i]] = (f"kept: cosine {sims[i]:.3f} to the latest messages" if ok else
+                                        f"omitted: cosine {sims[i]:.3f}; does not fit in B")
+            layout.defer_reasons(fill)
         return layout.assemble(self.name, sel)
+
+
+def take_in_order(layout: Layout, sel: Selection, order: list[int]) -> list[bool]:
+    """``for p in order: take p if it fits`` (each in its default form); returns whether each was
+    taken. Lower bounds of every candidate's cost (:meth:`~historygraph.render.Selection.lower_costs`)
+    skip at once those that cannot fit what is left; the others are priced exactly; a revival
+    changes costs, so the bounds are taken again."""
+    at = {p: i for i, p in enumerate(layout.candidates)}
+    idx = np.fromiter((at[p] for p in order), dtype=np.int64, count=len(order))
+    low = sel.lower_costs()[idx]
+    taken = [False] * len(order)
+    k = 0
+    assert layout.budget is not None
+    while k < len(order):
+        room = layout.budget - sel.used
+        ahead = np.flatnonzero(low[k:] <= room)
+        if not len(ahead):
+            break
+        k += int(ahead[0])
+        p = order[k]
+        if sel.exact_cost(p) <= room:
+            u = layout.unit_of[p]
+            revives = u in layout.dropped_units and u not in sel.revived
+            sel.take(p)
+            taken[k] = True
+            if revives:
+                low = sel.lower_costs()[idx]
+        k += 1
+    return taken
 
 
 def current_step(graph: ContextGraph) -> str:
