@@ -499,7 +499,7 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
     notes between a call and its result, late and superseding results, unanswered calls), equals
     the skeleton a fresh graph of the same messages builds, at every length, on real traces of
     four formats and on hand-made graphs."""
-    from historygraph.render import placeholder_for, _token_memo
+    from historygraph.render import placeholder_for, render_order, _token_memo
 
     late = [Message("user", "task"), Message("assistant", "", (ToolCall("l1", "bash", "{}"),)),
             Message("user", "note"), Message("assistant", "a", (ToolCall("l2", "bash", "{}"), ToolCall("l3", "bash", "{}"))),
@@ -521,6 +521,7 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
             grown = _token_memo(g, c, placeholder_for).skeleton(g)
             fresh_graph = ContextGraph("fresh", g.messages)
             fresh = _token_memo(fresh_graph, c, placeholder_for).skeleton(fresh_graph)
+            assert grown["order"] == render_order(g)  # (recap renders in this order: render.kept_render_order)
             arrays = grown.pop("arrays"), fresh.pop("arrays")  # the array forms, extended in step
             assert {k: v.tolist() for k, v in arrays[0].items()} == {k: v.tolist() for k, v in arrays[1].items()}, len(g)
             assert grown == fresh, (len(g), [k for k in grown if grown[k] != fresh[k]])

@@ -104,6 +104,15 @@ def render_order(graph: ContextGraph) -> list[int]:
     return out
 
 
+def kept_render_order(graph: ContextGraph, counter: TokenCounter) -> list[int]:
+    """:func:`render_order` read from the per-graph layout skeleton (extended on append, not
+    rebuilt per call); a new list."""
+    memo = _token_memo(graph, counter, placeholder_for)
+    with memo._lock:
+        memo._skeleton.update(graph, memo)
+        return list(memo._skeleton.order)
+
+
 def loop_opening(graph: ContextGraph) -> int | None:
     """Position of the assistant message that opens the active tool loop when it starts with a
     thinking block (it must then be rendered, byte-exact), else ``None``.

@@ -74,8 +74,8 @@ import numpy as np
 
 from ..events import Message
 from ..graph import ContextGraph
-from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, dropped_marker, loop_guard, loop_opening,
-                      oversized_excerpt, placeholder_for, render_order)
+from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, _token_memo, dropped_marker,
+                      kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -349,7 +349,8 @@ class Recap:
         users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
         current = users[-1] if users else None
         forms = oversized_forms(graph, budget, signals)
-        cost = {b.id: block_tokens(graph, b, signals, forms) for b in blocks}
+        cost = block_costs(graph, blocks, signals, forms)
+        plain = blocks if self.config.segment == "message" else None  # = build_blocks(graph)
         hist = [b for b in blocks if b.positions[0] != current]
         new_turn = current is not None and current != st.turn_user
         if new_turn:
@@ -358,13 +359,18 @@ class Recap:
             if st.turn_user is not None or len(users) > 1:
                 st.pending.append((served_ids(st, blocks, current), st.segment_start))
             st.turn_user = st.segment_start = current
-        whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0}, forms)
-        if budget is None or whole.history_tokens <= budget:
-            return whole
+        # the whole history's tokens: every block's cost but the current user message's (outside B);
+        # a segment's cost is an upper bound, so segmented blocks are assembled to know
+        whole_tokens = sum(cost.values()) - sum(cost[b.id] for b in blocks if b.positions[0] == current) \
+            if self.config.segment == "message" else None
+        if budget is None or whole_tokens is None or whole_tokens <= budget:
+            whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0}, forms, plain)
+            if budget is None or whole.history_tokens <= budget:
+                return whole
         stats: dict[str, Any] = {"compaction": 0}
         if st.selection is not None and not (new_turn and not self._warm(graph, len(users))):
             shown = served_ids(st, blocks, len(graph))
-            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms)
+            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms, plain)
             if kept.history_tokens <= budget:
                 return kept
             if self.config.measure_mid_turn:  # the budget forces a compaction mid-turn
@@ -386,7 +392,7 @@ class Recap:
         st.omitted = {b.id for b in hist} - chosen
         st.selection, st.append_from = frozenset(chosen), len(graph)
         current_ids = {b.id for b in blocks if b.positions[0] == current}
-        r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms)
+        r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms, plain)
         mandatory = self.mandatory(graph, hist)
         while r.history_tokens > budget:  # the dropped-step markers are charged too: give up the oldest choice
             spare = sorted(chosen - mandatory)
@@ -395,7 +401,7 @@ class Recap:
             chosen.discard(spare[0])
             st.omitted.add(spare[0])
             st.selection = frozenset(chosen)
-            r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms)
+            r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms, plain)
         return r
 
     def _warm(self, graph: ContextGraph, turn: int) -> bool:
@@ -524,6 +530,24 @@ def block_tokens(graph: ContextGraph, block: Block, signals: Signals, forms: dic
                for p in block.positions)
 
 
+def block_costs(graph: ContextGraph, blocks: list[Block], signals: Signals,
+                forms: dict[int, Message] | None = None) -> dict[int, int]:
+    """``{block id: block_tokens(graph, block, signals, forms)}``, the messages' counts read from
+    the per-graph token memo of :mod:`historygraph.render` (the same counts), a block with a
+    segment or a synthetic result priced by :func:`block_tokens`."""
+    forms = forms or {}
+    count = signals.counter.count_message
+    tokens = _token_memo(graph, signals.counter, placeholder_for).tokens
+    msgs = graph.messages
+    out: dict[int, int] = {}
+    for b in blocks:
+        if b.span is not None or (b.role == "assistant" and len(b.positions) - 1 != len(msgs[b.positions[0]].tool_calls)):
+            out[b.id] = block_tokens(graph, b, signals, forms)
+        else:
+            out[b.id] = sum(count(forms[p]) if p in forms else tokens[p] for p in b.positions)
+    return out
+
+
 def served_positions(graph: ContextGraph, served: list[Block]) -> list[int]:
     """Graph positions of a served context: the system messages and the served blocks' messages
     (a segment block stands for its whole message here: the proxy reads whole messages)."""
@@ -598,10 +622,12 @@ def mark_stale(st: SessionState, idents: dict[int, set[str]], threshold: float, 
 
 
 def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | None, signals: Signals,
-             stats: dict[str, Any], forms: dict[int, Message] | None = None) -> Rendering:
+             stats: dict[str, Any], forms: dict[int, Message] | None = None,
+             plain: list[Block] | None = None) -> Rendering:
     """Render the ``shown`` blocks chronologically with the system messages (current user message
     and system messages outside ``B``); results of other blocks are omitted, their messages dropped;
-    a shown result in ``forms`` (:func:`oversized_forms`) is rendered as its excerpt and counted as omitted."""
+    a shown result in ``forms`` (:func:`oversized_forms`) is rendered as its excerpt and counted as omitted.
+    ``plain``: ``build_blocks(graph)`` when the caller has it (the reasons name those blocks)."""
     forms = forms or {}
     keep = {p for b in shown for p in b.positions} | {p for p, m in enumerate(graph.messages) if m.role == "system"}
     pieces: dict[int, list[Block]] = {}
@@ -626,7 +652,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
             history += count(marker)
             run.clear()
 
-    for p in render_order(graph):  # results directly after their call
+    for p in kept_render_order(graph, signals.counter):  # results directly after their call
         if p not in keep:
             if graph.messages[p].role != "tool":
                 run.append([p] + [graph.result_of[c.id] for c in graph.messages[p].tool_calls if c.id in graph.result_of])
@@ -644,19 +670,26 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
             positions.append(None)
             history += count(s)
     mark()
-    block_of = {p: b for b in build_blocks(graph) for p in b.positions}
-    reasons = {p: f"block {block_of[p].id} dropped by ReCAP selection"
-               for p in range(len(graph)) if p not in keep and p in block_of}
-    for p in keep & forms.keys():
-        reasons[p] = (f"oversized: {count(graph.messages[p])} tokens > B; shown as a marked excerpt"
+    n, msgs = len(graph), graph.messages
+    if plain is None:
+        plain = build_blocks(graph)
+
+    def reasons() -> dict[int, str]:  # per message, when someone reads them
+        block_of = {p: b for b in plain for p in b.positions}
+        out = {p: f"block {block_of[p].id} dropped by ReCAP selection" for p in range(n) if p not in keep and p in block_of}
+        for p in keep & forms.keys():
+            out[p] = (f"oversized: {count(msgs[p])} tokens > B; shown as a marked excerpt"
                       if forms[p].rendered_as == "excerpt" else
                       "placeholder: its block opens the active tool loop (protected) and its results do not fit")
+        return out
     tools = [p for p, m in enumerate(graph.messages) if m.role == "tool"]
-    return Rendering(policy=name, budget=budget, messages=out, positions=positions,
-                     full=[p for p in tools if p in keep and p not in forms],
-                     omitted=[p for p in tools if p not in keep or p in forms],
-                     dropped=[p for p in range(len(graph)) if p not in keep], history_tokens=history,
-                     input_tokens=sum(count(m) for m in out), reasons=reasons, stats=stats)
+    r = Rendering(policy=name, budget=budget, messages=out, positions=positions,
+                  full=[p for p in tools if p in keep and p not in forms],
+                  omitted=[p for p in tools if p not in keep or p in forms],
+                  dropped=[p for p in range(len(graph)) if p not in keep], history_tokens=history,
+                  input_tokens=sum(count(m) for m in out), stats=stats)
+    r.defer_reasons(reasons)
+    return r
 
 
 register("recap", SOURCE, "Blocks scored by attention importance (SmolLM2 proxy) + IDF identifier relevance; "
