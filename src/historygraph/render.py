@@ -436,15 +436,26 @@ class _Grow:
     :meth:`view` hands out a view of the filled part; a truncation first copies the buffer, so a
     view handed out earlier keeps its values (a render may still be reading it)."""
 
-    __slots__ = ("buf", "n")
+    __slots__ = ("buf", "n", "pending")
 
-    def __init__(self, values: Iterable[int] = ()) -> None:
+    def __init__(self, values: Iterable[int] = (), collect: bool = False) -> None:
         vals = list(values)
         self.buf = np.zeros(max(64, 2 * len(vals)), dtype=np.int64)
         self.buf[:len(vals)] = vals
         self.n = len(vals)
+        # with ``collect``, appends go to a list until :meth:`flush` (a build from scratch appends thousands)
+        self.pending: list[int] | None = [] if collect else None
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            vals, self.pending = self.pending, None
+            grown = _Grow(self.buf[:self.n].tolist() + vals)
+            self.buf, self.n = grown.buf, grown.n
 
     def append(self, value: int) -> None:
+        if self.pending is not None:
+            self.pending.append(value)
+            return
         if self.n == len(self.buf):
             grown = np.zeros(2 * len(self.buf), dtype=np.int64)
             grown[:self.n] = self.buf
@@ -566,9 +577,8 @@ class _Skeleton:
         # the same as arrays (see :meth:`arrays`): per order entry its position and unit (−1 outside B),
         # per unit its cost, lowest and highest position and the prefix sums of calls, per candidate
         # (ascending) its delta and unit
-        self.g_order, self.g_entry_unit = _Grow(), _Grow()
-        self.g_cost, self.g_lo, self.g_hi, self.g_pre = _Grow(), _Grow(), _Grow(), _Grow([0])
-        self.g_cand_delta, self.g_cand_unit = _Grow(), _Grow()
+        grows = self.g_order, self.g_entry_unit, self.g_cost, self.g_lo, self.g_hi, self.g_pre, \
+            self.g_cand_delta, self.g_cand_unit = tuple(_Grow([0] if k == 5 else (), collect=True) for k in range(8))
         self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
         apart = True
         for p, m in enumerate(msgs):
@@ -582,6 +592,8 @@ class _Skeleton:
                 continue
             if self._add(p, graph, memo, not apart):
                 apart = False
+        for g in grows:
+            g.flush()
 
     def _add(self, p: int, graph: ContextGraph, memo: "_TokenMemo", glue: bool) -> bool:
         """Append message ``p`` (not a tool result, not outside B) to the order, as a unit when it is
