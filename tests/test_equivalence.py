@@ -794,3 +794,28 @@ def test_take_in_order_equals_the_loop_over_every_result(real_traces, budget):
             compared += 1
             revived += bool(fast.revived & fast_layout.dropped_units)
     assert compared > 30 and revived > 5
+
+
+def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
+    """The revival cost of every dropped step from the per-graph brief savings equals the step's
+    own brief view (:meth:`Layout.revival_cost`), with and without brief revivals, on real-trace
+    prefixes growing append by append (the savings extended)."""
+    counter = TokenCounter()
+    checked = briefed = 0
+    for tr in real_traces:
+        g = ContextGraph(tr.trace_id)
+        for m in tr.messages:
+            g.append(m)
+            if m.role != "assistant":
+                continue
+            for brief in (True, False):
+                try:
+                    lay = Layout(g, counter, 1500, result_reserve=0.95, brief_revivals=brief)
+                except ValueError:
+                    continue
+                bulk = lay._revival_costs()
+                for u in range(len(lay.units)):
+                    assert bulk[u] == (lay.revival_cost(u) if u in lay.dropped_units else 0), (tr.trace_id, len(g), u)
+                    checked += 1
+                    briefed += brief and u in lay.dropped_units and lay.brief(u)[1] is not None
+    assert checked > 1000 and briefed > 100, (checked, briefed)

@@ -725,6 +725,37 @@ class _Skeleton:
 
 _BRIEFS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, str], tuple[int, Message]]]" = weakref.WeakKeyDictionary()
 _MEMOS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple, _TokenMemo]]" = weakref.WeakKeyDictionary()
+_SAVINGS: "weakref.WeakKeyDictionary[ContextGraph, dict[str, list[int]]]" = weakref.WeakKeyDictionary()
+
+
+def _brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
+    """``(tokens saved, brief message)`` of the stored message at ``pos`` (:meth:`Layout.brief`), or
+    ``None`` for a message without one (no calls, provider blocks, or no text). The view of a stored
+    message never changes: built once per graph."""
+    m = graph.messages[pos]
+    if not (m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content):
+        return None
+    memo = _BRIEFS.setdefault(graph, {})
+    key = (pos, counter.encoding_name)
+    if key not in memo:
+        b = m.with_content(BRIEF.format(tokens=counter.count(m.content), position=pos), "brief")
+        memo[key] = (counter.count_message(m) - counter.count_message(b), b)
+    return memo[key]
+
+
+def _brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
+    """Tokens the brief view of each stored message saves (:meth:`Layout.brief`; 0 where there is
+    no brief view or it saves nothing), per position, int64: kept per graph and extended as it
+    grows, so the revival costs of every dropped step are one array operation."""
+    per = _SAVINGS.setdefault(graph, {})
+    saved = per.setdefault(counter.encoding_name, [])
+    msgs = graph.messages
+    if len(saved) > len(msgs):
+        del saved[:]
+    for pos in range(len(saved), len(msgs)):
+        view = _brief_view(graph, counter, pos)
+        saved.append(max(0, view[0]) if view is not None else 0)
+    return np.asarray(saved, dtype=np.int64)
 _MEMOS_LOCK = threading.Lock()
 
 
@@ -1156,17 +1187,9 @@ class Layout:
         if hit is None:
             unit = self.units[u]
             hit = (unit.cost, None)
-            pos = unit.positions[0]
-            m = self.graph.messages[pos]
-            if self.brief_revivals and m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content:
-                memo = _BRIEFS.setdefault(self.graph, {})
-                key = (pos, self.counter.encoding_name)
-                if key not in memo:  # the view of a stored message never changes: built once per graph
-                    b = m.with_content(BRIEF.format(tokens=self.counter.count(m.content), position=pos), "brief")
-                    memo[key] = (self.counter.count_message(m) - self.counter.count_message(b), b)
-                saved, b = memo[key]
-                if saved > 0:
-                    hit = (unit.cost - saved, b)
+            view = _brief_view(self.graph, self.counter, unit.positions[0]) if self.brief_revivals else None
+            if view is not None and view[0] > 0:
+                hit = (unit.cost - view[0], view[1])
             self._brief[u] = hit
         return hit
 
@@ -1282,10 +1305,10 @@ class Layout:
     def _revival_costs(self) -> np.ndarray:
         """:meth:`revival_cost` of every dropped unit (0 for the others), int64."""
         if self._revivals is None:
-            if self.brief_revivals:
-                self._revivals = np.zeros(len(self.units), dtype=np.int64)
-                for u in self.dropped_units:
-                    self._revivals[u] = self.revival_cost(u)
+            if self.brief_revivals:  # a unit's cost less what the brief view of its first message saves
+                saved = _brief_savings(self.graph, self.counter)
+                first = np.fromiter((u.positions[0] for u in self.units), dtype=np.int64, count=len(self.units))
+                self._revivals = np.where(self._dropped_mask, self._costs - saved[first], 0)
             else:  # a unit's whole cost (:meth:`brief` without brief views)
                 self._revivals = np.where(self._dropped_mask, self._costs, 0)
         return self._revivals
