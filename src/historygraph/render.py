@@ -1521,8 +1521,8 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
             raise InvariantError("§5.4 in-flight: the last assistant tool call was cut")
     # 5. under budget → unchanged
     if B is not None and rendering.policy != "full":
-        full_cost = sum(counter.count_message(graph.messages[p]) for p in order if p not in outside)
-        if full_cost <= B and not _has_unanswered(graph) and msgs != [graph.messages[p] for p in order]:
+        if _fits((counter.count_message(graph.messages[p]) for p in order if p not in outside), B) \
+                and not _has_unanswered(graph) and msgs != [graph.messages[p] for p in order]:
             raise InvariantError("§5.5 unchanged: history fits in B but was not returned unchanged")
     # 6. omitted results are retrievable, and a step left out leaves a marker naming where it was
     for p in rendering.omitted:
@@ -1531,11 +1531,21 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     spans = [(int(a), int(b)) for m in msgs if m.rendered_as == "marker"
              for a, b in _MARK_SPAN.findall(m.content)]
     summarised = any(m.rendered_as == "summary" and m.role != "tool" for m in msgs)  # names the span it covers
-    shown = set(rendering.positions)
-    for p in rank:
-        if p not in shown and graph.messages[p].role != "tool" and p not in outside and not summarised \
+    for p in sorted(rank.keys() - set(rendering.positions), key=rank.__getitem__):  # in rendering order
+        if graph.messages[p].role != "tool" and p not in outside and not summarised \
                 and not any(a <= p <= b for a, b in spans):
             raise InvariantError(f"§5.6 marker: message {p} was left out without a dropped-step marker naming it")
+
+
+def _fits(counts: Iterable[int], budget: int) -> bool:
+    """Whether the counts sum to at most ``budget`` (stops at the first partial sum over it: a
+    long history is over B after its first few messages)."""
+    total = 0
+    for n in counts:
+        total += n
+        if total > budget:
+            return False
+    return True
 
 
 _MARK_SPAN = re.compile(r"messages #(\d+)–#(\d+)")
