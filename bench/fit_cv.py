@@ -17,6 +17,12 @@ equal hits, so the shortcut measures exactly what ``historygraph replay -p learn
     python bench/fit_cv.py TRAIN --test TEST --curve 5,10,20,45,90       # learning curve on TEST
     python bench/fit_cv.py TRAIN --configs 'reserve=0.5;reserve=0.9,brief,alpha=0.5'
 
+``--ceiling`` also scores, on the same layouts, a selector that knows the label in advance (value
+0.9 for a result the next call reuses by the training label, plus 0.1 times the model's
+probability to order the rest), and splits the B.4 events by whether the training label marks them
+and, if not, whether every token linking them is a Titlecase word (prose such as ``Looking``, which
+TFA's value rules exclude). This is analysis in the benchmark only; no policy reads the B.4 rule.
+
 ``--variant``: ``shipped`` (label: TFA reuse or identifier reuse at the next call, the shipped
 recipe), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse within the next 3 calls).
 """
@@ -24,6 +30,7 @@ recipe), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse within the next 3 call
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -72,8 +79,10 @@ class Scorer:
     def __init__(self, trace, ex: Examples, counter):
         self.trace, self.ex, self.counter = trace, ex, counter
         self.events: dict[int, set[int]] = {}
+        self.tokens: dict[tuple[int, int], frozenset[str]] = {}
         for e in reuse_events(trace.messages):
             self.events.setdefault(e.turn, set()).add(e.result)
+            self.tokens[(e.turn, e.result)] = e.tokens
         self._layouts: dict[tuple, list] = {}
 
     def layouts(self, budget: int, reserve: float, brief: bool):
@@ -95,10 +104,12 @@ class Scorer:
             self._layouts[key] = out
         return self._layouts[key]
 
-    def hits(self, model, budget: int, cfg: dict) -> tuple[int, int, list[int]]:
+    def hits(self, model, budget: int, cfg: dict, prob: np.ndarray | None = None) -> tuple[int, int, list[int]]:
+        """Hits, events and history tokens of ``model`` (or of the given per-row values ``prob``)."""
         c = LearnedConfig(**cfg)  # the policy's defaults for what cfg does not set
         reserve, brief, alpha = c.result_reserve, c.brief_revivals, c.cost_exponent
-        prob = model.predict(self.ex.X) if len(self.ex.X) else np.zeros(0)
+        if prob is None:
+            prob = model.predict(self.ex.X) if len(self.ex.X) else np.zeros(0)
         hits = events = 0
         tokens = []
         msgs = self.trace.messages
@@ -119,6 +130,45 @@ class Scorer:
             hits += len(ev & shown)
             tokens.append(sel.used)
         return hits, events, tokens
+
+
+def label_rows(s: Scorer) -> dict[tuple[int, int], bool]:
+    """(assistant position, result position) -> the training label (TFA or identifier reuse) of that
+    row; rows run over the results stored before each invocation, in order (fit.dataset)."""
+    out: dict[tuple[int, int], bool] = {}
+    label = np.maximum(s.ex.reused, s.ex.named)
+    row, results = 0, []
+    for j, m in enumerate(s.trace.messages):
+        if m.role == "assistant" and j:
+            for p in results:
+                out[(j, p)] = bool(label[row])
+                row += 1
+        elif m.role == "tool":
+            results.append(j)
+    return out
+
+
+TITLECASE = re.compile(r"[A-Z][a-z]+")
+
+
+def ceiling(scorers, model, budgets) -> str:
+    """The ``--ceiling`` figures (module docstring): label-oracle recall per B and the B.4 events by label."""
+    parts, kinds = [], {"labelled": 0, "Titlecase words only": 0, "other": 0}
+    for b in budgets:
+        h = e = 0
+        for s in scorers:
+            label = np.maximum(s.ex.reused, s.ex.named)
+            p = model.predict(s.ex.X) if len(s.ex.X) else np.zeros(0)
+            a, b_, _ = s.hits(model, b, {}, prob=0.9 * label + 0.1 * p)
+            h, e = h + a, e + b_
+        parts.append(f"B={b} label oracle {100.0 * h / max(1, e):.1f} %")
+    for s in scorers:
+        rows = label_rows(s)
+        for key, toks in s.tokens.items():
+            kinds["labelled" if rows.get(key) else "Titlecase words only" if all(TITLECASE.fullmatch(t) for t in toks)
+                  else "other"] += 1
+    n = max(1, sum(kinds.values()))
+    return "; ".join(parts) + "; B.4 events: " + ", ".join(f"{k} {100.0 * v / n:.1f} %" for k, v in kinds.items())
 
 
 def run(scorers, model, budgets, configs):
@@ -167,6 +217,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="use N training trajectories (every k-th)")
     ap.add_argument("--curve", help="learning curve: comma-separated numbers of training trajectories (needs --test)")
     ap.add_argument("--oracle", action="store_true", help="also replay the oracle on the scored trajectories")
+    ap.add_argument("--ceiling", action="store_true", help="also score a selector that knows the training label "
+                    "(the model's ceiling) and split the B.4 events by it")
     ap.add_argument("--check", action="store_true", help="replay learned on the scored trajectories and assert equal hits")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budget.split(",")]
@@ -195,6 +247,8 @@ def main() -> None:
         model = fit_variant(Examples.concat(exs), a.variant, a.C)
         res = run(scorers, model, budgets, configs)
         print(f"unseen ({len(test)} trajectories, variant={a.variant}, C={a.C}): {fmt(res)}")
+        if a.ceiling:
+            print("unseen ceiling: " + ceiling(scorers, model, budgets))
         if a.oracle:
             print("unseen " + oracle_figures(test, budgets, signals))
         return
@@ -205,6 +259,8 @@ def main() -> None:
         held = [i for i in range(len(train)) if folds[i] == k]
         scorers = [Scorer(train[i], exs[i], signals.counter) for i in held]
         res = run(scorers, model, budgets, configs)
+        if a.ceiling:
+            print(f"fold {k} ceiling: " + ceiling(scorers, model, budgets), file=sys.stderr, flush=True)
         if a.check:
             for b in budgets:
                 for label, cfg in configs.items():
