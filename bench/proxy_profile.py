@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import proxy_latency as pl  # noqa: E402
 
-from historygraph import render as render_mod  # noqa: E402
 from historygraph.server import app as app_mod  # noqa: E402
 from historygraph.server import jsonio, sessions  # noqa: E402
 

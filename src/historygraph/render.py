@@ -1054,7 +1054,7 @@ class Layout:
         # units with a position in ``omit``, unprotected, inserted in ascending order (as a scan of the units would)
         unit_first, unit_of = sk["unit_first"], self.unit_of
         found = {unit_first[p] if p in unit_first else unit_of.get(p) for p in set(omit)} - {None}
-        left_out = set(i for i in sorted(found) if not self.units[i].protected)  # type: ignore[type-var]
+        left_out = set(i for i in sorted(found) if not self.units[i].protected)
         for i in left_out:
             for p in self.units[i].positions:
                 self.reasons[p] = "left out by the policy"
@@ -1384,8 +1384,8 @@ class Layout:
                 if i is not None and i in runs.start:
                     open_run = runs.start[i]
                     if jump:
-                        b = runs.end[open_run]
-                        k = starts[b] + len(units[b].positions)
+                        last_unit = runs.end[open_run]
+                        k = starts[last_unit] + len(units[last_unit].positions)
                         continue
             if not dropped_at[k]:
                 if m.role == "tool":
