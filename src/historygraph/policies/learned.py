@@ -94,23 +94,24 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
     lay = sel.layout
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
     # every candidate priced at once; before anything is revived that is also its cost alone
-    start = dict(zip(lay.candidates, sel.candidate_costs().tolist()))
-    cost0 = {p: start[p] if p in start else sel.cost(p) for p in items}
-    heap = [(ratio(p, c), p, c) for p in items for c in (cost0[p],)]
-    heapq.heapify(heap)
-    by_unit: dict[int, list[int]] = {}
+    cands = lay.candidates
+    cost0 = dict(zip(cands, sel.candidate_costs().tolist()))
+    exact = len(cost0) == len(cands)  # the stopping check below prices candidates only
     for p in items:
-        by_unit.setdefault(lay.unit_of[p], []).append(p)
+        if p not in cost0:
+            cost0[p], exact = sel.cost(p), False
+    a = cost_exponent
+    heap = [(-value[p] / max(1, c) ** a, p, c) for p in items for c in (cost0[p],)]  # ratio(p, c)
+    heapq.heapify(heap)
+    item_set = set(items)
+    unit_of, units = lay.unit_of, lay.units
     taken: list[int] = []
     done: set[int] = set()
-    budget, unit_of, dropped = lay.budget, lay.unit_of, lay.dropped_units
+    budget, dropped = lay.budget, lay.dropped_units
     table: dict[int, int] | None = cost0  # every cost, until a revival changes some
     # once no result left can fit, nothing more is taken (costs change only when one is): stop.
     # Checked with every candidate priced after `idle` pops without a take, doubling while it fails
-    index = {p: i for i, p in enumerate(lay.candidates)}
-    left = np.zeros(len(lay.candidates), dtype=bool)
-    left[[index[p] for p in items if p in index]] = True
-    exact = budget is not None and all(p in index for p in items)
+    exact = exact and budget is not None
     idle, since = _IDLE_POPS, 0
     while heap:
         _, p, c = heapq.heappop(heap)
@@ -123,6 +124,8 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         if budget is not None and sel.used + now > budget:  # Selection.fits, with the cost in hand
             since += 1
             if exact and since >= idle:
+                pending = item_set - done
+                left = np.fromiter((q in pending for q in cands), dtype=bool, count=len(cands))
                 if sel.candidate_costs()[left].min(initial=budget + 1) > budget - sel.used:
                     break
                 idle, since = 2 * idle, 0
@@ -132,13 +135,11 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         sel.take(p)
         taken.append(p)
         done.add(p)
-        if p in index:
-            left[index[p]] = False
         since = 0
         if revives:
             table = None
-            for q in by_unit[u]:
-                if q not in done:
+            for q in units[u].positions:  # the other results of the step (push order does not matter)
+                if q in item_set and q not in done:
                     cq = sel.cost(q)
                     heapq.heappush(heap, (ratio(q, cq), q, cq))
     if lay.budget is None:
