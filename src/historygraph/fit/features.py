@@ -260,7 +260,7 @@ class _GraphFacts:
     idents_t: _Flat = field(default_factory=_Flat)
     words_t: _Flat = field(default_factory=_Flat)   # each row's words in sorted order
     files_t: _Flat = field(default_factory=_Flat)   # shown files
-    reuse_seen: dict[int, tuple[int, set[int], int]] = field(default_factory=dict)  # result -> (matches read, turns, last)
+    reuse_seen: dict[int, tuple[int, list[int]]] = field(default_factory=dict)  # result -> (matches read, distinct reuse turns)
 
 
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKeyDictionary()
@@ -443,24 +443,39 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     col("since_reuse", _log2p(age))
     col("never_reused", 1.0)
     turn_of = graph.turn_of
-    c_score, c_turns, c_last, c_recent, c_since, c_never = (
-        _COL[k] for k in ("reuse_score", "reuse_turns", "reused_last", "reused_recent", "since_reuse", "never_reused"))
+    rows_r: list[int] = []
+    score: list[float] = []
+    n_turns: list[int] = []
+    last_turn: list[int] = []
+    recent_n: list[int] = []
     for p, ms in graph.reuse.matches.items():
         row = gf.row_of.get(p)
         if not ms or row is None:
             continue
-        read, turns, last = gf.reuse_seen.get(p, (0, set(), -1))
-        if read < len(ms):
-            turns = turns | {turn_of[m.user] for m in ms[read:]}
-            last = max(turns)
-            gf.reuse_seen[p] = (len(ms), turns, last)
-        r = out[row]
-        r[c_score] = math.log1p(graph.reuse.score(p))
-        r[c_turns] = math.log1p(len(turns))
-        r[c_last] = float(last == t)
-        r[c_recent] = float(sum(1 for x in turns if x > t - RECENT_TURNS))
-        r[c_since] = math.log1p(t - last)
-        r[c_never] = 0.0
+        read, turns = gf.reuse_seen.get(p, (0, []))
+        if read < len(ms):  # matches come in message order: their turns never decrease
+            turns = list(turns)
+            for m in ms[read:]:
+                x = turn_of[m.user]
+                if not turns or turns[-1] != x:
+                    turns.append(x)
+            gf.reuse_seen[p] = (len(ms), turns)
+        k = len(turns)
+        while k and turns[k - 1] > t - RECENT_TURNS:
+            k -= 1
+        rows_r.append(row)
+        score.append(math.log1p(graph.reuse.score(p)))
+        n_turns.append(len(turns))
+        last_turn.append(turns[-1])
+        recent_n.append(len(turns) - k)
+    if rows_r:
+        last = np.asarray(last_turn)
+        out[rows_r, _COL["reuse_score"]] = score
+        out[rows_r, _COL["reuse_turns"]] = _log1p_int(np.asarray(n_turns))
+        out[rows_r, _COL["reused_last"]] = last == t
+        out[rows_r, _COL["reused_recent"]] = recent_n
+        out[rows_r, _COL["since_reuse"]] = _log1p_int(t - last)
+        out[rows_r, _COL["never_reused"]] = 0.0
     # lexical and value overlap with the latest assistant message and the task
     vt, it, wt, ft = gf.values_t, gf.idents_t, gf.words_t, gf.files_t
     col("latest_values", _log1p_int(vt.sums(vt.weights(latest_values), n)))
