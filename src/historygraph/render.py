@@ -994,7 +994,7 @@ class Layout:
 
     Policies that leave history out or add synthetic messages say so here, so that the budget
     stays shared: ``omit`` lists positions whose (unprotected) units are left out entirely and are
-    not candidates (e.g. covered by a summary, or a block a ReCAP baseline did not select);
+    not candidates (``omit_units`` the same by unit index, as in ``units`` of a layout of the same graph) (e.g. covered by a summary, or a block a ReCAP baseline did not select);
     ``inserts`` maps a position to a synthetic message rendered right after it (e.g. a summary with
     ``rendered_as="summary"``), charged to B first, like the non-tool history; ``placeholder``
     builds the stand-in of an unshown result (it must name the result id, docs/architecture.md, invariant §5.3).
@@ -1007,7 +1007,7 @@ class Layout:
                  result_reserve: float = 0.5, excerpt_fraction: float = 0.25, omit: Iterable[int] = (),
                  inserts: dict[int, Message] | None = None,
                  placeholder: Callable[[Message, TokenCounter], Message] | None = None,
-                 brief_revivals: bool = False) -> None:
+                 brief_revivals: bool = False, omit_units: Iterable[int] = ()) -> None:
         self.graph, self.counter, self.budget = graph, counter, budget
         self.brief_revivals = brief_revivals
         self._brief: dict[int, tuple[int, Message | None]] = {}
@@ -1051,13 +1051,20 @@ class Layout:
         self._protected = sorted(protected_units)
         self.full_history_tokens = sk["full_tokens"]
 
-        # units with a position in ``omit``, unprotected, inserted in ascending order (as a scan of the units would)
+        # units with a position in ``omit`` or listed in ``omit_units``, unprotected, inserted in
+        # ascending order (as a scan of the units would)
         unit_first, unit_of = sk["unit_first"], self.unit_of
         found = {unit_first[p] if p in unit_first else unit_of.get(p) for p in set(omit)} - {None}
+        found.update(omit_units)
         left_out = set(i for i in sorted(found) if not self.units[i].protected)
-        for i in left_out:
-            for p in self.units[i].positions:
-                self.reasons[p] = "left out by the policy"
+        if left_out:
+            units = self.units
+
+            def left_out_reasons(reasons: dict[int, str]) -> None:
+                for i in left_out:
+                    for p in units[i].positions:
+                        reasons[p] = "left out by the policy"
+            self.defer_reasons(left_out_reasons)
         self.inserts = dict(inserts or {})
         self.left_out = left_out
         self.dropped_units: set[int] = set(left_out)
@@ -1068,7 +1075,7 @@ class Layout:
         self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
         if left_out and not self.inserts:
             self.runs.add_sorted(sorted(left_out))
-        self.base_tokens = sk["total_cost"] - sum(self.units[i].cost for i in left_out) + \
+        self.base_tokens = sk["total_cost"] - int(self._costs[self._dropped_mask].sum()) + \
             sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
         if budget is not None and self.base_tokens > budget and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than

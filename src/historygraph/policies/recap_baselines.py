@@ -113,8 +113,8 @@ class _BlockBaseline:
                 visited.append((i, None))
                 if self.contiguous:
                     break
-        omit = [p for i, u in enumerate(units) if i not in kept for p in u.positions]
-        layout = Layout(graph, signals.counter, budget, result_reserve=0.0, omit=omit)  # kept blocks fit B by construction
+        layout = Layout(graph, signals.counter, budget, result_reserve=0.0,  # kept blocks fit B by construction
+                        omit_units=[i for i in range(len(units)) if i not in kept])
 
         def fill(reasons: dict[int, str]) -> None:  # per message, when someone reads them
             why = {i: (f"kept: {chars[i]} chars; {used} of C = {cap} chars used" if used is not None else
