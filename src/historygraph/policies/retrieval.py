@@ -74,7 +74,10 @@ class SemanticRetrieval:
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         msgs, sel = graph.messages, layout.selection()
-        recent = [p for p in reversed(layout.candidates) if graph.age(p) < cfg.recent_turns]
+        cands = layout.candidates
+        turn_of = graph.turn_of
+        ages = graph.turns - np.fromiter(map(turn_of.__getitem__, cands), dtype=np.int64, count=len(cands))
+        recent = [cands[i] for i in np.flatnonzero(ages < cfg.recent_turns)[::-1].tolist()]  # newest first
         recent_cap, recent_used = cfg.recent_share * budget, 0
         for p in recent:
             if sel.fits(p) and recent_used + sel.cost(p) <= recent_cap:
@@ -102,11 +105,12 @@ class SemanticRetrieval:
 def take_in_order(layout: Layout, sel: Selection, order: list[int]) -> list[bool]:
     """``for p in order: take p if it fits`` (each in its default form); returns whether each was
     taken. Lower bounds of every candidate's cost (:meth:`~historygraph.render.Selection.lower_costs`)
-    skip at once those that cannot fit what is left; the others are priced exactly; a revival
-    changes costs, so the bounds are taken again."""
-    at = {p: i for i, p in enumerate(layout.candidates)}
-    idx = np.fromiter((at[p] for p in order), dtype=np.int64, count=len(order))
-    low = sel.lower_costs()[idx]
+    skip at once those that cannot fit what is left; the others are priced exactly, and after
+    ``_EXACT_AFTER`` of them every candidate is priced at once
+    (:meth:`~historygraph.render.Selection.candidate_costs`); a revival changes costs, so the
+    bounds are taken again. ``order`` holds candidates of ``layout``."""
+    idx = np.searchsorted(np.asarray(layout.candidates, dtype=np.int64), np.asarray(order, dtype=np.int64))
+    low, exact, asked = sel.lower_costs()[idx], False, 0
     taken = [False] * len(order)
     k = 0
     assert layout.budget is not None
@@ -117,15 +121,22 @@ def take_in_order(layout: Layout, sel: Selection, order: list[int]) -> list[bool
             break
         k += int(ahead[0])
         p = order[k]
-        if sel.exact_cost(p) <= room:
+        if not exact:
+            asked += 1
+            if asked > _EXACT_AFTER:
+                low, exact = sel.candidate_costs()[idx], True
+        if (low[k] if exact else sel.exact_cost(p)) <= room:
             u = layout.unit_of[p]
             revives = u in layout.dropped_units and u not in sel.revived
             sel.take(p)
             taken[k] = True
             if revives:
-                low = sel.lower_costs()[idx]
+                low, exact, asked = sel.lower_costs()[idx], False, 0
         k += 1
     return taken
+
+
+_EXACT_AFTER = 32  # exact prices asked between revivals before every candidate is priced at once
 
 
 def current_step(graph: ContextGraph) -> str:
