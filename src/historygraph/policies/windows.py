@@ -46,14 +46,21 @@ def render_window(name: str, graph: ContextGraph, n: int, layout: Layout) -> Ren
         return layout.assemble_full(name)
     sel = layout.selection()
     newest = list(reversed(layout.candidates))
-    for rank, p in enumerate(newest):
-        if rank >= n:
-            layout.reasons[p] = f"omitted: older than the {n} most recent observations"
-        elif sel.fits(p):
+    kept = []
+    for p in newest[:max(n, 0)]:
+        kept.append(sel.fits(p))
+        if kept[-1]:
             sel.take(p)
-            layout.reasons[p] = f"kept: observation #{rank + 1} from the newest (window n={n})"
-        else:
-            layout.reasons[p] = f"omitted: in the window (#{rank + 1}) but does not fit in B after newer ones"
+
+    def fill(reasons: dict[int, str]) -> None:  # per result, when someone reads them
+        for rank, p in enumerate(newest):
+            if rank >= n:
+                reasons[p] = f"omitted: older than the {n} most recent observations"
+            elif kept[rank]:
+                reasons[p] = f"kept: observation #{rank + 1} from the newest (window n={n})"
+            else:
+                reasons[p] = f"omitted: in the window (#{rank + 1}) but does not fit in B after newer ones"
+    layout.defer_reasons(fill)
     return layout.assemble(name, sel)
 
 
