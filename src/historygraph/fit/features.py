@@ -63,7 +63,7 @@ import math
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -164,7 +164,7 @@ class _Grow:
     __slots__ = ("a", "n")
 
     def __init__(self, dtype: type, width: int = 0) -> None:
-        self.a = np.zeros((64, width) if width else 64, dtype)
+        self.a: np.ndarray = np.zeros((64, width) if width else 64, dtype)
         self.n = 0
 
     def extend(self, rows: list) -> None:
@@ -351,7 +351,7 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     return gf
 
 
-def ordered_sum(xs: "list[float] | map[float]") -> float:
+def ordered_sum(xs: Iterable[float]) -> float:
     """``xs`` added left to right from 0.0 (the order a ``np.bincount`` with weights adds in; Python's
     ``sum`` of floats is compensated from 3.12 on)."""
     acc = 0.0

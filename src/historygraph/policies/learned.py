@@ -108,7 +108,7 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
     taken: list[int] = []
     done: set[int] = set()
     budget, dropped = lay.budget, lay.dropped_units
-    table: dict[int, int] | None = cost0  # every cost, until a revival changes some
+    table: dict[int, int] = cost0  # costs known in the current state: every one until a revival changes some
     # once no result left can fit, nothing more is taken (costs change only when one is): stop.
     # Checked with every candidate priced after `idle` pops without a take, doubling while it fails
     exact = exact and budget is not None
@@ -117,7 +117,9 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         _, p, c = heapq.heappop(heap)
         if p in done:
             continue
-        now = table[p] if table is not None else sel.cost(p)
+        now = table.get(p)
+        if now is None:
+            now = table[p] = sel.cost(p)
         if now != c:  # its step was revived since it was queued
             heapq.heappush(heap, (ratio(p, now), p, now))
             continue
@@ -137,10 +139,10 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         done.add(p)
         since = 0
         if revives:
-            table = None
+            table = {}
             for q in units[u].positions:  # the other results of the step (push order does not matter)
                 if q in item_set and q not in done:
-                    cq = sel.cost(q)
+                    cq = table[q] = sel.cost(q)
                     heapq.heappush(heap, (ratio(q, cq), q, cq))
     if lay.budget is None:
         fit_alone = items
@@ -192,7 +194,7 @@ def _explain(reasons: dict[int, str], layout: Layout, sel: Selection, value: dic
         if p not in chosen:
             why = (f"reuse probability {value[p]:.3f} below min_probability {min_probability:g}"
                    if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it costs {cost[p]} tokens, "
-                   f"{budget - sel.used} were left")  # type: ignore[operator]
+                   f"{budget - sel.used} were left")
             reasons[p] = f"omitted: {why}"
 
 
