@@ -49,6 +49,24 @@ def test_errors_say_what_to_fix(tmp_path):
     bad.write_text('{"hello": 1}')
     res = runner.invoke(app, ["replay", str(bad), "--store", ":memory:", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "bad.json" in res.output and "tried" in res.output
+    res = runner.invoke(app, ["replay", "--embedder", "nope", "--store", ":memory:"])
+    assert res.exit_code == 2 and "unknown --embedder 'nope'" in res.output and "static, minilm" in res.output
+
+
+def test_each_embedder_has_its_own_vectors_in_the_store(tmp_path):
+    """A second embedder never gets the first one's cached vectors (the cache key holds the
+    model's name); the same embedder again embeds nothing."""
+    store = str(tmp_path / "s.sqlite")
+    embedded = {}
+    for run, name in enumerate(["static", "minilm", "static"]):
+        out = tmp_path / f"o{run}"
+        res = runner.invoke(app, ["replay", "-p", "contextrender", "--budget", "3000", "--store", store, "--out", str(out),
+                                  "--embedder", name])
+        assert res.exit_code == 0, res.output
+        meta = json.loads((out / "replay.json").read_text())["meta"]
+        assert meta["embedder"] == name
+        embedded[run] = meta["texts_embedded"]
+    assert embedded[0] > 0 and embedded[1] == embedded[0] and embedded[2] == 0
 
 
 def test_public_api_is_curated():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from historygraph.events import Message, ToolCall
-from historygraph.signals.embeddings import CachedEmbedder, MiniLMEmbedder
+from historygraph.signals.embeddings import CachedEmbedder, MiniLMEmbedder, StaticEmbedder, default_embedder
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter, get_encoding
 from historygraph.store import SQLiteStore
 
@@ -81,3 +81,41 @@ def test_truncation_length_and_threads(embedder):
     assert np.allclose(MiniLMEmbedder(threads=1).embed([short, long]), a, atol=1e-5)
     with pytest.raises(ValueError, match="max_word_pieces"):
         MiniLMEmbedder(max_word_pieces=1)
+
+
+@pytest.fixture(scope="module")
+def static():
+    return StaticEmbedder()
+
+
+def test_static_embedder_is_a_real_sentence_model_and_the_default(static):
+    v = static.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today.", ""])
+    assert v.shape == (4, 64) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v[:3], axis=1), 1.0, atol=1e-5) and not v[3].any()  # no token: zero vector
+    assert v[0] @ v[1] > 0.6 > 0.2 > v[0] @ v[2]
+    assert isinstance(default_embedder(), StaticEmbedder) and static.model == "tokenlearn-static-10k-64d"
+    assert static.embed([]).shape == (0, 64)
+
+
+def test_static_embedder_gives_the_packages_own_vectors(static, traces_dir):
+    """Our numpy pipeline against the package's own Rust encoder (``static_model.get_embeddings``:
+    its tokenizer, the first 512 tokens, weighted mean, unit length) on real tool results, short
+    and far over 512 tokens, in one batch."""
+    from static_model import get_embeddings
+
+    from historygraph.formats import list_trace_files, read_traces
+
+    texts = [m.content for f in list_trace_files(traces_dir)[:6] for t in read_traces(f) for m in t.messages
+             if m.role == "tool" and m.content][:120]
+    assert len(texts) == 120 and max(map(len, texts)) > 8000
+    assert np.abs(static.embed(texts) - np.asarray(get_embeddings(texts), dtype=np.float32)).max() < 1e-5
+
+
+def test_static_truncation_length_is_part_of_the_model_name(static):
+    short, long = "hi there", " ".join(f"word{i}" for i in range(400))
+    at16 = StaticEmbedder(max_tokens=16)
+    assert at16.model == "tokenlearn-static-10k-64d@16"
+    a, b = static.embed([short, long]), at16.embed([short, long])
+    assert np.allclose(a[0], b[0]) and not np.allclose(a[1], b[1], atol=1e-2)
+    with pytest.raises(ValueError, match="max_tokens"):
+        StaticEmbedder(max_tokens=0)

@@ -29,7 +29,7 @@ from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
 from .policies import params as policy_params
 from .render import BudgetTooSmallError
-from .signals.embeddings import MiniLMEmbedder
+from .signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
 
@@ -157,6 +157,7 @@ def replay(
     strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file (default: skip it with a warning, exit 1 at the end).")] = False,
     param: ParamOption = [],
     params_file: ParamsFileOption = None,
+    embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/evaluator.md, Embedders).")] = DEFAULT_EMBEDDER,
 ) -> None:
     """Replay recorded traces through policies and report recall, tokens and render time.
 
@@ -173,6 +174,8 @@ def replay(
         _fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
     params = _policy_params(param, params_file, names)
     budgets = _budgets(budget)
+    if embedder not in EMBEDDERS:
+        _fail(f"unknown --embedder {embedder!r}; choose one of {', '.join(EMBEDDERS)}")
     try:
         prices = Prices.parse(price)
     except ValueError as exc:
@@ -190,7 +193,7 @@ def replay(
         db = open_store(store)
     except Exception as exc:  # an unwritable path, a corrupt database file
         _fail(f"cannot open store {store or 'default'}: {exc}")
-    signals = Signals(counter=TokenCounter(encoding), store=db)
+    signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder))
     try:
         policies = {n: create(n, replay=True, **params.get(n, {})) for n in names}
     except (PolicyError, ValueError) as exc:
@@ -210,7 +213,8 @@ def replay(
         task = bar.add_task("replay", total=len(traces))
         try:
             if jobs > 1:
-                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: _advance(bar, task, "replay"), params)
+                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: _advance(bar, task, "replay"), params,
+                                 embedder)
             for i, tr in enumerate(traces if jobs == 1 else ()):
                 bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
                 if len(budgets) == 1:
@@ -229,7 +233,7 @@ def replay(
             "budgets": budgets,
             "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
             "wall_seconds": round(wall, 1), "peak_rss_mb": None if peak_mb is None else round(peak_mb, 1),
-            "texts_embedded": embedded[0] + _embedded(signals), "skipped_files": skipped,
+            "texts_embedded": embedded[0] + _embedded(signals), "embedder": embedder, "skipped_files": skipped,
             "interrupted": stopped is not None, "trajectories_done": len(done),
             "models": {n: p.model_info for n, p in policies.items() if hasattr(p, "model_info")}}
     written = write_outputs(out, results, meta, prices)
@@ -274,12 +278,12 @@ _worker: tuple = ()
 
 
 def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None,
-                 params: dict[str, dict] | None = None, threads: int = 1) -> None:
+                 params: dict[str, dict] | None = None, threads: int = 1, embedder: str = DEFAULT_EMBEDDER) -> None:
     """Per worker process: its store connection and signals; its embedder gets ``threads``
     intra-op threads (the cores divided among the workers, so that they do not compete)."""
     global _worker
     db = open_store(store)
-    signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(MiniLMEmbedder, threads=threads))
+    signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder, threads))
     _worker = (signals, names, budgets, db, params)
 
 
@@ -295,7 +299,8 @@ def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
 
 
 def _replay_parallel(traces: list, names: list[str], budgets: list[int], encoding: str, store: str | None, jobs: int,
-                     done: dict, embedded: list[int], advance, params: dict[str, dict] | None = None) -> None:  # noqa: ANN001
+                     done: dict, embedded: list[int], advance, params: dict[str, dict] | None = None,
+                     embedder: str = DEFAULT_EMBEDDER) -> None:  # noqa: ANN001
     """Replay whole traces in ``jobs`` processes (largest first), putting each finished trace's
     results (one per budget) into ``done`` (trace index -> results) and adding the texts the workers
     embedded to ``embedded[0]``, so that an interrupt keeps what is finished. Pending traces are
@@ -304,7 +309,7 @@ def _replay_parallel(traces: list, names: list[str], budgets: list[int], encodin
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params, threads))
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params, threads, embedder))
     try:
         futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
         for fut in as_completed(futures):

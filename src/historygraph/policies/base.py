@@ -16,7 +16,7 @@ from typing import Any, Callable, ClassVar, Protocol, cast
 from ..graph import ContextGraph
 from ..llm import ChatModel, default_model
 from ..render import Rendering
-from ..signals.embeddings import CachedEmbedder, Embedder, MiniLMEmbedder
+from ..signals.embeddings import CachedEmbedder, Embedder, default_embedder
 from ..signals.perplexity import TokenScorer, default_scorer
 from ..signals.tokens import TokenCounter
 
@@ -31,7 +31,8 @@ class Signals:
 
     Attributes:
         counter: the token counter that defines B's unit.
-        embedder_factory: builds the sentence embedder on first use.
+        embedder_factory: builds the sentence embedder on first use
+            (:func:`historygraph.signals.embeddings.default_embedder`).
         model_factory: builds the chat model (summaries, analyses) on first use
             (:func:`historygraph.llm.default_model`: a configured endpoint, else local SmolLM2).
         scorer_factory: builds the token-surprisal model of the prompt compressors on first use
@@ -42,7 +43,7 @@ class Signals:
     """
 
     counter: TokenCounter = field(default_factory=TokenCounter)
-    embedder_factory: Callable[[], Embedder] = MiniLMEmbedder
+    embedder_factory: Callable[[], Embedder] = default_embedder
     model_factory: Callable[[], ChatModel] = default_model
     scorer_factory: Callable[[], TokenScorer] = default_scorer
     store: Any = None

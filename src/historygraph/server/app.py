@@ -41,7 +41,7 @@ from ..formats import anthropic as anth
 from ..policies import PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
-from ..signals.embeddings import MiniLMEmbedder
+from ..signals.embeddings import default_embedder
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import jsonio, recall_tool
@@ -125,7 +125,7 @@ class Proxy:
         self.router = SessionRouter(self.store, prefix_cache=config.session_cache)
         self.turns = TurnCache(config.session_cache)  # the Anthropic endpoint's converted wire turns
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
-                               embedder_factory=partial(MiniLMEmbedder, threads=config.embed_threads))
+                               embedder_factory=partial(default_embedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}

