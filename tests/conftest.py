@@ -11,6 +11,17 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 
+# torch's CPU threads (SmolLM2) per test process: the cores divided among the pytest-xdist workers
+# (1 each with `-n auto` on 2 cores). With torch's default of every core in each of 2 workers, its
+# threads spin-wait at every operator for a peer that another process holds: one 24-token summary
+# took 42–51 CPU s with 2 threads and 2.0 CPU s with 1 under the same load (bench/RESULTS.md,
+# "Test suite"). Set in each worker (not in the controller, whose environment the workers inherit)
+# before torch is imported; a value in the environment is kept; a run without xdist keeps torch's.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("HISTORYGRAPH_LLM_THREADS", _threads)
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("HISTORYGRAPH_TRACES", REPO.parent / "shared" / "traces"))
 
