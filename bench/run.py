@@ -13,7 +13,9 @@ shared machine does not inflate it the way wall time would; each is also given a
   real steps (assistant message + its results) of the mini-swe-agent traces with fresh call ids,
   after the traces' system and first user messages; B = 6000; embeddings cached (a persistent
   SQLite cache under the user cache directory is filled once, outside the timed part). Each
-  repeat appends one more step and renders, as an agent does between model calls.
+  repeat appends one more step and renders, as an agent does between model calls; the policies
+  take turns within each repeat (one session per policy), so that load from other processes on a
+  shared machine inflates all of them alike and the ratios stay comparable.
 * **first render**: the session written to a SQLite store, reopened by a new store instance;
   ``load`` is ``store.graph()``, ``first`` the first render of the reopened graph, as a ratio to a
   warm render.
@@ -125,6 +127,7 @@ def bench_render(pool: StepPool, signals: Signals, policies: list[str], sizes: l
     skip: set[str] = set()
     for n in sizes:
         msgs, k = pool.session(n)
+        live = []
         for name in policies:
             if name in skip:
                 out[(name, n)] = None
@@ -132,11 +135,14 @@ def bench_render(pool: StepPool, signals: Signals, policies: list[str], sizes: l
             policy = create(name)
             g = ContextGraph(f"bench-{name}-{n}", msgs)
             first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
-            times = []
-            for r in range(repeats):
-                g.extend(pool.step(k + r))
-                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+            live.append((name, policy, g, first, []))
+        for r in range(repeats):  # policies interleaved, so that a burst of load on a shared machine falls on all of them
+            step = pool.step(k + r)
+            for _name, policy, g, _first, times in live:
+                g.extend(step)
+                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023 (called at once)
                 times.append(t)
+        for name, _policy, _g, first, times in live:
             out[(name, n)] = {"p50": statistics.median(times), "p95": pct(times, 0.95), "fresh": first}
             nxt = [s for s in sizes if s > n]
             if nxt and n >= 200 and first > 5 * out[(name, n)]["p50"] and first / 1000 * (nxt[0] / n) ** 2 > first_limit_s:
