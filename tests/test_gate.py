@@ -143,6 +143,9 @@ def test_every_policy_renders_hostile_histories_to_requests_the_providers_accept
 
 # -- the proxy: official clients, model-free policies ------------------------------------------------
 
+# the test's own reads of what was forwarded and stored: httpx's default of 5 s timed out on a
+# machine at load average 18 (a flaky failure, not the proxy's); the clients keep their defaults
+READ_TIMEOUT = 60.0
 PROXY_POLICIES = ["prune", "contextrender", "recap-noattn", "recap-recency", "cw-sliding-window", "observation-masking",
                   "learned"]
 
@@ -163,7 +166,7 @@ def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers,
     sid = f"gate-{FIGURES['histories']}"
     headers = {"X-HistoryGraph-Budget": str(budget), "X-HistoryGraph-Policy": policy}
     canon, _ = to_canonical(None, turns)
-    before = len(httpx.get(servers["up"] + "/_requests").json())
+    before = len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json())
     for api in ("anthropic", "openai"):
         FIGURES["requests"] += 1
         try:
@@ -191,13 +194,14 @@ def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers,
             assert exc.status_code == 400 and "X-HistoryGraph-Budget" in str(exc), str(exc)
             FIGURES["budget_400"] += 1
             continue
-        sent = httpx.get(servers["up"] + "/_requests").json()[-1]["body"]
+        sent = httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()[-1]["body"]
         assert _wire_history_tokens(api, sent) <= budget
-        stored = httpx.get(servers["px"] + f"/api/sessions/{sid}-{api[0]}", headers={"Authorization": "Bearer test-token"})
+        stored = httpx.get(servers["px"] + f"/api/sessions/{sid}-{api[0]}", headers={"Authorization": "Bearer test-token"},
+                           timeout=READ_TIMEOUT)
         assert len(stored.json()["messages"]) >= len(canon) + (1 if api == "openai" else 1)  # + system, all events kept
-    rejected = httpx.get(servers["up"] + "/_rejections").json()
+    rejected = httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json()
     FIGURES["rejections"] = len(rejected)
     assert rejected == [], rejected[-1]["error"]
-    assert len(httpx.get(servers["up"] + "/_requests").json()) >= before
+    assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) >= before
     if FIGURES["histories"] % 4 == 0:
         print("gate figures:", json.dumps(FIGURES))
