@@ -546,8 +546,8 @@ def serve(
     recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides).")] = False,
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core.")] = 1,
-    session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs and the client messages last stored, so a re-sent history is recognised without parsing it); least recently used dropped first; 0: no messages remembered.")] = 256,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
+    session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = 256,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     try:

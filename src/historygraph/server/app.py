@@ -73,10 +73,11 @@ class ServerConfig:
         calibrate: render proxied requests at the calibrated budget ``floor(B / max(1, ratio))``,
             ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
         session_cache: open sessions kept warm per process, least recently used dropped first:
-            their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state) and the
-            client messages last stored, so that a re-sent history is recognised without parsing
-            it (:mod:`historygraph.server.sessions`, "Incremental comparison"); 0 remembers no
-            messages (every request is parsed and compared in full) and keeps one graph.
+            their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state), the
+            client messages last stored and the Anthropic wire turns last converted, so that a
+            re-sent history is recognised without parsing it (:mod:`historygraph.server.sessions`,
+            "Incremental comparison", :class:`TurnCache`); 0 remembers no messages or turns
+            (every request is parsed and compared in full) and keeps one graph.
         embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores
             (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'
             embedders do not compete for the same cores).
