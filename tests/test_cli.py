@@ -316,3 +316,23 @@ def test_help_prints_bracketed_words(command, text):
     res = runner.invoke(app, [command, "--help"], env={"COLUMNS": "250"})
     assert res.exit_code == 0
     assert text in " ".join(res.output.split())
+
+
+def test_plain_progress_keeps_beating_while_a_trajectory_runs(monkeypatch, capsys):
+    # a log file got no line for minutes while one long trajectory replayed, and the time left
+    # vanished once nothing had finished for half a minute (stderr is not a terminal under pytest)
+    import time as _time
+
+    from rich.progress import Progress
+
+    monkeypatch.setattr(historygraph.cli, "HEARTBEAT_SECONDS", 0.06)
+    clock = [0.0]
+    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+        task = bar.add_task("replay", total=4)
+        bar.advance(task)
+        clock[0] = 100.0  # one trajectory done after 100 s; three left
+        with historygraph.cli._heartbeat(bar, task, "replay"):
+            _time.sleep(0.5)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")]
+    assert len(lines) >= 2
+    assert set(lines) == {"replay 1/4 trajectories, 100 s, about 300 s left"}

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
 import os
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from functools import partial
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
+import typer.rich_utils
 from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -36,6 +40,8 @@ from .store import StoreError, open_store
 app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 console = Console(width=None if Console().is_terminal else 170)
+if not Console().is_terminal and "COLUMNS" not in os.environ and typer.rich_utils.MAX_WIDTH is None:
+    typer.rich_utils.MAX_WIDTH = 120  # --help piped or logged: rich's 80 columns cut option help to a few words
 err = Console(stderr=True)
 
 EXAMPLE = "dinner_bill.json"
@@ -125,7 +131,19 @@ def _read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, l
 
 
 PLAIN_PROGRESS_SECONDS = 10.0  # when stderr is not a terminal, a progress line at most this often
+HEARTBEAT_SECONDS = 30.0       # ... and at least this often, while a long trajectory is being worked on
 _last_line: dict[int, float] = {}
+
+
+def _plain_line(bar: Progress, task: TaskID, label: str) -> None:
+    """One plain progress line; the time left is the mean time per finished trajectory times those
+    left (rich's own estimate lapses when nothing finishes for half a minute)."""
+    t = bar.tasks[task]
+    _last_line[task] = time.monotonic()
+    elapsed = t.elapsed or 0.0
+    left = (f", about {elapsed / t.completed * (t.total - t.completed):.0f} s left"
+            if t.completed and t.total and not t.finished else "")
+    err.print(f"{label} {t.completed:.0f}/{t.total:.0f} trajectories, {elapsed:.0f} s{left}", highlight=False)
 
 
 def _advance(bar: Progress, task: TaskID, label: str) -> None:
@@ -135,11 +153,29 @@ def _advance(bar: Progress, task: TaskID, label: str) -> None:
     if err.is_terminal:
         return
     t = bar.tasks[task]
-    now = time.monotonic()
-    if t.finished or now - _last_line.get(task, 0.0) >= PLAIN_PROGRESS_SECONDS:
-        _last_line[task] = now
-        left = f", about {t.time_remaining:.0f} s left" if t.time_remaining is not None and not t.finished else ""
-        err.print(f"{label} {t.completed:.0f}/{t.total:.0f} trajectories, {t.elapsed or 0:.0f} s{left}", highlight=False)
+    if t.finished or time.monotonic() - _last_line.get(task, 0.0) >= PLAIN_PROGRESS_SECONDS:
+        _plain_line(bar, task, label)
+
+
+@contextmanager
+def _heartbeat(bar: Progress, task: TaskID, label: str) -> Iterator[None]:
+    """When stderr is not a terminal, print the plain progress line every
+    :data:`HEARTBEAT_SECONDS` even if no trajectory finishes (one can take minutes)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS / 3):
+            if time.monotonic() - _last_line.get(task, 0.0) >= HEARTBEAT_SECONDS and not bar.tasks[task].finished:
+                _plain_line(bar, task, label)
+
+    _last_line[task] = time.monotonic()
+    thread = threading.Thread(target=beat, daemon=True) if not err.is_terminal else None
+    if thread:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 @app.command()
@@ -211,21 +247,22 @@ def replay(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
-        try:
-            if jobs > 1:
-                _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: _advance(bar, task, "replay"), params,
-                                 embedder)
-            for i, tr in enumerate(traces if jobs == 1 else ()):
-                bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
-                if len(budgets) == 1:
-                    done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
-                else:
-                    done[i] = replay_budgets(tr, names, budgets, signals, db, params=params)
-                _advance(bar, task, "replay")
-        except KeyboardInterrupt:
-            stopped = "interrupted (Ctrl-C)"
-        except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
-            stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
+        with _heartbeat(bar, task, "replay"):
+            try:
+                if jobs > 1:
+                    _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: _advance(bar, task, "replay"), params,
+                                     embedder)
+                for i, tr in enumerate(traces if jobs == 1 else ()):
+                    bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
+                    if len(budgets) == 1:
+                        done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
+                    else:
+                        done[i] = replay_budgets(tr, names, budgets, signals, db, params=params)
+                    _advance(bar, task, "replay")
+            except KeyboardInterrupt:
+                stopped = "interrupted (Ctrl-C)"
+            except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
+                stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
     results = [done[i][k] for k in range(len(budgets)) for i in sorted(done)]  # budget by budget, traces in order
     wall = time.perf_counter() - t_start
     peak_mb = _peak_rss_mb()
@@ -653,16 +690,17 @@ def fit(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=False) as bar:
         task = bar.add_task("features", total=len(traces))
-        try:
-            model = fit_traces(traces, out, TokenCounter(encoding), c=c,
-                               meta={"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
-                                     "historygraph": __version__},
-                               on_trace=lambda tr: _advance(bar, task, "fit: features of"))
-        except ValueError as exc:
-            _fail(str(exc))
+        with _heartbeat(bar, task, "fit: features of"):
+            try:
+                model = fit_traces(traces, out, TokenCounter(encoding), c=c,
+                                   meta={"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
+                                         "historygraph": __version__},
+                                   on_trace=lambda tr: _advance(bar, task, "fit: features of"))
+            except ValueError as exc:
+                _fail(str(exc))
     m = model.meta
     console.print(f"wrote {out}: {m['traces']} trajectories, {m['examples']} examples ({m['reused']} reused); "
-                  f"use it with HISTORYGRAPH_LEARNED_MODEL={out} historygraph replay ... -p learned")
+                  f"use it with HISTORYGRAPH_LEARNED_MODEL={out} historygraph replay ... -p learned", soft_wrap=True)
 
 
 @app.command("mcp")
@@ -686,3 +724,14 @@ def mcp_command(
         server.run("streamable-http", host=host, port=port)
     else:
         server.run("stdio")
+
+
+def _flowed(doc: str) -> str:
+    """A command's docstring as help text: the lines of each paragraph joined (typer's rich help keeps
+    a docstring's line breaks, which the source wraps at its own width, so sentences broke mid-way)."""
+    return "\n\n".join(" ".join(line.strip() for line in para.splitlines()) for para in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _info in app.registered_commands:
+    if _info.help is None and _info.callback is not None and _info.callback.__doc__:
+        _info.help = _flowed(_info.callback.__doc__)
