@@ -119,17 +119,19 @@ class Breakdown:
                 setattr(obj, attr, self.wrap(name, getattr(obj, attr)))
         from historygraph.signals import embeddings
 
-        model = embeddings.MiniLMEmbedder.embed
-
-        def embed(emb, texts):  # the model's own work, at any depth (inside a render or a prefetch)
-            t0 = time.thread_time()
-            try:
-                return model(emb, texts)
-            finally:
-                if self.on:
-                    self.embed += time.thread_time() - t0
-                    self.texts += len(texts)
-        embeddings.MiniLMEmbedder.embed = embed
+        def timed_model(model):
+            def embed(emb, texts):  # the model's own work, at any depth (inside a render or a prefetch)
+                t0 = time.thread_time()
+                try:
+                    return model(emb, texts)
+                finally:
+                    if self.on:
+                        self.embed += time.thread_time() - t0
+                        self.texts += len(texts)
+            return embed
+        for cls in (embeddings.MiniLMEmbedder, getattr(embeddings, "StaticEmbedder", None)):
+            if cls is not None:
+                cls.embed = timed_model(cls.embed)
         mock = upstream
 
         def timed(request):  # the mock provider's own work, at any depth, is not the proxy's
