@@ -927,24 +927,24 @@ class Selection:
         whole marker (the markers left around it are never negative). O(candidates) in numpy plus
         one marker per run, where :meth:`candidate_costs` prices every unit of every run."""
         lay = self.layout
-        delta, unit = lay._candidate_arrays()
-        extra = lay._revival_costs().copy()  # 0 but for dropped units
-        if self.revived:
-            extra[list(self.revived)] = 0
-        for a, b in self.runs.end.items():
-            extra[a:b + 1] -= lay._marker_tokens(a, b)
-        return delta + extra[unit]
+        return self._priced(lambda a, b: -lay._marker_tokens(a, b))
 
     def candidate_costs(self) -> np.ndarray:
         """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is
         priced for all its units at once."""
+        return self._priced(self.layout._remove_deltas)
+
+    def _priced(self, run_term: Callable[[int, int], Any]) -> np.ndarray:
+        """Each candidate's delta plus its unit's revival cost (0 for a unit not dropped or revived)
+        plus ``run_term(a, b)`` over the units ``a … b`` of each run of dropped steps (a number, or
+        one per unit)."""
         lay = self.layout
         delta, unit = lay._candidate_arrays()
         extra = lay._revival_costs().copy()  # 0 but for dropped units
         if self.revived:
             extra[list(self.revived)] = 0
         for a, b in self.runs.end.items():
-            extra[a:b + 1] += lay._remove_deltas(a, b)
+            extra[a:b + 1] += run_term(a, b)
         return delta + extra[unit]
 
     def fits(self, p: int, form: Message | None = None) -> bool:
