@@ -21,9 +21,10 @@ shared machine does not inflate it the way wall time would; each is also given a
   warm render.
 * **append**: one event appended to a session of 100, 1,000 and 10,000 messages (SQLite store,
   and the bare :class:`~historygraph.graph.ContextGraph`).
-* **proxy**: ``historygraph serve`` in front of the recording fake provider, 1, 10 and 50
-  concurrent sessions with 200-message histories (``bench/proxy_latency.py``'s client); requests
-  per second, client-side latency p50/p95, and the proxy's CPU ms per request.
+* **proxy**: ``historygraph serve`` in front of the lean fake provider, 1, 10 and 50 concurrent
+  sessions with 200-message histories (``bench/proxy_latency.py``'s client and phases); requests
+  per second, client-side latency p50/p95, and the CPU ms per request of the proxy, the client
+  and the fake provider apart.
 * **replay**: ``historygraph replay <traces> -p contextrender -p prune -p full --jobs 2`` with an
   empty store (cold: every text embedded) and again (warm), wall and CPU seconds.
 
@@ -33,7 +34,6 @@ shared machine does not inflate it the way wall time would; each is also given a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import platform
 import statistics
@@ -210,20 +210,6 @@ def bench_append(pool: StepPool, sizes: list[int], tmp: str, repeats: int) -> di
     return out
 
 
-def tree_cpu(pid: int) -> float:
-    import psutil
-
-    p = psutil.Process(pid)
-    total = 0.0
-    for q in [p] + p.children(recursive=True):
-        try:
-            t = q.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def bench_proxy(runs: list[tuple[str, int, float, dict[int, int]]], tmp: str) -> dict:
     """``runs``: (policy, worker processes, think ms of the paced phase, {concurrent sessions:
     requests per session and phase}); the phases are those of ``bench/proxy_latency.py``."""
@@ -232,24 +218,22 @@ def bench_proxy(runs: list[tuple[str, int, float, dict[int, int]]], tmp: str) ->
     out: dict = {}
     for policy, workers, think_ms, levels in runs:
         up_port, px_port = pl.free_port(), pl.free_port()
-        procs = [pl.start([str(Path(__file__).resolve().parents[1] / "tests" / "fake_upstream.py"), "--port", str(up_port)], up_port,
-                          Path(tmp, f"upstream-{policy}.log"))]
+        procs = [pl.start_upstream(up_port, Path(tmp, f"upstream-{policy}.log"))]
         try:
-            procs.append(pl.start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1",
-                                   "--port", str(px_port), "--store", f"{tmp}/proxy-{policy}-{workers}.sqlite", "--policy", policy,
-                                   "--budget", str(BUDGET), "--workers", str(workers)], px_port,
-                                  Path(tmp, f"proxy-{policy}-{workers}.log")))
+            procs.append(pl.start(pl.serve_args(up_port, px_port, f"{tmp}/proxy-{policy}-{workers}.sqlite", policy, BUDGET, workers, []),
+                                  px_port, Path(tmp, f"proxy-{policy}-{workers}.log")))
             if workers > 1:
                 time.sleep(5)  # the supervisor answers once one worker is up; let the others start
             for n, requests in levels.items():
                 try:
-                    r = asyncio.run(pl.level(n, requests, think_ms, f"http://127.0.0.1:{px_port}/v1",
-                                             f"http://127.0.0.1:{up_port}/v1", cpu=lambda: tree_cpu(procs[1].pid)))
+                    r = pl.run_level(n, requests, think_ms, f"http://127.0.0.1:{px_port}/v1", f"http://127.0.0.1:{up_port}/v1",
+                                     cpu=lambda: pl.tree_cpu(procs[1].pid), upstream_cpu=lambda: pl.tree_cpu(procs[0].pid))
                 except Exception as exc:  # report the level as failed and go on (e.g. client timeouts under load)
                     print(f"  proxy  {policy:14s} {workers} workers {n:3d} sessions: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                     break
                 out[(policy, workers, n)] = {
-                    "rps": r["rps"], "cpu_ms": r["cpu_s"] * 1000 / r["count"], "think_ms": think_ms,
+                    "rps": r["rps"], "cpu_ms": r["cpu_ms"], "client_cpu_ms": r["client_cpu_ms"],
+                    "upstream_cpu_ms": r["upstream_cpu_ms"], "think_ms": think_ms,
                     "sat_p50": statistics.median(r["sat"]), "e2e_p50": statistics.median(r["paced"]),
                     "e2e_p95": pct(r["paced"], 0.95), "direct_p50": statistics.median(r["direct"]),
                     "direct_p95": pct(r["direct"], 0.95), "hdr_p50": statistics.median(r["hdr"]),
@@ -348,12 +332,13 @@ def report_proxy(proxy: dict) -> None:
           f"phases of bench/proxy_latency.py)\n")
     print("requests/s and CPU: saturated phase (no pause between requests). Latency: client-side, paced phase "
           "(the think time between an answer and the next request); added = through the proxy − direct.\n")
-    print("| policy | workers | sessions | requests/s | proxy CPU ms/request | think ms | e2e p50 ms | e2e p95 ms | "
-          "direct p50 | direct p95 | added p50 | added p95 | X-…-Proxy-Ms p50 | first request p50 ms | req/s vs prune |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| policy | workers | sessions | requests/s | proxy CPU ms/request | client / fake provider CPU ms/request | think ms | "
+          "e2e p50 ms | e2e p95 ms | direct p50 | direct p95 | added p50 | added p95 | X-…-Proxy-Ms p50 | first request p50 ms | req/s vs prune |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (name, w, n), r in proxy.items():
         ref = proxy.get(("prune", w, n))
-        print(f"| {name} | {w} | {n} | {r['rps']:.1f} | {r['cpu_ms']:.1f} | {r['think_ms']:.0f} | {r['e2e_p50']:.1f} | "
+        print(f"| {name} | {w} | {n} | {r['rps']:.1f} | {r['cpu_ms']:.1f} | {r['client_cpu_ms']:.1f} / {r['upstream_cpu_ms']:.1f} | "
+              f"{r['think_ms']:.0f} | {r['e2e_p50']:.1f} | "
               f"{r['e2e_p95']:.1f} | {r['direct_p50']:.1f} | {r['direct_p95']:.1f} | {r['e2e_p50'] - r['direct_p50']:.1f} | "
               f"{r['e2e_p95'] - r['direct_p95']:.1f} | {r['hdr_p50']:.1f} | {r['first_p50']:.1f} | {ratio(r['rps'], ref and ref['rps'])} |")
 

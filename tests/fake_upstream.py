@@ -134,6 +134,78 @@ def anthropic_violation(body: dict[str, Any]) -> str | None:
     return None
 
 
+def openai_call(body: dict[str, Any], n: int) -> dict[str, Any] | None:
+    """The tool call the fake answers request ``n`` with, or ``None`` (it answers with text): the
+    first tool, when the request offers tools and its last message is the user's."""
+    last = (body.get("messages") or [{}])[-1]
+    if not (body.get("tools") and isinstance(last, dict) and last.get("role") == "user"):
+        return None
+    return {"id": f"call_{n}", "type": "function",
+            "function": {"name": body["tools"][0]["function"]["name"], "arguments": json.dumps({"q": str(n)})}}
+
+
+def openai_answer(body: dict[str, Any], n: int) -> dict[str, Any]:
+    """The non-streamed Chat Completions answer to request ``n`` (see module docstring)."""
+    call = openai_call(body, n)
+    msg: dict[str, Any] = {"role": "assistant", "content": None if call else f"answer {n}"}
+    if call:
+        msg["tool_calls"] = [call]
+    return {"id": f"chatcmpl-{n}", "created": 0, "model": body.get("model", "fake-model"), "object": "chat.completion",
+            "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if call else "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def lean_app() -> Any:
+    """The fake as a bare ASGI app for load benchmarks (``--lean``): non-streamed Chat Completions
+    only, with the same rule check (:func:`openai_violation`, 400 and a record at ``GET
+    /_rejections``) and the same answers (:func:`openai_answer`), but without FastAPI and without
+    keeping the bodies it received (``GET /_requests`` gives only their count), so that its own
+    CPU per request stays small beside the proxy's on a shared machine. ``POST /_reset`` clears."""
+    import msgspec
+
+    decode, encode = msgspec.json.Decoder().decode, msgspec.json.Encoder().encode
+    state: dict[str, Any] = {"n": 0, "rejected": []}
+
+    async def reply(send: Any, status: int, value: Any) -> None:
+        data = encode(value)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        route = (scope["method"], scope["path"])
+        if route == ("GET", "/_requests"):
+            return await reply(send, 200, {"count": state["n"]})
+        if route == ("GET", "/_rejections"):
+            return await reply(send, 200, state["rejected"])
+        if route == ("POST", "/_reset"):
+            state["n"], state["rejected"] = 0, []
+            return await reply(send, 200, {"cleared": 1})
+        if route != ("POST", "/v1/chat/completions"):
+            return await reply(send, 404, {"error": {"message": f"lean fake: no route {route}", "type": "not_found"}})
+        try:
+            body = decode(b"".join(chunks))
+        except msgspec.DecodeError:
+            body = json.loads(b"".join(chunks))  # what msgspec refuses (NaN literals), as the full fake reads it
+        state["n"] += 1
+        if body.get("stream"):
+            return await reply(send, 400, {"error": {"message": "lean fake: streaming is not served", "type": "invalid_request_error"}})
+        if (why := openai_violation(body.get("messages") or [])) is not None:
+            state["rejected"].append({"path": scope["path"], "error": why, "body": body})
+            return await reply(send, 400, {"error": {"message": why, "type": "invalid_request_error", "param": "messages", "code": None}})
+        await reply(send, 200, openai_answer(body, state["n"]))
+
+    return app
+
+
 def build_app() -> FastAPI:
     app = FastAPI()
     seen: list[dict[str, Any]] = []
@@ -176,20 +248,10 @@ def build_app() -> FastAPI:
         if body.get("model") == "broken-model":
             return JSONResponse({"error": {"message": "internal error", "type": "server_error"}}, 500)
         n = len(seen)
-        last = (body.get("messages") or [{}])[-1]
-        call = None
-        if body.get("tools") and last.get("role") == "user":
-            call = {"id": f"call_{n}", "type": "function",
-                    "function": {"name": body["tools"][0]["function"]["name"], "arguments": json.dumps({"q": str(n)})}}
-        text = None if call else f"answer {n}"
+        call = openai_call(body, n)
         base = {"id": f"chatcmpl-{n}", "created": 0, "model": body.get("model", "fake-model")}
         if not body.get("stream"):
-            msg: dict[str, Any] = {"role": "assistant", "content": text}
-            if call:
-                msg["tool_calls"] = [call]
-            return {**base, "object": "chat.completion",
-                    "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if call else "stop"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            return openai_answer(body, n)
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
             return "data: " + json.dumps({**base, "object": "chat.completion.chunk",
@@ -275,8 +337,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--lean", action="store_true", help="the bare ASGI fake of the load benchmarks (lean_app)")
     args = ap.parse_args()
-    uvicorn.run(build_app(), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(lean_app() if args.lean else build_app(), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
