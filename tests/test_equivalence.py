@@ -822,3 +822,41 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
                     checked += 1
                     briefed += brief and u in lay.dropped_units and lay.brief(u)[1] is not None
     assert checked > 1000 and briefed > 100, (checked, briefed)
+
+
+@pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender"])
+def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path):
+    """A session stored event by event and rendered now and then (which derives TFA values, step
+    features and parents, learned facts, written with the next append: historygraph.derived),
+    reopened by a new store instance at many lengths, renders exactly as a graph built from its
+    messages without any stored state; the reopened graph read rows of every kind."""
+    import sqlite3
+
+    from historygraph.store import SQLiteStore
+
+    signals = Signals(counter=TokenCounter(), embedder_factory=GridEmbedder)
+    pol = create(policy)
+    with_tests = [t for t in read_traces(traces_dir / "mini-swe-agent-deepseek") if t.trace_id.startswith("django__django-15388")]
+    compared = 0
+    for i, tr in enumerate(real_traces[3:4] + with_tests[:1]):
+        path = tmp_path / f"{i}.sqlite"
+        s = SQLiteStore(path)
+        s.create_session("s")
+        for j, m in enumerate(tr.messages):
+            s.append("s", m)
+            if m.role == "tool" and j % 4 == 0:
+                pol.render(s.graph("s"), 1500, signals)
+            if j % 19 == 18:
+                s.close()
+                s = SQLiteStore(path)
+                for budget in (1500, 4000):
+                    a = pol.render(s.graph("s"), budget, signals)
+                    b = pol.render(ContextGraph("s", s.messages("s")), budget, signals)
+                    assert rendering_tuple(a) == rendering_tuple(b), (tr.trace_id, j, budget)
+                    compared += 1
+        s.close()
+        with sqlite3.connect(path) as db:
+            kinds = {k.split(":")[0] for (k,) in db.execute("SELECT DISTINCT kind FROM derived")}
+        want = {"tfa.values"} | ({"steps.features", "steps.parents"} if policy != "contextrender" else set())
+        assert kinds == want | ({"learned.facts"} if policy == "learned" else set()), kinds
+    assert compared > 10

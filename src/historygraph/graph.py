@@ -6,7 +6,9 @@ keeps its complete content, position, timestamp and turn. Edges:
 
 * ``reuse``: from a tool result to a later assistant message that reused one of its values
   (Tool-Flow Analysis, :mod:`historygraph.signals.reuse`). Edges are derived from the nodes and
-  rebuilt when a stored session is reopened, so the store holds only the events themselves.
+  rebuilt when a stored session is reopened; the TFA values of each message, a pure function of
+  it, are read from the session's derived rows when a store kept them (:data:`TFA_VALUES`,
+  :mod:`historygraph.derived`).
 
 Turns (ContextRender §3.3, A.3): one turn is one model invocation, i.e. one assistant message.
 ``turn_of[p]`` is the number of assistant messages at or before position ``p``; the invocation
@@ -22,8 +24,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from .derived import Derived, DerivedKind
 from .events import EventError, Message
-from .signals.reuse import ReuseIndex, ReuseMatch
+from .signals.reuse import ReuseIndex, ReuseMatch, extract_values
+
+TFA_VALUES = DerivedKind("tfa.values", ("historygraph.signals.reuse", "historygraph.graph"))
+"""Derived rows of the TFA values (ContextRender A.2) of each message: a tool result's sorted
+values; an assistant message's, one sorted list per operation (:func:`operations`)."""
 
 
 #: A message number or span as dropped-step markers name them: ``#16``, ``#16–#23`` (``#`` optional, ``-`` or ``–``).
@@ -54,12 +61,17 @@ class ContextGraph:
     real result arrived) is stored too: ``result_of`` points to the latest, which is the one
     rendered; ``superseded`` maps each earlier result's position to the one that replaced it.
 
+    ``derived`` holds the session's stored derived rows (:mod:`historygraph.derived`; a store
+    passes them), read before ``messages`` are added; a graph built without it keeps none.
+
     Raises:
         GraphError: on a duplicate tool-call id, or a tool result whose call is unknown.
     """
 
-    def __init__(self, session_id: str = "session", messages: Iterable[Message] = ()) -> None:
+    def __init__(self, session_id: str = "session", messages: Iterable[Message] = (), derived: Derived | None = None) -> None:
         self.session_id = session_id
+        self.derived = derived if derived is not None else Derived()
+        self._tfa = self.derived.table(TFA_VALUES)
         self.messages: list[Message] = []
         self.turn_of: list[int] = []
         self.turns = 0
@@ -93,13 +105,21 @@ class ContextGraph:
         if message.role == "assistant":
             for call in message.tool_calls:
                 self.call_owner[call.id] = pos
-            self.reuse.add_operations(pos, operations(message))
+            ops = self._tfa.pop(pos, None)
+            if ops is None:
+                ops = [sorted(extract_values(text)) for text in operations(message)]
+                self.derived.put(TFA_VALUES, pos, ops)
+            self.reuse.add_operations(pos, ops)
         elif message.role == "tool":
             assert message.tool_call_id is not None  # validate() refuses a result without a call id
             if message.tool_call_id in self.result_of:  # a late second result: the latest is rendered
                 self.superseded[self.result_of[message.tool_call_id]] = pos
             self.result_of[message.tool_call_id] = pos
-            self.reuse.add_result(pos, message.content)
+            values = self._tfa.pop(pos, None)
+            if values is None:
+                values = sorted(extract_values(message.content))
+                self.derived.put(TFA_VALUES, pos, values)
+            self.reuse.add_result(pos, values)
         return pos
 
     def validate(self, batch: Iterable[Message]) -> None:

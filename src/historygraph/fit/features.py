@@ -53,7 +53,9 @@ Features of result ``r`` (a row of :func:`feature_matrix`; names in :data:`FEATU
 
 Per-result facts that do not change (values, words, kind, files, tokens) are computed once per
 graph and extended incrementally (the graph is append-only), so a render costs ``O(n)`` small
-set operations for ``n`` stored results.
+set operations for ``n`` stored results. The regular-expression part of them (kind, command, files,
+identifiers, words, error; the values are the graph's TFA values) is kept with a stored session
+as :data:`RESULT_FACTS` rows (:mod:`historygraph.derived`), so a reopened session reads it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ..derived import DerivedKind
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
 from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
@@ -87,6 +90,10 @@ KINDS = ("view", "search", "edit", "test", "run", "other")
 ANCESTRY_STEPS = 10   # W of the ancestry feature (ContextWeaver §3.1; the value contextrender-dep uses)
 RECENT_TURNS = 3
 TEXT_CHARS = 8000     # characters of a result read for words (as ContextRender A.3 clips results)
+
+RESULT_FACTS = DerivedKind("learned.facts", ("historygraph.fit.features", "historygraph.signals.steps"))
+"""Derived rows per message: a tool result's ``[kind, command, call files, content files,
+identifiers, words, error]`` (sorted lists), an assistant message's ``[identifiers]``."""
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _ERROR = re.compile(r"<returncode>[1-9]|Traceback \(most recent call last\)|\b\w*Error\b|\bFAILED\b|\berror:")
@@ -169,12 +176,17 @@ class _Grow:
 
     def extend(self, rows: list) -> None:
         k = len(rows)
+        self.reserve(k)
+        if k:
+            self.a[self.n - k:self.n] = rows
+
+    def reserve(self, k: int) -> None:
+        """Add ``k`` rows of zeros at the end (filled in place by the caller)."""
         if self.n + k > len(self.a):
             new = np.zeros((max(2 * len(self.a), self.n + k),) + self.a.shape[1:], self.a.dtype)
             new[:self.n] = self.a[:self.n]
             self.a = new
-        if k:
-            self.a[self.n:self.n + k] = rows
+        self.a[self.n:self.n + k] = 0
         self.n += k
 
     def view(self) -> np.ndarray:
@@ -184,18 +196,21 @@ class _Grow:
 class _Flat:
     """The members of one set-valued fact of every result (its values, words, …) as flat
     ``(row, id, own)`` arrays over a per-graph vocabulary, so that ``|S(r) ∩ Q|`` for every ``r``
-    is one ``np.bincount``. ``own``: the member was first held by that row (TFA attribution)."""
+    is one ``np.bincount``. ``own``: the member was first held by that row (TFA attribution).
+    Rows added are collected in lists and moved into the arrays when :meth:`sums` next reads them."""
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
         self.rows, self.ids, self.own = _Grow(np.int32), _Grow(np.int32), _Grow(np.float64)
+        self._added: tuple[list[int], list[int], list[float]] = ([], [], [])
 
     def add(self, row: int, members: "list[str] | frozenset[str]", own: frozenset[str] = frozenset()) -> None:
         vocab = self.vocab
-        ids = [vocab.setdefault(m, len(vocab)) for m in members]
-        self.rows.extend([row] * len(ids))
-        self.ids.extend(ids)
-        self.own.extend([float(m in own) for m in members])
+        rows, ids, owns = self._added
+        k = len(ids)
+        ids.extend([vocab.setdefault(m, len(vocab)) for m in members])
+        rows.extend([row] * (len(ids) - k))
+        owns.extend([float(m in own) for m in members] if own else [0.0] * (len(ids) - k))
 
     def weights(self, items: "dict[str, float] | set[str] | frozenset[str]") -> np.ndarray:
         """Weight of each vocabulary entry: ``items[m]`` (a dict) or 1 (a set member), else 0."""
@@ -214,6 +229,10 @@ class _Flat:
     def sums(self, w: np.ndarray, n: int, own: bool = False) -> np.ndarray:
         """``Σ_{m ∈ S(r)} w[m]`` per row (only members first held by the row when ``own``), summed in
         the order the members were added (bincount adds sequentially)."""
+        if self._added[0]:
+            for grow, added in zip((self.rows, self.ids, self.own), self._added):
+                grow.extend(added)
+                added.clear()
         x = w[self.ids.view()]
         if own:
             x = x * self.own.view()
@@ -271,10 +290,23 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     if gf is None or gf.encoding != counter.encoding_name or gf.upto > len(graph):
         gf = _CACHE[graph] = _GraphFacts(encoding=counter.encoding_name)
     msgs = graph.messages
+    stored = graph.derived.table(RESULT_FACTS)
+    base = len(gf.row_of)
+    new = sum(m.role == "tool" for m in msgs[gf.upto:])
+    for grown in (gf.turn, gf.owner, gf.static, gf.superseded, gf.edited_later, gf.ident_turns_n, gf.unique_n):
+        grown.reserve(new)  # rows base … base + new − 1, filled below
+    turns: list[int] = []
+    owners: list[int] = []
+    statics: list[list[float]] = []
     for p in range(gf.upto, len(msgs)):
         m = msgs[p]
         if m.role == "assistant":
-            ids = identifiers_in("\n".join(operations(m)))
+            row = stored.pop(p, None)
+            if row is not None:
+                ids = frozenset(row[0])
+            else:
+                ids = identifiers_in("\n".join(operations(m)))
+                graph.derived.put(RESULT_FACTS, p, [sorted(ids)])
             turn = graph.turn_of[p]
             gf.assistant_idents.append((turn, ids))
             for r in {gf.ident_first[i] for i in ids if i in gf.ident_first}:
@@ -287,28 +319,33 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
             continue
         owner = graph.call_owner.get(m.tool_call_id or "", p)
         call = next((c for c in msgs[owner].tool_calls if c.id == m.tool_call_id), None) if owner != p else None
-        name, args = (call.name, call.arguments) if call else ("", "")
-        cmd = _command(name, args)
-        kind = call_kind(name, args)
-        cfiles = files_in(cmd)
-        content_files = files_in(m.content[:TEXT_CHARS])
-        values = frozenset(extract_values(m.content))
-        idents = identifiers_in(m.content[:TEXT_CHARS])
+        row = stored.pop(p, None)
+        if row is not None:
+            kind, command, cfiles, content_files, idents, words_ = (row[0], row[1], frozenset(row[2]), frozenset(row[3]),
+                                                                    frozenset(row[4]), frozenset(row[5]))
+            error = row[6]
+        else:
+            name, args = (call.name, call.arguments) if call else ("", "")
+            cmd = _command(name, args)
+            kind, command = call_kind(name, args), cmd.strip()
+            cfiles, content_files = files_in(cmd), files_in(m.content[:TEXT_CHARS])
+            idents, words_ = identifiers_in(m.content[:TEXT_CHARS]), words(m.content)
+            error = bool(_ERROR.search(m.content[:TEXT_CHARS]))
+            graph.derived.put(RESULT_FACTS, p, [kind, command, sorted(cfiles), sorted(content_files), sorted(idents),
+                                                sorted(words_), error])
+        values = graph.reuse.values[p]
         own_idents = frozenset(i for i in idents if i not in gf.ident_first)
         f = _ResultFacts(position=p, owner=owner, values=values, own_values=frozenset(v for v in values if v not in gf.value_df),
-                         idents=idents, own_idents=own_idents, words=words(m.content),
-                         kind=kind, command=cmd.strip(), files=cfiles,
+                         idents=idents, own_idents=own_idents, words=words_,
+                         kind=kind, command=command, files=cfiles,
                          shown_files=cfiles | (content_files if kind != "search" else frozenset()), content_files=content_files,
-                         tokens=counter.count(m.content), error=bool(_ERROR.search(m.content[:TEXT_CHARS])))
+                         tokens=counter.count(m.content), error=error)
         gf.facts[p] = f
         row = gf.row_of[p] = len(gf.row_of)
-        gf.turn.extend([graph.turn_of[p]])
-        gf.owner.extend([owner])
-        gf.static.extend([[math.log1p(f.tokens), *(float(kind == k) for k in KINDS), math.log1p(len(values)),
-                           float(f.error), math.log1p(len(f.own_values)), math.log1p(len(own_idents))]])
-        gf.superseded.extend([0.0])
-        gf.edited_later.extend([0.0])
-        gf.ident_turns_n.extend([0])
+        turns.append(graph.turn_of[p])
+        owners.append(owner)
+        statics.append([math.log1p(f.tokens), *(float(kind == k) for k in KINDS), math.log1p(len(values)),
+                        float(f.error), math.log1p(len(f.own_values)), math.log1p(len(own_idents))])
         gf.values_t.add(row, values, f.own_values)
         gf.idents_t.add(row, idents, own_idents)
         gf.words_t.add(row, sorted(f.words))
@@ -316,7 +353,6 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         for w in f.words:
             gf.df[w] = gf.df.get(w, 0) + 1
         gf.unique[p] = 0
-        gf.unique_n.extend([0])
         for v in f.values:
             df = gf.value_df.get(v, 0)
             if df == 0:
@@ -347,6 +383,10 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
             if prev is not None:  # the same command was run again
                 gf.superseded.a[gf.row_of[prev]] = 1.0
             gf.last_command[f.command] = p
+    if new:
+        gf.turn.a[base:base + new] = turns
+        gf.owner.a[base:base + new] = owners
+        gf.static.a[base:base + new] = statics
     gf.upto = len(msgs)
     return gf
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Iterable
 
 CANDIDATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{4,}")
 MIN_LENGTH = 6
@@ -55,7 +56,8 @@ class ReuseIndex:
     """Incremental TFA state for one session, fed messages in chronological order.
 
     ``add_result`` registers a tool result's values; ``add_operations`` records the matches of a
-    model output. ``score(position)`` returns ``c_t(r)`` for the current state, i.e. with
+    model output. Both take values already extracted (:func:`extract_values`), so that a caller can
+    keep them (the graph stores them with the session, :data:`historygraph.graph.TFA_VALUES`). ``score(position)`` returns ``c_t(r)`` for the current state, i.e. with
     ``n_t`` counted over all results added so far (the graph state before invocation ``t``).
     """
 
@@ -67,20 +69,25 @@ class ReuseIndex:
         self._scores: dict[int, float] = {}
         self._matched: set[str] = set()
         self._version = 0  # bumped by every change, so a score computed across one is not kept
+        self.values: dict[int, frozenset[str]] = {}  # result position -> its values
 
-    def add_result(self, position: int, text: str) -> None:
-        for value in extract_values(text):
+    def add_result(self, position: int, values: Iterable[str]) -> None:
+        """Register the values of the tool result at ``position`` (:func:`extract_values` of its text;
+        kept in :attr:`values`)."""
+        values = self.values[position] = frozenset(values)
+        for value in values:
             holders = self._holders[value]
             holders.append(position)
             if value in self._matched:
                 self._version += 1
                 self._scores.pop(holders[0], None)
 
-    def add_operations(self, position: int, operations: list[str]) -> list[ReuseMatch]:
-        """Record the uses in one assistant message; each entry of ``operations`` is one operation."""
+    def add_operations(self, position: int, operations: Iterable[Iterable[str]]) -> list[ReuseMatch]:
+        """Record the uses in one assistant message; each entry of ``operations`` holds the values
+        (:func:`extract_values`) of one operation, taken in sorted order."""
         found: list[ReuseMatch] = []
-        for op, text in enumerate(operations):
-            for value in sorted(extract_values(text)):
+        for op, values in enumerate(operations):
+            for value in sorted(values):
                 holders = self._holders.get(value)
                 if holders:
                     m = ReuseMatch(source=holders[0], user=position, op=op, value=value)

@@ -32,12 +32,17 @@ Source: ContextWeaver §3.1 (node extraction, parent selection, ancestry) and §
   number of *earlier* observations kept in full (the paper keeps three, §5.5).
 
 Extracted features and chosen parents are cached per graph object (the graph is append-only), so
-a replay extracts each step once.
+a replay extracts each step once. A graph handed out by a store also keeps them with the session
+(:mod:`historygraph.derived`): a step's features as :data:`STEP_FEATURES` rows, checked against the
+step's result positions; the low-cost selector's parents as :func:`parents_kind` rows, checked
+against a digest of the positions and result positions of every step up to it (what they were
+chosen from), so a reopened session's first view reads them instead of recomputing them.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import math
 import re
@@ -47,8 +52,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..derived import DerivedKind
 from ..graph import ContextGraph
 from .tests import TestRun, parse_test_output, supersedes, validation_status
+
+_MODULES = ("historygraph.signals.steps", "historygraph.signals.tests")
+STEP_FEATURES = DerivedKind("steps.features", _MODULES)
+"""Derived rows of each step, at its assistant message's position: ``[results, action, files,
+identifiers, test run]`` (:func:`_run_data`), used only for the same result positions."""
+
+
+def parents_kind(stored_as: str) -> DerivedKind:
+    """Derived rows of the parents a pure selector (one with a ``stored_as`` name, such as the
+    low-cost one per :class:`ParentScoring`) picked for each step: ``[digest, parents]``, used only
+    when the digest of the steps up to it (:func:`_chain`) is the same."""
+    return DerivedKind(f"steps.parents:{stored_as}", _MODULES)
 
 FEATURE_CHARS = 20_000
 _EXT = ("py|pyi|pyx|js|jsx|ts|tsx|go|rs|java|kt|c|h|cc|cpp|hpp|cs|rb|php|swift|scala|sh|sql|json|ya?ml|toml|"
@@ -151,23 +169,51 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
         return tuple(i for _, i in scored[:cfg.max_parents])
 
     select.shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
+    # a pure function of the steps: its picks are kept with a stored session, under a name of its weights
+    select.stored_as = "lowcost-" + hashlib.blake2b(repr(cfg).encode(), digest_size=6).hexdigest()
     return select
 
 
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, dict]" = weakref.WeakKeyDictionary()
 
 
+def _run_data(run: TestRun | None) -> list | None:
+    """A test run as JSON-ready data (the inverse of :func:`_run_of`)."""
+    if run is None:
+        return None
+    return [run.framework, run.passed, run.failed, run.errors, run.skipped, run.results, [list(t) for t in run.tracebacks]]
+
+
+def _run_of(data: list | None) -> TestRun | None:
+    if data is None:
+        return None
+    framework, passed, failed, errors, skipped, results, tracebacks = data
+    return TestRun(framework, passed, failed, errors, skipped, dict(results), tuple((a, b) for a, b in tracebacks))
+
+
+def _chain(previous: bytes, position: int, results: tuple[int, ...]) -> bytes:
+    """Digest of the steps so far: ``previous`` (``b""`` before step 0) and this step's position and
+    result positions (what the step's features are computed from, the messages being immutable)."""
+    return hashlib.blake2b(previous + repr((position, results)).encode(), digest_size=12).digest()
+
+
 def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...], cache: dict | None = None) -> Step:
     if cache is None:
         cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["features"]
-    key = (position, len(results))
+    key = (position, results)
     if key not in cache:
-        m = graph.messages[position]
-        action = action_text(graph, position)
-        obs = "\n".join(graph.messages[p].content for p in results)
-        head = obs[:FEATURE_CHARS]
-        cache[key] = (action, files_in(action + "\n" + m.content + "\n" + head),
-                      identifiers_in(action + "\n" + head), parse_test_output(obs) if obs else None)
+        row = graph.derived.table(STEP_FEATURES).pop(position, None)
+        if row is not None and tuple(row[0]) == results:
+            cache[key] = (row[1], frozenset(row[2]), frozenset(row[3]), _run_of(row[4]))
+        else:
+            m = graph.messages[position]
+            action = action_text(graph, position)
+            obs = "\n".join(graph.messages[p].content for p in results)
+            head = obs[:FEATURE_CHARS]
+            cache[key] = feats = (action, files_in(action + "\n" + m.content + "\n" + head),
+                                  identifiers_in(action + "\n" + head), parse_test_output(obs) if obs else None)
+            graph.derived.put(STEP_FEATURES, position, [list(results), action, sorted(feats[1]), sorted(feats[2]),
+                                                        _run_data(feats[3])])
     action, files, idents, run = cache[key]
     return Step(index, position, results, graph.messages[position].content, action, files, idents, run,
                 validation_status(run))
@@ -184,6 +230,7 @@ class _View:
     failed: list[int] = field(default_factory=list)  # steps whose status is "failed", ascending
     undo: list[tuple[int, ...]] = field(default_factory=list)
     open: list[int] = field(default_factory=list)
+    chain: list[bytes] = field(default_factory=list)  # _chain after each step (selectors whose picks are stored)
 
 
 def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> list[Step]:
@@ -228,6 +275,10 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
         index = cache.setdefault("index", {"by_feature": {}, "of_step": {}})
         by_feature, of_step = index["by_feature"], index["of_step"]
     steps, failed = view.steps, view.failed
+    stored_as = getattr(selector, "stored_as", None)
+    if stored_as is not None:
+        kind = parents_kind(stored_as)
+        stored, chain = graph.derived.table(kind), view.chain
     for pos in range(view.upto, len(msgs)):
         m = msgs[pos]
         if m.role != "assistant":
@@ -251,6 +302,12 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
         if len(results) < len(m.tool_calls):
             view.open.append(k)
         key = (selector_key, k, len(results))
+        if stored_as is not None:
+            chain.append(_chain(chain[-1] if chain else b"", pos, results))
+            if key not in pcache:
+                row = stored.pop(pos, None)
+                if row is not None and row[0] == chain[-1].hex():
+                    pcache[key] = tuple(row[1])
         if key not in pcache:
             if shared_only:
                 shared: set[int] = set()
@@ -262,6 +319,8 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
             else:
                 eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
             pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
+            if stored_as is not None:
+                graph.derived.put(kind, pos, [chain[-1].hex(), list(pcache[key])])
         step.parents = pcache[key]
         if shared_only:
             feats = frozenset([("f", x) for x in step.files] + [("i", x) for x in step.identifiers])
@@ -288,6 +347,7 @@ def _rollback(view: _View, k0: int) -> None:
             view.failed.pop()
         view.steps.pop()
         view.undo.pop()
+    del view.chain[k0:]
     view.open = [k for k in view.open if k < k0]
 
 

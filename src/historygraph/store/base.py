@@ -4,7 +4,11 @@ A store keeps sessions (one per agent run), each an append-only list of events (
 :class:`~historygraph.events.Message`), plus content-hash caches shared by all sessions: embeddings
 and derived texts such as summaries. Derived state (reuse edges) is rebuilt from the events by
 :class:`~historygraph.graph.ContextGraph` when a session is opened, so a store never holds
-anything a policy could get out of step with.
+anything a policy could get out of step with. What that rebuilding and a first render would
+recompute per message by pure functions of the stored messages (TFA values, step features, …)
+is kept per session as versioned derived rows (:mod:`historygraph.derived`): read with the events
+when a graph is built, written back in the session's next append transaction, by
+:meth:`Store.flush` and on close; never used for a message they were not computed from.
 
 Appends are validated against the session's graph *before* anything is written: an invalid
 event (unknown call id, duplicate id, bad role) raises and leaves the stored session unchanged.
@@ -35,6 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..derived import Derived, Row
 from ..events import Message
 from ..graph import ContextGraph
 
@@ -123,6 +128,16 @@ class Store(ABC):
         session's keys beyond the newest :attr:`kept_keys`."""
 
     @abstractmethod
+    def _read_derived(self, session_id: str) -> list[Row]:
+        """The session's stored derived rows (:data:`~historygraph.derived.Row`), any order."""
+
+    @abstractmethod
+    def _write_derived(self, session_id: str, rows: Sequence[Row], stale: Sequence[tuple[str, str]]) -> None:
+        """Store derived rows, each replacing the session's row of its kind and position, and
+        delete the session's rows of each ``(kind, version)`` in ``stale`` whose version is not
+        that one (inside :meth:`_write_transaction`)."""
+
+    @abstractmethod
     def sessions(self) -> list[str]:
         """All session ids, in creation order."""
 
@@ -144,7 +159,25 @@ class Store(ABC):
         """Cache a derived text; an existing entry is kept (first writer wins)."""
 
     def close(self) -> None:
-        """Release resources (no-op for the memory store)."""
+        """Write what the cached graphs derived (:meth:`flush`), then release resources."""
+        self.flush()
+
+    def flush(self, session_id: str | None = None) -> None:
+        """Write the derived rows that the cached graph of ``session_id`` (``None``: of every
+        session) computed since they were last written (:mod:`historygraph.derived`), one write
+        transaction per session that has any."""
+        with self._graph_lock:
+            ids = [session_id] if session_id is not None else list(self._graphs)
+        for sid in ids:
+            with self._session_lock(sid):
+                with self._graph_lock:
+                    g = self._graphs.get(sid)
+                if g is None:
+                    continue
+                rows, stale = g.derived.take()
+                if rows or stale:
+                    with self._write_transaction(sid):
+                        self._write_derived(sid, rows, stale)
 
     def sessions_with_prefix(self, prefix: str) -> list[str]:
         """Session ids starting with ``prefix``, in creation order (backends override with an
@@ -207,7 +240,8 @@ class Store(ABC):
                     self._graphs.move_to_end(session_id)
             if g is None:
                 self.session_meta(session_id)
-                g = ContextGraph(session_id, self._read_events(session_id))
+                derived = Derived(self._read_derived(session_id), persist=True)
+                g = ContextGraph(session_id, self._read_events(session_id), derived=derived)
                 with self._graph_lock:
                     self._graphs[session_id] = g
                     while self.graph_cache is not None and len(self._graphs) > max(1, self.graph_cache):
@@ -268,4 +302,7 @@ class Store(ABC):
                 self._write_events(session_id, start, batch)
                 if idempotency_key is not None:
                     self._write_append_key(session_id, idempotency_key, fingerprint, start, len(batch))
+                rows, stale = g.derived.take()  # what renders derived since the last write, with the events
+                if rows or stale:
+                    self._write_derived(session_id, rows, stale)
             return [g.append(m) for m in batch]

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..derived import Row
 from ..events import Message
 from .base import Store
 
@@ -18,6 +19,7 @@ class MemoryStore(Store):
         self._emb: dict[str, np.ndarray] = {}
         self._texts: dict[tuple[str, str], str] = {}
         self._keys: dict[str, dict[str, tuple[str, int, int]]] = {}  # per session, oldest first
+        self._derived: dict[str, dict[tuple[str, int], Row]] = {}  # per session, by (kind, position)
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
         self._meta[session_id] = meta
@@ -45,6 +47,17 @@ class MemoryStore(Store):
         keys[key] = (fingerprint, start, count)
         while len(keys) > self.kept_keys:
             del keys[next(iter(keys))]
+
+    def _read_derived(self, session_id: str) -> list[Row]:
+        return list(self._derived.get(session_id, {}).values())
+
+    def _write_derived(self, session_id: str, rows: Sequence[Row], stale: Sequence[tuple[str, str]]) -> None:
+        table = self._derived.setdefault(session_id, {})
+        for kind, version in stale:
+            for key in [k for k, r in table.items() if r[0] == kind and r[1] != version]:
+                del table[key]
+        for row in rows:
+            table[(row[0], row[2])] = row
 
     def sessions(self) -> list[str]:
         return list(self._meta)

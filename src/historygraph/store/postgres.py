@@ -1,7 +1,7 @@
 """PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
-``append_keys``, :data:`APPEND_KEYS_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -30,6 +30,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..derived import Row
 from ..events import Message
 from .base import SessionInfo, Store
 from .migrations import VERSION_TABLE, Migration, pending
@@ -52,9 +53,18 @@ CREATE INDEX IF NOT EXISTS append_keys_order ON append_keys (session_id, id);
 """Added by issue 17 (idempotency keys, :meth:`Store.append`): migration 2, which adds the empty
 table to a database created before it and changes nothing else."""
 
+DERIVED_TABLE = """
+CREATE TABLE derived (
+    session_id TEXT NOT NULL REFERENCES sessions(id), kind TEXT NOT NULL, position INTEGER NOT NULL,
+    version TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (session_id, kind, position));
+"""
+"""Added by issue 13: migration 3, an empty table of derived rows (:mod:`historygraph.derived`),
+as SQLite's."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
+    Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -133,6 +143,21 @@ class PostgresStore(Store):
         db.execute("DELETE FROM append_keys WHERE session_id = %s AND id <= (SELECT id FROM append_keys "
                    "WHERE session_id = %s ORDER BY id DESC OFFSET %s LIMIT 1)", (session_id, session_id, self.kept_keys))
 
+    def _read_derived(self, session_id: str) -> list[Row]:
+        return self._db.execute("SELECT kind, version, position, data FROM derived WHERE session_id = %s",
+                                (session_id,)).fetchall()
+
+    def _write_derived(self, session_id: str, rows: Sequence[Row], stale: Sequence[tuple[str, str]]) -> None:
+        """Called inside :meth:`_write_transaction` (the session row is locked)."""
+        with self._db.cursor() as cur:
+            if stale:
+                cur.executemany("DELETE FROM derived WHERE session_id = %s AND kind = %s AND version <> %s",
+                                [(session_id, kind, version) for kind, version in stale])
+            if rows:
+                cur.executemany("INSERT INTO derived VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, kind, position) "
+                                "DO UPDATE SET version = excluded.version, data = excluded.data",
+                                [(session_id, kind, position, version, data) for kind, version, position, data in rows])
+
     def _event_count(self, session_id: str) -> int:
         # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows
         return self._db.execute("SELECT coalesce(max(position) + 1, 0) FROM events WHERE session_id = %s",
@@ -177,10 +202,13 @@ class PostgresStore(Store):
         self._db.execute("INSERT INTO texts VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (kind, key, value))
 
     def close(self) -> None:
-        with self._opened_lock:
-            for conn in self._opened:
-                conn.close()
-            self._opened.clear()
+        try:
+            super().close()
+        finally:
+            with self._opened_lock:
+                for conn in self._opened:
+                    conn.close()
+                self._opened.clear()
 
 
 def _redact(dsn: str) -> str:

@@ -7,7 +7,8 @@ Schema: ``sessions(id, created, meta)``, ``events(session_id, position, data)`` 
 stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, vector)`` for the
 content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
 ``append_keys`` (:data:`APPEND_KEYS_TABLE`) holds the idempotency keys of appends, written in the
-transaction of their events. ``schema_version`` holds the schema's version; opening a store
+transaction of their events. ``derived`` (:data:`DERIVED_TABLE`) holds each session's derived
+per-message rows (:mod:`historygraph.derived`). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -31,6 +32,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import platformdirs
 
+from ..derived import Row
 from ..events import Message
 from .base import SessionInfo, Store
 from .migrations import VERSION_TABLE, Migration, pending
@@ -53,9 +55,19 @@ CREATE INDEX IF NOT EXISTS append_keys_order ON append_keys (session_id, id);
 """Added by issue 17 (idempotency keys, :meth:`Store.append`): migration 2, which adds the empty
 table to a store created before it and changes nothing else."""
 
+DERIVED_TABLE = """
+CREATE TABLE derived (
+    session_id TEXT NOT NULL REFERENCES sessions(id), kind TEXT NOT NULL, position INTEGER NOT NULL,
+    version TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (session_id, kind, position)) WITHOUT ROWID;
+"""
+"""Added by issue 13 (first render of a reopened session): migration 3, an empty table of derived
+rows (:mod:`historygraph.derived`), one per session, kind and message position; changes nothing
+else."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
+    Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -146,6 +158,19 @@ class SQLiteStore(Store):
             self._db.execute("DELETE FROM append_keys WHERE session_id = ? AND id <= (SELECT id FROM append_keys "
                              "WHERE session_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)", (session_id, session_id, self.kept_keys))
 
+    def _read_derived(self, session_id: str) -> list[Row]:
+        with self._lock:
+            return self._db.execute("SELECT kind, version, position, data FROM derived WHERE session_id = ?",
+                                    (session_id,)).fetchall()
+
+    def _write_derived(self, session_id: str, rows: Sequence[Row], stale: Sequence[tuple[str, str]]) -> None:
+        """Called inside :meth:`_write_transaction`."""
+        with self._lock:
+            self._db.executemany("DELETE FROM derived WHERE session_id = ? AND kind = ? AND version <> ?",
+                                 [(session_id, kind, version) for kind, version in stale])
+            self._db.executemany("INSERT OR REPLACE INTO derived VALUES (?, ?, ?, ?, ?)",
+                                 [(session_id, kind, position, version, data) for kind, version, position, data in rows])
+
     def _event_count(self, session_id: str) -> int:
         with self._lock:
             # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows
@@ -211,5 +236,8 @@ class SQLiteStore(Store):
             self._db.execute("INSERT OR IGNORE INTO texts VALUES (?, ?, ?)", (kind, key, value))
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        try:
+            super().close()
+        finally:
+            with self._lock:
+                self._db.close()

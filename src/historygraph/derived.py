@@ -1,0 +1,134 @@
+"""Derived per-message state that a stored session keeps beside its events (issue 13).
+
+Some facts about a session's messages are pure functions of the stored messages: the Tool-Flow
+Analysis values of a message (ContextRender, arXiv:2609.37743, §3.2 and A.2), the files,
+identifiers and test run of a ContextWeaver step (§3.1, §3.3), the parents the low-cost selector
+picks for it, the learned selector's facts of a tool result. Computing them is regular-expression
+work per message, which a process that reopens a session would otherwise redo for the whole
+history before its first render. A store keeps them instead, as rows
+``(kind, version, position, data)`` of the session:
+
+* **kind** (:class:`DerivedKind`) names what is computed; **position** the message it belongs to
+  (its graph position); **data** is the value as JSON text.
+* **version** is a digest of the source files of the modules that compute the kind and of the
+  Python version (:func:`source_version`). Any change to that code gives another version, so rows
+  an older release wrote are not used: the value is computed again, and the session's rows of the
+  kind with another version are deleted at the next write. A row whose value also depends on
+  other messages records what it depended on (a step's result positions) and is used only when
+  that still holds; the consumer checks it.
+* Reading: :meth:`~historygraph.store.base.Store.graph` reads a session's rows with its events
+  (one query each) into the graph's :class:`Derived`; a consumer takes the table of its kind
+  (:meth:`Derived.table`), decoded in one ``json.loads`` for all its rows.
+* Writing: what a graph handed out by a store computes is collected (:meth:`Derived.put`) and
+  written by the store in the transaction of the session's next append, by
+  :meth:`~historygraph.store.base.Store.flush` and by ``close()``. Rows are disposable: losing
+  unwritten ones (a process killed, a graph dropped from a bounded graph cache) only means
+  computing them again, and nothing here ever changes an event.
+
+A graph built directly (``ContextGraph(...)``, not by a store) gets a :class:`Derived` without
+rows that collects nothing; its consumers keep their in-process caches as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Iterable
+
+Row = tuple[str, str, int, str]
+"""One stored row: ``(kind name, version, position, JSON data)``."""
+
+
+@cache
+def source_version(modules: tuple[str, ...]) -> str:
+    """The version of a kind computed by ``modules`` (dotted names): the first 16 hex digits of the
+    SHA-256 of the Python version (major.minor, for the ``re`` module) and of each module's source
+    file. A module without a source file (a frozen or zipped install) gives a version unique to
+    this process, so no stored row is ever trusted for it."""
+    h = hashlib.sha256(f"python {sys.version_info[0]}.{sys.version_info[1]}".encode())
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if origin is None or not origin.endswith(".py") or not Path(origin).is_file():
+            return f"unversioned-{uuid.uuid4().hex[:16]}"
+        h.update(name.encode() + b"\0" + Path(origin).read_bytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class DerivedKind:
+    """What a row holds: ``name`` (e.g. ``"steps.features"``) and the ``modules`` whose source
+    makes its :attr:`version`."""
+
+    name: str
+    modules: tuple[str, ...]
+
+    @property
+    def version(self) -> str:
+        return source_version(self.modules)
+
+
+class Derived:
+    """The derived rows of one graph: those read from the store, and those computed since.
+
+    Args:
+        rows: stored rows (:data:`Row`), any kinds and versions.
+        persist: collect what :meth:`put` is given for the store to write (a graph from a store);
+            ``False``: :meth:`put` keeps nothing.
+
+    Thread-safe: renders of one graph in several threads may take tables and put rows.
+    """
+
+    def __init__(self, rows: Iterable[Row] = (), persist: bool = False) -> None:
+        self.persist = persist
+        self._raw: dict[str, dict[str, dict[int, str]]] = {}  # name -> version -> position -> JSON
+        for name, version, position, data in rows:
+            self._raw.setdefault(name, {}).setdefault(version, {})[position] = data
+        self._tables: dict[DerivedKind, dict[int, Any]] = {}
+        self._pending: dict[tuple[str, int], Row] = {}
+        self._stale: set[tuple[str, str]] = set()  # (name, current version): rows of other versions to delete
+        self._lock = threading.Lock()
+
+    def table(self, kind: DerivedKind) -> dict[int, Any]:
+        """The stored values of ``kind`` (its current version) by position, decoded from JSON on
+        the first call (lists for arrays); later calls return the same dict, from which a consumer
+        may ``pop`` what it has taken over. Rows of other versions of the kind are dropped and,
+        when persisting, marked for deletion from the store."""
+        t = self._tables.get(kind)
+        if t is not None:
+            return t
+        with self._lock:
+            t = self._tables.get(kind)
+            if t is None:
+                versions = self._raw.pop(kind.name, {})
+                raw = versions.pop(kind.version, {})
+                if versions and self.persist:
+                    self._stale.add((kind.name, kind.version))
+                t = dict(zip(raw, json.loads("[" + ",".join(raw.values()) + "]"))) if raw else {}
+                self._tables[kind] = t
+        return t
+
+    def put(self, kind: DerivedKind, position: int, value: Any) -> None:
+        """Record the value of ``kind`` at ``position`` (JSON-serialisable; tuples come back as
+        lists) for the store to write; a later value for the same kind and position replaces it.
+        Does not change :meth:`table`. No-op unless persisting."""
+        if self.persist:
+            row = (kind.name, kind.version, position, json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+            with self._lock:
+                self._pending[(kind.name, position)] = row
+
+    def take(self) -> tuple[list[Row], list[tuple[str, str]]]:
+        """The rows to write and the ``(kind name, current version)`` pairs whose other versions to
+        delete, emptied here (a store calls it inside the transaction that writes them)."""
+        with self._lock:
+            rows, stale = list(self._pending.values()), sorted(self._stale)
+            self._pending.clear()
+            self._stale.clear()
+        return rows, stale

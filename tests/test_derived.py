@@ -1,0 +1,242 @@
+"""Derived rows kept with a stored session (historygraph.derived): what a reopened session reads
+instead of recomputing, when it is written, and that a row is never used for anything it was not
+computed from (another code version, other result positions, other earlier steps)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from historygraph import derived as derived_mod
+from historygraph.derived import Derived, DerivedKind, source_version
+from historygraph.events import Message, ToolCall
+from historygraph.fit import features as features_mod
+from historygraph.graph import TFA_VALUES, ContextGraph
+from historygraph.signals import steps as steps_mod
+from historygraph.signals.steps import STEP_FEATURES, lowcost_steps
+from historygraph.signals.tokens import TokenCounter
+from historygraph.store import MemoryStore, SQLiteStore
+from test_store import make_store, pg_dsn  # noqa: F401 (fixtures)
+
+
+def call(cid: str, command: str) -> ToolCall:
+    return ToolCall(cid, "bash", '{"command": "%s"}' % command)
+
+
+EVENTS = [
+    Message("user", "fix parse_date in utils/dates.py"),
+    Message("assistant", "look", (call("c1", "cat utils/dates.py"),)),
+    Message("tool", "def parse_date(s):\n    return DATE_RE.match(s)  # utils/dates.py v2_0_1", tool_call_id="c1"),
+    Message("assistant", "run the tests", (call("c2", "pytest tests/test_dates.py"),)),
+    Message("tool", "FAILED tests/test_dates.py::test_parse_date - AssertionError\n1 failed in 0.1s", tool_call_id="c2"),
+    Message("assistant", "edit parse_date with DATE_RE v2_0_1", (call("c3", "sed -i s/x/y/ utils/dates.py"),)),
+    Message("tool", "", tool_call_id="c3"),
+    Message("assistant", "rerun", (call("c4", "pytest tests/test_dates.py"),)),
+    Message("tool", "tests/test_dates.py::test_parse_date PASSED\n1 passed in 0.1s", tool_call_id="c4"),
+]
+ROWS = 8 + 4 + 4  # TFA values of 4 assistant messages and 4 results; features and parents of 4 steps
+
+
+def reopen(store, make):
+    """The store as a new process would see it: a new instance (memory: the same one with its
+    graph cache dropped, as a bounded cache drops it)."""
+    if isinstance(store, MemoryStore):
+        store.flush()
+        store.graph_cache = 1
+        if not store.has_session("other"):
+            store.create_session("other")
+        store.graph("other")  # evicts the session's graph
+        store.graph_cache = None
+        return store
+    store.close()
+    return make()
+
+
+def spy_extractors(monkeypatch) -> list[str]:
+    """Record every text the extractors whose results are stored are run on (the TFA values of a
+    message must not be extracted at all)."""
+    texts: list[str] = []
+
+    def spy(fn):
+        def run(text, *a):
+            texts.append(text)
+            return fn(text, *a)
+        return run
+    for mod in (features_mod, steps_mod):
+        for name in ("identifiers_in", "files_in", "extract_values", "parse_test_output", "call_kind", "words"):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, spy(getattr(mod, name)))
+
+    def boom(text):
+        raise AssertionError(f"TFA values extracted again: {text!r:.60}")
+    monkeypatch.setattr("historygraph.graph.extract_values", boom)
+    return texts
+
+
+def test_a_reopened_session_reads_what_it_derived_instead_of_recomputing_it(make_store, monkeypatch):  # noqa: F811
+    store = make_store()
+    store.create_session("s")
+    store.append("s", EVENTS)
+    g = store.graph("s")
+    fresh = ContextGraph("s", EVENTS)
+    want_steps = lowcost_steps(fresh)
+    want_facts = features_mod.feature_matrix(fresh, fresh.results(), TokenCounter())
+    lowcost_steps(g)
+    features_mod.feature_matrix(g, g.results(), TokenCounter())
+    store = reopen(store, make_store)
+    texts = spy_extractors(monkeypatch)
+    g2 = store.graph("s")
+    assert g2.messages == EVENTS  # the events are untouched
+    assert g2.edges() == fresh.edges() and [g2.reuse_score(p) for p in g2.results()] == [fresh.reuse_score(p) for p in fresh.results()]
+    assert lowcost_steps(g2) == want_steps
+    assert want_steps[1].test_results.failed == 1 and (want_steps[1].validation_status, want_steps[1].superseded_by) == ("superseded", 3)
+    assert want_steps[2].parents == (0,)  # shares dates.py with step 0
+    assert (features_mod.feature_matrix(g2, g2.results(), TokenCounter()) == want_facts).all()
+    # what was extracted is the query of this render (the task, the latest message), no stored message
+    assert texts and not [t for t in texts for m in EVENTS if m.role == "tool" and m.content and m.content in t]
+    store.close()
+
+
+def test_rows_are_written_with_the_next_append(tmp_path, monkeypatch):
+    path = tmp_path / "s.sqlite"
+    a = SQLiteStore(path)
+    a.create_session("s")
+    a.append("s", EVENTS[:5])
+    lowcost_steps(a.graph("s"))
+    a.append("s", EVENTS[5:])  # carries the rows derived so far, in its transaction; `a` is never closed
+    b = SQLiteStore(path)
+    with sqlite3.connect(path) as db:
+        kinds = dict(db.execute("SELECT kind, count(*) FROM derived GROUP BY kind").fetchall())
+    assert kinds[TFA_VALUES.name] == 4 and kinds[STEP_FEATURES.name] == 2  # the messages of the first append, its two steps
+    steps = lowcost_steps(b.graph("s"))
+    assert steps == lowcost_steps(ContextGraph("s", EVENTS))
+    b.close()
+    a.close()
+
+
+def test_rows_of_another_code_version_are_recomputed_and_replaced(tmp_path, monkeypatch):
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS)
+    lowcost_steps(s.graph("s"))
+    s.close()
+    with sqlite3.connect(path) as db:
+        before = db.execute("SELECT count(*), count(DISTINCT version) FROM derived").fetchone()
+    monkeypatch.setattr(derived_mod, "source_version", lambda modules: "changed")  # as an edit to the extractor would
+    calls = []
+    real = steps_mod.files_in
+    monkeypatch.setattr(steps_mod, "files_in", lambda text: calls.append(text) or real(text))
+    s = SQLiteStore(path)
+    assert lowcost_steps(s.graph("s")) == lowcost_steps(ContextGraph("s", EVENTS))
+    assert len(calls) == 4 * 2  # each step's features recomputed (the fresh graph computes them again too)
+    s.close()
+    with sqlite3.connect(path) as db:
+        after = db.execute("SELECT count(*), count(DISTINCT version), min(version) FROM derived").fetchone()
+    assert before[0] == after[0] == ROWS and before[1] == 2 and after[1:] == (1, "changed")
+
+
+def test_a_stored_step_row_is_not_used_for_other_result_positions():
+    """A step whose result arrived later (and the steps after it) get features and parents
+    computed from what is stored now, not the rows written before."""
+    early = EVENTS[:4] + [Message("assistant", "meanwhile", (call("c9", "ls utils"),)),
+                          Message("tool", "dates.py", tool_call_id="c9")]
+    late = early + [EVENTS[4]]  # the pytest result arrives after the next step
+    g = ContextGraph("s", early, derived=Derived(persist=True))
+    lowcost_steps(g)
+    rows, _ = g.derived.take()
+    g2 = ContextGraph("s", late, derived=Derived(rows))
+    assert lowcost_steps(g2) == lowcost_steps(ContextGraph("s", late))
+    assert lowcost_steps(g2)[1].test_results is not None  # recomputed with the result that arrived
+
+
+def test_stored_parents_are_used_only_for_the_same_earlier_steps():
+    g = ContextGraph("s", EVENTS, derived=Derived(persist=True))
+    lowcost_steps(g)
+    rows, _ = g.derived.take()
+    step2 = EVENTS.index(EVENTS[5])
+
+    def with_parents(digest):
+        return [(k, v, p, json.dumps([digest or json.loads(d)[0], [1]])) if k.startswith("steps.parents") and p == step2
+                else (k, v, p, d) for k, v, p, d in rows]
+    # a row with the digest of the same earlier steps is used as it stands (here: forged parents)
+    assert lowcost_steps(ContextGraph("s", EVENTS, derived=Derived(with_parents(None))))[2].parents == (1,)
+    # a row chosen from other earlier steps (another digest) is not: the parents are chosen again
+    assert lowcost_steps(ContextGraph("s", EVENTS, derived=Derived(with_parents("0" * 24))))[2].parents == (0,)
+
+
+def test_a_graph_not_from_a_store_keeps_nothing():
+    g = ContextGraph("s", EVENTS)
+    lowcost_steps(g)
+    assert g.derived.take() == ([], [])
+
+
+def test_source_version_follows_the_source_and_python():
+    v = source_version(("historygraph.signals.steps", "historygraph.signals.tests"))
+    assert len(v) == 16 and v == STEP_FEATURES.version != TFA_VALUES.version
+    assert source_version(("historygraph.signals.steps",)) != v != source_version(("historygraph.signals.tests", "historygraph.signals.steps"))
+    assert source_version(("json.decoder",)) != source_version(("json.encoder",))
+    assert DerivedKind("x", ("historygraph.signals.steps", "historygraph.signals.tests")).version == v
+
+
+def test_a_version_2_sqlite_store_gains_the_derived_table_and_keeps_everything(tmp_path):
+    from historygraph.store import sqlite as sqlite_mod
+
+    path = tmp_path / "v2.sqlite"
+    with sqlite3.connect(path) as db:
+        for step in sqlite_mod.MIGRATIONS[:2]:
+            for statement in step.statements():
+                db.execute(statement)
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (2)")
+        db.execute("INSERT INTO sessions VALUES ('s', 0, '{\"k\": 1}')")
+        for i, m in enumerate(EVENTS):
+            db.execute("INSERT INTO events VALUES ('s', ?, ?)", (i, json.dumps(m.to_dict())))
+    s = SQLiteStore(path)
+    assert s.schema_version == 3 and s.messages("s") == EVENTS and s.session_meta("s") == {"k": 1}
+    lowcost_steps(s.graph("s"))
+    s.append("s", Message("user", "thanks"))
+    s.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert db.execute("SELECT count(*) FROM derived WHERE session_id = 's'").fetchone()[0] == ROWS
+    s = SQLiteStore(path)
+    assert s.messages("s") == EVENTS + [Message("user", "thanks")]
+    s.close()
+
+
+def test_a_version_2_postgres_store_gains_the_derived_table(pg_dsn):  # noqa: F811
+    import psycopg
+
+    from historygraph.store.postgres import MIGRATIONS, PostgresStore
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        for step in MIGRATIONS[:2]:
+            c.execute(step.sql)
+        c.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        c.execute("INSERT INTO schema_version VALUES (2)")
+        c.execute("INSERT INTO sessions (id, created, meta) VALUES ('s', 0, '{}')")
+        for i, m in enumerate(EVENTS):
+            c.execute("INSERT INTO events VALUES ('s', %s, %s)", (i, json.dumps(m.to_dict())))
+    s = PostgresStore(pg_dsn)
+    assert s.schema_version == 3 and s.messages("s") == EVENTS
+    want = lowcost_steps(s.graph("s"))
+    s.close()
+    s = PostgresStore(pg_dsn)
+    assert lowcost_steps(s.graph("s")) == want
+    s.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM derived").fetchone()[0] == ROWS
+
+
+@pytest.mark.parametrize("persist", [True, False])
+def test_put_and_take(persist):
+    kind = DerivedKind("k", ("historygraph.derived",))
+    d = Derived([("k", kind.version, 3, "[1, 2]"), ("k", "old", 4, "{}"), ("j", "v", 0, "7")], persist=persist)
+    assert d.table(kind) == {3: [1, 2]} and d.table(kind) is d.table(kind)
+    d.put(kind, 5, ("a", None))
+    d.put(kind, 5, ["b"])  # the later value replaces the earlier
+    assert d.take() == (([("k", kind.version, 5, '["b"]')], [("k", kind.version)]) if persist else ([], []))
+    assert d.take() == ([], [])
