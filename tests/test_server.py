@@ -381,8 +381,51 @@ def test_upstream_pool_drops_idle_connections_before_a_5_s_keep_alive_timeout():
     # surfaced as a ReadError and a 502 under load
     from historygraph.server import ServerConfig, create_app
 
-    pool = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy.client._transport._pool
-    assert pool._keepalive_expiry < 5.0 and pool._max_connections == 1000 and pool._max_keepalive_connections == 100
+    import asyncio
+
+    transport = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy.client._transport
+
+    async def connector():
+        session = transport.get_client()  # the aiohttp session the transport opens on its first request
+        try:
+            return session.connector.limit, session.connector._keepalive_timeout
+        finally:
+            await session.close()
+
+    assert asyncio.run(connector()) == (1000, 4.0)
+
+
+@pytest.mark.parametrize("failures, error", [(0, None), (1, httpx.RemoteProtocolError), (2, httpx.ConnectError),
+                                             (2, httpx.ConnectTimeout), (3, httpx.ConnectError), (1, httpx.ReadTimeout)])
+def test_upstream_connection_failures_before_an_answer_are_retried_twice(failures, error):
+    # a refused or timed-out connection, or a pooled one the upstream had just closed, is tried
+    # again (2 retries, as httpx's transport did with retries=2); a timeout waiting for the answer is not
+    import asyncio
+
+    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import UPSTREAM_RETRIES
+
+    tries = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        tries.append(request)
+        if len(tries) <= failures:
+            raise error("failed", request=request)
+        return httpx.Response(200, json={"ok": True})
+
+    proxy = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy
+    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+
+    async def send():
+        return await proxy.send(proxy.client.build_request("POST", "http://up/v1/chat/completions", content=b"{}"))
+
+    retried = error is not httpx.ReadTimeout
+    if failures > UPSTREAM_RETRIES or not retried:
+        with pytest.raises(error):
+            asyncio.run(send())
+        assert len(tries) == (UPSTREAM_RETRIES + 1 if retried else 1)
+    else:
+        assert asyncio.run(send()).status_code == 200 and len(tries) == failures + 1
 
 
 def test_unreachable_upstream_gives_502_naming_it(tmp_path):

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
@@ -50,6 +51,10 @@ from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRout
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
 
 log = logging.getLogger("historygraph.server")
+
+UPSTREAM_RETRIES = 2
+"""Retries of an upstream request whose connection failed before any answer (:meth:`Proxy.send`;
+what httpx's own transport did with ``retries=2``, plus the keep-alive race)."""
 
 
 @dataclass
@@ -136,12 +141,27 @@ class Proxy:
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}
+        # httpx's API on aiohttp's connection pool (httpx-aiohttp): httpcore's pool visits every
+        # pooled connection on each request, 2.5-2.7 CPU ms per 27 KB request at 25-50 upstream
+        # connections against 0.6-0.8 through aiohttp (bench/RESULTS.md, this round's proxy section).
         # The limits belong to the transport (a client given a transport ignores its own limits).
         # Idle connections are dropped after 4 s, before the 5 s keep-alive timeout of uvicorn and
         # similar servers closes one just as it is reused (a ReadError: 502 to the client).
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=4.0)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0),
-                                        transport=httpx.AsyncHTTPTransport(retries=2, limits=limits))  # retries: connection failures only
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0), transport=AiohttpTransport(limits=limits))
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` upstream, its answer streamed. A connection that failed before any
+        answer came (refused, timed out connecting, or a pooled keep-alive connection the upstream
+        had just closed) is tried again, :data:`UPSTREAM_RETRIES` times at most. Raises
+        ``httpx.HTTPError`` (the last failure, or any other)."""
+        for attempt in range(UPSTREAM_RETRIES + 1):
+            try:
+                return await self.client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError):
+                if attempt == UPSTREAM_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     def options(self, request: Request) -> tuple[str | None, str, int]:
         """Session id, policy and budget from headers, else the configured defaults."""
@@ -294,10 +314,7 @@ class Proxy:
         request_up = self.client.build_request("POST", url, content=content, headers=headers)
         t_up = time.perf_counter()
         try:
-            try:
-                upstream = await self.client.send(request_up, stream=True)
-            except httpx.RemoteProtocolError:  # a pooled keep-alive connection the upstream had just closed
-                upstream = await self.client.send(request_up, stream=True)
+            upstream = await self.send(request_up)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(api, "unreachable").inc()
             raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None

@@ -141,7 +141,7 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
     acc_cls = OpenAIStreamAccumulator if api == "openai" else anth.StreamAccumulator
     req = proxy.client.build_request("POST", url, json=body, headers=headers)
     try:
-        up = await proxy.client.send(req, stream=True)
+        up = await proxy.send(req)
     except httpx.HTTPError as exc:
         proxy.metrics.upstream_errors.labels(api, "unreachable").inc()
         raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None
