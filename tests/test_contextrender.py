@@ -177,3 +177,34 @@ def test_a_step_brought_back_by_its_result_says_so():
     assert 2 in r.full and 1 not in r.dropped and 3 in r.dropped
     assert r.reasons[1].startswith("kept: brought back because a result of its step is shown")
     assert r.reasons[2].startswith("selected #1: U=1.223")
+
+
+def test_reserve_layout_shows_both_relevant_results_where_the_published_layout_shows_one():
+    # Six steps with 300-token thoughts and 100-token results; results 0 and 1 hold KEY (s = 1).
+    # Published layout at B = 1,500: non-tool history is over B, so the oldest steps are dropped to
+    # B/2 (steps 4 and 5 stay). Result 1 (U = e^{-0.3·4} + 1 = 1.301) brings step 1 back at its full
+    # ~300 tokens; then results 5 (U = 1.0) and 4 (e^{-0.3} = 0.741); result 0 (U = 1.223) would bring
+    # back step 0's 300 tokens too and no longer fits. Under the reserve layout (5 % of B for non-tool
+    # history) every step is dropped but the latest, and a step comes back as its call plus a
+    # ~20-token marker, so all six results fit, both KEY results among them.
+    msgs = [Message("user", "QUERY task")]
+    for i in range(6):
+        msgs += [Message("assistant", "thinking " * 300, (ToolCall(f"c{i}", "t", "{}"),)),
+                 Message("tool", ("KEY " if i < 2 else f"r{i} ") + "y " * 100, tool_call_id=f"c{i}")]
+    g = ContextGraph("reserve", msgs)
+    sig = _signals({"QUERY": [1, 0, 0], "KEY": [1, 0, 0]})
+    published = create("contextrender").render(g, 1500, sig)
+    reserve = create("contextrender-reserve").render(g, 1500, sig)
+    for r in (published, reserve):
+        check_invariants(r, g, sig.counter)
+        assert r.history_tokens <= 1500
+    assert published.full == [4, 10, 12] and published.reasons[4].startswith("selected #1: U=1.301")
+    assert reserve.full == [2, 4, 6, 8, 10, 12] and reserve.reasons[2].startswith("selected #3: U=1.223")
+    shown = dict(zip(reserve.positions, reserve.messages))
+    assert [shown[p].rendered_as for p in (1, 3, 5, 7, 9, 11)] == ["brief"] * 5 + [None]
+    assert shown[1].tool_calls == msgs[1].tool_calls and "restore by message number #1" in shown[1].content
+
+
+def test_reserve_share_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="result_reserve must be in"):
+        ContextRenderConfig(result_reserve=1.0)

@@ -32,6 +32,13 @@ Beyond the paper (``w_dep``, default 0: off): ``U' = U + w_dep·1[r belongs to a
 current step]``, the ancestry being ContextWeaver's low-cost parents and breadth-first search
 bounded by ``dep_ancestors`` steps (:func:`dependency_results`); registered as
 ``contextrender-dep`` (w_dep = 0.5, W = 10).
+
+Beyond the paper, the layout (``result_reserve``, default 0.5, and ``brief_revivals``, default off:
+the shared layout above): registered as ``contextrender-reserve`` (0.95 and on, the layout of the
+``learned`` policy, chosen by its cross-validation on the traces-train trajectories), the same
+selection with the non-tool history kept only within ``(1 − result_reserve)·B`` and each step
+brought back for a result shown with its tool calls and a marker in place of its text
+(:class:`~historygraph.render.Layout`).
 """
 
 from __future__ import annotations
@@ -54,7 +61,12 @@ SOURCE = "ContextRender §3.3, A.1–A.4"
 
 @dataclass(frozen=True)
 class ContextRenderConfig:
-    """Parameters of eq. 2, eq. 4 and eq. 7; defaults from ContextRender A.3 and A.4."""
+    """Parameters of eq. 2, eq. 4 and eq. 7; defaults from ContextRender A.3 and A.4.
+
+    ``result_reserve`` (share of B, in [0, 1)) and ``brief_revivals`` are the
+    :class:`~historygraph.render.Layout` options; their defaults (0.5, off) are the shared layout
+    the paper's policy uses. Raises ``ValueError`` for a negative weight or an out-of-range share.
+    """
 
     w_rec: float = 1.0
     w_reuse: float = 1.0
@@ -69,6 +81,8 @@ class ContextRenderConfig:
     oversized_excerpt_fraction: float = 0.25
     w_dep: float = 0.0
     dep_ancestors: int = 3
+    result_reserve: float = 0.5
+    brief_revivals: bool = False
 
     def __post_init__(self) -> None:
         for name in ("w_rec", "w_reuse", "w_rel", "lam", "gamma", "similarity_penalty", "w_dep", "dep_ancestors"):
@@ -76,6 +90,8 @@ class ContextRenderConfig:
                 raise ValueError(f"ContextRender config: {name} must be ≥ 0, got {getattr(self, name)}")
         if not 0 < self.oversized_excerpt_fraction <= 1:
             raise ValueError("ContextRender config: oversized_excerpt_fraction must be in (0, 1]")
+        if not 0 <= self.result_reserve < 1:
+            raise ValueError(f"ContextRender config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
 
 def usefulness(age: int, reuse: float, relevance: float, cfg: ContextRenderConfig) -> float:
@@ -195,7 +211,8 @@ class ContextRender:
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
-        layout = Layout(graph, signals.counter, budget, excerpt_fraction=cfg.oversized_excerpt_fraction)
+        layout = Layout(graph, signals.counter, budget, excerpt_fraction=cfg.oversized_excerpt_fraction,
+                        result_reserve=cfg.result_reserve, brief_revivals=cfg.brief_revivals)
         msgs = graph.messages
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
@@ -333,3 +350,9 @@ register("cr-recency-relevance", "ContextRender §4.4, B.3 (CR–Recency + Relev
 register("contextrender-dep", "ours: ContextRender eq. 2 + ContextWeaver §3.1 ancestry",
          "ContextRender with +0.5 usefulness for results of the current step's dependency ancestry (W=10).",
          w_dep=0.5, dep_ancestors=10)(ContextRender)
+
+# Ours, beyond the papers: the same selection under the result-reserve layout of ``learned``
+# (result_reserve 0.95, brief revivals; chosen on the traces-train trajectories, see the module docstring).
+register("contextrender-reserve", "ours: ContextRender eq. 2 under the result-reserve layout",
+         "ContextRender's selection; non-tool history kept within 5 % of B, a step brought back for its result "
+         "shown in brief.", result_reserve=0.95, brief_revivals=True)(ContextRender)
