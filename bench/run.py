@@ -16,9 +16,12 @@ shared machine does not inflate it the way wall time would; each is also given a
   repeat appends one more step and renders, as an agent does between model calls; the policies
   take turns within each repeat (one session per policy), so that load from other processes on a
   shared machine inflates all of them alike and the ratios stay comparable.
-* **first render**: the session written to a SQLite store, reopened by a new store instance;
-  ``load`` is ``store.graph()``, ``first`` the first render of the reopened graph, as a ratio to a
-  warm render.
+* **first render**: the session written to a SQLite store and, for each policy, reopened by a new
+  store instance and rendered once (``not rendered before``: what the rows the store kept from the
+  appends, the TFA values, leave to compute), closed (writing what that render derived,
+  :mod:`historygraph.derived`), then reopened again as after a restart: ``load`` is
+  ``store.graph()``, ``first`` the first render of the reopened graph, as a ratio to a warm render
+  (``--first-only``: this section alone).
 * **append**: one event appended to a session of 100, 1,000 and 10,000 messages (SQLite store,
   and the bare :class:`~historygraph.graph.ContextGraph`).
 * **proxy**: ``historygraph serve`` in front of the lean fake provider, 1, 10 and 50 concurrent
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,6 +59,7 @@ from historygraph.policies import Signals, create  # noqa: E402
 from historygraph.store import open_store  # noqa: E402
 
 BUDGET = 6000
+FIRST = ("prune", "contextrender", "contextrender-dep", "learned", "cw-bm25", "contextweaver-placeholder")
 POLICIES = ["prune", "full", "contextrender", "contextrender-dep", "learned", "cw-bm25", "cw-sliding-window",
             "observation-masking", "contextweaver-placeholder", "recap-noattn", "recap-recency", "recap-random", "semantic"]
 
@@ -153,7 +158,9 @@ def bench_render(pool: StepPool, signals: Signals, policies: list[str], sizes: l
 
 
 def bench_first(pool: StepPool, signals: Signals, policies: list[str], sizes: list[int], tmp: str,
-                skip: dict) -> dict:
+                skip: dict, warm_memos: bool = False) -> dict:
+    """``warm_memos``: render each session once on a plain graph first, so that the process-wide
+    memos (token counts, vectors) are as warm as after the render section (``--first-only``)."""
     out: dict = {}
     for n in sizes:
         msgs, k = pool.session(n)
@@ -166,18 +173,28 @@ def bench_first(pool: StepPool, signals: Signals, policies: list[str], sizes: li
             if skip.get((name, n), 0) is None:
                 continue
             policy = create(name)
-            st = open_store(path)
+            if warm_memos:
+                policy.render(ContextGraph("warm", msgs), BUDGET, signals)
+            copy = f"{tmp}/first-{n}-{name}.sqlite"  # each policy reopens the session as stored, before any render
+            shutil.copyfile(path, copy)
+            st = open_store(copy)
+            cold_load, g = cpu_ms(lambda: st.graph("s"))
+            cold, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023 (called at once)
+            write, _ = cpu_ms(st.close)  # writes the rows the render derived
+            st = open_store(copy)
             load, g = cpu_ms(lambda: st.graph("s"))
-            first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+            first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023
             warm = []
             for r in range(3):
                 g.extend(pool.step(k + r))  # in memory only: the stored session stays at n results
-                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023
                 warm.append(t)
             st.close()
-            out[(name, n)] = {"load": load, "first": first, "warm": statistics.median(warm)}
+            out[(name, n)] = {"load": load, "first": first, "warm": statistics.median(warm), "cold_load": cold_load,
+                              "cold": cold, "write": write}
             print(f"  first  {name:26s} {n:5d} results: load {load:8.1f} ms  first {first:9.1f} ms  "
-                  f"warm {statistics.median(warm):8.2f} ms", file=sys.stderr, flush=True)
+                  f"warm {statistics.median(warm):8.2f} ms  (not rendered before: load {cold_load:8.1f} first {cold:9.1f}; "
+                  f"writing its rows {write:6.1f})", file=sys.stderr, flush=True)
     return out
 
 
@@ -276,7 +293,7 @@ def ratio(x: float | None, ref: float | None) -> str:
 def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy: dict, replay: dict,
            policies: list[str], sizes: list[int], args: argparse.Namespace) -> None:
     print(f"## historygraph speed ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
-    flags = "".join(f" --{f.replace('_', '-')}" for f in ("quick", "proxy_only") if getattr(args, f))
+    flags = "".join(f" --{f.replace('_', '-')}" for f in ("quick", "proxy_only", "first_only") if getattr(args, f))
     print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f}. Command: `python bench/run.py{flags}`. B = {BUDGET}.")
     if pool is None:
@@ -284,9 +301,10 @@ def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy
         return
     print(f"Synthetic sessions cycle {len(pool.steps)} real mini-swe-agent steps "
           f"({pool.unique_results} distinct results). CPU ms, p50 over {args.repeats} renders.\n")
-    print("### Render p50 (p95) in CPU ms, and p50 as a ratio to prune\n")
-    print("| policy | " + " | ".join(f"{n:,} results" for n in sizes) + " |")
-    print("|---|" + "---:|" * len(sizes))
+    if render:
+        print("### Render p50 (p95) in CPU ms, and p50 as a ratio to prune\n")
+        print("| policy | " + " | ".join(f"{n:,} results" for n in sizes) + " |")
+        print("|---|" + "---:|" * len(sizes))
     for name in policies:
         cells = []
         for n in sizes:
@@ -299,12 +317,16 @@ def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy
             f"{n:,} results {c}" for n, c in zip(sizes, cells)))
     if first:
         print("\n### First render of a session reopened from the SQLite store (CPU ms)\n")
-        print("| policy | results | load graph | first render | warm render | first / warm | first / prune first |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("Reopened after a render stored its derived rows (as after a restart); and, right of the bar, the same "
+              "session reopened before any render of the policy had stored its rows.\n")
+        print("| policy | results | load graph | first render | warm render | first / warm | load + first | first / prune first "
+              "| not rendered before: load + first | writing its rows |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for (name, n), r in first.items():
             ref = first.get(("prune", n))
             print(f"| {name} | {n:,} | {r['load']:.1f} | {r['first']:.1f} | {r['warm']:.2f} | {ratio(r['first'], r['warm'])} | "
-                  f"{ratio(r['first'], ref and ref['first'])} |")
+                  f"{r['load'] + r['first']:.1f} | {ratio(r['first'], ref and ref['first'])} | "
+                  f"{r['cold_load']:.1f} + {r['cold']:.1f} | {r['write']:.1f} |")
     if append:
         ref = render.get(("prune", 1000)) or render.get(("prune", sizes[-1]))
         print("\n### Append one event (CPU ms; ratio to a prune render at "
@@ -351,6 +373,7 @@ def main() -> None:
     ap.add_argument("--no-proxy", action="store_true")
     ap.add_argument("--no-replay", action="store_true")
     ap.add_argument("--proxy-only", action="store_true", help="only the proxy rows (no render, first-render, append, replay)")
+    ap.add_argument("--first-only", action="store_true", help="only the first-render rows")
     ap.add_argument("--first-limit", type=float, default=20.0, help="skip larger sizes of a policy whose first render "
                     "would take longer than this many CPU seconds")
     args = ap.parse_args()
@@ -376,9 +399,13 @@ def main() -> None:
     print(f"warming embeddings ({pool.unique_results} results; cache {cache}) ...", file=sys.stderr, flush=True)
     warm_embeddings(pool, signals)
     tmp = tempfile.mkdtemp(prefix="hg-bench-")
+    if args.first_only:
+        first_pol = [p for p in FIRST if p in policies]
+        first = bench_first(pool, signals, first_pol, [1000] if args.quick else [1000, 5000], tmp, {}, warm_memos=True)
+        report(pool, {}, first, {}, {}, {}, [], [], args)
+        return
     render = bench_render(pool, signals, policies, sizes, args.repeats, args.first_limit)
-    first_pol = [p for p in ("prune", "contextrender", "contextrender-dep", "learned", "cw-bm25", "contextweaver-placeholder")
-                 if p in policies]
+    first_pol = [p for p in FIRST if p in policies]
     first = bench_first(pool, signals, first_pol, [1000] if args.quick else [1000, 5000], tmp, render)
     append = bench_append(pool, [100, 1000, 10000], tmp, 20 if args.quick else 100)
     proxy = {} if args.no_proxy else bench_proxy(runs, tmp)

@@ -64,6 +64,7 @@ import json
 import math
 import re
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -253,7 +254,7 @@ class _GraphFacts:
 
     upto: int = 0
     facts: dict[int, _ResultFacts] = field(default_factory=dict)
-    df: dict[str, int] = field(default_factory=dict)
+    df: Counter[str] = field(default_factory=Counter)
     value_df: dict[str, int] = field(default_factory=dict)
     last_view: dict[str, int] = field(default_factory=dict)     # file -> latest result position viewing it
     last_edit: dict[str, int] = field(default_factory=dict)     # file -> latest result position editing it
@@ -350,8 +351,7 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         gf.idents_t.add(row, idents, own_idents)
         gf.words_t.add(row, sorted(f.words))
         gf.files_t.add(row, f.shown_files)
-        for w in f.words:
-            gf.df[w] = gf.df.get(w, 0) + 1
+        gf.df.update(f.words)
         gf.unique[p] = 0
         for v in f.values:
             df = gf.value_df.get(v, 0)
