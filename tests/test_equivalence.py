@@ -532,6 +532,43 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
     assert compared > 400
 
 
+def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_traces):
+    """A layout's snapshot shares the skeleton's dicts and per-unit facts (lent: only added to
+    until the skeleton copies them): read again after later appends (the last unit kept, rebuilt
+    when its results arrive, or the skeleton rebuilt after a user message), every snapshot holds,
+    for each key and index it had, what a deep copy taken at the time holds; and a layout made
+    before the appends assembles what it assembled then."""
+    import copy
+
+    from historygraph.policies.baselines import newest_first
+    from historygraph.render import _token_memo, placeholder_for
+
+    c = TokenCounter()
+    lent = ("unit_first", "unit_of", "synthetic", "form", "delta")
+    checked = rebuilt = 0
+    for tr in real_traces[:2] + real_traces[3:4]:
+        g = ContextGraph("snap")
+        kept: list[tuple[dict, dict, Layout, tuple]] = []
+        for j, m in enumerate(tr.messages[:160]):
+            g.append(m)
+            snap = _token_memo(g, c, placeholder_for).skeleton(g)
+            frozen = copy.deepcopy({k: snap[k] for k in (*lent, "facts")})
+            try:
+                lay = Layout(g, c, 1500)
+            except ValueError:
+                lay = Layout(g, c, None)
+            sel = newest_first(lay, "kept", "omitted")
+            kept.append((snap, frozen, (lay, sel), rendering_tuple(lay.assemble("prune", sel))))
+            rebuilt += m.role == "user"
+            for old, was, (old_lay, old_sel), rendered in kept[-12:]:
+                for k in lent:
+                    assert {key: old[k][key] for key in was[k]} == was[k], (j, k)
+                assert [list(x[:len(y)]) for x, y in zip(old["facts"], was["facts"])] == [list(y) for y in was["facts"]], j
+                assert rendering_tuple(old_lay.assemble("prune", old_sel)) == rendered, j
+                checked += 1
+    assert checked > 2000 and rebuilt >= 3, (checked, rebuilt)
+
+
 def test_between_call_and_result_equals_the_scan_over_every_span(real_traces, traces_dir):
     """``render._between_call_and_result`` (the shorter side of the position only) answers as the
     scan over every (call, latest result) span it replaced, at every position of real traces of

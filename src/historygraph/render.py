@@ -308,6 +308,21 @@ class _MarkerPlan:
         self.memo: list[dict[str, int]] = _SLOT_COUNTS.setdefault(
             (counter.encoding_name, tuple(literals), tuple(slots)), [{} for _ in slots])
         self._tables: dict[str, np.ndarray] = {}
+        # the fewest tokens any marker can have: a slot's chunk is never empty, so it counts at
+        # least 1, less the pieces next to it that a number may take
+        self.floor = self.const + sum(1 - self._took_at_most(j) for j in range(len(slots)))
+
+    def _took_at_most(self, j: int) -> int:
+        """The most tokens of fixed pieces that slot ``j``'s chunk can take (see :meth:`delta`), over
+        numbers' first and last digits."""
+        from .signals.tokens import forced_boundary
+        before, after = self.pieces[j], self.pieces[j + 1]
+        took = 0
+        if before and not all(forced_boundary(before[-1][-1], d) for d in "0123456789"):
+            took += self.counter.count(before[-1])
+        if after and not all(forced_boundary(d, after[0][0]) for d in "0123456789"):
+            took += self.counter.count(after[0])
+        return took
 
     def tokens(self, first: int, last: int, n_calls: int) -> int:
         """Tokens of the marker for a run from position ``first`` to position ``last`` holding
@@ -492,22 +507,27 @@ class _TokenMemo:
         self._skeleton = _Skeleton()
         self._lock = threading.Lock()
 
-    def skeleton(self, graph: ContextGraph) -> dict[str, Any]:
-        """A snapshot of the graph's :class:`_Skeleton` (copies of its containers, taken under the
-        lock: another thread may extend it meanwhile)."""
+    def skeleton(self, graph: ContextGraph, budget: int | None = None) -> dict[str, Any]:
+        """A snapshot of the graph's :class:`_Skeleton`, taken under the lock (another thread may
+        extend it meanwhile): copies of its lists a layout iterates or changes; its dicts, sets and
+        per-unit facts themselves (:meth:`_Skeleton.lend`: what is lent is only ever added to, so
+        a snapshot reads what it read when taken). ``over``: the candidates whose full cost exceeds
+        ``budget``, ascending."""
         with self._lock:
             sk = self._skeleton
             sk.update(graph, self)
+            big = sk.big
+            over = sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(graph.messages))):]) \
+                if budget is not None else []
+            sk.lend()
             return {"users": sk.users, "current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
-                    "outside": set(sk.outside), "order": list(sk.order), "units": list(sk.units),
-                    "unit_first": dict(sk.unit_first), "unit_of": dict(sk.unit_of), "synthetic": dict(sk.synthetic),
+                    "outside": sk.outside, "order": list(sk.order), "units": list(sk.units),
+                    "unit_first": sk.unit_first, "unit_of": sk.unit_of, "synthetic": sk.synthetic,
                     "full_cost": self.result_tokens, "placeholder": self.ph_message,
                     "placeholder_tokens": self.ph_tokens, "candidates": list(sk.candidates),
-                    "big": list(sk.big), "glue": list(sk.glue),
-                    "facts": (list(sk.lo), list(sk.hi), list(sk.top), list(sk.ncalls), list(sk.pre)),
-                    "costs": list(sk.costs),
+                    "over": over, "glue": list(sk.glue), "facts": (sk.lo, sk.hi, sk.top, sk.ncalls, sk.pre),
                     "full_tokens": sk.full_tokens, "total_cost": sk.total_cost,
-                    "starts": list(sk.starts), "form": dict(sk.form), "delta": dict(sk.delta),
+                    "starts": list(sk.starts), "form": sk.form, "delta": sk.delta,
                     "arrays": sk.arrays()}
 
     def update(self, messages: list[Message]) -> None:
@@ -531,12 +551,14 @@ class _Skeleton:
     """The part of a :class:`Layout` that depends on the graph alone (render order, units with
     their costs, placeholders, synthetic answers, glue without inserts), kept per graph and
     extended when the graph grows by steps of the current tool loop: the last unit is rebuilt
-    with the new messages. Anything else (a user or system message, a result for an earlier
-    step, a superseding result) rebuilds it from scratch."""
+    with the new messages (kept as it is when none of them belong to it). Anything else (a user
+    or system message, a result for an earlier step, a superseding result) rebuilds it from
+    scratch."""
 
     def __init__(self) -> None:
         self.n = -1
         self.superseded = -1
+        self._lent = False
 
     def update(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
         if self.n == len(graph.messages) and self.superseded == len(graph.superseded):
@@ -547,6 +569,7 @@ class _Skeleton:
 
     def _build(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
         msgs = graph.messages
+        self._lent = False  # every container is a new one
         users = self.users = [p for p, m in enumerate(msgs) if m.role == "user"]  # (extending adds none)
         self.current_user = users[-1] if users else None
         self.first_user = users[0] if users else None
@@ -571,7 +594,6 @@ class _Skeleton:
         self.top: list[int] = []
         self.ncalls: list[int] = []
         self.pre: list[int] = [0]
-        self.costs: list[int] = []
         self.form: dict[int, Message] = {}   # candidate -> its complete message
         self.delta: dict[int, int] = {}      # candidate -> full cost − placeholder cost
         # the same as arrays (see :meth:`arrays`): per order entry its position and unit (−1 outside B),
@@ -651,7 +673,6 @@ class _Skeleton:
         self.top.append(i if not self.top or self.hi[-1] >= self.hi[self.top[-1]] else self.top[-1])
         self.ncalls.append(len(m.tool_calls) if m.role == "assistant" else 0)
         self.pre.append(self.pre[-1] + self.ncalls[-1])
-        self.costs.append(unit.cost)
         self.g_cost.append(unit.cost)
         self.g_lo.append(self.lo[-1])
         self.g_hi.append(self.hi[-1])
@@ -669,6 +690,20 @@ class _Skeleton:
                 "lo": self.g_lo.view(), "hi": self.g_hi.view(), "pre": self.g_pre.view(),
                 "cand_delta": self.g_cand_delta.view(), "cand_unit": self.g_cand_unit.view()}
 
+    def lend(self) -> None:
+        """Its dicts and per-unit fact lists are now shared with a snapshot: until the next
+        :meth:`_own`, they are only added to (new keys, appended entries), never changed."""
+        self._lent = True
+
+    def _own(self) -> None:
+        """Before changing what a snapshot may hold: fresh copies of the lent containers."""
+        if self._lent:
+            self.unit_first, self.unit_of, self.synthetic = dict(self.unit_first), dict(self.unit_of), dict(self.synthetic)
+            self.form, self.delta = dict(self.form), dict(self.delta)
+            self.lo, self.hi, self.top, self.ncalls, self.pre = \
+                list(self.lo), list(self.hi), list(self.top), list(self.ncalls), list(self.pre)
+            self._lent = False
+
     def _extend(self, graph: ContextGraph, memo: "_TokenMemo") -> bool:
         msgs = graph.messages
         if self.n < 1 or self.superseded != len(graph.superseded) or not self.units or len(msgs) < self.n:
@@ -678,6 +713,7 @@ class _Skeleton:
         if msgs[t].role != "assistant" or any(p > t for p in self.outside) \
                 or self.starts[-1] + len(last.positions) != len(self.order):
             return False
+        changed = False  # whether a new message belongs to the last unit
         for q in range(self.n, len(msgs)):
             m = msgs[q]
             if m.role == "assistant":
@@ -687,7 +723,18 @@ class _Skeleton:
             owner = graph.call_owner.get(m.tool_call_id or "")
             if owner is None or owner < t or graph.result_of.get(m.tool_call_id or "") != q:
                 return False
+            if owner == t:
+                changed = True
+        if not changed and t == self.n - 1 and any(c.id not in graph.result_of for c in msgs[t].tool_calls):
+            changed = True  # its call was in flight; with a message after it, it gets a synthetic answer
+        if not changed:  # the last unit stays as it is: only add the new steps
+            for q in range(self.n, len(msgs)):
+                if msgs[q].role == "assistant":
+                    self._add(q, graph, memo, True)
+                    self.last_assistant = q
+            return True
         # rebuild the last unit with what arrived, then add the new steps
+        self._own()
         self.units.pop()
         start = self.starts.pop()
         del self.order[start:]
@@ -700,7 +747,7 @@ class _Skeleton:
         self.total_cost -= last.cost
         del self.unit_first[t]
         glue = self.glue.pop()
-        for facts in (self.lo, self.hi, self.top, self.ncalls, self.pre, self.costs):
+        for facts in (self.lo, self.hi, self.top, self.ncalls, self.pre):
             facts.pop()
         self.synthetic.pop(t, None)
         gone = last.positions[1:]
@@ -924,10 +971,21 @@ class Selection:
     def lower_costs(self) -> np.ndarray:
         """A lower bound of ``[cost(p) for p in layout.candidates]`` (int64), exact for the results
         of steps not dropped: reviving a dropped step costs at least its own tokens less its run's
-        whole marker (the markers left around it are never negative). O(candidates) in numpy plus
-        one marker per run, where :meth:`candidate_costs` prices every unit of every run."""
+        whole marker plus the fewest tokens a marker can have (:attr:`_MarkerPlan.floor`; 0 without
+        a plan) for each side of it that stays a run. O(candidates) in numpy plus one marker per
+        run, where :meth:`candidate_costs` prices every unit of every run."""
         lay = self.layout
-        return self._priced(lambda a, b: -lay._marker_tokens(a, b))
+        floor = lay._marker_floor()
+
+        def term(a: int, b: int) -> Any:
+            whole = lay._marker_tokens(a, b)
+            if not floor or a == b:
+                return -whole
+            out = np.full(b - a + 1, 2 * floor - whole, dtype=np.int64)  # a marker left on each side
+            out[0] -= floor  # the first and last unit of the run leave one
+            out[-1] -= floor
+            return out
+        return self._priced(term)
 
     def candidate_costs(self) -> np.ndarray:
         """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is
@@ -954,10 +1012,12 @@ class Selection:
         u = lay.unit_of[p]
         if form is None and u in lay.dropped_units and u not in self.revived and u in self.runs.start:
             # a lower bound first: reviving the step costs at least its own tokens less the whole
-            # marker of its run (the markers left around it are never negative); most results of
-            # dropped steps fail on it, without pricing the two markers the revival would leave
+            # marker of its run plus the fewest tokens of a marker per side of it left in the run;
+            # most results of dropped steps fail on it, without pricing the markers the revival leaves
             a = self.runs.start[u]
-            low = lay.delta[p] + lay.revival_cost(u) - lay._marker_tokens(a, self.runs.end[a])
+            b = self.runs.end[a]
+            low = lay.delta[p] + lay.revival_cost(u) - lay._marker_tokens(a, b) + \
+                lay._marker_floor() * ((u > a) + (u < b))
             if self.used + low > lay.budget:
                 return False
         return self.used + self.cost(p, form) <= lay.budget
@@ -966,7 +1026,11 @@ class Selection:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
         of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
         the result id (docs/architecture.md, invariant §5.3)."""
-        self.used += self.cost(p, form)
+        self.take_priced(p, self.cost(p, form), form)
+
+    def take_priced(self, p: int, cost: int, form: Message | None = None) -> None:
+        """:meth:`take` when the caller has priced it: ``cost`` must be ``cost(p, form)`` now."""
+        self.used += cost
         u = self.layout.unit_of[p]
         if u in self.runs.start and u not in self.revived:
             self.runs.remove(u)
@@ -1015,7 +1079,7 @@ class Layout:
         self._reasons: dict[int, str] = {}
         self._pending: list[Callable[[dict[int, str]], None]] = []
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
-        sk = memo.skeleton(graph)
+        sk = memo.skeleton(graph, budget)
         self._tools = memo.tools.view()
         self.current_user = sk["current_user"]
         self.loop_guard = loop_guard(graph, sk["users"])
@@ -1098,15 +1162,16 @@ class Layout:
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
         ph = self.placeholder_tokens
+        over = sk["over"]
         if left_out:
             self.candidates = [p for p in sk["candidates"] if self.unit_of[p] not in left_out]
             self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
             self.delta: dict[int, int] = {p: self.full_cost[p] - ph[p] for p in self.candidates}
-        else:  # the skeleton's, for every candidate
+        else:  # the skeleton's, for every candidate (shared: copies of our own before changing them)
             self.candidates, self.form, self.delta = sk["candidates"], sk["form"], sk["delta"]
             self._cand = (arr["cand_delta"], arr["cand_unit"])
-        big = sk["big"]
-        over = sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(msgs))):]) if budget is not None else []
+            if over:
+                self.form, self.delta = dict(self.form), dict(self.delta)
         for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
             excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction) \
                 if p in self.form else None
@@ -1228,6 +1293,11 @@ class Layout:
             self._marks[key] = n
         return n
 
+    def _marker_floor(self) -> int:
+        """The fewest tokens any dropped-step marker has (:attr:`_MarkerPlan.floor`), 0 without a
+        plan (the bound then assumes nothing)."""
+        return max(0, self._plan.floor) if self._plan is not None else 0
+
     def _fast_marker_tokens(self, a: int, b: int) -> int | None:
         """:meth:`_marker_tokens` from the per-graph :class:`_MarkerPlan`, or ``None`` without one."""
         if self._plan is None:
@@ -1346,7 +1416,7 @@ class Layout:
         if selection.revived:
             idle[list(selection.revived)] = False
         at = np.append(idle, False)[self._arr["entry_unit"]]  # (entries outside B have unit −1: kept)
-        dropped_at = at.tolist()
+        dropped_at = at.tolist() if self.inserts else at  # (the walk below steps over runs: few look-ups)
         dropped = self._arr["order"][at]
         if self.graph.superseded:
             dropped = np.union1d(dropped, np.fromiter(self.graph.superseded, dtype=np.int64))
@@ -1428,7 +1498,12 @@ class Layout:
             history += self._marker_tokens(open_run, runs.end[open_run])
         total = history + outside
         tools = self._tools
-        omitted = (tools[~np.isin(tools, full)] if full else tools).tolist()
+        if full:  # every result shown in full is one of the graph's results (ascending positions)
+            keep = np.ones(len(tools), dtype=bool)
+            keep[np.searchsorted(tools, full)] = False
+            omitted = tools[keep].tolist()
+        else:
+            omitted = tools.tolist()
         rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
                               omitted=omitted, dropped=dropped.tolist(), history_tokens=history, input_tokens=total)
         rendering.defer_reasons(self._reasons_builder(selection, briefs, marks))

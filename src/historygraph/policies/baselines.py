@@ -7,6 +7,7 @@ import numpy as np
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
+from .retrieval import taken_in_order
 
 
 def newest_first(layout: Layout, kept: str, omitted: str) -> Selection:
@@ -19,25 +20,10 @@ def newest_first(layout: Layout, kept: str, omitted: str) -> Selection:
             sel.take(p)
             layout.reasons[p] = kept
         return sel
-    # the loop "newest to oldest, take each that fits", a take at a time: the costs of all
-    # candidates are exact for the current revivals, so the next one taken is the newest older
-    # one whose cost fits what is left; a revival changes costs, which are then priced again
-    costs = sel.candidate_costs()
-    taken: list[int] = []  # indices into cands, newest first; every other one from the newest down is omitted
-    i = len(cands) - 1
-    while i >= 0:
-        fitting = np.flatnonzero(costs[:i + 1] <= layout.budget - sel.used)
-        j = int(fitting[-1]) if len(fitting) else -1
-        if j < 0:
-            break
-        p = cands[j]
-        u = layout.unit_of[p]
-        revives = u in layout.dropped_units and u not in sel.revived
-        sel.take(p)
-        taken.append(j)
-        if revives:
-            costs = sel.candidate_costs()
-        i = j - 1
+    # "newest to oldest, take each that fits": lower bounds of the costs skip what cannot fit, the
+    # rest is priced exactly (retrieval.taken_in_order); a revival takes the bounds again
+    n = len(cands)
+    taken = [n - 1 - k for k in taken_in_order(layout, sel, cands[::-1], np.arange(n - 1, -1, -1))]  # newest first
 
     def fill(reasons: dict[int, str]) -> None:  # the reasons in the order the loop decided them
         top = len(cands) - 1

@@ -104,36 +104,51 @@ class SemanticRetrieval:
 
 def take_in_order(layout: Layout, sel: Selection, order: list[int]) -> list[bool]:
     """``for p in order: take p if it fits`` (each in its default form); returns whether each was
-    taken. Lower bounds of every candidate's cost (:meth:`~historygraph.render.Selection.lower_costs`)
-    skip at once those that cannot fit what is left; the others are priced exactly, and after
-    ``_EXACT_AFTER`` of them every candidate is priced at once
-    (:meth:`~historygraph.render.Selection.candidate_costs`); a revival changes costs, so the
-    bounds are taken again. ``order`` holds candidates of ``layout``."""
-    idx = np.searchsorted(np.asarray(layout.candidates, dtype=np.int64), np.asarray(order, dtype=np.int64))
-    low, exact, asked = sel.lower_costs()[idx], False, 0
+    taken. Lower bounds of every candidate's cost (:meth:`~historygraph.render.Selection.lower_costs`,
+    exact but for results of dropped steps not revived) skip at once those that cannot fit what is
+    left; the others are priced exactly, and after ``_EXACT_AFTER`` of them every candidate is
+    priced at once (:meth:`~historygraph.render.Selection.candidate_costs`); a revival changes
+    costs, so the bounds are taken again. ``order`` holds candidates of ``layout``."""
     taken = [False] * len(order)
-    k = 0
+    for k in taken_in_order(layout, sel, order):
+        taken[k] = True
+    return taken
+
+
+def taken_in_order(layout: Layout, sel: Selection, order: list[int], idx: np.ndarray | None = None) -> list[int]:
+    """:func:`take_in_order`, returning the indices into ``order`` of the results taken, ascending;
+    ``idx``: the index of each of ``order`` in ``layout.candidates`` when the caller has it."""
+    if idx is None:
+        idx = np.searchsorted(np.asarray(layout.candidates, dtype=np.int64), np.asarray(order, dtype=np.int64))
+    low, exact, asked = sel.lower_costs()[idx], False, 0
+    out: list[int] = []
+    dropped, unit_of = layout.dropped_units, layout.unit_of
     assert layout.budget is not None
-    while k < len(order):
-        room = layout.budget - sel.used
-        ahead = np.flatnonzero(low[k:] <= room)
-        if not len(ahead):
-            break
-        k += int(ahead[0])
+    room = layout.budget - sel.used
+    ahead, at = np.flatnonzero(low <= room), 0  # the next ones whose bound fits what was left
+    while at < len(ahead):
+        k = int(ahead[at])
+        if low[k] > room:  # what is left shrank since: find the next ones that fit it
+            ahead, at = np.flatnonzero(low[k:] <= room) + k, 0
+            continue
+        at += 1
         p = order[k]
-        if not exact:
+        u = unit_of[p]
+        revives = u in dropped and u not in sel.revived
+        if revives and not exact:  # only a dropped step's bound is not its cost
             asked += 1
             if asked > _EXACT_AFTER:
                 low, exact = sel.candidate_costs()[idx], True
-        if (low[k] if exact else sel.exact_cost(p)) <= room:
-            u = layout.unit_of[p]
-            revives = u in layout.dropped_units and u not in sel.revived
-            sel.take(p)
-            taken[k] = True
-            if revives:
+        cost = int(low[k]) if exact or not revives else sel.exact_cost(p)
+        if cost <= room:
+            sel.take_priced(p, cost)
+            out.append(k)
+            room = layout.budget - sel.used
+            if revives:  # costs changed
                 low, exact, asked = sel.lower_costs()[idx], False, 0
-        k += 1
-    return taken
+            if revives or cost < 0:  # (a result shorter than its placeholder leaves more room)
+                ahead, at = np.flatnonzero(low[k + 1:] <= room) + (k + 1), 0
+    return out
 
 
 _EXACT_AFTER = 32  # exact prices asked between revivals before every candidate is priced at once
