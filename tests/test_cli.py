@@ -53,6 +53,7 @@ def test_errors_say_what_to_fix(tmp_path):
     assert res.exit_code == 2 and "unknown --embedder 'nope'" in res.output and "static, minilm" in res.output
 
 
+@pytest.mark.slow  # three whole replays, one embedding every result with MiniLM: about 5 CPU s (docs/tests.md)
 def test_each_embedder_has_its_own_vectors_in_the_store(tmp_path):
     """A second embedder never gets the first one's cached vectors (the cache key holds the
     model's name); the same embedder again embeds nothing."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
+@pytest.mark.slow  # the page's blocks import LangChain, the Agents SDK and LiteLLM: about 8 CPU s (docs/tests.md)
 def test_library_page_blocks_run(capsys):
     scope: dict = {}
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)

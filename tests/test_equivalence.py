@@ -780,6 +780,7 @@ def reference_explain(reasons, layout, sel, value, taken, budget, min_probabilit
             reasons[p] = f"omitted: {why}"
 
 
+@pytest.mark.slow  # every fourth prefix of each real trace at three budgets, twice: about 4 CPU s each (docs/tests.md)
 @pytest.mark.parametrize("config", [{}, {"cost_exponent": 1.0, "brief_revivals": False, "min_probability": 0.05}])
 def test_learned_knapsack_priced_in_bulk_renders_as_the_reference(real_traces, config, monkeypatch):
     """learned with the bulk-priced knapsack and deferred reasons renders exactly as with the loop

@@ -13,9 +13,9 @@ from __future__ import annotations
 import base64
 import json
 
-import anthropic
+# the official clients (openai, anthropic) are imported in the functions that use them: every test
+# process collects this file, and importing both costs about 2 CPU s (docs/tests.md)
 import httpx
-import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -161,6 +161,9 @@ def _wire_history_tokens(api: str, body: dict) -> int:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=hostile(), budget=st.integers(100, 4000), policy=st.sampled_from(PROXY_POLICIES), stream=st.booleans())
 def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers, case, budget, policy, stream):  # noqa: F811
+    import anthropic
+    import openai
+
     turns, think = case
     FIGURES["histories"] += 1
     sid = f"gate-{FIGURES['histories']}"

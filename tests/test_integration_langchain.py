@@ -3,90 +3,100 @@ a real tool, no network."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-pytest.importorskip("langchain.agents", reason="langchain not installed (pip install 'historygraph[langchain]')")
+from historygraph import MemoryStore
 
-from langchain.agents import create_agent  # noqa: E402
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
-
-from historygraph import MemoryStore  # noqa: E402
-from historygraph.integrations.langchain import HistoryGraphMiddleware  # noqa: E402
+# slow: importing LangChain costs about 2 CPU s in the process that runs these tests (docs/tests.md)
+pytestmark = pytest.mark.slow
 
 FILES = {"big.txt": "line\n" * 200, "small.txt": "line\n" * 150}  # 400 and 300 tokens (o200k_base)
 
 
-@tool
-def read(path: str) -> str:
-    """Read a file."""
-    return FILES[path]
+@pytest.fixture(scope="module")
+def lc() -> SimpleNamespace:
+    """LangChain's agent loop, a file-reading tool and the scripted model. Imported here, not at
+    module level: every test process collects this file, and importing LangChain costs about 2 CPU s
+    (docs/tests.md)."""
+    pytest.importorskip("langchain.agents", reason="langchain not installed (pip install 'historygraph[langchain]')")
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    from historygraph.integrations.langchain import HistoryGraphMiddleware
+
+    @tool
+    def read(path: str) -> str:
+        """Read a file."""
+        return FILES[path]
+
+    class RecordingModel(GenericFakeChatModel):
+        """Answers from a script and records the messages of every call."""
+
+        seen: list = []
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> "RecordingModel":
+            return self
+
+        def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+            self.seen.append(list(messages))
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    def script() -> RecordingModel:
+        return RecordingModel(seen=[], messages=iter([
+            AIMessage("", tool_calls=[{"id": "c1", "name": "read", "args": {"path": "big.txt"}}]),
+            AIMessage("", tool_calls=[{"id": "c2", "name": "read", "args": {"path": "small.txt"}}]),
+            AIMessage("Both files hold only 'line'."),
+        ]))
+
+    return SimpleNamespace(create_agent=create_agent, HumanMessage=HumanMessage, ToolMessage=ToolMessage,
+                           Middleware=HistoryGraphMiddleware, read=read, script=script)
 
 
-class RecordingModel(GenericFakeChatModel):
-    """Answers from a script and records the messages of every call."""
-
-    seen: list = []
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> "RecordingModel":
-        return self
-
-    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
-        self.seen.append(list(messages))
-        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-
-
-def script() -> RecordingModel:
-    return RecordingModel(seen=[], messages=iter([
-        AIMessage("", tool_calls=[{"id": "c1", "name": "read", "args": {"path": "big.txt"}}]),
-        AIMessage("", tool_calls=[{"id": "c2", "name": "read", "args": {"path": "small.txt"}}]),
-        AIMessage("Both files hold only 'line'."),
-    ]))
-
-
-def test_agent_model_sees_the_rendering_and_state_keeps_everything():
-    model, store = script(), MemoryStore()
-    mw = HistoryGraphMiddleware(budget=500, policy="prune", session="lc-1", store=store)
-    agent = create_agent(model, tools=[read], system_prompt="You are terse.", middleware=[mw])
-    state = agent.invoke({"messages": [HumanMessage("What is in big.txt and small.txt?")]})
+def test_agent_model_sees_the_rendering_and_state_keeps_everything(lc):
+    model, store = lc.script(), MemoryStore()
+    mw = lc.Middleware(budget=500, policy="prune", session="lc-1", store=store)
+    agent = lc.create_agent(model, tools=[lc.read], system_prompt="You are terse.", middleware=[mw])
+    state = agent.invoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]})
     assert len(model.seen) == 3
     third = model.seen[2]
     assert third[0].type == "system" and third[0].content == "You are terse."
-    results = [m for m in third if isinstance(m, ToolMessage)]
+    results = [m for m in third if isinstance(m, lc.ToolMessage)]
     assert [r.tool_call_id for r in results] == ["c1", "c2"]
     assert results[0].content.startswith("[tool result c1 omitted from this context (400 tokens)")
     assert results[1].content == FILES["small.txt"]
     # the agent's state is untouched: the full result is still there, and stored by id
-    full = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    full = [m for m in state["messages"] if isinstance(m, lc.ToolMessage)]
     assert full[0].content == FILES["big.txt"]
     assert store.graph("lc-1").result_by_id("c1").content == FILES["big.txt"]
     assert mw.last_rendering is not None and mw.last_rendering.omitted == [3]
     assert state["messages"][-1].content == "Both files hold only 'line'."
 
 
-def test_async_agent_uses_awrap_model_call():
+def test_async_agent_uses_awrap_model_call(lc):
     import asyncio
 
-    model = script()
-    agent = create_agent(model, tools=[read], middleware=[HistoryGraphMiddleware(budget=500, policy="prune")])
-    asyncio.run(agent.ainvoke({"messages": [HumanMessage("What is in big.txt and small.txt?")]}))
-    results = [m for m in model.seen[2] if isinstance(m, ToolMessage)]
+    model = lc.script()
+    agent = lc.create_agent(model, tools=[lc.read], middleware=[lc.Middleware(budget=500, policy="prune")])
+    asyncio.run(agent.ainvoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]}))
+    results = [m for m in model.seen[2] if isinstance(m, lc.ToolMessage)]
     assert "omitted" in results[0].content and results[1].content == FILES["small.txt"]
 
 
-def test_under_budget_the_model_gets_the_same_objects():
-    model = script()
-    agent = create_agent(model, tools=[read], middleware=[HistoryGraphMiddleware(budget=100_000, policy="prune")])
-    state = agent.invoke({"messages": [HumanMessage("What is in big.txt and small.txt?")]})
+def test_under_budget_the_model_gets_the_same_objects(lc):
+    model = lc.script()
+    agent = lc.create_agent(model, tools=[lc.read], middleware=[lc.Middleware(budget=100_000, policy="prune")])
+    state = agent.invoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]})
     assert [m.content for m in model.seen[2]] == [m.content for m in state["messages"][:5]]
 
 
-def test_with_a_store_the_thread_id_names_the_session():
-    model, store = script(), MemoryStore()
-    agent = create_agent(model, tools=[read], middleware=[HistoryGraphMiddleware(budget=500, policy="prune", store=store)])
-    agent.invoke({"messages": [HumanMessage("What is in big.txt and small.txt?")]},
+def test_with_a_store_the_thread_id_names_the_session(lc):
+    model, store = lc.script(), MemoryStore()
+    agent = lc.create_agent(model, tools=[lc.read], middleware=[lc.Middleware(budget=500, policy="prune", store=store)])
+    agent.invoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]},
                  config={"configurable": {"thread_id": "thread-7"}})
     assert store.sessions() == ["thread-7"] and len(store.messages("thread-7")) == 5  # user, 2 calls, 2 results

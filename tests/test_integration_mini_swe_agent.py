@@ -7,32 +7,30 @@ import json
 
 import pytest
 
-pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
-
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.environments.local import LocalEnvironment  # noqa: E402
-from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output  # noqa: E402
-
-from historygraph import MemoryStore  # noqa: E402
-from historygraph.integrations.mini_swe_agent import HistoryGraphModel  # noqa: E402
-
-
-class Recording(DeterministicToolcallModel):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.seen: list[list[dict]] = []
-
-    def query(self, messages, **kwargs):
-        self.seen.append(messages)
-        return super().query(messages, **kwargs)
-
-
-def bash(call_id: str, command: str) -> dict:
-    call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
-    return make_toolcall_output(None, [call], [{"command": command, "tool_call_id": call_id}])
+from historygraph import MemoryStore
+from historygraph.integrations.mini_swe_agent import HistoryGraphModel
 
 
 def test_agent_queries_the_rendered_history_and_keeps_its_trajectory(tmp_path):
+    # mini-swe-agent is imported here, not at module level, like the other frameworks (docs/tests.md)
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.environments.local import LocalEnvironment
+    from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output
+
+    class Recording(DeterministicToolcallModel):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.seen: list[list[dict]] = []
+
+        def query(self, messages, **kwargs):
+            self.seen.append(messages)
+            return super().query(messages, **kwargs)
+
+    def bash(call_id: str, command: str) -> dict:
+        call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+        return make_toolcall_output(None, [call], [{"command": command, "tool_call_id": call_id}])
+
     (tmp_path / "big.txt").write_text("line\n" * 200)
     (tmp_path / "small.txt").write_text("line\n" * 150)
     inner = Recording(outputs=[bash("c1", "cat big.txt"), bash("c2", "cat small.txt"),

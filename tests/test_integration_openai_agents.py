@@ -4,61 +4,71 @@ scripted Model, tracing off, no network."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-pytest.importorskip("agents", reason="openai-agents not installed (pip install 'historygraph[openai-agents]')")
+from historygraph import EventError, MemoryStore
 
-from agents import Agent, RunConfig, Runner, Usage, function_tool  # noqa: E402
-from agents.items import ModelResponse  # noqa: E402
-from agents.models.interface import Model  # noqa: E402
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
-
-from historygraph import EventError, MemoryStore  # noqa: E402
-from historygraph.integrations.openai_agents import HistoryGraphInputFilter, items_to_events  # noqa: E402
+# slow: importing the Agents SDK costs about 2.5 CPU s in the process that runs these tests (docs/tests.md)
+pytestmark = pytest.mark.slow
 
 FILES = {"big.txt": "line\n" * 200, "small.txt": "line\n" * 150}  # 400 and 300 tokens (o200k_base)
 
 
-@function_tool
-def read(path: str) -> str:
-    """Read a file."""
-    return FILES[path]
+@pytest.fixture(scope="module")
+def oa() -> SimpleNamespace:
+    """The Agents SDK, a file-reading function tool, the scripted model and the response items it
+    returns. Imported here, not at module level: every test process collects this file, and importing
+    the SDK costs about 2.5 CPU s (docs/tests.md)."""
+    pytest.importorskip("agents", reason="openai-agents not installed (pip install 'historygraph[openai-agents]')")
+    from agents import Agent, RunConfig, Runner, Usage, function_tool
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    from historygraph.integrations.openai_agents import HistoryGraphInputFilter, items_to_events
+
+    @function_tool
+    def read(path: str) -> str:
+        """Read a file."""
+        return FILES[path]
+
+    def call(call_id: str, path: str) -> ResponseFunctionToolCall:
+        return ResponseFunctionToolCall(type="function_call", call_id=call_id, name="read",
+                                        arguments=f'{{"path": "{path}"}}', id=f"fc_{call_id}", status="completed")
+
+    def text(t: str) -> ResponseOutputMessage:
+        return ResponseOutputMessage(id="msg_1", type="message", role="assistant", status="completed",
+                                     content=[ResponseOutputText(type="output_text", text=t, annotations=[])])
+
+    class ScriptedModel(Model):
+        """Returns the scripted outputs in turn and records (instructions, input) of every call."""
+
+        def __init__(self, outputs: list[list[Any]]) -> None:
+            self.outputs, self.seen = outputs, []
+
+        async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
+                               tracing, *, previous_response_id, conversation_id, prompt):
+            self.seen.append((system_instructions, input))
+            return ModelResponse(output=self.outputs[len(self.seen) - 1], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args, **kwargs):
+            raise NotImplementedError
+
+    return SimpleNamespace(Agent=Agent, RunConfig=RunConfig, Runner=Runner, read=read, call=call, text=text,
+                           ScriptedModel=ScriptedModel, InputFilter=HistoryGraphInputFilter,
+                           items_to_events=items_to_events)
 
 
-def call(call_id: str, path: str) -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall(type="function_call", call_id=call_id, name="read",
-                                    arguments=f'{{"path": "{path}"}}', id=f"fc_{call_id}", status="completed")
-
-
-def text(t: str) -> ResponseOutputMessage:
-    return ResponseOutputMessage(id="msg_1", type="message", role="assistant", status="completed",
-                                 content=[ResponseOutputText(type="output_text", text=t, annotations=[])])
-
-
-class ScriptedModel(Model):
-    """Returns the scripted outputs in turn and records (instructions, input) of every call."""
-
-    def __init__(self, outputs: list[list[Any]]) -> None:
-        self.outputs, self.seen = outputs, []
-
-    async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
-                           tracing, *, previous_response_id, conversation_id, prompt):
-        self.seen.append((system_instructions, input))
-        return ModelResponse(output=self.outputs[len(self.seen) - 1], usage=Usage(), response_id=None)
-
-    def stream_response(self, *args, **kwargs):
-        raise NotImplementedError
-
-
-def test_runner_model_sees_the_rendering():
-    model = ScriptedModel([[call("c1", "big.txt")], [call("c2", "small.txt")], [text("Both hold 'line'.")]])
-    agent = Agent(name="reader", instructions="You are terse.", tools=[read], model=model)
+def test_runner_model_sees_the_rendering(oa):
+    model = oa.ScriptedModel([[oa.call("c1", "big.txt")], [oa.call("c2", "small.txt")], [oa.text("Both hold 'line'.")]])
+    agent = oa.Agent(name="reader", instructions="You are terse.", tools=[oa.read], model=model)
     store = MemoryStore()
-    flt = HistoryGraphInputFilter(budget=500, policy="prune", session="oa-1", store=store)
-    result = asyncio.run(Runner.run(agent, "What is in big.txt and small.txt?",
-                                    run_config=RunConfig(call_model_input_filter=flt, tracing_disabled=True)))
+    flt = oa.InputFilter(budget=500, policy="prune", session="oa-1", store=store)
+    result = asyncio.run(oa.Runner.run(agent, "What is in big.txt and small.txt?",
+                                       run_config=oa.RunConfig(call_model_input_filter=flt, tracing_disabled=True)))
     assert result.final_output == "Both hold 'line'."
     instructions, items = model.seen[2]
     assert instructions == "You are terse."
@@ -74,7 +84,7 @@ def test_runner_model_sees_the_rendering():
     assert flt.last_rendering.omitted == [3]  # 0 instructions, 1 user, 2 call, 3 output
 
 
-def test_items_to_events_groups_calls_with_their_message_and_reasoning():
+def test_items_to_events_groups_calls_with_their_message_and_reasoning(oa):
     items = [{"role": "user", "content": [{"type": "input_text", "text": "go"}]},
              {"type": "reasoning", "id": "rs_1", "summary": []},
              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Reading."}]},
@@ -82,13 +92,13 @@ def test_items_to_events_groups_calls_with_their_message_and_reasoning():
              {"type": "function_call", "call_id": "b", "name": "read", "arguments": "{}"},
              {"type": "function_call_output", "call_id": "a", "output": "A"},
              {"type": "function_call_output", "call_id": "b", "output": "B"}]
-    events, owned = items_to_events(items, "sys")
+    events, owned = oa.items_to_events(items, "sys")
     assert [(e.role, e.content) for e in events] == [("system", "sys"), ("user", "go"), ("assistant", "Reading."),
                                                      ("tool", "A"), ("tool", "B")]
     assert [c.id for c in events[2].tool_calls] == ["a", "b"]
     assert owned[2] == items[1:5]  # the reasoning item travels with its message
 
 
-def test_a_bad_item_names_its_index():
+def test_a_bad_item_names_its_index(oa):
     with pytest.raises(EventError, match=r"input\[1\] \(function_call\): call_id is missing"):
-        items_to_events([{"role": "user", "content": "x"}, {"type": "function_call", "name": "read"}])
+        oa.items_to_events([{"role": "user", "content": "x"}, {"type": "function_call", "name": "read"}])

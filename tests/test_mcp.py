@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("mcp", reason="mcp not installed (pip install 'historygraph[mcp]')")
+from historygraph.events import Message, ToolCall
+from historygraph.store import SQLiteStore
 
-from mcp import Client, StdioServerParameters  # noqa: E402
+# slow: importing the MCP SDK costs about 1.3 CPU s in the process that runs these tests (docs/tests.md)
+pytestmark = pytest.mark.slow
 
-from historygraph.events import Message, ToolCall  # noqa: E402
-from historygraph.mcp_server import build_server  # noqa: E402
-from historygraph.store import SQLiteStore  # noqa: E402
+
+@pytest.fixture(scope="module")
+def mcp_sdk() -> SimpleNamespace:
+    """The official MCP client and our server. Imported here, not at module level: every test
+    process collects this file, and importing the MCP SDK costs about 1.3 CPU s (docs/tests.md)."""
+    pytest.importorskip("mcp", reason="mcp not installed (pip install 'historygraph[mcp]')")
+    from mcp import Client, StdioServerParameters
+
+    from historygraph.mcp_server import build_server
+
+    return SimpleNamespace(Client=Client, StdioServerParameters=StdioServerParameters, build_server=build_server)
+
 
 BIG = "\n".join(f"row {i}: invoice total {i * 3}" for i in range(300))
 LOG = "ERROR connection refused to db.internal:5432\nretrying in 5 s"
@@ -29,12 +41,12 @@ def fill(store) -> None:
     ])
 
 
-def test_tools_over_the_in_process_client(tmp_path):
+def test_tools_over_the_in_process_client(mcp_sdk, tmp_path):
     store = SQLiteStore(tmp_path / "s.sqlite")
     fill(store)
 
     async def run():
-        async with Client(build_server(store, "run-1")) as c:
+        async with mcp_sdk.Client(mcp_sdk.build_server(store, "run-1")) as c:
             names = sorted(t.name for t in (await c.list_tools()).tools)
             recalled = await c.call_tool("recall", {"ids": ["c1"]})
             both = await c.call_tool("recall", {"ids": ["c2", "nope"]})
@@ -61,23 +73,23 @@ def test_tools_over_the_in_process_client(tmp_path):
     store.close()
 
 
-def test_the_mcp_command_over_stdio(tmp_path):
+def test_the_mcp_command_over_stdio(mcp_sdk, tmp_path):
     path = tmp_path / "s.sqlite"
     store = SQLiteStore(path)
     fill(store)
     store.close()
-    params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "historygraph", "mcp", "--store", str(path), "--session", "run-1"])
+    params = mcp_sdk.StdioServerParameters(command=sys.executable,
+                                           args=["-m", "historygraph", "mcp", "--store", str(path), "--session", "run-1"])
 
     async def run():
-        async with Client(params) as c:
+        async with mcp_sdk.Client(params) as c:
             return await c.call_tool("recall", {"ids": ["c2"]})
 
     r = asyncio.run(run())
     assert not r.is_error and r.content[0].text == LOG
 
 
-def test_the_command_names_a_missing_session_and_store(tmp_path):
+def test_the_command_names_a_missing_session_and_store(mcp_sdk, tmp_path):
     from typer.testing import CliRunner
 
     from historygraph.cli import app

@@ -4,12 +4,13 @@ import pytest
 
 pytestmark = pytest.mark.lm
 
-torch = pytest.importorskip("torch", reason="the 'llm' extra is not installed")
-
-from historygraph.models.smollm2 import load_smollm2  # noqa: E402
-
 
 def test_smollm2_loads_offline_with_eager_attention():
+    # imported here, not at module level: every test process collects this file, and importing
+    # torch costs about 2 CPU s (docs/tests.md)
+    torch = pytest.importorskip("torch", reason="the 'llm' extra is not installed")
+    from historygraph.models.smollm2 import load_smollm2
+
     model, tok = load_smollm2()
     assert (model.config.num_hidden_layers, model.config.num_attention_heads) == (30, 9)
     assert model.config._attn_implementation == "eager"

@@ -8,9 +8,9 @@ import asyncio
 import json
 import re
 
-import anthropic
+# the official clients (openai, anthropic) are imported in the functions that use them: every test
+# process collects this file, and importing both costs about 2 CPU s (docs/tests.md)
 import httpx
-import openai
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
@@ -141,6 +141,8 @@ HISTORY = [
 
 
 async def openai_answer(app, stream: bool, session: str = "r-1", **headers) -> tuple[str, list]:
+    import openai
+
     client = openai.AsyncOpenAI(base_url="http://proxy/v1", api_key="sk-test", http_client=transport(app),
                                 default_headers={"X-HistoryGraph-Session": session, **headers}, max_retries=0)
     if not stream:
@@ -174,6 +176,8 @@ def test_openai_model_recalls_an_omitted_result_and_the_client_sees_only_the_ans
 
 
 async def anthropic_answer(app, stream: bool) -> tuple[str, list]:
+    import anthropic
+
     import httpx2  # the anthropic SDK's HTTP client package
 
     http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://proxy")

@@ -11,16 +11,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from historygraph import Message, Session, TokenCounter
 from historygraph.server.sessions import derived_session_id
 
 from fake_upstream import sign
+
+# the official clients (openai, anthropic) are imported in the functions that use them: every test
+# process collects this file, and importing both costs about 2 CPU s (docs/tests.md)
+if TYPE_CHECKING:
+    import openai
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 FAKE = str(Path(__file__).resolve().parent / "fake_upstream.py")  # the rule-enforcing fake provider
@@ -79,6 +83,8 @@ def api(servers, method: str, path: str, **kw) -> httpx.Response:
 
 
 def oai(servers, session: str, **headers) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY, max_retries=0,
                          default_headers={"X-HistoryGraph-Session": session, **headers})
 
@@ -175,6 +181,8 @@ def test_resent_history_stores_only_new_events_and_an_edit_forks(servers):
 
 
 def test_session_without_header_is_derived_from_the_first_messages(servers):
+    import openai
+
     client = openai.OpenAI(base_url=servers["px"] + "/v1", api_key=KEY, max_retries=0)
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "derive me"}]
     expect = "auto-" + hashlib.sha256(json.dumps([{"content": "S", "role": "system"}, {"content": "derive me", "role": "user"}],
@@ -189,6 +197,9 @@ def test_session_without_header_is_derived_from_the_first_messages(servers):
 
 
 def test_upstream_error_is_returned_unchanged_and_the_session_stays_consistent(servers):
+    import anthropic
+    import openai
+
     client = oai(servers, "err")
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.RateLimitError) as exc:
@@ -219,6 +230,8 @@ def test_stream_is_relayed_chunk_by_chunk(servers):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_client_thinking_byte_exact_tools_paired_answer_stored(servers, stream):
+    import anthropic
+
     sid = f"anth-{stream}"
     a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": sid})
     thinking = {"type": "thinking", "thinking": "weird ✓ \u2028 text", "signature": sign("weird ✓ \u2028 text")}
@@ -289,11 +302,15 @@ def test_policy_by_header(servers, policy, tag):
 
 
 def test_the_oracle_is_refused_by_header(servers):
+    import openai
+
     with pytest.raises(openai.BadRequestError, match="recorded future"):
         oai(servers, "or", **{"X-HistoryGraph-Policy": "oracle"}).chat.completions.create(model="m", messages=history("or"))
 
 
 def test_bad_requests_get_clear_4xx_errors(servers):
+    import openai
+
     client = oai(servers, "bad")
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]"):
         client.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
@@ -311,6 +328,9 @@ def test_bad_requests_get_clear_4xx_errors(servers):
 def test_models_pass_through_and_keys_are_forwarded_never_stored(servers):
     # one request of each API first: the test must not rely on others of this module having run
     # in the same process before it (pytest-xdist spreads them over workers, each with its servers)
+    import anthropic
+    import openai
+
     oai(servers, "keys").chat.completions.create(model="m", messages=[{"role": "user", "content": "keys"}])
     anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": "keys-a"}) \
         .messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "keys"}])
@@ -481,6 +501,8 @@ def test_serve_rejects_bad_settings_with_a_message():
 
 
 def test_upstream_500_is_returned_and_the_session_stays_consistent(servers):
+    import openai
+
     sid = "fault-500"
     client = oai(servers, sid)
     before = api(servers, "GET", f"/sessions/{sid}")
@@ -493,6 +515,8 @@ def test_upstream_500_is_returned_and_the_session_stays_consistent(servers):
 
 @pytest.mark.parametrize("model", ["cut-model", "short-model"])  # connection dropped / closed before the end
 def test_stream_cut_mid_way_is_stored_as_partial_never_as_complete(servers, model):
+    import openai
+
     sid = f"fault-{model}"
     client = oai(servers, sid)
     with pytest.raises(openai.APIError, match="stream cut"):
@@ -530,6 +554,8 @@ def test_calibration_hook_sees_provider_usage(servers):
 def test_interposed_message_openai_and_anthropic_results_follow_their_call(servers):
     """Issue 12.1: a note stored while a call is in flight, then the result. No 500; the forwarded
     request has the result directly after its call and the note after it, on every later request too."""
+    import anthropic
+
     msgs = [{"role": "user", "content": "task interposed"},
             {"role": "assistant", "content": None, "tool_calls": [{"id": "ipc1", "type": "function",
                                                                    "function": {"name": "search", "arguments": "{}"}}]},
@@ -555,6 +581,8 @@ def test_interposed_message_openai_and_anthropic_results_follow_their_call(serve
 def test_thinking_block_opening_the_active_tool_loop_is_forwarded_or_a_clear_400(servers):
     """Issue 12.2: with extended thinking the loop's first assistant turn (thinking block, large tool
     input) is sent back byte-exact however small B is; a B too small for it is a 400 naming the header."""
+    import anthropic
+
     think = {"type": "thinking", "thinking": "plan ✓", "signature": sign("plan ✓")}
     turns = [{"role": "user", "content": "find the bug (thinking)"},
              {"role": "assistant", "content": [think, {"type": "tool_use", "id": "th0", "name": "search",
@@ -589,6 +617,8 @@ def test_server_tool_blocks_and_thinking_are_charged_to_the_budget(servers):
     """Issue 12.3: a 2,000-token web search result and thinking text are forwarded, so B counts them:
     at B = 150 the request is a 400 naming the header (before: forwarded, 136 tokens counted); at a B
     that holds them the forwarded history, recounted from the wire, is within B."""
+    import anthropic
+
     search = {"type": "web_search_tool_result", "tool_use_id": "srv1",
               "content": [{"type": "web_search_result", "url": f"https://example.org/{i}", "title": f"page {i}",
                            "encrypted_content": "EncryptedPageText " * 40, "page_age": None} for i in range(6)]}
@@ -674,6 +704,8 @@ def test_late_second_result_for_one_call_is_stored_and_one_is_forwarded(servers)
 @pytest.mark.parametrize("stream", [False, True])
 def test_calibration_sees_anthropic_and_streamed_usage_with_cache_parts(servers, stream):
     """Issue 12.4: every answer's usage reaches the calibration, both APIs, streamed or not."""
+    import anthropic
+
     before = api(servers, "GET", "/calibration").json()
     a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
                             default_headers={"X-HistoryGraph-Session": f"calib-a-{stream}"})
