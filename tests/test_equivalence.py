@@ -898,3 +898,98 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
         want = {"tfa.values"} | ({"steps.features", "steps.parents"} if policy != "contextrender" else set())
         assert kinds == want | ({"learned.facts"} if policy == "learned" else set()), kinds
     assert compared > 10
+
+
+class RandomUnitEmbedder:
+    """384-d float32 unit vectors drawn per text (seeded by its hash): dot products round, as
+    real embeddings' do, so code that computes cosines differently would show it."""
+
+    model, dim = "random384", 384
+
+    def embed(self, texts):
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        for i, t in enumerate(texts):
+            seed = int.from_bytes(hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest()[:8], "little")
+            v = np.random.default_rng(seed).standard_normal(384).astype(np.float32)
+            out[i] = v / np.linalg.norm(v)
+        return out
+
+
+def reference_semantic_render(self, graph, budget, signals):
+    """The semantic baseline's render before the per-graph vector table: every older result's
+    vector asked of the embedder at each render, cosines as the product on its array."""
+    from historygraph.policies.retrieval import latest_query, take_in_order
+
+    cfg = self.config
+    layout = Layout(graph, signals.counter, budget)
+    if layout.fits_in_full:
+        return layout.assemble_full(self.name)
+    msgs, sel = graph.messages, layout.selection()
+    cands = layout.candidates
+    turn_of = graph.turn_of
+    ages = graph.turns - np.fromiter(map(turn_of.__getitem__, cands), dtype=np.int64, count=len(cands))
+    recent = [cands[i] for i in np.flatnonzero(ages < cfg.recent_turns)[::-1].tolist()]
+    recent_cap, recent_used = cfg.recent_share * budget, 0
+    for p in recent:
+        if sel.fits(p) and recent_used + sel.cost(p) <= recent_cap:
+            recent_used += sel.cost(p)
+            sel.take(p)
+            layout.reasons[p] = f"kept: result of the {cfg.recent_turns} most recent turns (age {graph.age(p)})"
+        else:
+            layout.reasons[p] = f"omitted: recent, but over {cfg.recent_share:.0%} of B or B"
+    recent_set = set(recent)
+    rest = [p for p in layout.candidates if p not in recent_set]
+    if rest:
+        vecs = signals.embedder.embed([msgs[p].content[:cfg.clip_chars] for p in rest] + [latest_query(graph, cfg.clip_chars)])
+        sims = vecs[:-1] @ vecs[-1]
+        order = np.argsort(-sims, kind="stable")
+        taken = take_in_order(layout, sel, [rest[i] for i in order.tolist()])
+        for i, ok in zip(order.tolist(), taken):
+            layout.reasons[rest[i]] = (f"kept: cosine {sims[i]:.3f} to the latest messages" if ok else
+                                       f"omitted: cosine {sims[i]:.3f}; does not fit in B")
+    return layout.assemble(self.name, sel)
+
+
+def test_semantic_with_the_vector_table_renders_as_asking_for_every_result(real_traces, monkeypatch):
+    """The semantic baseline with the per-graph vector table (results' rows laid out as the
+    embedder's own array) renders exactly as the code that asked the embedder for every older
+    result at each render, with vectors whose dot products round, on real traces grown event by
+    event and on a session of about 600 results cycled from their steps."""
+    from historygraph.policies.contextrender import result_vectors
+    from historygraph.policies.retrieval import SemanticRetrieval, latest_query
+
+    signals = Signals(counter=TokenCounter(), embedder_factory=RandomUnitEmbedder)
+    pol = create("semantic")
+    steps = [(m, [r for r in tr.messages[p + 1:p + 1 + len(m.tool_calls)] if r.role == "tool"])
+             for tr in real_traces[:3] for p, m in enumerate(tr.messages) if m.role == "assistant" and m.tool_calls]
+    long = list(real_traces[0].messages[:2])
+    for k in range(620):
+        a, res = steps[k % len(steps)]
+        ids = {c.id: f"s{k}-{i}" for i, c in enumerate(a.tool_calls)}
+        long.append(Message("assistant", a.content, tuple(ToolCall(ids[c.id], c.name, c.arguments) for c in a.tool_calls)))
+        long += [Message("tool", r.content, tool_call_id=ids[r.tool_call_id]) for r in res if r.tool_call_id in ids]
+    compared = 0
+    for trace_id, msgs, every in [(t.trace_id, t.messages, 3) for t in real_traces] + [("long", long, 97)]:
+        g = ContextGraph(trace_id)
+        cuts = set([p for p, m in enumerate(msgs) if m.role == "assistant"][3::every])
+        for j, m in enumerate(msgs):
+            if j in cuts:
+                for budget in (2000, 6000):
+                    try:
+                        fast = rendering_tuple(pol.render(g, budget, signals))
+                    except ValueError:
+                        continue
+                    with monkeypatch.context() as mp:
+                        mp.setattr(SemanticRetrieval, "render", reference_semantic_render)
+                        slow = rendering_tuple(pol.render(g, budget, signals))
+                    assert fast == slow, (trace_id, j, budget)
+                    compared += 1
+                # the array the product runs on is the embedder's own, bit for bit, and so the cosines
+                older = g.results()[:-3]
+                query = latest_query(g, 8000)
+                ref = signals.embedder.embed([g.messages[p].content[:8000] for p in older] + [query])
+                vecs = np.empty_like(ref)
+                vecs[-1] = result_vectors(g, older, signals.embedder, 8000, [query], out=vecs[:-1])[1][0]
+                assert np.array_equal(vecs, ref) and np.array_equal(vecs[:-1] @ vecs[-1], ref[:-1] @ ref[-1]), j
+            g.append(m)
+    assert compared > 60

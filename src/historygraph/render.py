@@ -1082,6 +1082,7 @@ class Layout:
         sk = memo.skeleton(graph, budget)
         self._tools = memo.tools.view()
         self.current_user = sk["current_user"]
+        self.last_assistant: int | None = sk["last_assistant"]  # position of the latest assistant message
         self.loop_guard = loop_guard(graph, sk["users"])
         self.order: list[int] = sk["order"]
         self.outside: set[int] = sk["outside"]

@@ -218,7 +218,7 @@ class ContextRender:
             return layout.assemble_full(self.name)
         cands = layout.candidates
         x, f = query_texts(graph, cfg)
-        V, xf = _vectors(graph, cands, signals.embedder, cfg.result_clip_chars, [x, f])
+        V, xf = result_vectors(graph, cands, signals.embedder, cfg.result_clip_chars, [x, f])
         q = cfg.task_weight * xf[0] + cfg.latest_weight * xf[1]
         qn = float(np.linalg.norm(q)) or 1.0
         deps = dependency_results(graph, cfg.dep_ancestors) if cfg.w_dep else set()
@@ -300,16 +300,21 @@ _VECTORS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, int], _Vector
 _VECTORS_LOCK = threading.Lock()
 
 
-def _vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedder, clip: int,
-             extra: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedder, clip: int,
+                   extra: list[str], out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(rows of the candidates' vectors, vectors of the extra texts)``, the values one
-    ``embedder.embed([results clipped…] + extra)`` returns. Results embedded before for this graph
-    come from a per-graph table; the rest and ``extra`` are asked for in one call, in the same
-    order, so the embedder sees the same new texts in the same batch. While the embedder logs
-    every text asked for (the evaluator counts them) it is asked for all of them."""
+    ``embedder.embed([results clipped…] + extra)`` returns (float32, ``(len(cands), dim)`` and
+    ``(len(extra), dim)``). Results embedded before for this graph come from a per-graph table;
+    the rest and ``extra`` are asked for in one call, in the same order, so the embedder sees the
+    same new texts in the same batch. While the embedder logs every text asked for (the evaluator
+    counts them) it is asked for all of them. ``out``: an array of the rows' shape to write them
+    to (and return)."""
     msgs = graph.messages
     if not isinstance(embedder, CachedEmbedder) or embedder.log is not None:
         vecs = embedder.embed([msgs[p].content[:clip] for p in cands] + extra)
+        if out is not None:
+            out[:] = vecs[:len(cands)]
+            return out, vecs[len(cands):]
         return vecs[:len(cands)], vecs[len(cands):]
     with _VECTORS_LOCK:
         per = _VECTORS.setdefault(graph, {})
@@ -329,6 +334,8 @@ def _vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedder, cl
         vecs = embedder.embed([msgs[p].content[:clip] for p in new.tolist()] + extra)
         cache.rows[new] = vecs[:len(new)]
         cache.have[new] = True
+        if out is not None:
+            return np.take(cache.rows, cand, axis=0, out=out), vecs[len(new):]
         return cache.rows[cand], vecs[len(new):]
 
 

@@ -33,13 +33,20 @@ import numpy as np
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
+from .contextrender import result_vectors
 
 
-def latest_query(graph: ContextGraph, clip_chars: int) -> str:
-    """The latest user message followed by the latest assistant message (text and tool calls)."""
+def latest_query(graph: ContextGraph, clip_chars: int, at: tuple[int | None, int | None] | None = None) -> str:
+    """The latest user message followed by the latest assistant message (text and tool calls);
+    ``at``: their positions (``None`` for none) when the caller has them (a layout's
+    ``current_user`` and ``last_assistant``), found by a scan otherwise."""
     parts = []
-    for role in ("user", "assistant"):
-        m = next((m for m in reversed(graph.messages) if m.role == role), None)
+    for k, role in enumerate(("user", "assistant")):
+        if at is None:
+            m = next((m for m in reversed(graph.messages) if m.role == role), None)
+        else:
+            pos = at[k]
+            m = graph.messages[pos] if pos is not None else None
         if m is not None:
             parts.append("\n".join([m.content] + [f"{c.name} {c.arguments}" for c in m.tool_calls]))
     return "\n".join(parts)[:clip_chars]
@@ -73,7 +80,7 @@ class SemanticRetrieval:
         layout = Layout(graph, signals.counter, budget)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
-        msgs, sel = graph.messages, layout.selection()
+        sel = layout.selection()
         cands = layout.candidates
         turn_of = graph.turn_of
         ages = graph.turns - np.fromiter(map(turn_of.__getitem__, cands), dtype=np.int64, count=len(cands))
@@ -89,7 +96,14 @@ class SemanticRetrieval:
         recent_set = set(recent)
         rest = [p for p in layout.candidates if p not in recent_set]
         if rest:
-            vecs = signals.embedder.embed([msgs[p].content[:cfg.clip_chars] for p in rest] + [latest_query(graph, cfg.clip_chars)])
+            # vecs: what embed([results clipped…] + [query]) returns, the results' rows from the
+            # per-graph vector table, laid out as embed's own array (one allocation of n + 1 rows),
+            # so the matrix product runs as it did on that array and rounds the same
+            vecs = np.empty((len(rest) + 1, signals.embedder.dim), dtype=np.float32)
+            _, q = result_vectors(graph, rest, signals.embedder, cfg.clip_chars,
+                                  [latest_query(graph, cfg.clip_chars, (layout.current_user, layout.last_assistant))],
+                                  out=vecs[:-1])
+            vecs[-1] = q[0]
             sims = vecs[:-1] @ vecs[-1]
             order = np.argsort(-sims, kind="stable")
             taken = take_in_order(layout, sel, [rest[i] for i in order.tolist()])
