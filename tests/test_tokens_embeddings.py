@@ -130,3 +130,64 @@ def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
                       StaticEmbedder)
     with pytest.raises(ValueError, match="unknown embedder 'nope'; choose one of static, minilm"):
         ServerConfig(store=":memory:", embedder="nope")
+
+
+class _SlowUnit:
+    """A deterministic embedder that takes a while per call and records every batch it gets."""
+
+    model, dim = "slow-unit", 2
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def embed(self, texts):
+        import time
+
+        self.batches.append(list(texts))
+        time.sleep(0.05)  # long enough for the other threads to arrive while it runs
+        return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
+
+
+def _at_once(n, fn):
+    import threading
+
+    start = threading.Barrier(n)
+    out = [None] * n
+
+    def run(i):
+        start.wait()
+        out[i] = fn()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_concurrent_calls_embed_each_text_once():
+    # the proxy's worker threads asking for the same new results at once: one model call embeds
+    # them, the others wait and reuse its vectors (before: every thread embedded every text)
+    inner = _SlowUnit()
+    emb = CachedEmbedder(inner)
+    texts = ["alpha", "beta gamma", "delta"]
+    out = _at_once(8, lambda: emb.embed(texts))
+    assert sorted(t for b in inner.batches for t in b) == sorted(texts) and emb.calls == 3
+    assert all(np.array_equal(o, [[5, 1], [10, 1], [5, 1]]) for o in out)
+
+
+def test_signals_build_the_embedder_once_when_first_asked_concurrently():
+    from historygraph.policies import Signals
+
+    built = []
+
+    def factory():
+        import time
+
+        built.append(1)
+        time.sleep(0.05)
+        return _SlowUnit()
+
+    signals = Signals(embedder_factory=factory)
+    got = _at_once(8, lambda: signals.embedder)
+    assert len(built) == 1 and all(g is got[0] for g in got)

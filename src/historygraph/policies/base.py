@@ -10,6 +10,7 @@ unknown fields by name.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, cast
 
@@ -23,6 +24,9 @@ from ..signals.tokens import TokenCounter
 
 class PolicyError(ValueError):
     """Unknown policy name or bad configuration (the message names the field)."""
+
+
+_CREATE = threading.RLock()  # Signals' first-use creation of its models (reentrant: a factory may read another signal)
 
 
 @dataclass
@@ -39,7 +43,9 @@ class Signals:
             (:func:`historygraph.signals.perplexity.default_scorer`: local SmolLM2-135M).
         store: the store whose caches (embeddings, summaries) are used; ``None`` = in-process only.
 
-    Models are created on first use, so policies that do not need them never load one.
+    Models are created on first use, so policies that do not need them never load one, and once
+    (:data:`_CREATE`: threads that first ask at the same time, as the proxy's worker threads do
+    when a burst of requests arrives, wait for the one that builds it instead of loading a copy each).
     """
 
     counter: TokenCounter = field(default_factory=TokenCounter)
@@ -55,8 +61,11 @@ class Signals:
     @property
     def embedder(self) -> CachedEmbedder:
         if self._embedder is None:
-            self._embedder = CachedEmbedder(self.embedder_factory(), self.store)
-            self._embedder.log = self._embed_log
+            with _CREATE:
+                if self._embedder is None:
+                    embedder = CachedEmbedder(self.embedder_factory(), self.store)
+                    embedder.log = self._embed_log
+                    self._embedder = embedder
         return self._embedder
 
     def embedding_log(self) -> list[str]:
@@ -71,13 +80,17 @@ class Signals:
     @property
     def model(self) -> ChatModel:
         if self._model is None:
-            self._model = self.model_factory()
+            with _CREATE:
+                if self._model is None:
+                    self._model = self.model_factory()
         return self._model
 
     @property
     def scorer(self) -> TokenScorer:
         if self._scorer is None:
-            self._scorer = self.scorer_factory()
+            with _CREATE:
+                if self._scorer is None:
+                    self._scorer = self.scorer_factory()
         return self._scorer
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from importlib.resources import files
 from functools import lru_cache
 from typing import Any, Callable, Protocol, Sequence
@@ -244,6 +245,14 @@ class CachedEmbedder:
     ``calls`` counts texts actually sent to the model (a test checks each text is embedded once).
     ``log``, when a list, receives every text requested, cached or not (the evaluator's embedding
     token count, ContextRender C.2); ``None`` (the default) records nothing.
+
+    Thread-safe, with one model call at a time: a caller whose texts are not all known waits for
+    the model, then embeds only those still unknown (a concurrent call may have embedded them
+    meanwhile). The proxy renders in worker threads; when a burst of new sessions carried the same
+    results, each thread embedded all of them at once, the work repeated per thread and the
+    model's working memory with it (a 50-text MiniLM batch takes about 230 MB; 50 sessions'
+    first requests took 15 GB in two workers). Parallel model calls gain nothing here: each
+    already runs on the cores its process was given.
     """
 
     def __init__(self, embedder: Embedder, cache: EmbeddingCache | None = None) -> None:
@@ -255,6 +264,7 @@ class CachedEmbedder:
         self.key_memo_size = 50_000
         self.calls = 0
         self.log: list[str] | None = None
+        self._lock = threading.Lock()  # held while the model (and the persistent cache) is asked
 
     def key(self, text: str) -> str:
         """:func:`content_key` of ``text``, memoised per text: a policy asks for the same results'
@@ -271,17 +281,20 @@ class CachedEmbedder:
             self.log.extend(texts)
         keys = [self.key(t) for t in texts]
         missing = [k for k in dict.fromkeys(keys) if k not in self._memo]
-        if missing and self.cache is not None:
-            self._memo.update(self.cache.get_embeddings(missing))
-            missing = [k for k in missing if k not in self._memo]
         if missing:
-            by_key = {k: t for k, t in zip(keys, texts)}
-            vecs = self.inner.embed([by_key[k] for k in missing])
-            self.calls += len(missing)
-            fresh = dict(zip(missing, vecs))
-            self._memo.update(fresh)
-            if self.cache is not None:
-                self.cache.put_embeddings(fresh)
+            with self._lock:
+                missing = [k for k in missing if k not in self._memo]  # embedded by another call meanwhile
+                if missing and self.cache is not None:
+                    self._memo.update(self.cache.get_embeddings(missing))
+                    missing = [k for k in missing if k not in self._memo]
+                if missing:
+                    by_key = {k: t for k, t in zip(keys, texts)}
+                    vecs = self.inner.embed([by_key[k] for k in missing])
+                    self.calls += len(missing)
+                    fresh = dict(zip(missing, vecs))
+                    self._memo.update(fresh)
+                    if self.cache is not None:
+                        self.cache.put_embeddings(fresh)
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memo[k] for k in keys])
