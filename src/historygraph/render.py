@@ -259,8 +259,8 @@ def dropped_marker(graph: ContextGraph, steps: list[list[int]]) -> Message:
 
 
 def _marker_message(first: int, last: int, n_calls: int) -> Message:
-    """:func:`dropped_marker` from its numbers."""
-    return Message("user", "".join(t for _, t in _marker_parts(first, last, n_calls)), rendered_as="marker")
+    """:func:`dropped_marker` from its numbers (the text :func:`_marker_parts` joins)."""
+    return Message("user", DROPPED_MARK.format(first=first, last=last, n=n_calls), rendered_as="marker")
 
 
 _FIELDS = Formatter()
@@ -1239,9 +1239,16 @@ class Layout:
             within = np.flatnonzero(after <= limit)
             x = i + int(within[0]) if len(within) else j
             self.base_tokens = int(after[x - i])
-            self.runs.start.update(dict.fromkeys(range(i, x + 1), i))
+            run = dict.fromkeys(range(i, x + 1), i)
+            if self.runs.start:
+                self.runs.start.update(run)
+            else:  # the first run (most often the only one): the dict itself, not a copy into an empty one
+                self.runs.start = run
             self.runs.end[i] = x
-            self.dropped_units.update(range(i, x + 1))
+            if self.dropped_units:
+                self.dropped_units.update(range(i, x + 1))
+            else:
+                self.dropped_units = set(range(i, x + 1))
             self._dropped_mask[i:x + 1] = True
             i = j + 1
 
