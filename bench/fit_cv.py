@@ -15,6 +15,7 @@ equal hits, so the shortcut measures exactly what ``historygraph replay -p learn
     python bench/fit_cv.py TRAIN --folds 5                               # CV on TRAIN (used to choose)
     python bench/fit_cv.py TRAIN --test TEST                             # fit on all of TRAIN, score TEST
     python bench/fit_cv.py TRAIN --test TEST --curve 5,10,20,45,90       # learning curve on TEST
+    python bench/fit_cv.py TRAIN --test TEST --own-loo                   # leave-one-out over TEST, fitted with its other trajectories
     python bench/fit_cv.py TRAIN --configs 'reserve=0.5;reserve=0.9,brief,alpha=0.5'
 
 ``--ceiling`` also scores, on the same layouts, a selector that knows the label in advance (value
@@ -204,6 +205,27 @@ def load(folder: str, limit: int = 0):
     return traces[::max(1, len(traces) // limit)][:limit] if limit else traces
 
 
+def own_loo(scorers: list, exs: list, texs: list, a, budgets: list[int], configs: dict) -> None:
+    """``--own-loo``: leave-one-out over the test trajectories (see the option's help)."""
+    base = Examples.concat(exs)
+    shipped = fit_variant(base, a.variant, a.C)
+    total: dict = {}
+    for i, sc in enumerate(scorers):
+        others = [x for j, x in enumerate(texs) if j != i]
+        models = {"train": shipped, "train+own": fit_variant(Examples.concat([base, *others]), a.variant, a.C),
+                  "train+own x10": fit_variant(Examples.concat([base, *others * 10]), a.variant, a.C)}
+        if any(x.reused.any() or x.named.any() for x in others):
+            models["own only"] = fit_variant(Examples.concat(others), a.variant, a.C)
+        for name, m in models.items():
+            for key, (h, e, _t) in run([sc], m, budgets, configs).items():
+                acc = total.setdefault((name, *key), [0, 0])
+                acc[0] += h
+                acc[1] += e
+        print(f"left out {i + 1}/{len(scorers)}", file=sys.stderr, flush=True)
+    for (name, b, label), (h, e) in sorted(total.items()):
+        print(f"leave-one-out [{name}] B={b} [{label}]: {100.0 * h / max(1, e):.1f} ({h}/{e})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("train")
@@ -219,6 +241,9 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true", help="also replay the oracle on the scored trajectories")
     ap.add_argument("--ceiling", action="store_true", help="also score a selector that knows the training label "
                     "(the model's ceiling) and split the B.4 events by it")
+    ap.add_argument("--own-loo", action="store_true", help="with --test: leave-one-out over TEST, each trajectory "
+                    "scored by models fitted on TRAIN alone, TRAIN plus the other TEST trajectories (also repeated "
+                    "10 times), and the other TEST trajectories alone (fitting to one's own agent)")
     ap.add_argument("--check", action="store_true", help="replay learned on the scored trajectories and assert equal hits")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budget.split(",")]
@@ -231,7 +256,11 @@ def main() -> None:
           f"({time.process_time() - t0:.0f} s CPU)", file=sys.stderr)
     if a.test:
         test = load(a.test)
-        scorers = [Scorer(t, trace_examples(t, signals.counter), signals.counter) for t in test]
+        texs = [trace_examples(t, signals.counter, group=len(train) + g) for g, t in enumerate(test)]
+        scorers = [Scorer(t, ex, signals.counter) for t, ex in zip(test, texs)]
+        if a.own_loo:
+            own_loo(scorers, exs, texs, a, budgets, configs)
+            return
         if a.curve:
             rng = np.random.default_rng(0)
             for n in [int(x) for x in a.curve.split(",")]:
