@@ -15,6 +15,7 @@ from historygraph.store import open_store
 runner = CliRunner()
 
 
+@pytest.mark.slow  # a whole replay of the example trace with MiniLM, outputs and plot: about 4 CPU s (docs/tests.md)
 def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     out = tmp_path / "out"
     res = runner.invoke(app, ["replay", "--budget", "3000", "--store", str(tmp_path / "s.sqlite"), "--out", str(out)])

@@ -223,6 +223,7 @@ def reference_build_steps(graph, selector, selector_key):
     return out
 
 
+@pytest.mark.slow  # the step view of every real trace at every size, both ways: about 2 CPU s (docs/tests.md)
 def test_incremental_step_view_equals_the_view_built_from_scratch(real_traces, traces_dir):
     """The step view of a growing graph (inverted index kept across calls, results arriving after
     their call) equals the old from-scratch build at every size, on real traces."""
@@ -862,6 +863,7 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
     assert checked > 1000 and briefed > 100, (checked, briefed)
 
 
+@pytest.mark.slow  # real traces stored event by event and reopened at many lengths: 1.3-2.9 CPU s per policy (docs/tests.md)
 @pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender"])
 def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path):
     """A session stored event by event and rendered now and then (which derives TFA values, step

@@ -12,6 +12,9 @@ from historygraph.cli import app
 from historygraph.eval.html_report import ReportError, load_run
 
 runner = CliRunner()
+# slow: the module's fixture replays four policies at two budgets and writes the report, and one
+# test opens it in headless Chromium: about 4.5 CPU s in all (docs/tests.md)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

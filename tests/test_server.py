@@ -530,6 +530,7 @@ def test_stream_cut_mid_way_is_stored_as_partial_never_as_complete(servers, mode
     assert partial["partial"] is True and "chat.completion.chunk" in partial["stream"]
 
 
+@pytest.mark.slow  # starts a second proxy process and waits out its 1 s timeout: about 2.5 CPU s (docs/tests.md)
 def test_upstream_timeout_gives_a_well_formed_error(servers, tmp_path):
     port = _port()
     px = _start(["-m", "historygraph", "serve", "--upstream", servers["up"] + "/v1", "--port", str(port), "--store",
