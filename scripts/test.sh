@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# bytecode caches, pytest's rewritten test modules included, are written under __pycache__
+# (gitignored) as Python does by default: with PYTHONDONTWRITEBYTECODE set (as on a machine whose
+# environment sets it) every run recompiled every test module in each worker and the package in
+# every server process it starts, about 2.5 CPU s per worker (docs/tests.md)
+unset PYTHONDONTWRITEBYTECODE
 # pytest-xdist: one worker process per core, each taking the next test when it is free (worksteal);
 # a caller's -n N (-n 0: one process) or -p no:xdist replaces it
 par=(-n auto --dist worksteal)

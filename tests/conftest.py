@@ -37,13 +37,14 @@ def traces_dir() -> Path:
 # Hypothesis profiles: the default draws fresh random examples on every run; HYPOTHESIS_PROFILE=ci
 # (set by .ci/run) draws the same examples every time, so CI cannot turn red by chance (bugs found
 # by random runs become explicit tests); HYPOTHESIS_PROFILE=fuzz runs a long fuzzing pass;
-# HYPOTHESIS_PROFILE=dev draws 20 fresh examples per property instead of 100, for the quick
-# developer run (docs/tests.md); CI keeps the full count.
+# HYPOTHESIS_PROFILE=dev draws 10 fresh examples per property instead of 100, for the quick
+# developer run (docs/tests.md: its random-history properties cost about 15 CPU s at 20); CI keeps
+# the full count.
 from hypothesis import settings as _settings  # noqa: E402
 
 _settings.register_profile("ci", derandomize=True, deadline=None)
 _settings.register_profile("fuzz", max_examples=5000, deadline=None)
-_settings.register_profile("dev", max_examples=20, deadline=None)
+_settings.register_profile("dev", max_examples=10, deadline=None)
 _settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
