@@ -1022,14 +1022,13 @@ class Selection:
                 return False
         return self.used + self.cost(p, form) <= lay.budget
 
-    def take(self, p: int, form: Message | None = None) -> None:
+    def take(self, p: int, form: Message | None = None, cost: int | None = None) -> None:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
         of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
-        the result id (docs/architecture.md, invariant §5.3)."""
-        self.take_priced(p, self.cost(p, form), form)
-
-    def take_priced(self, p: int, cost: int, form: Message | None = None) -> None:
-        """:meth:`take` when the caller has priced it: ``cost`` must be ``cost(p, form)`` now."""
+        the result id (docs/architecture.md, invariant §5.3). ``cost``: :meth:`cost` of it now, when
+        the caller has priced it."""
+        if cost is None:
+            cost = self.cost(p, form)
         self.used += cost
         u = self.layout.unit_of[p]
         if u in self.runs.start and u not in self.revived:

@@ -155,7 +155,7 @@ def taken_in_order(layout: Layout, sel: Selection, order: list[int], idx: np.nda
                 low, exact = sel.candidate_costs()[idx], True
         cost = int(low[k]) if exact or not revives else sel.exact_cost(p)
         if cost <= room:
-            sel.take_priced(p, cost)
+            sel.take(p, cost=cost)
             out.append(k)
             room = layout.budget - sel.used
             if revives:  # costs changed
