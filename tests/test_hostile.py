@@ -353,6 +353,54 @@ def test_12_2_loop_guard_keeps_the_new_exchange_before_the_thinking_opening():
     assert loop_opening(ContextGraph("u", unanswered)) == 1
 
 
+def _text_reply_inside_the_loop():
+    """Found by the gate (recap-noattn, B = 1120 and 1809): one thinking loop in which a call's first
+    result is a timeout, the model replies with text only ("waiting"), the real result arrives, then
+    two more steps. The late result is rendered right after its call, so the text reply follows it;
+    when ReCAP dropped the step after the reply (and kept the reply), that step's marker became a wire
+    user turn of its own, without a tool result, and the provider's loop began after it, at an
+    assistant message without a thinking block."""
+    from historygraph.formats.anthropic import to_canonical
+    from fake_upstream import sign
+
+    def use(i, words=0):
+        return {"type": "tool_use", "id": f"t{i}", "name": "search", "input": {"q": "x " * words}}
+
+    def res(i, text):
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": text}]}
+    turns = [{"role": "user", "content": "task fix it"},
+             {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan 1", "signature": sign("plan 1")},
+                                               use(1)]}, res(1, "out 1 " + "w " * 30),
+             {"role": "assistant", "content": [use(2)]}, res(2, "error: timed out"),
+             {"role": "assistant", "content": [{"type": "text", "text": "waiting"}]}, res(2, "out 2 " + "w " * 30),
+             {"role": "assistant", "content": [use(3, 300)]}, res(3, "out 3 " + "w " * 300),
+             {"role": "assistant", "content": [use(4)]}, res(4, "out 4 " + "w " * 10)]
+    return to_canonical("be brief", turns)
+
+
+@pytest.mark.parametrize("name", lm_marked(BUDGETED))
+def test_12_2_a_marker_after_a_text_reply_never_splits_the_thinking_loop(name, signals):
+    """Every policy renders :func:`_text_reply_inside_the_loop` (768 tokens of history) at B = 100,
+    120, … 760 to a request the fake Anthropic provider accepts with thinking on (before the fix
+    recap-noattn was rejected at 27 of these budgets and recap-random at 30: the marker of the
+    dropped step t2 stood between the reply "waiting" and the call t4)."""
+    from historygraph.formats.anthropic import from_canonical
+    from fake_upstream import anthropic_violation
+    msgs, pieces = _text_reply_inside_the_loop()
+    assert [(m.role, m.content) for m in msgs[6:8]] == [("assistant", "waiting"), ("tool", "out 2 " + "w " * 30)]
+    rendered = 0
+    for budget in range(100, 770, 20):
+        try:
+            g, r = render(name, msgs, budget, signals)
+        except BudgetTooSmallError:
+            continue
+        rendered += 1
+        wire = from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
+        why = anthropic_violation({"messages": wire, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+        assert why is None, (budget, why, r.positions)
+    assert rendered > 0
+
+
 @pytest.mark.parametrize("name", lm_marked(BUDGETED))
 def test_12_2_dropping_the_step_before_a_new_exchange_keeps_the_thinking_opening_first(name, signals):
     """At B = 300 and 400 (under the history's 685 tokens) every policy renders the history of

@@ -1447,6 +1447,37 @@ class Layout:
 
         runs = selection.runs
         first, order, starts, units = self._unit_first, self.order, self._starts, self.units
+        opening = self.loop_guard[-1] if self.loop_guard else None
+        joined: list[int] = []  # text replies left out with the dropped steps after them (see close_run)
+        last_marker: list[int] = []  # index in ``out`` and first unit of the latest marker
+
+        def close_run(a: int) -> None:
+            """Append the marker of the run of units ``a..runs.end[a]``. In the active tool loop (after
+            its opening thinking block) a marker right after an assistant message without tool calls
+            would be a wire user turn holding no tool result, and the provider's loop would begin
+            after it, at an assistant message without the thinking block (docs/architecture.md,
+            invariant §5.7). Such a reply (a late result is rendered before it, at its call) is
+            left out with the run, and a marker right before it is merged."""
+            nonlocal history
+            b = runs.end[a]
+            q = positions[-1] if positions else None
+            if opening is not None and q is not None and q > opening and msgs[q].role == "assistant" \
+                    and not msgs[q].tool_calls and first.get(q) == a - 1:
+                r = out.pop()
+                positions.pop()
+                history -= tokens[q] if r is msgs[q] else count(r)
+                joined.append(q)
+                a -= 1
+                if last_marker and last_marker[0] == len(out) - 1 and runs.end.get(last_marker[1]) == a - 1:
+                    out.pop()
+                    positions.pop()
+                    history -= self._marker_tokens(last_marker[1], a - 1)
+                    a = last_marker[1]
+            out.append(self.marker(a, b))
+            positions.append(None)
+            history += self._marker_tokens(a, b)
+            last_marker[:] = [len(out) - 1, a]
+
         # without inserts, the entries of a run of marked units are those units' positions, one after
         # the other (no message outside B between them), all left out: the walk steps over them
         jump = not self.inserts
@@ -1460,10 +1491,7 @@ class Layout:
                     flush()
                 i = first.get(p)
                 if open_run is not None and (i is None or runs.start.get(i) != open_run):
-                    marker = self.marker(open_run, runs.end[open_run])
-                    out.append(marker)
-                    positions.append(None)
-                    history += self._marker_tokens(open_run, runs.end[open_run])
+                    close_run(open_run)
                     open_run = None
                 if i is not None and i in runs.start:
                     open_run = runs.start[i]
@@ -1499,10 +1527,9 @@ class Layout:
             k += 1
         flush()
         if open_run is not None:
-            marker = self.marker(open_run, runs.end[open_run])
-            out.append(marker)
-            positions.append(None)
-            history += self._marker_tokens(open_run, runs.end[open_run])
+            close_run(open_run)
+        if joined:
+            dropped = np.union1d(dropped, np.asarray(joined, dtype=np.int64))
         total = history + outside
         tools = self._tools
         if full:  # every result shown in full is one of the graph's results (ascending positions)
@@ -1513,11 +1540,11 @@ class Layout:
             omitted = tools.tolist()
         rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
                               omitted=omitted, dropped=dropped.tolist(), history_tokens=history, input_tokens=total)
-        rendering.defer_reasons(self._reasons_builder(selection, briefs, marks))
+        rendering.defer_reasons(self._reasons_builder(selection, briefs, marks, joined))
         return rendering
 
     def _reasons_builder(self, selection: Selection, briefs: dict[int, Message],
-                         marks: list[tuple[int, str]]) -> Callable[[], dict[int, str]]:
+                         marks: list[tuple[int, str]], joined: list[int]) -> Callable[[], dict[int, str]]:
         """The rendering's reasons, built when first read, from what this call captures now
         (copies of what may still change: the policy's reasons, the revived units, the
         superseded results)."""
@@ -1547,6 +1574,9 @@ class Layout:
                 reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
             for p, why_p in marks:
                 reasons.setdefault(p, why_p)
+            for p in joined:
+                reasons[p] = ("left out with the dropped steps after it: their marker must not follow a text reply "
+                              "inside the active tool loop (docs/architecture.md, invariant §5.7)")
             return reasons
         return build
 

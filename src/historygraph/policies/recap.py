@@ -638,19 +638,44 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
     outside = {p for p, m in enumerate(graph.messages) if m.role == "system"} | set(users[-1:])
     count = signals.counter.count_message
+    msgs = graph.messages
     out: list[Message] = []
     positions: list[int | None] = []
     history = 0
     run: list[list[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
+    marked: dict[int, list[list[int]]] = {}  # index in ``out`` of each marker -> the steps it stands for
+    opening = loop_opening(graph)
+    joined: set[int] = set()  # text replies left out with the steps after them (see mark)
 
     def mark() -> None:
         nonlocal history
-        if run:
-            marker = dropped_marker(graph, run)
-            out.append(marker)
-            positions.append(None)
-            history += count(marker)
-            run.clear()
+        if not run:
+            return
+        # In the active tool loop (after its opening thinking block) a marker right after an
+        # assistant message without tool calls is a wire user turn holding no tool result, and the
+        # provider's loop would begin after it, at an assistant message without the thinking block
+        # (docs/architecture.md, invariant §5.7). Such a reply (a late result is rendered before it,
+        # at its call) is left out with the steps after it, and a marker it followed is merged.
+        moved = False
+        while opening is not None and positions:
+            q = positions[-1]
+            if q is None and moved and out[-1].rendered_as == "marker":
+                run[:0] = marked.pop(len(out) - 1)
+            elif q is not None and q > opening and msgs[q].role == "assistant" and not msgs[q].tool_calls:
+                run.insert(0, [q])
+                keep.discard(q)
+                joined.add(q)
+                moved = True
+            else:
+                break
+            history -= 0 if q in outside else count(out.pop())
+            positions.pop()
+        marker = dropped_marker(graph, run)
+        marked[len(out)] = list(run)
+        out.append(marker)
+        positions.append(None)
+        history += count(marker)
+        run.clear()
 
     for p in kept_render_order(graph, signals.counter):  # results directly after their call
         if p not in keep:
@@ -670,13 +695,16 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
             positions.append(None)
             history += count(s)
     mark()
-    n, msgs = len(graph), graph.messages
+    n = len(graph)
     if plain is None:
         plain = build_blocks(graph)
 
     def reasons() -> dict[int, str]:  # per message, when someone reads them
         block_of = {p: b for b in plain for p in b.positions}
         out = {p: f"block {block_of[p].id} dropped by ReCAP selection" for p in range(n) if p not in keep and p in block_of}
+        for p in joined:
+            out[p] = (f"block {block_of[p].id} left out with the dropped steps after it: their marker must not follow a "
+                      "text reply inside the active tool loop (docs/architecture.md, invariant §5.7)")
         for p in keep & forms.keys():
             out[p] = (f"oversized: {count(msgs[p])} tokens > B; shown as a marked excerpt"
                       if forms[p].rendered_as == "excerpt" else
