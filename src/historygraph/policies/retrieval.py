@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..derived import DerivedKind
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
@@ -205,6 +206,12 @@ def bm25_scores(corpus: list[str], query: str) -> np.ndarray:
     return np.asarray(retriever.get_scores(q), dtype=float)
 
 
+BM25_TOKENS = DerivedKind("bm25.tokens", ("historygraph.policies.retrieval", "bm25s.tokenization", "bm25s.stopwords"))
+"""Derived rows of each tool result's BM25 tokens (:func:`_bm25_tokens`): ``[term frequencies in
+order of first occurrence, number of tokens]``, kept with a stored session
+(:mod:`historygraph.derived`) so a reopened session's index does not tokenise its history again."""
+
+
 def _bm25_tokens(texts: list[str]) -> list[list[str]]:
     import bm25s
 
@@ -216,7 +223,7 @@ class BM25Index:
     does, bit for bit, without re-tokenising or rebuilding per render.
 
     Each result is tokenised once (``bm25s`` tokenizer, English stop words) when it first enters
-    the corpus; document frequencies, lengths and postings are kept for the current corpus and
+    the corpus, or its tokens are read from the session's stored rows (:data:`BM25_TOKENS`); document frequencies, lengths and postings are kept for the current corpus and
     updated by difference when the corpus changes (for ``cw-bm25`` it only grows: the older
     observations). Scores follow ``bm25s``'s defaults (Lucene variant, k1 = 1.5, b = 0.75):
     ``idf(t) = ln(1 + (N − df + 0.5)/(df + 0.5))`` stored as float32; per document
@@ -236,13 +243,22 @@ class BM25Index:
         self.lock = threading.Lock()
 
     def _tokenise(self, graph: ContextGraph, positions: list[int]) -> None:
-        new = [p for p in positions if p not in self.tokens]
+        stored = graph.derived.table(BM25_TOKENS)
+        new = []
+        for p in positions:
+            if p not in self.tokens:
+                row = stored.pop(p, None)
+                if row is not None:
+                    self.tokens[p] = (row[0], row[1])
+                else:
+                    new.append(p)
         if new:
             for p, toks in zip(new, _bm25_tokens([graph.messages[p].content for p in new])):
                 tf: dict[str, int] = {}
                 for t in toks:
                     tf[t] = tf.get(t, 0) + 1
                 self.tokens[p] = (tf, len(toks))
+                graph.derived.put(BM25_TOKENS, p, [tf, len(toks)])
 
     def _set_corpus(self, graph: ContextGraph, corpus: list[int]) -> None:
         want = set(corpus)
