@@ -21,10 +21,12 @@ def mcp_sdk() -> SimpleNamespace:
     process collects this file, and importing the MCP SDK costs about 1.3 CPU s (docs/tests.md)."""
     pytest.importorskip("mcp", reason="mcp not installed (pip install 'historygraph[mcp]')")
     from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
     from historygraph.mcp_server import build_server
 
-    return SimpleNamespace(Client=Client, StdioServerParameters=StdioServerParameters, build_server=build_server)
+    return SimpleNamespace(Client=Client, StdioServerParameters=StdioServerParameters, stdio_client=stdio_client,
+                           build_server=build_server)
 
 
 BIG = "\n".join(f"row {i}: invoice total {i * 3}" for i in range(300))
@@ -81,12 +83,15 @@ def test_the_mcp_command_over_stdio(mcp_sdk, tmp_path):
     params = mcp_sdk.StdioServerParameters(command=sys.executable,
                                            args=["-m", "historygraph", "mcp", "--store", str(path), "--session", "run-1"])
 
+    errlog = tmp_path / "server.err"  # the server's stderr; not sys.stderr, which pytest may have swapped for an object without fileno()
+
     async def run():
-        async with mcp_sdk.Client(params) as c:
-            return await c.call_tool("recall", {"ids": ["c2"]})
+        with errlog.open("w") as err:
+            async with mcp_sdk.Client(mcp_sdk.stdio_client(params, errlog=err)) as c:
+                return await c.call_tool("recall", {"ids": ["c2"]})
 
     r = asyncio.run(run())
-    assert not r.is_error and r.content[0].text == LOG
+    assert not r.is_error and r.content[0].text == LOG, errlog.read_text()
 
 
 def test_the_command_names_a_missing_session_and_store(mcp_sdk, tmp_path):
