@@ -87,22 +87,32 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
     count as one. ``cost_exponent`` ``α`` ranks by ``value / cost^α`` instead (``α = 1``: the knapsack
     ratio; ``α < 1`` favours larger results that are likely to be reused over many small unlikely ones)."""
     items = [p for p in candidates if value[p] > 0]
+    a = cost_exponent
+    power: dict[int, float] = {}  # max(1, c) ** α per cost c met (costs are few distinct integers)
 
     def ratio(p: int, c: int) -> float:
-        return -value[p] / max(1, c) ** cost_exponent
+        d = power.get(c)
+        if d is None:
+            d = power[c] = max(1, c) ** a
+        return -value[p] / d
 
     lay = sel.layout
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
     # every candidate priced at once; before anything is revived that is also its cost alone
     cands = lay.candidates
-    cost0 = dict(zip(cands, sel.candidate_costs().tolist()))
+    costs0 = sel.candidate_costs()
+    cost0 = dict(zip(cands, costs0.tolist()))
     exact = len(cost0) == len(cands)  # the stopping check below prices candidates only
     for p in items:
         if p not in cost0:
             cost0[p], exact = sel.cost(p), False
-    a = cost_exponent
-    heap = [(-value[p] / max(1, c) ** a, p, c) for p in items for c in (cost0[p],)]  # ratio(p, c)
+    item_costs = [cost0[p] for p in items]
+    for c in set(item_costs):
+        power[c] = max(1, c) ** a
+    heap = [(-value[p] / power[c], p, c) for p, c in zip(items, item_costs)]  # ratio(p, c)
     heapq.heapify(heap)
+    cand_arr = np.asarray(cands, dtype=np.intp)  # sorted (Layout keeps candidates in position order)
+    item_mask = np.isin(cand_arr, np.asarray(items, dtype=np.intp)) if exact else None
     item_set = set(items)
     unit_of, units = lay.unit_of, lay.units
     taken: list[int] = []
@@ -126,8 +136,8 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         if budget is not None and sel.used + now > budget:  # Selection.fits, with the cost in hand
             since += 1
             if exact and since >= idle:
-                pending = item_set - done
-                left = np.fromiter((q in pending for q in cands), dtype=bool, count=len(cands))
+                left = item_mask.copy()
+                left[np.searchsorted(cand_arr, np.asarray(taken, dtype=np.intp))] = False  # taken: candidates
                 if sel.candidate_costs()[left].min(initial=budget + 1) > budget - sel.used:
                     break
                 idle, since = 2 * idle, 0
@@ -144,12 +154,21 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
                 if q in item_set and q not in done:
                     cq = table[q] = sel.cost(q)
                     heapq.heappush(heap, (ratio(q, cq), q, cq))
-    if lay.budget is None:
-        fit_alone = items
+    best: int | None
+    if item_mask is not None and not base_revived and lay.budget is not None:  # in bulk: costs0 are costs alone
+        fit = item_mask & (base_used + costs0 <= lay.budget)
+        best = None
+        if fit.any():
+            fits = cand_arr[fit]
+            vals = np.fromiter(map(value.__getitem__, fits.tolist()), dtype=np.float64, count=len(fits))
+            best = int(fits[vals == vals.max()][0])  # the most probable, ties to the older
     else:
-        alone = cost0.__getitem__ if not base_revived else (lambda p: _alone(sel, p, base_revived))
-        fit_alone = [p for p in items if base_used + alone(p) <= lay.budget]
-    best = max(fit_alone, key=lambda p: (value[p], -p), default=None)
+        if lay.budget is None:
+            fit_alone = items
+        else:
+            alone = cost0.__getitem__ if not base_revived else (lambda p: _alone(sel, p, base_revived))
+            fit_alone = [p for p in items if base_used + alone(p) <= lay.budget]
+        best = max(fit_alone, key=lambda p: (value[p], -p), default=None)
     if best is not None and value[best] > sum(value[p] for p in taken):
         sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
         sel.take(best)
