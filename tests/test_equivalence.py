@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -633,8 +634,14 @@ def reference_feature_matrix(graph, positions, counter):
     from historygraph.signals.reuse import extract_values
     from historygraph.signals.steps import ancestry, files_in, identifiers_in, lowcost_steps
 
+    def ordered_sum(xs):  # left to right from 0.0, as np.bincount adds (Python's sum is compensated from 3.12)
+        acc = 0.0
+        for x in xs:
+            acc += x
+        return acc
+
     def cover(result_words, query, idf, total):
-        return fx.ordered_sum(idf[w] for w in sorted(result_words & query)) / total if total > 0 else 0.0
+        return ordered_sum(idf[w] for w in sorted(result_words & query)) / total if total > 0 else 0.0
 
     gf = fx.graph_facts(graph, counter)
     msgs = graph.messages
@@ -647,8 +654,10 @@ def reference_feature_matrix(graph, positions, counter):
     latest_files = files_in(latest_text)
     latest_idents = identifiers_in(latest_text)
     recent_idents = [ids for turn, ids in gf.assistant_idents if turn > t - fx.RECENT_TURNS]
-    idf = fx.idf_weights(gf, latest_words | task_words)
-    latest_total, task_total = fx.cover_total(latest_words, idf), fx.cover_total(task_words, idf)
+    df = Counter(w for f in gf.facts.values() for w in f.words)  # results holding each word
+    idf = {w: math.log(1.0 + max(1, len(gf.facts)) / (1.0 + df[w])) for w in latest_words | task_words}
+    latest_total = ordered_sum(idf[w] for w in sorted(latest_words))
+    task_total = ordered_sum(idf[w] for w in sorted(task_words))
     fresh = [q for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
     fresh_values = frozenset().union(*(gf.facts[q].values for q in fresh))
     fresh_idents = frozenset().union(*(gf.facts[q].idents for q in fresh))

@@ -64,9 +64,8 @@ import json
 import math
 import re
 import weakref
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -227,13 +226,21 @@ class _Flat:
             w[ids] = 1.0
         return w
 
-    def sums(self, w: np.ndarray, n: int, own: bool = False) -> np.ndarray:
-        """``Σ_{m ∈ S(r)} w[m]`` per row (only members first held by the row when ``own``), summed in
-        the order the members were added (bincount adds sequentially)."""
+    def _flush(self) -> None:
         if self._added[0]:
             for grow, added in zip((self.rows, self.ids, self.own), self._added):
                 grow.extend(added)
                 added.clear()
+
+    def counts(self) -> np.ndarray:
+        """Rows holding each vocabulary entry (a row's members are distinct: its document frequency)."""
+        self._flush()
+        return np.bincount(self.ids.view(), minlength=len(self.vocab))
+
+    def sums(self, w: np.ndarray, n: int, own: bool = False) -> np.ndarray:
+        """``Σ_{m ∈ S(r)} w[m]`` per row (only members first held by the row when ``own``), summed in
+        the order the members were added (bincount adds sequentially)."""
+        self._flush()
         x = w[self.ids.view()]
         if own:
             x = x * self.own.view()
@@ -254,7 +261,6 @@ class _GraphFacts:
 
     upto: int = 0
     facts: dict[int, _ResultFacts] = field(default_factory=dict)
-    df: Counter[str] = field(default_factory=Counter)
     value_df: dict[str, int] = field(default_factory=dict)
     last_view: dict[str, int] = field(default_factory=dict)     # file -> latest result position viewing it
     last_edit: dict[str, int] = field(default_factory=dict)     # file -> latest result position editing it
@@ -351,7 +357,6 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         gf.idents_t.add(row, idents, own_idents)
         gf.words_t.add(row, sorted(f.words))
         gf.files_t.add(row, f.shown_files)
-        gf.df.update(f.words)
         gf.unique[p] = 0
         for v in f.values:
             df = gf.value_df.get(v, 0)
@@ -391,25 +396,23 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     return gf
 
 
-def ordered_sum(xs: Iterable[float]) -> float:
-    """``xs`` added left to right from 0.0 (the order a ``np.bincount`` with weights adds in; Python's
-    ``sum`` of floats is compensated from 3.12 on)."""
-    acc = 0.0
-    for x in xs:
-        acc += x
-    return acc
-
-
-def idf_weights(gf: _GraphFacts, query: frozenset[str]) -> dict[str, float]:
-    """``ln(1 + N / (1 + df(w)))`` of each word of ``query``, ``N`` the results stored so far."""
+def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tuple[np.ndarray, float]:
+    """The IDF weight ``ln(1 + N / (1 + df(w)))`` of each word of ``query`` (``N`` the results stored
+    so far, ``df`` :meth:`_Flat.counts` of the words) as weights over the words' vocabulary, and the
+    IDF mass of ``query``: its words' weights added left to right in sorted word order (so the
+    figure does not depend on the order Python iterates a set in). Each distinct ``df`` is put
+    through :mod:`math` once (numpy's ``log`` may round differently)."""
     n_docs = max(1, len(gf.facts))
-    return {w: math.log(1.0 + n_docs / (1.0 + gf.df.get(w, 0))) for w in query}
-
-
-def cover_total(query: frozenset[str], idf: dict[str, float]) -> float:
-    """The IDF mass of ``query``, its words added in sorted order (so the figure does not depend on
-    the order Python happens to iterate a set in)."""
-    return ordered_sum(idf[w] for w in sorted(query))
+    get = gf.words_t.vocab.get
+    ids = np.fromiter((get(w, -1) for w in sorted(query)), dtype=np.intp, count=len(query))
+    known = ids >= 0
+    dfq = np.zeros(len(ids), dtype=np.int64)
+    dfq[known] = df[ids[known]]
+    distinct, inverse = np.unique(dfq, return_inverse=True)
+    idf = np.array([math.log(1.0 + n_docs / (1.0 + d)) for d in distinct.tolist()])[inverse]
+    w = np.zeros(len(df))
+    w[ids[known]] = idf[known]
+    return w, float(np.cumsum(idf)[-1]) if len(idf) else 0.0  # cumsum adds left to right from the first
 
 
 def _task(gf: _GraphFacts, text: str) -> tuple[str, frozenset[str], frozenset[str], frozenset[str]]:
@@ -520,11 +523,11 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     vt, it, wt, ft = gf.values_t, gf.idents_t, gf.words_t, gf.files_t
     col("latest_values", _log1p_int(vt.sums(vt.weights(latest_values), n)))
     col("task_values", _log1p_int(vt.sums(vt.weights(task_values), n)))
+    df = wt.counts()
     for name, query in (("latest_cover", latest_words), ("task_cover", task_words)):
-        idf = idf_weights(gf, query)
-        total = cover_total(query, idf)
+        w, total = cover_weights(gf, query, df)
         if total > 0:
-            col(name, wt.sums(wt.weights(idf), n) / total)
+            col(name, wt.sums(w, n) / total)
     static = gf.static.view()
     for k, name in enumerate(_STATIC):
         col(name, static[:, k])
