@@ -240,3 +240,52 @@ def test_put_and_take(persist):
     d.put(kind, 5, ["b"])  # the later value replaces the earlier
     assert d.take() == (([("k", kind.version, 5, '["b"]')], [("k", kind.version)]) if persist else ([], []))
     assert d.take() == ([], [])
+
+
+def _stored_tokens(path) -> dict[str, dict[int, object]]:
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT kind, position, data FROM derived WHERE kind LIKE 'render.tokens:%'").fetchall()
+    out: dict[str, dict[int, object]] = {}
+    for kind, pos, data in rows:
+        out.setdefault(kind, {})[pos] = json.loads(data)
+    return out
+
+
+def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path):
+    """A render keeps each message's count (and a result's placeholder's count) as rows named for
+    the encoding and placeholder builder; a reopened session uses them at their own position, and
+    a counter of another encoding neither reads them nor is changed by them."""
+    from historygraph.render import Layout, placeholder_for, token_rows
+    from historygraph.policies.windows import mask_placeholder
+
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS)
+    o200k, cl100k = TokenCounter("o200k_base"), TokenCounter("cl100k_base")
+    Layout(s.graph("s"), o200k, None)
+    Layout(s.graph("s"), o200k, None, placeholder=mask_placeholder)
+    s.close()
+    rows = _stored_tokens(path)
+    kind = "render.tokens:o200k_base:historygraph.render.placeholder_for"
+    assert set(rows) == {kind, "render.tokens:o200k_base:historygraph.policies.windows.mask_placeholder"}
+    want = {p: [o200k.count_message(m), o200k.count_message(placeholder_for(m, o200k))] if m.role == "tool"
+            else o200k.count_message(m) for p, m in enumerate(EVENTS)}
+    assert rows[kind] == want and want[0] == 3 + 8  # MESSAGE_OVERHEAD = 3, and 8 tokens of text (tiktoken o200k_base)
+    with sqlite3.connect(path) as db:  # mark two rows, so that what is read shows where it came from
+        db.execute("UPDATE derived SET data = '777' WHERE kind = ? AND position = 1", (kind,))
+        db.execute("UPDATE derived SET data = '[888, 9]' WHERE kind = ? AND position = 2", (kind,))
+    s = SQLiteStore(path)
+    g = s.graph("s")
+    lay = Layout(g, o200k, None)
+    assert lay._tokens[1] == 777 and lay.full_cost[2] == 888 and lay.placeholder_tokens[2] == 9
+    assert lay._tokens[3] == o200k.count_message(EVENTS[3]) and lay.full_cost[4] == want[4][0]  # type: ignore[index]
+    assert lay.placeholder[2] == placeholder_for(EVENTS[2], o200k)  # built when asked for
+    other = Layout(g, cl100k, None)  # another encoding: its own counts, its own rows
+    assert other._tokens == [cl100k.count_message(m) for m in EVENTS]
+    assert other.placeholder_tokens[2] == cl100k.count_message(placeholder_for(EVENTS[2], cl100k))
+    s.close()
+    assert _stored_tokens(path)["render.tokens:cl100k_base:historygraph.render.placeholder_for"][1] == cl100k.count_message(EVENTS[1])
+    # a counter that may count differently, or a builder that is not a plain function, keeps nothing
+    assert token_rows(False, "o200k_base", placeholder_for) is None
+    assert token_rows(True, "o200k_base", lambda m, c: m) is None

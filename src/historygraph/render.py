@@ -41,11 +41,13 @@ import threading
 import weakref
 import re
 from dataclasses import dataclass, field
+from functools import cache
 from string import Formatter
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .derived import DerivedKind
 from .events import Message
 from .graph import ContextGraph
 from .signals.tokens import MESSAGE_OVERHEAD, TokenCounter
@@ -487,23 +489,67 @@ class _Grow:
         return self.buf[:self.n]
 
 
+class _Placeholders(dict[int, Message]):
+    """The placeholder of each tool result of one graph by position, built on first use (a render
+    shows only a few of them; a reopened session's counts come from its derived rows without
+    building any). Only ever added to, so snapshots share it uncopied."""
+
+    def __init__(self, counter: TokenCounter, build: Callable[[Message, TokenCounter], Message]) -> None:
+        super().__init__()
+        self.counter, self.build = counter, build
+        self.messages: list[Message] = []
+
+    def __missing__(self, p: int) -> Message:
+        m = self.messages[p] if 0 <= p < len(self.messages) else None
+        if m is None or m.role != "tool":
+            raise KeyError(p)
+        return self.setdefault(p, self.build(m, self.counter))
+
+    def get(self, p: int, default: Any = None) -> Any:
+        try:
+            return self[p]
+        except KeyError:
+            return default
+
+
+@cache
+def token_rows(stock: bool, encoding: str, build: Callable[[Message, TokenCounter], Message]) -> DerivedKind | None:
+    """The derived rows (:mod:`historygraph.derived`) of :class:`_TokenMemo`'s per-message counts:
+    one per position, ``count_message`` of the message, and for a tool result ``[its count, its
+    placeholder's count]``. Named for the encoding and the placeholder builder, so another
+    encoding or builder never reads them; versioned by the source of the modules that compute
+    them. ``stock``: the counter is a plain :class:`TokenCounter`. ``None`` (nothing kept) for
+    another counter (a subclass may count differently) or a
+    builder that is not a module-level function (a closure's output is not a function of the
+    message alone)."""
+    name = getattr(build, "__qualname__", "<none>")
+    module = getattr(build, "__module__", None)
+    if not stock or "<" in name or not isinstance(module, str):
+        return None
+    return DerivedKind(f"render.tokens:{encoding}:{module}.{name}",
+                       tuple(dict.fromkeys(("historygraph.render", "historygraph.events", "historygraph.signals.tokens",
+                                            "tiktoken.core", module))))
+
+
 class _TokenMemo:
     """What :class:`Layout` needs per message of one graph, computed once and kept across renders
     (the graph is append-only, so position ``p`` always holds the same message): the token count
-    of every message, and for every tool result its placeholder and the placeholder's count. One
-    memo per graph, counter type + encoding and placeholder builder; filled up to the graph's
-    length on each use, under a lock (the proxy renders in worker threads)."""
+    of every message, and for every tool result its placeholder (built when first asked for) and
+    the placeholder's count. One memo per graph, counter type + encoding and placeholder builder;
+    filled up to the graph's length on each use, under a lock (the proxy renders in worker
+    threads). The counts of a graph from a store are read from and kept as its derived rows
+    (:func:`token_rows`)."""
 
     def __init__(self, counter: TokenCounter, placeholder: Callable[[Message, TokenCounter], Message]) -> None:
         self.counter, self.build = counter, placeholder
         self.tokens: list[int] = []                              # count_message(messages[p])
-        self.placeholder: dict[int, tuple[Message, int]] = {}   # result position -> (placeholder, its count)
-        # the same per result as three dicts, only ever added to, so layouts share them uncopied
+        # per result its count, placeholder and the placeholder's count, only ever added to, so layouts share them uncopied
         self.result_tokens: dict[int, int] = {}
-        self.ph_message: dict[int, Message] = {}
+        self.ph_message = _Placeholders(counter, placeholder)
         self.ph_tokens: dict[int, int] = {}
         self.tools = _Grow()                                     # positions of the tool results, ascending
         self.marker_plan = _MarkerPlan.build(counter)
+        self.kind = token_rows(type(counter) is TokenCounter, counter.encoding_name, placeholder)
         self._skeleton = _Skeleton()
         self._lock = threading.Lock()
 
@@ -530,21 +576,38 @@ class _TokenMemo:
                     "starts": list(sk.starts), "form": sk.form, "delta": sk.delta,
                     "arrays": sk.arrays()}
 
-    def update(self, messages: list[Message]) -> None:
+    def update(self, graph: ContextGraph) -> None:
+        messages = graph.messages
         if len(self.tokens) == len(messages):
             return
         with self._lock:
-            count = self.counter.count_message
-            for p in range(len(self.tokens), len(messages)):
+            self.ph_message.messages = messages
+            derived = graph.derived
+            kind = self.kind if derived.persist else None
+            stored = derived.table(kind) if kind is not None else {}
+            count, build = self.counter.count_message, self.build
+            tokens, result_tokens, ph_tokens, tools = self.tokens, self.result_tokens, self.ph_tokens, self.tools
+            for p in range(len(tokens), len(messages)):
                 m = messages[p]
-                n = count(m)
+                v = stored.pop(p, None)
                 if m.role == "tool":
-                    ph = self.build(m, self.counter)
-                    self.placeholder[p] = (ph, count(ph))
-                    self.ph_message[p], self.ph_tokens[p] = self.placeholder[p]
-                    self.result_tokens[p] = n
-                    self.tools.append(p)
-                self.tokens.append(n)
+                    if type(v) is list and len(v) == 2:
+                        n, k = v
+                    else:
+                        n = count(m)
+                        ph = self.ph_message[p] = build(m, self.counter)
+                        k = count(ph)
+                        if kind is not None:
+                            derived.put(kind, p, [n, k])
+                    result_tokens[p], ph_tokens[p] = n, k
+                    tools.append(p)
+                elif type(v) is int:
+                    n = v
+                else:
+                    n = count(m)
+                    if kind is not None:
+                        derived.put(kind, p, n)
+                tokens.append(n)
 
 
 class _Skeleton:
@@ -599,23 +662,86 @@ class _Skeleton:
         # the same as arrays (see :meth:`arrays`): per order entry its position and unit (−1 outside B),
         # per unit its cost, lowest and highest position and the prefix sums of calls, per candidate
         # (ascending) its delta and unit
-        grows = self.g_order, self.g_entry_unit, self.g_cost, self.g_lo, self.g_hi, self.g_pre, \
-            self.g_cand_delta, self.g_cand_unit = tuple(_Grow([0] if k == 5 else (), collect=True) for k in range(8))
-        self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
+        # one pass with everything local (a build from scratch adds thousands of units; :meth:`_add`
+        # does the same per message when the graph is extended)
+        order, units, starts, fulls, glues = self.order, self.units, self.starts, self.fulls, self.glue
+        unit_first, unit_of, synthetic_of, form, delta = self.unit_first, self.unit_of, self.synthetic, self.form, self.delta
+        lo, hi, top, ncalls, pre = self.lo, self.hi, self.top, self.ncalls, self.pre
+        entry_unit: list[int] = []
+        costs: list[int] = []
+        tokens, ph_tokens, result_of = memo.tokens, memo.ph_tokens, graph.result_of
+        count_message = memo.counter.count_message
+        last = len(msgs) - 1
+        full_tokens = total_cost = 0
+        cands: list[int] = []
         apart = True
         for p, m in enumerate(msgs):
-            if m.role == "tool":
+            role = m.role
+            if role == "tool":
                 continue
             if p in self.outside:
-                self.order.append(p)
-                self.g_order.append(p)
-                self.g_entry_unit.append(-1)  # (outside messages are system or user messages: no calls)
+                order.append(p)
+                entry_unit.append(-1)  # (outside messages are system or user messages: no calls)
                 apart = True
                 continue
-            if self._add(p, graph, memo, not apart):
-                apart = False
-        for g in grows:
-            g.flush()
+            start = len(order)
+            order.append(p)
+            calls = m.tool_calls
+            results = sorted(result_of[c.id] for c in calls if c.id in result_of) if calls else []
+            if role != "user" and role != "assistant":
+                order.extend(results)
+                entry_unit.extend([-1] * (1 + len(results)))
+                continue
+            i = len(units)
+            order.extend(results)
+            entry_unit.extend([i] * (1 + len(results)))
+            full = tokens[p]
+            if role == "assistant":
+                synthetic = []
+                for call in calls:
+                    rp = result_of.get(call.id)
+                    if rp is not None:
+                        unit_of[rp] = i
+                    elif p != last:  # only the very last message can be in flight
+                        synthetic.append(Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
+                                                 rendered_as="placeholder"))
+                if synthetic:
+                    synthetic_of[p] = synthetic
+                    full += sum(count_message(x) for x in synthetic)
+            else:
+                results = []  # (a user message has no calls)
+            cost = full
+            for r in results:
+                cands.append(r)
+                ph, n = ph_tokens[r], tokens[r]
+                cost += ph
+                full += n
+                form[r] = msgs[r]
+                delta[r] = n - ph
+            units.append(_Unit([p, *results], protected=False, cost=cost))
+            starts.append(start)
+            fulls.append(full)
+            unit_first[p] = i
+            glues.append(not apart)
+            apart = False
+            full_tokens += full
+            total_cost += cost
+            lo.append(p)  # a unit's message comes before its results
+            h = results[-1] if results else p
+            hi.append(h)
+            top.append(i if not top or h >= hi[top[-1]] else top[-1])
+            k = len(calls) if role == "assistant" else 0
+            ncalls.append(k)
+            pre.append(pre[-1] + k)
+            costs.append(cost)
+        self.full_tokens, self.total_cost = full_tokens, total_cost
+        self.candidates = sorted(cands)
+        self.big = sorted((tokens[r], r) for r in cands)
+        self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
+        self.g_order, self.g_entry_unit, self.g_cost = _Grow(order), _Grow(entry_unit), _Grow(costs)
+        self.g_lo, self.g_hi, self.g_pre = _Grow(lo), _Grow(hi), _Grow(pre)
+        self.g_cand_delta = _Grow([delta[r] for r in self.candidates])
+        self.g_cand_unit = _Grow([unit_of[r] for r in self.candidates])
 
     def _add(self, p: int, graph: ContextGraph, memo: "_TokenMemo", glue: bool) -> bool:
         """Append message ``p`` (not a tool result, not outside B) to the order, as a unit when it is
@@ -649,7 +775,7 @@ class _Skeleton:
         full = memo.tokens[p] + sum(memo.counter.count_message(x) for x in synthetic)
         unit.cost = full
         for r in unit.positions[1:]:
-            ph_tokens = memo.placeholder[r][1]
+            ph_tokens = memo.ph_tokens[r]
             unit.cost += ph_tokens
             full += memo.tokens[r]
             self.form[r] = msgs[r]
@@ -814,7 +940,7 @@ def _token_memo(graph: ContextGraph, counter: TokenCounter,
         memo = memos.get(key)
         if memo is None:
             memo = memos[key] = _TokenMemo(counter, placeholder)
-    memo.update(graph.messages)
+    memo.update(graph)
     return memo
 
 
