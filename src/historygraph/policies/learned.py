@@ -180,11 +180,11 @@ def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> dict[i
     """Knapsack value of each candidate of ``layout`` from its reuse probability (``prob`` in
     candidate order): 0 below ``min_probability``, times ``excerpt_value`` for an oversized result
     offered as its excerpt."""
-    msgs = layout.graph.messages
-    value: dict[int, float] = {}
-    for p, pr in zip(layout.candidates, prob):
-        v = float(pr) if pr >= cfg.min_probability else 0.0
-        value[p] = v * cfg.excerpt_value if layout.form[p] is not msgs[p] else v
+    msgs, form = layout.graph.messages, layout.form
+    prob = np.asarray(prob, dtype=np.float64)
+    value = dict(zip(layout.candidates, np.where(prob >= cfg.min_probability, prob, 0.0).tolist()))
+    for p in [p for p in layout.candidates if form[p] is not msgs[p]]:
+        value[p] = value[p] * cfg.excerpt_value
     return value
 
 
