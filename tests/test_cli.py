@@ -338,3 +338,21 @@ def test_plain_progress_keeps_beating_while_a_trajectory_runs(monkeypatch, capsy
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")]
     assert len(lines) >= 2
     assert set(lines) == {"replay 1/4 trajectories, 100 s, about 300 s left"}
+
+
+def test_plain_progress_estimates_by_messages_not_trajectories(capsys):
+    # the largest trajectory first: 1 of 4 done after 100 s said "about 300 s left" although it
+    # held 600 of the 900 messages; by messages it is 100 / 600 · 300 = 50 s
+    from rich.progress import Progress
+
+    clock = [0.0]
+    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+        task = bar.add_task("replay", total=4)
+        finished: dict = {}
+        historygraph.cli._work[task] = ([600, 100, 100, 100], finished)
+        finished[0] = object()
+        bar.advance(task)
+        clock[0] = 100.0
+        historygraph.cli._plain_line(bar, task, "replay")
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")][-1]
+    assert line == "replay 1/4 trajectories, 100 s, about 50 s left"

@@ -461,6 +461,7 @@ def test_unreachable_upstream_gives_502_naming_it(tmp_path):
 
     r = asyncio.run(call())
     assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "api_error"  # the provider's type for a server-side failure, not the client's request
     assert app.state.proxy.store.messages(derived_session_id([Message("user", "hi")])) == [Message("user", "hi")]
 
 

@@ -133,16 +133,22 @@ def _read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, l
 PLAIN_PROGRESS_SECONDS = 10.0  # when stderr is not a terminal, a progress line at most this often
 HEARTBEAT_SECONDS = 30.0       # ... and at least this often, while a long trajectory is being worked on
 _last_line: dict[int, float] = {}
+_work: dict[int, tuple[list[int], dict]] = {}  # task -> (work per trajectory, the dict of those finished)
 
 
 def _plain_line(bar: Progress, task: TaskID, label: str) -> None:
-    """One plain progress line; the time left is the mean time per finished trajectory times those
-    left (rich's own estimate lapses when nothing finishes for half a minute)."""
+    """One plain progress line; the time left is the time so far per unit of work finished times the
+    work left, the work of a trajectory being its number of messages where the task registered them
+    in :data:`_work` (trajectories differ in length by 100×, so a count of them misleads), else its
+    count (rich's own estimate lapses when nothing finishes for half a minute)."""
     t = bar.tasks[task]
     _last_line[task] = time.monotonic()
     elapsed = t.elapsed or 0.0
-    left = (f", about {elapsed / t.completed * (t.total - t.completed):.0f} s left"
-            if t.completed and t.total and not t.finished else "")
+    weights, finished = _work.get(task, ([], {}))
+    done_w = sum(weights[i] for i in finished) if weights else t.completed
+    total_w = sum(weights) if weights else (t.total or 0)
+    left = (f", about {elapsed / done_w * (total_w - done_w):.0f} s left"
+            if done_w and total_w and not t.finished else "")
     err.print(f"{label} {t.completed:.0f}/{t.total:.0f} trajectories, {elapsed:.0f} s{left}", highlight=False)
 
 
@@ -247,6 +253,7 @@ def replay(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
+        _work[task] = ([max(1, len(tr.messages)) for tr in traces], done)
         with _heartbeat(bar, task, "replay"):
             try:
                 if jobs > 1:

@@ -141,11 +141,13 @@ def config_fields(name: str) -> dict[str, Any]:
     return out
 
 
-def get_spec(name: str) -> PolicySpec:
+def get_spec(name: str, replay: bool = True) -> PolicySpec:
+    """The registered spec of ``name``. Raises ``PolicyError`` for an unknown name, listing the
+    known ones (without the replay-only ones unless ``replay``)."""
     try:
         return REGISTRY[name]
     except KeyError:
-        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
+        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(names(replay))}") from None
 
 
 def check_production(name: str) -> PolicySpec:
@@ -154,7 +156,7 @@ def check_production(name: str) -> PolicySpec:
     Raises:
         PolicyError: unknown policy, or a replay-only policy (it reads the recorded future).
     """
-    spec = get_spec(name)
+    spec = get_spec(name, replay=False)
     if spec.replay_only:
         raise PolicyError(f"policy {name!r} reads the recorded future (a clairvoyant bound for the evaluator): "
                           f"it can only run in `historygraph replay`; choose a production policy such as 'learned' "

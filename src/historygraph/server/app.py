@@ -405,13 +405,19 @@ def _answer_of(data: Any, accumulator: Callable[[], Any]) -> Message | None:
         return None
 
 
+def _error_type(status: int) -> str:
+    """The providers' error ``type`` for an HTTP status: ``api_error`` for a failure on the server's
+    side (5xx, e.g. an unreachable upstream), else the client's request is at fault."""
+    return "request_too_large" if status == 413 else "api_error" if status >= 500 else "invalid_request_error"
+
+
 def _openai_error(exc: ClientError) -> JSONResponse:
-    kind = "request_too_large" if exc.status == 413 else "invalid_request_error"
+    kind = _error_type(exc.status)
     return JSONResponse({"error": {"message": str(exc), "type": kind, "param": exc.param, "code": None}}, exc.status)
 
 
 def _anthropic_error(exc: ClientError) -> JSONResponse:
-    kind = "request_too_large" if exc.status == 413 else "invalid_request_error"
+    kind = _error_type(exc.status)
     return JSONResponse({"type": "error", "error": {"type": kind, "message": str(exc)}}, exc.status)
 
 
