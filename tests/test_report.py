@@ -39,8 +39,10 @@ def test_report_is_self_contained_html_plus_markdown(run_dir):
     for name in pngs:
         assert f"(report-files/{name})" in md
     assert "| prune |" in md and "cost (Full ρ)" in md and "% of oracle" in md  # the oracle ran and "B = 3000" not in md.split("##")[0].split(";")[0]
-    # headline budget: 6000 did not run, so the first one; every table row is at that budget
-    assert "at B = 1500" in page and "at B = 3000" not in page
+    # headline budget: 6000 did not run, so the first one; the other budget's summary tables follow
+    # (a sweep's second budget had no table), the per-trace table is the headline budget's
+    assert page.index("at B = 1500</h2>") < page.index("at B = 3000</h2>")
+    assert "## ALL at B = 3000" in md and "Per trace at B = 1500" in page and "Per trace at B = 3000" not in page
 
 
 def test_report_errors_name_what_to_run(tmp_path):

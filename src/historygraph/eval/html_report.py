@@ -6,7 +6,8 @@ sorts and filters the per-trace table; nothing is fetched at view time) and ``re
 figures as PNG files in ``report-files/``.
 
 Contents: recall against normalised cost per source (ContextRender Figure 4), recall by result age
-(Table 2), recall, tokens and cost against B when several budgets ran (Figure 5), measured
+(Table 2), recall, tokens and cost against B when several budgets ran (Figure 5; the summary
+tables of the other budgets follow the headline's), measured
 prefix-cache reuse with both cost variants, ``% of oracle`` when a policy named ``oracle`` ran,
 the per-source summary, the per-trace table, and one trace's timeline (what each policy showed of
 each result at each call, with the reuse events). The headline budget is 6000 when it ran (B.1),
@@ -250,6 +251,12 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         rows = [r for r in summary if r["source"] == src]
         parts.append(f"<h2>{html.escape(src)} at B = {b}</h2>" + _html_table(rows, cols, f"summary-{src}"))
         md += [f"## {src} at B = {b}", "", _md_table(rows, cols), ""]
+    for other in (x for x in run.budgets if x != b):  # the other budgets of a sweep: their summary tables after the headline's
+        at = [r for r in run.per_source if r.get("budget") == other]
+        for src in dict.fromkeys(r["source"] for r in at):
+            rows = [r for r in at if r["source"] == src]
+            parts.append(f"<h2>{html.escape(src)} at B = {other}</h2>" + _html_table(rows, cols, f"summary-{src}-{other}"))
+            md += [f"## {src} at B = {other}", "", _md_table(rows, cols), ""]
     for stem, cap, png in figs:
         data = base64.b64encode(png).decode()
         parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
