@@ -349,10 +349,11 @@ def test_plain_progress_estimates_by_messages_not_trajectories(capsys):
     with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
         task = bar.add_task("replay", total=4)
         finished: dict = {}
-        historygraph.cli._work[task] = ([600, 100, 100, 100], finished)
-        finished[0] = object()
-        bar.advance(task)
-        clock[0] = 100.0
-        historygraph.cli._plain_line(bar, task, "replay")
+        with historygraph.cli._heartbeat(bar, task, "replay", work=([600, 100, 100, 100], finished)):
+            finished[0] = object()
+            bar.advance(task)
+            clock[0] = 100.0
+            historygraph.cli._plain_line(bar, task, "replay")
+        assert task not in historygraph.cli._work  # registered only while the replay runs
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")][-1]
     assert line == "replay 1/4 trajectories, 100 s, about 50 s left"

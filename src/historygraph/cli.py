@@ -164,10 +164,14 @@ def _advance(bar: Progress, task: TaskID, label: str) -> None:
 
 
 @contextmanager
-def _heartbeat(bar: Progress, task: TaskID, label: str) -> Iterator[None]:
+def _heartbeat(bar: Progress, task: TaskID, label: str, work: tuple[list[int], dict] | None = None) -> Iterator[None]:
     """When stderr is not a terminal, print the plain progress line every
-    :data:`HEARTBEAT_SECONDS` even if no trajectory finishes (one can take minutes)."""
+    :data:`HEARTBEAT_SECONDS` even if no trajectory finishes (one can take minutes). ``work``: the
+    work per trajectory and the dict of those finished, for the time left (:data:`_work`), while
+    the block runs."""
     stop = threading.Event()
+    if work is not None:
+        _work[task] = work
 
     def beat() -> None:
         while not stop.wait(HEARTBEAT_SECONDS / 3):
@@ -182,6 +186,7 @@ def _heartbeat(bar: Progress, task: TaskID, label: str) -> Iterator[None]:
         yield
     finally:
         stop.set()
+        _work.pop(task, None)
 
 
 @app.command()
@@ -253,8 +258,7 @@ def replay(
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False) as bar:
         task = bar.add_task("replay", total=len(traces))
-        _work[task] = ([max(1, len(tr.messages)) for tr in traces], done)
-        with _heartbeat(bar, task, "replay"):
+        with _heartbeat(bar, task, "replay", work=([max(1, len(tr.messages)) for tr in traces], done)):
             try:
                 if jobs > 1:
                     _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: _advance(bar, task, "replay"), params,
