@@ -24,7 +24,7 @@ from .dataset import Examples, trace_examples
 from .features import FEATURES
 from .model import ReuseModel
 
-C = 1.0  # inverse L2 strength; chosen by leave-trajectories-out cross-validation on traces-train (docs/results.md)
+C = 1.0  # inverse L2 strength; chosen by leave-trajectories-out cross-validation on the 90 training trajectories (docs/learned.md)
 
 
 def examples(traces: Iterable[Trace], counter: TokenCounter,

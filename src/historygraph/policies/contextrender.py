@@ -35,7 +35,7 @@ bounded by ``dep_ancestors`` steps (:func:`dependency_results`); registered as
 
 Beyond the paper, the layout (``result_reserve``, default 0.5, and ``brief_revivals``, default off:
 the shared layout above): registered as ``contextrender-reserve`` (0.95 and on, the layout of the
-``learned`` policy, chosen by its cross-validation on the traces-train trajectories), the same
+``learned`` policy, chosen by its cross-validation on 90 mini-swe-agent training trajectories), the same
 selection with the non-tool history kept only within ``(1 − result_reserve)·B`` and each step
 brought back for a result shown with its tool calls and a marker in place of its text
 (:class:`~historygraph.render.Layout`).
@@ -359,7 +359,7 @@ register("contextrender-dep", "ours: ContextRender eq. 2 + ContextWeaver §3.1 a
          w_dep=0.5, dep_ancestors=10)(ContextRender)
 
 # Ours, beyond the papers: the same selection under the result-reserve layout of ``learned``
-# (result_reserve 0.95, brief revivals; chosen on the traces-train trajectories, see the module docstring).
+# (result_reserve 0.95, brief revivals; chosen on the training trajectories, see the module docstring).
 register("contextrender-reserve", "ours: ContextRender eq. 2 under the result-reserve layout",
          "ContextRender's selection; non-tool history kept within 5 % of B, a step brought back for its result "
          "shown in brief.", result_reserve=0.95, brief_revivals=True)(ContextRender)
