@@ -10,6 +10,6 @@ TRACES=${HISTORYGRAPH_TRACES:-../shared/traces}
 if [ -d "$TRACES" ]; then
   exec .venv/bin/historygraph replay "$TRACES" -p learned -p contextrender -p prune -p full -p oracle --budget 6000 --out replay-results "$@"
 else
-  echo "no trace folder at $TRACES: replaying the shipped example trace instead" >&2
+  echo "no trace folder at $TRACES (relative to this clone; set HISTORYGRAPH_TRACES=PATH to replay yours): replaying the shipped example trace instead" >&2
   exec .venv/bin/historygraph replay -p learned -p contextrender -p prune -p full -p oracle --budget 3000 --out replay-results "$@"
 fi
