@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING
 
 import httpx
@@ -453,14 +454,19 @@ def test_unreachable_upstream_gives_502_naming_it(tmp_path):
 
     from historygraph.server import ServerConfig, create_app
 
-    app = create_app(ServerConfig(upstream=f"http://127.0.0.1:{_port()}/v1", store=":memory:", policy="prune"))
+    port = _port()
+    app = create_app(ServerConfig(upstream=f"http://127.0.0.1:{port}/v1", store=":memory:", policy="prune"))
 
     async def call():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
             return await c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
     r = asyncio.run(call())
-    assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    # the URL, the reason in words and what to check; not aiohttp's "ssl:default" for a plain-http upstream
+    assert r.status_code == 502 and message == (
+        f"upstream http://127.0.0.1:{port}/v1/chat/completions unreachable: connection refused at 127.0.0.1:{port} "
+        "(nothing listens there); check that the provider runs at that address and that historygraph serve --upstream names it")
     assert r.json()["error"]["type"] == "api_error"  # the provider's type for a server-side failure, not the client's request
     assert app.state.proxy.store.messages(derived_session_id([Message("user", "hi")])) == [Message("user", "hi")]
 
@@ -744,3 +750,32 @@ def test_a_worker_process_tunes_its_garbage_collector(monkeypatch, tmp_path):
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize("url, api, want", [
+    ("http://no-such-host.invalid/v1/chat/completions", "openai", "the host name 'no-such-host.invalid' could not be resolved"),
+    ("https://127.0.0.1:{port}/v1/messages", "anthropic", "connection refused at 127.0.0.1:{port} (nothing listens there)"),
+])
+def test_an_unreachable_upstream_is_named_with_the_reason_and_the_option_to_check(url, api, want):
+    # the exception chain as httpx-aiohttp raises it: httpx's error from aiohttp's, from the OS error
+    import asyncio
+
+    from httpx_aiohttp import AiohttpTransport
+
+    from historygraph.server.upstream import unreachable_message
+
+    url = url.format(port=_port())
+
+    async def fail() -> BaseException:
+        async with httpx.AsyncClient(transport=AiohttpTransport()) as c:
+            try:
+                await c.post(url, content=b"{}")
+            except httpx.HTTPError as exc:
+                return exc
+        raise AssertionError("the request was answered")
+
+    message = unreachable_message(url, asyncio.run(fail()), api)
+    option = "--upstream" if api == "openai" else "--anthropic-upstream"
+    assert message == (f"upstream {url} unreachable: {want.format(port=urlsplit(url).port)}; check that the provider "
+                       f"runs at that address and that historygraph serve {option} names it")
+    assert "ssl:default" not in message

@@ -48,7 +48,7 @@ from ..store import Store, open_store
 from . import jsonio, recall_tool
 from .metrics import ProxyMetrics
 from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
-from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
+from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 log = logging.getLogger("historygraph.server")
 
@@ -317,7 +317,7 @@ class Proxy:
             upstream = await self.send(request_up)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(api, "unreachable").inc()
-            raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None
+            raise ClientError(unreachable_message(url, exc, api), "upstream", 502) from None
         if upstream.status_code >= 400:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not body.get("stream"):
@@ -535,7 +535,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
         try:
             r = await proxy.client.get(url, headers=forward_headers(request.headers), params=request.query_params)
         except httpx.HTTPError as exc:
-            return _openai_error(ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502))
+            return _openai_error(ClientError(unreachable_message(url, exc), "upstream", 502))
         return Response(r.content, r.status_code, response_headers(r.headers))
 
     app.include_router(api_router)

@@ -31,7 +31,7 @@ from ..events import Message
 from ..formats import anthropic as anth
 from ..render import Rendering
 from ..signals.calibration import anthropic_usage, openai_usage
-from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers
+from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 TOOL_NAME = "historygraph_recall"
 DESCRIPTION = ("Fetch the complete text of earlier tool results that this conversation shows only as a "
@@ -144,7 +144,7 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
         up = await proxy.send(req)
     except httpx.HTTPError as exc:
         proxy.metrics.upstream_errors.labels(api, "unreachable").inc()
-        raise ClientError(f"upstream {url} unreachable: {type(exc).__name__}: {exc}", "upstream", 502) from None
+        raise ClientError(unreachable_message(url, exc, api), "upstream", 502) from None
     try:
         if up.status_code >= 400 or not body.get("stream"):
             content = await up.aread()

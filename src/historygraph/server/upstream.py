@@ -8,8 +8,14 @@ Header rule: every request header is forwarded except hop-by-hop headers, ``host
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import ssl
 from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+import httpx
 
 from ..events import EventError, Message
 from ..signals.calibration import Usage, openai_usage
@@ -29,6 +35,41 @@ def forward_headers(headers: Any) -> dict[str, str]:
 def response_headers(headers: Any) -> dict[str, str]:
     """Upstream response headers worth returning to the client (request ids, rate limits, type)."""
     return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+
+
+UPSTREAM_OPTION = {"openai": "historygraph serve --upstream", "anthropic": "historygraph serve --anthropic-upstream"}
+
+
+def unreachable_message(url: str, exc: BaseException, api: str = "openai") -> str:
+    """The 502 message for an upstream request that got no answer: ``url``, why in words (from the
+    socket error at the root of ``exc``'s chain, e.g. aiohttp's ``ClientConnectorError`` under
+    httpx's), and what to check (the ``historygraph serve`` option naming the upstream of ``api``,
+``"openai"`` or ``"anthropic"``).
+    aiohttp's own text ("Cannot connect to host … ssl:default") names neither the URL nor whether
+    TLS was used, so it is not quoted."""
+    parts = urlsplit(url)
+    address = parts.netloc or url
+    root: BaseException = exc
+    seen: set[int] = set()
+    while id(root) not in seen:  # the innermost cause: the OS or TLS error when there is one
+        seen.add(id(root))
+        inner = getattr(root, "os_error", None) or root.__cause__ or root.__context__
+        if inner is None:
+            break
+        root = inner
+    if isinstance(root, ConnectionRefusedError):
+        why = f"connection refused at {address} (nothing listens there)"
+    elif isinstance(root, socket.gaierror):
+        why = f"the host name {parts.hostname!r} could not be resolved"
+    elif isinstance(root, ssl.SSLError):
+        why = f"the TLS handshake with {address} failed ({root.reason or root}); for a plain-http server the URL must start with http://"
+    elif isinstance(root, (TimeoutError, asyncio.TimeoutError)) or (isinstance(exc, httpx.TimeoutException) and root is exc):
+        why = f"no answer from {address} in time (historygraph serve --timeout)"
+    elif isinstance(root, OSError) and root.strerror:
+        why = f"{root.strerror} ({address})"
+    else:
+        why = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
+    return f"upstream {url} unreachable: {why}; check that the provider runs at that address and that {UPSTREAM_OPTION[api]} names it"
 
 
 class SSEParser:
