@@ -25,7 +25,22 @@ def run_dir(tmp_path_factory):
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["report", str(out)])
     assert res.exit_code == 0, res.output
+    REPORT_OUTPUT.append(res.output)
     return out
+
+
+REPORT_OUTPUT: list[str] = []  # what `historygraph report` printed in the fixture
+
+
+def test_report_says_what_it_is_doing_before_each_figure(run_dir):
+    """Drawing the figures takes seconds each (≈ 20 s on the real traces), so the command names each
+    step before it runs instead of printing nothing until the end."""
+    lines = REPORT_OUTPUT[0].splitlines()
+    steps = [ln for ln in lines if ln.endswith(" …")]
+    assert steps[0] == f"reading {run_dir / 'replay.json'} …"
+    assert [s.split(":")[0] for s in steps[1:]] == [f"drawing figure {i} of 5" for i in range(1, 6)]
+    assert steps[-1].startswith("drawing figure 5 of 5: timeline of ")
+    assert lines[-1].startswith("wrote ")
 
 
 def test_report_is_self_contained_html_plus_markdown(run_dir):

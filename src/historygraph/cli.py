@@ -415,7 +415,7 @@ def report(
     from .eval.html_report import ReportError, write_report
 
     try:
-        paths = write_report(run_dir, budget, trace)
+        paths = write_report(run_dir, budget, trace, progress=lambda step: err.print(step + " …", markup=False, highlight=False, soft_wrap=True))
     except ReportError as exc:
         _fail(str(exc))
     except RuntimeError as exc:  # matplotlib missing

@@ -23,7 +23,7 @@ import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import plots
 
@@ -131,12 +131,15 @@ def _fmt(v: Any, key: str = "") -> str:
     return str(v)
 
 
-def _figures(run: Run, budget: int | None, trace_key: str | None) -> list[tuple[str, str, bytes]]:
-    """``(file stem, caption, png)`` of each figure that has data."""
+def _figures(run: Run, budget: int | None, trace_key: str | None,
+             progress: Callable[[str], None] | None = None) -> list[tuple[str, str, bytes]]:
+    """``(file stem, caption, png)`` of each figure that has data; ``progress`` is told the name of
+    each figure before it is drawn (matplotlib takes seconds per figure)."""
     pols, ts = run.policies, _trace_set(run)
     at = [r for r in run.per_source if r.get("budget") == budget]
     out = []
-    for stem, cap, fn, rows, title in (
+    n = 5 if trace_key else 4
+    for i, (stem, cap, fn, rows, title) in enumerate((
         ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
          plots.recall_vs_cost, at, f"Recall vs normalised cost at B = {budget}; {ts}"),
         ("recall_by_age", "Recall by result age (ContextRender Table 2)", plots.recall_by_age, at,
@@ -145,12 +148,16 @@ def _figures(run: Run, budget: int | None, trace_key: str | None) -> list[tuple[
          plots.budget_sweep, run.per_source, f"All sources, B = {', '.join(map(str, run.budgets))}; {ts}"),
         ("cache_and_cost", "Prefix-cache reuse and both cost variants per policy", plots.cache_and_cost, at,
          f"All sources at B = {budget}; {ts}"),
-    ):
+    ), 1):
+        if progress:
+            progress(f"drawing figure {i} of {n}: {stem}")
         png = fn(rows, pols, title)
         if png:
             out.append((stem, cap, png))
     if trace_key:
         tl = run.timelines[trace_key]
+        if progress:
+            progress(f"drawing figure {n} of {n}: timeline of {tl['trace_id']}")
         png = plots.timeline(tl, pols, f"{tl['source']} trace {tl['trace_id']} at B = {budget}: "
                                        f"{len(tl['results'])} results, {len(tl['invocations'])} calls, {len(tl['events'])} reuse events")
         if png:
@@ -214,13 +221,17 @@ img{max-width:100%;border:1px solid #eee}
 """
 
 
-def write_report(run_dir: Path, budget: int | None = None, trace: str | None = None) -> dict[str, Path]:
+def write_report(run_dir: Path, budget: int | None = None, trace: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Path]:
     """Write ``report.html``, ``report.md`` and ``report-files/*.png`` into ``run_dir``; returns the
-    paths by kind. Raises :class:`ReportError` (see :func:`load_run`, :func:`pick_timeline`)."""
+    paths by kind. ``progress`` (optional) is told each step before it runs: reading the run, then
+    each figure. Raises :class:`ReportError` (see :func:`load_run`, :func:`pick_timeline`)."""
+    if progress:
+        progress(f"reading {run_dir / 'replay.json'}")
     run = load_run(run_dir)
     b = headline_budget(run, budget)
     key = pick_timeline(run, b, trace)
-    figs = _figures(run, b, key)
+    figs = _figures(run, b, key, progress)
     files = run_dir / "report-files"
     files.mkdir(exist_ok=True)
     for stem, _, png in figs:
