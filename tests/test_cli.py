@@ -357,3 +357,19 @@ def test_plain_progress_estimates_by_messages_not_trajectories(capsys):
         assert task not in historygraph.cli._work  # registered only while the replay runs
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")][-1]
     assert line == "replay 1/4 trajectories, 100 s, about 50 s left"
+
+
+def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
+    """The default table is the dozen columns a reader compares policies by (it was ~22 columns,
+    wider than any terminal); --wide prints every column; replay.csv keeps all of them either way."""
+    base = ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500", "--store", ":memory:"]
+    res = runner.invoke(app, base + ["--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "recall %" in line)
+    assert "hist tok mean" in header and "prefix reuse %" not in header and "render ms p95" not in header
+    assert "more columns" in res.output and "--wide" in res.output
+    wide = runner.invoke(app, base + ["--out", str(tmp_path / "b"), "--wide"])
+    assert wide.exit_code == 0, wide.output
+    assert "prefix reuse %" in wide.output and "render ms p95" in wide.output and "more columns" not in wide.output
+    csv_head = (tmp_path / "a" / "replay.csv").read_text().splitlines()[0]
+    assert "prefix_reuse_pct" in csv_head and "render_ms_p95" in csv_head

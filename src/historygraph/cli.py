@@ -200,6 +200,7 @@ def replay(
     price: Annotated[list[str], typer.Option("--price", help="Eq. 3 price in USD per million tokens, KEY=VALUE (repeatable; keys input, cached_input, output, embedding; defaults 2, 0.5, 8, 0.13 from ContextRender §4.2).")] = [],
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
+    wide: Annotated[bool, typer.Option(help="Print every column (about 30) instead of the main dozen; replay.csv and the report have all of them either way.")] = False,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
     strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file (default: skip it with a warning, exit 1 at the end).")] = False,
     param: ParamOption = [],
@@ -291,9 +292,9 @@ def replay(
               + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
     per_trace_rows, per_source_rows = summarize(results, prices)
     for b in budgets:
-        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall, history tokens and cost at B = {b}")
+        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall, history tokens and cost at B = {b}", wide=wide)
         if per_trace:
-            _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True)
+            _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
     for r in per_source_rows:
         if r["source"] == "ALL" and r["budget_errors"]:
@@ -374,8 +375,14 @@ def _fmt(v: object, digits: int = 1) -> str:
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
-def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
-    t = Table(title=title, header_style="bold")
+# the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
+COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
+                   "recall_age_>25", "norm_cost", "mean_history_tokens", "render_ms_median", "budget_errors", "model_calls")
+
+
+def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False) -> None:
+    t = Table(title=title, header_style="bold", caption=None if wide else
+              "more columns (value recall, age bins, prefix reuse, costs, p95, model use): --wide, replay.csv, historygraph report")
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
@@ -394,8 +401,8 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False) -> None:
     # that call no model) are left out of the printed table; JSON and CSV keep every column
     # recall 0.0 is a result, not an empty column: recall and its age bins stay whenever they have a value
     always = ("source", "trace_id", "policy", "recall")
-    cols = [c for c in cols if c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
-                                                  for r in rows)]
+    cols = [c for c in cols if (wide or c in COMPACT_COLUMNS) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
+                                                  for r in rows))]
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
