@@ -373,3 +373,15 @@ def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
     assert "prefix reuse %" in wide.output and "render ms p95" in wide.output and "more columns" not in wide.output
     csv_head = (tmp_path / "a" / "replay.csv").read_text().splitlines()[0]
     assert "prefix_reuse_pct" in csv_head and "render_ms_p95" in csv_head
+
+
+def test_replay_names_its_store_on_one_line_however_long(tmp_path):
+    """Piped output was wrapped at 170 columns, so the store's path (the last thing on the first
+    line, which scripts and readers look for) broke across lines."""
+    store = tmp_path / ("a-long-folder-name-" * 6) / "sessions.sqlite"
+    store.parent.mkdir()
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--budget", "1500", "--store", str(store),
+                              "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    first = res.output.splitlines()[0]
+    assert first.startswith("Replaying 1 trajectory") and first.endswith(f"store: {store}")

@@ -247,7 +247,8 @@ def replay(
     except (PolicyError, ValueError) as exc:
         _fail(str(exc))
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
-                  f"at B = {', '.join(map(str, budgets))} tokens ({encoding}); store: {_store_name(db)}")
+                  f"at B = {', '.join(map(str, budgets))} tokens ({encoding}); store: {_store_name(db)}",
+                  markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length: scripts grep it
     for n, p in policies.items():
         if hasattr(p, "model_info"):
             info = p.model_info
@@ -303,7 +304,7 @@ def replay(
                       "invocations; those renderings count as showing nothing (raise --budget)")
     console.print(f"wall time {wall:.1f} s, peak memory {'n/a' if peak_mb is None else f'{peak_mb:.0f} MB'}, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
-    console.print("wrote " + ", ".join(str(p) for p in written.values()))
+    console.print("wrote " + ", ".join(str(p) for p in written.values()), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report (HTML and Markdown): historygraph report {out}", markup=False, highlight=False, soft_wrap=True)
     if skipped:
         _warn(f"{len(skipped)} unreadable file(s) skipped: " + ", ".join(s["path"] for s in skipped))
