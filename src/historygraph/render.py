@@ -282,6 +282,7 @@ def _marker_parts(first: int, last: int, n_calls: int) -> list[tuple[str | None,
 
 
 _SLOT_COUNTS: dict[tuple, list[dict[str, int]]] = {}  # (encoding, wording, slots) -> per-slot value counts
+_SLOT_TABLES: dict[tuple, dict[str, np.ndarray]] = {}  # the same as per-slot tables of :meth:`_MarkerPlan.gather`
 _UNKNOWN = np.iinfo(np.int64).min  # a table entry of _MarkerPlan.gather not computed yet
 
 
@@ -307,9 +308,10 @@ class _MarkerPlan:
         self.const = MESSAGE_OVERHEAD + sum(counter.count(p) for ps in self.pieces for p in ps)
         self.index = {name: j for j, name in enumerate(slots)}
         # slot counts depend on the encoding and the wording only: shared by every graph's plan
-        self.memo: list[dict[str, int]] = _SLOT_COUNTS.setdefault(
-            (counter.encoding_name, tuple(literals), tuple(slots)), [{} for _ in slots])
-        self._tables: dict[str, np.ndarray] = {}
+        key = (counter.encoding_name, tuple(literals), tuple(slots))
+        self.memo: list[dict[str, int]] = _SLOT_COUNTS.setdefault(key, [{} for _ in slots])
+        # (a race between threads only recomputes an entry: every value written is the same)
+        self._tables: dict[str, np.ndarray] = _SLOT_TABLES.setdefault(key, {})
         # the fewest tokens any marker can have: a slot's chunk is never empty, so it counts at
         # least 1, less the pieces next to it that a number may take
         self.floor = self.const + sum(1 - self._took_at_most(j) for j in range(len(slots)))
@@ -337,7 +339,7 @@ class _MarkerPlan:
 
     def gather(self, slot: str, values: np.ndarray) -> np.ndarray:
         """``[number(slot, v) for v in values]`` (int64), from a table per slot indexed by the
-        value, filled as values first appear."""
+        value, filled as values first appear (shared by every plan of the encoding and wording)."""
         table = self._tables.get(slot)
         top = int(values.max()) + 1 if len(values) else 0
         if table is None or len(table) < top:
@@ -400,6 +402,18 @@ class _MarkerPlan:
         return n
 
 
+_PLANS: dict[tuple[type, str, str], "_MarkerPlan | None"] = {}
+
+
+def _marker_plan(counter: TokenCounter) -> "_MarkerPlan | None":
+    """:meth:`_MarkerPlan.build` for ``counter``, one per counter type, encoding and marker wording
+    (what the plan counts depends on those alone, as for :class:`_TokenMemo`), shared by every graph."""
+    key = (type(counter), counter.encoding_name, DROPPED_MARK)
+    if key not in _PLANS:
+        _PLANS[key] = _MarkerPlan.build(counter)
+    return _PLANS[key]
+
+
 _excerpts: dict[tuple[str, int, str | None, int], Message] = {}
 
 
@@ -455,8 +469,8 @@ class _Grow:
 
     __slots__ = ("buf", "n", "pending")
 
-    def __init__(self, values: Iterable[int] = (), collect: bool = False) -> None:
-        vals = list(values)
+    def __init__(self, values: Iterable[int] | np.ndarray = (), collect: bool = False) -> None:
+        vals = values if isinstance(values, np.ndarray) else list(values)
         self.buf = np.zeros(max(64, 2 * len(vals)), dtype=np.int64)
         self.buf[:len(vals)] = vals
         self.n = len(vals)
@@ -548,7 +562,7 @@ class _TokenMemo:
         self.ph_message = _Placeholders(counter, placeholder)
         self.ph_tokens: dict[int, int] = {}
         self.tools = _Grow()                                     # positions of the tool results, ascending
-        self.marker_plan = _MarkerPlan.build(counter)
+        self.marker_plan = _marker_plan(counter)
         self.kind = token_rows(type(counter) is TokenCounter, counter.encoding_name, placeholder)
         self._skeleton = _Skeleton()
         self._lock = threading.Lock()
@@ -631,117 +645,103 @@ class _Skeleton:
         self.n, self.superseded = len(graph.messages), len(graph.superseded)
 
     def _build(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
+        # From whole-graph arrays, not per message: a reopened session's first render builds the
+        # skeleton over its whole history (thousands of units). Each unit is a user or assistant
+        # message not outside B (only assistant messages carry calls, and every result's call
+        # comes before it), followed in the order by its calls' latest results, ascending; what
+        # :meth:`_add` does per message when the graph is extended.
         msgs = graph.messages
+        n = len(msgs)
         self._lent = False  # every container is a new one
-        users = self.users = [p for p, m in enumerate(msgs) if m.role == "user"]  # (extending adds none)
+        roles = [m.role for m in msgs]
+        users = self.users = [p for p, r in enumerate(roles) if r == "user"]  # (extending adds none)
         self.current_user = users[-1] if users else None
         self.first_user = users[0] if users else None
-        self.last_assistant = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
-        self.outside = {p for p, m in enumerate(msgs) if m.role == "system"}
+        self.last_assistant = next((p for p in range(n - 1, -1, -1) if roles[p] == "assistant"), None)
+        self.outside = {p for p, r in enumerate(roles) if r == "system"}
         if self.current_user is not None:
             self.outside.add(self.current_user)
-        self.order: list[int] = []
-        self.units: list[_Unit] = []
-        self.starts: list[int] = []        # index in order where each unit's message is
-        self.fulls: list[int] = []         # each unit's tokens when complete
-        self.unit_first: dict[int, int] = {}
-        self.unit_of: dict[int, int] = {}
+        outside = self.outside
+        nontool = [p for p, r in enumerate(roles) if r != "tool"]
+        unit_pos = [p for p in nontool if p not in outside]
+        n_units = len(unit_pos)
+        i64 = np.int64
+        nt = np.asarray(nontool, dtype=i64)
+        lo = np.asarray(unit_pos, dtype=i64)
+        uidx = np.full(n, -1, dtype=i64)  # position -> its unit (a unit's message), −1 otherwise
+        uidx[lo] = np.arange(n_units, dtype=i64)
+        result_of, call_owner = graph.result_of, graph.call_owner
+        k = len(result_of)
+        rpos = np.fromiter(result_of.values(), dtype=i64, count=k)
+        rown = np.fromiter((call_owner[c] for c in result_of), dtype=i64, count=k)
+        by_owner = np.lexsort((rpos, rown))  # results grouped by their unit, ascending within it
+        rpos, rown = rpos[by_owner], rown[by_owner]
+        runit = uidx[rown]
+        # the order: every non-tool message, each followed by its results
+        head = np.concatenate([nt, rown])
+        perm = np.lexsort((np.concatenate([np.full(len(nt), -1, dtype=i64), rpos]), head))
+        order = np.concatenate([nt, rpos])[perm]
+        entry_unit = uidx[head[perm]]
+        starts = np.flatnonzero(perm < len(nt))[uidx[nt] >= 0]  # where each unit's message is in the order
+        tokens = np.asarray(memo.tokens, dtype=i64)
+        ph_tokens = memo.ph_tokens
+        rph = np.fromiter((ph_tokens[r] for r in rpos.tolist()), dtype=i64, count=k)
+        rtok = tokens[rpos]
+        answered = np.bincount(runit, minlength=n_units)
+        ncalls = [len(msgs[p].tool_calls) for p in unit_pos]  # (a user message has none)
+        # synthetic answers for the calls without a result (only the very last message can be in flight)
         self.synthetic: dict[int, list[Message]] = {}
-        self.candidates: list[int] = []
-        self.big: list[tuple[int, int]] = []  # (full cost, position), ascending
-        self.glue: list[bool] = []
-        self.full_tokens = self.total_cost = 0
+        synthetic_of = self.synthetic
+        syn_tokens = np.zeros(n_units, dtype=i64)
+        count_message = memo.counter.count_message
+        for i in np.flatnonzero(np.asarray(ncalls, dtype=i64) > answered).tolist():
+            p = unit_pos[i]
+            if p == n - 1:
+                continue
+            synthetic = [Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
+                                 rendered_as="placeholder") for call in msgs[p].tool_calls if call.id not in result_of]
+            synthetic_of[p] = synthetic
+            syn_tokens[i] = sum(count_message(x) for x in synthetic)
+        own = tokens[lo] + syn_tokens
+        # (float sums of integers: exact below 2**53)
+        cost = own + np.bincount(runit, weights=rph, minlength=n_units).astype(i64)
+        full = own + np.bincount(runit, weights=rtok, minlength=n_units).astype(i64)
+        hi = lo.copy()  # a unit's message comes before its results
+        np.maximum.at(hi, runit, rpos)
+        if n_units:
+            earlier = np.concatenate([[np.iinfo(i64).min], np.maximum.accumulate(hi)[:-1]])
+            top = np.maximum.accumulate(np.where(hi >= earlier, np.arange(n_units, dtype=i64), 0))
+        else:
+            top = np.zeros(0, dtype=i64)
+        is_unit = uidx[nt] >= 0
+        glue = np.concatenate([[False], is_unit[:-1]])[is_unit] if len(nt) else np.zeros(0, dtype=bool)
+        pre = np.concatenate([[0], np.cumsum(np.asarray(ncalls, dtype=i64))]).astype(i64)
+        order_l, starts_l, sizes = order.tolist(), starts.tolist(), (answered + 1).tolist()
+        self.order = order_l
+        self.units = list(map(_Unit, [order_l[s:s + z] for s, z in zip(starts_l, sizes)], [False] * n_units, cost.tolist()))
+        self.starts = starts_l                 # index in order where each unit's message is
+        self.fulls = full.tolist()             # each unit's tokens when complete
+        self.unit_first = dict(zip(unit_pos, range(n_units)))
+        cand_order = np.argsort(rpos, kind="stable")
+        cands, cand_units = rpos[cand_order], runit[cand_order]
+        cand_delta = (rtok - rph)[cand_order]
+        self.candidates = cands_l = cands.tolist()
+        self.unit_of = dict(zip(cands_l, cand_units.tolist()))
+        self.form = {r: msgs[r] for r in cands_l}                     # candidate -> its complete message
+        self.delta = dict(zip(cands_l, cand_delta.tolist()))          # candidate -> full cost − placeholder cost
+        big = np.lexsort((rpos, rtok))
+        self.big = list(zip(rtok[big].tolist(), rpos[big].tolist()))  # (full cost, position), ascending
+        self.glue = glue.tolist()
+        self.full_tokens, self.total_cost = int(full.sum()), int(cost.sum())
         # Layout._unit_facts per unit: lowest and highest position, prefix-max holder, calls, prefix sums
-        self.lo: list[int] = []
-        self.hi: list[int] = []
-        self.top: list[int] = []
-        self.ncalls: list[int] = []
-        self.pre: list[int] = [0]
-        self.form: dict[int, Message] = {}   # candidate -> its complete message
-        self.delta: dict[int, int] = {}      # candidate -> full cost − placeholder cost
+        self.lo, self.hi, self.top, self.ncalls, self.pre = unit_pos, hi.tolist(), top.tolist(), ncalls, pre.tolist()
+        self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
         # the same as arrays (see :meth:`arrays`): per order entry its position and unit (−1 outside B),
         # per unit its cost, lowest and highest position and the prefix sums of calls, per candidate
         # (ascending) its delta and unit
-        # one pass with everything local (a build from scratch adds thousands of units; :meth:`_add`
-        # does the same per message when the graph is extended)
-        order, units, starts, fulls, glues = self.order, self.units, self.starts, self.fulls, self.glue
-        unit_first, unit_of, synthetic_of, form, delta = self.unit_first, self.unit_of, self.synthetic, self.form, self.delta
-        lo, hi, top, ncalls, pre = self.lo, self.hi, self.top, self.ncalls, self.pre
-        entry_unit: list[int] = []
-        costs: list[int] = []
-        tokens, ph_tokens, result_of = memo.tokens, memo.ph_tokens, graph.result_of
-        count_message = memo.counter.count_message
-        last = len(msgs) - 1
-        full_tokens = total_cost = 0
-        cands: list[int] = []
-        apart = True
-        for p, m in enumerate(msgs):
-            role = m.role
-            if role == "tool":
-                continue
-            if p in self.outside:
-                order.append(p)
-                entry_unit.append(-1)  # (outside messages are system or user messages: no calls)
-                apart = True
-                continue
-            start = len(order)
-            order.append(p)
-            calls = m.tool_calls
-            results = sorted(result_of[c.id] for c in calls if c.id in result_of) if calls else []
-            if role != "user" and role != "assistant":
-                order.extend(results)
-                entry_unit.extend([-1] * (1 + len(results)))
-                continue
-            i = len(units)
-            order.extend(results)
-            entry_unit.extend([i] * (1 + len(results)))
-            full = tokens[p]
-            if role == "assistant":
-                synthetic = []
-                for call in calls:
-                    rp = result_of.get(call.id)
-                    if rp is not None:
-                        unit_of[rp] = i
-                    elif p != last:  # only the very last message can be in flight
-                        synthetic.append(Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
-                                                 rendered_as="placeholder"))
-                if synthetic:
-                    synthetic_of[p] = synthetic
-                    full += sum(count_message(x) for x in synthetic)
-            else:
-                results = []  # (a user message has no calls)
-            cost = full
-            for r in results:
-                cands.append(r)
-                ph, n = ph_tokens[r], tokens[r]
-                cost += ph
-                full += n
-                form[r] = msgs[r]
-                delta[r] = n - ph
-            units.append(_Unit([p, *results], protected=False, cost=cost))
-            starts.append(start)
-            fulls.append(full)
-            unit_first[p] = i
-            glues.append(not apart)
-            apart = False
-            full_tokens += full
-            total_cost += cost
-            lo.append(p)  # a unit's message comes before its results
-            h = results[-1] if results else p
-            hi.append(h)
-            top.append(i if not top or h >= hi[top[-1]] else top[-1])
-            k = len(calls) if role == "assistant" else 0
-            ncalls.append(k)
-            pre.append(pre[-1] + k)
-            costs.append(cost)
-        self.full_tokens, self.total_cost = full_tokens, total_cost
-        self.candidates = sorted(cands)
-        self.big = sorted((tokens[r], r) for r in cands)
-        self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
-        self.g_order, self.g_entry_unit, self.g_cost = _Grow(order), _Grow(entry_unit), _Grow(costs)
+        self.g_order, self.g_entry_unit, self.g_cost = _Grow(order), _Grow(entry_unit), _Grow(cost)
         self.g_lo, self.g_hi, self.g_pre = _Grow(lo), _Grow(hi), _Grow(pre)
-        self.g_cand_delta = _Grow([delta[r] for r in self.candidates])
-        self.g_cand_unit = _Grow([unit_of[r] for r in self.candidates])
+        self.g_cand_delta, self.g_cand_unit = _Grow(cand_delta), _Grow(cand_units)
 
     def _add(self, p: int, graph: ContextGraph, memo: "_TokenMemo", glue: bool) -> bool:
         """Append message ``p`` (not a tool result, not outside B) to the order, as a unit when it is
@@ -944,7 +944,7 @@ def _token_memo(graph: ContextGraph, counter: TokenCounter,
     return memo
 
 
-@dataclass
+@dataclass(slots=True)
 class _Unit:
     """A droppable group of history: one user message, or an assistant message with its results."""
 
