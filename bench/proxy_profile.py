@@ -141,8 +141,9 @@ class Breakdown:
             finally:
                 if self.on:
                     self.mock += time.thread_time() - t0
-        proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(timed))
-        proxy.client.send = self.wrap("upstream call (httpx, less the mock provider)", proxy.client.send)
+        proxy.transport = httpx.MockTransport(timed)
+        proxy.transport.handle_async_request = self.wrap("upstream call (httpx, less the mock provider)",  # type: ignore[method-assign]
+                                                         proxy.transport.handle_async_request)
 
 
 def upstream(request: httpx.Request) -> httpx.Response:
@@ -295,7 +296,7 @@ def main() -> None:
     if not args.default_gc:
         app_mod.tune_gc()  # as historygraph serve does
     proxy = app.state.proxy
-    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+    proxy.transport = httpx.MockTransport(upstream)
     app_mod.run_in_threadpool = inline
     profiler = None if args.no_profile or args.breakdown else cProfile.Profile()
     breakdown = None

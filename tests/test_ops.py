@@ -56,7 +56,7 @@ def proxy(store=None, upstream: str = "http://upstream/v1"):
     app = create_app(ServerConfig(upstream=upstream, anthropic_upstream="http://upstream", store=":memory:",
                                   policy="prune", budget=500), store=store or MemoryStore())
     if upstream.startswith("http://upstream"):
-        app.state.proxy.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream_app()))
+        app.state.proxy.transport = httpx.ASGITransport(app=upstream_app())
     return app
 
 

@@ -50,7 +50,7 @@ def run(prefetch: bool) -> tuple[list[dict], list[list[str]]]:
     app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="contextrender", budget=400,
                                   calibrate=False))
     proxy = app.state.proxy
-    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+    proxy.transport = httpx.MockTransport(upstream)
     embedder = CountingEmbedder()
     proxy.signals.embedder_factory = lambda: embedder
     if not prefetch:

@@ -118,7 +118,7 @@ def proxy(recall: bool = True, always_recall: bool = False, rounds: int = 3):
     store = MemoryStore()
     app = create_app(ServerConfig(upstream="http://upstream/v1", anthropic_upstream="http://upstream", store=":memory:",
                                   policy="prune", budget=700, recall=recall, recall_rounds=rounds), store=store)
-    app.state.proxy.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=scripted_upstream(seen, always_recall)))
+    app.state.proxy.transport = httpx.ASGITransport(app=scripted_upstream(seen, always_recall))
     return app, seen, store
 
 

@@ -167,7 +167,7 @@ def _proxy_run(session_cache: int, steps: list[list[dict]]) -> tuple[list, list[
 
     app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="prune", budget=60,
                                   session_cache=session_cache, calibrate=False))
-    app.state.proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+    app.state.proxy.transport = httpx.MockTransport(upstream)
 
     async def go() -> list[int]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:

@@ -404,7 +404,7 @@ def test_upstream_pool_drops_idle_connections_before_a_5_s_keep_alive_timeout():
 
     import asyncio
 
-    transport = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy.client._transport
+    transport = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy.transport
 
     async def connector():
         session = transport.get_client()  # the aiohttp session the transport opens on its first request
@@ -435,10 +435,10 @@ def test_upstream_connection_failures_before_an_answer_are_retried_twice(failure
         return httpx.Response(200, json={"ok": True})
 
     proxy = create_app(ServerConfig(store=":memory:", policy="prune")).state.proxy
-    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+    proxy.transport = httpx.MockTransport(upstream)
 
     async def send():
-        return await proxy.send(proxy.client.build_request("POST", "http://up/v1/chat/completions", content=b"{}"))
+        return await proxy.send(proxy.request("POST", "http://up/v1/chat/completions", content=b"{}"))
 
     retried = error is not httpx.ReadTimeout
     if failures > UPSTREAM_RETRIES or not retried:
@@ -546,7 +546,9 @@ def test_upstream_timeout_gives_a_well_formed_error(servers, tmp_path):
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
                        json={"model": "hang-model", "messages": [{"role": "user", "content": "hi"}]},
                        headers={"X-HistoryGraph-Session": "fault-timeout"})
-        assert r.status_code == 502 and "Timeout" in r.json()["error"]["message"]
+        assert r.status_code == 502 and r.json()["error"]["message"] == (
+            f"upstream {servers['up']}/v1/chat/completions timed out: no answer within 1 s (historygraph serve --timeout); "
+            "check that the provider at that address is up and not overloaded, or allow it longer")
     finally:
         px.terminate()
         px.wait(10)
@@ -779,3 +781,45 @@ def test_an_unreachable_upstream_is_named_with_the_reason_and_the_option_to_chec
     assert message == (f"upstream {url} unreachable: {want.format(port=urlsplit(url).port)}; check that the provider "
                        f"runs at that address and that historygraph serve {option} names it")
     assert "ssl:default" not in message
+
+
+def test_a_cookie_an_upstream_answer_sets_is_never_sent_with_a_later_request():
+    # a provider's load balancer sets cookies (e.g. __cf_bm); the proxy's upstream connection is
+    # shared by all its clients, so it must keep none: before the fix httpx's client (and aiohttp's
+    # session under it) stored the cookie and sent it with the next client's request
+    import asyncio
+
+    from aiohttp import web
+
+    from historygraph.server import ServerConfig, create_app
+
+    cookies: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        cookies.append(request.headers.get("Cookie"))
+        response = web.json_response({"id": "c", "object": "chat.completion", "model": "m",
+                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                   "finish_reason": "stop"}]})
+        response.set_cookie("__cf_bm", f"balancer-{len(cookies)}", path="/")
+        return response
+
+    async def run() -> None:
+        upstream = web.Application()
+        upstream.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(upstream)
+        await runner.setup()
+        port = _port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        app = create_app(ServerConfig(upstream=f"http://127.0.0.1:{port}/v1", store=":memory:", policy="prune"))
+        try:
+            for session in ("cookie-a", "cookie-b"):  # two agents, each its own client (a client's own cookies pass)
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
+                    r = await c.post("/v1/chat/completions", headers={"X-HistoryGraph-Session": session},
+                                     json={"model": "m", "messages": [{"role": "user", "content": f"hi from {session}"}]})
+                    assert r.status_code == 200 and r.headers["set-cookie"].startswith("__cf_bm=balancer-")
+        finally:
+            await app.state.proxy.transport.aclose()
+            await runner.cleanup()
+
+    asyncio.run(run())
+    assert cookies == [None, None]  # the answer's Set-Cookie reached the client; nothing came back upstream

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
 
+import aiohttp
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -119,6 +120,22 @@ class ServerConfig:
             create(name, **values)  # PolicyError naming the policy, field and expected type
 
 
+UPSTREAM_MAX_CONNECTIONS = 1000
+UPSTREAM_KEEPALIVE_S = 4.0
+"""Idle upstream connections are dropped after this many seconds, before the 5 s keep-alive
+timeout of uvicorn and similar servers closes one just as it is reused (a ReadError: 502)."""
+
+
+def upstream_session() -> aiohttp.ClientSession:
+    """The aiohttp session of the upstream transport (opened on the first upstream request, in the
+    event loop): at most :data:`UPSTREAM_MAX_CONNECTIONS` connections, idle ones closed after
+    :data:`UPSTREAM_KEEPALIVE_S`, TLS verified as httpx verifies it, and no cookie jar (a cookie
+    one client's answer set is never sent with another client's request)."""
+    connector = aiohttp.TCPConnector(limit=UPSTREAM_MAX_CONNECTIONS, keepalive_timeout=UPSTREAM_KEEPALIVE_S,
+                                     ssl=httpx.create_ssl_context())
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+
 class ClientError(Exception):
     """A bad request: ``status``, a message and the field at fault."""
 
@@ -128,7 +145,8 @@ class ClientError(Exception):
 
 
 class Proxy:
-    """State shared by the endpoints: config, store, router, signals, policy instances, client."""
+    """State shared by the endpoints: config, store, router, signals, policy instances, the
+    upstream transport."""
 
     def __init__(self, config: ServerConfig, store: Store | None = None) -> None:
         self.config = config
@@ -141,14 +159,20 @@ class Proxy:
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}
-        # httpx's API on aiohttp's connection pool (httpx-aiohttp): httpcore's pool visits every
-        # pooled connection on each request, 2.5-2.7 CPU ms per 27 KB request at 25-50 upstream
-        # connections against 0.6-0.8 through aiohttp (bench/RESULTS.md, this round's proxy section).
-        # The limits belong to the transport (a client given a transport ignores its own limits).
-        # Idle connections are dropped after 4 s, before the 5 s keep-alive timeout of uvicorn and
-        # similar servers closes one just as it is reused (a ReadError: 502 to the client).
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=4.0)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=30.0), transport=AiohttpTransport(limits=limits))
+        # The upstream transport: httpx's request and response types on aiohttp's connection pool
+        # (httpx-aiohttp): httpcore's pool visits every pooled connection on each request, 2.5-2.7
+        # CPU ms per 27 KB request at 25-50 upstream connections against 0.6-0.8 through aiohttp
+        # (bench/RESULTS.md). Requests go to the transport directly, not through an httpx client:
+        # a client keeps the cookies an upstream sets (a provider's load-balancer cookie) and sends
+        # them with every later request, whichever client of the proxy made it, and its
+        # per-request merging of URL, headers and cookies is CPU on the request path.
+        self.timeout = httpx.Timeout(config.timeout, connect=30.0)
+        self.transport: httpx.AsyncBaseTransport = AiohttpTransport(client=upstream_session)
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Request:
+        """An upstream request (``httpx.Request``'s arguments: ``content``, ``json``, ``headers``,
+        ``params``) carrying the configured timeouts."""
+        return httpx.Request(method, url, extensions={"timeout": self.timeout.as_dict()}, **kwargs)
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` upstream, its answer streamed. A connection that failed before any
@@ -157,7 +181,7 @@ class Proxy:
         ``httpx.HTTPError`` (the last failure, or any other)."""
         for attempt in range(UPSTREAM_RETRIES + 1):
             try:
-                return await self.client.send(request, stream=True)
+                return await self.transport.handle_async_request(request)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError):
                 if attempt == UPSTREAM_RETRIES:
                     raise
@@ -311,13 +335,13 @@ class Proxy:
         if not any(k.lower() == "content-type" for k in headers):
             headers["content-type"] = "application/json"
         content = jsonio.dumps(body, getattr(request.state, "historygraph_json_fast", False))
-        request_up = self.client.build_request("POST", url, content=content, headers=headers)
+        request_up = self.request("POST", url, content=content, headers=headers)
         t_up = time.perf_counter()
         try:
             upstream = await self.send(request_up)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(api, "unreachable").inc()
-            raise ClientError(unreachable_message(url, exc, api), "upstream", 502) from None
+            raise ClientError(unreachable_message(url, exc, api, self.config.timeout), "upstream", 502) from None
         if upstream.status_code >= 400:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not body.get("stream"):
@@ -475,7 +499,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await proxy.client.aclose()
+        await proxy.transport.aclose()
         proxy.store.close()
 
     app = FastAPI(title="historygraph", version="0.1.0", lifespan=lifespan,
@@ -533,10 +557,15 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     async def models(request: Request) -> Response:
         url = config.upstream.rstrip("/") + "/models"
         try:
-            r = await proxy.client.get(url, headers=forward_headers(request.headers), params=request.query_params)
+            r = await proxy.send(proxy.request("GET", url, headers=forward_headers(request.headers),
+                                               params=list(request.query_params.multi_items())))
+            try:
+                content = await r.aread()
+            finally:
+                await r.aclose()
         except httpx.HTTPError as exc:
-            return _openai_error(ClientError(unreachable_message(url, exc), "upstream", 502))
-        return Response(r.content, r.status_code, response_headers(r.headers))
+            return _openai_error(ClientError(unreachable_message(url, exc, timeout=config.timeout), "upstream", 502))
+        return Response(content, r.status_code, response_headers(r.headers))
 
     app.include_router(api_router)
     app.include_router(ops_router)

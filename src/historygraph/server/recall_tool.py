@@ -139,12 +139,12 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
     from .app import ClientError, _answer_of
 
     acc_cls = OpenAIStreamAccumulator if api == "openai" else anth.StreamAccumulator
-    req = proxy.client.build_request("POST", url, json=body, headers=headers)
+    req = proxy.request("POST", url, json=body, headers=headers)
     try:
         up = await proxy.send(req)
     except httpx.HTTPError as exc:
         proxy.metrics.upstream_errors.labels(api, "unreachable").inc()
-        raise ClientError(unreachable_message(url, exc, api), "upstream", 502) from None
+        raise ClientError(unreachable_message(url, exc, api, proxy.config.timeout), "upstream", 502) from None
     try:
         if up.status_code >= 400 or not body.get("stream"):
             content = await up.aread()

@@ -40,11 +40,11 @@ def response_headers(headers: Any) -> dict[str, str]:
 UPSTREAM_OPTION = {"openai": "historygraph serve --upstream", "anthropic": "historygraph serve --anthropic-upstream"}
 
 
-def unreachable_message(url: str, exc: BaseException, api: str = "openai") -> str:
+def unreachable_message(url: str, exc: BaseException, api: str = "openai", timeout: float | None = None) -> str:
     """The 502 message for an upstream request that got no answer: ``url``, why in words (from the
     socket error at the root of ``exc``'s chain, e.g. aiohttp's ``ClientConnectorError`` under
-    httpx's), and what to check (the ``historygraph serve`` option naming the upstream of ``api``,
-``"openai"`` or ``"anthropic"``).
+    httpx's), and what to check: the ``historygraph serve`` option naming the upstream of ``api``
+    (``"openai"`` or ``"anthropic"``), or for a timeout ``--timeout`` (``timeout``: its seconds).
     aiohttp's own text ("Cannot connect to host … ssl:default") names neither the URL nor whether
     TLS was used, so it is not quoted."""
     parts = urlsplit(url)
@@ -64,7 +64,9 @@ def unreachable_message(url: str, exc: BaseException, api: str = "openai") -> st
     elif isinstance(root, ssl.SSLError):
         why = f"the TLS handshake with {address} failed ({root.reason or root}); for a plain-http server the URL must start with http://"
     elif isinstance(root, (TimeoutError, asyncio.TimeoutError)) or (isinstance(exc, httpx.TimeoutException) and root is exc):
-        why = f"no answer from {address} in time (historygraph serve --timeout)"
+        within = f" within {timeout:g} s" if timeout is not None else " in time"
+        return (f"upstream {url} timed out: no answer{within} (historygraph serve --timeout); check that the provider "
+                f"at that address is up and not overloaded, or allow it longer")
     elif isinstance(root, OSError) and root.strerror:
         why = f"{root.strerror} ({address})"
     else:
