@@ -62,5 +62,67 @@ def test_the_proxy_renders_at_the_calibrated_budget_unless_turned_off():
     for calibrate, expected in [(True, 500), (False, 1000)]:
         proxy = Proxy(ServerConfig(store=":memory:", policy="prune", calibrate=calibrate))
         proxy.calibration.observe(100, 200)  # the provider counts twice what we do
-        _, r = proxy.prepare(msgs, "cal", "prune", 1000)
+        _, r, _ = proxy.prepare(msgs, "cal", "prune", 1000)
         assert r.budget == expected and r.history_tokens <= expected
+
+
+def test_the_proxy_estimates_what_it_forwarded_for_either_api():
+    # the proxy reuses the rendering's recounted history tokens (outside_tokens adds the system
+    # and latest user messages): the estimate must equal a count of the forwarded body itself
+    import asyncio
+
+    import httpx
+
+    from historygraph.formats import anthropic as anth
+    from historygraph.server import ServerConfig, create_app
+
+    app = create_app(ServerConfig(store=":memory:", policy="prune", budget=300))
+    proxy = app.state.proxy
+    forwarded: list[dict] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        forwarded.append(body)
+        usage = {"prompt_tokens": 1000, "completion_tokens": 1}
+        if request.url.path.endswith("/messages"):
+            return httpx.Response(200, json={"id": "m", "type": "message", "role": "assistant", "model": "m",
+                                             "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                                             "usage": {"input_tokens": 1000, "output_tokens": 1}})
+        return httpx.Response(200, json={"id": "c", "object": "chat.completion", "model": "m", "usage": usage,
+                                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                      "finish_reason": "stop"}]})
+
+    proxy.transport = httpx.MockTransport(upstream)
+    steps = []
+    for i in range(6):  # over B = 300: older results become placeholders
+        steps += [{"role": "assistant", "content": f"step {i}", "tool_calls": [
+                      {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": f"c{i}", "content": f"line {i} of the output\n" * 40}]
+    openai_msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "fix the bug"}, *steps,
+                   {"role": "system", "content": "a late note"}, {"role": "user", "content": "and now?"}]
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    anthropic_turns = [{"role": "user", "content": "fix the bug"}]
+    for i in range(6):
+        anthropic_turns += [{"role": "assistant", "content": [{"type": "text", "text": f"step {i}"},
+                                                              {"type": "tool_use", "id": f"t{i}", "name": "bash", "input": {}}]},
+                            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
+                                                          "content": f"line {i} of the output\n" * 40}]}]
+    anthropic_turns.append({"role": "user", "content": "and now?"})
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
+            r = await c.post("/v1/chat/completions", json={"model": "m", "messages": openai_msgs, "tools": tools})
+            assert r.status_code == 200
+            r = await c.post("/v1/messages", json={"model": "m", "max_tokens": 10, "system": "be brief",
+                                                   "messages": anthropic_turns})
+            assert r.status_code == 200
+
+    asyncio.run(run())
+    counter = proxy.signals.counter
+    sent_openai = [Message.from_openai(m) for m in forwarded[0]["messages"]]
+    sent_anthropic = anth.to_canonical(forwarded[1]["system"], forwarded[1]["messages"])[0]
+    sent_results = [m["content"] for m in forwarded[0]["messages"] if m["role"] == "tool"]
+    assert sent_results != [m["content"] for m in steps if m["role"] == "tool"]  # over B: some results were left out
+    assert [e for e, _ in proxy.calibration._pairs] == [proxy.calibration.estimate_request(sent_openai, tools),
+                                                        proxy.calibration.estimate_request(sent_anthropic)]
+    assert proxy.calibration._pairs[0][0] > counter.count_messages(sent_openai)  # tools and priming on top

@@ -212,6 +212,13 @@ class Proxy:
     def render(self, session_id: str, policy: str, budget: int) -> Rendering:
         """Render the stored session and check docs/architecture.md, invariant §5 (raises :class:`ClientError` when the
         budget cannot hold the protected history)."""
+        return self._render(session_id, policy, budget)[0]
+
+    def _render(self, session_id: str, policy: str, budget: int) -> tuple[Rendering, int]:
+        """:meth:`render`, and the tokens of every rendered message (what
+        :meth:`TokenCounter.count_messages` gives them): the history's, just recounted by
+        ``check_invariants`` and equal to ``rendering.history_tokens``, plus the messages outside
+        the history (system messages and the latest user message), counted here."""
         graph = self.store.graph(session_id)
         t0 = time.perf_counter()
         try:
@@ -224,10 +231,12 @@ class Proxy:
         log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
                                     "history_tokens_in": tokens_in, "history_tokens_out": tokens_out,
                                     "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
-        return rendering
+        return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
 
-    def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str, budget: int) -> tuple[str, Rendering]:
-        """Steps 1–3 of the module docstring, in a worker thread. ``messages``: parsed events, or a
+    def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
+                budget: int) -> tuple[str, Rendering, int]:
+        """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering
+        and the rendered messages' tokens (:meth:`_render`). ``messages``: parsed events, or a
         :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
         stored is recognised without parsing it)."""
         try:
@@ -243,7 +252,7 @@ class Proxy:
                 raise ClientError(f"messages: {exc}", "messages") from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
                 budget = self.calibration.adjusted_budget(budget)
-            return ingest.session_id, self.render(ingest.session_id, policy, budget)
+            return (ingest.session_id, *self._render(ingest.session_id, policy, budget))
 
     def store_answer(self, session_id: str, answer: Message) -> None:
         """Append the upstream answer. The client already has it, so a failure (a concurrent
@@ -277,19 +286,23 @@ class Proxy:
         except Exception as exc:  # noqa: BLE001 - a background task: log and go on
             log.warning("prefetch for session %s failed: %s: %s", session_id, type(exc).__name__, exc)
 
-    def observe_usage(self, body: dict[str, Any], usage: Usage | None, sent: Sequence[Message] | None = None,
+    def observe_usage(self, body: dict[str, Any], usage: Usage | None, sent: Sequence[Message] | int | None = None,
                       api: str = "openai") -> None:
         """Feed the calibration hook: our estimate of the forwarded request (messages + tool
         schemas) against the prompt tokens the provider reported for it (fresh, cache read and
         cache write kept apart; both APIs, streamed or not). ``sent``: the forwarded messages as
-        parsed events (the rendering), so that the request body is not parsed again."""
+        parsed events (the rendering), so that the request body is not parsed again, or their
+        tokens already counted (:meth:`prepare`)."""
         if usage is None:
             return
         try:
             if sent is None:
                 sent = ([Message.from_openai(m) for m in body["messages"]] if api == "openai"
                         else anth.to_canonical(body.get("system"), body["messages"])[0])
-            estimate = self.calibration.estimate_request(sent, body.get("tools"))
+            if isinstance(sent, int):
+                estimate = sent + self.calibration.estimate_request((), body.get("tools"))
+            else:
+                estimate = self.calibration.estimate_request(sent, body.get("tools"))
         except (ValueError, KeyError, TypeError, EventError):
             return  # a shape we do not count
         self.calibration.observe(estimate, usage)
@@ -324,10 +337,10 @@ class Proxy:
         return body
 
     async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                      accumulator: Callable[[], Any], sent: Sequence[Message] | None = None,
+                      accumulator: Callable[[], Any], sent: Sequence[Message] | int | None = None,
                       policy: str | None = None) -> Response:
         """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
-        ``sent``: the rendered messages ``body`` carries, for :meth:`observe_usage`; ``policy``:
+        ``sent``: the rendered messages ``body`` carries, or their tokens, for :meth:`observe_usage`; ``policy``:
         the policy that rendered it, whose :meth:`prefetch` runs once the response is sent."""
         headers = forward_headers(request.headers)
         ours = {"x-historygraph-session": session_id}
@@ -402,6 +415,17 @@ class Proxy:
 
         after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if self.prefetches(policy) else None
         return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
+
+
+def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:
+    """Tokens of the rendered messages outside the history (docs/architecture.md, invariant
+    §5.1): those at the positions of the graph's system messages and of its latest user
+    message. With ``rendering.history_tokens`` (checked against a recount by ``check_invariants``)
+    they make ``counter.count_messages(rendering.messages)``."""
+    msgs = graph.messages
+    last_user = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "user"), None)
+    return sum(counter.count_message(m) for m, p in zip(rendering.messages, rendering.positions)
+               if p is not None and (p == last_user or msgs[p].role == "system"))
 
 
 def _too_large(limit: int) -> str:
@@ -515,14 +539,14 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             raw = body["messages"]
             sid, policy, budget = proxy.options(request)
             # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
-            sid, rendering = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget)
+            sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget)
             out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                    for m, p in zip(rendering.messages, rendering.positions)]
             url = config.upstream.rstrip("/") + "/chat/completions"
             if recall_tool.wanted(config.recall, request, rendering):  # it reads and extends the messages
                 return await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
-                                       rendering.messages, policy)
+                                       sent_tokens, policy)
         except ClientError as exc:
             return _openai_error(exc)
 
@@ -534,7 +558,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             sid, policy, budget = proxy.options(request)
             turns, system = body["messages"], body.get("system")
 
-            def convert_and_prepare() -> tuple[str, Rendering, list[Any]]:
+            def convert_and_prepare() -> tuple[str, Rendering, int, list[Any]]:
                 # in the worker thread too: only turns not seen last time are parsed and converted
                 try:
                     messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
@@ -542,14 +566,14 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
                     raise ClientError(str(exc), "messages") from None
                 return (*proxy.prepare(messages, sid, policy, budget), pieces)
 
-            sid, rendering, pieces = await run_in_threadpool(convert_and_prepare)
+            sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
             out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                            for p in rendering.positions])
             url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
             if recall_tool.wanted(config.recall, request, rendering):
                 return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
-                                       rendering.messages, policy)
+                                       sent_tokens, policy)
         except ClientError as exc:
             return _anthropic_error(exc)
 
