@@ -1005,3 +1005,164 @@ def test_semantic_with_the_vector_table_renders_as_asking_for_every_result(real_
                 assert np.array_equal(vecs, ref) and np.array_equal(vecs[:-1] @ vecs[-1], ref[:-1] @ ref[-1]), j
             g.append(m)
     assert compared > 60
+
+
+class ReferenceRuns:
+    """``render._Runs`` before it kept only the runs' bounds: a dict from every marked unit to the
+    first unit of its run (the code it replaced, as a test oracle)."""
+
+    def __init__(self, glue, cost):
+        self.glue, self.cost = glue, cost
+        self.start, self.end = {}, {}
+
+    def _neighbours(self, i):
+        left = self.start.get(i - 1) if i > 0 and self.glue[i] else None
+        right = i + 1 if i + 1 < len(self.glue) and self.glue[i + 1] and (i + 1) in self.end else None
+        return left, right
+
+    def add_delta(self, i):
+        left, right = self._neighbours(i)
+        a = left if left is not None else i
+        b = self.end[right] if right is not None else i
+        return self.cost(a, b) - (self.cost(left, i - 1) if left is not None else 0) \
+            - (self.cost(right, self.end[right]) if right is not None else 0)
+
+    def add(self, i):
+        left, right = self._neighbours(i)
+        a = left if left is not None else i
+        b = self.end.pop(right) if right is not None else i
+        if left is not None:
+            del self.end[left]
+        for k in range(i, b + 1):
+            self.start[k] = a
+        self.end[a] = b
+
+    def remove_delta(self, i):
+        a = self.start[i]
+        b = self.end[a]
+        return (self.cost(a, i - 1) if i > a else 0) + (self.cost(i + 1, b) if i < b else 0) - self.cost(a, b)
+
+    def remove(self, i):
+        a = self.start.pop(i)
+        b = self.end.pop(a)
+        if i > a:
+            self.end[a] = i - 1
+        if i < b:
+            self.start.update(dict.fromkeys(range(i + 1, b + 1), i + 1))
+            self.end[i + 1] = b
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_run_bounds_mark_and_unmark_as_the_dict_of_every_unit(seed):
+    """``_Runs`` kept as its runs' bounds (``run_of``, the ``start`` view, ``end``, the marker deltas,
+    ``copy``) agrees with the dict of every marked unit it replaced, through random marks and
+    unmarks on units with random glue, and ``add_sorted`` with marking one by one."""
+    import random
+
+    from historygraph.render import _Runs
+
+    rng = random.Random(seed)
+    n = 60
+    glue = [False] + [rng.random() < 0.85 for _ in range(n - 1)]
+
+    def cost(a, b):
+        return 3 + (b - a) % 7 + a % 3
+
+    runs, ref = _Runs(glue, cost), ReferenceRuns(glue, cost)
+    for _ in range(400):
+        i = rng.randrange(n)
+        if i in ref.start:
+            assert runs.remove_delta(i) == ref.remove_delta(i)
+            runs.remove(i)
+            ref.remove(i)
+        else:
+            assert runs.add_delta(i) == ref.add_delta(i)
+            runs.add(i)
+            ref.add(i)
+        assert dict(runs.start) == ref.start and runs.end == ref.end
+        assert [runs.run_of(k) for k in range(n)] == [ref.start.get(k) for k in range(n)]
+        assert all((k in runs.start) == (k in ref.start) for k in range(-1, n + 1))
+        assert bool(runs.start) == bool(ref.start) and len(runs.start) == len(ref.start)
+        assert runs.total() == sum(cost(a, b) for a, b in ref.end.items())
+    other = runs.copy()
+    for a in list(other.end):
+        other.remove(a)
+    assert dict(runs.start) == ref.start  # a copy's changes leave the original as it was
+    marked = sorted(rng.sample(range(n), 25))
+    bulk, one = _Runs(glue, cost), ReferenceRuns(glue, cost)
+    bulk.add_sorted(marked)
+    for i in marked:
+        one.add(i)
+    assert (dict(bulk.start), bulk.end) == (one.start, one.end)
+
+
+def test_dropped_spans_iterate_and_combine_as_the_set_they_replace(real_traces):
+    """The oldest-first drop's units kept as spans (``Layout.dropped_units``) hold, iterate in the
+    order of and combine like the set built by adding each span's range in turn (the code they
+    replaced), on real-trace prefixes at budgets that drop one or more spans."""
+    c = TokenCounter()
+    seen = 0
+    for tr in real_traces:
+        for g in prefixes(tr, every=3):
+            for budget in (1500, 4000):
+                try:
+                    lay = Layout(g, c, budget)
+                except ValueError:
+                    continue
+                d = lay.dropped_units
+                if not d:
+                    continue
+                ref: set[int] = set()
+                for a, b in d.spans:
+                    ref.update(range(a, b + 1))
+                assert list(d) == list(ref) and len(d) == len(ref)
+                assert [u in d for u in range(-1, len(lay.units) + 1)] == [u in ref for u in range(-1, len(lay.units) + 1)]
+                assert list(d - {1, 2}) == list(ref - {1, 2}) and d & {0, 3, 999} == ref & {0, 3, 999}
+                assert d | {10**6} == ref | {10**6}
+                assert np.flatnonzero(lay._dropped_mask).tolist() == sorted(ref)
+                seen += 1
+    assert seen > 10, seen
+
+
+def _late_and_unanswered_graph():
+    """A user note stored between a call and its result, a late second result for one call, an
+    unanswered call before a user message, a call in flight at the end."""
+    return ContextGraph("odd-full", [
+        Message("system", "s"), Message("user", "task"),
+        Message("assistant", "a0", (ToolCall("c1", "bash", "{}"), ToolCall("c2", "bash", "{}"))),
+        Message("tool", "r1", tool_call_id="c1"), Message("user", "a note between call and result"),
+        Message("tool", "r2 first", tool_call_id="c2"),
+        Message("assistant", "a1", (ToolCall("c3", "bash", "{}"),)),
+        Message("tool", "r3", tool_call_id="c3"), Message("tool", "r2 again, later", tool_call_id="c2"),
+        Message("assistant", "a2", (ToolCall("c4", "bash", "{}"),)),  # never answered
+        Message("user", "go on"),
+        Message("assistant", "a3", (ToolCall("c5", "bash", "{}"), ToolCall("c6", "bash", "{}"))),
+        Message("tool", "r5", tool_call_id="c5"),
+        Message("assistant", "a4", (ToolCall("c7", "bash", "{}"),)),  # in flight
+    ])
+
+
+def test_whole_history_assembled_by_slices_equals_taking_every_result(real_traces):
+    """``Layout.assemble_full`` built from the render order by slices (nothing dropped, nothing
+    inserted) renders as taking every candidate and assembling message by message (the code it
+    replaced), on real-trace prefixes and a graph with a late result, a note between a call and
+    its result, unanswered calls and a call in flight; without B and with a B the history fits in."""
+    from historygraph.render import Selection
+
+    c = TokenCounter()
+    graphs = [g for tr in real_traces for g in prefixes(tr, every=5)] + [_late_and_unanswered_graph(), _odd_calls_graph()]
+    fast_paths = 0
+    for g in graphs:
+        for budget in (None, 10**6):
+            lay = Layout(g, c, budget)
+            fast_paths += not lay.dropped_units and not lay.inserts and lay.form is lay._sk_form
+            got = lay.assemble_full("full")
+            sel = Selection(lay)
+            for p in lay.candidates:
+                sel.take(p)
+            want = lay.assemble("full", sel)
+            assert rendering_tuple(got) == rendering_tuple(want), (g.session_id, len(g), budget)
+            assert got.input_tokens == want.input_tokens
+    assert fast_paths == 2 * len(graphs)
+    odd = Layout(_late_and_unanswered_graph(), c, None).assemble_full("full")
+    assert odd.dropped == [5] and None in odd.positions  # the superseded result, the unanswered call's answer

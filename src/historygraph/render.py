@@ -43,7 +43,8 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from string import Formatter
-from typing import Any, Callable, Iterable
+from collections.abc import Mapping, Set as AbstractSet
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -959,23 +960,56 @@ _BULK_AFTER = 16  # remove_delta questions on one run before the whole run is pr
 class _Runs:
     """Runs of consecutive marked units (no rendered message between them), each standing for one
     dropped-step marker. ``glue[i]`` says whether unit ``i`` may share a run with unit ``i − 1``;
-    ``cost(a, b)`` is the marker's tokens for units ``a..b``. ``start[i]`` is the first unit of
-    the run holding ``i``; ``end[a]`` the last unit of the run starting at ``a``."""
+    ``cost(a, b)`` is the marker's tokens for units ``a..b``. ``end[a]`` is the last unit of the
+    run starting at ``a``; ``run_of(i)`` (or ``start[i]``, a read-only view) the first unit of the
+    run holding ``i``. Kept as the runs' bounds alone (O(runs) to copy or split, not O(units): a
+    long history's oldest-first drop is one run of thousands of units)."""
 
     def __init__(self, glue: list[bool], cost: Callable[[int, int], int],
                  bulk: Callable[[int, int], np.ndarray] | None = None) -> None:
         self.glue, self.cost, self.bulk = glue, cost, bulk
-        self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
+        self._firsts: list[int] = []  # the keys of ``end``, ascending
         self._asked: dict[tuple[int, int], int] = {}  # remove_delta questions per run
+
+    @property
+    def start(self) -> "_RunStarts":
+        """``start[i]``: the first unit of the run holding unit ``i`` (a read-only mapping)."""
+        return _RunStarts(self)
+
+    def run_of(self, i: int) -> int | None:
+        """The first unit of the run holding unit ``i``, ``None`` when ``i`` is not marked."""
+        firsts = self._firsts
+        k = bisect.bisect_right(firsts, i) - 1
+        if k >= 0:
+            a = firsts[k]
+            if self.end[a] >= i:
+                return a
+        return None
+
+    def _first(self, i: int) -> int:
+        a = self.run_of(i)
+        if a is None:
+            raise KeyError(i)
+        return a
 
     def copy(self) -> "_Runs":
         other = _Runs(self.glue, self.cost, self.bulk)
-        other.start, other.end = dict(self.start), dict(self.end)
+        other.end, other._firsts = dict(self.end), list(self._firsts)
         return other
 
+    def set_run(self, a: int, b: int) -> None:
+        """Mark units ``a..b`` as one new run (none of them marked, no run next to it to join)."""
+        bisect.insort(self._firsts, a)
+        self.end[a] = b
+
+    def _pop_run(self, a: int) -> int:
+        b = self.end.pop(a)
+        del self._firsts[bisect.bisect_left(self._firsts, a)]
+        return b
+
     def _neighbours(self, i: int) -> tuple[int | None, int | None]:
-        left = self.start.get(i - 1) if i > 0 and self.glue[i] else None
+        left = self.run_of(i - 1) if i > 0 and self.glue[i] else None
         right = i + 1 if i + 1 < len(self.glue) and self.glue[i + 1] and (i + 1) in self.end else None
         return left, right
 
@@ -990,17 +1024,15 @@ class _Runs:
     def add(self, i: int) -> None:
         left, right = self._neighbours(i)
         a = left if left is not None else i
-        b = self.end.pop(right) if right is not None else i
+        b = self._pop_run(right) if right is not None else i
         if left is not None:
-            del self.end[left]
-        for k in range(i, b + 1):
-            self.start[k] = a
-        self.end[a] = b
+            self._pop_run(left)
+        self.set_run(a, b)
 
     def add_sorted(self, units: list[int]) -> None:
         """``add(i)`` for each of ``units`` (ascending) on runs with none marked yet, in bulk: the runs
         are the stretches of consecutive units joined by glue."""
-        if self.start or not units:
+        if self.end or not units:
             for i in units:
                 self.add(i)
             return
@@ -1009,13 +1041,12 @@ class _Runs:
             if i == prev + 1 and self.glue[i]:
                 prev = i
                 continue
-            self.start.update(dict.fromkeys(range(a, prev + 1), a))
-            self.end[a] = prev
+            self.set_run(a, prev)
             a = prev = i
 
     def remove_delta(self, i: int) -> int:
         """Marker tokens added (negative: saved) by unmarking unit ``i`` (a revived step)."""
-        a = self.start[i]
+        a = self._first(i)
         b = self.end[a]
         if self.bulk is not None:  # a run asked about often is priced for all its units at once
             n = self._asked[(a, b)] = self._asked.get((a, b), 0) + 1
@@ -1024,16 +1055,104 @@ class _Runs:
         return (self.cost(a, i - 1) if i > a else 0) + (self.cost(i + 1, b) if i < b else 0) - self.cost(a, b)
 
     def remove(self, i: int) -> None:
-        a = self.start.pop(i)
-        b = self.end.pop(a)
+        a = self._first(i)
+        b = self._pop_run(a)
         if i > a:
-            self.end[a] = i - 1
+            self.set_run(a, i - 1)
         if i < b:
-            self.start.update(dict.fromkeys(range(i + 1, b + 1), i + 1))
-            self.end[i + 1] = b
+            self.set_run(i + 1, b)
 
     def total(self) -> int:
         return sum(self.cost(a, b) for a, b in self.end.items())
+
+
+class _Spans(AbstractSet[int]):
+    """The units :meth:`Layout._drop_oldest` drops, kept as spans of consecutive units (a long
+    history drops thousands per render, in one or two spans): membership is O(spans). It is
+    iterated, and combined with other sets, as the set built by adding the spans in order
+    (``set(range(a, b + 1))``, then ``update`` with each next span), built on first use."""
+
+    __slots__ = ("spans", "_set")
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []  # (first, last), ascending
+        self._set: set[int] | None = None
+
+    def add_span(self, a: int, b: int) -> None:
+        """Add units ``a..b``, after every unit held so far."""
+        self.spans.append((a, b))
+        self._set = None
+
+    def as_set(self) -> set[int]:
+        if self._set is None:
+            out: set[int] = set()
+            for k, (a, b) in enumerate(self.spans):
+                if k:
+                    out.update(range(a, b + 1))
+                else:
+                    out = set(range(a, b + 1))
+            self._set = out
+        return self._set
+
+    def __contains__(self, u: object) -> bool:
+        for a, b in self.spans:
+            if a <= u <= b:  # type: ignore[operator]
+                return True
+        return False
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.as_set())
+
+    def __len__(self) -> int:
+        return sum(b - a + 1 for a, b in self.spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[int]) -> set[int]:  # type: ignore[override]
+        return set(it)
+
+    def __and__(self, other: Any) -> set[int]:
+        return self.as_set() & other
+
+    def __sub__(self, other: Any) -> set[int]:
+        return self.as_set() - other
+
+    def __or__(self, other: Any) -> set[int]:
+        return self.as_set() | other
+
+
+class _RunStarts(Mapping[int, int]):
+    """``_Runs.start`` as a read-only mapping: unit → first unit of its run, for the marked units."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self, runs: _Runs) -> None:
+        self.runs = runs
+
+    def __getitem__(self, i: int) -> int:
+        a = self.runs.run_of(i)
+        if a is None:
+            raise KeyError(i)
+        return a
+
+    def __contains__(self, i: object) -> bool:
+        return self.runs.run_of(i) is not None  # type: ignore[arg-type]
+
+    def get(self, i: int, default: Any = None) -> Any:
+        a = self.runs.run_of(i)
+        return default if a is None else a
+
+    def __iter__(self) -> Iterator[int]:
+        for a in self.runs._firsts:
+            yield from range(a, self.runs.end[a] + 1)
+
+    def __len__(self) -> int:
+        return sum(b - a + 1 for a, b in self.runs.end.items())
+
+    def __bool__(self) -> bool:
+        return bool(self.runs.end)
 
 
 class Selection:
@@ -1066,7 +1185,7 @@ class Selection:
         self._asked = 0
         self.runs = self.layout.runs.copy()
         for u in units:
-            if u in self.runs.start:
+            if self.runs.run_of(u) is not None:
                 self.runs.remove(u)
 
     def cost(self, p: int, form: Message | None = None) -> int:
@@ -1087,7 +1206,7 @@ class Selection:
         u = lay.unit_of[p]
         extra = 0
         if u in lay.dropped_units and u not in self.revived:
-            extra = lay.revival_cost(u) + (self.runs.remove_delta(u) if u in self.runs.start else 0)
+            extra = lay.revival_cost(u) + (self.runs.remove_delta(u) if self.runs.run_of(u) is not None else 0)
         if form is None or form is lay.form[p]:
             delta = lay.delta[p]
         else:
@@ -1136,11 +1255,11 @@ class Selection:
         if lay.budget is None:
             return True
         u = lay.unit_of[p]
-        if form is None and u in lay.dropped_units and u not in self.revived and u in self.runs.start:
+        if form is None and u in lay.dropped_units and u not in self.revived \
+                and (a := self.runs.run_of(u)) is not None:
             # a lower bound first: reviving the step costs at least its own tokens less the whole
             # marker of its run plus the fewest tokens of a marker per side of it left in the run;
             # most results of dropped steps fail on it, without pricing the markers the revival leaves
-            a = self.runs.start[u]
             b = self.runs.end[a]
             low = lay.delta[p] + lay.revival_cost(u) - lay._marker_tokens(a, b) + \
                 lay._marker_floor() * ((u > a) + (u < b))
@@ -1157,7 +1276,7 @@ class Selection:
             cost = self.cost(p, form)
         self.used += cost
         u = self.layout.unit_of[p]
-        if u in self.runs.start and u not in self.revived:
+        if u not in self.revived and self.runs.run_of(u) is not None:
             self.runs.remove(u)
         if u in self.layout.dropped_units and u not in self.revived:  # costs change: the step is back
             self._table, self._asked = None, 0
@@ -1240,6 +1359,7 @@ class Layout:
             self.units[i] = _Unit(u.positions, True, u.cost)
         self._protected = sorted(protected_units)
         self.full_history_tokens = sk["full_tokens"]
+        self._sk_form: dict[int, Message] = sk["form"]  # every candidate's complete message (see assemble_full)
 
         # units with a position in ``omit`` or listed in ``omit_units``, unprotected, inserted in
         # ascending order (as a scan of the units would)
@@ -1257,7 +1377,9 @@ class Layout:
             self.defer_reasons(left_out_reasons)
         self.inserts = dict(inserts or {})
         self.left_out = left_out
-        self.dropped_units: set[int] = set(left_out)
+        # a set, or the spans of the oldest-first drop (:class:`_Spans`) when the policy left nothing out
+        dropped_units = set(left_out)
+        self.dropped_units: AbstractSet[int] = dropped_units
         if left_out:
             self._dropped_mask[list(left_out)] = True
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
@@ -1281,7 +1403,7 @@ class Layout:
                         continue
                     self.base_tokens += self.runs.add_delta(i) - unit.cost
                     self.runs.add(i)
-                    self.dropped_units.add(i)
+                    dropped_units.add(i)
                     self._dropped_mask[i] = True
             else:
                 self._drop_oldest(max(target, protected))
@@ -1364,16 +1486,11 @@ class Layout:
             within = np.flatnonzero(after <= limit)
             x = i + int(within[0]) if len(within) else j
             self.base_tokens = int(after[x - i])
-            run = dict.fromkeys(range(i, x + 1), i)
-            if self.runs.start:
-                self.runs.start.update(run)
-            else:  # the first run (most often the only one): the dict itself, not a copy into an empty one
-                self.runs.start = run
-            self.runs.end[i] = x
-            if self.dropped_units:
-                self.dropped_units.update(range(i, x + 1))
-            else:
-                self.dropped_units = set(range(i, x + 1))
+            self.runs.set_run(i, x)
+            spans = self.dropped_units
+            if not isinstance(spans, _Spans):
+                spans = self.dropped_units = _Spans()
+            spans.add_span(i, x)
             self._dropped_mask[i:x + 1] = True
             i = j + 1
 
@@ -1533,10 +1650,57 @@ class Layout:
 
     def assemble_full(self, policy: str) -> Rendering:
         """The complete history, unchanged (ContextRender A.1 lines 6–7)."""
+        if not self.dropped_units and not self.inserts and self.form is self._sk_form:
+            return self._assemble_whole(policy)
         sel = Selection(self)
         for p in self.candidates:
             sel.take(p)
         return self.assemble(policy, sel)
+
+    def _assemble_whole(self, policy: str) -> Rendering:
+        """:meth:`assemble` with every result shown complete, when nothing is dropped or left out,
+        nothing inserted and every candidate's form is its stored message: the rendering is the
+        render order itself (with the synthetic answers after their calls), built by slices from
+        the skeleton, not message by message. Its history tokens are the skeleton's complete
+        tokens (every unit complete, synthetic answers included), and nothing else is charged."""
+        msgs, order, synthetic = self.graph.messages, self.order, self.synthetic
+        get = msgs.__getitem__
+        if synthetic:  # the synthetic answers of a unit's message follow it, before its results
+            out: list[Message] = []
+            positions: list[int | None] = []
+            prev = 0
+            for at, p in sorted((self._starts[self._unit_first[p]] + 1, p) for p in synthetic):
+                out += map(get, order[prev:at])
+                positions += order[prev:at]
+                out += synthetic[p]
+                positions += [None] * len(synthetic[p])
+                prev = at
+            out += map(get, order[prev:])
+            positions += order[prev:]
+        else:
+            out, positions = list(map(get, order)), list(order)
+        order_arr, tools = self._arr["order"], self._tools
+        is_tool = np.zeros(len(msgs), dtype=bool)
+        is_tool[tools] = True
+        full_arr = order_arr[is_tool[order_arr]]  # in render order, as assemble appends them
+        if len(full_arr):
+            keep = np.ones(len(tools), dtype=bool)
+            keep[np.searchsorted(tools, full_arr)] = False
+            omitted = tools[keep].tolist()
+        else:
+            omitted = tools.tolist()
+        dropped: list[int] = []
+        if self.graph.superseded:
+            dropped = np.union1d(np.zeros(0, dtype=np.int64),
+                                 np.fromiter(self.graph.superseded, dtype=np.int64)).tolist()
+        history = self.full_history_tokens
+        tokens = self._tokens
+        total = history + sum(tokens[p] for p in self.outside)
+        rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions,
+                              full=full_arr.tolist(), omitted=omitted, dropped=dropped, history_tokens=history,
+                              input_tokens=total)
+        rendering.defer_reasons(self._reasons_builder(Selection(self), {}, [], []))
+        return rendering
 
     def assemble(self, policy: str, selection: Selection) -> Rendering:
         """Build the rendering: results in ``selection.shown`` are rendered with the given message
@@ -1553,7 +1717,7 @@ class Layout:
         dropped = self._arr["order"][at]
         if self.graph.superseded:
             dropped = np.union1d(dropped, np.fromiter(self.graph.superseded, dtype=np.int64))
-        briefs = {self.units[u].positions[0]: b for u in self.dropped_units & selection.revived
+        briefs = {self.units[u].positions[0]: b for u in selection.revived if u in self.dropped_units
                   if (b := self.brief(u)[1]) is not None}
         marks: list[tuple[int, str]] = []  # (result, reason) of placeholders and excerpts, in render order
         out: list[Message] = []
@@ -1616,11 +1780,12 @@ class Layout:
                 if pending:
                     flush()
                 i = first.get(p)
-                if open_run is not None and (i is None or runs.start.get(i) != open_run):
+                a = runs.run_of(i) if i is not None else None
+                if open_run is not None and a != open_run:
                     close_run(open_run)
                     open_run = None
-                if i is not None and i in runs.start:
-                    open_run = runs.start[i]
+                if a is not None:
+                    open_run = a
                     if jump:
                         last_unit = runs.end[open_run]
                         k = starts[last_unit] + len(units[last_unit].positions)
