@@ -1166,3 +1166,29 @@ def test_whole_history_assembled_by_slices_equals_taking_every_result(real_trace
     assert fast_paths == 2 * len(graphs)
     odd = Layout(_late_and_unanswered_graph(), c, None).assemble_full("full")
     assert odd.dropped == [5] and None in odd.positions  # the superseded result, the unanswered call's answer
+
+
+def test_oldest_first_search_from_the_floor_equals_pricing_every_marker(real_traces):
+    """``Layout._first_within`` (markers priced only from where the fewest tokens a marker can
+    have lets the base within the limit, a window at a time) finds the ``x`` and the base that
+    pricing the marker of every ``i..x`` at once finds (the code it replaced), for every start and
+    limits from none to all of the units' tokens."""
+    c = TokenCounter()
+    longest = max(real_traces, key=lambda tr: len(tr.messages))
+    lay = Layout(ContextGraph("t", longest.messages), c, None)
+    n = len(lay.units)
+    assert n > 40 and lay._plan is not None
+    checked = 0
+    for i in range(0, n - 1, 7):
+        for j in (i, min(n - 1, i + 3), min(n - 1, i + 70), n - 1):
+            cost = np.cumsum(lay._costs[i:j + 1])
+            base = int(lay._costs.sum()) + 5
+            for limit in sorted({base + 100, base - int(cost[0]), base - int(cost[-1]) // 2, base - int(cost[-1]),
+                                 base - int(cost[-1]) + 40, 0, base - int(cost[len(cost) // 3])}):
+                lay.base_tokens = base
+                after = base - cost + lay._prefix_costs(i, j)
+                within = np.flatnonzero(after <= limit)
+                x = i + int(within[0]) if len(within) else j
+                assert lay._first_within(i, j, cost, limit) == (x, int(after[x - i])), (i, j, limit)
+                checked += 1
+    assert checked > 100, checked

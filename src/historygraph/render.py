@@ -954,6 +954,7 @@ class _Unit:
     cost: int = 0
 
 
+_DROP_WINDOW = 64  # markers priced at once by the oldest-first drop's search (Layout._first_within)
 _BULK_AFTER = 16  # remove_delta questions on one run before the whole run is priced in bulk
 
 
@@ -1482,10 +1483,7 @@ class Layout:
             if k < len(self._protected):
                 j = min(j, self._protected[k] - 1)
             cost = np.cumsum(self._costs[i:j + 1])
-            after = self.base_tokens - cost + self._prefix_costs(i, j)
-            within = np.flatnonzero(after <= limit)
-            x = i + int(within[0]) if len(within) else j
-            self.base_tokens = int(after[x - i])
+            x, self.base_tokens = self._first_within(i, j, cost, limit)
             self.runs.set_run(i, x)
             spans = self.dropped_units
             if not isinstance(spans, _Spans):
@@ -1493,6 +1491,30 @@ class Layout:
             spans.add_span(i, x)
             self._dropped_mask[i:x + 1] = True
             i = j + 1
+
+    def _first_within(self, i: int, j: int, cost: np.ndarray, limit: int) -> tuple[int, int]:
+        """The first ``x`` in ``i..j`` for which dropping units ``i..x`` leaves ``base − cost[x − i] +
+        marker(i, x) ≤ limit`` (``j`` when none does) and that base (``cost``: the running sums of
+        the units' costs from ``i``). With a marker plan, markers are priced only from the first
+        ``x`` that the fewest tokens a marker can have (:attr:`_MarkerPlan.floor`) lets within
+        ``limit`` (unit costs are never negative, so ``cost`` never falls), a window at a time."""
+        base = self.base_tokens
+        if self._plan is None:
+            after = base - cost + self._prefix_costs(i, j)
+            within = np.flatnonzero(after <= limit)
+            x = i + int(within[0]) if len(within) else j
+            return x, int(after[x - i])
+        s, last = int(np.searchsorted(cost, base + self._marker_floor() - limit, side="left")), j - i
+        while s <= last:
+            e = min(last, s + _DROP_WINDOW - 1)
+            after = base - cost[s:e + 1] + self._prefix_costs(i, i + e, i + s)
+            within = np.flatnonzero(after <= limit)
+            if len(within):
+                return i + s + int(within[0]), int(after[within[0]])
+            if e == last:
+                return j, int(after[-1])
+            s = e + 1
+        return j, int(base - cost[last] + self._prefix_costs(i, j, j)[0])
 
     def revival_cost(self, u: int) -> int:
         """Tokens that bringing back dropped unit ``u`` adds: its whole cost, or with
@@ -1599,15 +1621,18 @@ class Layout:
         S = plan.const + plan.gather("first", lo[xs]) + plan.gather("last", top_s) + plan.gather("n", n_s)
         return self._prefix_costs(a, b), S
 
-    def _prefix_costs(self, a: int, b: int) -> np.ndarray:
-        """``P`` of :meth:`_run_costs` alone."""
-        xs = np.arange(a, b + 1)
+    def _prefix_costs(self, a: int, b: int, s: int | None = None) -> np.ndarray:
+        """``P`` of :meth:`_run_costs` alone; from ``x = s`` on when ``s`` (``a ≤ s ≤ b``) is given."""
+        s = a if s is None else s
+        xs = np.arange(s, b + 1)
         plan = self._plan
         if plan is None:
             return np.array([self._marker_tokens(a, x) for x in xs.tolist()], dtype=np.int64)
         lo, hi, pre = self._arrays
         n_p = pre[xs + 1] - pre[a]
-        top_p = np.maximum.accumulate(hi[a:b + 1])
+        top_p = np.maximum.accumulate(hi[s:b + 1])
+        if s > a:  # the highest position of units a..x, for x from s
+            top_p = np.maximum(top_p, hi[a:s].max())
         return plan.const + plan.number("first", int(lo[a])) + plan.gather("last", top_p) + plan.gather("n", n_p)
 
     def _remove_deltas(self, a: int, b: int) -> np.ndarray:
