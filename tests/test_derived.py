@@ -157,14 +157,19 @@ def test_stored_parents_are_used_only_for_the_same_earlier_steps():
     lowcost_steps(g)
     rows, _ = g.derived.take()
     step2 = EVENTS.index(EVENTS[5])
+    assert [json.loads(d)[0] for k, _v, p, d in rows if k.startswith("steps.parents")] == [9, 9, 9, 9]  # messages then
 
-    def with_parents(digest):
-        return [(k, v, p, json.dumps([digest or json.loads(d)[0], [1]])) if k.startswith("steps.parents") and p == step2
+    def with_parents(messages):
+        return [(k, v, p, json.dumps([messages, [1]])) if k.startswith("steps.parents") and p == step2
                 else (k, v, p, d) for k, v, p, d in rows]
-    # a row with the digest of the same earlier steps is used as it stands (here: forged parents)
-    assert lowcost_steps(ContextGraph("s", EVENTS, derived=Derived(with_parents(None))))[2].parents == (1,)
-    # a row chosen from other earlier steps (another digest) is not: the parents are chosen again
-    assert lowcost_steps(ContextGraph("s", EVENTS, derived=Derived(with_parents("0" * 24))))[2].parents == (0,)
+    # picked when the graph held 9 or 7 messages: every result of steps 0-2 (positions 2, 4, 6) was
+    # there, so the row is used as it stands (here: forged parents)
+    for messages in (9, 7):
+        assert lowcost_steps(ContextGraph("s", EVENTS, derived=Derived(with_parents(messages))))[2].parents == (1,)
+    # picked before step 2's own result (position 6) was stored, or a count that cannot hold the
+    # step, or another row format: the parents are chosen again
+    for messages in (6, 5, 10, "0" * 24, None):
+        assert lowcost_steps(ContextGraph("s", EVENTS, derived=Derived(with_parents(messages))))[2].parents == (0,)
 
 
 def test_a_graph_not_from_a_store_keeps_nothing():
@@ -289,3 +294,15 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
     # a counter that may count differently, or a builder that is not a plain function, keeps nothing
     assert token_rows(False, "o200k_base", placeholder_for) is None
     assert token_rows(True, "o200k_base", lambda m, c: m) is None
+
+
+def test_rows_are_decoded_as_json_reads_them():
+    """The fast decoder's values are json.loads's, including what it refuses (NaN) or reads as
+    another type elsewhere (big integers, escapes)."""
+    kind = DerivedKind("test.kind", ("historygraph.derived",))
+    data = {0: "[1, 2.5, null]", 1: '"\\u00e9\\ud83d\\ude00"', 2: "123456789012345678901234567890", 3: "NaN", 4: "{\"a\": [true]}"}
+    t = Derived([(kind.name, kind.version, p, d) for p, d in data.items()]).table(kind)
+    want = {p: json.loads(d) for p, d in data.items()}
+    assert t.keys() == want.keys() and t[3] != t[3]
+    assert {p: v for p, v in t.items() if p != 3} == {p: v for p, v in want.items() if p != 3}
+    assert type(t[2]) is int

@@ -18,7 +18,9 @@ history before its first render. A store keeps them instead, as rows
   that still holds; the consumer checks it.
 * Reading: :meth:`~historygraph.store.base.Store.graph` reads a session's rows with its events
   (one query each) into the graph's :class:`Derived`; a consumer takes the table of its kind
-  (:meth:`Derived.table`), decoded in one ``json.loads`` for all its rows.
+  (:meth:`Derived.table`), decoded as one JSON document for all its rows, by msgspec's C parser
+  (about twice as fast as ``json`` on these rows; the same values: what it refuses, such as a
+  ``NaN`` literal, is parsed by ``json``).
 * Writing: what a graph handed out by a store computes is collected (:meth:`Derived.put`) and
   written by the store in the transaction of the session's next append, by
   :meth:`~historygraph.store.base.Store.flush` and by ``close()``. Rows are disposable: losing
@@ -42,8 +44,20 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
 
+import msgspec
+
 Row = tuple[str, str, int, str]
 """One stored row: ``(kind name, version, position, JSON data)``."""
+
+_decode = msgspec.json.Decoder().decode
+
+
+def _loads(text: str) -> Any:
+    """:func:`json.loads` of ``text`` (see the module docstring)."""
+    try:
+        return _decode(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
 
 
 @cache
@@ -111,7 +125,7 @@ class Derived:
                 raw = versions.pop(kind.version, {})
                 if versions and self.persist:
                     self._stale.add((kind.name, kind.version))
-                t = dict(zip(raw, json.loads("[" + ",".join(raw.values()) + "]"))) if raw else {}
+                t = dict(zip(raw, _loads("[" + ",".join(raw.values()) + "]"))) if raw else {}
                 self._tables[kind] = t
         return t
 

@@ -34,9 +34,10 @@ Source: ContextWeaver §3.1 (node extraction, parent selection, ancestry) and §
 Extracted features and chosen parents are cached per graph object (the graph is append-only), so
 a replay extracts each step once. A graph handed out by a store also keeps them with the session
 (:mod:`historygraph.derived`): a step's features as :data:`STEP_FEATURES` rows, checked against the
-step's result positions; the low-cost selector's parents as :func:`parents_kind` rows, checked
-against a digest of the positions and result positions of every step up to it (what they were
-chosen from), so a reopened session's first view reads them instead of recomputing them.
+step's result positions; the low-cost selector's parents as :func:`parents_kind` rows, with the
+number of messages the graph held when they were chosen, used only when no later message is a
+result for that step or an earlier one (then every step up to it, what they were chosen from, has
+the results it had), so a reopened session's first view reads them instead of recomputing them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import math
 import re
 import threading
 import weakref
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -64,8 +65,9 @@ identifiers, test run]`` (:func:`_run_data`), used only for the same result posi
 
 def parents_kind(stored_as: str) -> DerivedKind:
     """Derived rows of the parents a pure selector (one with a ``stored_as`` name, such as the
-    low-cost one per :class:`ParentScoring`) picked for each step: ``[digest, parents]``, used only
-    when the digest of the steps up to it (:func:`_chain`) is the same."""
+    low-cost one per :class:`ParentScoring`) picked for each step: ``[messages, parents]``, with the
+    number of messages the graph held when they were picked; used only when no message from that
+    position on is a result for a call of the step or of an earlier one (:func:`_chosen_from_same`)."""
     return DerivedKind(f"steps.parents:{stored_as}", _MODULES)
 
 FEATURE_CHARS = 20_000
@@ -191,10 +193,30 @@ def _run_of(data: list | None) -> TestRun | None:
     return TestRun(framework, passed, failed, errors, skipped, dict(results), tuple((a, b) for a, b in tracebacks))
 
 
-def _chain(previous: bytes, position: int, results: tuple[int, ...]) -> bytes:
-    """Digest of the steps so far: ``previous`` (``b""`` before step 0) and this step's position and
-    result positions (what the step's features are computed from, the messages being immutable)."""
-    return hashlib.blake2b(previous + repr((position, results)).encode(), digest_size=12).digest()
+def _first_owner_from(graph: ContextGraph) -> list[int]:
+    """``out[q]``: the lowest position of an assistant message whose call a tool result at position
+    ``q`` or later answers (``len(graph)`` when none; ``out[len(graph)]`` too), for
+    :func:`_chosen_from_same`."""
+    msgs, call_owner = graph.messages, graph.call_owner
+    n = len(msgs)
+    out = [n] * (n + 1)
+    low = n
+    for q in range(n - 1, -1, -1):
+        m = msgs[q]
+        if m.role == "tool":
+            o = call_owner.get(m.tool_call_id or "", n)
+            if o < low:
+                low = o
+        out[q] = low
+    return out
+
+
+def _chosen_from_same(first_owner_from: list[int], position: int, messages: object) -> bool:
+    """Whether parents picked for the step at ``position`` when the graph held ``messages``
+    messages were picked from the steps it has now: every step up to it had the results it has
+    (the messages are immutable and append-only, so the steps' positions are the same, and only a
+    result stored later, answering that step or an earlier one, changes what a step holds)."""
+    return type(messages) is int and position < messages < len(first_owner_from) and first_owner_from[messages] > position
 
 
 def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...], cache: dict | None = None) -> Step:
@@ -230,7 +252,6 @@ class _View:
     failed: list[int] = field(default_factory=list)  # steps whose status is "failed", ascending
     undo: list[tuple[int, ...]] = field(default_factory=list)
     open: list[int] = field(default_factory=list)
-    chain: list[bytes] = field(default_factory=list)  # _chain after each step (selectors whose picks are stored)
 
 
 def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> list[Step]:
@@ -271,14 +292,15 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
             break
     pcache, fcache = cache["parents"], cache["features"]
     shared_only = getattr(selector, "shared_only", False)
-    if shared_only:
-        index = cache.setdefault("index", {"by_feature": {}, "of_step": {}})
-        by_feature, of_step = index["by_feature"], index["of_step"]
+    if shared_only:  # per file name and per identifier the steps that have it
+        index = cache.setdefault("index", {"files": defaultdict(list), "identifiers": defaultdict(list), "of_step": {}})
+        by_file, by_ident, of_step = index["files"], index["identifiers"], index["of_step"]
     steps, failed = view.steps, view.failed
     stored_as = getattr(selector, "stored_as", None)
     if stored_as is not None:
         kind = parents_kind(stored_as)
-        stored, chain = graph.derived.table(kind), view.chain
+        stored = graph.derived.table(kind)
+        first_owner_from = _first_owner_from(graph) if stored else []
     for pos in range(view.upto, len(msgs)):
         m = msgs[pos]
         if m.role != "assistant":
@@ -302,35 +324,38 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
         if len(results) < len(m.tool_calls):
             view.open.append(k)
         key = (selector_key, k, len(results))
-        if stored_as is not None:
-            chain.append(_chain(chain[-1] if chain else b"", pos, results))
-            if key not in pcache:
-                row = stored.pop(pos, None)
-                if row is not None and row[0] == chain[-1].hex():
-                    pcache[key] = tuple(row[1])
+        if stored_as is not None and key not in pcache:
+            row = stored.pop(pos, None)
+            if row is not None and _chosen_from_same(first_owner_from, pos, row[0]):
+                pcache[key] = tuple(row[1])
         if key not in pcache:
             if shared_only:
                 shared: set[int] = set()
-                for f in (("f", x) for x in step.files):
-                    shared.update(by_feature.get(f, ()))
-                for f in (("i", x) for x in step.identifiers):
-                    shared.update(by_feature.get(f, ()))
+                for x in step.files:
+                    shared.update(by_file.get(x, ()))
+                for x in step.identifiers:
+                    shared.update(by_ident.get(x, ()))
                 eligible = sorted(i for i in shared if i < k and steps[i].validation_status in ("passed", "unknown"))
             else:
                 eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
             pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
             if stored_as is not None:
-                graph.derived.put(kind, pos, [chain[-1].hex(), list(pcache[key])])
+                graph.derived.put(kind, pos, [len(msgs), list(pcache[key])])
         step.parents = pcache[key]
         if shared_only:
-            feats = frozenset([("f", x) for x in step.files] + [("i", x) for x in step.identifiers])
             old = of_step.get(k)
-            if old != feats:  # new step, or its observation arrived since it was indexed
-                for f in old or ():
-                    by_feature[f].discard(k)
-                for f in feats:
-                    by_feature.setdefault(f, set()).add(k)
-                of_step[k] = feats
+            if old is None or old[0] != step.files or old[1] != step.identifiers:
+                # a new step, or its observation arrived since it was indexed
+                if old is not None:
+                    for x in old[0]:
+                        by_file[x].remove(k)
+                    for x in old[1]:
+                        by_ident[x].remove(k)
+                for x in step.files:
+                    by_file[x].append(k)
+                for x in step.identifiers:
+                    by_ident[x].append(k)
+                of_step[k] = (step.files, step.identifiers)
     view.upto = len(msgs)
 
 
@@ -347,7 +372,6 @@ def _rollback(view: _View, k0: int) -> None:
             view.failed.pop()
         view.steps.pop()
         view.undo.pop()
-    del view.chain[k0:]
     view.open = [k for k in view.open if k < k0]
 
 
