@@ -495,6 +495,17 @@ class _Grow:
         self.buf[self.n] = value
         self.n += 1
 
+    def extend(self, values: list[int]) -> None:
+        if self.pending is not None:
+            self.pending.extend(values)
+            return
+        if self.n + len(values) > len(self.buf):
+            grown = np.zeros(max(2 * len(self.buf), 2 * (self.n + len(values))), dtype=np.int64)
+            grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n:self.n + len(values)] = values
+        self.n += len(values)
+
     def truncate(self, n: int) -> None:
         if n < self.n:
             self.buf = self.buf.copy()
@@ -601,28 +612,33 @@ class _TokenMemo:
             kind = self.kind if derived.persist else None
             stored = derived.table(kind) if kind is not None else {}
             count, build = self.counter.count_message, self.build
-            tokens, result_tokens, ph_tokens, tools = self.tokens, self.result_tokens, self.ph_tokens, self.tools
-            for p in range(len(tokens), len(messages)):
-                m = messages[p]
-                v = stored.pop(p, None)
-                if m.role == "tool":
-                    if type(v) is list and len(v) == 2:
-                        n, k = v
+            tokens, result_tokens, ph_tokens = self.tokens, self.result_tokens, self.ph_tokens
+            tools: list[int] = []
+            pop = stored.pop
+            try:
+                for p in range(len(tokens), len(messages)):
+                    m = messages[p]
+                    v = pop(p, None)
+                    if m.role == "tool":
+                        if type(v) is list and len(v) == 2:
+                            n, k = v
+                        else:
+                            n = count(m)
+                            ph = self.ph_message[p] = build(m, self.counter)
+                            k = count(ph)
+                            if kind is not None:
+                                derived.put(kind, p, [n, k])
+                        result_tokens[p], ph_tokens[p] = n, k
+                        tools.append(p)
+                    elif type(v) is int:
+                        n = v
                     else:
                         n = count(m)
-                        ph = self.ph_message[p] = build(m, self.counter)
-                        k = count(ph)
                         if kind is not None:
-                            derived.put(kind, p, [n, k])
-                    result_tokens[p], ph_tokens[p] = n, k
-                    tools.append(p)
-                elif type(v) is int:
-                    n = v
-                else:
-                    n = count(m)
-                    if kind is not None:
-                        derived.put(kind, p, n)
-                tokens.append(n)
+                            derived.put(kind, p, n)
+                    tokens.append(n)
+            finally:  # (what was counted, even when counting a later message failed)
+                self.tools.extend(tools)
 
 
 class _Skeleton:
