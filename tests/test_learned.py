@@ -142,6 +142,12 @@ def test_knapsack_never_takes_worthless_results():
     assert knapsack_select([a, b], {a: 0.0, b: 0.3}, lay.selection()) == [b]
 
 
+def test_knapsack_refuses_a_position_that_is_not_a_candidate():
+    lay, (a, b) = layout_with_results([50, 50], budget=100_000)
+    with pytest.raises(ValueError, match="candidates of the selection's layout"):
+        knapsack_select([a, b + 1], {a: 0.5, b + 1: 0.5}, lay.selection())  # b + 1: the next assistant message
+
+
 def test_model_round_trip_and_clear_errors(tmp_path):
     m = ReuseModel.load()  # the shipped default
     assert m.features == list(FEATURES)

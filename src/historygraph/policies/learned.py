@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 from dataclasses import dataclass
@@ -77,6 +78,24 @@ class LearnedConfig:
 
 
 _IDLE_POPS = 64  # pops without a take before knapsack_select checks whether anything left can fit
+_POWERS: dict[float, np.ndarray] = {}  # per exponent: max(1, c) ** α by cost c (NaN: not computed yet)
+
+
+def _powers(costs: np.ndarray, a: float) -> np.ndarray:
+    """``max(1, c) ** a`` for each of ``costs``, each computed once per process by Python's ``**``
+    (the figures the loop over candidates had; numpy's ``power`` may round differently)."""
+    c = np.maximum(costs, 1)
+    table = _POWERS.get(a)
+    top = int(c.max()) + 1 if len(c) else 0
+    if table is None or len(table) < top:
+        grown = np.full(max(top, 2 * len(table) if table is not None else 64), np.nan)
+        if table is not None:
+            grown[:len(table)] = table
+        table = _POWERS[a] = grown
+    out = table[c]
+    for x in np.unique(c[np.isnan(out)]).tolist():
+        table[x] = x ** a
+    return table[c]
 
 
 def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selection, cost_exponent: float = 1.0) -> list[int]:
@@ -85,90 +104,108 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
     re-read when a revival lowers them (the other results of a revived step become cheaper: they are
     queued again at their new ratio). Items with value ≤ 0 are never taken; costs below one token
     count as one. ``cost_exponent`` ``α`` ranks by ``value / cost^α`` instead (``α = 1``: the knapsack
-    ratio; ``α < 1`` favours larger results that are likely to be reused over many small unlikely ones)."""
-    items = [p for p in candidates if value[p] > 0]
-    a = cost_exponent
-    power: dict[int, float] = {}  # max(1, c) ** α per cost c met (costs are few distinct integers)
+    ratio; ``α < 1`` favours larger results that are likely to be reused over many small unlikely ones).
+    ``candidates``: positions among ``sel.layout.candidates``.
 
-    def ratio(p: int, c: int) -> float:
-        d = power.get(c)
-        if d is None:
-            d = power[c] = max(1, c) ** a
-        return -value[p] / d
+    Every candidate is priced at once; a revival changes only the costs of the results of the
+    steps in the revived step's run of dropped steps, which are re-priced one by one when next met
+    (:meth:`~historygraph.render.Selection.exact_cost`). Candidates are visited in ratio order
+    (ties to the older), those re-queued at a new ratio merged in from a heap.
 
+    Raises:
+        ValueError: a position of ``candidates`` that is not a candidate of the layout.
+    """
     lay = sel.layout
+    a = cost_exponent
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
-    # every candidate priced at once; before anything is revived that is also its cost alone
     cands = lay.candidates
-    costs0 = sel.candidate_costs()
-    cost0 = dict(zip(cands, costs0.tolist()))
-    exact = len(cost0) == len(cands)  # the stopping check below prices candidates only
-    for p in items:
-        if p not in cost0:
-            cost0[p], exact = sel.cost(p), False
-    item_costs = [cost0[p] for p in items]
-    for c in set(item_costs):
-        power[c] = max(1, c) ** a
-    heap = [(-value[p] / power[c], p, c) for p, c in zip(items, item_costs)]  # ratio(p, c)
-    heapq.heapify(heap)
     cand_arr = np.asarray(cands, dtype=np.intp)  # sorted (Layout keeps candidates in position order)
-    item_mask = np.isin(cand_arr, np.asarray(items, dtype=np.intp)) if exact else None
-    item_set = set(items)
-    unit_of, units = lay.unit_of, lay.units
+    given = np.asarray(candidates, dtype=np.intp)
+    at = np.searchsorted(cand_arr, given)
+    if len(given) and (at.max() >= len(cands) or (cand_arr[at] != given).any()):
+        raise ValueError("knapsack_select: candidates must be candidates of the selection's layout")
+    vals = np.zeros(len(cands))
+    vals[at] = np.fromiter(map(value.__getitem__, candidates), dtype=np.float64, count=len(candidates))
+    item_mask = vals > 0
+    costs0 = sel.candidate_costs()  # every candidate priced at once; before anything is revived also its cost alone
+    cur = costs0.copy()             # costs as last priced
+    cand_unit = lay._candidate_arrays()[1].tolist()
+    priced_at = [0] * len(cands)    # revivals counted when cur[i] was priced
+    changed_at = np.zeros(len(lay.units), dtype=np.int64)  # per unit: revivals counted when its costs last changed
+    revivals = 0
+    items = np.flatnonzero(item_mask)
+    ratios = -vals[items] / _powers(costs0[items], a)
+    order = np.lexsort((items, ratios))  # pop order of the heap of (ratio, candidate index, cost)
+    s_ratio, s_index, s_cost = ratios[order].tolist(), items[order].tolist(), costs0[items][order].tolist()
+    vals_l = vals.tolist()
+
+    def ratio(i: int, c: int) -> float:  # as the initial ratios (``**`` on Python numbers)
+        return -vals_l[i] / max(1, c) ** a
+
+    heap: list[tuple[float, int, int]] = []  # entries queued again at a new ratio
+    unit_of, units, dropped = lay.unit_of, lay.units, lay.dropped_units
     taken: list[int] = []
-    done: set[int] = set()
-    budget, dropped = lay.budget, lay.dropped_units
-    table: dict[int, int] = cost0  # costs known in the current state: every one until a revival changes some
+    done = np.zeros(len(cands), dtype=bool)
+    budget = lay.budget
     # once no result left can fit, nothing more is taken (costs change only when one is): stop.
-    # Checked with every candidate priced after `idle` pops without a take, doubling while it fails
-    exact = exact and budget is not None
+    # Checked after `idle` pops without a take, doubling while it fails
     idle, since = _IDLE_POPS, 0
-    while heap:
-        _, p, c = heapq.heappop(heap)
-        if p in done:
+    k, n_sorted = 0, len(s_index)
+    while True:
+        if heap and (k == n_sorted or heap[0] < (s_ratio[k], s_index[k], s_cost[k])):
+            _, i, c = heapq.heappop(heap)
+        elif k < n_sorted:
+            i, c = s_index[k], s_cost[k]
+            k += 1
+        else:
+            break
+        if done[i]:
             continue
-        now = table.get(p)
-        if now is None:
-            now = table[p] = sel.cost(p)
+        if changed_at[cand_unit[i]] > priced_at[i]:
+            cur[i], priced_at[i] = sel.exact_cost(cands[i]), revivals
+        now = int(cur[i])
         if now != c:  # its step was revived since it was queued
-            heapq.heappush(heap, (ratio(p, now), p, now))
+            heapq.heappush(heap, (ratio(i, now), i, now))
             continue
         if budget is not None and sel.used + now > budget:  # Selection.fits, with the cost in hand
             since += 1
-            if exact and since >= idle:
-                left = item_mask.copy()
-                left[np.searchsorted(cand_arr, np.asarray(taken, dtype=np.intp))] = False  # taken: candidates
-                if sel.candidate_costs()[left].min(initial=budget + 1) > budget - sel.used:
+            if since >= idle:
+                left = item_mask & ~done
+                if sel.lower_costs()[left].min(initial=budget + 1) > budget - sel.used:
+                    break  # (a lower bound of every cost, cheaper than pricing every run exactly)
+                cur, priced_at = sel.candidate_costs(), [revivals] * len(cands)
+                if cur[left].min(initial=budget + 1) > budget - sel.used:
                     break
                 idle, since = 2 * idle, 0
             continue  # stays out unless its step is revived (then it is queued again)
+        p = cands[i]
         u = unit_of[p]
         revives = u in dropped and u not in sel.revived
-        sel.take(p)
+        first = sel.runs.run_of(u) if revives else None  # the run of dropped steps it leaves
+        first, last = (u, u) if first is None else (first, sel.runs.end[first])
+        sel.take(p, cost=now)
         taken.append(p)
-        done.add(p)
+        done[i] = True
         since = 0
         if revives:
-            table = {}
+            revivals += 1
+            changed_at[first:last + 1] = revivals
             for q in units[u].positions:  # the other results of the step (push order does not matter)
-                if q in item_set and q not in done:
-                    cq = table[q] = sel.cost(q)
-                    heapq.heappush(heap, (ratio(q, cq), q, cq))
-    best: int | None
-    if item_mask is not None and not base_revived and lay.budget is not None:  # in bulk: costs0 are costs alone
-        fit = item_mask & (base_used + costs0 <= lay.budget)
-        best = None
+                j = bisect.bisect_left(cands, q)
+                if j < len(cands) and cands[j] == q and item_mask[j] and not done[j]:
+                    cq = cur[j] = sel.exact_cost(q)
+                    priced_at[j] = revivals
+                    heapq.heappush(heap, (ratio(j, cq), j, cq))
+    best: int | None = None
+    if not base_revived and budget is not None:  # in bulk: costs0 are costs alone
+        fit = item_mask & (base_used + costs0 <= budget)
         if fit.any():
-            fits = cand_arr[fit]
-            vals = np.fromiter(map(value.__getitem__, fits.tolist()), dtype=np.float64, count=len(fits))
-            best = int(fits[vals == vals.max()][0])  # the most probable, ties to the older
+            best = int(cand_arr[fit][np.argmax(vals[fit])])  # the most probable, ties to the older
+    elif budget is None:
+        best = int(cand_arr[item_mask][np.argmax(vals[item_mask])]) if item_mask.any() else None
     else:
-        if lay.budget is None:
-            fit_alone = items
-        else:
-            alone = cost0.__getitem__ if not base_revived else (lambda p: _alone(sel, p, base_revived))
-            fit_alone = [p for p in items if base_used + alone(p) <= lay.budget]
-        best = max(fit_alone, key=lambda p: (value[p], -p), default=None)
+        fits = [p for p in cand_arr[item_mask].tolist() if base_used + _alone(sel, p, base_revived) <= budget]
+        best = max(fits, key=lambda p: (value[p], -p), default=None)
     if best is not None and value[best] > sum(value[p] for p in taken):
         sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
         sel.take(best)
