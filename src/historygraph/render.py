@@ -1941,7 +1941,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
                 got.append(msgs[j].tool_call_id or "")
                 j += 1
             in_flight = j == len(msgs) and not got and rendering.positions[i] == len(graph) - 1
-            if not in_flight and sorted(got) != sorted(ids):
+            if not in_flight and got != ids and sorted(got) != sorted(ids):  # equal lists: the same multiset
                 raise InvariantError(f"§5.2 pairing: assistant at rendered index {i} calls {ids} but is followed by results {got}")
             i = j
             continue
@@ -1952,10 +1952,11 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     real = [rank.get(p, -1) for p in rendering.positions if p is not None]
     if -1 in real or real != sorted(real) or len(set(real)) != len(real):
         raise InvariantError("§5.3 order: rendering is not chronological (results directly after their call)")
+    stored = graph.messages
     for m, p in zip(msgs, rendering.positions):
-        if p is None:
+        if p is None or m is stored[p]:  # the stored event itself: verbatim and complete
             continue
-        orig = graph.messages[p]
+        orig = stored[p]
         if m.role in ("user", "assistant", "system") and m != orig and not _is_segment_view(m, orig) \
                 and not _is_brief_view(m, orig, p):
             raise InvariantError(f"§5.3 verbatim: {m.role} message at position {p} was altered")
