@@ -1192,3 +1192,35 @@ def test_oldest_first_search_from_the_floor_equals_pricing_every_marker(real_tra
                 assert lay._first_within(i, j, cost, limit) == (x, int(after[x - i])), (i, j, limit)
                 checked += 1
     assert checked > 100, checked
+
+
+@pytest.mark.parametrize("budget", [1500, 4000])
+def test_lower_costs_with_terms_in_place_equal_the_per_run_arrays(real_traces, budget):
+    """``Selection.lower_costs`` (each run's bound added in place) equals ``_priced`` with the
+    per-run term arrays it replaced, before and after revivals, on real-trace prefixes."""
+    c = TokenCounter()
+    checked = revived = 0
+    for tr in real_traces:
+        for g in prefixes(tr, every=4):
+            try:
+                lay = Layout(g, c, budget)
+            except ValueError:
+                continue
+            sel = lay.selection()
+            floor = lay._marker_floor()
+
+            def term(a, b):
+                whole = lay._marker_tokens(a, b)  # noqa: B023 (called at once)
+                if not floor or a == b:  # noqa: B023
+                    return -whole
+                out = np.full(b - a + 1, 2 * floor - whole, dtype=np.int64)  # noqa: B023
+                out[0] -= floor  # noqa: B023
+                out[-1] -= floor  # noqa: B023
+                return out
+            for p in reversed(lay.candidates):
+                assert sel.lower_costs().tolist() == sel._priced(term).tolist()
+                checked += 1
+                if sel.fits(p):
+                    revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
+                    sel.take(p)
+    assert checked > 100 and revived > 3, (checked, revived)

@@ -349,7 +349,7 @@ class _MarkerPlan:
                 grown[:len(table)] = table
             table = self._tables[slot] = grown
         out = table[values]
-        missing = np.flatnonzero(out == _UNKNOWN)
+        missing = (out == _UNKNOWN).nonzero()[0]  # (the method: np.flatnonzero's wrappers cost more than the work here)
         for i in missing.tolist():
             v = int(values[i])
             out[i] = table[v] = self.number(slot, v)
@@ -1238,16 +1238,19 @@ class Selection:
         run, where :meth:`candidate_costs` prices every unit of every run."""
         lay = self.layout
         floor = lay._marker_floor()
-
-        def term(a: int, b: int) -> Any:
+        delta, unit = lay._candidate_arrays()
+        extra = lay._revival_costs().copy()  # as in _priced, with each run's term added in place
+        if self.revived:
+            extra[list(self.revived)] = 0
+        for a, b in self.runs.end.items():
             whole = lay._marker_tokens(a, b)
             if not floor or a == b:
-                return -whole
-            out = np.full(b - a + 1, 2 * floor - whole, dtype=np.int64)  # a marker left on each side
-            out[0] -= floor  # the first and last unit of the run leave one
-            out[-1] -= floor
-            return out
-        return self._priced(term)
+                extra[a:b + 1] -= whole
+            else:
+                extra[a:b + 1] += 2 * floor - whole  # a marker left on each side
+                extra[a] -= floor  # the first and last unit of the run leave one
+                extra[b] -= floor
+        return delta + extra[unit]
 
     def candidate_costs(self) -> np.ndarray:
         """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is
@@ -1498,7 +1501,7 @@ class Layout:
             k = bisect.bisect_right(self._protected, i)
             if k < len(self._protected):
                 j = min(j, self._protected[k] - 1)
-            cost = np.cumsum(self._costs[i:j + 1])
+            cost = self._costs[i:j + 1].cumsum()
             x, self.base_tokens = self._first_within(i, j, cost, limit)
             self.runs.set_run(i, x)
             spans = self.dropped_units
@@ -1517,14 +1520,14 @@ class Layout:
         base = self.base_tokens
         if self._plan is None:
             after = base - cost + self._prefix_costs(i, j)
-            within = np.flatnonzero(after <= limit)
+            within = (after <= limit).nonzero()[0]
             x = i + int(within[0]) if len(within) else j
             return x, int(after[x - i])
-        s, last = int(np.searchsorted(cost, base + self._marker_floor() - limit, side="left")), j - i
+        s, last = int(cost.searchsorted(base + self._marker_floor() - limit, side="left")), j - i
         while s <= last:
             e = min(last, s + _DROP_WINDOW - 1)
             after = base - cost[s:e + 1] + self._prefix_costs(i, i + e, i + s)
-            within = np.flatnonzero(after <= limit)
+            within = (after <= limit).nonzero()[0]
             if len(within):
                 return i + s + int(within[0]), int(after[within[0]])
             if e == last:

@@ -140,11 +140,12 @@ def taken_in_order(layout: Layout, sel: Selection, order: list[int], idx: np.nda
     dropped, unit_of = layout.dropped_units, layout.unit_of
     assert layout.budget is not None
     room = layout.budget - sel.used
-    ahead, at = np.flatnonzero(low <= room), 0  # the next ones whose bound fits what was left
+    # the next ones whose bound fits what was left (nonzero, the method: np.flatnonzero's wrappers cost more than the work)
+    ahead, at = (low <= room).nonzero()[0], 0
     while at < len(ahead):
         k = int(ahead[at])
         if low[k] > room:  # what is left shrank since: find the next ones that fit it
-            ahead, at = np.flatnonzero(low[k:] <= room) + k, 0
+            ahead, at = (low[k:] <= room).nonzero()[0] + k, 0
             continue
         at += 1
         p = order[k]
@@ -162,7 +163,7 @@ def taken_in_order(layout: Layout, sel: Selection, order: list[int], idx: np.nda
             if revives:  # costs changed
                 low, exact, asked = sel.lower_costs()[idx], False, 0
             if revives or cost < 0:  # (a result shorter than its placeholder leaves more room)
-                ahead, at = np.flatnonzero(low[k + 1:] <= room) + (k + 1), 0
+                ahead, at = (low[k + 1:] <= room).nonzero()[0] + (k + 1), 0
     return out
 
 
