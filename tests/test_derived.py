@@ -306,3 +306,35 @@ def test_rows_are_decoded_as_json_reads_them():
     assert t.keys() == want.keys() and t[3] != t[3]
     assert {p: v for p, v in t.items() if p != 3} == {p: v for p, v in want.items() if p != 3}
     assert type(t[2]) is int
+
+
+def test_brief_savings_are_kept_per_encoding_and_read_at_their_position(tmp_path):
+    """What the brief view of each assistant message with calls saves (brief revivals) is kept as
+    rows named for the encoding; a reopened session uses them at their own position only, and a
+    counter of another encoding computes its own."""
+    from historygraph.render import BRIEF, _brief_savings
+
+    long_text = "I will now look at the date parser and its regular expression in detail " * 3
+    events = [EVENTS[0], Message("assistant", long_text, (call("c1", "cat utils/dates.py"),)), EVENTS[2],
+              Message("assistant", long_text + "again", (call("c2", "pytest tests/test_dates.py"),)), EVENTS[4]]
+    o200k, cl100k = TokenCounter("o200k_base"), TokenCounter("cl100k_base")
+
+    def saving(c, p):
+        m = events[p]
+        return c.count_message(m) - c.count_message(m.with_content(BRIEF.format(tokens=c.count(m.content), position=p), "brief"))
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", events)
+    assert _brief_savings(s.graph("s"), o200k).tolist() == [0, saving(o200k, 1), 0, saving(o200k, 3), 0]
+    assert saving(o200k, 1) > 20
+    s.close()
+    with sqlite3.connect(path) as db:
+        assert dict(db.execute("SELECT position, data FROM derived WHERE kind = 'render.brief:o200k_base'").fetchall()) == \
+            {1: str(saving(o200k, 1)), 3: str(saving(o200k, 3))}
+        db.execute("UPDATE derived SET data = '777' WHERE kind = 'render.brief:o200k_base' AND position = 1")
+    s = SQLiteStore(path)
+    g = s.graph("s")
+    assert _brief_savings(g, o200k).tolist() == [0, 777, 0, saving(o200k, 3), 0]
+    assert _brief_savings(g, cl100k).tolist() == [0, saving(cl100k, 1), 0, saving(cl100k, 3), 0]
+    s.close()

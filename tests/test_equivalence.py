@@ -876,7 +876,7 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
 @pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender", "cw-bm25"])
 def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path):
     """A session stored event by event and rendered now and then (which derives TFA values, step
-    features and parents, learned facts, BM25 tokens, token counts, written with the next append:
+    features and parents, learned facts, BM25 tokens, token counts, brief views' savings, written with the next append:
     historygraph.derived), reopened by a new store instance at many lengths, renders exactly as a
     graph built from its messages without any stored state; the rows of every kind it uses are there."""
     import sqlite3
@@ -907,7 +907,7 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
         with sqlite3.connect(path) as db:
             kinds = {k.split(":")[0] for (k,) in db.execute("SELECT DISTINCT kind FROM derived")}
         want = {"tfa.values", "render.tokens"} | ({"steps.features", "steps.parents"} if policy not in ("contextrender", "cw-bm25") else set())
-        want |= {"learned": {"learned.facts"}, "cw-bm25": {"bm25.tokens"}}.get(policy, set())
+        want |= {"learned": {"learned.facts", "render.brief"}, "cw-bm25": {"bm25.tokens"}}.get(policy, set())
         assert kinds == want, kinds
     assert compared > 10
 

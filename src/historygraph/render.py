@@ -933,19 +933,44 @@ def _brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[i
     return memo[key]
 
 
+@cache
+def brief_rows(stock: bool, encoding: str) -> DerivedKind | None:
+    """The derived rows (:mod:`historygraph.derived`) of :func:`_brief_savings`: at the position of
+    each message with a brief view, the tokens it saves. Named for the encoding, versioned as
+    :func:`token_rows`; ``None`` (nothing kept) for a counter other than a plain
+    :class:`TokenCounter` (``stock`` false)."""
+    if not stock:
+        return None
+    return DerivedKind(f"render.brief:{encoding}", ("historygraph.render", "historygraph.events",
+                                                    "historygraph.signals.tokens", "tiktoken.core"))
+
+
 def _brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
     """Tokens the brief view of each stored message saves (:meth:`Layout.brief`; 0 where there is
     no brief view or it saves nothing), per position, int64: kept per graph and extended as it
-    grows, so the revival costs of every dropped step are one array operation."""
+    grows, so the revival costs of every dropped step are one array operation. A graph from a
+    store reads and keeps them as derived rows (:func:`brief_rows`); the brief messages
+    themselves are built only for the units a render revives."""
     per = _SAVINGS.setdefault(graph, {})
     saved = per.setdefault(counter.encoding_name, [])
     msgs = graph.messages
     if len(saved) > len(msgs):
         del saved[:]
+    derived = graph.derived
+    kind = brief_rows(type(counter) is TokenCounter, counter.encoding_name) if derived.persist else None
+    stored = derived.table(kind) if kind is not None else {}
     for pos in range(len(saved), len(msgs)):
+        v = stored.pop(pos, None)
+        if type(v) is int:
+            saved.append(v)
+            continue
         view = _brief_view(graph, counter, pos)
         saved.append(max(0, view[0]) if view is not None else 0)
+        if view is not None and kind is not None:
+            derived.put(kind, pos, saved[-1])
     return np.asarray(saved, dtype=np.int64)
+
+
 _MEMOS_LOCK = threading.Lock()
 
 
