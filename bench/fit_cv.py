@@ -19,13 +19,14 @@ equal hits, so the shortcut measures exactly what ``historygraph replay -p learn
     python bench/fit_cv.py TRAIN --configs 'reserve=0.5;reserve=0.9,brief,alpha=0.5'
 
 ``--ceiling`` also scores, on the same layouts, a selector that knows the label in advance (value
-0.9 for a result the next call reuses by the training label, plus 0.1 times the model's
+0.9 for a result the next call reuses by the training label of ``--variant``, plus 0.1 times the model's
 probability to order the rest), and splits the B.4 events by whether the training label marks them
 and, if not, whether every token linking them is a Titlecase word (prose such as ``Looking``, which
 TFA's value rules exclude). This is analysis in the benchmark only; no policy reads the B.4 rule.
 
 ``--variant``: ``shipped`` (label: TFA reuse or identifier reuse at the next call, the shipped
-recipe), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse within the next 3 calls).
+recipe), ``named`` (identifier reuse alone), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse
+within the next 3 calls).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from historygraph.eval.recall import reuse_events
 from historygraph.eval.replay import replay_trace
 from historygraph.fit.dataset import Examples, trace_examples
-from historygraph.fit.train import C, fit_examples
+from historygraph.fit.train import C, fit_examples, labels
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create
@@ -63,15 +64,21 @@ def parse_configs(text: str) -> dict[str, dict]:
     return out
 
 
+VARIANT_LABEL = {"shipped": "reuse-or-named", "named": "named", "tfa": "reuse"}
+
+
+def variant_label(ex: Examples, variant: str) -> np.ndarray:
+    """The training label of ``variant`` per row of ``ex``."""
+    return ex.within if variant == "within" else labels(ex, VARIANT_LABEL[variant])
+
+
 def fit_variant(ex: Examples, variant: str, c: float):
     if variant == "within":
         return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, np.zeros_like(ex.named)), c,
                             label="reuse")
-    if variant == "tfa":
-        return fit_examples(ex, c, label="reuse")
-    if variant != "shipped":
-        raise SystemExit(f"unknown variant {variant!r}")
-    return fit_examples(ex, c)
+    if variant not in VARIANT_LABEL:
+        raise SystemExit(f"unknown variant {variant!r}; choose one of {', '.join([*VARIANT_LABEL, 'within'])}")
+    return fit_examples(ex, c, label=VARIANT_LABEL[variant])
 
 
 class Scorer:
@@ -133,11 +140,11 @@ class Scorer:
         return hits, events, tokens
 
 
-def label_rows(s: Scorer) -> dict[tuple[int, int], bool]:
-    """(assistant position, result position) -> the training label (TFA or identifier reuse) of that
-    row; rows run over the results stored before each invocation, in order (fit.dataset)."""
+def label_rows(s: Scorer, variant: str) -> dict[tuple[int, int], bool]:
+    """(assistant position, result position) -> the training label of ``variant`` of that row; rows
+    run over the results stored before each invocation, in order (fit.dataset)."""
     out: dict[tuple[int, int], bool] = {}
-    label = np.maximum(s.ex.reused, s.ex.named)
+    label = variant_label(s.ex, variant)
     row, results = 0, []
     for j, m in enumerate(s.trace.messages):
         if m.role == "assistant" and j:
@@ -152,19 +159,19 @@ def label_rows(s: Scorer) -> dict[tuple[int, int], bool]:
 TITLECASE = re.compile(r"[A-Z][a-z]+")
 
 
-def ceiling(scorers, model, budgets) -> str:
+def ceiling(scorers, model, budgets, variant: str) -> str:
     """The ``--ceiling`` figures (module docstring): label-oracle recall per B and the B.4 events by label."""
     parts, kinds = [], {"labelled": 0, "Titlecase words only": 0, "other": 0}
     for b in budgets:
         h = e = 0
         for s in scorers:
-            label = np.maximum(s.ex.reused, s.ex.named)
+            label = variant_label(s.ex, variant)
             p = model.predict(s.ex.X) if len(s.ex.X) else np.zeros(0)
             a, b_, _ = s.hits(model, b, {}, prob=0.9 * label + 0.1 * p)
             h, e = h + a, e + b_
         parts.append(f"B={b} label oracle {100.0 * h / max(1, e):.1f} %")
     for s in scorers:
-        rows = label_rows(s)
+        rows = label_rows(s, variant)
         for key, toks in s.tokens.items():
             kinds["labelled" if rows.get(key) else "Titlecase words only" if all(TITLECASE.fullmatch(t) for t in toks)
                   else "other"] += 1
@@ -277,7 +284,7 @@ def main() -> None:
         res = run(scorers, model, budgets, configs)
         print(f"unseen ({len(test)} trajectories, variant={a.variant}, C={a.C}): {fmt(res)}")
         if a.ceiling:
-            print("unseen ceiling: " + ceiling(scorers, model, budgets))
+            print("unseen ceiling: " + ceiling(scorers, model, budgets, a.variant))
         if a.oracle:
             print("unseen " + oracle_figures(test, budgets, signals))
         return
@@ -289,7 +296,7 @@ def main() -> None:
         scorers = [Scorer(train[i], exs[i], signals.counter) for i in held]
         res = run(scorers, model, budgets, configs)
         if a.ceiling:
-            print(f"fold {k} ceiling: " + ceiling(scorers, model, budgets), file=sys.stderr, flush=True)
+            print(f"fold {k} ceiling: " + ceiling(scorers, model, budgets, a.variant), file=sys.stderr, flush=True)
         if a.check:
             for b in budgets:
                 for label, cfg in configs.items():

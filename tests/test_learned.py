@@ -12,7 +12,7 @@ from historygraph.events import Message, ToolCall, Trace
 from historygraph.fit.dataset import trace_examples
 from historygraph.fit.features import FEATURES, call_kind, feature_matrix
 from historygraph.fit.model import ReuseModel, ReuseModelError
-from historygraph.fit.train import fit_examples, fit_traces
+from historygraph.fit.train import fit_examples, fit_traces, labels
 from historygraph.graph import ContextGraph
 from historygraph.policies import PolicyError, Signals, create
 from historygraph.policies.learned import knapsack_select
@@ -177,6 +177,12 @@ def test_labels_are_observed_reuse_of_tfa():
     assert ex.within.tolist() == [1, 1, 1, 1, 0, 0]
     # identifiers: parse_date (first held by 2) named by msgs 3 and 5; DATE_RE (held by 2) by msg 7
     assert ex.named.tolist() == [1, 1, 0, 1, 0, 0]
+    # the recipes: either (shipped), identifiers alone, TFA alone; msg 5's reuse of dates.py (result 4)
+    # is a file name, not an identifier
+    assert labels(ex).tolist() == labels(ex, "reuse-or-named").tolist() == [1, 1, 1, 1, 0, 0]
+    assert labels(ex, "reuse").tolist() == [1, 1, 1, 1, 0, 0] and labels(ex, "named").tolist() == [1, 1, 0, 1, 0, 0]
+    with pytest.raises(ValueError, match="unknown label 'tfa'; choose one of reuse-or-named, named, reuse"):
+        labels(ex, "tfa")
 
 
 @pytest.mark.slow
@@ -197,6 +203,21 @@ def test_fit_refuses_examples_without_reuse():
                         Signals().counter)
     with pytest.raises(ValueError, match="cannot fit"):
         fit_examples(ex)
+
+
+def test_fit_with_identifiers_alone_names_the_label_for_agents_without_them():
+    """An order-number session: TFA sees the reuse of W123456, the identifier rule sees nothing."""
+    msgs = [Message("user", "Cancel my order"),
+            Message("assistant", "", (bash("c1", "find_order alice"),)),
+            Message("tool", "order W123456 pending", tool_call_id="c1"),
+            Message("assistant", "", (bash("c2", "status W123456"),)),
+            Message("tool", "pending", tool_call_id="c2"),
+            Message("assistant", "Cancelling W123456")]
+    ex = trace_examples(Trace("t", "x", "t1", msgs), Signals().counter)
+    assert ex.reused.tolist() == [1, 1, 0] and ex.named.tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="fit with label 'reuse-or-named'"):
+        fit_examples(ex, label="named")
+    assert fit_examples(ex).meta["reused"] == 2 and fit_examples(ex).meta["label"] == "reuse-or-named"
 
 
 def test_learned_keeps_the_invariants_and_prefers_the_reused_result():
@@ -275,7 +296,12 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     out = tmp_path / "m.json"
     res = runner.invoke(app, ["fit", str(src), "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert ReuseModel.load(out).meta["traces"] == 1
+    assert ReuseModel.load(out).meta["traces"] == 1 and ReuseModel.load(out).meta["label"] == "reuse-or-named"
+    other = tmp_path / "named.json"
+    assert runner.invoke(app, ["fit", str(src), "--out", str(other), "--label", "named"]).exit_code == 0
+    assert ReuseModel.load(other).meta["label"] == "named"
+    wrong = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "w.json"), "--label", "tfa"])
+    assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, named, reuse" in wrong.output
     again = runner.invoke(app, ["fit", str(src), "--out", str(out)])
     assert again.exit_code != 0 and "--force" in again.output  # never overwrites silently
     missing = runner.invoke(app, ["fit", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")])

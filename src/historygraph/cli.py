@@ -673,6 +673,11 @@ def fit(
     paths: Annotated[list[Path], typer.Argument(help="Trace files or folders (searched recursively) of your own agent.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Model file to write (JSON, a few KB); refuses to overwrite without --force.")] = Path("model.json"),
     c: Annotated[float, typer.Option("--C", help="Inverse L2 regularisation strength of the logistic regression.")] = 1.0,
+    label: Annotated[str, typer.Option(help="What counts as reuse at the next call: 'reuse-or-named' (a Tool-Flow "
+                                       "Analysis value or a code identifier the result first held; the shipped "
+                                       "recipe), 'named' (code identifiers alone: higher recall on coding agents, "
+                                       "lower on agents that repeat order numbers or IDs), 'reuse' (TFA values "
+                                       "alone).")] = "reuse-or-named",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite --out if it exists.")] = False,
@@ -680,11 +685,13 @@ def fit(
 ) -> None:
     """Fit the learned selector's reuse model on recorded traces and write it as JSON.
 
-    Label: observed reuse (Tool-Flow Analysis, ContextRender §3.2) at the next model call; features:
-    render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
+    Label: observed reuse (Tool-Flow Analysis, ContextRender §3.2, and code identifiers,
+    ContextWeaver §3.1) at the next model call (--label); features: render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
     parameter model=FILE) and replay to measure it. Needs scikit-learn (pip install 'historygraph\\[fit]')."""
-    from .fit.train import fit_traces
+    from .fit.train import LABELS, fit_traces
 
+    if label not in LABELS:
+        _fail(f"unknown --label {label!r}; choose one of {', '.join(LABELS)}")
     if out.exists() and not force:
         _fail(f"{out} exists; pass --force to overwrite it or choose another --out")
     if out.is_dir():
@@ -715,7 +722,7 @@ def fit(
                 model = fit_traces(traces, out, TokenCounter(encoding), c=c,
                                    meta={"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
                                          "historygraph": __version__},
-                                   on_trace=lambda tr: _advance(bar, task, "fit: features of"))
+                                   on_trace=lambda tr: _advance(bar, task, "fit: features of"), label=label)
             except ValueError as exc:
                 _fail(str(exc))
     m = model.meta

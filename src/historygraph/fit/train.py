@@ -1,11 +1,15 @@
 """``historygraph fit``: fit the learned selector's reuse model on recorded traces.
 
 Examples come from :func:`historygraph.fit.dataset.trace_examples` (render-time features only).
-The label is observed reuse at the next invocation: a TFA value attributed to the result
-(ContextRender, arXiv:2609.37743, §3.2, A.2) *or* a code identifier first held by the result
-(ContextWeaver §3.1's identifier rule) repeated by the next assistant message. Chosen over TFA alone
-by grouped 5-fold cross-validation on the training trajectories (docs/learned.md): identifier reuse
-catches dotted and partial names that TFA's whole-value matching misses. The model is scikit-learn's
+The label is observed reuse at the next invocation (:data:`LABELS`). The shipped recipe,
+``reuse-or-named``: the next assistant message repeats a TFA value attributed to the result
+(ContextRender, arXiv:2609.37743, §3.2, A.2) *or* names a code identifier first held by the result
+(ContextWeaver §3.1's identifier rule, attributed to the first result holding it as TFA attributes
+values). Chosen over TFA alone (``reuse``) by grouped 5-fold cross-validation on the training
+trajectories (docs/learned.md): identifier reuse catches dotted and partial names that TFA's
+whole-value matching misses. ``named`` (identifiers alone) scored higher on that cross-validation
+but lower on agents that repeat values other than code names (τ-bench's order numbers), so it is an
+option for coding agents, not the default (docs/learned.md). The model is scikit-learn's
 ``LogisticRegression`` (L2, ``C`` below, ``lbfgs``) on features standardised with the training mean
 and standard deviation; it is written as a small JSON file that :class:`~historygraph.fit.model.ReuseModel`
 reads with numpy alone. The fit is deterministic: the same traces and options give the same file.
@@ -37,23 +41,37 @@ def examples(traces: Iterable[Trace], counter: TokenCounter,
     return Examples.concat(parts)
 
 
-LABELS = ("reuse-or-named", "reuse")  # the shipped recipe first; "reuse" = TFA alone
+LABELS = ("reuse-or-named", "named", "reuse")  # the shipped recipe first; "named" = identifiers alone, "reuse" = TFA alone
+
+
+def labels(ex: Examples, label: str = LABELS[0]) -> np.ndarray:
+    """The 0/1 label of every row of ``ex`` under ``label`` (one of :data:`LABELS`), shape ``(n,)``.
+
+    Raises:
+        ValueError: an unknown label.
+    """
+    if label not in LABELS:
+        raise ValueError(f"unknown label {label!r}; choose one of {', '.join(LABELS)}")
+    if label == "reuse-or-named":
+        return np.maximum(ex.reused, ex.named)
+    return ex.named if label == "named" else ex.reused
 
 
 def fit_examples(ex: Examples, c: float = C, meta: dict | None = None, label: str = LABELS[0]) -> ReuseModel:
     """Fit the model on ``ex`` (needs scikit-learn); ``label`` is one of :data:`LABELS`.
 
     Raises:
-        ValueError: no positive or no negative example (nothing to learn from).
+        ValueError: an unknown label, or no positive or no negative example (nothing to learn from).
     """
     from sklearn.linear_model import LogisticRegression
 
-    if label not in LABELS:
-        raise ValueError(f"unknown label {label!r}; choose one of {', '.join(LABELS)}")
-    y = np.maximum(ex.reused, ex.named) if label == "reuse-or-named" else ex.reused
+    y = labels(ex, label)
     if len(y) == 0 or y.min() == y.max():
+        hint = (" (label 'named' counts code identifiers only; for an agent that repeats other values, such as "
+                "order numbers, fit with label 'reuse-or-named')" if label == "named" and len(y) else "")
         raise ValueError(f"cannot fit a reuse model on {len(y)} examples with {int(y.sum())} reused: the traces need "
-                         f"tool results, some of them reused later (values repeated by later tool calls or messages)")
+                         f"tool results, some of them reused later (values repeated by later tool calls or messages)"
+                         f"{hint}")
     mean = ex.X.mean(axis=0)
     scale = ex.X.std(axis=0)
     scale[scale == 0] = 1.0
@@ -65,8 +83,13 @@ def fit_examples(ex: Examples, c: float = C, meta: dict | None = None, label: st
 
 
 def fit_traces(traces: list[Trace], out: str | Path, counter: TokenCounter, c: float = C,
-               meta: dict | None = None, on_trace: Callable[[Trace], None] | None = None) -> ReuseModel:
-    """Fit on ``traces`` and write the model to ``out``; returns it."""
-    model = fit_examples(examples(traces, counter, on_trace), c, meta)
+               meta: dict | None = None, on_trace: Callable[[Trace], None] | None = None,
+               label: str = LABELS[0]) -> ReuseModel:
+    """Fit on ``traces`` with ``label`` (:data:`LABELS`) and write the model to ``out``; returns it.
+
+    Raises:
+        ValueError: as :func:`fit_examples`.
+    """
+    model = fit_examples(examples(traces, counter, on_trace), c, meta, label)
     model.save(out)
     return model
