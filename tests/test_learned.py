@@ -92,6 +92,45 @@ def test_features_extend_incrementally_as_the_graph_grows():
     assert np.array_equal(feature_matrix(g, [2, 4, 6], counter), feature_matrix(ContextGraph("fresh", msgs), [2, 4, 6], counter))
 
 
+def test_member_sums_from_postings_and_recent_entries_equal_adding_each_rows_terms_in_order(monkeypatch):
+    """_Flat.sums reads the postings of the queried members for rows indexed so far and the entries
+    added since: per row, the same float as adding the weights of its members left to right in
+    the query's order (here: members added in sorted order, queried in sorted order), before any
+    index, with one, and with rows added after it; own-only sums count the members first held."""
+    from historygraph.fit import features as fx
+
+    monkeypatch.setattr(fx, "_INDEX_MIN", 8)
+    rng = np.random.default_rng(5)
+    words = [f"w{i:02d}" for i in range(30)]
+    flat, sets, seen, owns, states = fx._Flat(), [], set(), [], set()
+    query = sorted(rng.choice(words, 12, replace=False).tolist())
+    idf = {w: float(rng.uniform(0.1, 3.0)) for w in words}
+
+    def by_hand(row_set, own=None):
+        acc = 0.0
+        for w in query:  # left to right from 0.0, in the query's (sorted) order
+            if w in row_set and (own is None or w in own):
+                acc += idf[w]
+        return acc
+
+    for row in range(40):
+        members = sorted(set(rng.choice(words, int(rng.integers(1, 9))).tolist()))
+        own = frozenset(m for m in members if m not in seen)
+        seen |= own
+        flat.add(row, members, own)
+        sets.append(members)
+        owns.append(own)
+        if row % 3 == 0:
+            ids = flat.lookup(query)
+            w = np.array([idf[m] for m in query if m in flat.vocab])
+            got = flat.sums(ids, row + 1, w)
+            assert got.tolist() == [by_hand(set(m)) for m in sets]
+            assert flat.sums(ids, row + 1, w, own=True).tolist() == [by_hand(set(m), o) for m, o in zip(sets, owns)]
+            assert flat.counts().tolist() == [sum(v in m for m in sets) for v in flat.vocab]
+            states.add("none" if not flat._indexed else "all" if flat._indexed == flat.ids.n else "both")
+    assert states == {"none", "all", "both"}  # before the first index, just after one, with rows added since
+
+
 @pytest.mark.parametrize("name, args, kind", [
     ("bash", {"command": "cat src/a.py"}, "view"), ("bash", {"command": "sed -n '10,20p' a.py"}, "view"),
     ("bash", {"command": "grep -rn foo ."}, "search"), ("bash", {"command": "find . -name '*.py'"}, "search"),

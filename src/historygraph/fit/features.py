@@ -193,16 +193,26 @@ class _Grow:
         return self.a[:self.n]
 
 
+_INDEX_MIN = 2048  # entries added since the postings were built before they are built again (and a quarter of all)
+
+
 class _Flat:
     """The members of one set-valued fact of every result (its values, words, …) as flat
-    ``(row, id, own)`` arrays over a per-graph vocabulary, so that ``|S(r) ∩ Q|`` for every ``r``
-    is one ``np.bincount``. ``own``: the member was first held by that row (TFA attribution).
-    Rows added are collected in lists and moved into the arrays when :meth:`sums` next reads them."""
+    ``(row, id, own)`` arrays over a per-graph vocabulary, so that ``Σ_{m ∈ S(r) ∩ Q} w(m)`` for
+    every ``r`` is one ``np.bincount``. ``own``: the member was first held by that row (TFA
+    attribution). Rows added are collected in lists and moved into the arrays when next read.
+
+    The entries are also kept as postings (the rows holding each member, grouped by member), built
+    again once a quarter of the entries came after them; a query reads the postings of its
+    members and the entries added since, so a render reads ``O(matches)``, not every entry."""
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
         self.rows, self.ids, self.own = _Grow(np.int32), _Grow(np.int32), _Grow(np.float64)
+        self.df = _Grow(np.int64)  # rows holding each vocabulary entry (a row's members are distinct)
         self._added: tuple[list[int], list[int], list[float]] = ([], [], [])
+        self._indexed = 0  # entries in the postings
+        self._post_rows = self._post_own = self._indptr = np.zeros(0, np.int64)
 
     def add(self, row: int, members: "list[str] | frozenset[str]", own: frozenset[str] = frozenset()) -> None:
         vocab = self.vocab
@@ -212,39 +222,62 @@ class _Flat:
         rows.extend([row] * (len(ids) - k))
         owns.extend([float(m in own) for m in members] if own else [0.0] * (len(ids) - k))
 
-    def weights(self, items: "dict[str, float] | set[str] | frozenset[str]") -> np.ndarray:
-        """Weight of each vocabulary entry: ``items[m]`` (a dict) or 1 (a set member), else 0."""
-        w = np.zeros(len(self.vocab))
+    def lookup(self, members: "list[str] | set[str] | frozenset[str]") -> np.ndarray:
+        """Vocabulary ids of the known ``members``, in their order (intp)."""
         get = self.vocab.get
-        if isinstance(items, dict):
-            for m, x in items.items():
-                i = get(m)
-                if i is not None:
-                    w[i] = x
-        else:
-            ids = [i for m in items if (i := get(m)) is not None]
-            w[ids] = 1.0
-        return w
+        return np.array([i for m in members if (i := get(m)) is not None], dtype=np.intp)
 
     def _flush(self) -> None:
         if self._added[0]:
+            new = np.asarray(self._added[1], dtype=np.int64)
             for grow, added in zip((self.rows, self.ids, self.own), self._added):
                 grow.extend(added)
                 added.clear()
+            self.df.reserve(len(self.vocab) - self.df.n)
+            self.df.view()[:] += np.bincount(new, minlength=len(self.vocab))
 
     def counts(self) -> np.ndarray:
-        """Rows holding each vocabulary entry (a row's members are distinct: its document frequency)."""
+        """Rows holding each vocabulary entry (its document frequency)."""
         self._flush()
-        return np.bincount(self.ids.view(), minlength=len(self.vocab))
+        return self.df.view()
 
-    def sums(self, w: np.ndarray, n: int, own: bool = False) -> np.ndarray:
-        """``Σ_{m ∈ S(r)} w[m]`` per row (only members first held by the row when ``own``), summed in
-        the order the members were added (bincount adds sequentially)."""
+    def sums(self, ids: np.ndarray, n: int, weights: "np.ndarray | None" = None, own: bool = False) -> np.ndarray:
+        """``Σ weights[k]`` over the members ``ids[k]`` of each row's set, per row (``n`` rows; weights
+        1 by default; only members first held by the row when ``own``). Each row's terms are added
+        left to right from 0.0 in the order of ``ids`` (``np.bincount`` adds sequentially), which is
+        the row's own order of its members when ``ids`` is in that order."""
         self._flush()
-        x = w[self.ids.view()]
-        if own:
-            x = x * self.own.view()
-        return np.bincount(self.rows.view(), weights=x, minlength=n)
+        total = self.ids.n
+        if total - self._indexed > max(_INDEX_MIN, total // 4):
+            self._index()
+        w = np.ones(len(ids)) if weights is None else np.asarray(weights, dtype=np.float64)
+        out = np.zeros(n)
+        if self._indexed:  # the postings of the members, concatenated in the order of ids
+            known = ids < len(self._indptr) - 1
+            q, wq = ids[known], w[known]
+            starts, lens = self._indptr[q], self._indptr[q + 1] - self._indptr[q]
+            at = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+            x = np.repeat(wq, lens)
+            if own:
+                x = x * self._post_own[at]
+            out = np.bincount(self._post_rows[at], weights=x, minlength=n)
+        if total > self._indexed:  # the entries added since, in their order
+            full = np.zeros(len(self.vocab))
+            full[ids] = w
+            x = full[self.ids.a[self._indexed:total]]
+            if own:
+                x = x * self.own.a[self._indexed:total]
+            out = out + np.bincount(self.rows.a[self._indexed:total], weights=x, minlength=n)
+        return out
+
+    def _index(self) -> None:
+        total = self.ids.n
+        ids = self.ids.view()
+        order = np.argsort(ids, kind="stable")  # by member, each member's rows in the order added
+        self._post_rows = self.rows.view()[order].astype(np.intp)
+        self._post_own = self.own.view()[order]
+        self._indptr = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=len(self.vocab)))])
+        self._indexed = total
 
 
 _STATIC = ("log_tokens", *(f"kind_{k}" for k in KINDS), "log_values", "error", "own_values", "own_idents")
@@ -287,6 +320,12 @@ class _GraphFacts:
     words_t: _Flat = field(default_factory=_Flat)   # each row's words in sorted order
     files_t: _Flat = field(default_factory=_Flat)   # shown files
     reuse_seen: dict[int, tuple[int, list[int]]] = field(default_factory=dict)  # result -> (matches read, distinct reuse turns)
+    # observed reuse per row, updated for the results the graph's TFA index lists as changed
+    reuse_read: int = 0  # entries of graph.reuse.touched read
+    reuse_score: _Grow = field(default_factory=lambda: _Grow(np.float64))  # ln(1 + c_t(r))
+    reuse_turns: _Grow = field(default_factory=lambda: _Grow(np.intp))     # distinct reusing turns
+    reuse_last: _Grow = field(default_factory=lambda: _Grow(np.intp))      # the latest of them
+    reuse_recent: _Grow = field(default_factory=lambda: _Grow(np.intp, RECENT_TURNS))  # the latest RECENT_TURNS, newest first
 
 
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKeyDictionary()
@@ -300,7 +339,8 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     stored = graph.derived.table(RESULT_FACTS)
     base = len(gf.row_of)
     new = sum(m.role == "tool" for m in msgs[gf.upto:])
-    for grown in (gf.turn, gf.owner, gf.static, gf.superseded, gf.edited_later, gf.ident_turns_n, gf.unique_n):
+    for grown in (gf.turn, gf.owner, gf.static, gf.superseded, gf.edited_later, gf.ident_turns_n, gf.unique_n,
+                  gf.reuse_score, gf.reuse_turns, gf.reuse_last, gf.reuse_recent):
         grown.reserve(new)  # rows base … base + new − 1, filled below
     turns: list[int] = []
     owners: list[int] = []
@@ -396,12 +436,43 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     return gf
 
 
-def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tuple[np.ndarray, float]:
+def _read_reuse(gf: _GraphFacts, graph: ContextGraph) -> None:
+    """Bring the per-row reuse state up to date with the results whose matches or score changed
+    since it was last read (:attr:`~historygraph.signals.reuse.ReuseIndex.touched`)."""
+    reuse = graph.reuse
+    touched = reuse.touched
+    if gf.reuse_read >= len(touched):
+        return
+    turn_of = graph.turn_of
+    for p in set(touched[gf.reuse_read:]):
+        row = gf.row_of.get(p)
+        ms = reuse.matches.get(p)
+        if not ms or row is None:
+            continue
+        read, turns = gf.reuse_seen.get(p, (0, []))
+        if read < len(ms):  # matches come in message order: their turns never decrease
+            turns = list(turns)
+            for m in ms[read:]:
+                x = turn_of[m.user]
+                if not turns or turns[-1] != x:
+                    turns.append(x)
+            gf.reuse_seen[p] = (len(ms), turns)
+        gf.reuse_score.a[row] = math.log1p(reuse.score(p))
+        gf.reuse_turns.a[row] = len(turns)
+        gf.reuse_last.a[row] = turns[-1]
+        latest = turns[:-RECENT_TURNS - 1:-1]
+        gf.reuse_recent.a[row, :len(latest)] = latest
+    gf.reuse_read = len(touched)
+
+
+def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """The IDF weight ``ln(1 + N / (1 + df(w)))`` of each word of ``query`` (``N`` the results stored
-    so far, ``df`` :meth:`_Flat.counts` of the words) as weights over the words' vocabulary, and the
-    IDF mass of ``query``: its words' weights added left to right in sorted word order (so the
-    figure does not depend on the order Python iterates a set in). Each distinct ``df`` is put
-    through :mod:`math` once (numpy's ``log`` may round differently)."""
+    so far, ``df`` :meth:`_Flat.counts` of the words): the vocabulary ids of its known words and
+    their weights, in sorted word order (the order each row holds its words in, so that
+    :meth:`_Flat.sums` adds a row's terms in sorted word order), and the IDF mass of ``query``: its
+    words' weights added left to right in sorted word order (so the figure does not depend on the
+    order Python iterates a set in). Each distinct ``df`` is put through :mod:`math` once (numpy's
+    ``log`` may round differently)."""
     n_docs = max(1, len(gf.facts))
     get = gf.words_t.vocab.get
     ids = np.fromiter((get(w, -1) for w in sorted(query)), dtype=np.intp, count=len(query))
@@ -410,9 +481,7 @@ def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tup
     dfq[known] = df[ids[known]]
     distinct, inverse = np.unique(dfq, return_inverse=True)
     idf = np.array([math.log(1.0 + n_docs / (1.0 + d)) for d in distinct.tolist()])[inverse]
-    w = np.zeros(len(df))
-    w[ids[known]] = idf[known]
-    return w, float(np.cumsum(idf)[-1]) if len(idf) else 0.0  # cumsum adds left to right from the first
+    return ids[known], idf[known], float(np.cumsum(idf)[-1]) if len(idf) else 0.0  # cumsum adds left to right
 
 
 def _task(gf: _GraphFacts, text: str) -> tuple[str, frozenset[str], frozenset[str], frozenset[str]]:
@@ -485,80 +554,59 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     # observed reuse (TFA): only the results with matches differ from the never-reused defaults
     col("since_reuse", _log2p(age))
     col("never_reused", 1.0)
-    turn_of = graph.turn_of
-    rows_r: list[int] = []
-    score: list[float] = []
-    n_turns: list[int] = []
-    last_turn: list[int] = []
-    recent_n: list[int] = []
-    for p, ms in graph.reuse.matches.items():
-        row = gf.row_of.get(p)
-        if not ms or row is None:
-            continue
-        read, turns = gf.reuse_seen.get(p, (0, []))
-        if read < len(ms):  # matches come in message order: their turns never decrease
-            turns = list(turns)
-            for m in ms[read:]:
-                x = turn_of[m.user]
-                if not turns or turns[-1] != x:
-                    turns.append(x)
-            gf.reuse_seen[p] = (len(ms), turns)
-        k = len(turns)
-        while k and turns[k - 1] > t - RECENT_TURNS:
-            k -= 1
-        rows_r.append(row)
-        score.append(math.log1p(graph.reuse.score(p)))
-        n_turns.append(len(turns))
-        last_turn.append(turns[-1])
-        recent_n.append(len(turns) - k)
-    if rows_r:
-        last = np.asarray(last_turn)
-        out[rows_r, _COL["reuse_score"]] = score
-        out[rows_r, _COL["reuse_turns"]] = _log1p_int(np.asarray(n_turns))
-        out[rows_r, _COL["reused_last"]] = last == t
-        out[rows_r, _COL["reused_recent"]] = recent_n
-        out[rows_r, _COL["since_reuse"]] = _log1p_int(t - last)
-        out[rows_r, _COL["never_reused"]] = 0.0
+    _read_reuse(gf, graph)
+    n_turns = gf.reuse_turns.view()
+    reused = n_turns > 0
+    if reused.any():
+        last, nt = gf.reuse_last.view()[reused], n_turns[reused]
+        recent = (gf.reuse_recent.view()[reused] > t - RECENT_TURNS) & (np.arange(RECENT_TURNS) < nt[:, None])
+        out[reused, _COL["reuse_score"]] = gf.reuse_score.view()[reused]
+        out[reused, _COL["reuse_turns"]] = _log1p_int(nt)
+        out[reused, _COL["reused_last"]] = last == t
+        out[reused, _COL["reused_recent"]] = recent.sum(1)
+        out[reused, _COL["since_reuse"]] = _log1p_int(t - last)
+        out[reused, _COL["never_reused"]] = 0.0
     # lexical and value overlap with the latest assistant message and the task
     vt, it, wt, ft = gf.values_t, gf.idents_t, gf.words_t, gf.files_t
-    col("latest_values", _log1p_int(vt.sums(vt.weights(latest_values), n)))
-    col("task_values", _log1p_int(vt.sums(vt.weights(task_values), n)))
+    col("latest_values", _log1p_int(vt.sums(vt.lookup(latest_values), n)))
+    col("task_values", _log1p_int(vt.sums(vt.lookup(task_values), n)))
     df = wt.counts()
     for name, query in (("latest_cover", latest_words), ("task_cover", task_words)):
-        w, total = cover_weights(gf, query, df)
+        ids, idf, total = cover_weights(gf, query, df)
         if total > 0:
-            col(name, wt.sums(w, n) / total)
+            col(name, wt.sums(ids, n, idf) / total)
     static = gf.static.view()
     for k, name in enumerate(_STATIC):
         col(name, static[:, k])
     out[[gf.row_of[p] for p in latest_ancestry_results(graph, ANCESTRY_STEPS) if p in gf.row_of], _COL["ancestor"]] = 1.0
     col("superseded", gf.superseded.view())
     col("edited_later", gf.edited_later.view())
-    col("path_in_latest", ft.sums(ft.weights(latest_files), n) > 0)
+    col("path_in_latest", ft.sums(ft.lookup(latest_files), n) > 0)
     col("unique_values", _log1p_int(gf.unique_n.view()))
     owner = gf.owner.view()
     newest = owner == latest if latest is not None else np.zeros(n, bool)
     col("latest_result", newest)
     col("ident_turns", _log1p_int(gf.ident_turns_n.view()))
-    w_latest = it.weights(latest_idents)
-    col("latest_idents", _log1p_int(it.sums(w_latest, n)))
-    col("latest_own_idents", _log1p_int(it.sums(w_latest, n, own=True)))
-    recent = np.zeros(len(it.vocab))
-    for turn_, ids in reversed(gf.assistant_idents):  # in turn order
+    q_latest = it.lookup(latest_idents)
+    col("latest_idents", _log1p_int(it.sums(q_latest, n)))
+    col("latest_own_idents", _log1p_int(it.sums(q_latest, n, own=True)))
+    recent = []  # the identifiers of the last RECENT_TURNS assistant messages, once per message naming them
+    for turn_, ids_ in reversed(gf.assistant_idents):
         if turn_ <= t - RECENT_TURNS:
             break
-        recent += it.weights(ids)
-    col("recent_own_idents", _log1p_int(it.sums(recent, n, own=True)))
-    col("task_idents", _log1p_int(it.sums(it.weights(task_idents), n)))
+        recent.append(it.lookup(ids_))
+    q_recent, times = np.unique(np.concatenate(recent), return_counts=True) if recent else (np.zeros(0, np.intp), None)
+    col("recent_own_idents", _log1p_int(it.sums(q_recent, n, times, own=True)))
+    col("task_idents", _log1p_int(it.sums(it.lookup(task_idents), n)))
     # echoes in the newest results (0 for the newest results themselves)
     fresh = [gf.facts[q] for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
     fresh_values = frozenset().union(*(f.values for f in fresh))
     fresh_idents = frozenset().union(*(f.idents for f in fresh))
     fresh_files = frozenset().union(*(f.content_files for f in fresh))
     keep = ~newest
-    w_values = vt.weights(fresh_values)
-    col("echo_values", _log1p_int(vt.sums(w_values, n)) * keep)
-    col("echo_own_values", _log1p_int(vt.sums(w_values, n, own=True)) * keep)
-    col("echo_own_idents", _log1p_int(it.sums(it.weights(fresh_idents), n, own=True)) * keep)
-    col("echo_files", (ft.sums(ft.weights(fresh_files), n) > 0) & keep)
+    q_values = vt.lookup(fresh_values)
+    col("echo_values", _log1p_int(vt.sums(q_values, n)) * keep)
+    col("echo_own_values", _log1p_int(vt.sums(q_values, n, own=True)) * keep)
+    col("echo_own_idents", _log1p_int(it.sums(it.lookup(fresh_idents), n, own=True)) * keep)
+    col("echo_files", (ft.sums(ft.lookup(fresh_files), n) > 0) & keep)
     return out[rows]

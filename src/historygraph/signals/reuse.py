@@ -70,6 +70,9 @@ class ReuseIndex:
         self._matched: set[str] = set()
         self._version = 0  # bumped by every change, so a score computed across one is not kept
         self.values: dict[int, frozenset[str]] = {}  # result position -> its values
+        #: results whose matches or score changed, in the order of the changes (appended to only, so
+        #: that a reader keeping per-result state reads what changed since its last read)
+        self.touched: list[int] = []
 
     def add_result(self, position: int, values: Iterable[str]) -> None:
         """Register the values of the tool result at ``position`` (:func:`extract_values` of its text;
@@ -81,6 +84,7 @@ class ReuseIndex:
             if value in self._matched:
                 self._version += 1
                 self._scores.pop(holders[0], None)
+                self.touched.append(holders[0])
 
     def add_operations(self, position: int, operations: Iterable[Iterable[str]]) -> list[ReuseMatch]:
         """Record the uses in one assistant message; each entry of ``operations`` holds the values
@@ -95,6 +99,7 @@ class ReuseIndex:
                     self._matched.add(value)
                     self._version += 1
                     self._scores.pop(holders[0], None)
+                    self.touched.append(holders[0])
                     found.append(m)
         return found
 
