@@ -578,6 +578,8 @@ class _TokenMemo:
         self.kind = token_rows(type(counter) is TokenCounter, counter.encoding_name, placeholder)
         self._skeleton = _Skeleton()
         self._lock = threading.Lock()
+        # (graph length, loop_guard of the graph at that length): the graph is append-only
+        self.guard: tuple[int, tuple[int, ...]] | None = None
 
     def skeleton(self, graph: ContextGraph, budget: int | None = None) -> dict[str, Any]:
         """A snapshot of the graph's :class:`_Skeleton`, taken under the lock (another thread may
@@ -1372,7 +1374,10 @@ class Layout:
         self._tools = memo.tools.view()
         self.current_user = sk["current_user"]
         self.last_assistant: int | None = sk["last_assistant"]  # position of the latest assistant message
-        self.loop_guard = loop_guard(graph, sk["users"])
+        guard = memo.guard
+        if guard is None or guard[0] != len(msgs):  # (the graph is append-only: a function of its length)
+            guard = memo.guard = (len(msgs), loop_guard(graph, sk["users"]))
+        self.loop_guard = guard[1]
         self.order: list[int] = sk["order"]
         self.outside: set[int] = sk["outside"]
         self._tokens = memo.tokens
@@ -1432,7 +1437,7 @@ class Layout:
         self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
         if left_out and not self.inserts:
             self.runs.add_sorted(sorted(left_out))
-        self.base_tokens = sk["total_cost"] - int(self._costs[self._dropped_mask].sum()) + \
+        self.base_tokens = sk["total_cost"] - (int(self._costs[self._dropped_mask].sum()) if left_out else 0) + \
             sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
         if budget is not None and self.base_tokens > budget and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than
@@ -1753,7 +1758,8 @@ class Layout:
         is_tool[tools] = True
         full_arr = order_arr[is_tool[order_arr]]  # in render order, as assemble appends them
         if len(full_arr):
-            keep = np.ones(len(tools), dtype=bool)
+            keep = np.empty(len(tools), dtype=bool)
+            keep.fill(True)
             keep[np.searchsorted(tools, full_arr)] = False
             omitted = tools[keep].tolist()
         else:
@@ -1778,10 +1784,13 @@ class Layout:
         shown = selection.shown
         msgs = self.graph.messages
         # per order entry whether it is left out: its unit is dropped and not revived (a mask, as arrays)
-        idle = self._dropped_mask.copy()
+        n_units = len(self._dropped_mask)
+        idle = np.empty(n_units + 1, dtype=bool)  # one more, False: entries outside B have unit −1 (kept)
+        idle[:n_units] = self._dropped_mask
+        idle[n_units] = False
         if selection.revived:
             idle[list(selection.revived)] = False
-        at = np.append(idle, False)[self._arr["entry_unit"]]  # (entries outside B have unit −1: kept)
+        at = idle[self._arr["entry_unit"]]
         dropped_at = at.tolist() if self.inserts else at  # (the walk below steps over runs: few look-ups)
         dropped = self._arr["order"][at]
         if self.graph.superseded:
@@ -1893,7 +1902,8 @@ class Layout:
         total = history + outside
         tools = self._tools
         if full:  # every result shown in full is one of the graph's results (ascending positions)
-            keep = np.ones(len(tools), dtype=bool)
+            keep = np.empty(len(tools), dtype=bool)
+            keep.fill(True)
             keep[np.searchsorted(tools, full)] = False
             omitted = tools[keep].tolist()
         else:
