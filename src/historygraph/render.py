@@ -98,12 +98,18 @@ def render_order(graph: ContextGraph) -> list[int]:
     stored between a call and its result comes after the result (docs/architecture.md, invariant §5.3 exception, §5.7:
     both providers reject a request where anything sits between a call and its result)."""
     out: list[int] = []
+    result_of = graph.result_of
     for p, m in enumerate(graph.messages):
         if m.role == "tool":
             continue
         out.append(p)
-        if m.tool_calls:
-            out.extend(sorted(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of))
+        calls = m.tool_calls
+        if len(calls) == 1:  # the common case, without a sort
+            r = result_of.get(calls[0].id)
+            if r is not None:
+                out.append(r)
+        elif calls:
+            out.extend(sorted(result_of[c.id] for c in calls if c.id in result_of))
     return out
 
 
