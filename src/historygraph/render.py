@@ -1714,7 +1714,7 @@ class Layout:
         if self._revivals is None:
             if self.brief_revivals:  # a unit's cost less what the brief view of its first message saves
                 saved = _brief_savings(self.graph, self.counter)
-                first = np.fromiter((u.positions[0] for u in self.units), dtype=np.int64, count=len(self.units))
+                first = self._arrays[0]  # each unit's lowest position: its first message
                 self._revivals = np.where(self._dropped_mask, self._costs - saved[first], 0)
             else:  # a unit's whole cost (:meth:`brief` without brief views)
                 self._revivals = np.where(self._dropped_mask, self._costs, 0)

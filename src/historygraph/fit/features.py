@@ -193,7 +193,7 @@ class _Grow:
         return self.a[:self.n]
 
 
-_INDEX_MIN = 2048  # entries added since the postings were built before they are built again (and a quarter of all)
+_INDEX_MIN = 512  # entries added since the postings were last extended before they are merged in (and 1/32 of all)
 
 
 class _Flat:
@@ -202,9 +202,10 @@ class _Flat:
     every ``r`` is one ``np.bincount``. ``own``: the member was first held by that row (TFA
     attribution). Rows added are collected in lists and moved into the arrays when next read.
 
-    The entries are also kept as postings (the rows holding each member, grouped by member), built
-    again once a quarter of the entries came after them; a query reads the postings of its
-    members and the entries added since, so a render reads ``O(matches)``, not every entry."""
+    The entries are also kept as postings (the rows holding each member, grouped by member), into
+    which the entries added since are merged once there are enough of them (a copy, no sort of
+    the postings); a query reads the postings of its members and the entries added since, so a
+    render reads ``O(matches)``, not every entry."""
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
@@ -212,7 +213,8 @@ class _Flat:
         self.df = _Grow(np.int64)  # rows holding each vocabulary entry (a row's members are distinct)
         self._added: tuple[list[int], list[int], list[float]] = ([], [], [])
         self._indexed = 0  # entries in the postings
-        self._post_rows = self._post_own = self._indptr = np.zeros(0, np.int64)
+        self._post_rows, self._post_own = np.zeros(0, np.intp), np.zeros(0)
+        self._indptr = np.zeros(1, np.intp)  # member i's postings: _post_rows[_indptr[i]:_indptr[i + 1]]
 
     def add(self, row: int, members: "list[str] | frozenset[str]", own: frozenset[str] = frozenset()) -> None:
         vocab = self.vocab
@@ -248,7 +250,7 @@ class _Flat:
         the row's own order of its members when ``ids`` is in that order."""
         self._flush()
         total = self.ids.n
-        if total - self._indexed > max(_INDEX_MIN, total // 4):
+        if total - self._indexed > max(_INDEX_MIN, total // 32):
             self._index()
         w = np.ones(len(ids)) if weights is None else np.asarray(weights, dtype=np.float64)
         out = np.zeros(n)
@@ -271,12 +273,18 @@ class _Flat:
         return out
 
     def _index(self) -> None:
-        total = self.ids.n
-        ids = self.ids.view()
-        order = np.argsort(ids, kind="stable")  # by member, each member's rows in the order added
-        self._post_rows = self.rows.view()[order].astype(np.intp)
-        self._post_own = self.own.view()[order]
-        self._indptr = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=len(self.vocab)))])
+        """Merge the entries added since into the postings: each at the end of its member's rows
+        (its row comes after them), in the order added."""
+        a, total, size = self._indexed, self.ids.n, len(self.vocab)
+        new = self.ids.a[a:total]
+        order = np.argsort(new, kind="stable")
+        indptr = self._indptr
+        if len(indptr) < size + 1:  # members first seen since
+            indptr = np.concatenate([indptr, np.full(size + 1 - len(indptr), indptr[-1])])
+        at = indptr[new[order] + 1]
+        self._post_rows = np.insert(self._post_rows, at, self.rows.a[a:total][order])
+        self._post_own = np.insert(self._post_own, at, self.own.a[a:total][order])
+        self._indptr = indptr + np.concatenate([[0], np.cumsum(np.bincount(new, minlength=size))])
         self._indexed = total
 
 
@@ -530,7 +538,7 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         KeyError: a position that is not a stored tool result.
     """
     gf = graph_facts(graph, counter)
-    rows = [gf.row_of[p] for p in positions]
+    rows = np.fromiter(map(gf.row_of.__getitem__, positions), dtype=np.intp, count=len(positions))
     msgs = graph.messages
     t = graph.turns
     n = len(gf.row_of)
@@ -609,4 +617,6 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     col("echo_own_values", _log1p_int(vt.sums(q_values, n, own=True)) * keep)
     col("echo_own_idents", _log1p_int(it.sums(it.lookup(fresh_idents), n, own=True)) * keep)
     col("echo_files", (ft.sums(ft.lookup(fresh_files), n) > 0) & keep)
+    if len(rows) and rows[-1] == len(rows) - 1 and (rows == np.arange(len(rows))).all():
+        return out[:len(rows)]  # the first rows in order (every result but the newest protected ones)
     return out[rows]
