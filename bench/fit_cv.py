@@ -25,8 +25,9 @@ and, if not, whether every token linking them is a Titlecase word (prose such as
 TFA's value rules exclude). This is analysis in the benchmark only; no policy reads the B.4 rule.
 
 ``--variant``: ``shipped`` (label: TFA reuse or identifier reuse at the next call, the shipped
-recipe), ``named`` (identifier reuse alone), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse
-within the next 3 calls).
+recipe), ``values-or-named`` (TFA values other than file names, or identifiers), ``named``
+(identifier reuse alone), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse within the next 3
+calls).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def parse_configs(text: str) -> dict[str, dict]:
     return out
 
 
-VARIANT_LABEL = {"shipped": "reuse-or-named", "named": "named", "tfa": "reuse"}
+VARIANT_LABEL = {"shipped": "reuse-or-named", "values-or-named": "values-or-named", "named": "named", "tfa": "reuse"}
 
 
 def variant_label(ex: Examples, variant: str) -> np.ndarray:
@@ -74,7 +75,8 @@ def variant_label(ex: Examples, variant: str) -> np.ndarray:
 
 def fit_variant(ex: Examples, variant: str, c: float):
     if variant == "within":
-        return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, np.zeros_like(ex.named)), c,
+        z = np.zeros_like(ex.named)
+        return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, z, z), c,
                             label="reuse")
     if variant not in VARIANT_LABEL:
         raise SystemExit(f"unknown variant {variant!r}; choose one of {', '.join([*VARIANT_LABEL, 'within'])}")

@@ -216,11 +216,14 @@ def test_labels_are_observed_reuse_of_tfa():
     assert ex.within.tolist() == [1, 1, 1, 1, 0, 0]
     # identifiers: parse_date (first held by 2) named by msgs 3 and 5; DATE_RE (held by 2) by msg 7
     assert ex.named.tolist() == [1, 1, 0, 1, 0, 0]
-    # the recipes: either (shipped), identifiers alone, TFA alone; msg 5's reuse of dates.py (result 4)
-    # is a file name, not an identifier
-    assert labels(ex).tolist() == labels(ex, "reuse-or-named").tolist() == [1, 1, 1, 1, 0, 0]
-    assert labels(ex, "reuse").tolist() == [1, 1, 1, 1, 0, 0] and labels(ex, "named").tolist() == [1, 1, 0, 1, 0, 0]
-    with pytest.raises(ValueError, match="unknown label 'tfa'; choose one of reuse-or-named, named, reuse"):
+    # msg 5 reuses dates.py from result 4 only: a file name, neither a counted value nor an identifier
+    assert ex.valued.tolist() == [1, 1, 0, 1, 0, 0]
+    # the recipes: TFA values or identifiers (shipped), values other than file names or identifiers,
+    # identifiers alone, TFA alone
+    assert labels(ex).tolist() == labels(ex, "reuse-or-named").tolist() == labels(ex, "reuse").tolist() == [1, 1, 1, 1, 0, 0]
+    assert labels(ex, "values-or-named").tolist() == labels(ex, "named").tolist() == [1, 1, 0, 1, 0, 0]
+    with pytest.raises(ValueError, match="unknown label 'tfa'; choose one of reuse-or-named, values-or-named, named, "
+                                         "reuse"):
         labels(ex, "tfa")
 
 
@@ -253,10 +256,10 @@ def test_fit_with_identifiers_alone_names_the_label_for_agents_without_them():
             Message("tool", "pending", tool_call_id="c2"),
             Message("assistant", "Cancelling W123456")]
     ex = trace_examples(Trace("t", "x", "t1", msgs), Signals().counter)
-    assert ex.reused.tolist() == [1, 1, 0] and ex.named.tolist() == [0, 0, 0]
-    with pytest.raises(ValueError, match="fit with label 'reuse-or-named'"):
+    assert ex.reused.tolist() == ex.valued.tolist() == [1, 1, 0] and ex.named.tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="fit with label 'values-or-named'"):
         fit_examples(ex, label="named")
-    assert fit_examples(ex).meta["reused"] == 2 and fit_examples(ex).meta["label"] == "reuse-or-named"
+    assert fit_examples(ex).meta["label"] == "reuse-or-named" and fit_examples(ex, label="values-or-named").meta["reused"] == 2
 
 
 def test_learned_keeps_the_invariants_and_prefers_the_reused_result():
@@ -337,10 +340,11 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     assert res.exit_code == 0, res.output
     assert ReuseModel.load(out).meta["traces"] == 1 and ReuseModel.load(out).meta["label"] == "reuse-or-named"
     other = tmp_path / "named.json"
-    assert runner.invoke(app, ["fit", str(src), "--out", str(other), "--label", "named"]).exit_code == 0
-    assert ReuseModel.load(other).meta["label"] == "named"
+    assert runner.invoke(app, ["fit", str(src), "--out", str(other), "--label", "values-or-named"]).exit_code == 0
+    assert ReuseModel.load(other).meta["label"] == "values-or-named"
     wrong = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "w.json"), "--label", "tfa"])
-    assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, named, reuse" in wrong.output
+    assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, values-or-named, named, reuse" \
+        in " ".join(wrong.output.split())
     again = runner.invoke(app, ["fit", str(src), "--out", str(out)])
     assert again.exit_code != 0 and "--force" in again.output  # never overwrites silently
     missing = runner.invoke(app, ["fit", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")])

@@ -675,9 +675,10 @@ def fit(
     c: Annotated[float, typer.Option("--C", help="Inverse L2 regularisation strength of the logistic regression.")] = 1.0,
     label: Annotated[str, typer.Option(help="What counts as reuse at the next call: 'reuse-or-named' (a Tool-Flow "
                                        "Analysis value or a code identifier the result first held; the shipped "
-                                       "recipe), 'named' (code identifiers alone: higher recall on coding agents, "
-                                       "lower on agents that repeat order numbers or IDs), 'reuse' (TFA values "
-                                       "alone).")] = "reuse-or-named",
+                                       "recipe), 'values-or-named' (TFA values other than file names, or "
+                                       "identifiers) and 'named' (identifiers alone): higher recall on coding "
+                                       "agents, slightly lower on agents that repeat order numbers or IDs; "
+                                       "'reuse' (TFA values alone).")] = "reuse-or-named",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite --out if it exists.")] = False,

@@ -10,6 +10,9 @@ evaluator's B.4 rule (another token pattern, first appearance anywhere in the tr
 used, so Later-Used Result Recall measured afterwards tests the selector, not the metric.
 
 ``within`` labels reuse at any of the next ``horizon`` invocations (``t … t+horizon−1``).
+``valued`` is ``reused`` restricted to values that are no file name (:func:`historygraph.signals.steps.files_in`
+finds none in them): an agent repeats ``compiler.py`` in every ``sed -n`` of that file, which says
+little about which of the results showing it it needs.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 from ..events import Trace
 from ..graph import ContextGraph
+from ..signals.steps import files_in
 from ..signals.tokens import TokenCounter
 from .features import FEATURES, feature_matrix, graph_facts
 
@@ -38,6 +42,8 @@ class Examples:
             labels a result reused when ``reused`` or ``named`` (:mod:`historygraph.fit.train`).
         group: index of the trace each row comes from (for grouped cross-validation), shape ``(n,)``.
         invocation: running invocation number within its trace, shape ``(n,)``.
+        valued: 1 when the invocation's message repeats a TFA value attributed to the result that is
+            not a file name (module docstring), shape ``(n,)``; ``valued ≤ reused``.
     """
 
     X: np.ndarray
@@ -46,14 +52,15 @@ class Examples:
     group: np.ndarray
     invocation: np.ndarray
     named: np.ndarray
+    valued: np.ndarray
 
     @staticmethod
     def concat(parts: list["Examples"]) -> "Examples":
         if not parts:
             z = np.zeros(0)
-            return Examples(np.zeros((0, len(FEATURES))), z, z, z.astype(int), z.astype(int), z)
+            return Examples(np.zeros((0, len(FEATURES))), z, z, z.astype(int), z.astype(int), z, z)
         return Examples(*(np.concatenate([getattr(p, k) for p in parts])
-                          for k in ("X", "reused", "within", "group", "invocation", "named")))
+                          for k in ("X", "reused", "within", "group", "invocation", "named", "valued")))
 
 
 def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon: int = 3) -> Examples:
@@ -63,6 +70,7 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
     cand: list[list[int]] = []
     reuse_turn: dict[int, list[int]] = {}  # result position -> invocation numbers that reused it
     named_at: set[tuple[int, int]] = set()  # (invocation, result) where the message named an identifier of it
+    valued_at: set[tuple[int, int]] = set()  # (invocation, result) reused by a value that is no file name
     inv = 0
     for j, message in enumerate(trace.messages):
         if message.role == "assistant" and len(graph):
@@ -79,13 +87,18 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
                 ms = graph.reuse.matches.get(p, ())
                 if ms and ms[-1].user == j:
                     reuse_turn.setdefault(p, []).append(inv)
+                    k = len(ms)
+                    while k and ms[k - 1].user == j:  # this message's matches come last
+                        k -= 1
+                        if not files_in(ms[k].value):
+                            valued_at.add((inv, p))
                 turns = facts.ident_turns.get(p)
                 if turns and turns[-1] == graph.turn_of[j]:
                     named_at.add((inv, p))
             inv += 1
         else:
             graph.append(message)
-    X, reused, within, invocation, named = [], [], [], [], []
+    X, reused, within, invocation, named, valued = [], [], [], [], [], []
     for i, (x, results) in enumerate(zip(rows, cand)):
         X.append(x)
         for p in results:
@@ -94,6 +107,7 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
             within.append(float(any(i <= k < i + horizon for k in turns)))
             invocation.append(i)
             named.append(float((i, p) in named_at))
+            valued.append(float((i, p) in valued_at))
     n = len(reused)
     return Examples(np.concatenate(X) if X else np.zeros((0, len(FEATURES))), np.array(reused), np.array(within),
-                    np.full(n, group), np.array(invocation, dtype=int), np.array(named))
+                    np.full(n, group), np.array(invocation, dtype=int), np.array(named), np.array(valued))

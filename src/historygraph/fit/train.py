@@ -7,9 +7,11 @@ The label is observed reuse at the next invocation (:data:`LABELS`). The shipped
 (ContextWeaver §3.1's identifier rule, attributed to the first result holding it as TFA attributes
 values). Chosen over TFA alone (``reuse``) by grouped 5-fold cross-validation on the training
 trajectories (docs/learned.md): identifier reuse catches dotted and partial names that TFA's
-whole-value matching misses. ``named`` (identifiers alone) scored higher on that cross-validation
-but lower on agents that repeat values other than code names (τ-bench's order numbers), so it is an
-option for coding agents, not the default (docs/learned.md). The model is scikit-learn's
+whole-value matching misses. ``values-or-named`` leaves out the TFA values that are file names
+(``compiler.py``: an agent repeats it in every view of that file, whichever result it needs) and
+``named`` counts identifiers alone; both scored higher on that cross-validation and on unseen
+coding-agent trajectories but put τ-bench (an agent that repeats order numbers and IDs) a little
+below ContextRender, so they are options, not the default (docs/learned.md). The model is scikit-learn's
 ``LogisticRegression`` (L2, ``C`` below, ``lbfgs``) on features standardised with the training mean
 and standard deviation; it is written as a small JSON file that :class:`~historygraph.fit.model.ReuseModel`
 reads with numpy alone. The fit is deterministic: the same traces and options give the same file.
@@ -41,7 +43,7 @@ def examples(traces: Iterable[Trace], counter: TokenCounter,
     return Examples.concat(parts)
 
 
-LABELS = ("reuse-or-named", "named", "reuse")  # the shipped recipe first; "named" = identifiers alone, "reuse" = TFA alone
+LABELS = ("reuse-or-named", "values-or-named", "named", "reuse")  # the shipped recipe first (module docstring)
 
 
 def labels(ex: Examples, label: str = LABELS[0]) -> np.ndarray:
@@ -52,6 +54,8 @@ def labels(ex: Examples, label: str = LABELS[0]) -> np.ndarray:
     """
     if label not in LABELS:
         raise ValueError(f"unknown label {label!r}; choose one of {', '.join(LABELS)}")
+    if label == "values-or-named":
+        return np.maximum(ex.valued, ex.named)
     if label == "reuse-or-named":
         return np.maximum(ex.reused, ex.named)
     return ex.named if label == "named" else ex.reused
@@ -68,7 +72,7 @@ def fit_examples(ex: Examples, c: float = C, meta: dict | None = None, label: st
     y = labels(ex, label)
     if len(y) == 0 or y.min() == y.max():
         hint = (" (label 'named' counts code identifiers only; for an agent that repeats other values, such as "
-                "order numbers, fit with label 'reuse-or-named')" if label == "named" and len(y) else "")
+                "order numbers, fit with label 'values-or-named')" if label == "named" and len(y) else "")
         raise ValueError(f"cannot fit a reuse model on {len(y)} examples with {int(y.sum())} reused: the traces need "
                          f"tool results, some of them reused later (values repeated by later tool calls or messages)"
                          f"{hint}")
