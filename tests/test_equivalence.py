@@ -731,6 +731,8 @@ def reference_knapsack(candidates, value, sel, cost_exponent=1.0):
 
     from historygraph.policies.learned import _alone
 
+    if isinstance(value, np.ndarray):  # learned passes the values in the order of the candidates
+        value = dict(zip(candidates, value.tolist()))
     items = [p for p in candidates if value[p] > 0]
 
     def ratio(p, c):

@@ -923,7 +923,7 @@ class _Skeleton:
 
 _BRIEFS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, str], tuple[int, Message]]]" = weakref.WeakKeyDictionary()
 _MEMOS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple, _TokenMemo]]" = weakref.WeakKeyDictionary()
-_SAVINGS: "weakref.WeakKeyDictionary[ContextGraph, dict[str, list[int]]]" = weakref.WeakKeyDictionary()
+_SAVINGS: "weakref.WeakKeyDictionary[ContextGraph, dict[str, _Grow]]" = weakref.WeakKeyDictionary()
 
 
 def _brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
@@ -960,23 +960,27 @@ def _brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
     store reads and keeps them as derived rows (:func:`brief_rows`); the brief messages
     themselves are built only for the units a render revives."""
     per = _SAVINGS.setdefault(graph, {})
-    saved = per.setdefault(counter.encoding_name, [])
+    saved = per.setdefault(counter.encoding_name, _Grow())
     msgs = graph.messages
-    if len(saved) > len(msgs):
-        del saved[:]
+    if saved.n > len(msgs):
+        saved = per[counter.encoding_name] = _Grow()
+    if saved.n == len(msgs):
+        return saved.view()
     derived = graph.derived
     kind = brief_rows(type(counter) is TokenCounter, counter.encoding_name) if derived.persist else None
     stored = derived.table(kind) if kind is not None else {}
-    for pos in range(len(saved), len(msgs)):
+    new: list[int] = []
+    for pos in range(saved.n, len(msgs)):
         v = stored.pop(pos, None)
         if type(v) is int:
-            saved.append(v)
+            new.append(v)
             continue
         view = _brief_view(graph, counter, pos)
-        saved.append(max(0, view[0]) if view is not None else 0)
+        new.append(max(0, view[0]) if view is not None else 0)
         if view is not None and kind is not None:
-            derived.put(kind, pos, saved[-1])
-    return np.asarray(saved, dtype=np.int64)
+            derived.put(kind, pos, new[-1])
+    saved.extend(new)
+    return saved.view()
 
 
 _MEMOS_LOCK = threading.Lock()

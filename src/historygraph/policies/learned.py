@@ -32,6 +32,7 @@ import bisect
 import heapq
 import os
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -98,14 +99,16 @@ def _powers(costs: np.ndarray, a: float) -> np.ndarray:
     return table[c]
 
 
-def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selection, cost_exponent: float = 1.0) -> list[int]:
+def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndarray", sel: Selection,
+                    cost_exponent: float = 1.0) -> list[int]:
     """Greedy 0/1 knapsack on ``value[p] / sel.cost(p)`` with the best-single-item swap (see module
     docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. Costs are
     re-read when a revival lowers them (the other results of a revived step become cheaper: they are
     queued again at their new ratio). Items with value ≤ 0 are never taken; costs below one token
     count as one. ``cost_exponent`` ``α`` ranks by ``value / cost^α`` instead (``α = 1``: the knapsack
     ratio; ``α < 1`` favours larger results that are likely to be reused over many small unlikely ones).
-    ``candidates``: positions among ``sel.layout.candidates``.
+    ``candidates``: positions among ``sel.layout.candidates``; ``value``: per position, or an array
+    in the order of ``candidates``.
 
     Every candidate is priced at once; a revival changes only the costs of the results of the
     steps in the revived step's run of dropped steps, which are re-priced one by one when next met
@@ -125,7 +128,8 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
     if len(given) and (at.max() >= len(cands) or (cand_arr[at] != given).any()):
         raise ValueError("knapsack_select: candidates must be candidates of the selection's layout")
     vals = np.zeros(len(cands))
-    vals[at] = np.fromiter(map(value.__getitem__, candidates), dtype=np.float64, count=len(candidates))
+    vals[at] = value if isinstance(value, np.ndarray) else \
+        np.fromiter(map(value.__getitem__, candidates), dtype=np.float64, count=len(candidates))
     item_mask = vals > 0
     costs0 = sel.candidate_costs()  # every candidate priced at once; before anything is revived also its cost alone
     cur = costs0.copy()             # costs as last priced
@@ -184,7 +188,7 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
         first = sel.runs.run_of(u) if revives else None  # the run of dropped steps it leaves
         first, last = (u, u) if first is None else (first, sel.runs.end[first])
         sel.take(p, cost=now)
-        taken.append(p)
+        taken.append(i)
         done[i] = True
         since = 0
         if revives:
@@ -196,32 +200,32 @@ def knapsack_select(candidates: list[int], value: dict[int, float], sel: Selecti
                     cq = cur[j] = sel.exact_cost(q)
                     priced_at[j] = revivals
                     heapq.heappush(heap, (ratio(j, cq), j, cq))
-    best: int | None = None
+    best: int | None = None  # the candidate index of the most probable that fits alone, ties to the older
     if not base_revived and budget is not None:  # in bulk: costs0 are costs alone
-        fit = item_mask & (base_used + costs0 <= budget)
-        if fit.any():
-            best = int(cand_arr[fit][np.argmax(vals[fit])])  # the most probable, ties to the older
+        fit = np.flatnonzero(item_mask & (base_used + costs0 <= budget))
+        if len(fit):
+            best = int(fit[np.argmax(vals[fit])])
     elif budget is None:
-        best = int(cand_arr[item_mask][np.argmax(vals[item_mask])]) if item_mask.any() else None
+        best = int(items[np.argmax(vals[items])]) if len(items) else None
     else:
-        fits = [p for p in cand_arr[item_mask].tolist() if base_used + _alone(sel, p, base_revived) <= budget]
-        best = max(fits, key=lambda p: (value[p], -p), default=None)
-    if best is not None and value[best] > sum(value[p] for p in taken):
+        fits = [i for i in items.tolist() if base_used + _alone(sel, cands[i], base_revived) <= budget]
+        best = max(fits, key=lambda i: (vals_l[i], -i), default=None)
+    if best is not None and vals_l[best] > sum(vals_l[i] for i in taken):
         sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
-        sel.take(best)
-        return [best]
-    return taken
+        sel.take(cands[best])
+        return [cands[best]]
+    return [cands[i] for i in taken]
 
 
-def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> dict[int, float]:
-    """Knapsack value of each candidate of ``layout`` from its reuse probability (``prob`` in
+def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.ndarray:
+    """Knapsack value of each candidate of ``layout`` from its reuse probability (both in
     candidate order): 0 below ``min_probability``, times ``excerpt_value`` for an oversized result
     offered as its excerpt."""
     msgs, form = layout.graph.messages, layout.form
     prob = np.asarray(prob, dtype=np.float64)
-    value = dict(zip(layout.candidates, np.where(prob >= cfg.min_probability, prob, 0.0).tolist()))
-    for p in [p for p in layout.candidates if form[p] is not msgs[p]]:
-        value[p] = value[p] * cfg.excerpt_value
+    value = np.where(prob >= cfg.min_probability, prob, 0.0)
+    excerpts = [i for i, p in enumerate(layout.candidates) if form[p] is not msgs[p]]
+    value[excerpts] = value[excerpts] * cfg.excerpt_value
     return value
 
 
@@ -287,7 +291,8 @@ class Learned:
         value = reuse_values(layout, prob, cfg)
         sel = layout.selection()
         taken = knapsack_select(cands, value, sel, cfg.cost_exponent)
-        layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, value, taken, budget, cfg.min_probability))
+        layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, dict(zip(cands, value.tolist())), taken,
+                                                      budget, cfg.min_probability))
         return layout.assemble(self.name, sel)
 
 
