@@ -78,7 +78,7 @@ class LearnedConfig:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
 
-_IDLE_POPS = 64  # pops without a take before knapsack_select checks whether anything left can fit
+_IDLE_POPS = 16  # pops without a take before knapsack_select checks whether anything left can fit
 _POWERS: dict[float, np.ndarray] = {}  # per exponent: max(1, c) ** α by cost c (NaN: not computed yet)
 
 
@@ -132,10 +132,10 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
         np.fromiter(map(value.__getitem__, candidates), dtype=np.float64, count=len(candidates))
     item_mask = vals > 0
     costs0 = sel.candidate_costs()  # every candidate priced at once; before anything is revived also its cost alone
-    cur = costs0.copy()             # costs as last priced
+    cur = costs0.tolist()           # costs as last priced
     cand_unit = lay._candidate_arrays()[1].tolist()
     priced_at = [0] * len(cands)    # revivals counted when cur[i] was priced
-    changed_at = np.zeros(len(lay.units), dtype=np.int64)  # per unit: revivals counted when its costs last changed
+    changed_at = [0] * len(lay.units)  # per unit: revivals counted when its costs last changed
     revivals = 0
     items = np.flatnonzero(item_mask)
     ratios = -vals[items] / _powers(costs0[items], a)
@@ -149,7 +149,8 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     heap: list[tuple[float, int, int]] = []  # entries queued again at a new ratio
     unit_of, units, dropped = lay.unit_of, lay.units, lay.dropped_units
     taken: list[int] = []
-    done = np.zeros(len(cands), dtype=bool)
+    done = bytearray(len(cands))
+    is_item = item_mask.tolist()
     budget = lay.budget
     # once no result left can fit, nothing more is taken (costs change only when one is): stop.
     # Checked after `idle` pops without a take, doubling while it fails
@@ -167,18 +168,20 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
             continue
         if changed_at[cand_unit[i]] > priced_at[i]:
             cur[i], priced_at[i] = sel.exact_cost(cands[i]), revivals
-        now = int(cur[i])
+        now = cur[i]
         if now != c:  # its step was revived since it was queued
             heapq.heappush(heap, (ratio(i, now), i, now))
             continue
         if budget is not None and sel.used + now > budget:  # Selection.fits, with the cost in hand
             since += 1
             if since >= idle:
-                left = item_mask & ~done
+                left = item_mask.copy()
+                left[taken] = False
                 if sel.lower_costs()[left].min(initial=budget + 1) > budget - sel.used:
                     break  # (a lower bound of every cost, cheaper than pricing every run exactly)
-                cur, priced_at = sel.candidate_costs(), [revivals] * len(cands)
-                if cur[left].min(initial=budget + 1) > budget - sel.used:
+                costs = sel.candidate_costs()
+                cur, priced_at = costs.tolist(), [revivals] * len(cands)
+                if costs[left].min(initial=budget + 1) > budget - sel.used:
                     break
                 idle, since = 2 * idle, 0
             continue  # stays out unless its step is revived (then it is queued again)
@@ -189,14 +192,14 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
         first, last = (u, u) if first is None else (first, sel.runs.end[first])
         sel.take(p, cost=now)
         taken.append(i)
-        done[i] = True
+        done[i] = 1
         since = 0
         if revives:
             revivals += 1
-            changed_at[first:last + 1] = revivals
+            changed_at[first:last + 1] = [revivals] * (last + 1 - first)
             for q in units[u].positions:  # the other results of the step (push order does not matter)
                 j = bisect.bisect_left(cands, q)
-                if j < len(cands) and cands[j] == q and item_mask[j] and not done[j]:
+                if j < len(cands) and cands[j] == q and is_item[j] and not done[j]:
                     cq = cur[j] = sel.exact_cost(q)
                     priced_at[j] = revivals
                     heapq.heappush(heap, (ratio(j, cq), j, cq))
