@@ -238,8 +238,8 @@ class BM25Index:
     def __init__(self) -> None:
         self.tokens: dict[int, tuple[dict[str, int], int]] = {}  # position -> (term frequencies, length)
         self.members: set[int] = set()
-        self.df: dict[str, int] = {}
-        self.postings: dict[str, dict[int, int]] = {}  # term -> {position: tf} over the members
+        # term -> {position: tf} over the members (its length is the term's document frequency)
+        self.postings: dict[str, dict[int, int]] = {}
         self.total_length = 0
         self.lock = threading.Lock()
 
@@ -265,17 +265,21 @@ class BM25Index:
         want = set(corpus)
         gone, added = self.members - want, [p for p in corpus if p not in self.members]
         self._tokenise(graph, added)
-        for sign, ps in ((-1, gone), (1, added)):
-            for p in ps:
-                tf, n = self.tokens[p]
-                self.total_length += sign * n
-                for t, c in tf.items():
-                    self.df[t] = self.df.get(t, 0) + sign
-                    post = self.postings.setdefault(t, {})
-                    if sign > 0:
-                        post[p] = c
-                    else:
-                        del post[p]
+        postings, tokens = self.postings, self.tokens
+        for p in gone:
+            tf, n = tokens[p]
+            self.total_length -= n
+            for t in tf:
+                del postings[t][p]
+        for p in added:  # (a reopened session's first render adds every older result here)
+            tf, n = tokens[p]
+            self.total_length += n
+            for t, c in tf.items():
+                post = postings.get(t)
+                if post is None:
+                    postings[t] = {p: c}
+                else:
+                    post[p] = c
         self.members = want
 
     def scores(self, graph: ContextGraph, corpus: list[int], query: str) -> np.ndarray:
@@ -292,12 +296,12 @@ class BM25Index:
             out = np.zeros(n, dtype=np.float32)
             contrib: dict[str, tuple[np.ndarray, np.ndarray]] = {}
             for t in q:
-                if not self.df.get(t):
+                if not self.postings.get(t):
                     continue
                 hit = contrib.get(t)
                 if hit is None:
                     post = self.postings[t]
-                    df = self.df[t]
+                    df = len(post)
                     idf = np.float32(math.log(1 + (n - df + 0.5) / (df + 0.5)))
                     tf = np.fromiter(post.values(), dtype=np.float64, count=len(post))
                     lens = np.fromiter((self.tokens[p][1] for p in post), dtype=np.int64, count=len(post))
