@@ -130,6 +130,14 @@ def greedy_select(candidates: list[int], score: dict[int, float] | None, sel: Se
     else left out of this pick, so the pick is the loop's. Otherwise every cost is exact, and after
     a pick only the costs of results of dropped steps are recomputed. ``arrays``: the scores and
     the vectors (one row per candidate) as arrays, in place of ``score`` and ``vectors``.
+
+    Lazy penalty: ``D(r, S)`` is a max over S, so it only grows as S does and a candidate's last
+    computed ``R`` bounds its ``R`` now from above. When the leading ``R`` is such a bound, the
+    leading bounds (``_CATCH_UP`` of them, doubling while a bound still leads) are brought up to
+    date over the picks they missed, and the argmax is taken again; a pick is made only when the
+    leader's ``R`` is exact. As no bound is below the true value, and ``argmax`` still breaks
+    ties by position, the picks are those of updating every candidate after each pick; each
+    cosine is the same einsum row as there, so the values are bit for bit the same.
     """
     n = len(candidates)
     if not n:
@@ -147,17 +155,39 @@ def greedy_select(candidates: list[int], score: dict[int, float] | None, sel: Se
     cost = sel.lower_costs() if bounded else np.fromiter((sel.cost(p) for p in candidates), dtype=np.int64, count=n)
     unit = lay._candidate_arrays()[1] if bounded else \
         np.fromiter((lay.unit_of[p] for p in candidates), dtype=np.int64, count=n)
-    sim = np.zeros(n)  # D(r, S), floored at 0
+    sim = np.zeros(n)  # D(r, S) over the first seen[j] picks, floored at 0: a lower bound of D
+    seen = np.zeros(n, dtype=np.int64)
+    picks: list[int] = []  # rows of the picks, in order
     left = np.ones(n, dtype=bool)
     selected: list[int] = []
+
+    def catch_up(rows: np.ndarray) -> None:  # D(r, S) of ``rows`` over every pick so far
+        # row by row with one kernel (einsum, not BLAS gemv, whose rounding depends on the row's
+        # place in a block): identical results get identical similarities, so exact ties stay ties
+        have = seen[rows]
+        for k in range(int(have.min()), len(picks)):
+            sub = rows[have <= k]
+            sim[sub] = np.maximum(sim[sub], np.einsum("ij,j->i", V[sub], V[picks[k]]).astype(np.float64))
+        seen[rows] = len(picks)
+
     while True:
         room = None if budget is None else budget - sel.used
         ok = left if room is None else left & (cost <= room)
+        # R = U − penalty·D, exact where seen == len(picks), else an upper bound (D only grows)
         r = np.where(ok, s - penalty * sim, -np.inf)
+        batch = _CATCH_UP
         while True:
             if not ok.any():
                 return selected
             i = int(np.argmax(r))
+            if seen[i] < len(picks):  # a bound leads: make the leading bounds exact, then look again
+                stale = (ok & (seen < len(picks))).nonzero()[0]
+                if len(stale) > batch:
+                    stale = stale[np.argpartition(-r[stale], batch)[:batch]]
+                    batch *= 2
+                catch_up(stale)
+                r[stale] = s[stale] - penalty * sim[stale]
+                continue
             if room is None or not bounded:
                 break
             cost[i] = sel.exact_cost(int(cand[i]))  # (kept: exact until the next revival)
@@ -168,6 +198,7 @@ def greedy_select(candidates: list[int], score: dict[int, float] | None, sel: Se
         best = int(cand[i])
         selected.append(best)
         left[i] = False
+        picks.append(i)
         v = int(unit[i])
         revives = v in lay.dropped_units and v not in sel.revived
         a = sel.runs.start.get(v, v)
@@ -180,9 +211,9 @@ def greedy_select(candidates: list[int], score: dict[int, float] | None, sel: Se
             else:
                 for j in np.flatnonzero(left & np.isin(unit, list(lay.dropped_units))):
                     cost[j] = sel.cost(int(cand[j]))
-        # row by row with one kernel (einsum, not BLAS gemv, whose rounding depends on the row's
-        # place in a block): identical results get identical similarities, so exact ties stay ties
-        np.maximum(sim, np.einsum("ij,j->i", V, V[i]).astype(np.float64), out=sim)
+
+
+_CATCH_UP = 32  # bounds made exact at once when one leads (doubling while bounds keep leading)
 
 
 def dependency_results(graph: ContextGraph, max_ancestors: int) -> set[int]:
