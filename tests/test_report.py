@@ -115,3 +115,20 @@ def test_report_loads_in_headless_chromium_every_image_renders_and_the_table_sor
     up = [v for v in got["up"] if v is not None]
     assert len(up) >= 3 and up == sorted(up) and [v for v in got["down"] if v is not None] == sorted(up, reverse=True)
     assert got["names"] == sorted(got["names"])
+
+
+def test_report_announces_only_the_figures_it_draws(tmp_path):
+    """With one budget there is no budget sweep (Figure 5): the progress said 'drawing figure 3 of
+    5: budget_sweep' and wrote no such file."""
+    from historygraph.eval.html_report import write_report
+
+    out = tmp_path / "one"
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--budget", "1500", "--store", ":memory:", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    said: list[str] = []
+    write_report(out, progress=said.append)
+    drawn = [s for s in said if s.startswith("drawing figure")]
+    assert not any("budget_sweep" in s for s in drawn)
+    n = len(drawn)
+    assert [s.split(":")[0] for s in drawn] == [f"drawing figure {i} of {n}" for i in range(1, n + 1)]
+    assert len(list((out / "report-files").glob("*.png"))) == n

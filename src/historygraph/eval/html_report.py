@@ -138,8 +138,7 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
     pols, ts = run.policies, _trace_set(run)
     at = [r for r in run.per_source if r.get("budget") == budget]
     out = []
-    n = 5 if trace_key else 4
-    for i, (stem, cap, fn, rows, title) in enumerate((
+    plan = (
         ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
          plots.recall_vs_cost, at, f"Recall vs normalised cost at B = {budget}; {ts}"),
         ("recall_by_age", "Recall by result age (ContextRender Table 2)", plots.recall_by_age, at,
@@ -148,7 +147,11 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
          plots.budget_sweep, run.per_source, f"All sources, B = {', '.join(map(str, run.budgets))}; {ts}"),
         ("cache_and_cost", "Prefix-cache reuse and both cost variants per policy", plots.cache_and_cost, at,
          f"All sources at B = {budget}; {ts}"),
-    ), 1):
+    )
+    sweep = len(run.budgets) > 1  # Figure 5 needs two budgets: not announced (nor drawn) with one
+    plan = tuple(f for f in plan if sweep or f[0] != "budget_sweep")
+    n = len(plan) + (1 if trace_key else 0)
+    for i, (stem, cap, fn, rows, title) in enumerate(plan, 1):
         if progress:
             progress(f"drawing figure {i} of {n}: {stem}")
         png = fn(rows, pols, title)
