@@ -1341,6 +1341,16 @@ class Selection:
         self.shown[p] = self.layout.form[p] if form is None else form
 
 
+
+def _not_shown(tools: np.ndarray, full) -> list[int]:  # noqa: ANN001 - a list or an int64 array
+    """The result positions of ``tools`` (ascending) that are not in ``full`` (a subset of them, in
+    any order): the rendering's omitted results."""
+    if not len(full):
+        return tools.tolist()
+    keep = np.ones(len(tools), dtype=bool)
+    keep[np.searchsorted(tools, full)] = False
+    return tools[keep].tolist()
+
 class Layout:
     """The shared budget accounting for one invocation over the whole ``graph``.
 
@@ -1767,13 +1777,7 @@ class Layout:
         is_tool = np.zeros(len(msgs), dtype=bool)
         is_tool[tools] = True
         full_arr = order_arr[is_tool[order_arr]]  # in render order, as assemble appends them
-        if len(full_arr):
-            keep = np.empty(len(tools), dtype=bool)
-            keep.fill(True)
-            keep[np.searchsorted(tools, full_arr)] = False
-            omitted = tools[keep].tolist()
-        else:
-            omitted = tools.tolist()
+        omitted = _not_shown(tools, full_arr)
         dropped: list[int] = []
         if self.graph.superseded:
             dropped = np.union1d(np.zeros(0, dtype=np.int64),
@@ -1911,13 +1915,7 @@ class Layout:
             dropped = np.union1d(dropped, np.asarray(joined, dtype=np.int64))
         total = history + outside
         tools = self._tools
-        if full:  # every result shown in full is one of the graph's results (ascending positions)
-            keep = np.empty(len(tools), dtype=bool)
-            keep.fill(True)
-            keep[np.searchsorted(tools, full)] = False
-            omitted = tools[keep].tolist()
-        else:
-            omitted = tools.tolist()
+        omitted = _not_shown(tools, full)  # every result shown in full is one of the graph's results
         rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
                               omitted=omitted, dropped=dropped.tolist(), history_tokens=history, input_tokens=total)
         rendering.defer_reasons(self._reasons_builder(selection, briefs, marks, joined))
