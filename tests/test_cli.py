@@ -188,7 +188,7 @@ def test_render_prints_marker_text_as_it_is(tmp_path):
 
 def test_render_shows_messages_the_policy_added(tmp_path):
     # a call that was never answered (not the last message) gets a synthetic result so that the
-    # provider accepts the history (DESIGN.md §5.2); render lists it as an added row after its call
+    # provider accepts the history (docs/architecture.md §5.2); render lists it as an added row after its call
     path = str(tmp_path / "s.sqlite")
     db = open_store(path)
     db.create_session("s2")

@@ -171,7 +171,7 @@ def test_9_contextrender_shows_the_excerpt(signals):
 # -- issue 12: shapes real frameworks send ------------------------------------------------------------
 
 def _paired_in_provider_order(r):
-    """Each assistant call is directly followed by exactly its results (DESIGN.md §5.2, §5.7)."""
+    """Each assistant call is directly followed by exactly its results (docs/architecture.md §5.2, §5.7)."""
     for i, m in enumerate(r.messages):
         if m.tool_calls and i + 1 < len(r.messages):
             ids = sorted(c.id for c in m.tool_calls)
@@ -231,7 +231,7 @@ def test_12_2_thinking_block_opening_the_tool_loop_is_protected(name, signals):
 @pytest.mark.parametrize("name", lm_marked(BUDGETED))
 def test_12_6_dropped_steps_leave_a_marker_charged_to_the_budget(name, signals):
     """A step left out leaves a short marker where it was, naming the stored positions and how many
-    tool calls they hold, charged to B (DESIGN.md §5.6)."""
+    tool calls they hold, charged to B (docs/architecture.md §5.6)."""
     msgs = [Message("user", "task")]
     for i in range(30):
         msgs += [Message("assistant", f"step {i} " * 20, (call(f"c{i}"),)), Message("tool", "out " * 100, tool_call_id=f"c{i}")]

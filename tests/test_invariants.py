@@ -1,4 +1,4 @@
-"""DESIGN.md §5 over every registered policy, on synthetic edge cases and on real traces."""
+"""docs/architecture.md §5 over every registered policy, on synthetic edge cases and on real traces."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """Property-based tests (hypothesis): random histories × random budgets × every policy keep the
-invariants of DESIGN.md §5, and the trace readers turn any damaged input into TraceFormatError."""
+invariants of docs/architecture.md (§5), and the trace readers turn any damaged input into TraceFormatError."""
 
 import hashlib
 import json

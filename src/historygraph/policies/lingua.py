@@ -379,7 +379,7 @@ class LongLLMLinguaSmolLM(CompressingPolicy):
     passes the fine step needs (no third pass, hence no restrict prompt; the small model is only
     approximately consistent). Results are taken in rank order within ``k·τ·L``; the token ratio of
     the taken ones falls linearly with the rank (:func:`rank_ratios`). Not implemented: document
-    reordering (the rendering keeps chronological order, invariant §5.3) and subsequence recovery
+    reordering (the rendering keeps chronological order, docs/architecture.md, invariant §5.3) and subsequence recovery
     (it post-processes the answer). The token step keeps the highest contrastive scores of the
     whole scored region in one pass, not segment by segment. Compressor: SmolLM2-135M-Instruct,
     not the paper's LLaMA-2-7B."""
