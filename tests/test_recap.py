@@ -1,4 +1,4 @@
-"""ReCAP (papers/recap-paper.md): graph state, score and selection on hand-made graphs with injected attention."""
+"""ReCAP ("Persistent Context Graphs for Efficient Memory Compaction in LLM Agents"): graph state, score and selection on hand-made graphs with injected attention."""
 
 import math
 
