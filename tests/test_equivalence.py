@@ -70,6 +70,19 @@ def prefixes(trace, every=6):
     return [ContextGraph(trace.trace_id, msgs[:c]) for c in cuts]
 
 
+def prefix_layouts(traces, budget, every=4):
+    """``(trace, graph, layout)`` for each prefix of each trace (:func:`prefixes`) whose protected
+    history fits in B."""
+    c = TokenCounter()
+    for tr in traces:
+        for g in prefixes(tr, every=every):
+            try:
+                lay = Layout(g, c, budget)
+            except ValueError:  # B below this prefix's protected history
+                continue
+            yield tr, g, lay
+
+
 def growing(trace, start, every):
     """One graph grown event by event (its per-graph state kept between appends), yielded as
     ``(j, graph)`` before the ``start``-th assistant message and every ``every``-th after it."""
@@ -556,36 +569,30 @@ def test_candidate_costs_and_the_segment_drop_equal_the_unit_by_unit_code(real_t
     the same base and marker runs, on real-trace prefixes with long runs of dropped steps."""
     from historygraph.render import _Runs
 
-    c = TokenCounter()
     checked = revived = 0
-    for tr in real_traces:
-        for g in prefixes(tr, every=4):
-            try:
-                lay = Layout(g, c, budget)
-            except ValueError:
-                continue
-            # the unit-by-unit loop the segment drop replaced
-            ref = _Runs(lay.runs.glue, lay._marker_tokens)
-            base = sum(u.cost for u in lay.units)
-            if base > budget and not lay.fits_in_full:
-                protected = sum(u.cost for u in lay.units if u.protected)
-                for i, unit in enumerate(lay.units):
-                    if base <= max(int(budget * 0.5), protected):
-                        break
-                    if unit.protected:
-                        continue
-                    base += ref.add_delta(i) - unit.cost
-                    ref.add(i)
-            assert (lay.base_tokens, lay.runs.start, lay.runs.end) == (base, ref.start, ref.end), (tr.trace_id, len(g))
-            sel = lay.selection()
-            for p in reversed(lay.candidates):
-                assert sel.candidate_costs().tolist() == [sel.cost(q) for q in lay.candidates]
-                checked += 1
-                if sel.fits(p):
-                    revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
-                    sel.take(p)
-                if checked % 7 == 0:
+    for tr, g, lay in prefix_layouts(real_traces, budget):
+        # the unit-by-unit loop the segment drop replaced
+        ref = _Runs(lay.runs.glue, lay._marker_tokens)
+        base = sum(u.cost for u in lay.units)
+        if base > budget and not lay.fits_in_full:
+            protected = sum(u.cost for u in lay.units if u.protected)
+            for i, unit in enumerate(lay.units):
+                if base <= max(int(budget * 0.5), protected):
                     break
+                if unit.protected:
+                    continue
+                base += ref.add_delta(i) - unit.cost
+                ref.add(i)
+        assert (lay.base_tokens, lay.runs.start, lay.runs.end) == (base, ref.start, ref.end), (tr.trace_id, len(g))
+        sel = lay.selection()
+        for p in reversed(lay.candidates):
+            assert sel.candidate_costs().tolist() == [sel.cost(q) for q in lay.candidates]
+            checked += 1
+            if sel.fits(p):
+                revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
+                sel.take(p)
+            if checked % 7 == 0:
+                break
     assert checked > 30 and revived > 3, (checked, revived)
 
 
@@ -1290,29 +1297,23 @@ def test_oldest_first_search_from_the_floor_equals_pricing_every_marker(real_tra
 def test_lower_costs_with_terms_in_place_equal_the_per_run_arrays(real_traces, budget):
     """``Selection.lower_costs`` (each run's bound added in place) equals ``_priced`` with the
     per-run term arrays it replaced, before and after revivals, on real-trace prefixes."""
-    c = TokenCounter()
     checked = revived = 0
-    for tr in real_traces:
-        for g in prefixes(tr, every=4):
-            try:
-                lay = Layout(g, c, budget)
-            except ValueError:
-                continue
-            sel = lay.selection()
-            floor = lay._marker_floor()
+    for _tr, _g, lay in prefix_layouts(real_traces, budget):
+        sel = lay.selection()
+        floor = lay._marker_floor()
 
-            def term(a, b):
-                whole = lay._marker_tokens(a, b)  # noqa: B023 (called at once)
-                if not floor or a == b:  # noqa: B023
-                    return -whole
-                out = np.full(b - a + 1, 2 * floor - whole, dtype=np.int64)  # noqa: B023
-                out[0] -= floor  # noqa: B023
-                out[-1] -= floor  # noqa: B023
-                return out
-            for p in reversed(lay.candidates):
-                assert sel.lower_costs().tolist() == sel._priced(term).tolist()
-                checked += 1
-                if sel.fits(p):
-                    revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
-                    sel.take(p)
+        def term(a, b):
+            whole = lay._marker_tokens(a, b)  # noqa: B023 (called at once)
+            if not floor or a == b:  # noqa: B023
+                return -whole
+            out = np.full(b - a + 1, 2 * floor - whole, dtype=np.int64)  # noqa: B023
+            out[0] -= floor  # noqa: B023
+            out[-1] -= floor  # noqa: B023
+            return out
+        for p in reversed(lay.candidates):
+            assert sel.lower_costs().tolist() == sel._priced(term).tolist()
+            checked += 1
+            if sel.fits(p):
+                revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
+                sel.take(p)
     assert checked > 100 and revived > 3, (checked, revived)
