@@ -296,7 +296,7 @@ def test_openhands_parallel_calls_share_one_message(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name, body, fmt, field",
     [
-        ("a.traj", "{not json", "swe-agent", "(file)"),
+        ("a.traj", "{not json", "swe-agent", None),
         ("m.traj.json", json.dumps({"trajectory_format": "mini-swe-agent-1.1", "instance_id": "x"}),
          "mini-swe-agent", "messages"),
         ("m2.traj.json",
@@ -316,10 +316,10 @@ def test_malformed_file_names_file_format_field(tmp_path: Path, name, body, fmt,
     p = tmp_path / name
     p.write_text(body)
     with pytest.raises(TraceFormatError) as exc:
-        list(read_traces(p, format=fmt if field == "(file)" else None))
+        list(read_traces(p, format=fmt if field is None else None))
     e = exc.value
     assert (e.path, e.format, e.field) == (str(p), fmt, field)
-    assert str(e).startswith(f"{p}: format {fmt}: field {field}: ")
+    assert str(e).startswith(f"{p}: format {fmt}: field {field}: " if field else f"{p}: format {fmt}: not valid JSON: ")
 
 
 def test_unknown_shape_names_formats_tried(tmp_path: Path) -> None:

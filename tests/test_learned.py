@@ -419,10 +419,12 @@ def test_learned_with_brief_revivals_keeps_the_invariants_on_a_long_session():
 def test_replay_table_reports_recall_as_a_share_of_the_oracle(tmp_path):
     from historygraph.eval.report import summarize
     tr = oracle_trace()
-    res = replay_trace(tr, {n: create(n, replay=True) for n in ("oracle", "prune")}, 900, Signals())
+    res = replay_trace(tr, {n: create(n, replay=True) for n in ("oracle", "prune", "full")}, 900, Signals())
     _, per_source = summarize([res])
     rows = {r["policy"]: r for r in per_source if r["source"] == "ALL"}
     assert rows["oracle"]["pct_of_oracle"] == 100.0 and rows["prune"]["pct_of_oracle"] == 0.0
+    # full ignores B (its history reaches more than 900 tokens): no share of the limit under B
+    assert rows["full"]["max_history_tokens"] > 900 and rows["full"].get("pct_of_oracle") is None
 
 
 @pytest.mark.slow

@@ -63,6 +63,8 @@ ParamOption = Annotated[list[str], typer.Option(
                           "'historygraph policies' lists them). Overrides --params.")]
 ParamsFileOption = Annotated[Optional[Path], typer.Option(
     "--params", help="TOML file of policy parameters, one \\[policy-name] table per policy.")]
+SessionArgument = Annotated[str, typer.Argument(help="Session id, or the end of one if only one session id ends "
+                                                      "so ('historygraph sessions' lists them).")]
 
 
 def _policy_params(items: list[str], path: Path | None, names: list[str]) -> dict[str, dict]:
@@ -124,7 +126,7 @@ def _read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, l
                 if strict:
                     _fail(f"{exc if isinstance(exc, TraceFormatError) else f'{f}: {why}'} (--strict stops at the "
                           "first unreadable file)")
-                where = f" (field {exc.field})" if isinstance(exc, TraceFormatError) else ""
+                where = f" (field {exc.field})" if isinstance(exc, TraceFormatError) and exc.field is not None else ""
                 _warn(f"skipped {f}{where}: {why}")
                 skipped.append({"path": str(f), "error": f"{why}{where}"})
     return traces, skipped
@@ -491,7 +493,7 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (defa
 
 
 @app.command()
-def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
+def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
          message: Annotated[Optional[str], typer.Option(help="Print stored messages by number or span, as a "
                                                              "dropped-step marker names them: '16' or '16-23'.")] = None,
          store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
@@ -517,7 +519,7 @@ def show(session: str, result: Annotated[Optional[str], typer.Option(help="Print
 
 @app.command()
 def render(
-    session: str,
+    session: SessionArgument,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = "contextrender",
     budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens.")] = 6000,
     at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "

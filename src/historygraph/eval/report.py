@@ -142,11 +142,14 @@ def summarize(results: list[TraceResult], prices: Prices = Prices()) -> tuple[li
 
 def _of_oracle(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
     """Add ``pct_of_oracle`` (recall as a percentage of the ``oracle`` policy's recall in the same
-    group) to every row whose group has an oracle row with non-zero recall."""
+    group) to every row whose group has an oracle row with non-zero recall, except rows of a policy
+    that went over the budget (``max_history_tokens`` > ``budget``, as ``full`` does): the oracle is
+    the limit under B, so such a share (over 100 for ``full``) compares nothing."""
     ref = {tuple(r.get(k) for k in keys): r.get("recall") for r in rows if r.get("policy") == "oracle"}
     for r in rows:
         o = ref.get(tuple(r.get(k) for k in keys))
-        if o and r.get("recall") is not None:
+        over = (r.get("max_history_tokens") or 0) > (r.get("budget") or float("inf"))
+        if o and r.get("recall") is not None and not over:
             r["pct_of_oracle"] = round(100.0 * r["recall"] / o, 1)
 
 

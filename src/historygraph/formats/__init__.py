@@ -67,7 +67,7 @@ def _probe(path: Path) -> Any:
                     return json.loads(line)
                 except json.JSONDecodeError as e:
                     raise TraceFormatError(path, "unknown", f"line {n}", f"not valid JSON: {e}") from None
-    raise TraceFormatError(path, "unknown", "(file)", "empty file")
+    raise TraceFormatError(path, "unknown", None, "empty file")
 
 
 def _detect(path: Path, probe: Any) -> str:

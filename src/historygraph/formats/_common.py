@@ -32,14 +32,16 @@ ORPHAN_PREFIX = "[tool result without a recorded call] "
 
 
 class TraceFormatError(ValueError):
-    """A trace file that cannot be read: names the file, the format tried and the field."""
+    """A trace file that cannot be read: names the file, the format tried and the field (``None``
+    when the file as a whole is at fault: not JSON, empty)."""
 
-    def __init__(self, path: str | Path, format: str, field: str, what: str) -> None:
+    def __init__(self, path: str | Path, format: str, field: str | None, what: str) -> None:
         self.path = str(path)
         self.format = format
         self.field = field
         self.what = what
-        super().__init__(f"{self.path}: format {format}: field {field}: {what}")
+        where = f" field {field}:" if field is not None else ""
+        super().__init__(f"{self.path}: format {format}:{where} {what}")
 
 
 @dataclass
@@ -149,7 +151,7 @@ def load_json(path: str | Path, fmt: str) -> Any:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceFormatError(path, fmt, "(file)", f"not valid JSON: {e}") from None
+        raise TraceFormatError(path, fmt, None, f"not valid JSON: {e}") from None
 
 
 def iter_jsonl(path: str | Path, fmt: str) -> Iterator[tuple[int, Any]]:
