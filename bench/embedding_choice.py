@@ -1,10 +1,11 @@
 """Embedder settings side by side: ContextRender's recall and the embedding cost on real traces.
 
-Usage: python bench/embedding_choice.py [TRACES] [--budget 6000] [--variant NAME ...]
+Usage: python bench/embedding_choice.py [TRACES] [--budget 6000 ...] [--variant NAME ...]
 
 Replays every trace under TRACES (default: the 14 mini-swe-agent traces of ../shared/traces)
-through ``contextrender`` at B tokens once per variant, each with a fresh in-memory cache, and
-prints per variant: Later-Used Result Recall (ALL row and per source, %), the texts embedded, the
+through ``contextrender`` at each B (``--budget``, repeatable) once per variant, each variant with
+a fresh in-memory cache shared by its budgets (so a text is embedded once per variant), and prints
+per variant and budget: Later-Used Result Recall (ALL row and per source, %), the texts embedded, the
 CPU seconds of this process spent inside the embedder (all onnxruntime threads included) and
 texts per CPU second, and wall seconds. Variants:
 
@@ -13,7 +14,8 @@ texts per CPU second, and wall seconds. Variants:
 * ``t1-256``: all-MiniLM-L6-v2, one thread (what each ``replay --jobs 2`` worker used), 256;
 * ``t1-128``: all-MiniLM-L6-v2, one thread, 128 word pieces (measured, not taken);
 * ``default``: :class:`~historygraph.signals.embeddings.MiniLMEmbedder` as shipped (all cores);
-* ``static``: :class:`~historygraph.signals.embeddings.StaticEmbedder`, the default embedder;
+* ``static``: :class:`~historygraph.signals.embeddings.StaticEmbedder` (``--embedder static``);
+* ``wordllama``: :class:`~historygraph.signals.embeddings.WordLlamaEmbedder` (``--embedder wordllama``);
 * ``l3-t1``: paraphrase-MiniLM-L3-v2, one thread (:class:`MiniLML3` below).
 
 Measured on ../shared/traces (287 trajectories, 2 shared cores, load average 9-19; CPU figures
@@ -36,7 +38,7 @@ from historygraph.eval.replay import replay_trace
 from historygraph.eval.report import summarize
 from historygraph.formats import list_trace_files, read_traces
 from historygraph.policies import Signals, create
-from historygraph.signals.embeddings import MiniLMEmbedder, StaticEmbedder
+from historygraph.signals.embeddings import MiniLMEmbedder, StaticEmbedder, WordLlamaEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +94,7 @@ VARIANTS = {
     "default": MiniLMEmbedder,
     "l3-t1": MiniLML3,
     "static": StaticEmbedder,
+    "wordllama": WordLlamaEmbedder,
 }
 
 
@@ -116,23 +119,26 @@ class Timed:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="?", default=str(ROOT.parent / "shared" / "traces" / "mini-swe-agent-deepseek"))
-    ap.add_argument("--budget", type=int, default=6000)
+    ap.add_argument("--budget", type=int, action="append", default=None)
     ap.add_argument("--variant", action="append", choices=sorted(VARIANTS), default=None)
     args = ap.parse_args()
+    budgets = args.budget or [6000]
     traces = [t for f in list_trace_files(Path(args.traces)) for t in read_traces(f)]
-    print(f"{len(traces)} traces from {args.traces}, contextrender at B = {args.budget}, {os.cpu_count()} CPUs")
-    print(f"{'variant':10s} {'recall %':>9s} {'texts':>6s} {'embed CPU s':>12s} {'texts/CPU s':>12s} {'embed wall s':>13s} {'load':>5s}")
+    print(f"{len(traces)} traces from {args.traces}, contextrender at B = {budgets}, {os.cpu_count()} CPUs")
+    print(f"{'variant':10s} {'B':>5s} {'recall %':>9s} {'events':>6s} {'texts':>6s} {'embed CPU s':>12s} {'texts/CPU s':>12s} "
+          f"{'embed wall s':>13s} {'load':>5s}")
     for name in args.variant or list(VARIANTS):
         timed = Timed(VARIANTS[name]())
         signals = Signals(embedder_factory=lambda: timed)
-        results = [replay_trace(tr, {"contextrender": create("contextrender", replay=True)}, args.budget, signals)
-                   for tr in traces]
-        rows = summarize(results)[1]
-        row = next(r for r in rows if r["source"] == "ALL")
-        print(f"{name:10s} {row['recall']:9.2f} {timed.texts:6d} {timed.cpu:12.1f} {timed.texts / timed.cpu:12.1f} "
-              f"{timed.wall:13.1f} {os.getloadavg()[0]:5.1f}  " + ", ".join(f"{r['source']} {r['recall']:.2f}" for r in rows if r["source"] != "ALL"),
-              flush=True)
-
+        for budget in budgets:
+            results = [replay_trace(tr, {"contextrender": create("contextrender", replay=True)}, budget, signals)
+                       for tr in traces]
+            rows = summarize(results)[1]
+            row = next(r for r in rows if r["source"] == "ALL")
+            print(f"{name:10s} {budget:5d} {row['recall']:9.2f} {row.get('events', 0):6} {timed.texts:6d} {timed.cpu:12.1f} "
+                  f"{timed.texts / max(timed.cpu, 1e-9):12.1f} {timed.wall:13.1f} {os.getloadavg()[0]:5.1f}  "
+                  + ", ".join(f"{r['source']} {r['recall']:.2f}" for r in rows if r["source"] != "ALL"),
+                  flush=True)
 
 if __name__ == "__main__":
     main()

@@ -51,7 +51,7 @@ def test_errors_say_what_to_fix(tmp_path):
     res = runner.invoke(app, ["replay", str(bad), "--store", ":memory:", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "bad.json" in res.output and "tried" in res.output
     res = runner.invoke(app, ["replay", "--embedder", "nope", "--store", ":memory:"])
-    assert res.exit_code == 2 and "unknown --embedder 'nope'" in res.output and "static, minilm" in res.output
+    assert res.exit_code == 2 and "unknown --embedder 'nope'" in res.output and "static, minilm, wordllama" in res.output
 
 
 @pytest.mark.slow  # three whole replays, one embedding every result with MiniLM: about 5 CPU s (docs/tests.md)

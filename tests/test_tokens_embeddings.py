@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from historygraph.events import Message, ToolCall
-from historygraph.signals.embeddings import CachedEmbedder, MiniLMEmbedder, StaticEmbedder, default_embedder
+from historygraph.signals.embeddings import (CachedEmbedder, MiniLMEmbedder, StaticEmbedder, WordLlamaEmbedder,
+                                             default_embedder)
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter, get_encoding
 from historygraph.store import SQLiteStore
 
@@ -128,8 +129,62 @@ def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
     assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune")).signals.embedder.inner, MiniLMEmbedder)
     assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="static")).signals.embedder.inner,
                       StaticEmbedder)
-    with pytest.raises(ValueError, match="unknown embedder 'nope'; choose one of static, minilm"):
+    with pytest.raises(ValueError, match="unknown embedder 'nope'; choose one of static, minilm, wordllama"):
         ServerConfig(store=":memory:", embedder="nope")
+
+
+@pytest.fixture(scope="module")
+def wordllama():
+    return WordLlamaEmbedder()
+
+
+def test_wordllama_embedder_is_a_real_sentence_model(wordllama):
+    v = wordllama.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today.", ""])
+    assert v.shape == (4, 256) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v[:3], axis=1), 1.0, atol=1e-5) and not v[3].any()  # no token: zero vector
+    assert v[0] @ v[1] > 0.6 > 0.2 > v[0] @ v[2]
+    assert wordllama.model == "wordllama-l2-supercat-256"
+    assert wordllama.embed([]).shape == (0, 256)
+
+
+def test_wordllama_embedder_gives_the_packages_own_vectors(wordllama, traces_dir):
+    """Our numpy pipeline against the package's own inference (``WordLlamaInference.embed(texts,
+    norm=True)``: its tokenizer, every token, mean, unit length) on the wheel's own files, on real
+    tool results short and long, in one batch. (The package's ``WordLlama.load`` looks for the
+    tokenizer under ``tokenizer/`` while the wheel has it under ``tokenizers/``, so it would
+    download it; the files are opened here directly.)"""
+    import importlib.util
+    import os
+
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+    from wordllama.inference import WordLlamaInference
+
+    from historygraph.formats import list_trace_files, read_traces
+
+    spec = importlib.util.find_spec("wordllama")
+    assert spec is not None and spec.submodule_search_locations
+    base = list(spec.submodule_search_locations)[0]
+    ref = WordLlamaInference(load_file(os.path.join(base, "weights", "l2_supercat_256.safetensors"))["embedding.weight"],
+                             Tokenizer.from_file(os.path.join(base, "tokenizers", "l2_supercat_tokenizer_config.json")))
+    texts = [m.content for f in list_trace_files(traces_dir)[:6] for t in read_traces(f) for m in t.messages
+             if m.role == "tool" and m.content][:60]
+    assert len(texts) == 60 and max(map(len, texts)) > 8000
+    assert np.abs(wordllama.embed(texts) - ref.embed(texts, norm=True, batch_size=8)).max() < 1e-5
+
+
+def test_wordllama_truncation_is_part_of_the_model_name_and_the_proxy_takes_it(wordllama):
+    from historygraph.server.app import Proxy, ServerConfig
+
+    short, long = "hi there", " ".join(f"word{i}" for i in range(400))
+    at16 = WordLlamaEmbedder(max_tokens=16)
+    assert at16.model == "wordllama-l2-supercat-256@16"
+    a, b = wordllama.embed([short, long]), at16.embed([short, long])
+    assert np.allclose(a[0], b[0]) and not np.allclose(a[1], b[1], atol=1e-2)
+    with pytest.raises(ValueError, match="max_tokens"):
+        WordLlamaEmbedder(max_tokens=0)
+    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="wordllama")).signals.embedder.inner,
+                      WordLlamaEmbedder)
 
 
 class _SlowUnit:

