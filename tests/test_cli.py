@@ -359,6 +359,32 @@ def test_plain_progress_estimates_by_messages_not_trajectories(capsys):
     assert line == "replay 1/4 trajectories, 100 s, about 50 s left"
 
 
+def test_replay_time_left_weighs_trajectories_by_calls_times_results():
+    # a cold replay of the shared traces said "1,351 s left" for a 273 s run: the first (mini-swe)
+    # trajectories cost far more per message than the short τ-bench ones; the work of a replay is a
+    # render per model call over every earlier result
+    from types import SimpleNamespace as NS
+
+    from rich.progress import Progress
+
+    def trace(calls, results):
+        return NS(messages=[NS(role="user")] + [NS(role="assistant")] * calls + [NS(role="tool")] * results)
+
+    assert historygraph.cli._replay_work(trace(3, 2)) == 9  # 3 calls × (2 results + 1)
+    assert historygraph.cli._replay_work(trace(0, 0)) == 1
+    clock = [0.0]
+    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+        task = bar.add_task("replay", total=3)
+        finished: dict = {}
+        with historygraph.cli._heartbeat(bar, task, "replay", work=([90, 5, 5], finished)):
+            finished[0] = object()
+            bar.advance(task)
+            clock[0] = 90.0
+            left = historygraph.cli._time_left(bar.tasks[task])
+            column = historygraph.cli._TimeLeftColumn().render(bar.tasks[task]).plain
+    assert left == 10.0 and column == "~0:00:10 left"  # 90 s for 90 units; 10 units left
+
+
 def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
     """The default table is the dozen columns a reader compares policies by (it was ~22 columns,
     wider than any terminal); --wide prints every column; replay.csv keeps all of them either way."""
