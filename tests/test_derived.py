@@ -338,3 +338,66 @@ def test_brief_savings_are_kept_per_encoding_and_read_at_their_position(tmp_path
     assert _brief_savings(g, o200k).tolist() == [0, 777, 0, saving(o200k, 3), 0]
     assert _brief_savings(g, cl100k).tolist() == [0, saving(cl100k, 1), 0, saving(cl100k, 3), 0]
     s.close()
+
+
+def test_a_reopened_view_starts_from_its_snapshot(tmp_path, monkeypatch):
+    """A view kept as a snapshot (steps.view) is read whole on reopen: the steps it holds extract
+    nothing and read no feature row until a caller looks at their files (then the step's row is
+    read); the view is extended with the messages appended since and equals a fresh graph's."""
+    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS[:7])
+    lowcost_steps(s.graph("s"))
+    s.close()
+    with sqlite3.connect(path) as db:
+        (data,) = db.execute("SELECT data FROM derived WHERE kind LIKE 'steps.view:%'").fetchone()
+    assert json.loads(data)["upto"] == 7 and [r[:2] for r in json.loads(data)["steps"]] == [[1, [2]], [3, [4]], [5, [6]]]
+    want7, want = lowcost_steps(ContextGraph("s", EVENTS[:7])), lowcost_steps(ContextGraph("s", EVENTS))
+    s = SQLiteStore(path)
+    texts = spy_extractors(monkeypatch)
+    g = s.graph("s")
+    key = f"lowcost:{steps_mod.ParentScoring()}"
+    view = steps_mod._view(g, steps_mod.lowcost_selector(steps_mod.ParentScoring()), key)
+    assert [type(x).__name__ for x in view] == ["_StoredStep"] * 3
+    assert all("_load" in x.__dict__ for x in view)  # nothing read yet
+    assert STEP_FEATURES.name in g.derived._raw  # the feature rows not decoded
+    assert view == want7  # read from the rows now
+    assert texts == []  # nothing extracted
+    monkeypatch.undo()
+    s.append("s", EVENTS[7:])
+    assert lowcost_steps(g) == want
+    assert lowcost_steps(g)[1].validation_status == "superseded" and lowcost_steps(g)[2].parents == (0,)
+    s.close()
+
+
+def test_a_view_snapshot_is_used_only_for_the_same_steps():
+    """A snapshot whose steps do not have the results the graph gives them among its first
+    ``upto`` messages is not used (here: forged); one taken while a result was missing is used and
+    the step rebuilt when the result arrives."""
+    early = EVENTS[:4] + [Message("assistant", "meanwhile", (call("c9", "ls utils"),)),
+                          Message("tool", "dates.py", tool_call_id="c9")]
+    late = early + [EVENTS[4]]  # the pytest result arrives after the next step
+    old = steps_mod.SNAPSHOT_MIN
+    steps_mod.SNAPSHOT_MIN = 4
+    try:
+        g = ContextGraph("s", early, derived=Derived(persist=True))
+        lowcost_steps(g)
+    finally:
+        steps_mod.SNAPSHOT_MIN = old
+    rows, _ = g.derived.take()
+    (snap,) = [r for r in rows if r[0].startswith("steps.view:")]
+    data = json.loads(snap[3])
+    assert data["open"] == [1] and data["steps"][1][1] == []
+    g2 = ContextGraph("s", late, derived=Derived(rows))
+    assert lowcost_steps(g2) == lowcost_steps(ContextGraph("s", late))
+    assert lowcost_steps(g2)[1].test_results is not None
+    steps_mod._CACHE.pop(g2)
+    data["steps"][2][1] = [3]  # forged: step 2's result is at position 5
+    forged = [r if r is not snap else (*r[:3], json.dumps(data)) for r in rows]
+    g3 = ContextGraph("s", late, derived=Derived(forged))
+    got = lowcost_steps(g3)
+    assert got == lowcost_steps(ContextGraph("s", late)) and got[2].results == (5,)
+    assert all(type(x).__name__ == "Step" for x in steps_mod._view(g3, steps_mod.lowcost_selector(steps_mod.ParentScoring()),
+                                                                     f"lowcost:{steps_mod.ParentScoring()}"))

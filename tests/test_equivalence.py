@@ -973,14 +973,19 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
 
 @pytest.mark.slow  # real traces stored event by event and reopened at many lengths: 1.3-2.9 CPU s per policy (docs/tests.md)
 @pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender", "cw-bm25"])
-def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path):
+def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path, monkeypatch):
     """A session stored event by event and rendered now and then (which derives TFA values, step
-    features and parents, learned facts, BM25 tokens, token counts, brief views' savings, written with the next append:
-    historygraph.derived), reopened by a new store instance at many lengths, renders exactly as a
-    graph built from its messages without any stored state; the rows of every kind it uses are there."""
+    features and parents, learned facts, BM25 tokens, token counts, brief views' savings, snapshots
+    of the step view, written with the next append: historygraph.derived), reopened by a new store
+    instance at many lengths, renders exactly as a graph built from its messages without any
+    stored state; the rows of every kind it uses are there. Snapshots are kept from 4 messages on
+    (so both traces reopen from snapshots taken at shorter lengths)."""
     import sqlite3
 
+    from historygraph.signals import steps as steps_mod
     from historygraph.store import SQLiteStore
+
+    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
 
     signals = Signals(counter=TokenCounter(), embedder_factory=GridEmbedder)
     pol = create(policy)
@@ -1005,7 +1010,8 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
         s.close()
         with sqlite3.connect(path) as db:
             kinds = {k.split(":")[0] for (k,) in db.execute("SELECT DISTINCT kind FROM derived")}
-        want = {"tfa.values", "render.tokens"} | ({"steps.features", "steps.parents"} if policy not in ("contextrender", "cw-bm25") else set())
+        want = {"tfa.values", "render.tokens"} | ({"steps.features", "steps.parents", "steps.view"}
+                                                  if policy not in ("contextrender", "cw-bm25") else set())
         want |= {"learned": {"learned.facts", "render.brief"}, "cw-bm25": {"bm25.tokens"}}.get(policy, set())
         assert kinds == want, kinds
     assert compared > 10

@@ -129,6 +129,22 @@ class Derived:
                 self._tables[kind] = t
         return t
 
+    def take_value(self, kind: DerivedKind, position: int) -> Any:
+        """The stored value of ``kind`` (its current version) at ``position``, or ``None``; taken
+        out (a later :meth:`table` or call here does not return it). Decodes only that row when
+        the kind's table has not been decoded, so a consumer that needs a few rows of a long
+        session does not pay for all of them."""
+        t = self._tables.get(kind)
+        if t is not None:
+            return t.pop(position, None)
+        with self._lock:
+            t = self._tables.get(kind)
+            if t is not None:
+                return t.pop(position, None)
+            raw = self._raw.get(kind.name, {}).get(kind.version)
+            text = raw.pop(position, None) if raw is not None else None
+        return _loads(text) if text is not None else None
+
     def put(self, kind: DerivedKind, position: int, value: Any) -> None:
         """Record the value of ``kind`` at ``position`` (JSON-serialisable; tuples come back as
         lists) for the store to write; a later value for the same kind and position replaces it.
@@ -137,6 +153,13 @@ class Derived:
             row = (kind.name, kind.version, position, json.dumps(value, ensure_ascii=False, separators=(",", ":")))
             with self._lock:
                 self._pending[(kind.name, position)] = row
+
+    def put_json(self, kind: DerivedKind, position: int, text: str) -> None:
+        """:meth:`put` of a value already encoded as JSON ``text`` (a large snapshot encoded by a
+        faster encoder than :func:`json.dumps`). No-op unless persisting."""
+        if self.persist:
+            with self._lock:
+                self._pending[(kind.name, position)] = (kind.name, kind.version, position, text)
 
     def take(self) -> tuple[list[Row], list[tuple[str, str]]]:
         """The rows to write and the ``(kind name, current version)`` pairs whose other versions to

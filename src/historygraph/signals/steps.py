@@ -38,6 +38,10 @@ step's result positions; the low-cost selector's parents as :func:`parents_kind`
 number of messages the graph held when they were chosen, used only when no later message is a
 result for that step or an earlier one (then every step up to it, what they were chosen from, has
 the results it had), so a reopened session's first view reads them instead of recomputing them.
+The whole view of a pure selector is also kept, as one :func:`view_kind` snapshot rewritten when
+the graph has grown by a quarter, so that a reopened session's first view builds no step from its
+rows: it starts from the snapshot, reads a step's features when first used, and extends the view
+from the snapshot's length.
 """
 
 from __future__ import annotations
@@ -50,10 +54,13 @@ import re
 import threading
 import weakref
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
+import msgspec
+
 from ..derived import DerivedKind
+from ..events import Message
 from ..graph import ContextGraph
 from .tests import TestRun, parse_test_output, supersedes, validation_status
 
@@ -92,8 +99,13 @@ def identifiers_in(text: str) -> frozenset[str]:
 def action_text(graph: ContextGraph, position: int) -> str:
     """The action of the assistant message at ``position``: each call as ``name: command`` (the
     ``command``/``cmd`` argument when the arguments are JSON with one, else the raw arguments)."""
+    return _action_of(graph.messages[position])
+
+
+def _action_of(message: Message) -> str:
+    """:func:`action_text` of ``message``."""
     parts = []
-    for c in graph.messages[position].tool_calls:
+    for c in message.tool_calls:
         args = c.arguments
         try:
             data = json.loads(args)
@@ -193,15 +205,15 @@ def _run_of(data: list | None) -> TestRun | None:
     return TestRun(framework, passed, failed, errors, skipped, dict(results), tuple((a, b) for a, b in tracebacks))
 
 
-def _first_owner_from(graph: ContextGraph) -> list[int]:
+def _first_owner_from(graph: ContextGraph, start: int = 0) -> list[int]:
     """``out[q]``: the lowest position of an assistant message whose call a tool result at position
     ``q`` or later answers (``len(graph)`` when none; ``out[len(graph)]`` too), for
-    :func:`_chosen_from_same`."""
+    :func:`_chosen_from_same`; for ``q ≥ start`` only (−1 below it: no row is used there)."""
     msgs, call_owner = graph.messages, graph.call_owner
     n = len(msgs)
-    out = [n] * (n + 1)
+    out = [-1] * start + [n] * (n + 1 - start)
     low = n
-    for q in range(n - 1, -1, -1):
+    for q in range(n - 1, start - 1, -1):
         m = msgs[q]
         if m.role == "tool":
             o = call_owner.get(m.tool_call_id or "", n)
@@ -219,26 +231,90 @@ def _chosen_from_same(first_owner_from: list[int], position: int, messages: obje
     return type(messages) is int and position < messages < len(first_owner_from) and first_owner_from[messages] > position
 
 
+def _extract(messages: list, position: int, results: tuple[int, ...], with_run: bool = True) -> tuple:
+    """``(action, files, identifiers, test run)`` of the step at ``position`` with ``results``
+    (the run ``None`` unless ``with_run``)."""
+    m = messages[position]
+    action = _action_of(m)
+    obs = "\n".join(messages[p].content for p in results)
+    head = obs[:FEATURE_CHARS]
+    return (action, files_in(action + "\n" + m.content + "\n" + head), identifiers_in(action + "\n" + head),
+            parse_test_output(obs) if obs and with_run else None)
+
+
 def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...], cache: dict | None = None) -> Step:
     if cache is None:
         cache = _CACHE.setdefault(graph, {"features": {}, "parents": {}})["features"]
     key = (position, results)
     if key not in cache:
-        row = graph.derived.table(STEP_FEATURES).pop(position, None)
+        row = graph.derived.take_value(STEP_FEATURES, position)
         if row is not None and tuple(row[0]) == results:
             cache[key] = (row[1], frozenset(row[2]), frozenset(row[3]), _run_of(row[4]))
         else:
-            m = graph.messages[position]
-            action = action_text(graph, position)
-            obs = "\n".join(graph.messages[p].content for p in results)
-            head = obs[:FEATURE_CHARS]
-            cache[key] = feats = (action, files_in(action + "\n" + m.content + "\n" + head),
-                                  identifiers_in(action + "\n" + head), parse_test_output(obs) if obs else None)
-            graph.derived.put(STEP_FEATURES, position, [list(results), action, sorted(feats[1]), sorted(feats[2]),
+            cache[key] = feats = _extract(graph.messages, position, results)
+            graph.derived.put(STEP_FEATURES, position, [list(results), feats[0], sorted(feats[1]), sorted(feats[2]),
                                                         _run_data(feats[3])])
     action, files, idents, run = cache[key]
     return Step(index, position, results, graph.messages[position].content, action, files, idents, run,
                 validation_status(run))
+
+
+class _Loader:
+    """The action, files and identifiers of the steps of a view read from a stored snapshot
+    (:func:`view_kind`): a step's :data:`STEP_FEATURES` row when that is for the same results,
+    else computed again from the messages; each read once, on first use, and shared by the step's
+    copies. Holds the graph's message list and derived rows, not the graph (the per-graph cache
+    is keyed weakly by the graph)."""
+
+    __slots__ = ("messages", "derived", "memo")
+
+    def __init__(self, graph: ContextGraph) -> None:
+        self.messages, self.derived = graph.messages, graph.derived
+        self.memo: dict[tuple[int, tuple[int, ...]], tuple[str, frozenset[str], frozenset[str]]] = {}
+
+    def get(self, position: int, results: tuple[int, ...]) -> tuple[str, frozenset[str], frozenset[str]]:
+        key = (position, results)
+        value = self.memo.get(key)
+        if value is None:
+            row = self.derived.take_value(STEP_FEATURES, position)
+            if row is not None and tuple(row[0]) == results:
+                value = (row[1], frozenset(row[2]), frozenset(row[3]))
+            else:
+                value = _extract(self.messages, position, results, with_run=False)[:3]
+            value = self.memo.setdefault(key, value)
+        return value
+
+
+_STEP_FIELDS = tuple(f.name for f in fields(Step))
+
+
+class _StoredStep(Step):
+    """A :class:`Step` of a view read from a stored snapshot whose ``action``, ``files`` and
+    ``identifiers`` are read by its :class:`_Loader` when first asked for (a first render of a
+    reopened session reads the features of the few steps it looks at, not of every step)."""
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("action", "files", "identifiers"):
+            load = self.__dict__.get("_load")
+            if load is not None:
+                self.action, self.files, self.identifiers = load.get(self.position, self.results)
+                del self.__dict__["_load"]
+                return self.__dict__[name]
+        raise AttributeError(name)
+
+    def __eq__(self, other: object) -> bool:  # equal to a plain Step with the same fields
+        if not isinstance(other, Step):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _STEP_FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  (as Step's)
+
+    def copy(self) -> Step:
+        """A copy that stays unread until used, sharing the loader."""
+        c = _StoredStep.__new__(_StoredStep)
+        c.__dict__.update(self.__dict__)
+        c.summary = None
+        return c
 
 
 @dataclass
@@ -268,7 +344,8 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
     and a step whose results arrive after it was built is built again with the steps after it
     (their superseding undone first), so the view equals one built from scratch.
     """
-    return [Step(s.index, s.position, s.results, s.thought, s.action, s.files, s.identifiers, s.test_results,
+    return [s.copy() if type(s) is _StoredStep and "_load" in s.__dict__ else
+            Step(s.index, s.position, s.results, s.thought, s.action, s.files, s.identifiers, s.test_results,
                  s.validation_status, s.superseded_by, s.parents) for s in _view(graph, selector, selector_key)]
 
 
@@ -279,8 +356,89 @@ def _view(graph: ContextGraph, selector: Selector, selector_key: str) -> list[St
         view = views.get(selector_key)
         if view is None or view.upto > len(graph.messages):
             view = views[selector_key] = _View()
+            _restore(graph, cache, view, selector, selector_key)
         _extend(graph, cache, view, selector, selector_key)
+        _keep(graph, cache, view, selector, selector_key)
         return view.steps
+
+
+SNAPSHOT_MIN = 64
+"""Messages a graph holds before its view is kept as a snapshot (:func:`view_kind`)."""
+SNAPSHOT_GROWTH = 1.25
+"""A view's snapshot is replaced once the graph holds this many times the messages of the last
+one (amortised O(1) per message: each snapshot is O(n))."""
+
+
+def view_kind(stored_as: str) -> DerivedKind:
+    """The derived row (position 0) of a whole view of a pure selector's steps at a known number of
+    messages: ``{"upto", "steps": [[position, results, status, superseded_by, parents, test run],
+    …], "failed", "undo", "open"}`` and, for a ``shared_only`` selector, the inverted index
+    (``"files"``, ``"identifiers"``: the steps having each). A reopened session's first view
+    starts from it (its steps' action, files and identifiers read on first use, :class:`_Loader`)
+    and is extended from there as a kept view is; it is used only when every step it holds has
+    the results the graph gives it among the first ``upto`` messages."""
+    return DerivedKind(f"steps.view:{stored_as}", _MODULES)
+
+
+def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
+    """Fill an empty ``view`` from the stored snapshot of its selector, when there is a valid one
+    and the per-graph index is still empty (it is shared by the views of one graph)."""
+    stored_as = getattr(selector, "stored_as", None)
+    shared_only = getattr(selector, "shared_only", False)
+    if stored_as is None or not graph.derived.persist or (shared_only and "index" in cache):
+        return
+    data = graph.derived.take_value(view_kind(stored_as), 0)
+    msgs, result_of = graph.messages, graph.result_of
+    if not isinstance(data, dict) or not 0 < data.get("upto", 0) <= len(msgs):
+        return
+    upto, rows = data["upto"], data["steps"]
+    positions = [p for p in range(upto) if msgs[p].role == "assistant"]
+    if len(positions) != len(rows):
+        return
+    for pos, row in zip(positions, rows):  # the steps are those of these messages, with the same results
+        if row[0] != pos or row[1] != [q for c in msgs[pos].tool_calls if (q := result_of.get(c.id, upto)) < upto]:
+            return
+    pcache = cache["parents"]
+    steps = view.steps
+    new, load = _StoredStep.__new__, _Loader(graph)
+    for k, (pos, results, status, superseded_by, parents, run) in enumerate(rows):
+        results, parents = tuple(results), tuple(parents)
+        step = new(_StoredStep)
+        step.__dict__.update(index=k, position=pos, results=results, thought=msgs[pos].content,
+                             test_results=_run_of(run), validation_status=status, superseded_by=superseded_by,
+                             parents=parents, summary=None, _load=load)
+        steps.append(step)
+        pcache[(selector_key, k, len(results))] = parents
+    view.failed, view.undo, view.open = list(data["failed"]), [tuple(u) for u in data["undo"]], list(data["open"])
+    if shared_only:
+        cache["index"] = {"files": defaultdict(list, data["files"]), "identifiers": defaultdict(list, data["identifiers"]),
+                          "of_step": dict(enumerate(steps))}
+    view.upto = upto
+    cache.setdefault("kept", {})[selector_key] = upto
+
+
+def _keep(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
+    """Put the view's snapshot (:func:`view_kind`) for the store to write, when the graph has grown
+    by :data:`SNAPSHOT_GROWTH` since the last one (read or put) and the per-graph index holds
+    exactly this view's steps."""
+    stored_as = getattr(selector, "stored_as", None)
+    n = len(graph.messages)
+    kept = cache.setdefault("kept", {})
+    if stored_as is None or not graph.derived.persist or n < SNAPSHOT_MIN or n < SNAPSHOT_GROWTH * kept.get(selector_key, 0):
+        return
+    steps = view.steps
+    data: dict = {"upto": view.upto,
+                  "steps": [[s.position, s.results, s.validation_status, s.superseded_by, s.parents,
+                             _run_data(s.test_results)] for s in steps],
+                  "failed": view.failed, "undo": view.undo, "open": view.open}
+    if getattr(selector, "shared_only", False):
+        index = cache["index"]
+        of_step = index["of_step"]
+        if len(of_step) != len(steps) or any(of_step.get(k) is not s for k, s in enumerate(steps)):
+            return  # another view of the graph indexed steps of its own
+        data["files"], data["identifiers"] = index["files"], index["identifiers"]
+    graph.derived.put_json(view_kind(stored_as), 0, msgspec.json.encode(data).decode())
+    kept[selector_key] = n
 
 
 def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
@@ -299,8 +457,11 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
     stored_as = getattr(selector, "stored_as", None)
     if stored_as is not None:
         kind = parents_kind(stored_as)
-        stored = graph.derived.table(kind)
-        first_owner_from = _first_owner_from(graph) if stored else []
+        if view.upto == 0:  # a whole view: its rows decoded at once
+            graph.derived.table(kind)
+            graph.derived.table(STEP_FEATURES)
+        first_owner_from: list[int] | None = None
+    start = view.upto
     for pos in range(view.upto, len(msgs)):
         m = msgs[pos]
         if m.role != "assistant":
@@ -325,9 +486,12 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
             view.open.append(k)
         key = (selector_key, k, len(results))
         if stored_as is not None and key not in pcache:
-            row = stored.pop(pos, None)
-            if row is not None and _chosen_from_same(first_owner_from, pos, row[0]):
-                pcache[key] = tuple(row[1])
+            row = graph.derived.take_value(kind, pos)
+            if row is not None:
+                if first_owner_from is None:
+                    first_owner_from = _first_owner_from(graph, start)
+                if _chosen_from_same(first_owner_from, pos, row[0]):
+                    pcache[key] = tuple(row[1])
         if key not in pcache:
             if shared_only:
                 shared: set[int] = set()
@@ -343,19 +507,19 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
                 graph.derived.put(kind, pos, [len(msgs), list(pcache[key])])
         step.parents = pcache[key]
         if shared_only:
-            old = of_step.get(k)
-            if old is None or old[0] != step.files or old[1] != step.identifiers:
+            old = of_step.get(k)  # the step indexed as step k
+            if old is None or (old is not step and (old.files != step.files or old.identifiers != step.identifiers)):
                 # a new step, or its observation arrived since it was indexed
                 if old is not None:
-                    for x in old[0]:
+                    for x in old.files:
                         by_file[x].remove(k)
-                    for x in old[1]:
+                    for x in old.identifiers:
                         by_ident[x].remove(k)
                 for x in step.files:
                     by_file[x].append(k)
                 for x in step.identifiers:
                     by_ident[x].append(k)
-                of_step[k] = (step.files, step.identifiers)
+            of_step[k] = step
     view.upto = len(msgs)
 
 
