@@ -140,6 +140,35 @@ def test_recap_random_is_seeded_keeps_original_order_and_differs_by_seed(signals
     assert a.full != c.full
 
 
+def test_recap_random_visits_are_the_draws_of_random_sample():
+    """The lazy order is ``random.Random(seed).sample(blocks, len(blocks))`` for any size (the
+    selection stops drawing once nothing left can fit; its kept blocks must be the same)."""
+    import random
+
+    from historygraph.policies.recap_baselines import RecapRandom
+
+    pol = RecapRandom()
+    for n in (0, 1, 2, 5, 6, 31, 32, 33, 1000, 4097):
+        g = ContextGraph(f"s{n}")
+        blocks = [3 * i + 1 for i in range(n)]
+        want = random.Random(f"0:s{n}:0").sample(blocks, n)
+        assert list(pol.visits(g, blocks)) == want == pol.order(g, blocks)
+
+
+def test_recap_random_reasons_after_it_stops_drawing(signals):
+    # C = 530, the protected turn 106: four blocks of 106 fill C exactly, so no fifth can fit and
+    # the draws stop; every other block is still reported as not fitting, as when all were visited
+    g = recap_graph()
+    r = create("recap-random", beta=0.5).render(g, just_over(g, signals), signals)
+    kept = [i for i in range(9) if result(i) in r.full]
+    assert len(kept) == 4
+    for i in range(9):
+        want = "kept: 106 chars;" if i in kept else "left out: 106 chars do not fit in C = 530 chars (or B)"
+        assert r.reasons[result(i)].startswith(want) and r.reasons[2 + 2 * i].startswith(want)
+    used = sorted(int(r.reasons[result(i)].split("; ")[1].split(" of")[0]) for i in kept)
+    assert used == [212, 318, 424, 530]
+
+
 def test_recap_baselines_also_respect_the_token_budget(signals):
     g = recap_graph()
     for name in ("recap-recency", "recap-random"):

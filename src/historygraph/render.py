@@ -37,6 +37,7 @@ Token counts are in tokens of the :class:`~historygraph.signals.tokens.TokenCoun
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import weakref
 import re
@@ -1436,7 +1437,7 @@ class Layout:
         unit_first, unit_of = sk["unit_first"], self.unit_of
         found = {unit_first[p] if p in unit_first else unit_of.get(p) for p in set(omit)} - {None}
         found.update(omit_units)
-        left_out = set(i for i in sorted(found) if not self.units[i].protected)
+        left_out = set(sorted(found.difference(protected_units)))  # (inserted in ascending order, as before)
         if left_out:
             units = self.units
 
@@ -1450,8 +1451,10 @@ class Layout:
         # a set, or the spans of the oldest-first drop (:class:`_Spans`) when the policy left nothing out
         dropped_units = set(left_out)
         self.dropped_units: AbstractSet[int] = dropped_units
+        left_mask = None
         if left_out:
             self._dropped_mask[list(left_out)] = True
+            left_mask = self._dropped_mask.copy()
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
         self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
@@ -1481,8 +1484,8 @@ class Layout:
                 raise BudgetTooSmallError(budget, self.base_tokens)
         ph = self.placeholder_tokens
         over = sk["over"]
-        if left_out:
-            self.candidates = [p for p in sk["candidates"] if self.unit_of[p] not in left_out]
+        if left_mask is not None:  # the skeleton's candidates whose unit is not left out (its unit array is in their order)
+            self.candidates = list(itertools.compress(sk["candidates"], (~left_mask[arr["cand_unit"]]).tolist()))
             self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
             self.delta: dict[int, int] = {p: self.full_cost[p] - ph[p] for p in self.candidates}
         else:  # the skeleton's, for every candidate (shared: copies of our own before changing them)
@@ -1526,6 +1529,11 @@ class Layout:
         inside = units >= 0
         return np.bincount(units[inside], weights=per_position[at[inside]],
                            minlength=len(self.units)).astype(np.int64)
+
+    @property
+    def unit_costs(self) -> np.ndarray:
+        """Every unit's tokens with its results as placeholders (``units[i].cost``; int64, read-only)."""
+        return self._costs
 
     def unit_result_deltas(self) -> np.ndarray:
         """For every unit, the sum of ``delta`` over its candidate results (int64)."""

@@ -31,11 +31,12 @@ import random
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from ..graph import ContextGraph
-from ..render import Layout, Rendering
+from ..render import Layout, Rendering, _Grow
 from .base import Signals, register
 
 
@@ -48,18 +49,20 @@ def block_chars(graph: ContextGraph, positions: list[int]) -> int:
     return total
 
 
-_CHARS: "weakref.WeakKeyDictionary[ContextGraph, list[int]]" = weakref.WeakKeyDictionary()
+_CHARS: "weakref.WeakKeyDictionary[ContextGraph, _Grow]" = weakref.WeakKeyDictionary()
 _CHARS_LOCK = threading.Lock()
 
 
 def message_chars(graph: ContextGraph) -> np.ndarray:
-    """:func:`block_chars` of every single message, by position (int64); kept per graph and
-    extended on append (a stored message never changes)."""
+    """:func:`block_chars` of every single message, by position (int64, a read-only view); kept
+    per graph and extended on append (a stored message never changes)."""
     with _CHARS_LOCK:
-        chars = _CHARS.setdefault(graph, [])
-        for p in range(len(chars), len(graph.messages)):
-            chars.append(block_chars(graph, [p]))
-        return np.asarray(chars, dtype=np.int64)
+        chars = _CHARS.get(graph)
+        if chars is None:
+            chars = _CHARS[graph] = _Grow()
+        if chars.n < len(graph.messages):
+            chars.extend([block_chars(graph, [p]) for p in range(chars.n, len(graph.messages))])
+        return chars.view()
 
 
 def char_budget(beta: float, total_chars: int) -> int:
@@ -89,20 +92,37 @@ class _BlockBaseline:
     def order(self, graph: ContextGraph, blocks: list[int]) -> list[int]:
         raise NotImplementedError
 
+    def visits(self, graph: ContextGraph, blocks: list[int]) -> Iterator[int]:
+        """:meth:`order`, drawn as the blocks are visited (the selection may stop early)."""
+        return iter(self.order(graph, blocks))
+
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         base = Layout(graph, signals.counter, budget)
         if base.fits_in_full:
             return base.assemble_full(self.name)
+        assert budget is not None  # (no budget: the history fits)
         units = base.units
-        chars = base.unit_totals(message_chars(graph)).tolist()  # c(v) per block
-        full = (np.asarray([u.cost for u in units], dtype=np.int64) + base.unit_result_deltas()).tolist()
-        cap = char_budget(self.config.beta, sum(chars))
+        chars_arr = base.unit_totals(message_chars(graph))  # c(v) per block
+        full_arr = base.unit_costs + base.unit_result_deltas()  # tokens of each block with every result shown
+        cap = char_budget(self.config.beta, int(chars_arr.sum()))
         protected = [i for i, u in enumerate(units) if u.protected]
-        used_chars = sum(chars[i] for i in protected)
+        used_chars = int(chars_arr[protected].sum())
         used_tokens = sum(units[i].cost for i in protected)
+        open_mask = np.ones(len(units), dtype=bool)
+        open_mask[protected] = False
+        # a block fits only if both its characters and its tokens do: once the fewest of either
+        # among all unprotected blocks no longer fits, no block visited later can be kept (only
+        # a non-contiguous order goes on after a block that does not fit)
+        least_chars = int(chars_arr[open_mask].min()) if open_mask.any() else 0
+        least_tokens = int(full_arr[open_mask].min()) if open_mask.any() else 0
+        chars, full = chars_arr.tolist(), full_arr.tolist()
         kept: set[int] = set(protected)
         visited: list[tuple[int, int | None]] = []  # (block, characters used after keeping it, or None)
-        for i in self.order(graph, [i for i, u in enumerate(units) if not u.protected]):
+        stopped = False
+        for i in self.visits(graph, open_mask.nonzero()[0].tolist()):
+            if not self.contiguous and (used_chars + least_chars > cap or used_tokens + least_tokens > budget):
+                stopped = True  # every block not visited yet would be visited and left out
+                break
             tokens = full[i]  # its messages with every result shown
             if used_chars + chars[i] <= cap and used_tokens + tokens <= budget:
                 kept.add(i)
@@ -113,13 +133,17 @@ class _BlockBaseline:
                 visited.append((i, None))
                 if self.contiguous:
                     break
+        omit = open_mask.copy()
+        omit[list(kept)] = False
         layout = Layout(graph, signals.counter, budget, result_reserve=0.0,  # kept blocks fit B by construction
-                        omit_units=[i for i in range(len(units)) if i not in kept])
+                        omit_units=omit.nonzero()[0].tolist())
 
         def fill(reasons: dict[int, str]) -> None:  # per message, when someone reads them
             why = {i: (f"kept: {chars[i]} chars; {used} of C = {cap} chars used" if used is not None else
                        f"left out: {chars[i]} chars do not fit in C = {cap} chars (or B)") for i, used in visited}
             for i, u in enumerate(units):
+                if i not in why and stopped and not u.protected:  # visited after the stop
+                    why[i] = f"left out: {chars[i]} chars do not fit in C = {cap} chars (or B)"
                 for p in u.positions:
                     reasons[p] = why.get(i, "left out: older than the kept recent blocks" if i not in kept
                                          else "kept: protected block")
@@ -156,3 +180,22 @@ class RecapRandom(_BlockBaseline):
     def order(self, graph: ContextGraph, blocks: list[int]) -> list[int]:
         rng = random.Random(f"{self.config.seed}:{graph.session_id}:{graph.turns}")
         return rng.sample(blocks, len(blocks))
+
+    def visits(self, graph: ContextGraph, blocks: list[int]) -> Iterator[int]:
+        """:meth:`order` one block at a time: the draws of ``random.Random.sample(blocks,
+        len(blocks))`` (CPython's pool algorithm: draw ``j`` below the ``n − i`` blocks not yet
+        drawn by rejection from ``getrandbits``, swap the last one into ``j``), so the first ``k``
+        blocks are those of the whole sample (tests/test_baselines.py checks it against
+        ``sample``) and stopping early costs only the draws made."""
+        rng = random.Random(f"{self.config.seed}:{graph.session_id}:{graph.turns}")
+        getrandbits = rng.getrandbits
+        pool = list(blocks)
+        n = len(pool)
+        for i in range(n):
+            m = n - i
+            k = m.bit_length()
+            j = getrandbits(k)
+            while j >= m:
+                j = getrandbits(k)
+            yield pool[j]
+            pool[j] = pool[m - 1]
