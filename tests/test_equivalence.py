@@ -1323,3 +1323,46 @@ def test_lower_costs_with_terms_in_place_equal_the_per_run_arrays(real_traces, b
                 revived += lay.unit_of[p] in lay.dropped_units and lay.unit_of[p] not in sel.revived
                 sel.take(p)
     assert checked > 100 and revived > 3, (checked, revived)
+
+
+def _recap_reference(graph, segment, budget, signals):
+    from historygraph.policies.recap import block_costs, build_blocks, oversized_forms
+
+    blocks = build_blocks(graph, segment)
+    forms = oversized_forms(graph, budget, signals)
+    return blocks, forms, block_costs(graph, blocks, signals, forms)
+
+
+@pytest.mark.parametrize("segment", ["message", "paragraph", "line"])
+def test_recap_block_index_kept_across_appends_equals_the_blocks_built_from_scratch(real_traces, segment):
+    """ReCAP's blocks, oversized forms and block costs read from the per-graph index while the
+    graph grows event by event (a late result and one superseding a timeout included) equal
+    those built from scratch, at a budget that makes some results oversized; served_ids by
+    bisection equals the scan."""
+    from historygraph.policies.recap import SessionState, indexed_blocks, served_ids
+
+    signals = Signals()
+    extra = [Message("user", "task"), Message("assistant", "two calls", (ToolCall("x1", "bash", "{}"), ToolCall("x2", "bash", "{}"))),
+             Message("tool", "first", tool_call_id="x1"), Message("assistant", "plain\n\nreply"),
+             Message("tool", "late second", tool_call_id="x2"), Message("tool", "superseding first " * 50, tool_call_id="x1")]
+    walks = [tr.messages for tr in real_traces[:4]] + [extra]
+    for msgs in walks:
+        g = ContextGraph("recap-index")
+        for j, m in enumerate(msgs):
+            g.append(m)
+            if j % 3 and j != len(msgs) - 1:
+                continue
+            for budget in (None, 300, 6000):
+                blocks, forms, cost = _recap_reference(g, segment, budget, signals)
+                ix = indexed_blocks(g, segment, budget, signals)
+                assert ix.blocks == blocks and ix.forms == forms and list(ix.forms) == list(forms), (j, budget)
+                assert ix.cost == cost and list(ix.cost) == list(cost), (j, budget)
+                assert ix.firsts == [b.positions[0] for b in blocks]
+                roles = {r: [p for p, m2 in enumerate(g.messages) if m2.role == r] for r in ("user", "system", "tool")}
+                assert (ix.users, ix.systems, ix.tools) == (roles["user"], roles["system"], roles["tool"])
+            st = SessionState()
+            for end in (0, len(g) // 2, len(g)):
+                assert served_ids(st, blocks, end, ix.firsts) == served_ids(st, blocks, end)
+            st.selection, st.append_from = frozenset(b.id for b in blocks[::3]) | {len(blocks) + 5}, len(g) * 2 // 3
+            for end in (0, len(g) // 3, len(g) * 3 // 4, len(g)):
+                assert served_ids(st, blocks, end, ix.firsts) == served_ids(st, blocks, end)

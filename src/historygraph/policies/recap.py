@@ -59,6 +59,7 @@ tool result whose own cost exceeds ``B`` is shown as the shared marked head-and-
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -66,7 +67,9 @@ import math
 import pickle
 import random
 import re
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +78,7 @@ import numpy as np
 from ..events import Message
 from ..graph import ContextGraph
 from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, _token_memo, dropped_marker,
-                      kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
+                      _loop_bounds, kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
 from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from ..signals.identifiers import identifiers, idf_overlap
 from .base import Signals, register
@@ -179,6 +182,141 @@ def build_blocks(graph: ContextGraph, segment: str = "message") -> list[Block]:
                 n = len(out)
                 out.extend(Block(n + k, (p,), "assistant", span, len(pieces)) for k, span in enumerate(pieces))
     return out
+
+
+class _BlockIndex:
+    """:func:`build_blocks` of one graph and segment mode kept across renders, extended on append
+    (the graph is append-only; a result stored after its call's block was built, e.g. one that
+    supersedes a synthetic timeout, rebuilds that block, logged in ``rebuilt``), with the
+    positions by role and what :func:`block_costs` keeps per token memo (``priced``)."""
+
+    def __init__(self, segment: str) -> None:
+        self.segment, self.n = segment, 0
+        self.blocks: list[Block] = []
+        self.firsts: list[int] = []           # blocks[k].positions[0], ascending
+        self.calls_at: dict[int, int] = {}    # position of an assistant message with calls -> its block
+        self.result_block: dict[int, int] = {}  # a result's position -> the block that held it (a superset)
+        self.incomplete: set[int] = set()     # blocks of a message with a call without a result
+        self.rebuilt: list[int] = []
+        self.users: list[int] = []
+        self.systems: list[int] = []
+        self.tools: list[int] = []
+        self.priced: dict[int, tuple[Any, list[int], list[int]]] = {}  # id(memo) -> (memo, [blocks, log], costs)
+
+    def _call_block(self, graph: ContextGraph, p: int, k: int) -> Block:
+        m = graph.messages[p]
+        res = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
+        for r in res:
+            self.result_block[r] = k
+        if len(res) != len(m.tool_calls):
+            self.incomplete.add(k)
+        else:
+            self.incomplete.discard(k)
+        return Block(k, (p, *res), "assistant")
+
+    def update(self, graph: ContextGraph) -> None:
+        msgs, n0 = graph.messages, self.n
+        out, firsts = self.blocks, self.firsts
+        for p in range(n0, len(msgs)):
+            m = msgs[p]
+            role = m.role
+            if role == "user":
+                out.append(Block(len(out), (p,), "user"))
+                firsts.append(p)
+                self.users.append(p)
+            elif role == "assistant" and m.tool_calls:
+                self.calls_at[p] = len(out)
+                out.append(self._call_block(graph, p, len(out)))
+                firsts.append(p)
+            elif role == "assistant":
+                pieces = segments(m.content, self.segment) if self.segment != "message" else []
+                if len(pieces) < 2:
+                    out.append(Block(len(out), (p,), "assistant"))
+                    firsts.append(p)
+                else:
+                    n = len(out)
+                    out.extend(Block(n + k, (p,), "assistant", span, len(pieces)) for k, span in enumerate(pieces))
+                    firsts.extend([p] * len(pieces))
+            elif role == "system":
+                self.systems.append(p)
+            if role == "tool":
+                self.tools.append(p)
+                owner = graph.call_owner.get(m.tool_call_id or "")
+                if owner is not None and owner < n0:  # its call's block was built before it was stored
+                    k = self.calls_at[owner]
+                    out[k] = self._call_block(graph, owner, k)
+                    self.rebuilt.append(k)
+        self.n = len(msgs)
+
+    def costs(self, graph: ContextGraph, signals: Signals, tokens: list[int], memo: Any) -> list[int]:
+        """Each block's :func:`block_tokens` without oversized forms, kept per token memo (0 for
+        an incomplete block, whose synthetic results depend on the graph's length); a new list."""
+        entry = self.priced.get(id(memo))
+        if entry is None or entry[0] is not memo:
+            entry = self.priced[id(memo)] = (memo, [0, len(self.rebuilt)], [])
+        _, seen, costs = entry
+
+        def static(k: int) -> int:
+            b = self.blocks[k]
+            if k in self.incomplete:
+                return 0
+            if b.span is not None:
+                return block_tokens(graph, b, signals)
+            return sum(tokens[p] for p in b.positions)
+        for k in self.rebuilt[seen[1]:]:
+            if k < seen[0]:
+                costs[k] = static(k)
+        costs.extend(static(k) for k in range(seen[0], len(self.blocks)))
+        seen[0], seen[1] = len(self.blocks), len(self.rebuilt)
+        return list(costs)
+
+
+_BLOCKS: "weakref.WeakKeyDictionary[ContextGraph, dict[str, _BlockIndex]]" = weakref.WeakKeyDictionary()
+_BLOCKS_LOCK = threading.Lock()
+
+
+@dataclass
+class _Blocks:
+    """A snapshot of a graph's :class:`_BlockIndex` for one render (lists copied): the blocks,
+    their first positions, the positions of the user, system and tool messages, and each
+    block's cost (:func:`block_costs` with the render's oversized ``forms``)."""
+
+    blocks: list[Block]
+    firsts: list[int]
+    users: list[int]
+    systems: list[int]
+    tools: list[int]
+    cost: dict[int, int]
+    forms: dict[int, Message]
+
+
+def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signals: Signals) -> _Blocks:
+    """``build_blocks(graph, segment)``, ``oversized_forms(graph, budget, signals)`` and
+    ``block_costs`` of them, from the per-graph :class:`_BlockIndex` (the same values: the
+    token counts are the per-graph memo's, as :func:`block_costs` reads them)."""
+    memo = _token_memo(graph, signals.counter, placeholder_for)
+    tokens = memo.tokens
+    with _BLOCKS_LOCK:
+        index = _BLOCKS.setdefault(graph, {}).get(segment)
+        if index is None:
+            index = _BLOCKS[graph][segment] = _BlockIndex(segment)
+        index.update(graph)
+        snap = _Blocks(list(index.blocks), list(index.firsts), list(index.users), list(index.systems),
+                       list(index.tools), {}, {})
+        costs = index.costs(graph, signals, tokens, memo)
+        incomplete, result_block = set(index.incomplete), dict(index.result_block)
+    msgs, counter = graph.messages, signals.counter
+    if budget is not None:  # the oversized results (oversized_excerpt is None for one within B), ascending
+        snap.forms = {p: f for p in snap.tools if tokens[p] > budget
+                      and (f := oversized_excerpt(msgs[p], tokens[p], budget, counter)) is not None}
+    count, forms, blocks = counter.count_message, snap.forms, snap.blocks
+    for k in {result_block[p] for p in forms if p in result_block}:
+        if k not in incomplete:
+            costs[k] = sum(count(forms[p]) if p in forms else tokens[p] for p in blocks[k].positions)
+    for k in sorted(incomplete):
+        costs[k] = block_tokens(graph, blocks[k], signals, forms)
+    snap.cost = dict(enumerate(costs))
+    return snap
 
 
 def last_assistant(hist: list[Block]) -> int | None:
@@ -345,32 +483,34 @@ class Recap:
     # -- rendering -------------------------------------------------------------------------
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         st = self.state(graph)
-        blocks = build_blocks(graph, self.config.segment)
-        users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
+        ix = indexed_blocks(graph, self.config.segment, budget, signals)
+        blocks, users, forms, cost = ix.blocks, ix.users, ix.forms, ix.cost
         current = users[-1] if users else None
-        forms = oversized_forms(graph, budget, signals)
-        cost = block_costs(graph, blocks, signals, forms)
         plain = blocks if self.config.segment == "message" else None  # = build_blocks(graph)
-        hist = [b for b in blocks if b.positions[0] != current]
+        at = bisect.bisect_left(ix.firsts, current) if current is not None else len(blocks)
+        if at < len(blocks) and blocks[at].positions[0] == current:  # the current user message's block (one)
+            hist = blocks[:at] + blocks[at + 1:]
+            current_cost = cost[at]
+        else:
+            hist, current_cost = blocks, 0
         new_turn = current is not None and current != st.turn_user
         if new_turn:
             if st.turn_user is None and len(users) > 1:  # first render of a session with a completed turn
                 st.segment_start = users[-2]
             if st.turn_user is not None or len(users) > 1:
-                st.pending.append((served_ids(st, blocks, current), st.segment_start))
+                st.pending.append((served_ids(st, blocks, current, ix.firsts), st.segment_start))
             st.turn_user = st.segment_start = current
         # the whole history's tokens: every block's cost but the current user message's (outside B);
         # a segment's cost is an upper bound, so segmented blocks are assembled to know
-        whole_tokens = sum(cost.values()) - sum(cost[b.id] for b in blocks if b.positions[0] == current) \
-            if self.config.segment == "message" else None
+        whole_tokens = sum(cost.values()) - current_cost if self.config.segment == "message" else None
         if budget is None or whole_tokens is None or whole_tokens <= budget:
-            whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0}, forms, plain)
+            whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0}, forms, plain, ix)
             if budget is None or whole.history_tokens <= budget:
                 return whole
         stats: dict[str, Any] = {"compaction": 0}
         if st.selection is not None and not (new_turn and not self._warm(graph, len(users))):
-            shown = served_ids(st, blocks, len(graph))
-            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms, plain)
+            shown = served_ids(st, blocks, len(graph), ix.firsts)
+            kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms, plain, ix)
             if kept.history_tokens <= budget:
                 return kept
             if self.config.measure_mid_turn:  # the budget forces a compaction mid-turn
@@ -392,7 +532,7 @@ class Recap:
         st.omitted = {b.id for b in hist} - chosen
         st.selection, st.append_from = frozenset(chosen), len(graph)
         current_ids = {b.id for b in blocks if b.positions[0] == current}
-        r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms, plain)
+        r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms, plain, ix)
         mandatory = self.mandatory(graph, hist)
         while r.history_tokens > budget:  # the dropped-step markers are charged too: give up the oldest choice
             spare = sorted(chosen - mandatory)
@@ -401,7 +541,7 @@ class Recap:
             chosen.discard(spare[0])
             st.omitted.add(spare[0])
             st.selection = frozenset(chosen)
-            r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms, plain)
+            r = assemble(self.name, graph, [blocks[i] for i in sorted(chosen | current_ids)], budget, signals, stats, forms, plain, ix)
         return r
 
     def _warm(self, graph: ContextGraph, turn: int) -> bool:
@@ -554,11 +694,19 @@ def served_positions(graph: ContextGraph, served: list[Block]) -> list[int]:
     return sorted({p for p, m in enumerate(graph.messages) if m.role == "system"} | {p for b in served for p in b.positions})
 
 
-def served_ids(st: SessionState, blocks: list[Block], end: int) -> tuple[int, ...]:
+def served_ids(st: SessionState, blocks: list[Block], end: int, firsts: list[int] | None = None) -> tuple[int, ...]:
     """Blocks rendered to calls before graph position ``end``: all before the first compaction, then
-    the fixed selection plus the blocks appended since."""
-    return tuple(b.id for b in blocks if b.positions[0] < end
-                 and (st.selection is None or b.id in st.selection or b.positions[0] >= st.append_from))
+    the fixed selection plus the blocks appended since. ``firsts``: each block's first position
+    (ascending, as blocks are chronological), when the caller has them: the blocks are then found
+    by bisection, not by a scan."""
+    if firsts is None:
+        return tuple(b.id for b in blocks if b.positions[0] < end
+                     and (st.selection is None or b.id in st.selection or b.positions[0] >= st.append_from))
+    stop = bisect.bisect_left(firsts, end)  # blocks[:stop] start before end (ids are indexes)
+    if st.selection is None:
+        return tuple(range(stop))
+    since = min(bisect.bisect_left(firsts, st.append_from), stop)
+    return tuple(sorted(i for i in st.selection if i < since)) + tuple(range(since, stop))
 
 
 def protected_set(graph: ContextGraph, hist: list[Block]) -> set[int]:
@@ -623,20 +771,26 @@ def mark_stale(st: SessionState, idents: dict[int, set[str]], threshold: float, 
 
 def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | None, signals: Signals,
              stats: dict[str, Any], forms: dict[int, Message] | None = None,
-             plain: list[Block] | None = None) -> Rendering:
+             plain: list[Block] | None = None, index: _Blocks | None = None) -> Rendering:
     """Render the ``shown`` blocks chronologically with the system messages (current user message
     and system messages outside ``B``); results of other blocks are omitted, their messages dropped;
     a shown result in ``forms`` (:func:`oversized_forms`) is rendered as its excerpt and counted as omitted.
-    ``plain``: ``build_blocks(graph)`` when the caller has it (the reasons name those blocks)."""
+    ``plain``: ``build_blocks(graph)`` when the caller has it (the reasons name those blocks);
+    ``index``: the graph's :func:`indexed_blocks` (the positions by role, found by a scan otherwise)."""
     forms = forms or {}
-    keep = {p for b in shown for p in b.positions} | {p for p, m in enumerate(graph.messages) if m.role == "system"}
+    if index is not None:
+        systems, users, tools = index.systems, index.users, index.tools
+    else:
+        systems = [p for p, m in enumerate(graph.messages) if m.role == "system"]
+        users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
+        tools = [p for p, m in enumerate(graph.messages) if m.role == "tool"]
+    keep = {p for b in shown for p in b.positions} | set(systems)
     pieces: dict[int, list[Block]] = {}
     for b in shown:
         if b.span is not None:
             pieces.setdefault(b.positions[0], []).append(b)
 
-    users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
-    outside = {p for p, m in enumerate(graph.messages) if m.role == "system"} | set(users[-1:])
+    outside = set(systems) | set(users[-1:])
     count = signals.counter.count_message
     msgs = graph.messages
     out: list[Message] = []
@@ -644,7 +798,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     history = 0
     run: list[list[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
     marked: dict[int, list[list[int]]] = {}  # index in ``out`` of each marker -> the steps it stands for
-    opening = loop_opening(graph)
+    opening = _loop_bounds(graph, users)[2]  # loop_opening(graph)
     joined: set[int] = set()  # text replies left out with the steps after them (see mark)
 
     def mark() -> None:
@@ -710,7 +864,6 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
                       if forms[p].rendered_as == "excerpt" else
                       "placeholder: its block opens the active tool loop (protected) and its results do not fit")
         return out
-    tools = [p for p, m in enumerate(graph.messages) if m.role == "tool"]
     r = Rendering(policy=name, budget=budget, messages=out, positions=positions,
                   full=[p for p in tools if p in keep and p not in forms],
                   omitted=[p for p in tools if p not in keep or p in forms],
