@@ -401,3 +401,38 @@ def test_a_view_snapshot_is_used_only_for_the_same_steps():
     assert got == lowcost_steps(ContextGraph("s", late)) and got[2].results == (5,)
     assert all(type(x).__name__ == "Step" for x in steps_mod._view(g3, steps_mod.lowcost_selector(steps_mod.ParentScoring()),
                                                                      f"lowcost:{steps_mod.ParentScoring()}"))
+
+
+def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):
+    """learned's per-graph state kept as a snapshot (learned.graph) is read on reopen and extended
+    with the messages appended since: the feature matrix is bit for bit a fresh graph's, and so
+    is every result's facts (built when asked for); no stored result is extracted again except
+    the ones a render asks the facts of (the newest)."""
+    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    counter = TokenCounter()
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS[:7])
+    features_mod.feature_matrix(s.graph("s"), s.graph("s").results(), counter)
+    s.close()
+    with sqlite3.connect(path) as db:
+        (data,) = db.execute("SELECT data FROM derived WHERE kind = ?", (features_mod.FACTS_SNAPSHOT.name,)).fetchone()
+    assert json.loads(data)["upto"] == 7 and json.loads(data)["rows"] == [2, 4, 6]
+    fresh = ContextGraph("s", EVENTS)
+    want = features_mod.feature_matrix(fresh, fresh.results(), counter)
+    want_gf = features_mod.graph_facts(fresh, counter)
+    s = SQLiteStore(path)
+    s.append("s", EVENTS[7:])
+    g = s.graph("s")
+    texts = spy_extractors(monkeypatch)
+    got = features_mod.feature_matrix(g, g.results(), counter)
+    assert got.tobytes() == want.tobytes()
+    gf = features_mod.graph_facts(g, counter)
+    assert sorted(gf.facts.cache) == []  # the newest result (8) is not from the snapshot: no old one was built
+    assert [t for t in texts for m in EVENTS[:7] if m.role == "tool" and m.content and m.content in t] == []
+    monkeypatch.undo()
+    assert list(gf.facts) == list(want_gf.facts) == [2, 4, 6, 8] and len(gf.facts) == 4 and 6 in gf.facts
+    assert [gf.facts[p] for p in gf.facts] == [want_gf.facts[p] for p in want_gf.facts]
+    assert gf.ident_turns == want_gf.ident_turns and gf.value_first == want_gf.value_first
+    s.close()

@@ -55,23 +55,30 @@ Per-result facts that do not change (values, words, kind, files, tokens) are com
 graph and extended incrementally (the graph is append-only), so a render costs ``O(n)`` small
 set operations for ``n`` stored results. The regular-expression part of them (kind, command, files,
 identifiers, words, error; the values are the graph's TFA values) is kept with a stored session
-as :data:`RESULT_FACTS` rows (:mod:`historygraph.derived`), so a reopened session reads it.
+as :data:`RESULT_FACTS` rows (:mod:`historygraph.derived`), so a reopened session reads it; the
+per-graph state itself is kept as one :data:`FACTS_SNAPSHOT` row, rewritten when the session has
+grown by a quarter, so a reopened session's first render starts from it and extends it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
 import weakref
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+import msgspec
 import numpy as np
 
 from ..derived import DerivedKind
+from ..events import Message, ToolCall
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
+from ..signals import steps as _steps
 from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
 from ..signals.tokens import TokenCounter
 
@@ -94,6 +101,13 @@ TEXT_CHARS = 8000     # characters of a result read for words (as ContextRender 
 RESULT_FACTS = DerivedKind("learned.facts", ("historygraph.fit.features", "historygraph.signals.steps"))
 """Derived rows per message: a tool result's ``[kind, command, call files, content files,
 identifiers, words, error]`` (sorted lists), an assistant message's ``[identifiers]``."""
+
+FACTS_SNAPSHOT = DerivedKind("learned.graph", ("historygraph.fit.features", "historygraph.signals.steps",
+                                                "historygraph.signals.reuse", "historygraph.graph"))
+"""A derived row (position 0) holding the per-graph state of :func:`graph_facts` at a known number
+of messages (:func:`_pack_facts`), rewritten when the session has grown by a quarter (as the step
+view's snapshot, :data:`historygraph.signals.steps.SNAPSHOT_GROWTH`), so that a reopened
+session's first render starts from it instead of rebuilding every result's facts."""
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _ERROR = re.compile(r"<returncode>[1-9]|Traceback \(most recent call last\)|\b\w*Error\b|\bFAILED\b|\berror:")
@@ -145,6 +159,15 @@ def call_kind(name: str, arguments: str) -> str:
     if _RUN.search(cmd):
         return "run"
     return "other"
+
+
+def _extract_facts(m: Message, call: ToolCall | None) -> tuple:
+    """``(kind, command, call files, content files, identifiers, words, error)`` of the tool result
+    ``m`` answering ``call`` (what a :data:`RESULT_FACTS` row holds)."""
+    name, args = (call.name, call.arguments) if call else ("", "")
+    cmd = _command(name, args)
+    return (call_kind(name, args), cmd.strip(), files_in(cmd), files_in(m.content[:TEXT_CHARS]),
+            identifiers_in(m.content[:TEXT_CHARS]), words(m.content), bool(_ERROR.search(m.content[:TEXT_CHARS])))
 
 
 @dataclass
@@ -288,6 +311,63 @@ class _Flat:
         self._indexed = total
 
 
+class _Facts(MutableMapping[int, _ResultFacts]):
+    """:attr:`_GraphFacts.facts`: the results' :class:`_ResultFacts` by position. Those of a state
+    read from a stored snapshot (:func:`_unpack_facts`) are built when first asked for, from the
+    message (the same pure functions as a :data:`RESULT_FACTS` row), its graph's TFA values and the
+    first holders of each value and identifier (what was a result's own when it was added); a
+    render asks for the newest few. Holds the graph's message list, call owners and reuse index,
+    not the graph (the per-graph cache is keyed weakly by the graph)."""
+
+    def __init__(self) -> None:
+        self.built: dict[int, _ResultFacts] = {}
+        self.cache: dict[int, _ResultFacts] = {}  # the lazy ones built so far
+        self.lazy: list[int] = []       # positions read from a snapshot, ascending (all before the built ones)
+        self.lazy_set: set[int] = set()
+        self.source: tuple | None = None  # (messages, call owners, reuse index, counter, value_first, ident_first)
+
+    def __len__(self) -> int:
+        return len(self.lazy) + len(self.built)
+
+    def __contains__(self, p: object) -> bool:
+        return p in self.built or p in self.lazy_set
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.lazy
+        yield from self.built
+
+    def __getitem__(self, p: int) -> _ResultFacts:
+        f = self.built.get(p)
+        if f is None:
+            f = self.cache.get(p)
+        if f is not None:
+            return f
+        if p not in self.lazy_set or self.source is None:
+            raise KeyError(p)
+        f = self.cache[p] = self._build(p)
+        return f
+
+    def _build(self, p: int) -> _ResultFacts:
+        msgs, call_owner, reuse, counter, value_first, ident_first = self.source  # type: ignore[misc]
+        m = msgs[p]
+        owner = call_owner.get(m.tool_call_id or "", p)
+        call = next((c for c in msgs[owner].tool_calls if c.id == m.tool_call_id), None) if owner != p else None
+        kind, command, cfiles, content_files, idents, words_, error = _extract_facts(m, call)
+        values = reuse.values[p]
+        return _ResultFacts(position=p, owner=owner, values=values,
+                            own_values=frozenset(v for v in values if value_first.get(v) == p),
+                            idents=idents, own_idents=frozenset(i for i in idents if ident_first.get(i) == p),
+                            words=words_, kind=kind, command=command, files=cfiles,
+                            shown_files=cfiles | (content_files if kind != "search" else frozenset()),
+                            content_files=content_files, tokens=counter.count(m.content), error=error)
+
+    def __setitem__(self, p: int, f: _ResultFacts) -> None:
+        self.built[p] = f
+
+    def __delitem__(self, p: int) -> None:
+        raise TypeError("facts are only ever added")
+
+
 _STATIC = ("log_tokens", *(f"kind_{k}" for k in KINDS), "log_values", "error", "own_values", "own_idents")
 
 
@@ -301,7 +381,7 @@ class _GraphFacts:
     files (:class:`_Flat`), so that a render is a few numpy passes."""
 
     upto: int = 0
-    facts: dict[int, _ResultFacts] = field(default_factory=dict)
+    facts: _Facts = field(default_factory=_Facts)
     value_df: dict[str, int] = field(default_factory=dict)
     last_view: dict[str, int] = field(default_factory=dict)     # file -> latest result position viewing it
     last_edit: dict[str, int] = field(default_factory=dict)     # file -> latest result position editing it
@@ -313,6 +393,7 @@ class _GraphFacts:
     unique: dict[int, int] = field(default_factory=dict)        # result -> its values no other result holds
     task: tuple[str, frozenset[str], frozenset[str], frozenset[str]] | None = None  # text, values, words, identifiers
     encoding: str = ""
+    kept: int = 0  # messages of the last snapshot read or put (FACTS_SNAPSHOT)
     # arrays over results (row i = i-th result)
     row_of: dict[int, int] = field(default_factory=dict)        # result position -> row
     turn: _Grow = field(default_factory=lambda: _Grow(np.intp))
@@ -339,12 +420,113 @@ class _GraphFacts:
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKeyDictionary()
 
 
+def _pack_array(a: np.ndarray) -> list:
+    return [a.dtype.str, list(a.shape), base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()]
+
+
+def _unpack_array(d: list) -> np.ndarray:
+    dtype, shape, data = d
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype)).reshape(shape)
+
+
+def _grow_of(a: np.ndarray) -> _Grow:
+    g = _Grow.__new__(_Grow)
+    g.a = np.zeros((max(64, 2 * len(a)),) + a.shape[1:], a.dtype)
+    g.a[:len(a)] = a
+    g.n = len(a)
+    return g
+
+
+_ARRAYS = ("turn", "owner", "static", "unique_n", "superseded", "edited_later", "ident_turns_n")
+_DICTS = ("value_df", "last_view", "last_edit", "last_command", "ident_first", "value_first", "unedited")
+_FLATS = ("values_t", "idents_t", "words_t", "files_t")
+
+
+def _pack_facts(gf: _GraphFacts) -> dict[str, Any]:
+    """The state of ``gf`` as JSON-ready data (numeric arrays as base64 of their bytes), without
+    the per-result :class:`_ResultFacts` (rebuilt on demand, :class:`_Facts`), the observed-reuse
+    state (read again from the graph's TFA index, :func:`_read_reuse`) and the task (per render)."""
+    rows = list(gf.row_of)
+    data: dict[str, Any] = {"upto": gf.upto, "encoding": gf.encoding, "rows": rows,
+                            "unique": [gf.unique[p] for p in rows],
+                            "ident_turns": [[p, t] for p, t in gf.ident_turns.items()],
+                            "assistant_idents": [[t, sorted(ids)] for t, ids in gf.assistant_idents]}
+    for name in _DICTS:
+        data[name] = getattr(gf, name)
+    for name in _ARRAYS:
+        data[name] = _pack_array(getattr(gf, name).view())
+    for name in _FLATS:
+        fl: _Flat = getattr(gf, name)
+        fl._flush()
+        data[name] = [list(fl.vocab), _pack_array(fl.rows.view()), _pack_array(fl.ids.view()), _pack_array(fl.own.view()),
+                      _pack_array(fl.df.view()), fl._indexed, _pack_array(fl._post_rows), _pack_array(fl._post_own),
+                      _pack_array(fl._indptr)]
+    return data
+
+
+def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _GraphFacts | None:
+    """The :class:`_GraphFacts` of a snapshot (:func:`_pack_facts`) of ``graph``'s first ``upto``
+    messages, or ``None`` when it is not one: another encoding, or results at other positions."""
+    msgs = graph.messages
+    if not isinstance(data, dict) or data.get("encoding") != counter.encoding_name or not 0 < data.get("upto", 0) <= len(msgs):
+        return None
+    upto, rows = data["upto"], data["rows"]
+    if rows != [p for p in range(upto) if msgs[p].role == "tool"]:
+        return None
+    gf = _GraphFacts(upto=upto, encoding=data["encoding"], kept=upto)
+    gf.row_of = dict(zip(rows, range(len(rows))))
+    gf.unique = dict(zip(rows, data["unique"]))
+    gf.ident_turns = {p: t for p, t in data["ident_turns"]}
+    gf.assistant_idents = [(t, frozenset(ids)) for t, ids in data["assistant_idents"]]
+    for name in _DICTS:
+        setattr(gf, name, data[name])
+    for name in _ARRAYS:
+        setattr(gf, name, _grow_of(_unpack_array(data[name])))
+    for name in _FLATS:
+        vocab, rows_, ids, own, df, indexed, post_rows, post_own, indptr = data[name]
+        fl = _Flat()
+        fl.vocab = dict(zip(vocab, range(len(vocab))))
+        fl.rows, fl.ids, fl.own, fl.df = (_grow_of(_unpack_array(x)) for x in (rows_, ids, own, df))
+        fl._indexed = indexed
+        fl._post_rows, fl._post_own, fl._indptr = (_unpack_array(x).copy() for x in (post_rows, post_own, indptr))
+        setattr(gf, name, fl)
+    n = len(rows)
+    for name in ("reuse_score", "reuse_turns", "reuse_last", "reuse_recent"):
+        getattr(gf, name).reserve(n)  # zeros: read again from the graph's TFA index
+    gf.facts.lazy, gf.facts.lazy_set = rows, set(rows)
+    gf.facts.source = (msgs, graph.call_owner, graph.reuse, counter, gf.value_first, gf.ident_first)
+    return gf
+
+
+def _new_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
+    """The state of a graph not seen before: from its stored snapshot when there is a valid one."""
+    if graph.derived.persist and type(counter) is TokenCounter:
+        gf = _unpack_facts(graph, counter, graph.derived.take_value(FACTS_SNAPSHOT, 0))
+        if gf is not None:
+            return gf
+    return _GraphFacts(encoding=counter.encoding_name)
+
+
+def _keep_facts(graph: ContextGraph, gf: _GraphFacts, counter: TokenCounter) -> None:
+    """Put ``gf``'s snapshot for the store to write when the graph has grown by a quarter since the
+    last one (read or put)."""
+    n = gf.upto
+    if graph.derived.persist and type(counter) is TokenCounter and n >= _steps.SNAPSHOT_MIN \
+            and n >= _steps.SNAPSHOT_GROWTH * gf.kept:
+        graph.derived.put_json(FACTS_SNAPSHOT, 0, msgspec.json.encode(_pack_facts(gf)).decode())
+        gf.kept = n
+
+
 def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     gf = _CACHE.get(graph)
     if gf is None or gf.encoding != counter.encoding_name or gf.upto > len(graph):
-        gf = _CACHE[graph] = _GraphFacts(encoding=counter.encoding_name)
+        gf = _CACHE[graph] = _new_facts(graph, counter)
     msgs = graph.messages
-    stored = graph.derived.table(RESULT_FACTS)
+    if gf.upto == len(msgs):
+        return gf
+    if gf.upto == 0:
+        graph.derived.table(RESULT_FACTS)  # every row, decoded at once
+    take = graph.derived.take_value
     base = len(gf.row_of)
     new = sum(m.role == "tool" for m in msgs[gf.upto:])
     for grown in (gf.turn, gf.owner, gf.static, gf.superseded, gf.edited_later, gf.ident_turns_n, gf.unique_n,
@@ -356,7 +538,7 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     for p in range(gf.upto, len(msgs)):
         m = msgs[p]
         if m.role == "assistant":
-            row = stored.pop(p, None)
+            row = take(RESULT_FACTS, p)
             if row is not None:
                 ids = frozenset(row[0])
             else:
@@ -374,18 +556,13 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
             continue
         owner = graph.call_owner.get(m.tool_call_id or "", p)
         call = next((c for c in msgs[owner].tool_calls if c.id == m.tool_call_id), None) if owner != p else None
-        row = stored.pop(p, None)
+        row = take(RESULT_FACTS, p)
         if row is not None:
             kind, command, cfiles, content_files, idents, words_ = (row[0], row[1], frozenset(row[2]), frozenset(row[3]),
                                                                     frozenset(row[4]), frozenset(row[5]))
             error = row[6]
         else:
-            name, args = (call.name, call.arguments) if call else ("", "")
-            cmd = _command(name, args)
-            kind, command = call_kind(name, args), cmd.strip()
-            cfiles, content_files = files_in(cmd), files_in(m.content[:TEXT_CHARS])
-            idents, words_ = identifiers_in(m.content[:TEXT_CHARS]), words(m.content)
-            error = bool(_ERROR.search(m.content[:TEXT_CHARS]))
+            kind, command, cfiles, content_files, idents, words_, error = _extract_facts(m, call)
             graph.derived.put(RESULT_FACTS, p, [kind, command, sorted(cfiles), sorted(content_files), sorted(idents),
                                                 sorted(words_), error])
         values = graph.reuse.values[p]
@@ -441,6 +618,7 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         gf.owner.a[base:base + new] = owners
         gf.static.a[base:base + new] = statics
     gf.upto = len(msgs)
+    _keep_facts(graph, gf, counter)
     return gf
 
 
