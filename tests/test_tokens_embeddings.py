@@ -126,7 +126,10 @@ def test_static_truncation_length_is_part_of_the_model_name(static):
 def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
     from historygraph.server.app import Proxy, ServerConfig
 
-    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune")).signals.embedder.inner, MiniLMEmbedder)
+    # the proxy's default is WordLlama (recall within 1 point of MiniLM, about 1/40 of its CPU), the replays' MiniLM
+    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune")).signals.embedder.inner, WordLlamaEmbedder)
+    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="minilm")).signals.embedder.inner,
+                      MiniLMEmbedder)
     assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="static")).signals.embedder.inner,
                       StaticEmbedder)
     with pytest.raises(ValueError, match="unknown embedder 'nope'; choose one of static, minilm, wordllama"):

@@ -34,7 +34,7 @@ from .llm import ModelError
 from .policies import REGISTRY, PolicyError, Signals, config_fields, create
 from .policies import params as policy_params
 from .render import BudgetTooSmallError
-from .signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
+from .signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, SERVE_EMBEDDER, create_embedder
 from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from .store import StoreError, open_store
 
@@ -632,7 +632,7 @@ def serve(
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
-    embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/evaluator.md, Embedders; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = DEFAULT_EMBEDDER,
+    embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/proxy.md, docs/evaluator.md Embedders; the proxy's default is wordllama, the replays' minilm; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = SERVE_EMBEDDER,
     session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = 256,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""

