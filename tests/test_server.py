@@ -823,3 +823,31 @@ def test_a_cookie_an_upstream_answer_sets_is_never_sent_with_a_later_request():
 
     asyncio.run(run())
     assert cookies == [None, None]  # the answer's Set-Cookie reached the client; nothing came back upstream
+
+
+def test_blocking_work_runs_off_the_event_loop_and_its_errors_reach_the_caller():
+    """The request path's hand-off (``app.run_in_threadpool``): the call runs in a worker thread,
+    never the event loop's, gets its arguments, returns its value, raises its own exception, and
+    50 calls at once all complete (the pool has THREADS threads)."""
+    import asyncio
+    import threading
+
+    from historygraph.server import app as app_mod
+
+    def work(x, *, y):
+        return threading.get_ident(), x + y
+
+    def fail():
+        raise ValueError("boom")
+
+    async def main():
+        loop_thread = threading.get_ident()
+        tid, value = await app_mod.run_in_threadpool(work, 2, y=3)
+        with pytest.raises(ValueError, match="boom"):
+            await app_mod.run_in_threadpool(fail)
+        many = await asyncio.gather(*(app_mod.run_in_threadpool(work, i, y=1) for i in range(50)))
+        return loop_thread, tid, value, many
+
+    loop_thread, tid, value, many = asyncio.run(main())
+    assert tid != loop_thread and value == 5
+    assert [v for _, v in many] == list(range(1, 51)) and all(t != loop_thread for t, _ in many)

@@ -21,10 +21,13 @@ Client errors are JSON in the API's own error shape and name the field at fault.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +39,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
 
 from ..events import EventError, Message
 from ..formats import anthropic as anth
@@ -52,6 +54,29 @@ from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRout
 from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 log = logging.getLogger("historygraph.server")
+
+THREADS = 40
+"""Worker threads per process for the request path's blocking work (routing, storing, rendering:
+:func:`run_in_threadpool`); anyio's default limit, which the proxy had before."""
+_pool: ThreadPoolExecutor | None = None
+_pool_guard = threading.Lock()
+
+
+async def run_in_threadpool(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in one of this process's :data:`THREADS` worker threads, awaited on
+    the event loop (which a render or a store call must never block): asyncio's executor hand-off
+    (``loop.run_in_executor``) on a pool of our own. Starlette's ``run_in_threadpool`` (anyio's
+    ``to_thread``: a capacity limiter, a cancel scope and a context copy per call) took 40–90 µs
+    more CPU per call, two calls per proxied request (bench/RESULTS.md). When the awaiting request
+    is cancelled (the client went away) the call still runs to its end in its thread, as before;
+    only the wait for it ends."""
+    global _pool
+    if _pool is None:
+        with _pool_guard:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="historygraph")
+    return await asyncio.get_running_loop().run_in_executor(_pool, partial(fn, *args, **kwargs))
+
 
 UPSTREAM_RETRIES = 2
 """Retries of an upstream request whose connection failed before any answer (:meth:`Proxy.send`;
@@ -168,12 +193,19 @@ class Proxy:
         # them with every later request, whichever client of the proxy made it, and its
         # per-request merging of URL, headers and cookies is CPU on the request path.
         self.timeout = httpx.Timeout(config.timeout, connect=30.0)
+        self._timeouts = self.timeout.as_dict()
+        self._urls: dict[str, httpx.URL] = {}
         self.transport: httpx.AsyncBaseTransport = AiohttpTransport(client=upstream_session)
 
     def request(self, method: str, url: str, **kwargs: Any) -> httpx.Request:
         """An upstream request (``httpx.Request``'s arguments: ``content``, ``json``, ``headers``,
         ``params``) carrying the configured timeouts."""
-        return httpx.Request(method, url, extensions={"timeout": self.timeout.as_dict()}, **kwargs)
+        parsed = self._urls.get(url)
+        if parsed is None:  # a handful of URLs (the configured upstreams' endpoints), parsed once
+            if len(self._urls) >= 64:
+                self._urls.clear()
+            parsed = self._urls[url] = httpx.URL(url)
+        return httpx.Request(method, parsed, extensions={"timeout": self._timeouts}, **kwargs)
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` upstream, its answer streamed. A connection that failed before any
