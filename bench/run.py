@@ -21,7 +21,8 @@ shared machine does not inflate it the way wall time would; each is also given a
   appends, the TFA values, leave to compute), closed (writing what that render derived,
   :mod:`historygraph.derived`), then reopened again as after a restart: ``load`` is
   ``store.graph()``, ``first`` the first render of the reopened graph, as a ratio to a warm render
-  (``--first-only``: this section alone).
+  (medians of 3 reopens), and again with the per-graph snapshots those of the session at 85 % of
+  its results (``--first-only``: this section alone; ``--no-gc``: the cyclic collector off).
 * **append**: one event appended to a session of 100, 1,000 and 10,000 messages (SQLite store,
   and the bare :class:`~historygraph.graph.ContextGraph`).
 * **proxy**: ``historygraph serve`` in front of the lean fake provider, 1, 10 and 50 concurrent
@@ -37,6 +38,7 @@ shared machine does not inflate it the way wall time would; each is also given a
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import shutil
@@ -157,13 +159,35 @@ def bench_render(pool: StepPool, signals: Signals, policies: list[str], sizes: l
     return out
 
 
+def _reopened_first(path: str, policy: Any, signals: Signals, pool: StepPool, k: int, copy: str) -> tuple[float, float, float]:
+    """``(load, first, warm)`` CPU ms of a new store instance on a copy of ``path``: the graph, its
+    first render, the median of 3 warm renders after one more step each (in memory only; the
+    rows those derive are dropped, so that the copy keeps the session as stored)."""
+    shutil.copyfile(path, copy)
+    st = open_store(copy)
+    load, g = cpu_ms(lambda: st.graph("s"))
+    first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))
+    warm = []
+    for r in range(3):
+        g.extend(pool.step(k + r))
+        t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023 (called at once)
+        warm.append(t)
+    g.derived.take()  # rows of positions the stored session does not have: not written
+    st.close()
+    return load, first, statistics.median(warm)
+
+
 def bench_first(pool: StepPool, signals: Signals, policies: list[str], sizes: list[int], tmp: str,
-                skip: dict, warm_memos: bool = False) -> dict:
+                skip: dict, warm_memos: bool = False, repeats: int = 3) -> dict:
     """``warm_memos``: render each session once on a plain graph first, so that the process-wide
-    memos (token counts, vectors) are as warm as after the render section (``--first-only``)."""
+    memos (token counts, vectors) are as warm as after the render section (``--first-only``).
+    Each policy's session is reopened ``repeats`` times (medians); ``behind``: reopened when the
+    stored per-graph snapshots are those of the session at 85 % of its results (the rows of every
+    message stored), as when a process stops between two snapshots."""
     out: dict = {}
     for n in sizes:
         msgs, k = pool.session(n)
+        head, _ = pool.session(int(0.85 * n))
         path = f"{tmp}/first-{n}.sqlite"
         st = open_store(path)
         st.create_session("s")
@@ -181,19 +205,25 @@ def bench_first(pool: StepPool, signals: Signals, policies: list[str], sizes: li
             cold_load, g = cpu_ms(lambda: st.graph("s"))
             cold, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023 (called at once)
             write, _ = cpu_ms(st.close)  # writes the rows the render derived
-            st = open_store(copy)
-            load, g = cpu_ms(lambda: st.graph("s"))
-            first, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023
-            warm = []
-            for r in range(3):
-                g.extend(pool.step(k + r))  # in memory only: the stored session stays at n results
-                t, _ = cpu_ms(lambda: policy.render(g, BUDGET, signals))  # noqa: B023
-                warm.append(t)
+            runs = [_reopened_first(copy, policy, signals, pool, k, f"{copy}.{r}") for r in range(repeats)]
+            load, first, warm = (statistics.median(x) for x in zip(*runs))
+            ratio_ = statistics.median(f / w for _, f, w in runs)
+            behind = f"{tmp}/first-{n}-{name}-behind.sqlite"
+            st = open_store(behind)
+            st.create_session("s")
+            st.append("s", head)
+            policy.render(st.graph("s"), BUDGET, signals)  # its snapshots, at 85 % of the results
+            st.append("s", msgs[len(head):])
+            policy.render(st.graph("s"), BUDGET, signals)  # the rows of the rest (grown < 25 %: no new snapshot)
             st.close()
-            out[(name, n)] = {"load": load, "first": first, "warm": statistics.median(warm), "cold_load": cold_load,
-                              "cold": cold, "write": write}
+            runs_b = [_reopened_first(behind, policy, signals, pool, k, f"{behind}.{r}") for r in range(repeats)]
+            first_b = statistics.median(f for _, f, _ in runs_b)
+            ratio_b = statistics.median(f / w for _, f, w in runs_b)
+            out[(name, n)] = {"load": load, "first": first, "warm": warm, "ratio": ratio_, "cold_load": cold_load,
+                              "cold": cold, "write": write, "behind": first_b, "behind_ratio": ratio_b}
             print(f"  first  {name:26s} {n:5d} results: load {load:8.1f} ms  first {first:9.1f} ms  "
-                  f"warm {statistics.median(warm):8.2f} ms  (not rendered before: load {cold_load:8.1f} first {cold:9.1f}; "
+                  f"warm {warm:8.2f} ms  first/warm {ratio_:5.1f}x  (snapshots 15 % behind: first {first_b:8.1f} "
+                  f"{ratio_b:5.1f}x; not rendered before: load {cold_load:8.1f} first {cold:9.1f}; "
                   f"writing its rows {write:6.1f})", file=sys.stderr, flush=True)
     return out
 
@@ -293,7 +323,7 @@ def ratio(x: float | None, ref: float | None) -> str:
 def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy: dict, replay: dict,
            policies: list[str], sizes: list[int], args: argparse.Namespace) -> None:
     print(f"## historygraph speed ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
-    flags = "".join(f" --{f.replace('_', '-')}" for f in ("quick", "proxy_only", "first_only") if getattr(args, f))
+    flags = "".join(f" --{f.replace('_', '-')}" for f in ("quick", "proxy_only", "first_only", "no_gc") if getattr(args, f))
     print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f}. Command: `python bench/run.py{flags}`. B = {BUDGET}.")
     if pool is None:
@@ -317,14 +347,17 @@ def report(pool: StepPool | None, render: dict, first: dict, append: dict, proxy
             f"{n:,} results {c}" for n, c in zip(sizes, cells)))
     if first:
         print("\n### First render of a session reopened from the SQLite store (CPU ms)\n")
-        print("Reopened after a render stored its derived rows (as after a restart); and, right of the bar, the same "
-              "session reopened before any render of the policy had stored its rows.\n")
-        print("| policy | results | load graph | first render | warm render | first / warm | load + first | first / prune first "
-              "| not rendered before: load + first | writing its rows |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("Reopened after a render stored its derived rows (as after a restart), medians of 3 reopens (first / warm: "
+              "the median of the per-reopen ratios); `snapshots 15 % behind`: reopened when the stored per-graph snapshots "
+              "are those of the session at 85 % of its results; right of the bar, the same session reopened before any "
+              "render of the policy had stored its rows.\n")
+        print("| policy | results | load graph | first render | warm render | first / warm | snapshots 15 % behind: first, "
+              "first / warm | load + first | first / prune first | not rendered before: load + first | writing its rows |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for (name, n), r in first.items():
             ref = first.get(("prune", n))
-            print(f"| {name} | {n:,} | {r['load']:.1f} | {r['first']:.1f} | {r['warm']:.2f} | {ratio(r['first'], r['warm'])} | "
+            print(f"| {name} | {n:,} | {r['load']:.1f} | {r['first']:.1f} | {r['warm']:.2f} | {r['ratio']:.1f}× | "
+                  f"{r['behind']:.1f}, {r['behind_ratio']:.1f}× | "
                   f"{r['load'] + r['first']:.1f} | {ratio(r['first'], ref and ref['first'])} | "
                   f"{r['cold_load']:.1f} + {r['cold']:.1f} | {r['write']:.1f} |")
     if append:
@@ -374,9 +407,13 @@ def main() -> None:
     ap.add_argument("--no-replay", action="store_true")
     ap.add_argument("--proxy-only", action="store_true", help="only the proxy rows (no render, first-render, append, replay)")
     ap.add_argument("--first-only", action="store_true", help="only the first-render rows")
+    ap.add_argument("--no-gc", action="store_true", help="the cyclic garbage collector off (its full collections, "
+                    "over the whole heap of this process, otherwise land in whichever render runs then)")
     ap.add_argument("--first-limit", type=float, default=20.0, help="skip larger sizes of a policy whose first render "
                     "would take longer than this many CPU seconds")
     args = ap.parse_args()
+    if args.no_gc:
+        gc.disable()
     sizes = [50, 1000] if args.quick else [50, 200, 1000, 5000]
     args.repeats = 5 if args.quick else 15
     levels = {1: 10, 10: 4} if args.quick else {1: 20, 10: 8, 50: 4}

@@ -436,3 +436,35 @@ def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):
     assert [gf.facts[p] for p in gf.facts] == [want_gf.facts[p] for p in want_gf.facts]
     assert gf.ident_turns == want_gf.ident_turns and gf.value_first == want_gf.value_first
     s.close()
+
+
+def test_bm25_index_starts_from_its_snapshot(tmp_path, monkeypatch):
+    """A BM25 index kept as a snapshot (bm25.index) is read on reopen without tokenising or
+    decoding any result's tokens; its scores equal bm25s's rebuilt over the corpus, for a corpus
+    that grew and one that lost members (whose tokens are then read)."""
+    from historygraph.policies.retrieval import BM25_SNAPSHOT, bm25_index, bm25_scores
+
+    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS[:7])
+    bm25_index(s.graph("s")).scores(s.graph("s"), [2, 4], "parse_date tests")
+    s.close()
+    s = SQLiteStore(path)
+    s.append("s", EVENTS[7:])
+    g = s.graph("s")
+    contents = {p: g.messages[p].content for p in g.results()}
+    calls = []
+    monkeypatch.setattr("historygraph.policies.retrieval._bm25_tokens", lambda texts, real=__import__(
+        "historygraph.policies.retrieval", fromlist=["x"])._bm25_tokens: calls.append(texts) or real(texts))
+    idx = bm25_index(g)
+    got = idx.scores(g, [2, 4, 6], "parse_date tests")
+    assert got.tolist() == bm25_scores([contents[p] for p in (2, 4, 6)], "parse_date tests").tolist()
+    assert calls == [["parse_date tests"], [EVENTS[6].content]]  # the query and 6 (never indexed); 2, 4 from the snapshot
+    assert sorted(idx.tokens) == [6] and idx.kept == 9  # (9 ≥ 1.25 × 7: a new snapshot put)
+    got = idx.scores(g, [4, 6, 8], "DATE_RE passed")
+    assert got.tolist() == bm25_scores([contents[p] for p in (4, 6, 8)], "DATE_RE passed").tolist()
+    s.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM derived WHERE kind = ?", (BM25_SNAPSHOT.name,)).fetchone() == (1,)

@@ -23,11 +23,13 @@ unchanged; unselected results are placeholders naming their ids and stay retriev
 
 from __future__ import annotations
 
+import base64
 import math
 import threading
 import weakref
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from ..derived import DerivedKind
@@ -219,6 +221,13 @@ def _bm25_tokens(texts: list[str]) -> list[list[str]]:
     return bm25s.tokenize(texts, stopwords="en", show_progress=False, return_ids=False)
 
 
+BM25_SNAPSHOT = DerivedKind("bm25.index", BM25_TOKENS.modules)
+"""A derived row (position 0) holding a :class:`BM25Index`'s corpus, lengths and postings
+(:meth:`BM25Index._pack`), rewritten when the session has grown by a quarter (as the step view's
+snapshot, :data:`historygraph.signals.steps.SNAPSHOT_GROWTH`), so that a reopened session's first
+render starts from it instead of adding every older result's terms."""
+
+
 class BM25Index:
     """An incremental BM25 index over the tool results of one graph, scoring as :func:`bm25_scores`
     does, bit for bit, without re-tokenising or rebuilding per render.
@@ -230,27 +239,51 @@ class BM25Index:
     ``idf(t) = ln(1 + (N − df + 0.5)/(df + 0.5))`` stored as float32; per document
     ``float32(idf · tf/(k1·(1 − b + b·|d|/avgdl) + tf))``; summed in float32 over the query's
     tokens in order, repeats included, terms absent from the corpus skipped. Cost per render:
-    O(new results) to index and O(postings of the query's terms) to score.
+    O(new results) to index and O(postings of the query's terms) to score. A graph from a store
+    starts from the session's :data:`BM25_SNAPSHOT` when it has one: a term's postings are
+    unpacked when first used, a member's term frequencies read (or tokenised again) only if it
+    leaves the corpus.
     """
 
     K1, B = 1.5, 0.75
 
     def __init__(self) -> None:
         self.tokens: dict[int, tuple[dict[str, int], int]] = {}  # position -> (term frequencies, length)
+        self.lengths: dict[int, int] = {}  # position -> length, of every result tokenised or restored
         self.members: set[int] = set()
         # term -> {position: tf} over the members (its length is the term's document frequency)
         self.postings: dict[str, dict[int, int]] = {}
+        self.packed: dict[str, int] = {}  # term -> its slot in the restored arrays, until unpacked
+        self._packed_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # indptr, positions, tfs
         self.total_length = 0
+        self.kept = 0  # messages of the last snapshot read or put
         self.lock = threading.Lock()
 
+    def _posting(self, t: str) -> dict[int, int] | None:
+        post = self.postings.get(t)
+        if post is None and t in self.packed:
+            indptr, pos, tf = self._packed_arrays  # type: ignore[misc]
+            i = self.packed.pop(t)
+            a, b = int(indptr[i]), int(indptr[i + 1])
+            post = self.postings[t] = dict(zip(pos[a:b].tolist(), tf[a:b].tolist()))
+        return post
+
+    def _tf(self, graph: ContextGraph, p: int) -> dict[str, int]:
+        got = self.tokens.get(p)
+        if got is None:
+            self._tokenise(graph, [p])
+            got = self.tokens[p]
+        return got[0]
+
     def _tokenise(self, graph: ContextGraph, positions: list[int]) -> None:
-        stored = graph.derived.table(BM25_TOKENS)
+        take = graph.derived.take_value
         new = []
         for p in positions:
             if p not in self.tokens:
-                row = stored.pop(p, None)
+                row = take(BM25_TOKENS, p)
                 if row is not None:
                     self.tokens[p] = (row[0], row[1])
+                    self.lengths[p] = row[1]
                 else:
                     new.append(p)
         if new:
@@ -259,35 +292,84 @@ class BM25Index:
                 for t in toks:
                     tf[t] = tf.get(t, 0) + 1
                 self.tokens[p] = (tf, len(toks))
-                graph.derived.put(BM25_TOKENS, p, [tf, len(toks)])
+                self.lengths[p] = len(toks)
+                if p not in self.members:  # (a member's tokens again, for it to leave: stored already)
+                    graph.derived.put(BM25_TOKENS, p, [tf, len(toks)])
 
     def _set_corpus(self, graph: ContextGraph, corpus: list[int]) -> None:
         want = set(corpus)
         gone, added = self.members - want, [p for p in corpus if p not in self.members]
+        if len(added) > 64 and not self.tokens:
+            graph.derived.table(BM25_TOKENS)  # many rows: decoded at once
         self._tokenise(graph, added)
         postings, tokens = self.postings, self.tokens
         for p in gone:
-            tf, n = tokens[p]
-            self.total_length -= n
+            tf = self._tf(graph, p)
+            self.total_length -= self.lengths[p]
             for t in tf:
-                del postings[t][p]
-        for p in added:  # (a reopened session's first render adds every older result here)
+                del self._posting(t)[p]  # type: ignore[union-attr]
+        for p in added:  # (a reopened session's first render without a snapshot adds every older result here)
             tf, n = tokens[p]
             self.total_length += n
             for t, c in tf.items():
                 post = postings.get(t)
+                if post is None:
+                    post = self._posting(t)
                 if post is None:
                     postings[t] = {p: c}
                 else:
                     post[p] = c
         self.members = want
 
+    def _pack(self, upto: int) -> dict:
+        """The members, their lengths and every term's postings (flat arrays as base64 bytes)."""
+        members = sorted(self.members)
+        terms, indptr, pos, tf = [], [0], [], []
+        for t in list(self.postings) + list(self.packed):
+            post = self._posting(t)
+            if post:
+                terms.append(t)
+                pos.extend(post)
+                tf.extend(post.values())
+                indptr.append(len(pos))
+        enc = [base64.b64encode(np.asarray(x, dtype=np.int64).tobytes()).decode() for x in (indptr, pos, tf)]
+        return {"upto": upto, "members": members, "lengths": [self.lengths[p] for p in members],
+                "total_length": self.total_length, "terms": terms, "arrays": enc}
+
+    def _restore(self, graph: ContextGraph) -> None:
+        """Start from the session's snapshot, when it is one of this graph's results."""
+        data = graph.derived.take_value(BM25_SNAPSHOT, 0)
+        msgs = graph.messages
+        if not isinstance(data, dict) or not 0 < data.get("upto", 0) <= len(msgs):
+            return
+        members = data["members"]
+        if any(not (0 <= p < data["upto"]) or msgs[p].role != "tool" for p in members):
+            return
+        self.members = set(members)
+        self.lengths = dict(zip(members, data["lengths"]))
+        self.total_length = data["total_length"]
+        arrays = [np.frombuffer(base64.b64decode(x), dtype=np.int64) for x in data["arrays"]]
+        self._packed_arrays = (arrays[0], arrays[1], arrays[2])
+        self.packed = dict(zip(data["terms"], range(len(data["terms"]))))
+        self.kept = data["upto"]
+
+    def _keep(self, graph: ContextGraph) -> None:
+        from ..signals import steps
+
+        n = len(graph.messages)
+        if graph.derived.persist and n >= steps.SNAPSHOT_MIN and n >= steps.SNAPSHOT_GROWTH * self.kept:
+            graph.derived.put_json(BM25_SNAPSHOT, 0, msgspec.json.encode(self._pack(n)).decode())
+            self.kept = n
+
     def scores(self, graph: ContextGraph, corpus: list[int], query: str) -> np.ndarray:
         """BM25 score of each result at ``corpus`` (graph positions, any order) for ``query``; equal
         to ``bm25_scores([content of p for p in corpus], query)``."""
         q = _bm25_tokens([query])[0]
         with self.lock:
+            if not self.members and not self.tokens and graph.derived.persist:
+                self._restore(graph)
             self._set_corpus(graph, corpus)
+            self._keep(graph)
             n = len(corpus)
             if not q or not self.total_length:
                 return np.zeros(n)
@@ -295,16 +377,17 @@ class BM25Index:
             rank = {p: i for i, p in enumerate(corpus)}
             out = np.zeros(n, dtype=np.float32)
             contrib: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            lengths = self.lengths
             for t in q:
-                if not self.postings.get(t):
+                post = self._posting(t)
+                if not post:
                     continue
                 hit = contrib.get(t)
                 if hit is None:
-                    post = self.postings[t]
                     df = len(post)
                     idf = np.float32(math.log(1 + (n - df + 0.5) / (df + 0.5)))
                     tf = np.fromiter(post.values(), dtype=np.float64, count=len(post))
-                    lens = np.fromiter((self.tokens[p][1] for p in post), dtype=np.int64, count=len(post))
+                    lens = np.fromiter((lengths[p] for p in post), dtype=np.int64, count=len(post))
                     tfc = tf / (self.K1 * ((1 - self.B) + self.B * lens / avg) + tf)
                     idx = np.fromiter((rank[p] for p in post), dtype=np.int64, count=len(post))
                     hit = contrib[t] = (idx, (np.float64(idf) * tfc).astype(np.float32))
