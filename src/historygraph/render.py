@@ -44,7 +44,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from string import Formatter
-from collections.abc import Mapping, Set as AbstractSet
+from collections.abc import Mapping, Sequence, Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -259,13 +259,14 @@ def placeholder_for(message: Message, counter: TokenCounter) -> Message:
     return message.with_content(text, "placeholder")
 
 
-def dropped_marker(graph: ContextGraph, steps: list[list[int]]) -> Message:
+def dropped_marker(graph: ContextGraph, steps: Sequence[Sequence[int]]) -> Message:
     """The marker standing for ``steps`` (consecutive steps left out, each a list of graph
     positions: a message and its results), a ``user`` message marked ``rendered_as="marker"``.
     Shared by every policy (:class:`Layout`, ReCAP). Its size is bounded: three numbers
     (:data:`DROPPED_MARK`)."""
-    n_calls = sum(len(graph.messages[step[0]].tool_calls) for step in steps)
-    return _marker_message(min(min(s) for s in steps), max(max(s) for s in steps), n_calls)
+    msgs = graph.messages
+    n_calls = sum(len(msgs[step[0]].tool_calls) for step in steps)
+    return _marker_message(min(map(min, steps)), max(map(max, steps)), n_calls)
 
 
 def _marker_message(first: int, last: int, n_calls: int) -> Message:

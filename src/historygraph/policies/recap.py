@@ -71,7 +71,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -195,6 +195,7 @@ class _BlockIndex:
         self.blocks: list[Block] = []
         self.firsts: list[int] = []           # blocks[k].positions[0], ascending
         self.calls_at: dict[int, int] = {}    # position of an assistant message with calls -> its block
+        self.steps: dict[int, tuple[int, ...]] = {}  # a block's first position -> the block's positions
         self.result_block: dict[int, int] = {}  # a result's position -> the block that held it (a superset)
         self.incomplete: set[int] = set()     # blocks of a message with a call without a result
         self.rebuilt: list[int] = []
@@ -224,11 +225,14 @@ class _BlockIndex:
                 out.append(Block(len(out), (p,), "user"))
                 firsts.append(p)
                 self.users.append(p)
+                self.steps[p] = (p,)
             elif role == "assistant" and m.tool_calls:
                 self.calls_at[p] = len(out)
                 out.append(self._call_block(graph, p, len(out)))
                 firsts.append(p)
+                self.steps[p] = out[-1].positions
             elif role == "assistant":
+                self.steps[p] = (p,)
                 pieces = segments(m.content, self.segment) if self.segment != "message" else []
                 if len(pieces) < 2:
                     out.append(Block(len(out), (p,), "assistant"))
@@ -245,6 +249,7 @@ class _BlockIndex:
                 if owner is not None and owner < n0:  # its call's block was built before it was stored
                     k = self.calls_at[owner]
                     out[k] = self._call_block(graph, owner, k)
+                    self.steps[owner] = out[k].positions
                     self.rebuilt.append(k)
         self.n = len(msgs)
 
@@ -288,6 +293,7 @@ class _Blocks:
     tools: list[int]
     cost: dict[int, int]
     forms: dict[int, Message]
+    steps: dict[int, tuple[int, ...]]
 
 
 def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signals: Signals) -> _Blocks:
@@ -302,7 +308,7 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
             index = _BLOCKS[graph][segment] = _BlockIndex(segment)
         index.update(graph)
         snap = _Blocks(list(index.blocks), list(index.firsts), list(index.users), list(index.systems),
-                       list(index.tools), {}, {})
+                       list(index.tools), {}, {}, dict(index.steps))
         costs = index.costs(graph, signals, tokens, memo)
         incomplete, result_block = set(index.incomplete), dict(index.result_block)
     msgs, counter = graph.messages, signals.counter
@@ -796,8 +802,8 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     out: list[Message] = []
     positions: list[int | None] = []
     history = 0
-    run: list[list[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
-    marked: dict[int, list[list[int]]] = {}  # index in ``out`` of each marker -> the steps it stands for
+    run: list[Sequence[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
+    marked: dict[int, list[Sequence[int]]] = {}  # index in ``out`` of each marker -> the steps it stands for
     opening = _loop_bounds(graph, users)[2]  # loop_opening(graph)
     joined: set[int] = set()  # text replies left out with the steps after them (see mark)
 
@@ -831,10 +837,13 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
         history += count(marker)
         run.clear()
 
+    steps = index.steps if index is not None else {}  # (a dropped step's positions: its block's)
     for p in kept_render_order(graph, signals.counter):  # results directly after their call
         if p not in keep:
-            if graph.messages[p].role != "tool":
-                run.append([p] + [graph.result_of[c.id] for c in graph.messages[p].tool_calls if c.id in graph.result_of])
+            if msgs[p].role != "tool":
+                step = steps.get(p)
+                run.append(step if step is not None else
+                           [p] + [graph.result_of[c.id] for c in msgs[p].tool_calls if c.id in graph.result_of])
             continue
         if graph.messages[p].role != "tool":
             mark()
