@@ -31,7 +31,7 @@ from .eval.report import summarize, write_outputs
 from .formats import READERS, TraceFormatError, list_trace_files, read_traces
 from .graph import MESSAGE_SPAN, ContextGraph
 from .llm import ModelError
-from .policies import REGISTRY, PolicyError, Signals, config_fields, create
+from .policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, config_fields, create
 from .policies import params as policy_params
 from .render import BudgetTooSmallError
 from .signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, SERVE_EMBEDDER, create_embedder
@@ -220,7 +220,7 @@ def _heartbeat(bar: Progress, task: TaskID, label: str, work: tuple[list[int], d
 @app.command()
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["contextrender", "prune", "full"],
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "contextrender", "prune", "full"],
     budget: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (ContextRender B.1 uses 6000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000.")] = "6000",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: the user data dir.")] = None,
@@ -547,7 +547,7 @@ def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option
 @app.command()
 def render(
     session: SessionArgument,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = "contextrender",
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = DEFAULT_POLICY,
     budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens.")] = 6000,
     at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "
                                                           "input of the call that produced it). Default: all, the next call.")] = None,
@@ -618,7 +618,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
     store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: the user data dir.")] = None,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = "contextrender",
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = DEFAULT_POLICY,
     budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="Default history budget in tokens (header X-HistoryGraph-Budget overrides).")] = 6000,
     auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 20_000_000,

@@ -34,7 +34,7 @@ from typing import Any, Literal, NamedTuple, Sequence, overload
 
 from .events import EventError, Message
 from .graph import ContextGraph
-from .policies import Policy, Signals, create
+from .policies import DEFAULT_POLICY, Policy, Signals, create
 from .render import Rendering, check_invariants
 from .store import MemoryStore, Store
 
@@ -100,7 +100,7 @@ def _router(store: Store) -> Any:
         return hit[1]
 
 
-def render_events(events: Sequence[Message], *, budget: int, policy: str | Policy = "contextrender",
+def render_events(events: Sequence[Message], *, budget: int, policy: str | Policy = DEFAULT_POLICY,
                   session: str | None = None, store: Store | None = None,
                   signals: Signals | None = None) -> tuple[Rendering, str | None]:
     """Render canonical events (the core of :func:`render_messages`, for adapters).
@@ -151,7 +151,7 @@ def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: 
 def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: str | Policy = ...,
                     session: str | None = ..., store: Store | None = ..., signals: Signals | None = ...,
                     explain: Literal[True]) -> Rendered: ...
-def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: str | Policy = "contextrender",
+def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: str | Policy = DEFAULT_POLICY,
                     session: str | None = None, store: Store | None = None, signals: Signals | None = None,
                     explain: bool = False) -> list[dict[str, Any]] | Rendered:
     """OpenAI chat messages → the OpenAI chat messages to send, history within ``budget`` tokens.
@@ -186,7 +186,7 @@ def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int
                               policy: str | Policy = ..., session: str | None = ..., store: Store | None = ...,
                               signals: Signals | None = ..., explain: Literal[True]) -> Rendered: ...
 def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int, system: Any = None,
-                              policy: str | Policy = "contextrender", session: str | None = None,
+                              policy: str | Policy = DEFAULT_POLICY, session: str | None = None,
                               store: Store | None = None, signals: Signals | None = None,
                               explain: bool = False) -> list[dict[str, Any]] | Rendered:
     """Anthropic Messages API ``messages`` → the ``messages`` to send (``system`` is not returned:

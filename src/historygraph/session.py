@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .events import Message
-from .policies import Signals, create
+from .policies import DEFAULT_POLICY, Signals, create
 from .render import Rendering, check_invariants
 from .store import MemoryStore, Store
 
@@ -38,7 +38,7 @@ class Session:
         EventError/GraphError: an invalid event (nothing is stored).
     """
 
-    def __init__(self, session_id: str = "session", store: Store | None = None, policy: str = "contextrender",
+    def __init__(self, session_id: str = "session", store: Store | None = None, policy: str = DEFAULT_POLICY,
                  budget: int = 6000, signals: Signals | None = None) -> None:
         self.session_id = session_id
         self.store = store if store is not None else MemoryStore()

@@ -21,7 +21,7 @@ from langchain_core.messages import AnyMessage, BaseMessage, ToolMessage, conver
 
 from ..events import EventError, Message
 from ..messages import render_events
-from ..policies import Policy, Signals
+from ..policies import DEFAULT_POLICY, Policy, Signals
 from ..render import Rendering
 from ..store import Store
 
@@ -45,7 +45,7 @@ class HistoryGraphMiddleware(AgentMiddleware):
         EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
     """
 
-    def __init__(self, budget: int, policy: str | Policy = "contextrender", *, session: str | None = None,
+    def __init__(self, budget: int, policy: str | Policy = DEFAULT_POLICY, *, session: str | None = None,
                  store: Store | None = None, signals: Signals | None = None) -> None:
         super().__init__()
         self.budget, self.policy, self.session, self.store, self.signals = budget, policy, session, store, signals

@@ -20,11 +20,11 @@ import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
 from ..messages import render_messages
-from ..policies import Policy, Signals
+from ..policies import DEFAULT_POLICY, Policy, Signals
 from ..store import Store
 
 
-def completion(model: str, messages: list[dict[str, Any]], *, budget: int, policy: str | Policy = "contextrender",
+def completion(model: str, messages: list[dict[str, Any]], *, budget: int, policy: str | Policy = DEFAULT_POLICY,
                session: str | None = None, store: Store | None = None, signals: Signals | None = None,
                **kwargs: Any) -> Any:
     """``litellm.completion`` with ``messages`` rendered under ``budget`` tokens first.
@@ -38,7 +38,7 @@ def completion(model: str, messages: list[dict[str, Any]], *, budget: int, polic
 
 
 async def acompletion(model: str, messages: list[dict[str, Any]], *, budget: int,
-                      policy: str | Policy = "contextrender", session: str | None = None, store: Store | None = None,
+                      policy: str | Policy = DEFAULT_POLICY, session: str | None = None, store: Store | None = None,
                       signals: Signals | None = None, **kwargs: Any) -> Any:
     """``litellm.acompletion`` with ``messages`` rendered first (as :func:`completion`)."""
     out = render_messages(messages, budget=budget, policy=policy, session=session, store=store, signals=signals)
@@ -53,7 +53,7 @@ class HistoryGraphHook(CustomLogger):
     from the conversation's start as the historygraph proxy does).
     """
 
-    def __init__(self, budget: int, policy: str | Policy = "contextrender", *, store: Store | None = None,
+    def __init__(self, budget: int, policy: str | Policy = DEFAULT_POLICY, *, store: Store | None = None,
                  signals: Signals | None = None) -> None:
         super().__init__()
         self.budget, self.policy, self.store, self.signals = budget, policy, store, signals

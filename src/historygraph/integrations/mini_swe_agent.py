@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..messages import render_messages
-from ..policies import Policy, Signals
+from ..policies import DEFAULT_POLICY, Policy, Signals
 from ..render import Rendering
 from ..store import Store
 
@@ -38,7 +38,7 @@ class HistoryGraphModel:
         EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
     """
 
-    def __init__(self, model: Any, budget: int, policy: str | Policy = "contextrender", *,
+    def __init__(self, model: Any, budget: int, policy: str | Policy = DEFAULT_POLICY, *,
                  session: str | None = None, store: Store | None = None, signals: Signals | None = None) -> None:
         self.model, self.budget, self.policy = model, budget, policy
         self.session, self.store, self.signals = session, store, signals

@@ -24,7 +24,7 @@ from agents.run_config import CallModelData, ModelInputData
 
 from ..events import EventError, Message, ToolCall, content_text
 from ..messages import render_events
-from ..policies import Policy, Signals
+from ..policies import DEFAULT_POLICY, Policy, Signals
 from ..render import Rendering
 from ..store import Store
 
@@ -113,7 +113,7 @@ class HistoryGraphInputFilter:
         EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
     """
 
-    def __init__(self, budget: int, policy: str | Policy = "contextrender", *, session: str | None = None,
+    def __init__(self, budget: int, policy: str | Policy = DEFAULT_POLICY, *, session: str | None = None,
                  store: Store | None = None, signals: Signals | None = None) -> None:
         self.budget, self.policy, self.session, self.store, self.signals = budget, policy, session, store, signals
         self.last_rendering: Rendering | None = None

@@ -111,6 +111,11 @@ class PolicySpec:
 
 
 REGISTRY: dict[str, PolicySpec] = {}
+# The policy the library, the proxy and `historygraph render` use when none is named: `learned`, the
+# highest Later-Used Result Recall (ContextRender B.4) on every source of the shared real traces at
+# B = 6000 and 3000 with no more history tokens than ContextRender, and no embedding model to load
+# (docs/learned.md). Name "contextrender" for the published ContextRender.
+DEFAULT_POLICY = "learned"
 
 
 def register(name: str, source: str, summary: str, replay_only: bool = False, **defaults: Any) -> Callable[[type], type]:

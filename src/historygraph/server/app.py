@@ -42,7 +42,7 @@ from starlette.background import BackgroundTask
 
 from ..events import EventError, Message
 from ..formats import anthropic as anth
-from ..policies import PolicyError, Signals, check_production, create
+from ..policies import DEFAULT_POLICY, PolicyError, Signals, check_production, create
 from ..render import BudgetTooSmallError, Rendering, check_invariants
 from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from ..signals.embeddings import EMBEDDERS, SERVE_EMBEDDER, create_embedder
@@ -121,7 +121,7 @@ class ServerConfig:
     upstream: str = "https://api.openai.com/v1"
     anthropic_upstream: str = "https://api.anthropic.com"
     store: str | None = None
-    policy: str = "contextrender"
+    policy: str = DEFAULT_POLICY
     budget: int = 6000
     auth_token: str | None = None
     max_body_bytes: int = 20_000_000
