@@ -256,12 +256,14 @@ def test_vectorised_scores_equal_the_per_candidate_loop_bit_for_bit(real_traces,
     assert compared > 20
 
 
-def test_result_vectors_kept_per_graph_render_as_asking_for_every_result(real_traces):
-    """ContextRender with the per-graph vector table renders (messages, reasons, tokens) as when
-    every result is asked for at each render (the path taken while the embedder logs requests)."""
+@pytest.mark.parametrize("policy", ["contextrender", "semantic"])
+def test_result_vectors_kept_per_graph_render_as_asking_for_every_result(real_traces, policy):
+    """ContextRender and Semantic with the per-graph vector table (Semantic's rows a view of the
+    table kept in position order) render (messages, reasons, tokens) as when every result is
+    asked for at each render (the path taken while the embedder logs requests)."""
     kept, asked = (Signals(counter=TokenCounter(), embedder_factory=GridEmbedder) for _ in range(2))
     log = asked.embedding_log()
-    pol = create("contextrender")
+    pol = create(policy)
     compared = 0
     for tr in real_traces:
         for j, g in growing(tr, 3, 5):
@@ -1366,3 +1368,25 @@ def test_recap_block_index_kept_across_appends_equals_the_blocks_built_from_scra
             st.selection, st.append_from = frozenset(b.id for b in blocks[::3]) | {len(blocks) + 5}, len(g) * 2 // 3
             for end in (0, len(g) // 3, len(g) * 3 // 4, len(g)):
                 assert served_ids(st, blocks, end, ix.firsts) == served_ids(st, blocks, end)
+
+
+def test_ordered_vector_rows_are_the_gathered_rows_and_earlier_views_keep_theirs():
+    """:meth:`_VectorCache.ordered` returns ``rows[cand]`` for requests that extend, shorten or
+    differ from the previous one, and a view handed out before a cut or a growth keeps its values."""
+    from historygraph.policies.contextrender import _VectorCache
+    from historygraph.signals.embeddings import CachedEmbedder
+
+    rng = np.random.default_rng(5)
+    cache = _VectorCache(CachedEmbedder(GridEmbedder()))
+    cache.rows = rng.standard_normal((400, cache.rows.shape[1])).astype(np.float32)
+    cache.have = np.ones(400, dtype=bool)
+    held = []
+    for cand in ([1, 3, 5], [1, 3, 5, 8, 9], [1, 3], [1, 3, 5, 8, 9, 11], [1, 4, 5], list(range(0, 400, 3)),
+                 list(range(0, 400, 3)) + [399], [2], []):
+        cand = np.asarray(cand, dtype=np.int64)
+        view = cache.ordered(cand)
+        assert view.flags.c_contiguous and not view.flags.writeable and view.dtype == np.float32
+        assert np.array_equal(view, cache.rows[cand])
+        held.append((view, view.copy()))
+    for view, copy in held:
+        assert np.array_equal(view, copy)

@@ -325,6 +325,37 @@ class _VectorCache:
         self.have = np.zeros(0, dtype=bool)
         self.rows = np.zeros((0, embedder.dim), dtype=np.float32)
         self.lock = threading.Lock()
+        # the rows of the positions ``seq_pos[:seq_n]`` (ascending), one after the other: a request
+        # for a prefix of them is answered by a view (see result_vectors's ``ordered``)
+        self.seq_pos = np.zeros(0, dtype=np.int64)
+        self.seq_rows = np.zeros((0, embedder.dim), dtype=np.float32)
+        self.seq_n = 0
+
+    def ordered(self, cand: np.ndarray) -> np.ndarray:
+        """``rows[cand]`` for ascending positions ``cand`` that all have rows, as a read-only
+        C-contiguous view of ``seq_rows``: ``seq_pos`` is cut at the first position where it and
+        ``cand`` differ and extended by the rest of ``cand``. A cut copies the table first, and
+        growing allocates a new one, so a view handed out earlier keeps its values."""
+        n, m = self.seq_n, len(cand)
+        k = min(n, m)
+        same = self.seq_pos[:k] == cand[:k]
+        j = k if same.all() else int(same.argmin())  # the first position where they differ
+        if j < n and m > j:  # cut (a copy: earlier views keep what they hold)
+            self.seq_pos, self.seq_rows = self.seq_pos[:j].copy(), self.seq_rows[:j].copy()
+            n = self.seq_n = j
+        if m > n:
+            if m > len(self.seq_pos):
+                size = max(m, 2 * len(self.seq_pos), 64)
+                pos = np.zeros(size, dtype=np.int64)
+                rows = np.empty((size, self.rows.shape[1]), dtype=np.float32)
+                pos[:n], rows[:n] = self.seq_pos[:n], self.seq_rows[:n]
+                self.seq_pos, self.seq_rows = pos, rows
+            self.seq_pos[n:m] = cand[n:]
+            self.seq_rows[n:m] = self.rows[cand[n:]]
+            self.seq_n = m
+        view = self.seq_rows[:m]
+        view.flags.writeable = False
+        return view
 
 
 _VECTORS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, int], _VectorCache]]" = weakref.WeakKeyDictionary()
@@ -332,14 +363,17 @@ _VECTORS_LOCK = threading.Lock()
 
 
 def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedder, clip: int,
-                   extra: list[str], out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   extra: list[str], out: np.ndarray | None = None,
+                   ordered: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(rows of the candidates' vectors, vectors of the extra texts)``, the values one
     ``embedder.embed([results clipped…] + extra)`` returns (float32, ``(len(cands), dim)`` and
     ``(len(extra), dim)``). Results embedded before for this graph come from a per-graph table;
     the rest and ``extra`` are asked for in one call, in the same order, so the embedder sees the
     same new texts in the same batch. While the embedder logs every text asked for (the evaluator
     counts them) it is asked for all of them. ``out``: an array of the rows' shape to write them
-    to (and return)."""
+    to (and return). ``ordered`` (``cands`` ascending): the rows are a read-only C-contiguous view
+    of a per-graph table kept in position order (:meth:`_VectorCache.ordered`), not copied when
+    ``cands`` extends the previous request; while the embedder logs, the rows as without it."""
     msgs = graph.messages
     if not isinstance(embedder, CachedEmbedder) or embedder.log is not None:
         vecs = embedder.embed([msgs[p].content[:clip] for p in cands] + extra)
@@ -365,6 +399,8 @@ def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedd
         vecs = embedder.embed([msgs[p].content[:clip] for p in new.tolist()] + extra)
         cache.rows[new] = vecs[:len(new)]
         cache.have[new] = True
+        if ordered:
+            return cache.ordered(cand), vecs[len(new):]
         if out is not None:
             return np.take(cache.rows, cand, axis=0, out=out), vecs[len(new):]
         return cache.rows[cand], vecs[len(new):]

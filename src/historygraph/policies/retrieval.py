@@ -99,15 +99,15 @@ class SemanticRetrieval:
         recent_set = set(recent)
         rest = [p for p in layout.candidates if p not in recent_set]
         if rest:
-            # vecs: what embed([results clipped…] + [query]) returns, the results' rows from the
-            # per-graph vector table, laid out as embed's own array (one allocation of n + 1 rows),
-            # so the matrix product runs as it did on that array and rounds the same
-            vecs = np.empty((len(rest) + 1, signals.embedder.dim), dtype=np.float32)
-            _, q = result_vectors(graph, rest, signals.embedder, cfg.clip_chars,
-                                  [latest_query(graph, cfg.clip_chars, (layout.current_user, layout.last_assistant))],
-                                  out=vecs[:-1])
-            vecs[-1] = q[0]
-            sims = vecs[:-1] @ vecs[-1]
+            # the rows of what embed([results clipped…] + [query]) returns: a C-contiguous
+            # (n, dim) float32 array, as embed's own, from the per-graph table kept in position
+            # order (rest, the older candidates, mostly extends the previous render's), so the
+            # matrix product runs as on embed's array and rounds the same (OpenBLAS's sgemv: each
+            # output's bits depend on the row count and thread split, not on where the rows lie)
+            rows, q = result_vectors(graph, rest, signals.embedder, cfg.clip_chars,
+                                     [latest_query(graph, cfg.clip_chars, (layout.current_user, layout.last_assistant))],
+                                     ordered=True)
+            sims = rows @ np.array(q[0], dtype=np.float32)
             order = np.argsort(-sims, kind="stable")
             taken = take_in_order(layout, sel, [rest[i] for i in order.tolist()])
 
