@@ -43,7 +43,7 @@ import numpy as np
 from historygraph.eval.recall import reuse_events
 from historygraph.eval.replay import replay_trace
 from historygraph.fit.dataset import Examples, trace_examples
-from historygraph.fit.train import C, fit_examples, labels
+from historygraph.fit.train import C, OBJECTIVES, fit_examples, labels
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create
@@ -73,14 +73,17 @@ def variant_label(ex: Examples, variant: str) -> np.ndarray:
     return ex.within if variant == "within" else labels(ex, VARIANT_LABEL[variant])
 
 
+OBJECTIVE = [OBJECTIVES[0]]  # set by --objective
+
+
 def fit_variant(ex: Examples, variant: str, c: float):
     if variant == "within":
         z = np.zeros_like(ex.named)
         return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, z, z), c,
-                            label="reuse")
+                            label="reuse", objective=OBJECTIVE[0])
     if variant not in VARIANT_LABEL:
         raise SystemExit(f"unknown variant {variant!r}; choose one of {', '.join([*VARIANT_LABEL, 'within'])}")
-    return fit_examples(ex, c, label=VARIANT_LABEL[variant])
+    return fit_examples(ex, c, label=VARIANT_LABEL[variant], objective=OBJECTIVE[0])
 
 
 class Scorer:
@@ -244,6 +247,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only these folds, e.g. '0,1' (quick comparisons)")
     ap.add_argument("--variant", default="shipped")
     ap.add_argument("--C", type=float, default=C)
+    ap.add_argument("--objective", default=OBJECTIVES[0], choices=OBJECTIVES,
+                    help="the model: LightGBM LambdaRank trees (the shipped recipe) or the logistic regression")
     ap.add_argument("--configs", default="", help="learned configs to compare, e.g. 'reserve=0.9,brief;reserve=0.5'")
     ap.add_argument("--limit", type=int, default=0, help="use N training trajectories (every k-th)")
     ap.add_argument("--curve", help="learning curve: comma-separated numbers of training trajectories (needs --test)")
@@ -256,6 +261,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="replay learned on the scored trajectories and assert equal hits")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budget.split(",")]
+    OBJECTIVE[0] = a.objective
     configs = parse_configs(a.configs)
     signals = Signals()
     t0 = time.process_time()
@@ -312,7 +318,7 @@ def main() -> None:
             acc[1] += e
             acc[2] += t
         print(f"fold {k}: {fmt(res)}", file=sys.stderr, flush=True)
-    print(f"CV {a.folds} folds over {len(train)} trajectories (variant={a.variant}, C={a.C}): {fmt(total)}")
+    print(f"CV {a.folds} folds over {len(train)} trajectories (variant={a.variant}, objective={a.objective}, C={a.C}): {fmt(total)}")
     if a.oracle:
         print("CV trajectories " + oracle_figures(train, budgets, signals))
     print(f"CPU {time.process_time() - t0:.0f} s", file=sys.stderr)

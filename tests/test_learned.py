@@ -11,8 +11,8 @@ from historygraph.eval.replay import replay_trace
 from historygraph.events import Message, ToolCall, Trace
 from historygraph.fit.dataset import trace_examples
 from historygraph.fit.features import FEATURES, call_kind, feature_matrix
-from historygraph.fit.model import ReuseModel, ReuseModelError
-from historygraph.fit.train import fit_examples, fit_traces, labels
+from historygraph.fit.model import ReuseModel, ReuseModelError, TreeReuseModel
+from historygraph.fit.train import fit_examples, fit_traces, invocation_sizes, labels, tree_arrays
 from historygraph.graph import ContextGraph
 from historygraph.policies import PolicyError, Signals, create
 from historygraph.policies.learned import knapsack_select
@@ -206,6 +206,56 @@ def test_model_round_trip_and_clear_errors(tmp_path):
         ReuseModel.load(tmp_path / "missing.json")
 
 
+def two_trees(calibration=(2.0, -1.0)):
+    """Tree 0: age ≤ 3 → 0.5, else (reuse_turns ≤ 0.5 → −1, else 0.25); tree 1: a single leaf 0.1."""
+    age, turns = FEATURES.index("age"), FEATURES.index("reuse_turns")
+    #                    0: age≤3  1: leaf 2: turns≤.5 3: leaf 4: leaf 5: leaf (tree 1)
+    return TreeReuseModel(list(FEATURES), np.array([0, 5]), np.array([age, -1, turns, -1, -1, -1]),
+                          np.array([3.0, 0, 0.5, 0, 0, 0]), np.array([1, -1, 3, -1, -1, -1]),
+                          np.array([2, -1, 4, -1, -1, -1]), np.array([0.5, 0.5, 0, -1.0, 0.25, 0.1]), calibration)
+
+
+def test_tree_model_sums_the_leaves_each_row_reaches_and_calibrates_them(tmp_path):
+    m = two_trees()
+    X = np.zeros((4, len(FEATURES)))
+    X[:, FEATURES.index("age")] = [3, 3.5, 10, 10]  # 3 ≤ 3 goes left
+    X[:, FEATURES.index("reuse_turns")] = [9, 0.5, 0.5, 0.7]
+    # scores by hand: 0.5 + 0.1, −1 + 0.1, −1 + 0.1, 0.25 + 0.1; p = 1 / (1 + e^−(2s − 1))
+    assert np.allclose(m.score(X), [0.6, -0.9, -0.9, 0.35])
+    assert np.allclose(m.predict(X), [1 / (1 + math.exp(-(2 * s - 1))) for s in (0.6, -0.9, -0.9, 0.35)])
+    m.save(tmp_path / "t.json")
+    again = ReuseModel.load(tmp_path / "t.json")
+    assert isinstance(again, TreeReuseModel) and np.array_equal(again.predict(X), m.predict(X))
+    bad = json.loads((tmp_path / "t.json").read_text())
+    bad["left"][0] = 9  # a child outside the node arrays
+    (tmp_path / "t.json").write_text(json.dumps(bad))
+    with pytest.raises(ReuseModelError, match="inconsistent tree arrays"):
+        ReuseModel.load(tmp_path / "t.json")
+    del bad["roots"]
+    (tmp_path / "t.json").write_text(json.dumps(bad))
+    with pytest.raises(ReuseModelError, match="incomplete tree model"):
+        ReuseModel.load(tmp_path / "t.json")
+
+
+def test_tree_arrays_number_the_nodes_of_every_tree_in_one_sequence():
+    leaf = lambda v: {"leaf_value": v}  # noqa: E731
+    dump = {"tree_info": [{"tree_structure": {"split_feature": 2, "threshold": 1.5, "decision_type": "<=",
+                                              "left_child": leaf(-0.5), "right_child": leaf(0.5)}},
+                          {"tree_structure": leaf(0.125)}]}
+    assert tree_arrays(dump) == ([0, 3], [2, -1, -1, -1], [1.5, 0.0, 0.0, 0.0], [1, -1, -1, -1], [2, -1, -1, -1],
+                                 [0.0, -0.5, 0.5, 0.125])
+    dump["tree_info"][0]["tree_structure"]["decision_type"] = "=="
+    with pytest.raises(ValueError, match="unsupported split"):
+        tree_arrays(dump)
+
+
+def test_invocation_sizes_are_the_runs_of_one_trace_and_invocation():
+    from historygraph.fit.dataset import Examples
+    z = np.zeros(6)
+    ex = Examples(np.zeros((6, len(FEATURES))), z, z, np.array([0, 0, 0, 1, 1, 1]), np.array([1, 2, 2, 1, 1, 4]), z, z)
+    assert invocation_sizes(ex).tolist() == [1, 2, 2, 1]
+
+
 def test_labels_are_observed_reuse_of_tfa():
     ex = trace_examples(Trace("t", "x", "t1", edit_session() + [Message("assistant", "done: DATE_RE.match fixed")]),
                         Signals().counter)
@@ -233,11 +283,30 @@ def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces
     traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
               for f in ("django__django-11099.traj.json", "marshmallow-code__marshmallow-1359.traj.json")]
     counter = Signals().counter
-    a = fit_traces(traces, tmp_path / "a.json", counter)
-    fit_traces(traces, tmp_path / "b.json", counter)
+    a = fit_traces(traces, tmp_path / "a.json", counter, objective="logistic")
+    fit_traces(traces, tmp_path / "b.json", counter, objective="logistic")
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     coef = dict(zip(a.features, a.coef))
     assert coef["reuse_turns"] > 0  # results reused before are reused again
+
+
+@pytest.mark.slow
+def test_lambdarank_fit_is_deterministic_and_reads_as_lightgbm_scores(tmp_path, traces_dir):
+    import lightgbm
+
+    from historygraph.fit.train import TREE_PARAMS, examples
+    from historygraph.formats import read_traces
+    traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
+              for f in ("django__django-11099.traj.json", "marshmallow-code__marshmallow-1359.traj.json")]
+    counter = Signals().counter
+    a = fit_traces(traces, tmp_path / "a.json", counter, objective="lambdarank")
+    fit_traces(traces, tmp_path / "b.json", counter, objective="lambdarank")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert isinstance(a, TreeReuseModel) and a.meta["objective"] == "lambdarank" and a.calibration[0] > 0
+    ex = examples(traces, counter)
+    ranker = lightgbm.LGBMRanker(**TREE_PARAMS).fit(ex.X, labels(ex).astype(int), group=invocation_sizes(ex))
+    # the file's leaf values keep 5 significant digits: each of 200 leaves summed is within 5e-6 relative
+    assert np.allclose(a.score(ex.X), ranker.predict(ex.X), atol=1e-4)
 
 
 def test_fit_refuses_examples_without_reuse():
@@ -260,6 +329,22 @@ def test_fit_with_identifiers_alone_names_the_label_for_agents_without_them():
     with pytest.raises(ValueError, match="fit with label 'values-or-named'"):
         fit_examples(ex, label="named")
     assert fit_examples(ex).meta["label"] == "reuse-or-named" and fit_examples(ex, label="values-or-named").meta["reused"] == 2
+
+
+def test_learned_renders_with_a_tree_model_and_keeps_the_invariants(tmp_path):
+    """The hand-made two-tree model: results at most 3 turns old score 0.6, older unreused ones −0.9."""
+    two_trees().save(tmp_path / "t.json")
+    msgs = [Message("user", "Fix the bug")]
+    for i in range(6):
+        msgs += [Message("assistant", f"step {i}", (bash(f"c{i}", f"cat file{i}.py"),)),
+                 Message("tool", "filler text " * 300, tool_call_id=f"c{i}")]
+    msgs.append(Message("assistant", "next", (bash("c9", "ls"),)))
+    g = ContextGraph("l", msgs)
+    sig = Signals()
+    r = create("learned", model=str(tmp_path / "t.json")).render(g, 2000, sig)
+    check_invariants(r, g, sig.counter)
+    # two of the three results at most 3 turns old fit (ties go to the older), none of the older three
+    assert sorted(r.full) == [8, 10]
 
 
 def test_learned_keeps_the_invariants_and_prefers_the_reused_result():
@@ -342,6 +427,11 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     other = tmp_path / "named.json"
     assert runner.invoke(app, ["fit", str(src), "--out", str(other), "--label", "values-or-named"]).exit_code == 0
     assert ReuseModel.load(other).meta["label"] == "values-or-named"
+    trees = tmp_path / "trees.json"
+    assert runner.invoke(app, ["fit", str(src), "--out", str(trees), "--objective", "lambdarank"]).exit_code == 0
+    assert isinstance(ReuseModel.load(trees), TreeReuseModel) and ReuseModel.load(trees).meta["objective"] == "lambdarank"
+    bad = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "b.json"), "--objective", "svm"])
+    assert bad.exit_code != 0 and "unknown --objective 'svm'; choose one of logistic, lambdarank" in " ".join(bad.output.split())
     wrong = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "w.json"), "--label", "tfa"])
     assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, values-or-named, named, reuse" \
         in " ".join(wrong.output.split())
@@ -438,6 +528,7 @@ def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_d
     traces = [t for f in sorted(train.glob("*")) for t in read_traces(f)]
     fresh = fit_traces(traces, tmp_path / "m.json", Signals().counter)
     shipped = ReuseModel.load()
+    assert isinstance(fresh, ReuseModel) and isinstance(shipped, ReuseModel)
     assert shipped.meta["traces"] == fresh.meta["traces"] == 90
     assert np.allclose(fresh.coef, shipped.coef, rtol=1e-4, atol=1e-6)
     assert np.allclose(fresh.mean, shipped.mean, rtol=1e-4) and fresh.intercept == pytest.approx(shipped.intercept, rel=1e-4)
