@@ -299,8 +299,8 @@ class BM25Index:
     def _set_corpus(self, graph: ContextGraph, corpus: list[int]) -> None:
         want = set(corpus)
         gone, added = self.members - want, [p for p in corpus if p not in self.members]
-        if len(added) > 64 and not self.tokens:
-            graph.derived.table(BM25_TOKENS)  # many rows: decoded at once
+        if len(added) > 64 and not self.members and not self.tokens:
+            graph.derived.table(BM25_TOKENS)  # a whole corpus (no snapshot): every row decoded at once
         self._tokenise(graph, added)
         postings, tokens = self.postings, self.tokens
         for p in gone:
