@@ -1390,3 +1390,20 @@ def test_ordered_vector_rows_are_the_gathered_rows_and_earlier_views_keep_theirs
         held.append((view, view.copy()))
     for view, copy in held:
         assert np.array_equal(view, copy)
+
+
+def test_query_ids_kept_per_query_follow_a_growing_vocabulary():
+    """The kept vocabulary ids of a query (the task's words) equal a fresh lookup after the
+    vocabulary grows, a word unknown before included; an array handed out earlier is unchanged."""
+    from historygraph.fit.features import _Flat, _query_ids
+
+    flat = _Flat()
+    flat.add(0, ["beta", "delta"])
+    query = frozenset({"delta", "alpha", "beta", "gamma"})
+    first = _query_ids(flat, query)
+    assert first.tolist() == [-1, flat.vocab["beta"], flat.vocab["delta"], -1]  # alpha, beta, delta, gamma
+    flat.add(1, ["gamma", "epsilon"])
+    again = _query_ids(flat, query)
+    assert again.tolist() == [flat.vocab.get(w, -1) for w in sorted(query)] and again[3] == flat.vocab["gamma"]
+    assert first.tolist() == [-1, 0, 1, -1]
+    assert _query_ids(flat, frozenset({"epsilon"})).tolist() == [flat.vocab["epsilon"]]

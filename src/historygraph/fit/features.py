@@ -232,6 +232,7 @@ class _Flat:
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
+        self._queries: dict[int, tuple[frozenset[str], dict[str, int], int, list[str], np.ndarray]] = {}  # _query_ids
         self.rows, self.ids, self.own = _Grow(np.int32), _Grow(np.int32), _Grow(np.float64)
         self.df = _Grow(np.int64)  # rows holding each vocabulary entry (a row's members are distinct)
         self._added: tuple[list[int], list[int], list[float]] = ([], [], [])
@@ -651,6 +652,34 @@ def _read_reuse(gf: _GraphFacts, graph: ContextGraph) -> None:
     gf.reuse_read = len(touched)
 
 
+def _query_ids(flat: "_Flat", query: frozenset[str]) -> np.ndarray:
+    """``[flat.vocab.get(w, -1) for w in sorted(query)]`` (intp), kept on ``flat`` per query (the
+    task's words are asked for at every render): an id never changes, so when the vocabulary has
+    grown only the words unknown before are looked up again. The kept array is never changed
+    in place (a grown vocabulary gives a new one)."""
+    vocab = flat.vocab
+    kept: dict[int, tuple[frozenset[str], dict[str, int], int, list[str], np.ndarray]] | None = \
+        getattr(flat, "_queries", None)
+    if kept is None:
+        kept = flat._queries = {}
+    hit = kept.get(id(query))
+    if hit is not None and hit[0] is query and hit[1] is vocab:
+        _, _, size, ordered, ids = hit
+        if size != len(vocab):
+            ids = ids.copy()
+            for j in (ids < 0).nonzero()[0].tolist():
+                ids[j] = vocab.get(ordered[j], -1)
+            kept[id(query)] = (query, vocab, len(vocab), ordered, ids)
+        return ids
+    ordered = sorted(query)
+    get = vocab.get
+    ids = np.fromiter((get(w, -1) for w in ordered), dtype=np.intp, count=len(ordered))
+    if len(kept) >= 8:  # the task's and a few latest messages'
+        kept.clear()
+    kept[id(query)] = (query, vocab, len(vocab), ordered, ids)
+    return ids
+
+
 def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """The IDF weight ``ln(1 + N / (1 + df(w)))`` of each word of ``query`` (``N`` the results stored
     so far, ``df`` :meth:`_Flat.counts` of the words): the vocabulary ids of its known words and
@@ -660,8 +689,7 @@ def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tup
     order Python iterates a set in). Each distinct ``df`` is put through :mod:`math` once (numpy's
     ``log`` may round differently)."""
     n_docs = max(1, len(gf.facts))
-    get = gf.words_t.vocab.get
-    ids = np.fromiter((get(w, -1) for w in sorted(query)), dtype=np.intp, count=len(query))
+    ids = _query_ids(gf.words_t, query)
     known = ids >= 0
     dfq = np.zeros(len(ids), dtype=np.int64)
     dfq[known] = df[ids[known]]

@@ -99,6 +99,9 @@ def _powers(costs: np.ndarray, a: float) -> np.ndarray:
     return table[c]
 
 
+_POP_CHUNK = 64  # pop-order entries converted to Python numbers at a time (doubling)
+
+
 def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndarray", sel: Selection,
                     cost_exponent: float = 1.0) -> list[int]:
     """Greedy 0/1 knapsack on ``value[p] / sel.cost(p)`` with the best-single-item swap (see module
@@ -140,11 +143,17 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     items = np.flatnonzero(item_mask)
     ratios = -vals[items] / _powers(costs0[items], a)
     order = np.lexsort((items, ratios))  # pop order of the heap of (ratio, candidate index, cost)
-    s_ratio, s_index, s_cost = ratios[order].tolist(), items[order].tolist(), costs0[items][order].tolist()
-    vals_l = vals.tolist()
+    # the pop order as Python numbers, converted a chunk at a time (a render pops few dozen)
+    sorted_arrays = (ratios[order], items[order], costs0[items][order])
+    s_ratio: list[float] = []
+    s_index: list[int] = []
+    s_cost: list[int] = []
+
+    def value_of(i: int) -> float:
+        return float(vals[i])
 
     def ratio(i: int, c: int) -> float:  # as the initial ratios (``**`` on Python numbers)
-        return -vals_l[i] / max(1, c) ** a
+        return -value_of(i) / max(1, c) ** a
 
     heap: list[tuple[float, int, int]] = []  # entries queued again at a new ratio
     unit_of, units, dropped = lay.unit_of, lay.units, lay.dropped_units
@@ -155,8 +164,13 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     # once no result left can fit, nothing more is taken (costs change only when one is): stop.
     # Checked after `idle` pops without a take, doubling while it fails
     idle, since = _IDLE_POPS, 0
-    k, n_sorted = 0, len(s_index)
+    k, n_sorted = 0, len(items)
     while True:
+        if k == len(s_index) < n_sorted:
+            more = slice(k, k + max(_POP_CHUNK, k))
+            s_ratio += sorted_arrays[0][more].tolist()
+            s_index += sorted_arrays[1][more].tolist()
+            s_cost += sorted_arrays[2][more].tolist()
         if heap and (k == n_sorted or heap[0] < (s_ratio[k], s_index[k], s_cost[k])):
             _, i, c = heapq.heappop(heap)
         elif k < n_sorted:
@@ -212,8 +226,8 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
         best = int(items[np.argmax(vals[items])]) if len(items) else None
     else:
         fits = [i for i in items.tolist() if base_used + _alone(sel, cands[i], base_revived) <= budget]
-        best = max(fits, key=lambda i: (vals_l[i], -i), default=None)
-    if best is not None and vals_l[best] > sum(vals_l[i] for i in taken):
+        best = max(fits, key=lambda i: (value_of(i), -i), default=None)
+    if best is not None and value_of(best) > sum(value_of(i) for i in taken):
         sel.used, sel.revived, sel.shown = base_used, set(base_revived), dict(base_shown)
         sel.take(cands[best])
         return [cands[best]]
