@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import numpy as np
 import pytest
 
 from historygraph import derived as derived_mod
@@ -468,3 +469,16 @@ def test_bm25_index_starts_from_its_snapshot(tmp_path, monkeypatch):
     s.close()
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT count(*) FROM derived WHERE kind = ?", (BM25_SNAPSHOT.name,)).fetchone() == (1,)
+
+
+@pytest.mark.parametrize("a", [[0.0, 1.0, 1.0], [0.5, 1.0], [-0.0, 1.0], [float("nan"), 1.0], [], [[1.5, 2.0]]])
+def test_snapshot_arrays_come_back_byte_for_byte(a):
+    """learned's snapshot arrays (float flags stored as uint8, row numbers as int32 when that gives
+    the same bytes back; -0.0 and NaN as they are)."""
+    for dtype in (np.float64, np.int64):
+        x = np.array(a, dtype=np.float64).astype(dtype) if dtype is np.float64 or not np.isnan(np.array(a, dtype=float)).any() \
+            else np.zeros(0, dtype)
+        y = features_mod._unpack_array(features_mod._pack_array(x))
+        assert (y.dtype, y.shape, y.tobytes()) == (x.dtype, x.shape, x.tobytes())
+    big = np.array([2**40, 1], dtype=np.int64)
+    assert features_mod._pack_array(big)[3] == "<i8" and features_mod._unpack_array(features_mod._pack_array(big)).tolist() == [2**40, 1]

@@ -422,12 +422,23 @@ _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKey
 
 
 def _pack_array(a: np.ndarray) -> list:
-    return [a.dtype.str, list(a.shape), base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()]
+    """``[dtype, shape, base64 of the bytes, stored dtype]``: the bytes in the narrowest of
+    ``uint8`` / ``int32`` that gives back the same bytes (0/1 flags, row numbers), else as they are."""
+    a = np.ascontiguousarray(a)
+    stored = a
+    for narrow in (np.uint8, np.int32):
+        if a.dtype.itemsize > np.dtype(narrow).itemsize and a.size:
+            with np.errstate(invalid="ignore", over="ignore"):
+                c = a.astype(narrow)
+            if c.astype(a.dtype).tobytes() == a.tobytes():
+                stored = c
+                break
+    return [a.dtype.str, list(a.shape), base64.b64encode(stored.tobytes()).decode(), stored.dtype.str]
 
 
 def _unpack_array(d: list) -> np.ndarray:
-    dtype, shape, data = d
-    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype)).reshape(shape)
+    dtype, shape, data, stored = d
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(stored)).astype(np.dtype(dtype)).reshape(shape)
 
 
 def _grow_of(a: np.ndarray) -> _Grow:
@@ -489,7 +500,7 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _Gra
         fl.vocab = dict(zip(vocab, range(len(vocab))))
         fl.rows, fl.ids, fl.own, fl.df = (_grow_of(_unpack_array(x)) for x in (rows_, ids, own, df))
         fl._indexed = indexed
-        fl._post_rows, fl._post_own, fl._indptr = (_unpack_array(x).copy() for x in (post_rows, post_own, indptr))
+        fl._post_rows, fl._post_own, fl._indptr = (_unpack_array(x) for x in (post_rows, post_own, indptr))
         setattr(gf, name, fl)
     n = len(rows)
     for name in ("reuse_score", "reuse_turns", "reuse_last", "reuse_recent"):

@@ -332,9 +332,11 @@ class BM25Index:
                 pos.extend(post)
                 tf.extend(post.values())
                 indptr.append(len(pos))
-        enc = [base64.b64encode(np.asarray(x, dtype=np.int64).tobytes()).decode() for x in (indptr, pos, tf)]
+        wide = max(indptr[-1], max(pos, default=0), max(tf, default=0)) >= 2**31
+        dtype = np.dtype(np.int64 if wide else np.int32)
+        enc = [base64.b64encode(np.asarray(x, dtype=dtype).tobytes()).decode() for x in (indptr, pos, tf)]
         return {"upto": upto, "members": members, "lengths": [self.lengths[p] for p in members],
-                "total_length": self.total_length, "terms": terms, "arrays": enc}
+                "total_length": self.total_length, "terms": terms, "dtype": dtype.str, "arrays": enc}
 
     def _restore(self, graph: ContextGraph) -> None:
         """Start from the session's snapshot, when it is one of this graph's results."""
@@ -348,7 +350,7 @@ class BM25Index:
         self.members = set(members)
         self.lengths = dict(zip(members, data["lengths"]))
         self.total_length = data["total_length"]
-        arrays = [np.frombuffer(base64.b64decode(x), dtype=np.int64) for x in data["arrays"]]
+        arrays = [np.frombuffer(base64.b64decode(x), dtype=np.dtype(data["dtype"])) for x in data["arrays"]]
         self._packed_arrays = (arrays[0], arrays[1], arrays[2])
         self.packed = dict(zip(data["terms"], range(len(data["terms"]))))
         self.kept = data["upto"]
