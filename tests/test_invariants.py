@@ -97,3 +97,35 @@ def test_every_policy_on_one_real_trace_per_format(real_picks, signals, name):
         assert st.violations == [], (rel, name, st.violations[:2])
         if name != "full":
             assert max(st.history_tokens, default=0) <= 2000
+
+
+@pytest.mark.parametrize("name", ["prune", "observation-masking", "cw-bm25", "recap-recency", "cw-sliding-window"])
+def test_a_render_leaves_no_reference_cycle_behind(name, signals):
+    """With the cyclic collector off, a render's layout and its runs are freed by reference
+    counting once its rendering is dropped (a layout's runs once held bound methods of the layout:
+    a cycle that kept every rendering's layout, units and lists for the collector, in the proxy a
+    young collection every few requests). Not yet for the policies that defer their reasons with a
+    closure over their selection (contextrender, learned: layout → pending reasons → closure →
+    selection → layout)."""
+    import gc
+
+    from historygraph.render import Layout, _Runs
+
+    msgs = [Message("system", "s"), Message("user", "task")]
+    for i in range(40):
+        msgs += [Message("assistant", f"step {i}", (call(f"c{i}"),)),
+                 Message("tool", f"result {i} " * 60, tool_call_id=f"c{i}")]
+    graph, policy = ContextGraph("cyc", msgs), create(name)
+    policy.render(graph, 800, signals)  # per-graph state built (kept on purpose, outside this count)
+    gc.collect()
+    gc.disable()
+    try:
+        graph.append(Message("assistant", "more", (call("c40"),)))
+        graph.append(Message("tool", "result 40 " * 60, tool_call_id="c40"))
+        rendering = policy.render(graph, 800, signals)
+        assert rendering.omitted  # the budget made it drop or mark steps: runs were used
+        del rendering
+        alive = [o for o in gc.get_objects() if isinstance(o, (Layout, _Runs))]
+    finally:
+        gc.enable()
+    assert alive == []

@@ -1013,6 +1013,20 @@ _DROP_WINDOW = 64  # markers priced at once by the oldest-first drop's search (L
 _BULK_AFTER = 16  # remove_delta questions on one run before the whole run is priced in bulk
 
 
+def _weakly(method: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
+    """The bound ``method`` called through a weak reference to its object. A layout's runs call back
+    into the layout (marker costs); with the bound method itself, layout → runs → method → layout
+    was a reference cycle, so every rendering's layout, its units and lists (about 270 objects)
+    waited for the cyclic garbage collector instead of being freed when the render returned: in
+    the proxy, a young collection every few requests (bench/RESULTS.md). Whoever holds a layout's
+    runs holds the layout too (a :class:`Selection` keeps its ``layout``)."""
+    ref, func = weakref.ref(method.__self__), method.__func__  # type: ignore[attr-defined]
+
+    def call(a: int, b: int) -> Any:
+        return func(ref(), a, b)
+    return call
+
+
 class _Runs:
     """Runs of consecutive marked units (no rendered message between them), each standing for one
     dropped-step marker. ``glue[i]`` says whether unit ``i`` may share a run with unit ``i − 1``;
@@ -1458,7 +1472,7 @@ class Layout:
             left_mask = self._dropped_mask.copy()
         # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
         # except those a policy stands in for with its own inserts (a summary names what it covers).
-        self.runs = _Runs(self._glue() if self.inserts else sk["glue"], self._marker_tokens, self._remove_deltas)
+        self.runs = _Runs(self._glue() if self.inserts else sk["glue"], _weakly(self._marker_tokens), _weakly(self._remove_deltas))
         if left_out and not self.inserts:
             self.runs.add_sorted(sorted(left_out))
         self.base_tokens = sk["total_cost"] - (int(self._costs[self._dropped_mask].sum()) if left_out else 0) + \
