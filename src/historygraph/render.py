@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import threading
 import weakref
 import re
@@ -264,8 +265,8 @@ def dropped_marker(graph: ContextGraph, steps: Sequence[Sequence[int]]) -> Messa
     positions: a message and its results), a ``user`` message marked ``rendered_as="marker"``.
     Shared by every policy (:class:`Layout`, ReCAP). Its size is bounded: three numbers
     (:data:`DROPPED_MARK`)."""
-    msgs = graph.messages
-    n_calls = sum(len(msgs[step[0]].tool_calls) for step in steps)
+    messages = map(graph.messages.__getitem__, map(operator.itemgetter(0), steps))  # each step's first message
+    n_calls = sum(map(len, map(operator.attrgetter("tool_calls"), messages)))
     return _marker_message(min(map(min, steps)), max(map(max, steps)), n_calls)
 
 
