@@ -1980,6 +1980,10 @@ class Layout:
                 reasons[p] = ("left out with the dropped steps after it: their marker must not follow a text reply "
                               "inside the active tool loop (docs/architecture.md, invariant §5.7)")
             return reasons
+        # the selection lives as long as the rendering's reasons may still be built: the reasons a
+        # policy deferred may reach it through a weak reference (contextrender), so that the layout's
+        # pending reasons do not hold it (selection -> layout -> pending -> selection: a cycle)
+        build.selection = selection  # type: ignore[attr-defined]
         return build
 
 

@@ -257,6 +257,10 @@ class ContextRender:
         sel = layout.selection()
         selected = greedy_select(cands, None, sel, None, cfg.similarity_penalty, arrays=(score, V))
         left = budget - sel.used  # budget is set here: with None the history always fits (above)
+        # fill reaches the selection weakly and the layout not at all: the layout keeps fill until its
+        # reasons are read, and a strong reference back made every render a cycle for the collector
+        # (the rendering's reasons builder keeps the selection alive meanwhile)
+        form, sel_ref = layout.form, weakref.ref(sel)
 
         def fill(reasons: dict[int, str]) -> None:  # eq. 2's terms, per candidate, when someone reads them
             a_, c_, s_, u_ = age.tolist(), c.tolist(), s.tolist(), score.tolist()
@@ -268,9 +272,11 @@ class ContextRender:
                 return f"U={u_[i]:.3f} (age={a_[i]}, reuse c={c_[i]:.2f}, relevance s={s_[i]:.3f}{dep})"
             chosen = set(selected)
             for rank, p in enumerate(selected, 1):
-                kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
+                kind = "excerpt of oversized result" if form[p] is not msgs[p] else "selected"
                 reasons[p] = f"{kind} #{rank}: {part(p)}"
-            final = dict(zip(cands, sel.candidate_costs().tolist()))
+            live = sel_ref()
+            assert live is not None, "a rendering's reasons builder keeps its selection"
+            final = dict(zip(cands, live.candidate_costs().tolist()))
             for p in cands:
                 if p not in chosen:
                     reasons[p] = (f"omitted: {part(p)}; not selected within B (showing it costs {final[p]} "
