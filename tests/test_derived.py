@@ -482,3 +482,21 @@ def test_snapshot_arrays_come_back_byte_for_byte(a):
         assert (y.dtype, y.shape, y.tobytes()) == (x.dtype, x.shape, x.tobytes())
     big = np.array([2**40, 1], dtype=np.int64)
     assert features_mod._pack_array(big)[3] == "<i8" and features_mod._unpack_array(features_mod._pack_array(big)).tolist() == [2**40, 1]
+
+
+def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):
+    """A learned.graph snapshot whose results are not the graph's first results (here: forged,
+    or another encoding) is not used: the state is built from the messages."""
+    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    counter = TokenCounter()
+    g = ContextGraph("s", EVENTS, derived=Derived(persist=True))
+    want = features_mod.feature_matrix(g, g.results(), counter)
+    rows, _ = g.derived.take()
+    (snap,) = [r for r in rows if r[0] == features_mod.FACTS_SNAPSHOT.name]
+    for change in ({"rows": [2, 4, 7, 8]}, {"encoding": "cl100k_base"}):
+        forged = [r if r is not snap else (*r[:3], json.dumps({**json.loads(snap[3]), **change})) for r in rows]
+        g2 = ContextGraph("s", EVENTS, derived=Derived(forged, persist=True))
+        assert features_mod.feature_matrix(g2, g2.results(), counter).tobytes() == want.tobytes()
+        assert features_mod.graph_facts(g2, counter).facts.lazy == []  # built, not read
+    g3 = ContextGraph("s", EVENTS, derived=Derived(rows, persist=True))
+    assert features_mod.graph_facts(g3, counter).facts.lazy == [2, 4, 6, 8]  # the real one is read

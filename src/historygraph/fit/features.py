@@ -483,7 +483,11 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _Gra
     if not isinstance(data, dict) or data.get("encoding") != counter.encoding_name or not 0 < data.get("upto", 0) <= len(msgs):
         return None
     upto, rows = data["upto"], data["rows"]
-    if rows != [p for p in range(upto) if msgs[p].role == "tool"]:
+    # the tool results before upto: every result is its call's latest or one it replaced
+    tools = np.concatenate([np.fromiter(graph.result_of.values(), dtype=np.int64, count=len(graph.result_of)),
+                            np.fromiter(graph.superseded, dtype=np.int64, count=len(graph.superseded))])
+    tools.sort()
+    if rows != tools[:np.searchsorted(tools, upto)].tolist():
         return None
     gf = _GraphFacts(upto=upto, encoding=data["encoding"], kept=upto)
     gf.row_of = dict(zip(rows, range(len(rows))))

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import msgspec
+import numpy as np
 
 from ..derived import DerivedKind
 from ..events import Message
@@ -392,7 +393,8 @@ def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, 
     if not isinstance(data, dict) or not 0 < data.get("upto", 0) <= len(msgs):
         return
     upto, rows = data["upto"], data["steps"]
-    positions = [p for p in range(upto) if msgs[p].role == "assistant"]
+    turn = np.asarray(graph.turn_of[:upto], dtype=np.int64)  # a turn begins at each assistant message
+    positions = np.flatnonzero(np.diff(turn, prepend=0)).tolist()
     if len(positions) != len(rows):
         return
     for pos, row in zip(positions, rows):  # the steps are those of these messages, with the same results
