@@ -500,3 +500,13 @@ def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):
         assert features_mod.graph_facts(g2, counter).facts.lazy == []  # built, not read
     g3 = ContextGraph("s", EVENTS, derived=Derived(rows, persist=True))
     assert features_mod.graph_facts(g3, counter).facts.lazy == [2, 4, 6, 8]  # the real one is read
+
+
+def test_take_value_reads_one_row_and_drops_other_versions():
+    kind = DerivedKind("k", ("historygraph.derived",))
+    rows = [("k", kind.version, 0, "[1]"), ("k", kind.version, 5, "[2]"), ("k", "old", 0, "[9]")]
+    d = Derived(rows, persist=True)
+    assert d.take_value(kind, 5) == [2] and d.take_value(kind, 5) is None  # taken out
+    assert d.take() == ([], [("k", kind.version)])  # the old version's rows are deleted at the next write
+    assert d.table(kind) == {0: [1]}
+    assert Derived(rows).take_value(kind, 0) == [1]

@@ -133,7 +133,8 @@ class Derived:
         """The stored value of ``kind`` (its current version) at ``position``, or ``None``; taken
         out (a later :meth:`table` or call here does not return it). Decodes only that row when
         the kind's table has not been decoded, so a consumer that needs a few rows of a long
-        session does not pay for all of them."""
+        session does not pay for all of them. Rows of other versions of the kind are dropped and,
+        when persisting, marked for deletion from the store (as by :meth:`table`)."""
         t = self._tables.get(kind)
         if t is not None:
             return t.pop(position, None)
@@ -141,7 +142,13 @@ class Derived:
             t = self._tables.get(kind)
             if t is not None:
                 return t.pop(position, None)
-            raw = self._raw.get(kind.name, {}).get(kind.version)
+            versions = self._raw.get(kind.name)
+            if versions and len(versions) > (kind.version in versions):  # rows of other versions: as table() does
+                for v in [v for v in versions if v != kind.version]:
+                    del versions[v]
+                if self.persist:
+                    self._stale.add((kind.name, kind.version))
+            raw = versions.get(kind.version) if versions else None
             text = raw.pop(position, None) if raw is not None else None
         return _loads(text) if text is not None else None
 
