@@ -203,6 +203,7 @@ class _BlockIndex:
         self.systems: list[int] = []
         self.tools: list[int] = []
         self.priced: dict[int, tuple[Any, list[int], list[int]]] = {}  # id(memo) -> (memo, [blocks, log], costs)
+        self.big: dict[int, tuple[Any, list[int], list[tuple[int, int]]]] = {}  # id(memo) -> (memo, [results], sorted (tokens, p))
 
     def _call_block(self, graph: ContextGraph, p: int, k: int) -> Block:
         m = graph.messages[p]
@@ -252,6 +253,18 @@ class _BlockIndex:
                     self.steps[owner] = out[k].positions
                     self.rebuilt.append(k)
         self.n = len(msgs)
+
+    def over(self, tokens: list[int], memo: Any, budget: int) -> list[int]:
+        """The results whose token count (the memo's) exceeds ``budget``, ascending; the results'
+        ``(tokens, position)`` are kept sorted per token memo."""
+        entry = self.big.get(id(memo))
+        if entry is None or entry[0] is not memo:
+            entry = self.big[id(memo)] = (memo, [0], [])
+        _, seen, big = entry
+        for p in self.tools[seen[0]:]:
+            bisect.insort(big, (tokens[p], p))
+        seen[0] = len(self.tools)
+        return sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(tokens))):])
 
     def costs(self, graph: ContextGraph, signals: Signals, tokens: list[int], memo: Any) -> list[int]:
         """Each block's :func:`block_tokens` without oversized forms, kept per token memo (0 for
@@ -310,11 +323,11 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
         snap = _Blocks(list(index.blocks), list(index.firsts), list(index.users), list(index.systems),
                        list(index.tools), {}, {}, dict(index.steps))
         costs = index.costs(graph, signals, tokens, memo)
+        over = index.over(tokens, memo, budget) if budget is not None else []
         incomplete, result_block = set(index.incomplete), dict(index.result_block)
     msgs, counter = graph.messages, signals.counter
     if budget is not None:  # the oversized results (oversized_excerpt is None for one within B), ascending
-        snap.forms = {p: f for p in snap.tools if tokens[p] > budget
-                      and (f := oversized_excerpt(msgs[p], tokens[p], budget, counter)) is not None}
+        snap.forms = {p: f for p in over if (f := oversized_excerpt(msgs[p], tokens[p], budget, counter)) is not None}
     count, forms, blocks = counter.count_message, snap.forms, snap.blocks
     for k in {result_block[p] for p in forms if p in result_block}:
         if k not in incomplete:
@@ -837,15 +850,31 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
         history += count(marker)
         run.clear()
 
+    # The render order (results directly after their call), walked over its kept entries: each
+    # entry left out that is not a result starts a dropped step of the current run (its block's
+    # positions), found for all entries at once; a kept message that is not a result closes the run
+    order = kept_render_order(graph, signals.counter)
+    order_arr = np.fromiter(order, dtype=np.int64, count=len(order))
+    keep_mask = np.zeros(len(msgs), dtype=bool)
+    keep_mask[list(keep)] = True
+    tool_mask = np.zeros(len(msgs), dtype=bool)
+    tool_mask[tools] = True
+    kept_here = keep_mask[order_arr]
+    gone = ~kept_here & ~tool_mask[order_arr]
+    gone_pos = order_arr[gone].tolist()
     steps = index.steps if index is not None else {}  # (a dropped step's positions: its block's)
-    for p in kept_render_order(graph, signals.counter):  # results directly after their call
-        if p not in keep:
-            if msgs[p].role != "tool":
-                step = steps.get(p)
-                run.append(step if step is not None else
-                           [p] + [graph.result_of[c.id] for c in msgs[p].tool_calls if c.id in graph.result_of])
-            continue
-        if graph.messages[p].role != "tool":
+    gone_steps: list[Sequence[int] | None] = list(map(steps.get, gone_pos))
+    if None in gone_steps:
+        for i, step in enumerate(gone_steps):
+            if step is None:
+                q = gone_pos[i]
+                gone_steps[i] = [q] + [graph.result_of[c.id] for c in msgs[q].tool_calls if c.id in graph.result_of]
+    walked = 0
+    for p, gone_before in zip(order_arr[kept_here].tolist(), np.cumsum(gone)[kept_here].tolist()):
+        if gone_before > walked:
+            run.extend(gone_steps[walked:gone_before])  # type: ignore[arg-type]  # (no None left)
+            walked = gone_before
+        if msgs[p].role != "tool":
             mark()
         m = forms.get(p, graph.messages[p])
         if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
@@ -857,6 +886,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
             out.append(s)
             positions.append(None)
             history += count(s)
+    run.extend(gone_steps[walked:])  # type: ignore[arg-type]
     mark()
     n = len(graph)
     if plain is None:
@@ -873,10 +903,15 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
                       if forms[p].rendered_as == "excerpt" else
                       "placeholder: its block opens the active tool loop (protected) and its results do not fit")
         return out
+    kept_now = np.zeros(len(msgs), dtype=bool)  # keep after the walk (a reply joined to a run left it)
+    kept_now[list(keep)] = True
+    tool_arr = np.asarray(tools, dtype=np.int64)
+    shown_full = kept_now[tool_arr]
+    if forms:
+        shown_full &= ~np.isin(tool_arr, np.fromiter(forms, dtype=np.int64, count=len(forms)))
     r = Rendering(policy=name, budget=budget, messages=out, positions=positions,
-                  full=[p for p in tools if p in keep and p not in forms],
-                  omitted=[p for p in tools if p not in keep or p in forms],
-                  dropped=[p for p in range(len(graph)) if p not in keep], history_tokens=history,
+                  full=tool_arr[shown_full].tolist(), omitted=tool_arr[~shown_full].tolist(),
+                  dropped=(~kept_now).nonzero()[0].tolist(), history_tokens=history,
                   input_tokens=sum(count(m) for m in out), stats=stats)
     r.defer_reasons(reasons)
     return r
