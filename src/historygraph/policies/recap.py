@@ -195,8 +195,9 @@ class _BlockIndex:
         self.blocks: list[Block] = []
         self.firsts: list[int] = []           # blocks[k].positions[0], ascending
         self.calls_at: dict[int, int] = {}    # position of an assistant message with calls -> its block
-        self.steps: dict[int, tuple[int, ...]] = {}  # a block's first position -> the block's positions
-        self.result_block: dict[int, int] = {}  # a result's position -> the block that held it (a superset)
+        # a block's first position -> the block's positions; only added to, replaced on a rebuild
+        self.steps: dict[int, tuple[int, ...]] = {}
+        self.result_block: dict[int, int] = {}  # a result's position -> the block that held it (a superset; as steps)
         self.incomplete: set[int] = set()     # blocks of a message with a call without a result
         self.rebuilt: list[int] = []
         self.users: list[int] = []
@@ -249,6 +250,8 @@ class _BlockIndex:
                 owner = graph.call_owner.get(m.tool_call_id or "")
                 if owner is not None and owner < n0:  # its call's block was built before it was stored
                     k = self.calls_at[owner]
+                    # new dicts, not changed in place: a render may still read the ones it was given
+                    self.steps, self.result_block = dict(self.steps), dict(self.result_block)
                     out[k] = self._call_block(graph, owner, k)
                     self.steps[owner] = out[k].positions
                     self.rebuilt.append(k)
@@ -296,17 +299,18 @@ _BLOCKS_LOCK = threading.Lock()
 @dataclass
 class _Blocks:
     """A snapshot of a graph's :class:`_BlockIndex` for one render (lists copied): the blocks,
-    their first positions, the positions of the user, system and tool messages, and each
-    block's cost (:func:`block_costs` with the render's oversized ``forms``)."""
+    their first positions, the positions of the user, system and tool messages, each block's
+    cost by block id (:func:`block_costs` with the render's oversized ``forms``) and the blocks'
+    positions by first position."""
 
     blocks: list[Block]
     firsts: list[int]
     users: list[int]
     systems: list[int]
     tools: list[int]
-    cost: dict[int, int]
+    costs: list[int]
     forms: dict[int, Message]
-    steps: dict[int, tuple[int, ...]]
+    steps: dict[int, tuple[int, ...]]  # (the index's own: only read)
 
 
 def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signals: Signals) -> _Blocks:
@@ -321,10 +325,10 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
             index = _BLOCKS[graph][segment] = _BlockIndex(segment)
         index.update(graph)
         snap = _Blocks(list(index.blocks), list(index.firsts), list(index.users), list(index.systems),
-                       list(index.tools), {}, {}, dict(index.steps))
+                       list(index.tools), [], {}, index.steps)
         costs = index.costs(graph, signals, tokens, memo)
         over = index.over(tokens, memo, budget) if budget is not None else []
-        incomplete, result_block = set(index.incomplete), dict(index.result_block)
+        incomplete, result_block = set(index.incomplete), index.result_block  # (replaced, not changed, on a rebuild)
     msgs, counter = graph.messages, signals.counter
     if budget is not None:  # the oversized results (oversized_excerpt is None for one within B), ascending
         snap.forms = {p: f for p in over if (f := oversized_excerpt(msgs[p], tokens[p], budget, counter)) is not None}
@@ -334,7 +338,7 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
             costs[k] = sum(count(forms[p]) if p in forms else tokens[p] for p in blocks[k].positions)
     for k in sorted(incomplete):
         costs[k] = block_tokens(graph, blocks[k], signals, forms)
-    snap.cost = dict(enumerate(costs))
+    snap.costs = costs
     return snap
 
 
@@ -503,13 +507,13 @@ class Recap:
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         st = self.state(graph)
         ix = indexed_blocks(graph, self.config.segment, budget, signals)
-        blocks, users, forms, cost = ix.blocks, ix.users, ix.forms, ix.cost
+        blocks, users, forms, costs = ix.blocks, ix.users, ix.forms, ix.costs
         current = users[-1] if users else None
         plain = blocks if self.config.segment == "message" else None  # = build_blocks(graph)
         at = bisect.bisect_left(ix.firsts, current) if current is not None else len(blocks)
         if at < len(blocks) and blocks[at].positions[0] == current:  # the current user message's block (one)
             hist = blocks[:at] + blocks[at + 1:]
-            current_cost = cost[at]
+            current_cost = costs[at]
         else:
             hist, current_cost = blocks, 0
         new_turn = current is not None and current != st.turn_user
@@ -521,7 +525,7 @@ class Recap:
             st.turn_user = st.segment_start = current
         # the whole history's tokens: every block's cost but the current user message's (outside B);
         # a segment's cost is an upper bound, so segmented blocks are assembled to know
-        whole_tokens = sum(cost.values()) - current_cost if self.config.segment == "message" else None
+        whole_tokens = sum(costs) - current_cost if self.config.segment == "message" else None
         if budget is None or whole_tokens is None or whole_tokens <= budget:
             whole = assemble(self.name, graph, blocks, budget, signals, {"compaction": 0}, forms, plain, ix)
             if budget is None or whole.history_tokens <= budget:
@@ -543,6 +547,7 @@ class Recap:
             self.update(st, graph, blocks, [blocks[i] for i in ids if i < len(blocks)], start, signals)
         st.pending.clear()
         t1 = time.perf_counter()
+        cost = dict(enumerate(costs))  # block id -> tokens (select may change an entry)
         chosen = self.select(st, graph, hist, cost, budget, len(users), signals, forms)
         stats.update(compaction=1, attention_s=t1 - t0, selection_s=time.perf_counter() - t1,
                      graph_bytes=st.graph_bytes())
