@@ -88,6 +88,9 @@ def test_bad_input_names_what_is_wrong():
     msgs = openai_conversation()
     with pytest.raises(EventError, match=r"messages\[2\]"):
         render_messages([msgs[1], msgs[1], {"role": "wizard", "content": "x"}], budget=400)
+    call = {"type": "function", "function": {"name": "bash", "arguments": "{}"}}  # the second call has no id
+    with pytest.raises(EventError, match=r"^messages\[1\]: tool_calls\[1\]\.id is missing$"):
+        render_messages([msgs[1], {"role": "assistant", "content": None, "tool_calls": [dict(call, id="a"), call]}], budget=400)
     with pytest.raises(ValueError, match="budget must be a positive integer"):
         render_messages(msgs, budget=0, policy="prune")
     with pytest.raises(PolicyError, match="unknown policy 'prun'") as exc:

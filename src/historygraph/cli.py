@@ -330,7 +330,7 @@ def replay(
         if r["source"] == "ALL" and r["budget_errors"]:
             err.print(f"[yellow]warning:[/] {r['policy']}: B = {r['budget']} tokens could not hold the protected history "
                       f"(first user message, latest assistant turn) in {r['budget_errors']} of {r['invocations']} "
-                      "invocations; those renderings count as showing nothing (raise --budget)")
+                      "invocations; those renderings count as showing nothing (raise --budget)", soft_wrap=True)
     console.print(f"wall time {wall:.1f} s, peak memory {'n/a' if peak_mb is None else f'{peak_mb:.0f} MB'}, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
     console.print("wrote " + ", ".join(str(p) for p in written.values()), markup=False, highlight=False, soft_wrap=True)
