@@ -17,5 +17,5 @@ esac
 # quiet by default; a -q or -v of the caller replaces it (two -q would hide the summary line)
 case " $* " in
   *" -q"*|*" -v"*|*" --quiet"*|*" --verbose"*) exec .venv/bin/python -m pytest ${par[@]+"${par[@]}"} "$@" ;;
-  *) exec .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@" ;;
+  *) exec .venv/bin/python -m pytest -q -rs ${par[@]+"${par[@]}"} "$@" ;;
 esac

@@ -229,7 +229,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     """Write ``report.html``, ``report.md`` and ``report-files/*.png`` into ``run_dir``; returns the
     paths by kind. ``progress`` (optional) is told each step before it runs: reading the run, then
     each figure. Raises :class:`ReportError` (see :func:`load_run`, :func:`pick_timeline`)."""
-    if progress:
+    if progress and (run_dir / "replay.json").is_file():  # a missing run: load_run's error alone
         progress(f"reading {run_dir / 'replay.json'}")
     run = load_run(run_dir)
     b = headline_budget(run, budget)
