@@ -65,11 +65,14 @@ def idf(word: str, df: dict[str, int], n_docs: int) -> float:
 def idf_overlap(query: set[str], docs: Sequence[set[str]]) -> list[float]:
     """``r_t(v)`` for every identifier set in ``docs`` against the request identifiers ``query``.
 
-    Returns one value in [0, 1] per document, in order; all zeros when ``query`` is empty.
+    Returns one value in [0, 1] per document, in order; all zeros when ``query`` is empty. The sums
+    are exactly rounded (``math.fsum``): a set's order, and with it a plain float sum's last bit,
+    changes with the process's string hash seed, so two blocks with equal overlap tied in one
+    process and not in another (ReCAP's selection then differed between runs of the same replay).
     """
     if not query:
         return [0.0] * len(docs)
     df = document_frequency(docs)
     weight = {w: idf(w, df, len(docs)) for w in query}
-    total = sum(weight.values())
-    return [sum(weight[w] for w in query & d) / total for d in docs]
+    total = math.fsum(weight.values())
+    return [math.fsum(weight[w] for w in query & d) / total for d in docs]
