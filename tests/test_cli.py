@@ -411,3 +411,13 @@ def test_replay_names_its_store_on_one_line_however_long(tmp_path):
     assert res.exit_code == 0, res.output
     first = res.output.splitlines()[0]
     assert first.startswith("Replaying 1 trajectory") and first.endswith(f"store: {store}")
+
+
+def test_render_and_serve_check_the_budget_as_replay_does(tmp_path):
+    # render said "Invalid value for '--budget' / '-b': Input should be greater than or equal to 1"
+    # while replay named the value and the rule; all three commands now say the same, before any work
+    res = runner.invoke(app, ["render", "s", "-b", "0", "--store", str(tmp_path / "none.sqlite")])
+    assert res.exit_code == 2 and "--budget '0': '0' is not a whole number of tokens >= 1" in res.output
+    assert not (tmp_path / "none.sqlite").exists()
+    res = runner.invoke(app, ["serve", "-b", "3000,6000"])
+    assert res.exit_code == 2 and "give one budget here" in res.output

@@ -353,6 +353,14 @@ def _budgets(text: str) -> list[int]:
     return out
 
 
+def _one_budget(text: str) -> int:
+    """``--budget`` of a command that takes one budget, checked as replay checks its list."""
+    budgets = _budgets(text)
+    if len(budgets) > 1:
+        _fail(f"--budget {text!r}: give one budget here (replay sweeps a comma-separated list)")
+    return budgets[0]
+
+
 _worker: tuple = ()
 
 
@@ -548,7 +556,7 @@ def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option
 def render(
     session: SessionArgument,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = DEFAULT_POLICY,
-    budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="History budget B in tokens.")] = 6000,
+    budget_text: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (a whole number >= 1).")] = "6000",
     at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "
                                                           "input of the call that produced it). Default: all, the next call.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
@@ -559,6 +567,7 @@ def render(
 ) -> None:
     """Show what a policy keeps of a stored session under B: each message's form, tokens and reason,
     and the ids of the omitted tool results (fetch one with 'show SESSION --result ID')."""
+    budget = _one_budget(budget_text)
     if policy not in REGISTRY:
         _unknown_policy(policy)
     if encoding not in ENCODINGS:
@@ -619,7 +628,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
     store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: the user data dir.")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = DEFAULT_POLICY,
-    budget: Annotated[int, typer.Option("--budget", "-b", min=1, help="Default history budget in tokens (header X-HistoryGraph-Budget overrides).")] = 6000,
+    budget_text: Annotated[str, typer.Option("--budget", "-b", help="Default history budget in tokens, a whole number >= 1 (header X-HistoryGraph-Budget overrides).")] = "6000",
     auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 20_000_000,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the upstream (connect and between bytes); then 502.")] = 600.0,
@@ -636,6 +645,7 @@ def serve(
     session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = 256,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
+    budget = _one_budget(budget_text)
     try:
         import uvicorn
 
