@@ -277,15 +277,22 @@ def test_labels_are_observed_reuse_of_tfa():
         labels(ex, "tfa")
 
 
-@pytest.mark.slow
-def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces_dir):
+def fit_two_real_traces_twice(tmp_path, traces_dir, objective):
+    """Two real mini-swe-agent trajectories, fitted twice with ``objective``: the model (the two
+    files are asserted byte-identical), the traces and the token counter."""
     from historygraph.formats import read_traces
     traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
               for f in ("django__django-11099.traj.json", "marshmallow-code__marshmallow-1359.traj.json")]
     counter = Signals().counter
-    a = fit_traces(traces, tmp_path / "a.json", counter, objective="logistic")
-    fit_traces(traces, tmp_path / "b.json", counter, objective="logistic")
+    model = fit_traces(traces, tmp_path / "a.json", counter, objective=objective)
+    fit_traces(traces, tmp_path / "b.json", counter, objective=objective)
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    return model, traces, counter
+
+
+@pytest.mark.slow
+def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces_dir):
+    a, _, _ = fit_two_real_traces_twice(tmp_path, traces_dir, "logistic")
     coef = dict(zip(a.features, a.coef))
     assert coef["reuse_turns"] > 0  # results reused before are reused again
 
@@ -295,13 +302,7 @@ def test_lambdarank_fit_is_deterministic_and_reads_as_lightgbm_scores(tmp_path, 
     import lightgbm
 
     from historygraph.fit.train import TREE_PARAMS, examples
-    from historygraph.formats import read_traces
-    traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
-              for f in ("django__django-11099.traj.json", "marshmallow-code__marshmallow-1359.traj.json")]
-    counter = Signals().counter
-    a = fit_traces(traces, tmp_path / "a.json", counter, objective="lambdarank")
-    fit_traces(traces, tmp_path / "b.json", counter, objective="lambdarank")
-    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    a, traces, counter = fit_two_real_traces_twice(tmp_path, traces_dir, "lambdarank")
     assert isinstance(a, TreeReuseModel) and a.meta["objective"] == "lambdarank" and a.calibration[0] > 0
     ex = examples(traces, counter)
     ranker = lightgbm.LGBMRanker(**TREE_PARAMS).fit(ex.X, labels(ex).astype(int), group=invocation_sizes(ex))

@@ -89,14 +89,20 @@ def static():
     return StaticEmbedder()
 
 
-def test_static_embedder_is_a_real_sentence_model_and_minilm_the_default(static):
-    v = static.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today.", ""])
-    assert v.shape == (4, 64) and v.dtype == np.float32
+@pytest.mark.parametrize(("fixture", "dim", "model"), [("static", 64, "tokenlearn-static-10k-64d"),
+                                                       ("wordllama", 256, "wordllama-l2-supercat-256")])
+def test_the_fast_embedders_are_real_sentence_models(request, fixture, dim, model):
+    e = request.getfixturevalue(fixture)
+    v = e.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today.", ""])
+    assert v.shape == (4, dim) and v.dtype == np.float32
     assert np.allclose(np.linalg.norm(v[:3], axis=1), 1.0, atol=1e-5) and not v[3].any()  # no token: zero vector
     assert v[0] @ v[1] > 0.6 > 0.2 > v[0] @ v[2]
-    assert static.model == "tokenlearn-static-10k-64d"
+    assert e.model == model
+    assert e.embed([]).shape == (0, dim)
+
+
+def test_minilm_is_the_default_embedder():
     assert isinstance(default_embedder(), MiniLMEmbedder)  # the static package declares no licence (opt-in extra)
-    assert static.embed([]).shape == (0, 64)
 
 
 def test_static_embedder_gives_the_packages_own_vectors(static, traces_dir):
@@ -139,15 +145,6 @@ def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
 @pytest.fixture(scope="module")
 def wordllama():
     return WordLlamaEmbedder()
-
-
-def test_wordllama_embedder_is_a_real_sentence_model(wordllama):
-    v = wordllama.embed(["A man is eating food.", "A man is eating a piece of bread.", "The stock market crashed today.", ""])
-    assert v.shape == (4, 256) and v.dtype == np.float32
-    assert np.allclose(np.linalg.norm(v[:3], axis=1), 1.0, atol=1e-5) and not v[3].any()  # no token: zero vector
-    assert v[0] @ v[1] > 0.6 > 0.2 > v[0] @ v[2]
-    assert wordllama.model == "wordllama-l2-supercat-256"
-    assert wordllama.embed([]).shape == (0, 256)
 
 
 def test_wordllama_embedder_gives_the_packages_own_vectors(wordllama, traces_dir):
