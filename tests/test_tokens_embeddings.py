@@ -119,14 +119,17 @@ def test_static_embedder_gives_the_packages_own_vectors(static, traces_dir):
     assert np.abs(static.embed(texts) - np.asarray(get_embeddings(texts), dtype=np.float32)).max() < 1e-5
 
 
-def test_static_truncation_length_is_part_of_the_model_name(static):
+@pytest.mark.parametrize(("fixture", "cls", "model"), [("static", "StaticEmbedder", "tokenlearn-static-10k-64d"),
+                                                       ("wordllama", "WordLlamaEmbedder", "wordllama-l2-supercat-256")])
+def test_the_fast_embedders_truncation_is_part_of_the_model_name(request, fixture, cls, model):
+    full, embedder = request.getfixturevalue(fixture), {"StaticEmbedder": StaticEmbedder, "WordLlamaEmbedder": WordLlamaEmbedder}[cls]
     short, long = "hi there", " ".join(f"word{i}" for i in range(400))
-    at16 = StaticEmbedder(max_tokens=16)
-    assert at16.model == "tokenlearn-static-10k-64d@16"
-    a, b = static.embed([short, long]), at16.embed([short, long])
+    at16 = embedder(max_tokens=16)
+    assert at16.model == f"{model}@16"
+    a, b = full.embed([short, long]), at16.embed([short, long])
     assert np.allclose(a[0], b[0]) and not np.allclose(a[1], b[1], atol=1e-2)
     with pytest.raises(ValueError, match="max_tokens"):
-        StaticEmbedder(max_tokens=0)
+        embedder(max_tokens=0)
 
 
 def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
@@ -138,6 +141,8 @@ def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
                       MiniLMEmbedder)
     assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="static")).signals.embedder.inner,
                       StaticEmbedder)
+    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="wordllama")).signals.embedder.inner,
+                      WordLlamaEmbedder)
     with pytest.raises(ValueError, match="unknown embedder 'nope'; choose one of static, minilm, wordllama"):
         ServerConfig(store=":memory:", embedder="nope")
 
@@ -171,20 +176,6 @@ def test_wordllama_embedder_gives_the_packages_own_vectors(wordllama, traces_dir
              if m.role == "tool" and m.content][:60]
     assert len(texts) == 60 and max(map(len, texts)) > 8000
     assert np.abs(wordllama.embed(texts) - ref.embed(texts, norm=True, batch_size=8)).max() < 1e-5
-
-
-def test_wordllama_truncation_is_part_of_the_model_name_and_the_proxy_takes_it(wordllama):
-    from historygraph.server.app import Proxy, ServerConfig
-
-    short, long = "hi there", " ".join(f"word{i}" for i in range(400))
-    at16 = WordLlamaEmbedder(max_tokens=16)
-    assert at16.model == "wordllama-l2-supercat-256@16"
-    a, b = wordllama.embed([short, long]), at16.embed([short, long])
-    assert np.allclose(a[0], b[0]) and not np.allclose(a[1], b[1], atol=1e-2)
-    with pytest.raises(ValueError, match="max_tokens"):
-        WordLlamaEmbedder(max_tokens=0)
-    assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune", embedder="wordllama")).signals.embedder.inner,
-                      WordLlamaEmbedder)
 
 
 class _SlowUnit:
