@@ -341,13 +341,13 @@ def replay(
         raise typer.Exit(1)
 
 
-def _budgets(text: str) -> list[int]:
+def _budgets(text: str, hint: str = " (give one, or a comma-separated list)") -> list[int]:
     """``6000`` or ``2000,3000,6000``: distinct whole numbers >= 1, in the order given."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
-            _fail(f"--budget {text!r}: {part!r} is not a whole number of tokens >= 1 (give one, or a comma-separated list)")
+            _fail(f"--budget {text!r}: {part!r} is not a whole number of tokens >= 1{hint}")
         if int(part) not in out:
             out.append(int(part))
     return out
@@ -355,7 +355,7 @@ def _budgets(text: str) -> list[int]:
 
 def _one_budget(text: str) -> int:
     """``--budget`` of a command that takes one budget, checked as replay checks its list."""
-    budgets = _budgets(text)
+    budgets = _budgets(text, hint="")
     if len(budgets) > 1:
         _fail(f"--budget {text!r}: give one budget here (replay sweeps a comma-separated list)")
     return budgets[0]
