@@ -345,7 +345,7 @@ def test_a_reopened_view_starts_from_its_snapshot(tmp_path, monkeypatch):
     """A view kept as a snapshot (steps.view) is read whole on reopen: the steps it holds extract
     nothing and read no feature row until a caller looks at their files (then the step's row is
     read); the view is extended with the messages appended since and equals a fresh graph's."""
-    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     path = tmp_path / "s.sqlite"
     s = SQLiteStore(path)
     s.create_session("s")
@@ -380,13 +380,13 @@ def test_a_view_snapshot_is_used_only_for_the_same_steps():
     early = EVENTS[:4] + [Message("assistant", "meanwhile", (call("c9", "ls utils"),)),
                           Message("tool", "dates.py", tool_call_id="c9")]
     late = early + [EVENTS[4]]  # the pytest result arrives after the next step
-    old = steps_mod.SNAPSHOT_MIN
-    steps_mod.SNAPSHOT_MIN = 4
+    old = derived_mod.SNAPSHOT_MIN
+    derived_mod.SNAPSHOT_MIN = 4
     try:
         g = ContextGraph("s", early, derived=Derived(persist=True))
         lowcost_steps(g)
     finally:
-        steps_mod.SNAPSHOT_MIN = old
+        derived_mod.SNAPSHOT_MIN = old
     rows, _ = g.derived.take()
     (snap,) = [r for r in rows if r[0].startswith("steps.view:")]
     data = json.loads(snap[3])
@@ -409,7 +409,7 @@ def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):
     with the messages appended since: the feature matrix is bit for bit a fresh graph's, and so
     is every result's facts (built when asked for); no stored result is extracted again except
     the ones a render asks the facts of (the newest)."""
-    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     counter = TokenCounter()
     path = tmp_path / "s.sqlite"
     s = SQLiteStore(path)
@@ -445,7 +445,7 @@ def test_bm25_index_starts_from_its_snapshot(tmp_path, monkeypatch):
     that grew and one that lost members (whose tokens are then read)."""
     from historygraph.policies.retrieval import BM25_SNAPSHOT, bm25_index, bm25_scores
 
-    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     path = tmp_path / "s.sqlite"
     s = SQLiteStore(path)
     s.create_session("s")
@@ -487,7 +487,7 @@ def test_snapshot_arrays_come_back_byte_for_byte(a):
 def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):
     """A learned.graph snapshot whose results are not the graph's first results (here: forged,
     or another encoding) is not used: the state is built from the messages."""
-    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     counter = TokenCounter()
     g = ContextGraph("s", EVENTS, derived=Derived(persist=True))
     want = features_mod.feature_matrix(g, g.results(), counter)

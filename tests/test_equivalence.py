@@ -984,10 +984,10 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
     (so both traces reopen from snapshots taken at shorter lengths)."""
     import sqlite3
 
-    from historygraph.signals import steps as steps_mod
+    from historygraph import derived as derived_mod
     from historygraph.store import SQLiteStore
 
-    monkeypatch.setattr(steps_mod, "SNAPSHOT_MIN", 4)
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
 
     signals = Signals(counter=TokenCounter(), embedder_factory=GridEmbedder)
     pol = create(policy)

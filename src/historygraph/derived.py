@@ -89,6 +89,20 @@ class DerivedKind:
         return source_version(self.modules)
 
 
+SNAPSHOT_MIN = 64
+"""Messages a graph holds before a per-graph snapshot (a step view, learned's facts, the BM25
+index) is kept with it."""
+SNAPSHOT_GROWTH = 1.25
+"""A snapshot is replaced once the graph holds this many times the messages of the last one
+(amortised O(1) per message: each snapshot is O(n))."""
+
+
+def snapshot_due(messages: int, kept: int) -> bool:
+    """Whether a graph of ``messages`` messages whose last snapshot (read or put) was taken at
+    ``kept`` messages should put a new one (:data:`SNAPSHOT_MIN`, :data:`SNAPSHOT_GROWTH`)."""
+    return messages >= SNAPSHOT_MIN and messages >= SNAPSHOT_GROWTH * kept
+
+
 class Derived:
     """The derived rows of one graph: those read from the store, and those computed since.
 

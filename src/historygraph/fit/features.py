@@ -74,11 +74,10 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind
+from ..derived import DerivedKind, snapshot_due
 from ..events import Message, ToolCall
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
-from ..signals import steps as _steps
 from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
 from ..signals.tokens import TokenCounter
 
@@ -106,7 +105,7 @@ FACTS_SNAPSHOT = DerivedKind("learned.graph", ("historygraph.fit.features", "his
                                                 "historygraph.signals.reuse", "historygraph.graph"))
 """A derived row (position 0) holding the per-graph state of :func:`graph_facts` at a known number
 of messages (:func:`_pack_facts`), rewritten when the session has grown by a quarter (as the step
-view's snapshot, :data:`historygraph.signals.steps.SNAPSHOT_GROWTH`), so that a reopened
+view's snapshot, :data:`historygraph.derived.SNAPSHOT_GROWTH`), so that a reopened
 session's first render starts from it instead of rebuilding every result's facts."""
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
@@ -527,8 +526,7 @@ def _keep_facts(graph: ContextGraph, gf: _GraphFacts, counter: TokenCounter) -> 
     """Put ``gf``'s snapshot for the store to write when the graph has grown by a quarter since the
     last one (read or put)."""
     n = gf.upto
-    if graph.derived.persist and type(counter) is TokenCounter and n >= _steps.SNAPSHOT_MIN \
-            and n >= _steps.SNAPSHOT_GROWTH * gf.kept:
+    if graph.derived.persist and type(counter) is TokenCounter and snapshot_due(n, gf.kept):
         graph.derived.put_json(FACTS_SNAPSHOT, 0, msgspec.json.encode(_pack_facts(gf)).decode())
         gf.kept = n
 

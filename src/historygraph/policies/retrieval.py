@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind
+from ..derived import DerivedKind, snapshot_due
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
@@ -224,7 +224,7 @@ def _bm25_tokens(texts: list[str]) -> list[list[str]]:
 BM25_SNAPSHOT = DerivedKind("bm25.index", BM25_TOKENS.modules)
 """A derived row (position 0) holding a :class:`BM25Index`'s corpus, lengths and postings
 (:meth:`BM25Index._pack`), rewritten when the session has grown by a quarter (as the step view's
-snapshot, :data:`historygraph.signals.steps.SNAPSHOT_GROWTH`), so that a reopened session's first
+snapshot, :data:`historygraph.derived.SNAPSHOT_GROWTH`), so that a reopened session's first
 render starts from it instead of adding every older result's terms."""
 
 
@@ -356,10 +356,8 @@ class BM25Index:
         self.kept = data["upto"]
 
     def _keep(self, graph: ContextGraph) -> None:
-        from ..signals import steps
-
         n = len(graph.messages)
-        if graph.derived.persist and n >= steps.SNAPSHOT_MIN and n >= steps.SNAPSHOT_GROWTH * self.kept:
+        if graph.derived.persist and snapshot_due(n, self.kept):
             graph.derived.put_json(BM25_SNAPSHOT, 0, msgspec.json.encode(self._pack(n)).decode())
             self.kept = n
 

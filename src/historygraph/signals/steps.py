@@ -60,7 +60,7 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind
+from ..derived import DerivedKind, snapshot_due
 from ..events import Message
 from ..graph import ContextGraph
 from .tests import TestRun, parse_test_output, supersedes, validation_status
@@ -363,13 +363,6 @@ def _view(graph: ContextGraph, selector: Selector, selector_key: str) -> list[St
         return view.steps
 
 
-SNAPSHOT_MIN = 64
-"""Messages a graph holds before its view is kept as a snapshot (:func:`view_kind`)."""
-SNAPSHOT_GROWTH = 1.25
-"""A view's snapshot is replaced once the graph holds this many times the messages of the last
-one (amortised O(1) per message: each snapshot is O(n))."""
-
-
 def view_kind(stored_as: str) -> DerivedKind:
     """The derived row (position 0) of a whole view of a pure selector's steps at a known number of
     messages: ``{"upto", "steps": [[position, results, status, superseded_by, parents, test run],
@@ -421,12 +414,12 @@ def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, 
 
 def _keep(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
     """Put the view's snapshot (:func:`view_kind`) for the store to write, when the graph has grown
-    by :data:`SNAPSHOT_GROWTH` since the last one (read or put) and the per-graph index holds
+    by :data:`historygraph.derived.SNAPSHOT_GROWTH` since the last one (read or put) and the per-graph index holds
     exactly this view's steps."""
     stored_as = getattr(selector, "stored_as", None)
     n = len(graph.messages)
     kept = cache.setdefault("kept", {})
-    if stored_as is None or not graph.derived.persist or n < SNAPSHOT_MIN or n < SNAPSHOT_GROWTH * kept.get(selector_key, 0):
+    if stored_as is None or not graph.derived.persist or not snapshot_due(n, kept.get(selector_key, 0)):
         return
     steps = view.steps
     data: dict = {"upto": view.upto,
