@@ -478,10 +478,10 @@ def test_snapshot_arrays_come_back_byte_for_byte(a):
     for dtype in (np.float64, np.int64):
         x = np.array(a, dtype=np.float64).astype(dtype) if dtype is np.float64 or not np.isnan(np.array(a, dtype=float)).any() \
             else np.zeros(0, dtype)
-        y = features_mod._unpack_array(features_mod._pack_array(x))
+        y = derived_mod.unpack_array(derived_mod.pack_array(x))
         assert (y.dtype, y.shape, y.tobytes()) == (x.dtype, x.shape, x.tobytes())
     big = np.array([2**40, 1], dtype=np.int64)
-    assert features_mod._pack_array(big)[3] == "<i8" and features_mod._unpack_array(features_mod._pack_array(big)).tolist() == [2**40, 1]
+    assert derived_mod.pack_array(big)[3] == "<i8" and derived_mod.unpack_array(derived_mod.pack_array(big)).tolist() == [2**40, 1]
 
 
 def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):

@@ -33,6 +33,7 @@ rows that collects nothing; its consumers keep their in-process caches as before
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import json
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import msgspec
+import numpy as np
 
 Row = tuple[str, str, int, str]
 """One stored row: ``(kind name, version, position, JSON data)``."""
@@ -101,6 +103,27 @@ def snapshot_due(messages: int, kept: int) -> bool:
     """Whether a graph of ``messages`` messages whose last snapshot (read or put) was taken at
     ``kept`` messages should put a new one (:data:`SNAPSHOT_MIN`, :data:`SNAPSHOT_GROWTH`)."""
     return messages >= SNAPSHOT_MIN and messages >= SNAPSHOT_GROWTH * kept
+
+
+def pack_array(a: np.ndarray) -> list:
+    """``[dtype, shape, base64 of the bytes, stored dtype]``: the bytes in the narrowest of
+    ``uint8`` / ``int32`` that gives back the same bytes (0/1 flags, row numbers), else as they are."""
+    a = np.ascontiguousarray(a)
+    stored = a
+    for narrow in (np.uint8, np.int32):
+        if a.dtype.itemsize > np.dtype(narrow).itemsize and a.size:
+            with np.errstate(invalid="ignore", over="ignore"):
+                c = a.astype(narrow)
+            if c.astype(a.dtype).tobytes() == a.tobytes():
+                stored = c
+                break
+    return [a.dtype.str, list(a.shape), base64.b64encode(stored.tobytes()).decode(), stored.dtype.str]
+
+
+def unpack_array(d: list) -> np.ndarray:
+    """The array :func:`pack_array` packed (its own dtype and shape)."""
+    dtype, shape, data, stored = d
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(stored)).astype(np.dtype(dtype)).reshape(shape)
 
 
 class Derived:

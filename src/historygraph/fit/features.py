@@ -62,7 +62,6 @@ grown by a quarter, so a reopened session's first render starts from it and exte
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import re
@@ -74,7 +73,7 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, snapshot_due
+from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from ..events import Message, ToolCall
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
@@ -420,26 +419,6 @@ class _GraphFacts:
 _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKeyDictionary()
 
 
-def _pack_array(a: np.ndarray) -> list:
-    """``[dtype, shape, base64 of the bytes, stored dtype]``: the bytes in the narrowest of
-    ``uint8`` / ``int32`` that gives back the same bytes (0/1 flags, row numbers), else as they are."""
-    a = np.ascontiguousarray(a)
-    stored = a
-    for narrow in (np.uint8, np.int32):
-        if a.dtype.itemsize > np.dtype(narrow).itemsize and a.size:
-            with np.errstate(invalid="ignore", over="ignore"):
-                c = a.astype(narrow)
-            if c.astype(a.dtype).tobytes() == a.tobytes():
-                stored = c
-                break
-    return [a.dtype.str, list(a.shape), base64.b64encode(stored.tobytes()).decode(), stored.dtype.str]
-
-
-def _unpack_array(d: list) -> np.ndarray:
-    dtype, shape, data, stored = d
-    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(stored)).astype(np.dtype(dtype)).reshape(shape)
-
-
 def _grow_of(a: np.ndarray) -> _Grow:
     g = _Grow.__new__(_Grow)
     g.a = np.zeros((max(64, 2 * len(a)),) + a.shape[1:], a.dtype)
@@ -465,13 +444,13 @@ def _pack_facts(gf: _GraphFacts) -> dict[str, Any]:
     for name in _DICTS:
         data[name] = getattr(gf, name)
     for name in _ARRAYS:
-        data[name] = _pack_array(getattr(gf, name).view())
+        data[name] = pack_array(getattr(gf, name).view())
     for name in _FLATS:
         fl: _Flat = getattr(gf, name)
         fl._flush()
-        data[name] = [list(fl.vocab), _pack_array(fl.rows.view()), _pack_array(fl.ids.view()), _pack_array(fl.own.view()),
-                      _pack_array(fl.df.view()), fl._indexed, _pack_array(fl._post_rows), _pack_array(fl._post_own),
-                      _pack_array(fl._indptr)]
+        data[name] = [list(fl.vocab), pack_array(fl.rows.view()), pack_array(fl.ids.view()), pack_array(fl.own.view()),
+                      pack_array(fl.df.view()), fl._indexed, pack_array(fl._post_rows), pack_array(fl._post_own),
+                      pack_array(fl._indptr)]
     return data
 
 
@@ -496,14 +475,14 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _Gra
     for name in _DICTS:
         setattr(gf, name, data[name])
     for name in _ARRAYS:
-        setattr(gf, name, _grow_of(_unpack_array(data[name])))
+        setattr(gf, name, _grow_of(unpack_array(data[name])))
     for name in _FLATS:
         vocab, rows_, ids, own, df, indexed, post_rows, post_own, indptr = data[name]
         fl = _Flat()
         fl.vocab = dict(zip(vocab, range(len(vocab))))
-        fl.rows, fl.ids, fl.own, fl.df = (_grow_of(_unpack_array(x)) for x in (rows_, ids, own, df))
+        fl.rows, fl.ids, fl.own, fl.df = (_grow_of(unpack_array(x)) for x in (rows_, ids, own, df))
         fl._indexed = indexed
-        fl._post_rows, fl._post_own, fl._indptr = (_unpack_array(x) for x in (post_rows, post_own, indptr))
+        fl._post_rows, fl._post_own, fl._indptr = (unpack_array(x) for x in (post_rows, post_own, indptr))
         setattr(gf, name, fl)
     n = len(rows)
     for name in ("reuse_score", "reuse_turns", "reuse_last", "reuse_recent"):

@@ -23,7 +23,6 @@ unchanged; unselected results are placeholders naming their ids and stay retriev
 
 from __future__ import annotations
 
-import base64
 import math
 import threading
 import weakref
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, snapshot_due
+from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from .base import Signals, register
@@ -334,9 +333,9 @@ class BM25Index:
                 indptr.append(len(pos))
         wide = max(indptr[-1], max(pos, default=0), max(tf, default=0)) >= 2**31
         dtype = np.dtype(np.int64 if wide else np.int32)
-        enc = [base64.b64encode(np.asarray(x, dtype=dtype).tobytes()).decode() for x in (indptr, pos, tf)]
         return {"upto": upto, "members": members, "lengths": [self.lengths[p] for p in members],
-                "total_length": self.total_length, "terms": terms, "dtype": dtype.str, "arrays": enc}
+                "total_length": self.total_length, "terms": terms,
+                "arrays": [pack_array(np.asarray(x, dtype=dtype)) for x in (indptr, pos, tf)]}
 
     def _restore(self, graph: ContextGraph) -> None:
         """Start from the session's snapshot, when it is one of this graph's results."""
@@ -350,7 +349,7 @@ class BM25Index:
         self.members = set(members)
         self.lengths = dict(zip(members, data["lengths"]))
         self.total_length = data["total_length"]
-        arrays = [np.frombuffer(base64.b64decode(x), dtype=np.dtype(data["dtype"])) for x in data["arrays"]]
+        arrays = [unpack_array(x) for x in data["arrays"]]
         self._packed_arrays = (arrays[0], arrays[1], arrays[2])
         self.packed = dict(zip(data["terms"], range(len(data["terms"]))))
         self.kept = data["upto"]
