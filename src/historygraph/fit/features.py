@@ -101,7 +101,7 @@ RESULT_FACTS = DerivedKind("learned.facts", ("historygraph.fit.features", "histo
 identifiers, words, error]`` (sorted lists), an assistant message's ``[identifiers]``."""
 
 FACTS_SNAPSHOT = DerivedKind("learned.graph", ("historygraph.fit.features", "historygraph.signals.steps",
-                                                "historygraph.signals.reuse", "historygraph.graph"))
+                                                "historygraph.signals.reuse", "historygraph.graph", "historygraph.derived"))
 """A derived row (position 0) holding the per-graph state of :func:`graph_facts` at a known number
 of messages (:func:`_pack_facts`), rewritten when the session has grown by a quarter (as the step
 view's snapshot, :data:`historygraph.derived.SNAPSHOT_GROWTH`), so that a reopened

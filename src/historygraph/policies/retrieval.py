@@ -220,7 +220,7 @@ def _bm25_tokens(texts: list[str]) -> list[list[str]]:
     return bm25s.tokenize(texts, stopwords="en", show_progress=False, return_ids=False)
 
 
-BM25_SNAPSHOT = DerivedKind("bm25.index", BM25_TOKENS.modules)
+BM25_SNAPSHOT = DerivedKind("bm25.index", BM25_TOKENS.modules + ("historygraph.derived",))  # its arrays: derived.pack_array
 """A derived row (position 0) holding a :class:`BM25Index`'s corpus, lengths and postings
 (:meth:`BM25Index._pack`), rewritten when the session has grown by a quarter (as the step view's
 snapshot, :data:`historygraph.derived.SNAPSHOT_GROWTH`), so that a reopened session's first
