@@ -392,7 +392,7 @@ def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
     res = runner.invoke(app, base + ["--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     header = next(line for line in res.output.splitlines() if "recall %" in line)
-    assert "hist tok mean" in header and "prefix reuse %" not in header and "render ms p95" not in header
+    assert "history tokens mean" in header and "reuse events" in header and "prefix reuse %" not in header and "render ms p95" not in header
     assert "more columns" in res.output and "--wide" in res.output
     wide = runner.invoke(app, base + ["--out", str(tmp_path / "b"), "--wide"])
     assert wide.exit_code == 0, wide.output
@@ -421,3 +421,20 @@ def test_render_and_serve_check_the_budget_as_replay_does(tmp_path):
     assert not (tmp_path / "none.sqlite").exists()
     res = runner.invoke(app, ["serve", "-b", "3000,6000"])
     assert res.exit_code == 2 and "give one budget here" in res.output
+
+
+def test_piped_tables_follow_columns_when_it_is_set():
+    """Piped output is 170 columns wide by default, but a $COLUMNS the user set wins (it printed
+    170-column tables under COLUMNS=120 before)."""
+    import os
+    import subprocess
+    import sys
+
+    def widest(env: dict[str, str]) -> int:
+        out = subprocess.run([sys.executable, "-m", "historygraph", "policies"], capture_output=True, text=True,
+                             env=env, check=True).stdout
+        return max(len(line) for line in out.splitlines())
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    assert widest(env) == 170
+    assert widest({**env, "COLUMNS": "100"}) == 100

@@ -40,7 +40,8 @@ from .store import StoreError, open_store
 
 app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-console = Console(width=None if Console().is_terminal else 170)
+# piped output: 170 columns unless $COLUMNS says otherwise (rich reads it when width is None)
+console = Console(width=None if Console().is_terminal or "COLUMNS" in os.environ else 170)
 if not Console().is_terminal and "COLUMNS" not in os.environ and typer.rich_utils.MAX_WIDTH is None:
     typer.rich_utils.MAX_WIDTH = 120  # --help piped or logged: rich's 80 columns cut option help to a few words
 err = Console(stderr=True)
@@ -223,7 +224,7 @@ def replay(
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "contextrender", "prune", "full"],
     budget: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (ContextRender B.1 uses 6000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000.")] = "6000",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
-    store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: the user data dir.")] = None,
+    store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
     price: Annotated[list[str], typer.Option("--price", help="Eq. 3 price in USD per million tokens, KEY=VALUE (repeatable; keys input, cached_input, output, embedding; defaults 2, 0.5, 8, 0.13 from ContextRender §4.2).")] = [],
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
@@ -429,8 +430,8 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     heads = {"pct_of_oracle": "% of oracle", "value_recall": "value recall %", "prefix_reuse_pct": "prefix reuse %", "norm_cost": "cost (Full ρ)",
              "norm_cost_own": "cost (own ρ)", "cost_traces": "cost traces",
              "selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
-             "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "hist tok mean", "max_history_tokens": "hist tok max",
-             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls",
+             "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "history tokens mean", "max_history_tokens": "history tokens max",
+             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls", "events": "reuse events",
              "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
              "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
              "model_seconds": "model s", "budget_errors": "budget errors"}
@@ -516,7 +517,7 @@ def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN00
 
 
 @app.command()
-def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
+def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
     """List the sessions in a store with their event counts."""
     db = _existing_store(store)
     t = Table(title=f"Sessions in {_store_name(db)}", header_style="bold")
@@ -531,7 +532,7 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path (defa
 def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
          message: Annotated[Optional[str], typer.Option(help="Print stored messages by number or span, as a "
                                                              "dropped-step marker names them: '16' or '16-23'.")] = None,
-         store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None) -> None:
+         store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
     """Print a stored session as OpenAI messages, one complete tool result by id, or the messages a
     dropped-step marker stands for."""
     db = _existing_store(store)
@@ -560,7 +561,7 @@ def render(
     at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "
                                                           "input of the call that produced it). Default: all, the next call.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
-    store: Annotated[Optional[str], typer.Option(help="Store path (default: the user data dir).")] = None,
+    store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rendered OpenAI messages instead of the table.")] = False,
     param: ParamOption = [],
     params_file: ParamsFileOption = None,
@@ -626,7 +627,7 @@ def serve(
     anthropic_upstream: Annotated[str, typer.Option(help="Anthropic upstream base URL (/v1/messages is appended).")] = "https://api.anthropic.com",
     host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
-    store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: the user data dir.")] = None,
+    store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = DEFAULT_POLICY,
     budget_text: Annotated[str, typer.Option("--budget", "-b", help="Default history budget in tokens, a whole number >= 1 (header X-HistoryGraph-Budget overrides).")] = "6000",
     auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
@@ -637,7 +638,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="Log level: DEBUG, INFO (one line per request), WARNING, ERROR.")] = "INFO",
     param: ParamOption = [],
     params_file: ParamsFileOption = None,
-    recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides).")] = False,
+    recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides). Default: off.")] = False,
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (uvicorn's multi-process mode; a SQLite file or PostgreSQL, not ':memory:'). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
@@ -785,8 +786,8 @@ def fit(
 @app.command("mcp")
 def mcp_command(
     session: Annotated[Optional[str], typer.Option(help="Default session of the tools (else each call names one).")] = None,
-    store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL (default: the user data dir).")] = None,
-    http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on --host/--port instead of stdio.")] = False,
+    store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
+    http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on --host/--port (without it: stdio).")] = False,
     host: Annotated[str, typer.Option(help="Address for --http; loopback by default.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port for --http.")] = 8643,
 ) -> None:

@@ -31,11 +31,11 @@ SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
                    ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost (Full ρ)"),
                    ("norm_cost_own", "cost (own ρ)"), ("cost_traces", "cost traces"),
-                   ("mean_history_tokens", "hist tok mean"), ("budget_errors", "budget errors")]
+                   ("mean_history_tokens", "history tokens mean"), ("budget_errors", "budget errors")]
 TRACE_COLUMNS = [("source", "source"), ("trace_id", "trace"), ("policy", "policy"), ("invocations", "calls"),
-                 ("events", "events"), ("recall", "recall %"), ("value_recall", "value recall %"),
+                 ("events", "reuse events"), ("recall", "recall %"), ("value_recall", "value recall %"),
                  ("pct_of_oracle", "% of oracle"), ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost vs Full"), ("cost_usd", "cost USD"),
-                 ("mean_history_tokens", "hist tok mean"), ("max_history_tokens", "hist tok max"),
+                 ("mean_history_tokens", "history tokens mean"), ("max_history_tokens", "history tokens max"),
                  ("budget_errors", "budget errors")]
 
 
