@@ -82,12 +82,10 @@ class BudgetTooSmallError(ValueError):
     def __init__(self, budget: int, required: int) -> None:
         self.budget, self.required, self.shortfall = budget, required, required - budget
         super().__init__(
-            f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history "
-            f"(the first user message unless it is the current one, the latest assistant message and the "
-            f"assistant message with the thinking block that opens the active tool loop, with the user message "
-            f"that starts its exchange and the assistant message before that, and the markers "
-            f"of the steps left out; "
-            f"system and current user messages are outside B) needs {required} tokens")
+            f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history needs "
+            f"{required} (the first user message, the latest assistant message, the messages that open the "
+            f"active tool loop, a thinking block among them, and the markers of steps left out; system and "
+            f"current user messages are outside B); use a budget of at least {required}")
 
 
 class InvariantError(AssertionError):
