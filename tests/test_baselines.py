@@ -1,6 +1,7 @@
 """The model-free baselines on small synthetic histories with hand-computed expectations."""
 
 import pytest
+import numpy as np
 
 from historygraph.events import Message, ToolCall
 from historygraph.graph import ContextGraph
@@ -195,3 +196,19 @@ def test_policies_command_lists_every_baseline_with_parameters_and_sources():
     assert rows["cw-llm-summary"]["parameters"]["max_observations"] == 10
     assert "B.2" in rows["compact-llm"]["source"] and "B.2" in rows["recency-summary"]["source"]
     assert "ReCAP" in rows["recap-recency"]["source"] and "SWE-agent" in rows["observation-masking"]["source"]
+
+
+@pytest.mark.parametrize("n", [1, 5, 259, 260, 513, 1201, 2001, 2503, 5001, 5003])
+def test_semantic_product_has_the_bits_of_the_single_thread_blas_product(n):
+    """The semantic baseline's ``rows @ q`` (``single_thread_product``) equals, bit for bit, the
+    product numpy's BLAS computes when limited to one thread (threadpoolctl, an independent way to
+    get it), at sizes below and above OpenBLAS's threading threshold (1,200 rows at 384)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from historygraph.policies.retrieval import single_thread_product
+
+    rng = np.random.default_rng(n)
+    rows = rng.standard_normal((n, 384)).astype(np.float32)
+    q = rng.standard_normal(384).astype(np.float32)
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        want = rows @ q
+    assert single_thread_product(rows, q).tobytes() == want.tobytes()

@@ -100,13 +100,12 @@ class SemanticRetrieval:
         if rest:
             # the rows of what embed([results clipped…] + [query]) returns: a C-contiguous
             # (n, dim) float32 array, as embed's own, from the per-graph table kept in position
-            # order (rest, the older candidates, mostly extends the previous render's), so the
-            # matrix product runs as on embed's array and rounds the same (OpenBLAS's sgemv: each
-            # output's bits depend on the row count and thread split, not on where the rows lie)
+            # order (rest, the older candidates, mostly extends the previous render's); the
+            # product is the BLAS library's single-thread one (single_thread_product)
             rows, q = result_vectors(graph, rest, signals.embedder, cfg.clip_chars,
                                      [latest_query(graph, cfg.clip_chars, (layout.current_user, layout.last_assistant))],
                                      ordered=True)
-            sims = rows @ np.array(q[0], dtype=np.float32)
+            sims = single_thread_product(rows, np.array(q[0], dtype=np.float32))
             order = np.argsort(-sims, kind="stable")
             taken = take_in_order(layout, sel, [rest[i] for i in order.tolist()])
 
@@ -116,6 +115,76 @@ class SemanticRetrieval:
                                         f"omitted: cosine {sims[i]:.3f}; does not fit in B")
             layout.defer_reasons(fill)
         return layout.assemble(self.name, sel)
+
+
+def single_thread_product(rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``rows @ q`` (float32 ``(n, dim)`` by ``(dim,)``) as the BLAS library computes it on one
+    thread, without its threads: in pieces of :func:`_piece_rows` rows (a multiple of 4, the last
+    piece 2 to ``piece + 3`` rows), each under any threading threshold of the library.
+
+    Why: OpenBLAS (numpy's BLAS) runs ``sgemv`` on several threads once ``n · dim`` reaches its
+    threshold (1,200 rows at 384 dimensions with numpy's OpenBLAS 0.3.31), and the second thread's
+    spin after the call is CPU time of the render (≈ 4 of a semantic render's 8 ms at 5,000
+    results, bench/RESULTS.md); each output's last bits also depend on where the threads split
+    the rows, so on the thread count of the machine. A single-thread product is unchanged when
+    cut at a multiple of 4 rows from its start (the kernel takes 4 outputs at a time, the rest one
+    by one), except that a one-row piece goes through another path (numpy's dot), hence no
+    one-row piece. The rule is the library's, not ours: it is checked once per process on random
+    data against the whole product at sizes the library computes on one thread
+    (:func:`_pieces_match`), and where it does not hold the whole product is used as before."""
+    if len(rows) <= _piece_rows(rows.shape[1]) + 3 or not _pieces_ok(rows.shape[1]):
+        return rows @ q
+    return _by_pieces(rows, q)
+
+
+def _by_pieces(rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    n, piece = len(rows), _piece_rows(rows.shape[1])
+    cuts = list(range(0, n, piece))
+    if len(cuts) > 1 and n - cuts[-1] < 4:  # the last piece: 4 rows or more (a one-row piece rounds otherwise)
+        cuts.pop()
+    cuts.append(n)
+    out = np.empty(n, dtype=np.result_type(rows, q))
+    for a, b in zip(cuts, cuts[1:]):
+        np.matmul(rows[a:b], q, out=out[a:b])
+    return out
+
+
+def _piece_rows(dim: int) -> int:
+    """Rows per piece of :func:`single_thread_product`: a multiple of 4 with ``rows · dim`` ≤
+    98,304, below OpenBLAS's smallest threading threshold for ``gemv`` (``m · n`` ≥ 115,200 ×
+    ``GEMM_MULTITHREAD_THRESHOLD``, a build setting ≥ 1, 4 by default: interface/gemv.c);
+    256 rows at 384 dimensions."""
+    return max(4, 98_304 // max(1, dim) // 4 * 4)
+
+
+_PIECES_OK: dict[int, bool] = {}  # per dimension: whether single_thread_product's pieces give the whole product's bits
+_PIECES_LOCK = threading.Lock()
+
+
+def _pieces_ok(dim: int) -> bool:
+    ok = _PIECES_OK.get(dim)
+    if ok is None:
+        with _PIECES_LOCK:
+            ok = _PIECES_OK.get(dim)
+            if ok is None:
+                ok = _PIECES_OK[dim] = _pieces_match(dim)
+    return ok
+
+
+def _pieces_match(dim: int) -> bool:
+    """Whether the pieces of :func:`single_thread_product` give the bits of the whole product,
+    on random float32 data (a fixed seed) at sizes whose whole product the library computes on
+    one thread (below 3 pieces and 4 rows at ``dim``: ≤ 295,000 ``n · dim``, under OpenBLAS's
+    default threshold of 460,800), including every kind of last piece (2–7 rows past a cut)."""
+    piece = _piece_rows(dim)
+    rng = np.random.default_rng(20261202)
+    rows = rng.random((3 * piece + 8, dim), dtype=np.float32) - np.float32(0.5)
+    q = rng.random(dim, dtype=np.float32) - np.float32(0.5)
+    for n in (piece + 4, piece + 5, piece + 6, piece + 7, 2 * piece + 1, 2 * piece + 2, 2 * piece + 3,
+              3 * piece, 3 * piece + 1, 3 * piece + 7):
+        if _by_pieces(rows[:n], q).tobytes() != (rows[:n] @ q).tobytes():
+            return False
+    return True
 
 
 def take_in_order(layout: Layout, sel: Selection, order: list[int]) -> list[bool]:
