@@ -510,3 +510,66 @@ def test_take_value_reads_one_row_and_drops_other_versions():
     assert d.take() == ([], [("k", kind.version)])  # the old version's rows are deleted at the next write
     assert d.table(kind) == {0: [1]}
     assert Derived(rows).take_value(kind, 0) == [1]
+
+
+def test_token_counts_start_from_their_snapshot(tmp_path, monkeypatch):
+    """The token memo kept as a snapshot (render.memo) is read on reopen: no per-message count row
+    before its length is decoded, the rows after it are read one by one, and the counts and the
+    layout equal a fresh graph's (here with a marked row to show where a count came from)."""
+    from historygraph.render import Layout, _token_memo, placeholder_for, token_rows, token_snapshot
+
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
+    c = TokenCounter()
+    kind = token_rows(True, c.encoding_name, placeholder_for)
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS[:7])
+    Layout(s.graph("s"), c, None)
+    s.close()
+    with sqlite3.connect(path) as db:
+        (data,) = db.execute("SELECT data FROM derived WHERE kind = ?", (token_snapshot(kind).name,)).fetchone()
+        # a per-message row the snapshot covers: not read (the snapshot's count is used)
+        db.execute("UPDATE derived SET data = '777' WHERE kind = ? AND position = 1", (kind.name,))
+    assert json.loads(data)["upto"] == 7
+    s = SQLiteStore(path)
+    s.append("s", EVENTS[7:])
+    g = s.graph("s")
+    lay = Layout(g, c, None)
+    memo = _token_memo(g, c, placeholder_for)
+    assert memo.kept == 9 and memo.one_by_one  # started from the snapshot of 7; 9 ≥ 1.25 × 7: a new one put
+    assert kind.name in g.derived._raw  # the per-message rows of the first 7 not decoded
+    fresh = ContextGraph("s", EVENTS)
+    want = Layout(fresh, c, None)
+    assert lay._tokens == want._tokens == [c.count_message(m) for m in EVENTS]
+    assert lay.full_cost == want.full_cost and lay.placeholder_tokens == want.placeholder_tokens
+    assert list(lay.units) == list(want.units) and lay.base_tokens == want.base_tokens
+    s.close()
+
+
+def test_a_token_snapshot_of_other_results_is_not_used(monkeypatch):
+    """A render.memo snapshot whose tool results are not the graph's (forged), that is longer than
+    the graph or malformed is not used: the counts come from the per-message rows or are counted."""
+    from historygraph.derived import pack_array
+    from historygraph.render import Layout, _token_memo, placeholder_for, token_rows, token_snapshot
+
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
+    c = TokenCounter()
+    snap_kind = token_snapshot(token_rows(True, c.encoding_name, placeholder_for))
+    g = ContextGraph("s", EVENTS, derived=Derived(persist=True))
+    want = Layout(g, c, None)
+    rows, _ = g.derived.take()
+    (snap,) = [r for r in rows if r[0] == snap_kind.name]
+    data = json.loads(snap[3])
+    changes = [{"tools": pack_array(np.array([2, 4, 5, 8]))}, {"upto": 99}, {"tokens": pack_array(np.arange(3))},
+               {"result": "x"}]
+    for change in changes:
+        forged = [(*r[:3], json.dumps({**data, **change})) if r is snap else r for r in rows]
+        forged = [r for r in forged if not r[0].startswith("render.tokens:")]  # no per-message rows: counted
+        g2 = ContextGraph("s", EVENTS, derived=Derived(forged, persist=True))
+        lay = Layout(g2, c, None)
+        assert not _token_memo(g2, c, placeholder_for).one_by_one, change
+        assert (lay._tokens, lay.full_cost, lay.placeholder_tokens) == (want._tokens, want.full_cost, want.placeholder_tokens)
+    g3 = ContextGraph("s", EVENTS, derived=Derived(rows, persist=True))
+    Layout(g3, c, None)
+    assert _token_memo(g3, c, placeholder_for).one_by_one  # the real one is read

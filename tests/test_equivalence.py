@@ -974,11 +974,11 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
 
 
 @pytest.mark.slow  # real traces stored event by event and reopened at many lengths: 1.3-2.9 CPU s per policy (docs/tests.md)
-@pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender", "cw-bm25"])
+@pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender", "cw-bm25", "prune"])
 def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path, monkeypatch):
     """A session stored event by event and rendered now and then (which derives TFA values, step
     features and parents, learned facts, BM25 tokens, token counts, brief views' savings, snapshots
-    of the step view, written with the next append: historygraph.derived), reopened by a new store
+    of the step view and the token memo, written with the next append: historygraph.derived), reopened by a new store
     instance at many lengths, renders exactly as a graph built from its messages without any
     stored state; the rows of every kind it uses are there. Snapshots are kept from 4 messages on
     (so both traces reopen from snapshots taken at shorter lengths)."""
@@ -1012,8 +1012,8 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
         s.close()
         with sqlite3.connect(path) as db:
             kinds = {k.split(":")[0] for (k,) in db.execute("SELECT DISTINCT kind FROM derived")}
-        want = {"tfa.values", "render.tokens"} | ({"steps.features", "steps.parents", "steps.view"}
-                                                  if policy not in ("contextrender", "cw-bm25") else set())
+        want = {"tfa.values", "render.tokens", "render.memo"} | ({"steps.features", "steps.parents", "steps.view"}
+                                                                 if policy not in ("contextrender", "cw-bm25", "prune") else set())
         want |= {"learned": {"learned.facts", "learned.graph", "render.brief"}, "cw-bm25": {"bm25.tokens", "bm25.index"}}.get(policy, set())
         assert kinds == want, kinds
     assert compared > 10

@@ -50,7 +50,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .derived import DerivedKind
+import msgspec
+
+from .derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from .events import Message
 from .graph import ContextGraph
 from .signals.tokens import MESSAGE_OVERHEAD, TokenCounter
@@ -564,6 +566,27 @@ def token_rows(stock: bool, encoding: str, build: Callable[[Message, TokenCounte
                                             "tiktoken.core", module))))
 
 
+@cache
+def token_snapshot(rows: DerivedKind) -> DerivedKind:
+    """The per-graph snapshot of :class:`_TokenMemo` beside its per-message rows ``rows``
+    (:func:`token_rows`): one row at position 0 holding, at a known number of messages ``upto``,
+    every message's count and every tool result's position, count and placeholder count as
+    arrays (:func:`~historygraph.derived.pack_array`), so that a reopened session reads one row
+    instead of decoding one per message. Put when the graph has grown by a quarter since the last
+    one read or put (:func:`~historygraph.derived.snapshot_due`); versioned as ``rows`` and by
+    the packing (``historygraph.derived``)."""
+    return DerivedKind(rows.name.replace("render.tokens:", "render.memo:", 1), rows.modules + ("historygraph.derived",))
+
+
+def _tool_positions(graph: ContextGraph) -> np.ndarray:
+    """Positions of every tool result of ``graph``, ascending (int64): the latest result of each
+    call and every superseded one, from the graph's maps (no pass over the messages)."""
+    n = len(graph.result_of) + len(graph.superseded)
+    a = np.fromiter(itertools.chain(graph.result_of.values(), graph.superseded), dtype=np.int64, count=n)
+    a.sort()
+    return a
+
+
 class _TokenMemo:
     """What :class:`Layout` needs per message of one graph, computed once and kept across renders
     (the graph is append-only, so position ``p`` always holds the same message): the token count
@@ -587,6 +610,9 @@ class _TokenMemo:
         self._lock = threading.Lock()
         # (graph length, loop_guard of the graph at that length): the graph is append-only
         self.guard: tuple[int, tuple[int, ...]] | None = None
+        self.kept = 0  # messages of the last snapshot read or put (token_snapshot)
+        self.one_by_one = False  # started from a snapshot: read the later rows one at a time
+        self._tokens_array = np.zeros(0, dtype=np.int64)  # tokens_array()
 
     def skeleton(self, graph: ContextGraph, budget: int | None = None) -> dict[str, Any]:
         """A snapshot of the graph's :class:`_Skeleton`, taken under the lock (another thread may
@@ -597,12 +623,10 @@ class _TokenMemo:
         with self._lock:
             sk = self._skeleton
             sk.update(graph, self)
-            big = sk.big
-            over = sorted(p for _, p in big[bisect.bisect_right(big, (budget, len(graph.messages))):]) \
-                if budget is not None else []
+            over = sk.over(budget) if budget is not None else []
             sk.lend()
             return {"users": sk.users, "current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
-                    "outside": sk.outside, "order": list(sk.order), "units": list(sk.units),
+                    "outside": sk.outside, "order": list(sk.order), "units": sk.units.view(),
                     "unit_first": sk.unit_first, "unit_of": sk.unit_of, "synthetic": sk.synthetic,
                     "full_cost": self.result_tokens, "placeholder": self.ph_message,
                     "placeholder_tokens": self.ph_tokens, "candidates": list(sk.candidates),
@@ -610,6 +634,54 @@ class _TokenMemo:
                     "full_tokens": sk.full_tokens, "total_cost": sk.total_cost,
                     "starts": list(sk.starts), "form": sk.form, "delta": sk.delta,
                     "arrays": sk.arrays()}
+
+    def tokens_array(self) -> np.ndarray:
+        """:attr:`tokens` as an int64 array (kept, extended when the memo has grown)."""
+        a = self._tokens_array
+        if len(a) != len(self.tokens):
+            a = self._tokens_array = np.concatenate([a[:len(self.tokens)], np.asarray(self.tokens[len(a):], dtype=np.int64)]) \
+                if len(a) < len(self.tokens) else np.asarray(self.tokens, dtype=np.int64)
+        return a
+
+    def _restore(self, graph: ContextGraph, data: Any) -> bool:
+        """Start from the stored snapshot ``data`` (:func:`token_snapshot`) when it is one of this
+        graph: taken at no more messages than it holds, with exactly the graph's tool results
+        among them, one count per message and two per result."""
+        try:
+            upto = data["upto"]
+            tools, tokens, rtok, ptok = (unpack_array(data[k]) for k in ("tools", "tokens", "result", "placeholder"))
+        except (TypeError, KeyError, ValueError):
+            return False
+        if type(upto) is not int or not 0 < upto <= len(graph.messages) or tokens.shape != (upto,) \
+                or not (tools.ndim == rtok.ndim == ptok.ndim == 1) or not (len(tools) == len(rtok) == len(ptok)) \
+                or tokens.dtype.kind != "i" or tools.dtype.kind != "i" or rtok.dtype.kind != "i" or ptok.dtype.kind != "i":
+            return False
+        have = _tool_positions(graph)
+        have = have[:int(np.searchsorted(have, upto))]
+        if not np.array_equal(have, tools):
+            return False
+        t = tools.tolist()
+        self.tokens = tokens.tolist()
+        self._tokens_array = tokens.astype(np.int64)
+        self.result_tokens = dict(zip(t, rtok.tolist()))
+        self.ph_tokens = dict(zip(t, ptok.tolist()))
+        self.tools = _Grow(tools.astype(np.int64))
+        self.kept = upto
+        return True
+
+    def _keep(self, graph: ContextGraph) -> None:
+        """Put the snapshot (:func:`token_snapshot`) when the graph has grown by a quarter since the last one."""
+        n = len(self.tokens)
+        if self.kind is None or not graph.derived.persist or not snapshot_due(n, self.kept):
+            return
+        tools = self.tools.view()
+        t = tools.tolist()
+        rt, pt = self.result_tokens, self.ph_tokens
+        data = {"upto": n, "tools": pack_array(tools), "tokens": pack_array(np.asarray(self.tokens, dtype=np.int64)),
+                "result": pack_array(np.fromiter(map(rt.__getitem__, t), dtype=np.int64, count=len(t))),
+                "placeholder": pack_array(np.fromiter(map(pt.__getitem__, t), dtype=np.int64, count=len(t)))}
+        graph.derived.put_json(token_snapshot(self.kind), 0, msgspec.json.encode(data).decode())
+        self.kept = n
 
     def update(self, graph: ContextGraph) -> None:
         messages = graph.messages
@@ -619,7 +691,12 @@ class _TokenMemo:
             self.ph_message.messages = messages
             derived = graph.derived
             kind = self.kind if derived.persist else None
-            stored = derived.table(kind) if kind is not None else {}
+            stored: dict[int, Any] = {}
+            if kind is not None:
+                if not self.tokens and self._restore(graph, derived.take_value(token_snapshot(kind), 0)):
+                    self.one_by_one = True
+                # after a snapshot, the rows of the messages added since, one by one (not the whole table decoded)
+                stored = _RowsAfter(derived, kind) if self.one_by_one else derived.table(kind)
             count, build = self.counter.count_message, self.build
             tokens, result_tokens, ph_tokens = self.tokens, self.result_tokens, self.ph_tokens
             tools: list[int] = []
@@ -648,6 +725,24 @@ class _TokenMemo:
                     tokens.append(n)
             finally:  # (what was counted, even when counting a later message failed)
                 self.tools.extend(tools)
+            self._keep(graph)
+
+
+class _RowsAfter(dict):
+    """``pop(position, default)`` of a kind's stored rows read one at a time
+    (:meth:`~historygraph.derived.Derived.take_value`): after a snapshot, only the rows of the
+    messages added since are read, not the whole table decoded."""
+
+    def __init__(self, derived: Any, kind: DerivedKind) -> None:
+        super().__init__()
+        self.derived, self.kind = derived, kind
+
+    def pop(self, position: int, default: Any = None) -> Any:
+        v = self.derived.take_value(self.kind, position)
+        return default if v is None else v
+
+
+_tool_calls_of = operator.attrgetter("tool_calls")
 
 
 class _Skeleton:
@@ -679,27 +774,42 @@ class _Skeleton:
         msgs = graph.messages
         n = len(msgs)
         self._lent = False  # every container is a new one
-        roles = [m.role for m in msgs]
-        users = self.users = [p for p, r in enumerate(roles) if r == "user"]  # (extending adds none)
+        i64 = np.int64
+        # roles from the graph's own arrays (no pass over every message): an assistant message is
+        # where the turn count steps up, a tool result is a latest or a superseded result (the memo's
+        # positions of the results); only the rest (user and system messages) are read
+        turn = np.fromiter(graph.turn_of, dtype=i64, count=n)
+        is_asst = np.empty(n, dtype=bool)
+        if n:
+            is_asst[0] = turn[0] > 0
+            np.greater(turn[1:], turn[:-1], out=is_asst[1:])
+        tools_at = memo.tools.view()
+        is_tool = np.zeros(n, dtype=bool)
+        is_tool[tools_at] = True
+        rest = (~(is_asst | is_tool)).nonzero()[0].tolist()
+        rest_roles = [msgs[p].role for p in rest]
+        users = self.users = [p for p, r in zip(rest, rest_roles) if r == "user"]  # (extending adds none)
         self.current_user = users[-1] if users else None
         self.first_user = users[0] if users else None
-        self.last_assistant = next((p for p in range(n - 1, -1, -1) if roles[p] == "assistant"), None)
-        self.outside = {p for p, r in enumerate(roles) if r == "system"}
+        asst = is_asst.nonzero()[0]
+        self.last_assistant = int(asst[-1]) if len(asst) else None
+        self.outside = {p for p, r in zip(rest, rest_roles) if r == "system"}
         if self.current_user is not None:
             self.outside.add(self.current_user)
         outside = self.outside
-        nontool = [p for p, r in enumerate(roles) if r != "tool"]
-        unit_pos = [p for p in nontool if p not in outside]
+        nt = (~is_tool).nonzero()[0]
+        in_b = ~is_tool
+        if outside:
+            in_b[list(outside)] = False
+        lo = in_b.nonzero()[0]
+        unit_pos = lo.tolist()
         n_units = len(unit_pos)
-        i64 = np.int64
-        nt = np.asarray(nontool, dtype=i64)
-        lo = np.asarray(unit_pos, dtype=i64)
         uidx = np.full(n, -1, dtype=i64)  # position -> its unit (a unit's message), −1 otherwise
         uidx[lo] = np.arange(n_units, dtype=i64)
         result_of, call_owner = graph.result_of, graph.call_owner
         k = len(result_of)
         rpos = np.fromiter(result_of.values(), dtype=i64, count=k)
-        rown = np.fromiter((call_owner[c] for c in result_of), dtype=i64, count=k)
+        rown = np.fromiter(map(call_owner.__getitem__, result_of), dtype=i64, count=k)
         by_owner = np.lexsort((rpos, rown))  # results grouped by their unit, ascending within it
         rpos, rown = rpos[by_owner], rown[by_owner]
         runit = uidx[rown]
@@ -709,12 +819,12 @@ class _Skeleton:
         order = np.concatenate([nt, rpos])[perm]
         entry_unit = uidx[head[perm]]
         starts = np.flatnonzero(perm < len(nt))[uidx[nt] >= 0]  # where each unit's message is in the order
-        tokens = np.asarray(memo.tokens, dtype=i64)
+        tokens = memo.tokens_array()
         ph_tokens = memo.ph_tokens
-        rph = np.fromiter((ph_tokens[r] for r in rpos.tolist()), dtype=i64, count=k)
+        rph = np.fromiter(map(ph_tokens.__getitem__, rpos.tolist()), dtype=i64, count=k)
         rtok = tokens[rpos]
         answered = np.bincount(runit, minlength=n_units)
-        ncalls = [len(msgs[p].tool_calls) for p in unit_pos]  # (a user message has none)
+        ncalls = list(map(len, map(_tool_calls_of, map(msgs.__getitem__, unit_pos))))  # (a user message has none)
         # synthetic answers for the calls without a result (only the very last message can be in flight)
         self.synthetic: dict[int, list[Message]] = {}
         synthetic_of = self.synthetic
@@ -744,7 +854,7 @@ class _Skeleton:
         pre = np.concatenate([[0], np.cumsum(np.asarray(ncalls, dtype=i64))]).astype(i64)
         order_l, starts_l, sizes = order.tolist(), starts.tolist(), (answered + 1).tolist()
         self.order = order_l
-        self.units = list(map(_Unit, [order_l[s:s + z] for s, z in zip(starts_l, sizes)], [False] * n_units, cost.tolist()))
+        self.units = _Units(order_l, starts_l, sizes, cost.tolist())  # each _Unit built when first read
         self.starts = starts_l                 # index in order where each unit's message is
         self.fulls = full.tolist()             # each unit's tokens when complete
         self.unit_first = dict(zip(unit_pos, range(n_units)))
@@ -756,7 +866,8 @@ class _Skeleton:
         self.form = {r: msgs[r] for r in cands_l}                     # candidate -> its complete message
         self.delta = dict(zip(cands_l, cand_delta.tolist()))          # candidate -> full cost − placeholder cost
         big = np.lexsort((rpos, rtok))
-        self.big = list(zip(rtok[big].tolist(), rpos[big].tolist()))  # (full cost, position), ascending
+        self._big: list[tuple[int, int]] | None = None  # (full cost, position), ascending: built when extending
+        self._big_arrays = (rtok[big], rpos[big])
         self.glue = glue.tolist()
         self.full_tokens, self.total_cost = int(full.sum()), int(cost.sum())
         # Layout._unit_facts per unit: lowest and highest position, prefix-max holder, calls, prefix sums
@@ -830,6 +941,23 @@ class _Skeleton:
         self.g_hi.append(self.hi[-1])
         self.g_pre.append(self.pre[-1])
         return True
+
+    @property
+    def big(self) -> list[tuple[int, int]]:
+        """``(full cost, position)`` of every candidate, ascending (a list, built from the arrays of
+        :meth:`_build` when first needed: extending the skeleton inserts into it)."""
+        if self._big is None:
+            tok, pos = self._big_arrays
+            self._big = list(zip(tok.tolist(), pos.tolist()))
+        return self._big
+
+    def over(self, budget: int) -> list[int]:
+        """The candidates whose full cost exceeds ``budget``, ascending."""
+        if self._big is None:
+            tok, pos = self._big_arrays
+            return sorted(pos[int(tok.searchsorted(budget, side="right")):].tolist())
+        big = self._big
+        return sorted(p for _, p in big[bisect.bisect_right(big, (budget, self.n)):])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Views of the array forms (int64): ``order``, ``entry_unit``, ``cost``, ``lo``, ``hi``,
@@ -1006,6 +1134,112 @@ class _Unit:
     positions: list[int]
     protected: bool
     cost: int = 0
+
+
+class _Units:
+    """A skeleton's units (a list of :class:`_Unit`), each built when first read from the render
+    order, where each unit starts in it, its size and its cost (a reopened session's first render
+    reads a few of its thousands). Appended to and popped at the end as a list; :meth:`view` gives
+    a layout its own list-like copy."""
+
+    __slots__ = ("order", "starts", "sizes", "costs", "built", "missing")
+
+    def __init__(self, order: list[int] | None = None, starts: list[int] | None = None,
+                 sizes: list[int] | None = None, costs: list[int] | None = None) -> None:
+        self.order, self.starts, self.sizes, self.costs = order or [], starts or [], sizes or [], costs or []
+        self.built: list[_Unit | None] = [None] * len(self.starts)
+        self.missing = len(self.starts)  # entries of ``built`` still None
+
+    def __len__(self) -> int:
+        return len(self.built)
+
+    def __bool__(self) -> bool:
+        return bool(self.built)
+
+    def unit(self, i: int) -> _Unit:
+        if i < 0:
+            i += len(self.built)
+        u = self.built[i]
+        if u is None:
+            s = self.starts[i]
+            u = self.built[i] = _Unit(self.order[s:s + self.sizes[i]], False, self.costs[i])
+            self.missing -= 1
+        return u
+
+    def __getitem__(self, i: int) -> _Unit:
+        return self.unit(i)
+
+    def append(self, unit: _Unit) -> None:
+        self.built.append(unit)
+
+    def pop(self) -> _Unit:
+        u = self.unit(len(self.built) - 1)
+        self.built.pop()
+        return u
+
+    def all(self) -> list[_Unit | None]:
+        """``built`` with every unit built."""
+        if self.missing:
+            for i in [i for i, u in enumerate(self.built) if u is None]:
+                self.unit(i)
+        return self.built
+
+    def view(self) -> "_UnitsView":
+        """A list-like copy of the units as they are now (the last one built: extending the
+        skeleton pops and rebuilds only that one)."""
+        if self.built:
+            self.unit(len(self.built) - 1)
+        return _UnitsView(self, len(self.built))
+
+
+class _UnitsView(Sequence[_Unit]):
+    """:class:`Layout.units`: the skeleton's units at the time of the layout (``n`` of them, read
+    from the skeleton's :class:`_Units`, which only ever adds beyond them or replaces its last
+    one, built at the view's creation), with the layout's own replacements."""
+
+    __slots__ = ("base", "n", "own")
+
+    def __init__(self, base: _Units, n: int) -> None:
+        self.base, self.n = base, n
+        self.own: dict[int, _Unit] = {}
+        if n:
+            self.own[n - 1] = base.unit(n - 1)  # (the skeleton may replace its last unit later)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError("unit index out of range")
+        u = self.own.get(i)
+        return u if u is not None else self.base.unit(i)
+
+    def __setitem__(self, i: int, unit: _Unit) -> None:
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError("unit index out of range")
+        self.own[i] = unit
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (_UnitsView, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __iter__(self) -> Iterator[_Unit]:
+        units = self.base.all()[:self.n]
+        for i, u in self.own.items():
+            units[i] = u
+        return iter(units)  # type: ignore[arg-type]
 
 
 _DROP_WINDOW = 64  # markers priced at once by the oldest-first drop's search (Layout._first_within)
@@ -1432,7 +1666,7 @@ class Layout:
         self._revivals: np.ndarray | None = None
         self.full_cost: dict[int, int] = sk["full_cost"]
         self.synthetic: dict[int, list[Message]] = sk["synthetic"]  # assistant position -> synthetic results
-        self.units: list[_Unit] = sk["units"]
+        self.units: _UnitsView = sk["units"]
         self.unit_of: dict[int, int] = sk["unit_of"]
         # protected: the first user message, the latest assistant message and the ones that keep the
         # active tool loop's opening on the wire (:func:`loop_guard`); the skeleton's units are shared,
