@@ -530,7 +530,7 @@ LOG_ENV = "HISTORYGRAPH_SERVE_LOG"  # JSON {"level", "json"} of historygraph ser
 def create_app_from_env() -> FastAPI:
     """The app built from the :class:`ServerConfig` JSON in ``$HISTORYGRAPH_SERVE_CONFIG``: the
     factory each worker process calls when ``historygraph serve --workers N`` runs several
-    (uvicorn's multi-process mode needs an import string, not an app object). The workers are
+    (:func:`historygraph.server.workers.run_workers`, or uvicorn's multi-process mode, needs an import string, not an app object). The workers are
     spawned, not forked, so each configures its own logs from ``$HISTORYGRAPH_SERVE_LOG``."""
     raw = os.environ.get(CONFIG_ENV)
     if not raw:
