@@ -19,8 +19,10 @@ Specification: ContextRender §3.2 and Appendix A.2.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections import defaultdict
+from functools import partial
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -52,6 +54,9 @@ class ReuseMatch:
     value: str
 
 
+_ONE_OVER = partial(operator.truediv, 1.0)  # n -> 1.0 / n
+
+
 class ReuseIndex:
     """Incremental TFA state for one session, fed messages in chronological order.
 
@@ -64,6 +69,9 @@ class ReuseIndex:
     def __init__(self) -> None:
         self._holders: dict[str, list[int]] = defaultdict(list)  # value -> result positions, in order
         self.matches: dict[int, list[ReuseMatch]] = defaultdict(list)  # source result -> matches
+        # source result -> the holder list (of ``_holders``) of each match's value, in match order:
+        # what score() sums over, without reading each match's value again
+        self._match_holders: dict[int, list[list[int]]] = defaultdict(list)
         # score(p) as last computed; dropped when a match of p is added or a value p was matched on
         # gains a holder (every match of a value goes to its first holder, which never changes)
         self._scores: dict[int, float] = {}
@@ -96,6 +104,7 @@ class ReuseIndex:
                 if holders:
                     m = ReuseMatch(source=holders[0], user=position, op=op, value=value)
                     self.matches[holders[0]].append(m)
+                    self._match_holders[holders[0]].append(holders)
                     self._matched.add(value)
                     self._version += 1
                     self._scores.pop(holders[0], None)
@@ -112,7 +121,8 @@ class ReuseIndex:
         c = self._scores.get(position)
         if c is None:
             version = self._version
-            c = sum(1.0 / len(self._holders[m.value]) for m in self.matches.get(position, ()))
+            # Σ 1 / n_t(m) in match order (the sum of the per-match generator it replaced, bit for bit)
+            c = sum(map(_ONE_OVER, map(len, self._match_holders.get(position, ()))))
             if version == self._version:
                 self._scores[position] = c
         return c
