@@ -237,6 +237,83 @@ def test_tree_model_sums_the_leaves_each_row_reaches_and_calibrates_them(tmp_pat
         ReuseModel.load(tmp_path / "t.json")
 
 
+def deep_tree_and_leaf():
+    """Tree 0: age ≤ 5 → (turns ≤ 1 → 1.0, else 2.0), else (turns ≤ 2 → (age ≤ 8 → 3.0, else 3.5),
+    else 4.0); tree 1: a single leaf 0.25."""
+    age, turns = FEATURES.index("age"), FEATURES.index("reuse_turns")
+    #          0: age≤5  1: turns≤1  2: leaf 3: leaf 4: turns≤2  5: age≤8  6: leaf 7: leaf 8: leaf 9: leaf (tree 1)
+    feature = [age, turns, -1, -1, turns, age, -1, -1, -1, -1]
+    threshold = [5.0, 1.0, 0, 0, 2.0, 8.0, 0, 0, 0, 0]
+    left = [1, 2, -1, -1, 5, 6, -1, -1, -1, -1]
+    right = [4, 3, -1, -1, 8, 7, -1, -1, -1, -1]
+    value = [0, 0, 1.0, 2.0, 0, 0, 3.0, 3.5, 4.0, 0.25]
+    return TreeReuseModel(list(FEATURES), np.array([0, 9]), np.array(feature), np.array(threshold), np.array(left),
+                          np.array(right), np.array(value), (1.0, 0.0))
+
+
+def test_leaf_masks_find_the_leaf_each_row_reaches_as_the_walk_does():
+    m = deep_tree_and_leaf()
+    assert m._masks is not None and m._masks.width == 16
+    X = np.zeros((8, len(FEATURES)))
+    X[:, FEATURES.index("age")] = [5, 5, 6, 9, 9, np.nan, -0.0, np.inf]
+    X[:, FEATURES.index("reuse_turns")] = [1, 1.5, 2, 2, 3, np.nan, 7, -np.inf]
+    # by hand: (5, 1) left, left: 1.0; (5, 1.5) 2.0; (6, 2) right, left, left: 3.0; (9, 2) 3.5; (9, 3): every
+    # test fails, only the rightmost leaf 4.0 is ruled out by none; NaN goes left everywhere: 1.0;
+    # (−0, 7) 2.0; (∞, −∞) right, left, right: 3.5; each plus tree 1's 0.25
+    expected = [1.25, 2.25, 3.25, 3.75, 4.25, 1.25, 2.25, 3.75]
+    assert m.score(X).tolist() == expected
+    assert m.score_levels(X).tolist() == expected
+    assert m.score(X[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("leaves, width", [(20, 32), (40, 64), (70, None)])
+def test_leaf_masks_widen_with_the_leaves_and_trees_beyond_64_leaves_are_walked(leaves, width):
+    # one chain: node k (k = 0 … leaves − 2) sends age ≤ k to a leaf of value k, else to node k + 1; the
+    # last right leaf is worth leaves − 1: a row of age a reaches ceil(a) for 0 ≤ a ≤ leaves − 2
+    age = FEATURES.index("age")
+    n = 2 * leaves - 1  # nodes: split k at 2k, its left leaf at 2k + 1, the last leaf at 2(leaves − 1)
+    feature, threshold, left, right, value = [-1] * n, [0.0] * n, [-1] * n, [-1] * n, [0.0] * n
+    for k in range(leaves - 1):
+        feature[2 * k], threshold[2 * k], left[2 * k], right[2 * k] = age, float(k), 2 * k + 1, 2 * k + 2
+        value[2 * k + 1] = float(k)
+    value[n - 1] = float(leaves - 1)
+    m = TreeReuseModel(list(FEATURES), np.array([0]), np.array(feature), np.array(threshold), np.array(left),
+                       np.array(right), np.array(value), (1.0, 0.0))
+    assert (m._masks.width if m._masks else None) == width
+    X = np.zeros((6, len(FEATURES)))
+    X[:, age] = [0, 0.5, 3, 12.2, leaves - 2, leaves + 5]
+    assert m.score(X).tolist() == [0, 1, 3, 13, leaves - 2, leaves - 1]
+
+
+def test_a_node_reached_twice_is_refused(tmp_path):
+    d = two_trees().to_dict()
+    d["roots"] = [0, 2]  # tree 1 would be tree 0's right subtree
+    (tmp_path / "t.json").write_text(json.dumps(d))
+    with pytest.raises(ReuseModelError, match="a node reached twice"):
+        ReuseModel.load(tmp_path / "t.json")
+
+
+def test_leaf_masks_give_a_fitted_ranker_the_walks_bits_and_lightgbms_scores():
+    lightgbm = pytest.importorskip("lightgbm")
+    from historygraph.fit.train import TREE_PARAMS
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, len(FEATURES)))
+    X[:, :10] = np.round(X[:, :10])  # ties with thresholds, as counts give
+    X[:, 10:14] = X[:, 10:14] > 0.5  # 0/1 features: one threshold each
+    y = ((X[:, 0] + X[:, 3] * X[:, 11] + rng.normal(size=3000)) > 1).astype(int)
+    ranker = lightgbm.LGBMRanker(**{**TREE_PARAMS, "n_estimators": 60, "min_child_samples": 5}).fit(
+        X, y, group=[30] * 100)
+    roots, feat, thr, left, right, val = tree_arrays(ranker.booster_.dump_model())
+    m = TreeReuseModel(list(FEATURES), np.array(roots), np.array(feat), np.array(thr), np.array(left),
+                       np.array(right), np.array(val), (1.0, 0.0))
+    assert m._masks is not None and len(m._masks.groups) > 1
+    Z = rng.normal(size=(2000, len(FEATURES)))
+    Z[:500] = X[:500]
+    Z[500::7, 2] = np.nan  # beyond the rows compared with LightGBM, which reads NaN as missing
+    assert np.array_equal(m.score(Z), m.score_levels(Z))
+    assert np.allclose(m.score(Z[:500]), ranker.predict(Z[:500]), rtol=0, atol=1e-9)
+
+
 def test_tree_arrays_number_the_nodes_of_every_tree_in_one_sequence():
     leaf = lambda v: {"leaf_value": v}  # noqa: E731
     dump = {"tree_info": [{"tree_structure": {"split_feature": 2, "threshold": 1.5, "decision_type": "<=",
@@ -308,6 +385,7 @@ def test_lambdarank_fit_is_deterministic_and_reads_as_lightgbm_scores(tmp_path, 
     ranker = lightgbm.LGBMRanker(**TREE_PARAMS).fit(ex.X, labels(ex).astype(int), group=invocation_sizes(ex))
     # the file's leaf values keep 5 significant digits: each of 200 leaves summed is within 5e-6 relative
     assert np.allclose(a.score(ex.X), ranker.predict(ex.X), atol=1e-4)
+    assert np.array_equal(a.score(ex.X), a.score_levels(ex.X))
 
 
 def test_fit_refuses_examples_without_reuse():

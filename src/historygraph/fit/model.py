@@ -20,6 +20,8 @@ a tool result is reused at the next invocation. Two kinds of file:
      "value": [...], "calibration": [a, b], "meta": {...}}
 
   Nodes of every tree are numbered in one sequence; a leaf has ``feature`` −1 and its ``value``.
+  Scoring uses leaf bitmasks (:class:`LeafMasks`, QuickScorer's exit-leaf rule) for trees of up to
+  64 leaves, a level-by-level walk otherwise; both give the same bits.
 
 ``meta`` records what it was fitted on and how (trajectories, rows, the command). Fitting needs
 scikit-learn, and LightGBM for trees (:mod:`historygraph.fit.train`); loading and predicting need
@@ -142,17 +144,30 @@ class TreeReuseModel:
         self._feature = np.where(leaf, 0, self.feature).astype(np.intp)
         self._threshold = np.where(leaf, np.inf, self.threshold)
         self._depth = self._max_depth()
+        self._masks = LeafMasks.build(self)
 
     def _max_depth(self) -> int:
         depth, level = 0, np.asarray(self.roots, dtype=np.intp)
         while len(level := level[self.feature[level] >= 0]):
             level = np.concatenate([self.left[level], self.right[level]]).astype(np.intp)
             depth += 1
+            if depth > len(self.feature):
+                raise ReuseModelError("tree model: a cycle in the node arrays (re-fit it with `historygraph fit`)")
         return depth
 
     def score(self, X: np.ndarray) -> np.ndarray:
-        """The ensemble's raw score for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``.
-        All rows walk all trees at once, one level per step (``np.take`` on flat arrays)."""
+        """The ensemble's raw score for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``:
+        per row, the sum over trees (in tree order, numpy's pairwise sum of the ``(n, trees)`` leaf
+        values) of the leaf the row reaches. :class:`LeafMasks` finds the leaves when every tree has
+        at most 64; :meth:`score_levels` otherwise. Both give the same bits."""
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        if self._masks is not None:
+            return self._masks.leaf_values(X).sum(axis=1)
+        return self.score_levels(X)
+
+    def score_levels(self, X: np.ndarray) -> np.ndarray:
+        """:meth:`score` by walking: all rows walk all trees at once, one level per step
+        (``np.take`` on flat arrays); 7–9 times the leaf masks' CPU time at 1,000–5,000 rows of 200 trees."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         n = len(X)
         node = np.tile(np.asarray(self.roots, dtype=np.intp), (n, 1))
@@ -199,8 +214,157 @@ class TreeReuseModel:
         n = len(nodes["feature"])
         split = nodes["feature"] >= 0
         if any(len(v) != n for v in nodes.values()) or not len(roots) or roots.min() < 0 or roots.max() >= n \
-                or (nodes["feature"] >= len(FEATURES)).any() or \
+                or (nodes["feature"] >= len(FEATURES)).any() or np.isnan(nodes["threshold"][split]).any() or \
                 (split & ((nodes["left"] < 0) | (nodes["left"] >= n) | (nodes["right"] < 0) | (nodes["right"] >= n))).any():
             raise ReuseModelError(f"{source}: inconsistent tree arrays (re-fit it with `historygraph fit`)")
-        return cls(list(d["features"]), roots, nodes["feature"], nodes["threshold"], nodes["left"], nodes["right"],
-                   nodes["value"], (a, b), dict(d.get("meta", {})))
+        try:
+            return cls(list(d["features"]), roots, nodes["feature"], nodes["threshold"], nodes["left"], nodes["right"],
+                       nodes["value"], (a, b), dict(d.get("meta", {})))
+        except ReuseModelError as exc:
+            raise ReuseModelError(f"{source}: {exc}") from None
+
+
+# de Bruijn multipliers: for a word with one bit set, (bit · M mod 2^L) >> shift is a distinct number
+# in 0 … L−1 for each bit position ("Using de Bruijn Sequences to Index a 1 in a Computer Word",
+# Leiserson, Prokop and Randall, 1998)
+_DE_BRUIJN = {16: (np.uint16, 0x09AF, 12), 32: (np.uint32, 0x077CB531, 27), 64: (np.uint64, 0x03F79D71B4CB0A89, 58)}
+GROUP_CELLS = 4096  # most cells of one feature group's table (4096 × trees × 2 bytes; 6.3 MB for the 200-tree model)
+
+
+@dataclass
+class LeafMasks:
+    """Every tree's exit leaf for many rows at once, with bitmasks (the exit-leaf rule of "QuickScorer:
+    a Fast Algorithm to Rank Documents with Additive Ensembles of Regression Trees", Lucchese et al.,
+    SIGIR 2015, §3), arranged for numpy.
+
+    Number the leaves of each tree 0 … L−1 from left to right. A split node whose test fails
+    (``x[feature] > threshold``: the row goes right) rules out every leaf of its left subtree; the
+    exit leaf is the lowest leaf no failing node of its tree rules out, whichever nodes of the tree
+    fail (QuickScorer's Theorem 1), so the tests can be taken in any order. Here they are taken per
+    feature: with the distinct thresholds of feature ``f`` sorted, ``u_1 < … < u_m``, a row fails
+    exactly the nodes of ``f`` whose threshold is among the ``k = #{u_i < x[f]}`` smallest (its bin),
+    so the AND of their masks is one row of a table built once, ``(m + 1) × trees``. Features with
+    few bins are joined into groups of at most :data:`GROUP_CELLS` cells (the product of their bins;
+    the group's table holds the AND of its features' rows), so a row costs one table row per group,
+    ANDed: 12 groups for the shipped 200-tree LambdaRank model. The lowest set bit of the result
+    names the exit leaf (``m & −m``, then a de Bruijn multiplication to its position) and its value is
+    read from a ``trees × L`` table. A NaN feature goes left at every node of it (bin 0), as
+    ``x > threshold`` is false for it.
+
+    Attributes:
+        groups: per group, ``(features, thresholds per feature, cell stride per feature)``.
+        table: the groups' tables stacked, shape ``(cells of all groups, trees)``, leaf masks.
+        offsets: the first row of each group's table in ``table``.
+        values: the leaf values, slot ``t·L + slot(leaf)`` for leaf ``leaf`` of tree ``t``.
+        width: ``L``, bits per mask (16, 32 or 64).
+    """
+
+    groups: list[tuple[list[int], list[np.ndarray], list[int]]]
+    table: np.ndarray
+    offsets: np.ndarray
+    values: np.ndarray
+    width: int
+
+    @classmethod
+    def build(cls, model: "TreeReuseModel") -> "LeafMasks | None":
+        """The tables of ``model``; ``None`` when a tree has more than 64 leaves.
+
+        Raises:
+            ReuseModelError: a node reached twice (a cycle, or a node shared by trees).
+        """
+        feat, thr, left, right = model.feature, model.threshold, model.left, model.right
+        trees = len(model.roots)
+        tree_of = np.full(len(feat), -1, dtype=np.intp)
+        rank = np.zeros(len(feat), dtype=np.intp)  # leaf: its number in its tree, left to right
+        below: dict[int, int] = {}  # node -> bits of the leaves under it
+        for t, root in enumerate(model.roots):
+            order, stack, leaves = [], [int(root)], 0
+            while stack:
+                v = stack.pop()
+                if tree_of[v] >= 0:
+                    raise ReuseModelError("tree model: a node reached twice (re-fit it with `historygraph fit`)")
+                tree_of[v] = t
+                order.append(v)
+                if feat[v] < 0:
+                    rank[v], leaves = leaves, leaves + 1
+                else:
+                    stack += [int(right[v]), int(left[v])]  # the left subtree first: leaves numbered left to right
+            if leaves > 64:
+                return None
+            for v in reversed(order):  # children before their parent
+                below[v] = 1 << int(rank[v]) if feat[v] < 0 else below[int(left[v])] | below[int(right[v])]
+        leaf_counts = np.bincount(tree_of[(feat < 0) & (tree_of >= 0)], minlength=trees)
+        width = next(w for w in sorted(_DE_BRUIJN) if leaf_counts.max() <= w)
+        dtype, mult, shift = _DE_BRUIJN[width]
+        ones = (1 << width) - 1
+        slot = [((mult << k) & ones) >> shift for k in range(width)]
+        leaves = np.flatnonzero((feat < 0) & (tree_of >= 0))
+        values = np.zeros(trees * width)
+        values[tree_of[leaves] * width + np.asarray(slot, dtype=np.intp)[rank[leaves]]] = model.value[leaves]
+
+        split = (feat >= 0) & (tree_of >= 0)
+        per_feature: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for f in np.unique(feat[split]).tolist():
+            nodes = np.flatnonzero(split & (feat == f))
+            u = np.unique(thr[nodes])
+            rows = np.full((len(u) + 1, trees), ones, dtype=dtype)
+            for v, r in zip(nodes.tolist(), np.searchsorted(u, thr[nodes]).tolist()):
+                rows[r + 1:, tree_of[v]] &= dtype(ones & ~below[int(left[v])])  # bins above u_r fail the test
+            per_feature[f] = (u, rows)
+        groups: list[tuple[list[int], list[np.ndarray], list[int]]] = []
+        tables, offsets, cells, members = [], [], 0, []
+        for f in sorted(per_feature, key=lambda f: (len(per_feature[f][0]), f)) + [-1]:
+            bins = len(per_feature[f][0]) + 1 if f >= 0 else 0
+            size = int(np.prod([len(per_feature[g][0]) + 1 for g in members]))
+            if members and (f < 0 or size * bins > GROUP_CELLS):
+                table = per_feature[members[0]][1]
+                for g in members[1:]:
+                    table = (table[:, None, :] & per_feature[g][1][None, :, :]).reshape(-1, trees)
+                strides = [int(np.prod([len(per_feature[h][0]) + 1 for h in members[i + 1:]])) for i in range(len(members))]
+                groups.append((members, [per_feature[g][0] for g in members], strides))
+                tables.append(table)
+                offsets.append(cells)
+                cells += len(table)
+                members = []
+            if f >= 0:
+                members.append(f)
+        table = np.concatenate(tables) if tables else np.full((1, trees), ones, dtype=dtype)
+        return cls(groups, np.ascontiguousarray(table), np.asarray(offsets or [0], dtype=np.intp), values, width)
+
+    def leaf_values(self, X: np.ndarray) -> np.ndarray:
+        """The value of the leaf each row of ``X`` (shape ``(n, features)``, float64) reaches in each
+        tree, shape ``(n, trees)``."""
+        n = len(X)
+        dtype, mult, shift = _DE_BRUIJN[self.width]
+        acc = None
+        buf = None
+        for (features, thresholds, strides), offset in zip(self.groups, self.offsets.tolist()):
+            cell = np.full(n, offset, dtype=np.intp)
+            for f, u, stride in zip(features, thresholds, strides):
+                x = X[:, f]
+                if len(u) == 1:
+                    k = x > u[0]
+                else:
+                    k = np.searchsorted(u, x)  # #{u_i < x}; NaN sorts last, and goes left
+                    k[np.isnan(x)] = 0
+                cell += k * stride if stride != 1 else k
+            if acc is None:
+                acc = self.table.take(cell, axis=0)
+                buf = np.empty_like(acc)
+            else:
+                np.bitwise_and(acc, self.table.take(cell, axis=0, out=buf), out=acc)
+        if acc is None:  # every tree a single leaf
+            acc = np.repeat(self.table[:1], n, axis=0)
+            buf = np.empty_like(acc)
+        assert buf is not None
+        np.negative(acc, out=buf)  # two's complement: acc & −acc keeps the lowest set bit
+        acc &= buf
+        acc *= dtype(mult)
+        acc >>= dtype(shift)
+        trees = acc.shape[1]
+        if trees * self.width <= np.iinfo(dtype).max:  # the tree's first slot added in the narrow type (faster)
+            acc += np.arange(trees, dtype=dtype) * dtype(self.width)
+            return self.values.take(acc.astype(np.intp))
+        index = acc.astype(np.intp)
+        index += np.arange(trees, dtype=np.intp) * self.width
+        return self.values.take(index)
