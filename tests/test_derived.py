@@ -361,6 +361,9 @@ def test_a_reopened_view_starts_from_its_snapshot(tmp_path, monkeypatch):
     g = s.graph("s")
     key = f"lowcost:{steps_mod.ParentScoring()}"
     view = steps_mod._view(g, steps_mod.lowcost_selector(steps_mod.ParentScoring()), key)
+    assert type(view).__name__ == "_LazySteps" and view.raw == 3 and not view.built  # no step built before it is read
+    assert type(steps_mod._CACHE[g]["index"].get("files")).__name__ == "Raw"  # the inverted index not decoded
+    assert view[-1].position == 5 and view.raw == 2
     assert [type(x).__name__ for x in view] == ["_StoredStep"] * 3
     assert all("_load" in x.__dict__ for x in view)  # nothing read yet
     assert STEP_FEATURES.name in g.derived._raw  # the feature rows not decoded

@@ -166,6 +166,26 @@ class Derived:
                 self._tables[kind] = t
         return t
 
+    def take_text(self, kind: DerivedKind, position: int) -> str | None:
+        """:meth:`take_value` without decoding: the row's JSON text, or ``None`` (for a snapshot
+        whose parts are decoded when used, e.g. with a :class:`msgspec.Raw` per key)."""
+        t = self._tables.get(kind)
+        if t is not None:
+            v = t.pop(position, None)
+            return None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+        with self._lock:
+            if kind in self._tables:
+                v = self._tables[kind].pop(position, None)
+                return None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+            versions = self._raw.get(kind.name)
+            if versions and len(versions) > (kind.version in versions):  # rows of other versions: as table() does
+                for v in [v for v in versions if v != kind.version]:
+                    del versions[v]
+                if self.persist:
+                    self._stale.add((kind.name, kind.version))
+            raw = versions.get(kind.version) if versions else None
+            return raw.pop(position, None) if raw is not None else None
+
     def take_value(self, kind: DerivedKind, position: int) -> Any:
         """The stored value of ``kind`` (its current version) at ``position``, or ``None``; taken
         out (a later :meth:`table` or call here does not return it). Decodes only that row when

@@ -48,8 +48,10 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import json
 import math
+import operator
 import re
 import threading
 import weakref
@@ -318,6 +320,162 @@ class _StoredStep(Step):
         return c
 
 
+_FIRST, _SECOND, _FIFTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(4)
+
+
+def _is_row(row: object) -> bool:
+    """Whether ``row`` has the shape of a stored step (:func:`view_kind`)."""
+    return type(row) is list and len(row) == 6 and type(row[0]) is int and type(row[1]) is list and type(row[4]) is list
+
+
+def _same_results(graph: ContextGraph, positions: list[int], rows: list, upto: int) -> bool:
+    """Whether every stored step (``rows``, at ``positions``) lists as its results the positions
+    below ``upto`` of its calls' latest results, in call order (what a step built from the
+    graph's first ``upto`` messages holds): from the graph's call map, whose order is the calls'
+    order (messages appended in order, each message's calls in order). A message naming one call id
+    twice (the call map holds it once) is checked call by call."""
+    msgs, result_of, call_owner = graph.messages, graph.result_of, graph.call_owner
+    calls = sum(map(len, map(_TOOL_CALLS, map(msgs.__getitem__, positions))))
+    owners = np.fromiter(call_owner.values(), dtype=np.int64, count=len(call_owner))
+    if calls + int((owners >= upto).sum()) != len(call_owner):
+        return all(row[1] == [q for c in msgs[pos].tool_calls if (q := result_of.get(c.id, upto)) < upto]
+                   for pos, row in zip(positions, rows))
+    ids = itertools.islice(call_owner, calls)  # the calls of the first ``upto`` messages (their owners come first)
+    q = np.fromiter(map(result_of.get, ids, itertools.repeat(upto)), dtype=np.int64, count=calls)
+    owner = owners[:calls]
+    answered = q < upto
+    # per step, how many of its calls have a result before upto, and those results in call order
+    per_step = np.bincount(np.searchsorted(np.asarray(positions, dtype=np.int64), owner[answered]), minlength=len(positions))
+    stored = list(map(_SECOND, rows))
+    return per_step.tolist() == list(map(len, stored)) and \
+        q[answered].tolist() == list(itertools.chain.from_iterable(stored))
+
+
+_TOOL_CALLS = operator.attrgetter("tool_calls")
+
+
+class _LazySteps(list):
+    """The steps of a view read from a stored snapshot: a list whose entries for the stored rows
+    are built (:class:`_StoredStep`) when first read, by index or by iteration (a first render of a
+    reopened session reads the few steps of the latest ancestry, not every step). Appended to and
+    popped at the end as a list. Every way of reading an entry builds it first; :meth:`original`
+    gives the step built for a stored row even after it was popped."""
+
+    def __init__(self, rows: list, messages: list, load: "_Loader") -> None:
+        super().__init__(rows)
+        self.rows, self.messages, self.load = rows, messages, load
+        self.built: dict[int, Step] = {}
+        self.raw = len(rows)  # entries still a stored row
+
+    def original(self, k: int) -> Step:
+        """The step of stored row ``k``, built once."""
+        step = self.built.get(k)
+        if step is None:
+            pos, results, status, superseded_by, parents, run = self.rows[k]
+            step = _StoredStep.__new__(_StoredStep)
+            step.__dict__.update(index=k, position=pos, results=tuple(results), thought=self.messages[pos].content,
+                                 test_results=_run_of(run), validation_status=status, superseded_by=superseded_by,
+                                 parents=tuple(parents), summary=None, _load=self.load)
+            self.built[k] = step
+        return step
+
+    def _at(self, k: int) -> Step:
+        item = list.__getitem__(self, k)
+        if type(item) is list:  # a stored row not read yet
+            if k < 0:
+                k += len(self)
+            item = self.original(k)
+            list.__setitem__(self, k, item)
+            self.raw -= 1
+        return item
+
+    def __getitem__(self, k):  # type: ignore[no-untyped-def,override]
+        if isinstance(k, slice):
+            return [self._at(i) for i in range(*k.indices(len(self)))]
+        return self._at(k)
+
+    def _all(self) -> list[Step]:
+        if self.raw:
+            for k in range(min(len(self), len(self.rows))):
+                self._at(k)
+        return list.__getitem__(self, slice(None))
+
+    def __iter__(self):  # type: ignore[no-untyped-def,override]
+        return iter(self._all())
+
+    def __reversed__(self):  # type: ignore[no-untyped-def,override]
+        return reversed(self._all())
+
+    def __contains__(self, x: object) -> bool:
+        return x in self._all()
+
+    def __eq__(self, other: object) -> bool:
+        return self._all() == (other._all() if isinstance(other, _LazySteps) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+    def index(self, *a):  # type: ignore[no-untyped-def,override]
+        return self._all().index(*a)
+
+    def count(self, x: object) -> int:
+        return self._all().count(x)
+
+    def copy(self) -> list[Step]:  # type: ignore[override]
+        return list(self._all())
+
+    def pop(self, k: int = -1) -> Step:  # type: ignore[override]
+        item = self._at(k)
+        list.pop(self, k)
+        return item
+
+
+_VIEW_PARTS = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_DECODE = msgspec.json.Decoder().decode
+_INDEX_KEYS = ("files", "identifiers")
+
+
+class _LazyIndex(dict):
+    """The per-graph inverted index read from a snapshot: ``files`` and ``identifiers`` kept as
+    their JSON text until first read (then ``defaultdict(list)`` of the decoded lists, as built)."""
+
+    def __getitem__(self, key: str) -> object:
+        v = dict.__getitem__(self, key)
+        if type(v) is msgspec.Raw:
+            try:
+                decoded = _DECODE(v)
+            except msgspec.DecodeError:
+                decoded = json.loads(bytes(v))
+            v = defaultdict(list, decoded)
+            dict.__setitem__(self, key, v)
+        return v
+
+
+class _StepIndex(dict):
+    """``of_step`` of the per-graph index of a view read from a snapshot (the step indexed as step
+    ``k``): for a stored row, the step built for it (:meth:`_LazySteps.original`, built when asked
+    for) unless another was indexed since."""
+
+    def __init__(self, steps: _LazySteps) -> None:
+        super().__init__()
+        self.steps, self.n = steps, len(steps.rows)
+
+    def get(self, k: int, default: object = None) -> object:  # type: ignore[override]
+        if dict.__contains__(self, k):
+            return dict.__getitem__(self, k)
+        if type(k) is int and 0 <= k < self.n:
+            return self.steps.original(k)
+        return default
+
+    def __len__(self) -> int:
+        return self.n + sum(1 for k in dict.keys(self) if not 0 <= k < self.n)
+
+
 @dataclass
 class _View:
     """The steps of one graph for one selector, extended as the graph grows: ``upto`` messages
@@ -381,33 +539,36 @@ def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, 
     shared_only = getattr(selector, "shared_only", False)
     if stored_as is None or not graph.derived.persist or (shared_only and "index" in cache):
         return
-    data = graph.derived.take_value(view_kind(stored_as), 0)
-    msgs, result_of = graph.messages, graph.result_of
-    if not isinstance(data, dict) or not 0 < data.get("upto", 0) <= len(msgs):
+    text = graph.derived.take_text(view_kind(stored_as), 0)
+    try:  # the inverted index decoded when first used (a view's new steps need it; a first render has none)
+        parts = _VIEW_PARTS(text) if text is not None else None
+        data = {k: v if k in _INDEX_KEYS else _DECODE(v) for k, v in parts.items()} if parts is not None else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        data = None
+    msgs = graph.messages
+    if not isinstance(data, dict) or type(data.get("upto")) is not int or not 0 < data["upto"] <= len(msgs):
         return
     upto, rows = data["upto"], data["steps"]
+    if not isinstance(rows, list) or not all(map(_is_row, rows)):
+        return
     turn = np.asarray(graph.turn_of[:upto], dtype=np.int64)  # a turn begins at each assistant message
     positions = np.flatnonzero(np.diff(turn, prepend=0)).tolist()
-    if len(positions) != len(rows):
+    if len(positions) != len(rows) or list(map(_FIRST, rows)) != positions:
         return
-    for pos, row in zip(positions, rows):  # the steps are those of these messages, with the same results
-        if row[0] != pos or row[1] != [q for c in msgs[pos].tool_calls if (q := result_of.get(c.id, upto)) < upto]:
-            return
+    # the steps are those of these messages, with the same results: each step's calls' results
+    # before ``upto``, in call order (all steps' at once from the graph's call map, in call order)
+    if not _same_results(graph, positions, rows, upto):
+        return
     pcache = cache["parents"]
-    steps = view.steps
-    new, load = _StoredStep.__new__, _Loader(graph)
-    for k, (pos, results, status, superseded_by, parents, run) in enumerate(rows):
-        results, parents = tuple(results), tuple(parents)
-        step = new(_StoredStep)
-        step.__dict__.update(index=k, position=pos, results=results, thought=msgs[pos].content,
-                             test_results=_run_of(run), validation_status=status, superseded_by=superseded_by,
-                             parents=parents, summary=None, _load=load)
-        steps.append(step)
-        pcache[(selector_key, k, len(results))] = parents
+    results_of = list(map(_SECOND, rows))
+    pcache.update(zip(zip(itertools.repeat(selector_key), range(len(rows)), map(len, results_of)),
+                      map(tuple, map(_FIFTH, rows))))
+    steps = view.steps = _LazySteps(rows, msgs, _Loader(graph))  # each step built when first read
     view.failed, view.undo, view.open = list(data["failed"]), [tuple(u) for u in data["undo"]], list(data["open"])
     if shared_only:
-        cache["index"] = {"files": defaultdict(list, data["files"]), "identifiers": defaultdict(list, data["identifiers"]),
-                          "of_step": dict(enumerate(steps))}
+        if not all(k in data for k in _INDEX_KEYS):
+            return  # (a snapshot of another selector's shape)
+        cache["index"] = _LazyIndex(files=data["files"], identifiers=data["identifiers"], of_step=_StepIndex(steps))
     view.upto = upto
     cache.setdefault("kept", {})[selector_key] = upto
 
@@ -431,7 +592,8 @@ def _keep(graph: ContextGraph, cache: dict, view: _View, selector: Selector, sel
         of_step = index["of_step"]
         if len(of_step) != len(steps) or any(of_step.get(k) is not s for k, s in enumerate(steps)):
             return  # another view of the graph indexed steps of its own
-        data["files"], data["identifiers"] = index["files"], index["identifiers"]
+        # (a part still as it was read is written as its text)
+        data["files"], data["identifiers"] = dict.__getitem__(index, "files"), dict.__getitem__(index, "identifiers")
     graph.derived.put_json(view_kind(stored_as), 0, msgspec.json.encode(data).decode())
     kept[selector_key] = n
 
@@ -447,7 +609,8 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
     shared_only = getattr(selector, "shared_only", False)
     if shared_only:  # per file name and per identifier the steps that have it
         index = cache.setdefault("index", {"files": defaultdict(list), "identifiers": defaultdict(list), "of_step": {}})
-        by_file, by_ident, of_step = index["files"], index["identifiers"], index["of_step"]
+        of_step = index["of_step"]
+        by_file = by_ident = None  # read when a new step needs them
     steps, failed = view.steps, view.failed
     stored_as = getattr(selector, "stored_as", None)
     if stored_as is not None:
@@ -489,6 +652,8 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
                     pcache[key] = tuple(row[1])
         if key not in pcache:
             if shared_only:
+                if by_file is None:
+                    by_file, by_ident = index["files"], index["identifiers"]
                 shared: set[int] = set()
                 for x in step.files:
                     shared.update(by_file.get(x, ()))
@@ -502,6 +667,8 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
                 graph.derived.put(kind, pos, [len(msgs), list(pcache[key])])
         step.parents = pcache[key]
         if shared_only:
+            if by_file is None:
+                by_file, by_ident = index["files"], index["identifiers"]
             old = of_step.get(k)  # the step indexed as step k
             if old is None or (old is not step and (old.files != step.files or old.identifiers != step.identifiers)):
                 # a new step, or its observation arrived since it was indexed
