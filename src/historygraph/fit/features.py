@@ -420,11 +420,60 @@ _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKey
 
 
 def _grow_of(a: np.ndarray) -> _Grow:
+    """A :class:`_Grow` holding ``a`` (an array of its own, e.g. :func:`unpack_array`'s: used as
+    the buffer, full; the next ``reserve`` doubles it)."""
     g = _Grow.__new__(_Grow)
-    g.a = np.zeros((max(64, 2 * len(a)),) + a.shape[1:], a.dtype)
-    g.a[:len(a)] = a
+    g.a = a if a.flags.writeable else a.copy()
     g.n = len(a)
     return g
+
+
+class _Idents(list):
+    """``assistant_idents`` read from a snapshot: ``(turn, frozenset of identifiers)`` per assistant
+    message, each entry made from its stored ``[turn, identifiers]`` when first read (a render
+    reads the last few, newest first). Appended to as a list; reading entries in any other way
+    makes every entry first."""
+
+    def __init__(self, rows: list) -> None:
+        super().__init__(rows)
+        self.raw = len(rows)  # entries still stored rows, all before the first made one counted from the end
+
+    def _make(self, i: int) -> tuple[int, frozenset[str]]:
+        v = list.__getitem__(self, i)
+        if type(v) is list:
+            v = (v[0], frozenset(v[1]))
+            list.__setitem__(self, i, v)
+        return v
+
+    def __reversed__(self):  # type: ignore[no-untyped-def,override]
+        for i in range(len(self) - 1, -1, -1):
+            yield self._make(i)
+
+    def _all(self) -> list[tuple[int, frozenset[str]]]:
+        if self.raw:
+            for i in range(len(self)):
+                self._make(i)
+            self.raw = 0
+        return list.__getitem__(self, slice(None))
+
+    def __iter__(self):  # type: ignore[no-untyped-def,override]
+        return iter(self._all())
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        if isinstance(i, slice):
+            return self._all()[i]
+        return self._make(i)
+
+    def __eq__(self, other: object) -> bool:
+        return self._all() == (other._all() if isinstance(other, _Idents) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+    def __contains__(self, x: object) -> bool:
+        return x in self._all()
 
 
 _ARRAYS = ("turn", "owner", "static", "unique_n", "superseded", "edited_later", "ident_turns_n")
@@ -471,7 +520,7 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _Gra
     gf.row_of = dict(zip(rows, range(len(rows))))
     gf.unique = dict(zip(rows, data["unique"]))
     gf.ident_turns = {p: t for p, t in data["ident_turns"]}
-    gf.assistant_idents = [(t, frozenset(ids)) for t, ids in data["assistant_idents"]]
+    gf.assistant_idents = _Idents(data["assistant_idents"])  # each entry made when first read
     for name in _DICTS:
         setattr(gf, name, data[name])
     for name in _ARRAYS:
