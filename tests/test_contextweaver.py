@@ -285,3 +285,23 @@ def test_local_model_writes_a_bounded_cached_summary():
     again = summarizer.summary(step, g.messages[result_pos(g, 0)].content)
     assert 0 < len(first) <= 300 and "\n" not in first and again == first
     assert summarizer.usage.calls == 1 and summarizer.usage.output_tokens <= 24
+
+
+@pytest.mark.parametrize("sizes", [[10, 20], [19_990, 30], [20_000, 5], [19_999, 7], [5, 19_994, 3], [25_000], [0, 0, 40]])
+def test_step_files_and_identifiers_are_those_of_its_joined_text(sizes):
+    """A step's files and identifiers (computed per result, joined texts cut at their newlines)
+    are those :func:`files_in` / :func:`identifiers_in` find in the action, the thought and the
+    first 20,000 characters of the results joined by newlines (ContextWeaver §3.1's features),
+    also where that cut falls inside a result, on its newline or just after it."""
+    from historygraph.signals.steps import FEATURE_CHARS, _extract
+
+    unit = "see src/pkg/mod_a.py and FooBar.run_all in http://x.org/y.py; "
+    contents = [(unit * (n // len(unit) + 1))[:n] for n in sizes]
+    calls = tuple(ToolCall(f"c{i}", "bash", json.dumps({"command": f"cat lib/file_{i}.py"})) for i in range(len(sizes)))
+    msgs = [Message("assistant", "Look at setup_cfg.toml, then parse_args", calls)]
+    msgs += [Message("tool", c, tool_call_id=f"c{i}") for i, c in enumerate(contents)]
+    action = action_text(ContextGraph("s", msgs), 0)
+    head = "\n".join(contents)[:FEATURE_CHARS]
+    _, files, idents, _ = _extract(msgs, 0, tuple(range(1, len(msgs))), with_run=False)
+    assert files == files_in(action + "\n" + msgs[0].content + "\n" + head)
+    assert idents == identifiers_in(action + "\n" + head)

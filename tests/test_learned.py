@@ -127,6 +127,11 @@ def test_member_sums_from_postings_and_recent_entries_equal_adding_each_rows_ter
             assert got.tolist() == [by_hand(set(m)) for m in sets]
             assert flat.sums(ids, row + 1, w, own=True).tolist() == [by_hand(set(m), o) for m, o in zip(sets, owns)]
             assert flat.counts().tolist() == [sum(v in m for m in sets) for v in flat.vocab]
+            # several queries in one pass (a render's): each row as by hand, the weights 1 by default
+            half = flat.lookup(query[:5])
+            many = flat.sums_many([(ids, w, False), (ids, w, True), (half, None, False), (half[:0], None, True)], row + 1)
+            assert many.tolist() == [[by_hand(set(m)) for m in sets], [by_hand(set(m), o) for m, o in zip(sets, owns)],
+                                     [float(len(set(m) & set(query[:5]))) for m in sets], [0.0] * (row + 1)]
             states.add("none" if not flat._indexed else "all" if flat._indexed == flat.ids.n else "both")
     assert states == {"none", "all", "both"}  # before the first index, just after one, with rows added since
 

@@ -270,28 +270,45 @@ class _Flat:
         1 by default; only members first held by the row when ``own``). Each row's terms are added
         left to right from 0.0 in the order of ``ids`` (``np.bincount`` adds sequentially), which is
         the row's own order of its members when ``ids`` is in that order."""
+        return self.sums_many([(ids, weights, own)], n)[0]
+
+    def sums_many(self, queries: "list[tuple[np.ndarray, np.ndarray | None, bool]]", n: int) -> np.ndarray:
+        """:meth:`sums` of each ``(ids, weights, own)`` of ``queries``, as the rows of one
+        ``(len(queries), n)`` array, in the same numpy passes for all (a render asks for up to five
+        per table, each a few members: the passes' fixed cost was most of it). The same bits as one
+        :meth:`sums` per query: ``np.bincount`` over ``query · n + row`` adds each bin's terms in
+        the order they come, which is each query's own order."""
         self._flush()
         total = self.ids.n
         if total - self._indexed > max(_INDEX_MIN, total // 32):
             self._index()
-        w = np.ones(len(ids)) if weights is None else np.asarray(weights, dtype=np.float64)
-        out = np.zeros(n)
+        nq = len(queries)
+        ids = np.concatenate([q[0] for q in queries]) if nq > 1 else np.asarray(queries[0][0])
+        ids = ids.astype(np.intp, copy=False)
+        sizes = [len(q[0]) for q in queries]
+        w = np.concatenate([np.ones(k) if q[1] is None else np.asarray(q[1], dtype=np.float64)
+                            for q, k in zip(queries, sizes)]) if nq else np.zeros(0)
+        which = np.repeat(np.arange(nq), sizes)  # the query of each of ids
+        owns = np.array([bool(q[2]) for q in queries])
+        out = np.zeros((nq, n))
         if self._indexed:  # the postings of the members, concatenated in the order of ids
             known = ids < len(self._indptr) - 1
-            q, wq = ids[known], w[known]
+            q, wq, qk = ids[known], w[known], which[known]
             starts, lens = self._indptr[q], self._indptr[q + 1] - self._indptr[q]
             at = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
             x = np.repeat(wq, lens)
-            if own:
-                x = x * self._post_own[at]
-            out = np.bincount(self._post_rows[at], weights=x, minlength=n)
+            per = np.repeat(qk, lens)
+            if owns.any():
+                x = np.where(owns[per], x * self._post_own[at], x)
+            out = np.bincount(per * n + self._post_rows[at], weights=x, minlength=nq * n).reshape(nq, n)
         if total > self._indexed:  # the entries added since, in their order
-            full = np.zeros(len(self.vocab))
-            full[ids] = w
-            x = full[self.ids.a[self._indexed:total]]
-            if own:
-                x = x * self.own.a[self._indexed:total]
-            out = out + np.bincount(self.rows.a[self._indexed:total], weights=x, minlength=n)
+            full = np.zeros((nq, len(self.vocab)))
+            full[which, ids] = w
+            x = full[:, self.ids.a[self._indexed:total]]
+            if owns.any():
+                x[owns] = x[owns] * self.own.a[self._indexed:total]
+            key = (np.arange(nq)[:, None] * n + self.rows.a[self._indexed:total]).ravel()
+            out = out + np.bincount(key, weights=x.ravel(), minlength=nq * n).reshape(nq, n)
         return out
 
     def _index(self) -> None:
@@ -785,7 +802,11 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         KeyError: a position that is not a stored tool result.
     """
     gf = graph_facts(graph, counter)
-    rows = np.fromiter(map(gf.row_of.__getitem__, positions), dtype=np.intp, count=len(positions))
+    stored = list(gf.row_of)  # result positions by row
+    if isinstance(positions, list) and positions == stored[:len(positions)]:  # the first rows in order (a layout's candidates, mostly)
+        rows = np.arange(len(positions), dtype=np.intp)
+    else:
+        rows = np.fromiter(map(gf.row_of.__getitem__, positions), dtype=np.intp, count=len(positions))
     msgs = graph.messages
     t = graph.turns
     n = len(gf.row_of)
@@ -821,49 +842,59 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         out[reused, _COL["reused_recent"]] = recent.sum(1)
         out[reused, _COL["since_reuse"]] = _log1p_int(t - last)
         out[reused, _COL["never_reused"]] = 0.0
-    # lexical and value overlap with the latest assistant message and the task
+    # lexical and value overlap with the latest assistant message and the task, identifiers, files,
+    # and echoes in the newest results (0 for the newest results themselves): each table's sums
+    # in one pass (_Flat.sums_many)
     vt, it, wt, ft = gf.values_t, gf.idents_t, gf.words_t, gf.files_t
-    col("latest_values", _log1p_int(vt.sums(vt.lookup(latest_values), n)))
-    col("task_values", _log1p_int(vt.sums(vt.lookup(task_values), n)))
+    fresh = [gf.facts[q] for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
+    fresh_values = frozenset().union(*(f.values for f in fresh))
+    fresh_idents = frozenset().union(*(f.idents for f in fresh))
+    fresh_files = frozenset().union(*(f.content_files for f in fresh))
+    q_values = vt.lookup(fresh_values)
+    v_latest, v_task, v_echo, v_echo_own = vt.sums_many(
+        [(vt.lookup(latest_values), None, False), (vt.lookup(task_values), None, False),
+         (q_values, None, False), (q_values, None, True)], n)
+    col("latest_values", _log1p_int(v_latest))
+    col("task_values", _log1p_int(v_task))
     df = wt.counts()
-    for name, query in (("latest_cover", latest_words), ("task_cover", task_words)):
-        ids, idf, total = cover_weights(gf, query, df)
-        if total > 0:
-            col(name, wt.sums(ids, n, idf) / total)
+    covers = [(name, *cover_weights(gf, query, df)) for name, query in (("latest_cover", latest_words),
+                                                                         ("task_cover", task_words))]
+    covers = [c for c in covers if c[3] > 0]
+    if covers:
+        for (name, _, _, total), x in zip(covers, wt.sums_many([(ids, idf, False) for _, ids, idf, _ in covers], n)):
+            col(name, x / total)
     static = gf.static.view()
     for k, name in enumerate(_STATIC):
         col(name, static[:, k])
     out[[gf.row_of[p] for p in latest_ancestry_results(graph, ANCESTRY_STEPS) if p in gf.row_of], _COL["ancestor"]] = 1.0
     col("superseded", gf.superseded.view())
     col("edited_later", gf.edited_later.view())
-    col("path_in_latest", ft.sums(ft.lookup(latest_files), n) > 0)
+    f_latest, f_echo = ft.sums_many([(ft.lookup(latest_files), None, False), (ft.lookup(fresh_files), None, False)], n)
+    col("path_in_latest", f_latest > 0)
     col("unique_values", _log1p_int(gf.unique_n.view()))
     owner = gf.owner.view()
     newest = owner == latest if latest is not None else np.zeros(n, bool)
     col("latest_result", newest)
     col("ident_turns", _log1p_int(gf.ident_turns_n.view()))
     q_latest = it.lookup(latest_idents)
-    col("latest_idents", _log1p_int(it.sums(q_latest, n)))
-    col("latest_own_idents", _log1p_int(it.sums(q_latest, n, own=True)))
     recent = []  # the identifiers of the last RECENT_TURNS assistant messages, once per message naming them
     for turn_, ids_ in reversed(gf.assistant_idents):
         if turn_ <= t - RECENT_TURNS:
             break
         recent.append(it.lookup(ids_))
     q_recent, times = np.unique(np.concatenate(recent), return_counts=True) if recent else (np.zeros(0, np.intp), None)
-    col("recent_own_idents", _log1p_int(it.sums(q_recent, n, times, own=True)))
-    col("task_idents", _log1p_int(it.sums(it.lookup(task_idents), n)))
-    # echoes in the newest results (0 for the newest results themselves)
-    fresh = [gf.facts[q] for q in range(latest + 1, len(msgs)) if q in gf.facts] if latest is not None else []
-    fresh_values = frozenset().union(*(f.values for f in fresh))
-    fresh_idents = frozenset().union(*(f.idents for f in fresh))
-    fresh_files = frozenset().union(*(f.content_files for f in fresh))
+    i_latest, i_latest_own, i_recent_own, i_task, i_echo_own = it.sums_many(
+        [(q_latest, None, False), (q_latest, None, True), (q_recent, times, True),
+         (it.lookup(task_idents), None, False), (it.lookup(fresh_idents), None, True)], n)
+    col("latest_idents", _log1p_int(i_latest))
+    col("latest_own_idents", _log1p_int(i_latest_own))
+    col("recent_own_idents", _log1p_int(i_recent_own))
+    col("task_idents", _log1p_int(i_task))
     keep = ~newest
-    q_values = vt.lookup(fresh_values)
-    col("echo_values", _log1p_int(vt.sums(q_values, n)) * keep)
-    col("echo_own_values", _log1p_int(vt.sums(q_values, n, own=True)) * keep)
-    col("echo_own_idents", _log1p_int(it.sums(it.lookup(fresh_idents), n, own=True)) * keep)
-    col("echo_files", (ft.sums(ft.lookup(fresh_files), n) > 0) & keep)
+    col("echo_values", _log1p_int(v_echo) * keep)
+    col("echo_own_values", _log1p_int(v_echo_own) * keep)
+    col("echo_own_idents", _log1p_int(i_echo_own) * keep)
+    col("echo_files", (f_echo > 0) & keep)
     if len(rows) and rows[-1] == len(rows) - 1 and (rows == np.arange(len(rows))).all():
         return out[:len(rows)]  # the first rows in order (every result but the newest protected ones)
     return out[rows]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -125,11 +126,14 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     a = cost_exponent
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
     cands = lay.candidates
-    cand_arr = np.asarray(cands, dtype=np.intp)  # sorted (Layout keeps candidates in position order)
-    given = np.asarray(candidates, dtype=np.intp)
-    at = np.searchsorted(cand_arr, given)
-    if len(given) and (at.max() >= len(cands) or (cand_arr[at] != given).any()):
-        raise ValueError("knapsack_select: candidates must be candidates of the selection's layout")
+    if candidates is cands or (isinstance(candidates, list) and candidates == cands):  # every candidate, in their order (learned's own call)
+        at: "np.ndarray | slice" = slice(None)
+    else:
+        cand_arr = np.asarray(cands, dtype=np.intp)  # sorted (Layout keeps candidates in position order)
+        given = np.asarray(candidates, dtype=np.intp)
+        at = np.searchsorted(cand_arr, given)
+        if len(given) and (at.max() >= len(cands) or (cand_arr[at] != given).any()):
+            raise ValueError("knapsack_select: candidates must be candidates of the selection's layout")
     vals = np.zeros(len(cands))
     vals[at] = value if isinstance(value, np.ndarray) else \
         np.fromiter(map(value.__getitem__, candidates), dtype=np.float64, count=len(candidates))
@@ -241,7 +245,9 @@ def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.nda
     msgs, form = layout.graph.messages, layout.form
     prob = np.asarray(prob, dtype=np.float64)
     value = np.where(prob >= cfg.min_probability, prob, 0.0)
-    excerpts = [i for i, p in enumerate(layout.candidates) if form[p] is not msgs[p]]
+    cands = layout.candidates
+    excerpts = np.flatnonzero(np.fromiter(map(operator.is_not, map(form.__getitem__, cands), map(msgs.__getitem__, cands)),
+                                          dtype=bool, count=len(cands)))
     value[excerpts] = value[excerpts] * cfg.excerpt_value
     return value
 

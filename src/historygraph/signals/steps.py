@@ -90,13 +90,44 @@ _CODE_LIKE = re.compile(r"[A-Za-z0-9]_[A-Za-z0-9]|[a-z][A-Z]|[A-Z]{2}[a-z]")
 
 
 def files_in(text: str) -> frozenset[str]:
-    """File names (last path component) of the paths in ``text``."""
-    return frozenset(m.rsplit("/", 1)[-1] for m in _FILE.findall(_URL.sub(" ", text)))
+    """File names (last path component) of the paths in ``text`` (kept for the latest texts
+    asked about: :func:`_recall`)."""
+    return _recall(0, text, _files_in)
 
 
 def identifiers_in(text: str) -> frozenset[str]:
-    """Code-like identifiers in ``text`` (rule in the module docstring)."""
-    return frozenset(t for t in _IDENT.findall(text) if _CODE_LIKE.search(t))
+    """Code-like identifiers in ``text`` (rule in the module docstring; kept for the latest texts
+    asked about: :func:`_recall`)."""
+    return _recall(1, text, _identifiers_in)
+
+
+def _files_in(text: str) -> frozenset[str]:
+    return frozenset(m.rsplit("/", 1)[-1] for m in _FILE.findall(_URL.sub(" ", text)))
+
+
+def _identifiers_in(text: str) -> frozenset[str]:
+    return frozenset(t for t in set(_IDENT.findall(text)) if _CODE_LIKE.search(t))  # each distinct token tested once
+
+
+_RECALL: dict[tuple[int, str], frozenset[str]] = {}
+_RECALL_SIZE = 128   # texts kept (a render asks about a few new ones)
+_RECALL_CHARS = 128  # shorter texts are not kept (matching them costs about what a lookup does)
+
+
+def _recall(kind: int, text: str, fn: Callable[[str], frozenset[str]]) -> frozenset[str]:
+    """``fn(text)``, kept for the last :data:`_RECALL_SIZE` texts: a new result's text is matched
+    for the learned selector's facts (:mod:`historygraph.fit.features`) and for its step
+    (:func:`_extract`, one result at a time), the latest assistant message's for its facts and
+    for the render's features. A string's hash is computed once per string object."""
+    if len(text) < _RECALL_CHARS:
+        return fn(text)
+    key = (kind, text)
+    hit = _RECALL.get(key)
+    if hit is None:
+        if len(_RECALL) >= _RECALL_SIZE:
+            _RECALL.clear()
+        hit = _RECALL[key] = fn(text)
+    return hit
 
 
 def action_text(graph: ContextGraph, position: int) -> str:
@@ -239,10 +270,32 @@ def _extract(messages: list, position: int, results: tuple[int, ...], with_run: 
     (the run ``None`` unless ``with_run``)."""
     m = messages[position]
     action = _action_of(m)
-    obs = "\n".join(messages[p].content for p in results)
-    head = obs[:FEATURE_CHARS]
-    return (action, files_in(action + "\n" + m.content + "\n" + head), identifiers_in(action + "\n" + head),
-            parse_test_output(obs) if obs and with_run else None)
+    contents = [messages[p].content for p in results]
+    obs = "\n".join(contents)
+    pieces = _head_pieces(contents, obs)
+    files = files_in(action).union(files_in(m.content), *map(files_in, pieces))
+    idents = identifiers_in(action).union(*map(identifiers_in, pieces))
+    return (action, files, idents, parse_test_output(obs) if obs and with_run else None)
+
+
+def _head_pieces(contents: list[str], obs: str) -> list[str]:
+    """The first :data:`FEATURE_CHARS` characters of ``obs`` (``contents`` joined by newlines) cut
+    at the newlines that join them: the whole contents that fit, then what fits of the next. No
+    file name or identifier holds a newline or is cut by one (the patterns' classes and lookarounds
+    exclude it, and a newline is a boundary as the text's ends are), so those of the joined text
+    (``files_in(a + "\\n" + b)``) are those of its pieces together, and a result's own text, as
+    its learned facts ask about it, is matched once (:func:`_recall`)."""
+    out: list[str] = []
+    at = 0
+    for c in contents:
+        if at + len(c) > FEATURE_CHARS:
+            out.append(obs[at:FEATURE_CHARS])
+            break
+        out.append(c)
+        at += len(c) + 1
+        if at > FEATURE_CHARS:
+            break
+    return out
 
 
 def _features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...], cache: dict | None = None) -> Step:
