@@ -576,3 +576,29 @@ def test_a_token_snapshot_of_other_results_is_not_used(monkeypatch):
     g3 = ContextGraph("s", EVENTS, derived=Derived(rows, persist=True))
     Layout(g3, c, None)
     assert _token_memo(g3, c, placeholder_for).one_by_one  # the real one is read
+
+
+def test_brief_savings_start_from_their_snapshot(monkeypatch):
+    """The brief views' savings kept as a snapshot (render.briefs) are read whole on reopen and
+    equal a fresh graph's; one that saves tokens at a message without a brief view (forged), or
+    holds more messages than the graph, is not used."""
+    from historygraph.derived import pack_array
+    from historygraph.render import _SAVINGS_KEPT, _brief_savings, brief_rows, brief_snapshot
+
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
+    c = TokenCounter()
+    snap_kind = brief_snapshot(brief_rows(True, c.encoding_name))
+    events = EVENTS[:1] + [Message("assistant", "look at the dates module " * 40, EVENTS[1].tool_calls)] + EVENTS[2:]
+    g = ContextGraph("s", events, derived=Derived(persist=True))
+    want = _brief_savings(g, c).tolist()
+    assert any(want)
+    rows, _ = g.derived.take()
+    (snap,) = [r for r in rows if r[0] == snap_kind.name]
+    rows = [r for r in rows if not r[0].startswith("render.brief:")]  # no per-message rows: computed when not read
+    g2 = ContextGraph("s", events, derived=Derived(rows, persist=True))
+    assert _brief_savings(g2, c).tolist() == want and _SAVINGS_KEPT[g2][c.encoding_name] == (len(events), True)
+    data = json.loads(snap[3])
+    for change in ({"saved": pack_array(np.array([5] + want[1:]))}, {"upto": 99}, {"saved": "x"}):
+        forged = [(*r[:3], json.dumps({**data, **change})) if r is snap else r for r in rows]
+        g3 = ContextGraph("s", events, derived=Derived(forged, persist=True))
+        assert _brief_savings(g3, c).tolist() == want and not _SAVINGS_KEPT[g3][c.encoding_name][1], change

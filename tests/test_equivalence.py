@@ -1014,7 +1014,7 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
             kinds = {k.split(":")[0] for (k,) in db.execute("SELECT DISTINCT kind FROM derived")}
         want = {"tfa.values", "render.tokens", "render.memo"} | ({"steps.features", "steps.parents", "steps.view"}
                                                                  if policy not in ("contextrender", "cw-bm25", "prune") else set())
-        want |= {"learned": {"learned.facts", "learned.graph", "render.brief"}, "cw-bm25": {"bm25.tokens", "bm25.index"}}.get(policy, set())
+        want |= {"learned": {"learned.facts", "learned.graph", "learned.task", "render.brief", "render.briefs"}, "cw-bm25": {"bm25.tokens", "bm25.index"}}.get(policy, set())
         assert kinds == want, kinds
     assert compared > 10
 

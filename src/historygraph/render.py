@@ -1089,15 +1089,26 @@ def _brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
     store reads and keeps them as derived rows (:func:`brief_rows`); the brief messages
     themselves are built only for the units a render revives."""
     per = _SAVINGS.setdefault(graph, {})
-    saved = per.setdefault(counter.encoding_name, _Grow())
+    enc = counter.encoding_name
+    saved = per.setdefault(enc, _Grow())
     msgs = graph.messages
     if saved.n > len(msgs):
-        saved = per[counter.encoding_name] = _Grow()
+        saved = per[enc] = _Grow()
     if saved.n == len(msgs):
         return saved.view()
     derived = graph.derived
-    kind = brief_rows(type(counter) is TokenCounter, counter.encoding_name) if derived.persist else None
-    stored = derived.table(kind) if kind is not None else {}
+    kind = brief_rows(type(counter) is TokenCounter, enc) if derived.persist else None
+    kept = _SAVINGS_KEPT.setdefault(graph, {})
+    stored: dict[int, Any] = {}
+    if kind is not None:
+        snap = brief_snapshot(kind)
+        if saved.n == 0:
+            a = _restore_savings(graph, derived.take_value(snap, 0))
+            if a is not None:
+                saved = per[enc] = _Grow(a)
+                kept[enc] = (len(a), True)
+        # after a snapshot, the rows of the messages added since, one by one (not the whole table decoded)
+        stored = _RowsAfter(derived, kind) if kept.get(enc, (0, False))[1] else derived.table(kind)
     new: list[int] = []
     for pos in range(saved.n, len(msgs)):
         v = stored.pop(pos, None)
@@ -1109,7 +1120,43 @@ def _brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
         if view is not None and kind is not None:
             derived.put(kind, pos, new[-1])
     saved.extend(new)
+    if kind is not None and snapshot_due(saved.n, kept.get(enc, (0, False))[0]):
+        data = {"upto": saved.n, "saved": pack_array(saved.view())}
+        derived.put_json(brief_snapshot(kind), 0, msgspec.json.encode(data).decode())
+        kept[enc] = (saved.n, kept.get(enc, (0, False))[1])
     return saved.view()
+
+
+_SAVINGS_KEPT: "weakref.WeakKeyDictionary[ContextGraph, dict[str, tuple[int, bool]]]" = weakref.WeakKeyDictionary()
+"""Per graph and encoding: (messages of the last brief-savings snapshot read or put, whether the
+savings started from one)."""
+
+
+@cache
+def brief_snapshot(rows: DerivedKind) -> DerivedKind:
+    """The per-graph snapshot of :func:`_brief_savings` beside its per-message rows ``rows``
+    (:func:`brief_rows`): one row at position 0, ``{"upto", "saved"}``, the savings of the first
+    ``upto`` messages as one packed array (:func:`~historygraph.derived.pack_array`), put when the
+    graph has grown by a quarter since the last one (:func:`~historygraph.derived.snapshot_due`)."""
+    return DerivedKind(rows.name.replace("render.brief:", "render.briefs:", 1), rows.modules + ("historygraph.derived",))
+
+
+def _restore_savings(graph: ContextGraph, data: Any) -> np.ndarray | None:
+    """The savings of a stored snapshot (:func:`brief_snapshot`) when it is one of this graph: of
+    no more messages than it holds, whole numbers, not below 0, and none but at an assistant
+    message (only those have a brief view)."""
+    try:
+        upto, a = data["upto"], unpack_array(data["saved"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    if type(upto) is not int or not 0 < upto <= len(graph.messages) or a.shape != (upto,) or a.dtype.kind != "i" \
+            or (len(a) and int(a.min()) < 0):
+        return None
+    turn = np.fromiter(graph.turn_of, dtype=np.int64, count=upto)
+    assistant = np.diff(turn, prepend=0) > 0
+    if a[~assistant].any():
+        return None
+    return a.astype(np.int64)
 
 
 _MEMOS_LOCK = threading.Lock()

@@ -100,6 +100,12 @@ RESULT_FACTS = DerivedKind("learned.facts", ("historygraph.fit.features", "histo
 """Derived rows per message: a tool result's ``[kind, command, call files, content files,
 identifiers, words, error]`` (sorted lists), an assistant message's ``[identifiers]``."""
 
+TASK_FACTS = DerivedKind("learned.task", ("historygraph.fit.features", "historygraph.signals.steps",
+                                           "historygraph.signals.reuse"))
+"""A derived row at the position of the task (the first user message): ``[values, words,
+identifiers]`` of its text (sorted lists), so that a reopened session's first render does not run
+the extractors over the task again (a long prompt)."""
+
 FACTS_SNAPSHOT = DerivedKind("learned.graph", ("historygraph.fit.features", "historygraph.signals.steps",
                                                 "historygraph.signals.reuse", "historygraph.graph", "historygraph.derived"))
 """A derived row (position 0) holding the per-graph state of :func:`graph_facts` at a known number
@@ -756,9 +762,19 @@ def cover_weights(gf: _GraphFacts, query: frozenset[str], df: np.ndarray) -> tup
     return ids[known], idf[known], float(np.cumsum(idf)[-1]) if len(idf) else 0.0  # cumsum adds left to right
 
 
-def _task(gf: _GraphFacts, text: str) -> tuple[str, frozenset[str], frozenset[str], frozenset[str]]:
+def _task(gf: _GraphFacts, text: str, graph: ContextGraph | None = None,
+          position: int | None = None) -> tuple[str, frozenset[str], frozenset[str], frozenset[str]]:
+    """The task's text and its values, words and identifiers, kept per graph (``position``: the
+    task message's, whose :data:`TASK_FACTS` row is read or put when the graph is from a store)."""
     if gf.task is None or gf.task[0] is not text:
-        gf.task = (text, frozenset(extract_values(text)), words(text), identifiers_in(text))
+        derived = graph.derived if graph is not None and position is not None and graph.derived.persist else None
+        row = derived.take_value(TASK_FACTS, position) if derived is not None and position is not None else None
+        if type(row) is list and len(row) == 3 and all(type(x) is list for x in row):
+            gf.task = (text, frozenset(row[0]), frozenset(row[1]), frozenset(row[2]))
+        else:
+            gf.task = (text, frozenset(extract_values(text)), words(text), identifiers_in(text))
+            if derived is not None and position is not None:
+                derived.put(TASK_FACTS, position, [sorted(x) for x in gf.task[1:]])
     return gf.task
 
 
@@ -810,10 +826,11 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     msgs = graph.messages
     t = graph.turns
     n = len(gf.row_of)
-    task_text = next((m.content for m in msgs if m.role == "user"), "")
+    task_at = next((p for p, m in enumerate(msgs) if m.role == "user"), None)
+    task_text = msgs[task_at].content if task_at is not None else ""
     latest = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
     latest_text = "\n".join(operations(msgs[latest])) if latest is not None else ""
-    _, task_values, task_words, task_idents = _task(gf, task_text)
+    _, task_values, task_words, task_idents = _task(gf, task_text, graph, task_at)
     latest_values, latest_words = extract_values(latest_text), words(latest_text)
     latest_files = files_in(latest_text)
     latest_idents = identifiers_in(latest_text)
