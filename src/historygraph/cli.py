@@ -641,7 +641,7 @@ def serve(
     recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides). Default: off.")] = False,
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (a SQLite file or PostgreSQL, not ':memory:'); on Linux each accepts on its own SO_REUSEPORT socket, so the kernel spreads connections over them (elsewhere uvicorn's multi-process mode, one shared socket). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (a SQLite file or PostgreSQL, not ':memory:'); each accepts a new connection only while it holds no more open connections than the others, so connections spread evenly (on Windows uvicorn's multi-process mode). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
     embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/proxy.md, docs/evaluator.md Embedders; the proxy's default is wordllama, the replays' minilm; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = SERVE_EMBEDDER,
     session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = 256,
 ) -> None:
@@ -692,9 +692,9 @@ def serve(
     application.state.proxy.store.close()  # each worker opens its own connection
     os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(config))
     os.environ[LOG_ENV] = json.dumps({"level": log_level, "json": log_format == "json"})
-    from .server.workers import REUSE_PORT, run_workers
+    from .server.workers import BALANCED, run_workers
 
-    if not REUSE_PORT:  # uvicorn's supervisor: one socket shared by the workers (historygraph.server.workers)
+    if not BALANCED:  # uvicorn's supervisor (historygraph.server.workers)
         uvicorn.run("historygraph.server.app:create_app_from_env", factory=True, workers=workers, host=host, port=port,
                     log_level="warning")
         return
