@@ -126,3 +126,41 @@ def test_a_busier_worker_leaves_a_connection_to_the_other_until_it_has_waited_to
     at_once, deferred = asyncio.run(main())
     assert at_once < workers.PATIENCE_S
     assert workers.PATIENCE_S <= deferred < workers.PATIENCE_S + 1.0
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced(tmp_path):
+    import psutil
+
+    port = _port()
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = tmp_path / "k.log"
+    px = subprocess.Popen([sys.executable, "-m", "historygraph", "serve", "--upstream", "http://127.0.0.1:9/v1",
+                           "--port", str(port), "--store", str(tmp_path / "k.sqlite"), "--policy", "prune",
+                           "--workers", "2"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        def children() -> list[int]:
+            return [c.pid for c in psutil.Process(px.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+
+        def wait_for(pred, seconds: float = 60) -> None:
+            deadline = time.time() + seconds
+            while not pred() and time.time() < deadline:
+                time.sleep(0.2)
+            assert pred(), log.read_text()
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=30).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(lambda: len(children()) == 2)
+        wait_for(answers)
+        first = children()
+        os.kill(first[0], 9)  # killed by a signal after it started: restarted, not a startup failure
+        wait_for(lambda: len(children()) == 2 and first[0] not in children())
+        assert px.poll() is None, log.read_text()
+        wait_for(answers)
+    finally:
+        px.terminate()
+        px.wait(30)

@@ -22,8 +22,8 @@ with fewer connections delays a new connection by that much at most). The connec
 served by uvicorn's own HTTP protocol, as if uvicorn had accepted them.
 
 The supervisor binds and listens; a worker that exits while it runs is started again (its count
-reset to 0), unless it never finished starting (the app or the store cannot be opened: a restart
-would fail the same way), in which case the supervisor stops the others and returns that exit
+reset to 0), unless it exited by itself before it finished starting (the app or the store cannot
+be opened: a restart would fail the same way; one killed by a signal is restarted), in which case the supervisor stops the others and returns that exit
 status. SIGINT and SIGTERM stop every worker (uvicorn's graceful shutdown in each) and then the
 supervisor. On Windows (no ``add_reader`` on its event loop) :data:`BALANCED` is false and the CLI
 uses uvicorn's supervisor.
@@ -216,7 +216,7 @@ def run_workers(app: str, workers: int, host: str, port: int, log_level: str = "
             for i, (proc, started) in enumerate(procs):
                 if proc.exitcode is None or stopping:
                     continue
-                if not started.is_set():  # it never served: a restart would fail the same way
+                if not started.is_set() and proc.exitcode > 0:  # it never served: a restart would fail the same way
                     log.error("worker %s failed to start (exit status %s); stopping", proc.pid, proc.exitcode)
                     status = proc.exitcode or STARTUP_FAILURE
                     stopping.append(0)
