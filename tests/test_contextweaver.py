@@ -305,3 +305,22 @@ def test_step_files_and_identifiers_are_those_of_its_joined_text(sizes):
     _, files, idents, _ = _extract(msgs, 0, tuple(range(1, len(msgs))), with_run=False)
     assert files == files_in(action + "\n" + msgs[0].content + "\n" + head)
     assert idents == identifiers_in(action + "\n" + head)
+
+
+def test_file_names_found_per_path_run_are_those_of_the_whole_pattern(traces_dir):
+    """``files_in`` (the path pattern tried at the start of each run of path characters) finds the
+    names ``_FILE.findall`` finds over the text with URLs blanked, on every message and tool-call
+    argument of the real traces and on texts made to test its edges (URLs, dots, slashes, dashes,
+    non-ASCII word characters next to a path)."""
+    from historygraph.formats import read_traces
+    from historygraph.signals import steps
+
+    def by_pattern(text):
+        return frozenset(m.rsplit("/", 1)[-1] for m in steps._FILE.findall(steps._URL.sub(" ", text)))
+
+    texts = ["see a/b.py, x.py. and é/c.md -d.txt .e.py f..py g/.h.py /i.py/ j.py-k https://u.v/w.py l.pyc",
+             "ok.cfg:12 (m.toml) n.yaml.bak o.json/ p.py_ q.rs2 r-s.ts t.md\u0130 \u212a.py ٣.py"]
+    for tr in read_traces(traces_dir):
+        for m in tr.messages:
+            texts += [m.content] + [c.arguments for c in m.tool_calls]
+    assert all(steps._files_in(t) == by_pattern(t) for t in texts)

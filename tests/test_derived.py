@@ -128,8 +128,8 @@ def test_rows_of_another_code_version_are_recomputed_and_replaced(tmp_path, monk
         before = db.execute("SELECT count(*), count(DISTINCT version) FROM derived").fetchone()
     monkeypatch.setattr(derived_mod, "source_version", lambda modules: "changed")  # as an edit to the extractor would
     calls = []
-    real = steps_mod.files_in
-    monkeypatch.setattr(steps_mod, "files_in", lambda text: calls.append(text) or real(text))
+    real = steps_mod._extract  # a step's features, from its messages
+    monkeypatch.setattr(steps_mod, "_extract", lambda *args, **kw: calls.append(args[1]) or real(*args, **kw))
     s = SQLiteStore(path)
     assert lowcost_steps(s.graph("s")) == lowcost_steps(ContextGraph("s", EVENTS))
     assert len(calls) == 4 * 2  # each step's features recomputed (the fresh graph computes them again too)

@@ -616,3 +616,19 @@ def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_d
     assert shipped.meta["traces"] == fresh.meta["traces"] == 90
     assert np.allclose(fresh.coef, shipped.coef, rtol=1e-4, atol=1e-6)
     assert np.allclose(fresh.mean, shipped.mean, rtol=1e-4) and fresh.intercept == pytest.approx(shipped.intercept, rel=1e-4)
+
+
+def test_error_flag_is_the_error_pattern_searched_whole(traces_dir):
+    """``has_error`` (the error pattern's alternatives searched one at a time, each where its
+    literal occurs) is true exactly where ``_ERROR.search`` finds a match, on the real traces'
+    results and on made-up texts at its edges."""
+    from historygraph.fit import features as fx
+    from historygraph.formats import read_traces
+
+    texts = ["<returncode>0</returncode>", "<returncode>1</returncode>", "ValueError: x", "MyError_x", "xError",
+             "Errors", "FAILED", "FAILEDx", "a FAILED b", "xerror: y", "error: y", "Traceback (most recent call last):",
+             "éError", "Error\u0130", "error:", ""]
+    for tr in read_traces(traces_dir):
+        texts += [m.content[:fx.TEXT_CHARS] for m in tr.messages if m.role == "tool"]
+    assert [fx.has_error(t) for t in texts] == [fx._ERROR.search(t) is not None for t in texts]
+    assert fx.has_error("ValueError: x") and not fx.has_error("Errors") and not fx.has_error("xerror: y")

@@ -101,8 +101,25 @@ def identifiers_in(text: str) -> frozenset[str]:
     return _recall(1, text, _identifiers_in)
 
 
+_PATH_RUN = re.compile(r"[\w.\-/]+")  # the characters of _FILE's paths and of its lookbehind
+_FILE_AT = re.compile(rf"/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:{_EXT})(?![\w\-])")  # _FILE without the lookbehind
+
+
 def _files_in(text: str) -> frozenset[str]:
-    return frozenset(m.rsplit("/", 1)[-1] for m in _FILE.findall(_URL.sub(" ", text)))
+    """``_FILE.findall`` of ``text`` with URLs blanked (``_URL.sub``), as the start of each longest
+    run of path characters (``[\\w.\\-/]``) that ``_FILE_AT`` matches there: _FILE's lookbehind lets
+    a path start only where no path character precedes it, that is at such a run's start, and a
+    path is made of them, so each run holds at most one (a scan of every position cost ≈ 0.3 µs a
+    character); runs without a dot hold none. ``tests/test_contextweaver.py`` checks it against
+    ``_FILE`` on real traces."""
+    if "://" in text:  # (no URL without it)
+        text = _URL.sub(" ", text)
+    out = set()
+    match = _FILE_AT.match
+    for run in _PATH_RUN.findall(text):
+        if "." in run and (m := match(run)) is not None:
+            out.add(m.group().rsplit("/", 1)[-1])
+    return frozenset(out)
 
 
 def _identifiers_in(text: str) -> frozenset[str]:
