@@ -131,7 +131,7 @@ def has_error(text: str) -> bool:
 
 def words(text: str) -> frozenset[str]:
     """Distinct lower-cased words of at least three characters (first :data:`TEXT_CHARS` characters)."""
-    return frozenset(w.lower() for w in _WORD.findall(text[:TEXT_CHARS]))
+    return frozenset(map(str.lower, set(_WORD.findall(text[:TEXT_CHARS]))))  # each distinct match lowered once
 
 
 def _command(name: str, arguments: str) -> str:
