@@ -120,7 +120,7 @@ class SemanticRetrieval:
 def single_thread_product(rows: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``rows @ q`` (float32 ``(n, dim)`` by ``(dim,)``) as the BLAS library computes it on one
     thread, without its threads: in pieces of :func:`_piece_rows` rows (a multiple of 4, the last
-    piece 2 to ``piece + 3`` rows), each under any threading threshold of the library.
+    piece 4 to ``piece + 3`` rows), each under OpenBLAS's smallest threading threshold.
 
     Why: OpenBLAS (numpy's BLAS) runs ``sgemv`` on several threads once ``n · dim`` reaches its
     threshold (1,200 rows at 384 dimensions with numpy's OpenBLAS 0.3.31), and the second thread's
