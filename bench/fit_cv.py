@@ -247,8 +247,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only these folds, e.g. '0,1' (quick comparisons)")
     ap.add_argument("--variant", default="shipped")
     ap.add_argument("--C", type=float, default=C)
-    ap.add_argument("--objective", default=OBJECTIVES[0], choices=OBJECTIVES,
-                    help="the model: LightGBM LambdaRank trees (the shipped recipe) or the logistic regression")
+    ap.add_argument("--objective", default=None, choices=OBJECTIVES,
+                    help="the model: the blend of the logistic regression and LambdaRank trees (the shipped recipe; the default "
+                    "with --variant shipped), the logistic regression (the default with other variants) or the trees alone")
     ap.add_argument("--configs", default="", help="learned configs to compare, e.g. 'reserve=0.9,brief;reserve=0.5'")
     ap.add_argument("--limit", type=int, default=0, help="use N training trajectories (every k-th)")
     ap.add_argument("--curve", help="learning curve: comma-separated numbers of training trajectories (needs --test)")
@@ -261,6 +262,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="replay learned on the scored trajectories and assert equal hits")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budget.split(",")]
+    a.objective = a.objective or (OBJECTIVES[0] if a.variant == "shipped" else "logistic")
     OBJECTIVE[0] = a.objective
     configs = parse_configs(a.configs)
     signals = Signals()

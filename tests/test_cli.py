@@ -302,7 +302,7 @@ def test_replay_records_which_reuse_model_learned_used(tmp_path):
     assert "replay 1/1 trajectories" in res.output  # not a terminal: plain progress lines (here: the last)
     models = json.loads((out / "replay.json").read_text())["meta"]["models"]
     assert list(models) == ["learned"] and models["learned"]["traces"] == 90
-    assert models["learned"]["label"] == "reuse-or-named"
+    assert models["learned"]["objective"] == "blend" and models["learned"]["label"] == "per member"
 
 
 def test_budget_and_price_errors_are_named_before_any_work(tmp_path):

@@ -288,6 +288,9 @@ def test_leaf_masks_widen_with_the_leaves_and_trees_beyond_64_leaves_are_walked(
     X = np.zeros((6, len(FEATURES)))
     X[:, age] = [0, 0.5, 3, 12.2, leaves - 2, leaves + 5]
     assert m.score(X).tolist() == [0, 1, 3, 13, leaves - 2, leaves - 1]
+    every = np.zeros((leaves, len(FEATURES)))
+    every[:, age] = np.arange(leaves)  # age k reaches leaf k: every leaf (every bit position) once
+    assert m.score(every).tolist() == list(range(leaves))
 
 
 def test_a_node_reached_twice_is_refused(tmp_path):
@@ -317,6 +320,32 @@ def test_leaf_masks_give_a_fitted_ranker_the_walks_bits_and_lightgbms_scores():
     Z[500::7, 2] = np.nan  # beyond the rows compared with LightGBM, which reads NaN as missing
     assert np.array_equal(m.score(Z), m.score_levels(Z))
     assert np.allclose(m.score(Z[:500]), ranker.predict(Z[:500]), rtol=0, atol=1e-9)
+
+
+def test_a_blend_is_the_weighted_mean_of_its_members_probabilities(tmp_path):
+    from historygraph.fit.model import BlendReuseModel
+    k = len(FEATURES)
+    coef = np.zeros(k)
+    coef[FEATURES.index("age")] = -1.0
+    logistic = ReuseModel(list(FEATURES), np.zeros(k), np.ones(k), coef, 0.5)  # p = 1 / (1 + e^−(0.5 − age))
+    trees = two_trees()  # p = 1 / (1 + e^−(2s − 1))
+    m = BlendReuseModel(list(FEATURES), [logistic, trees], [0.25, 0.75])
+    X = np.zeros((2, k))
+    X[:, FEATURES.index("age")] = [3, 10]
+    X[:, FEATURES.index("reuse_turns")] = [9, 0.7]  # tree scores 0.6 and 0.35 (test above)
+    sig = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
+    expected = [0.25 * sig(0.5 - 3) + 0.75 * sig(2 * 0.6 - 1), 0.25 * sig(0.5 - 10) + 0.75 * sig(2 * 0.35 - 1)]
+    assert np.allclose(m.predict(X), expected, rtol=1e-12)
+    m.save(tmp_path / "b.json")
+    again = ReuseModel.load(tmp_path / "b.json")
+    assert isinstance(again, BlendReuseModel) and isinstance(again.models[1], TreeReuseModel)
+    assert np.allclose(again.predict(X), expected, rtol=1e-4)
+    d = json.loads((tmp_path / "b.json").read_text())
+    for bad, match in [({"weights": [0.5, 0.6]}, "sum to 1"), ({"weights": [0.5]}, "as many weights"),
+                       ({"models": [d, d["models"][0]]}, "must be a logistic or trees model")]:
+        (tmp_path / "x.json").write_text(json.dumps(d | bad))
+        with pytest.raises(ReuseModelError, match=match):
+            ReuseModel.load(tmp_path / "x.json")
 
 
 def test_tree_arrays_number_the_nodes_of_every_tree_in_one_sequence():
@@ -393,6 +422,19 @@ def test_lambdarank_fit_is_deterministic_and_reads_as_lightgbm_scores(tmp_path, 
     assert np.array_equal(a.score(ex.X), a.score_levels(ex.X))
 
 
+@pytest.mark.slow
+def test_blend_fit_is_deterministic_and_its_members_follow_the_recipe(tmp_path, traces_dir):
+    from historygraph.fit.model import BlendReuseModel
+    from historygraph.fit.train import BLEND, examples
+    a, traces, counter = fit_two_real_traces_twice(tmp_path, traces_dir, "blend")
+    assert isinstance(a, BlendReuseModel) and a.meta["objective"] == "blend"
+    assert [(m.meta.get("objective", "logistic"), m.meta["label"]) for m in a.models] == [(o, lb) for o, lb, _ in BLEND]
+    X = examples(traces, counter).X
+    assert np.allclose(a.predict(X), sum(w * m.predict(X) for (_, _, w), m in zip(BLEND, a.models)), rtol=1e-12)
+    with pytest.raises(ValueError, match="its own label"):
+        fit_examples(examples(traces, counter), label="named", objective="blend")
+
+
 def test_fit_refuses_examples_without_reuse():
     ex = trace_examples(Trace("t", "x", "t1", edit_session()[:3] + [Message("assistant", "nothing reused")]),
                         Signals().counter)
@@ -411,8 +453,9 @@ def test_fit_with_identifiers_alone_names_the_label_for_agents_without_them():
     ex = trace_examples(Trace("t", "x", "t1", msgs), Signals().counter)
     assert ex.reused.tolist() == ex.valued.tolist() == [1, 1, 0] and ex.named.tolist() == [0, 0, 0]
     with pytest.raises(ValueError, match="fit with label 'values-or-named'"):
-        fit_examples(ex, label="named")
-    assert fit_examples(ex).meta["label"] == "reuse-or-named" and fit_examples(ex, label="values-or-named").meta["reused"] == 2
+        fit_examples(ex, label="named", objective="logistic")
+    assert fit_examples(ex, objective="logistic").meta["label"] == "reuse-or-named"
+    assert fit_examples(ex, label="values-or-named", objective="logistic").meta["reused"] == 2
 
 
 def test_learned_renders_with_a_tree_model_and_keeps_the_invariants(tmp_path):
@@ -507,15 +550,17 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     out = tmp_path / "m.json"
     res = runner.invoke(app, ["fit", str(src), "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert ReuseModel.load(out).meta["traces"] == 1 and ReuseModel.load(out).meta["label"] == "reuse-or-named"
+    assert ReuseModel.load(out).meta["traces"] == 1 and ReuseModel.load(out).meta["objective"] == "blend"
     other = tmp_path / "named.json"
-    assert runner.invoke(app, ["fit", str(src), "--out", str(other), "--label", "values-or-named"]).exit_code == 0
+    assert runner.invoke(app, ["fit", str(src), "--out", str(other), "--label", "values-or-named",
+                               "--objective", "logistic"]).exit_code == 0
     assert ReuseModel.load(other).meta["label"] == "values-or-named"
     trees = tmp_path / "trees.json"
     assert runner.invoke(app, ["fit", str(src), "--out", str(trees), "--objective", "lambdarank"]).exit_code == 0
     assert isinstance(ReuseModel.load(trees), TreeReuseModel) and ReuseModel.load(trees).meta["objective"] == "lambdarank"
     bad = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "b.json"), "--objective", "svm"])
-    assert bad.exit_code != 0 and "unknown --objective 'svm'; choose one of logistic, lambdarank" in " ".join(bad.output.split())
+    assert bad.exit_code != 0 and "unknown --objective 'svm'; choose one of blend, logistic, lambdarank" \
+        in " ".join(bad.output.split())
     wrong = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "w.json"), "--label", "tfa"])
     assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, values-or-named, named, reuse" \
         in " ".join(wrong.output.split())
@@ -604,7 +649,10 @@ def test_replay_table_reports_recall_as_a_share_of_the_oracle(tmp_path):
 @pytest.mark.slow
 def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_dir):
     """docs/learned.md: `historygraph fit ../shared/traces-train/mini-swe-agent-deepseek` re-creates
-    the shipped model; the file stores 5 significant digits, compared here within 1e-4 relative."""
+    the shipped model (a blend of a logistic regression and LambdaRank trees); the file stores 5
+    significant digits of weights and leaf values, compared here within 1e-4 relative; the trees'
+    structure exactly."""
+    from historygraph.fit.model import BlendReuseModel
     train = traces_dir.parent / "traces-train" / "mini-swe-agent-deepseek"
     if not train.is_dir():
         pytest.skip(f"training traces not found at {train}")
@@ -612,10 +660,17 @@ def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_d
     traces = [t for f in sorted(train.glob("*")) for t in read_traces(f)]
     fresh = fit_traces(traces, tmp_path / "m.json", Signals().counter)
     shipped = ReuseModel.load()
-    assert isinstance(fresh, ReuseModel) and isinstance(shipped, ReuseModel)
-    assert shipped.meta["traces"] == fresh.meta["traces"] == 90
-    assert np.allclose(fresh.coef, shipped.coef, rtol=1e-4, atol=1e-6)
-    assert np.allclose(fresh.mean, shipped.mean, rtol=1e-4) and fresh.intercept == pytest.approx(shipped.intercept, rel=1e-4)
+    assert isinstance(fresh, BlendReuseModel) and isinstance(shipped, BlendReuseModel)
+    assert shipped.meta["traces"] == fresh.meta["traces"] == 90 and fresh.weights == shipped.weights
+    (lf, tf), (ls, ts) = fresh.models, shipped.models
+    assert isinstance(lf, ReuseModel) and isinstance(ls, ReuseModel)
+    assert np.allclose(lf.coef, ls.coef, rtol=1e-4, atol=1e-6)
+    assert np.allclose(lf.mean, ls.mean, rtol=1e-4) and lf.intercept == pytest.approx(ls.intercept, rel=1e-4)
+    assert isinstance(tf, TreeReuseModel) and isinstance(ts, TreeReuseModel)
+    assert all(np.array_equal(getattr(tf, k), getattr(ts, k)) for k in ("roots", "feature", "left", "right"))
+    assert np.allclose(tf.threshold, ts.threshold, rtol=1e-9)
+    assert np.allclose(tf.value, ts.value, rtol=1e-4, atol=1e-9)
+    assert np.allclose(tf.calibration, ts.calibration, rtol=1e-4)
 
 
 def test_error_flag_is_the_error_pattern_searched_whole(traces_dir):

@@ -722,11 +722,13 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
 def fit(
     paths: Annotated[list[Path], typer.Argument(help="Trace files or folders (searched recursively) of your own agent.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Model file to write (JSON, a few KB; about 170 KB with "
-                                      "--objective lambdarank); refuses to overwrite without --force.")] = Path("model.json"),
-    objective: Annotated[str, typer.Option(help="'logistic' (a logistic regression; the shipped recipe) or "
-                                           "'lambdarank' (LightGBM trees ordering each call's candidates, calibrated "
-                                           "to probabilities; needs LightGBM; higher recall on coding agents, slightly "
-                                           "lower on τ-bench at B = 3000: docs/learned.md).")] = "logistic",
+                                      "--objective lambdarank or blend); refuses to overwrite without --force.")] = Path("model.json"),
+    objective: Annotated[str, typer.Option(help="'blend' (the shipped recipe: 0.25 × a logistic regression "
+                                           "+ 0.75 × LightGBM LambdaRank trees, each with its own label; needs "
+                                           "LightGBM), 'logistic' (the logistic regression alone, the earlier default) "
+                                           "or 'lambdarank' (the trees alone, ordering each call's candidates, "
+                                           "calibrated to probabilities; slightly lower on τ-bench at B = 3000): "
+                                           "docs/learned.md.")] = "blend",
     c: Annotated[float, typer.Option("--C", help="Inverse L2 regularisation strength of the logistic regression (--objective logistic).")] = 1.0,
     label: Annotated[str, typer.Option(help="What counts as reuse at the next call: 'reuse-or-named' (a Tool-Flow "
                                        "Analysis value or a code identifier the result first held; the shipped "
@@ -768,10 +770,10 @@ def fit(
             _fail(f"{p}: no such file or folder")
     try:
         import sklearn  # noqa: F401
-        if objective == "lambdarank":
+        if objective != "logistic":
             import lightgbm  # noqa: F401
     except ImportError as exc:
-        _fail(f"historygraph fit needs scikit-learn{' and LightGBM' if objective == 'lambdarank' else ''} ({exc}): "
+        _fail(f"historygraph fit needs scikit-learn{' and LightGBM' if objective != 'logistic' else ''} ({exc}): "
               f"pip install 'historygraph[fit]'")
     traces, _ = _read_all(paths, fmt, strict)
     if not traces:

@@ -22,6 +22,13 @@ a tool result is reused at the next invocation. Two kinds of file:
   Nodes of every tree are numbered in one sequence; a leaf has ``feature`` −1 and its ``value``.
   Scoring uses leaf bitmasks (:class:`LeafMasks`, QuickScorer's exit-leaf rule) for trees of up to
   64 leaves, a level-by-level walk otherwise; both give the same bits.
+* ``"kind": "blend"`` (:class:`BlendReuseModel`), a weighted mean of the probabilities of other
+  models (``historygraph fit --objective blend``: the logistic regression and LambdaRank trees)::
+
+    {"format": "historygraph-reuse-model", "version": 1, "kind": "blend", "features": [...],
+     "weights": [w_1, ...], "models": [{a logistic or trees model}, ...], "meta": {...}}
+
+  ``p = Σ_i w_i p_i`` with ``Σ_i w_i = 1``.
 
 ``meta`` records what it was fitted on and how (trajectories, rows, the command). Fitting needs
 scikit-learn, and LightGBM for trees (:mod:`historygraph.fit.train`); loading and predicting need
@@ -77,8 +84,8 @@ class ReuseModel:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "model") -> "ReuseModel | TreeReuseModel":
-        """The model a file's contents describe (either kind of the module docstring).
+    def from_dict(cls, d: dict[str, Any], source: str = "model") -> "AnyReuseModel":
+        """The model a file's contents describe (any kind of the module docstring).
 
         Raises:
             ReuseModelError: wrong format, version, kind, features or array shapes.
@@ -95,13 +102,15 @@ class ReuseModel:
                              f"re-fit it with `historygraph fit`")
         if d["kind"] == "trees":
             return TreeReuseModel.from_dict(d, source)
+        if d["kind"] == "blend":
+            return BlendReuseModel.from_dict(d, source)
         arr = {k: np.asarray(d[k], dtype=float) for k in ("mean", "scale", "coef")}
         if any(a.shape != (len(FEATURES),) for a in arr.values()):
             raise ReuseModelError(f"{source}: mean/scale/coef must each have {len(FEATURES)} entries")
         return cls(list(d["features"]), arr["mean"], arr["scale"], arr["coef"], float(d["intercept"]), dict(d.get("meta", {})))
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "ReuseModel | TreeReuseModel":
+    def load(cls, path: str | Path | None = None) -> "AnyReuseModel":
         """Load a model file; ``None`` or ``""`` loads the default model shipped in the package.
 
         Raises:
@@ -117,7 +126,7 @@ class ReuseModel:
         return cls.from_dict(d, str(path))
 
 
-KINDS = ("logistic", "trees")
+KINDS = ("logistic", "trees", "blend")
 
 
 @dataclass
@@ -222,6 +231,64 @@ class TreeReuseModel:
                        nodes["value"], (a, b), dict(d.get("meta", {})))
         except ReuseModelError as exc:
             raise ReuseModelError(f"{source}: {exc}") from None
+
+
+@dataclass
+class BlendReuseModel:
+    """A weighted mean of other models' reuse probabilities (module docstring); ``weights`` sum to 1.
+
+    An ensemble of unlike models ("Ensemble Methods in Machine Learning", Dietterich, MCS 2000, §2):
+    the logistic regression's smooth, monotone response and the trees' step functions err on
+    different rows, and on rows unlike the training agent's (values beyond the trees' last
+    threshold) the mean keeps the logistic regression's extrapolation for half of the probability.
+    """
+
+    features: list[str]
+    models: list["ReuseModel | TreeReuseModel"]
+    weights: list[float]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``."""
+        out = self.weights[0] * self.models[0].predict(X)
+        for w, m in zip(self.weights[1:], self.models[1:]):
+            out += w * m.predict(X)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "kind": "blend", "features": list(self.features),
+                "weights": [float(f"{w:.{DIGITS}g}") for w in self.weights],
+                "models": [m.to_dict() for m in self.models], "meta": self.meta}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "model") -> "BlendReuseModel":
+        """Raises:
+            ReuseModelError: no models, weights of another length, negative or not summing to 1, a
+                member that is itself a blend or unreadable.
+        """
+        parts, weights = d.get("models"), d.get("weights")
+        if not isinstance(parts, list) or not parts or not isinstance(weights, list) or len(weights) != len(parts):
+            raise ReuseModelError(f"{source}: a blend needs as many weights as models (re-fit it with `historygraph fit`)")
+        try:
+            w = [float(x) for x in weights]
+        except (TypeError, ValueError) as exc:
+            raise ReuseModelError(f"{source}: blend weights: {exc}") from None
+        if min(w) < 0 or abs(sum(w) - 1.0) > 1e-6:
+            raise ReuseModelError(f"{source}: blend weights must be ≥ 0 and sum to 1, not {w}")
+        models = []
+        for i, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("kind") == "blend":
+                raise ReuseModelError(f"{source}: member {i} of the blend must be a logistic or trees model")
+            m = ReuseModel.from_dict(part, f"{source} (member {i})")
+            assert not isinstance(m, BlendReuseModel)
+            models.append(m)
+        return cls(list(d["features"]), models, w, dict(d.get("meta", {})))
+
+
+AnyReuseModel = ReuseModel | TreeReuseModel | BlendReuseModel
 
 
 # de Bruijn multipliers: for a word with one bit set, (bit · M mod 2^L) >> shift is a distinct number
