@@ -10,6 +10,8 @@ import pytest
 # LiteLLM (imported by its adapter and by mini-swe-agent) would fetch its model cost map at import
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+# tables are asserted at the CLI's piped width (170 columns); a developer's $COLUMNS would narrow them
+os.environ.pop("COLUMNS", None)
 
 # torch's CPU threads (SmolLM2) per test process: the cores divided among the pytest-xdist workers
 # (1 each with `-n auto` on 2 cores). With torch's default of every core in each of 2 workers, its

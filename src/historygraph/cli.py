@@ -6,6 +6,7 @@ import difflib
 import inspect
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -40,8 +41,17 @@ from .store import StoreError, open_store
 
 app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-# piped output: 170 columns unless $COLUMNS says otherwise (rich reads it when width is None)
-console = Console(width=None if Console().is_terminal or "COLUMNS" in os.environ else 170)
+
+
+def _piped_width() -> int:
+    """Width of piped output: a whole $COLUMNS ≥ 40 the user set, else 170 columns (read once, at start)."""
+    try:
+        return max(40, int(os.environ["COLUMNS"]))
+    except (KeyError, ValueError):
+        return 170
+
+
+console = Console(width=None if Console().is_terminal else _piped_width())
 if not Console().is_terminal and "COLUMNS" not in os.environ and typer.rich_utils.MAX_WIDTH is None:
     typer.rich_utils.MAX_WIDTH = 120  # --help piped or logged: rich's 80 columns cut option help to a few words
 err = Console(stderr=True)
@@ -323,7 +333,7 @@ def replay(
               + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
     per_trace_rows, per_source_rows = summarize(results, prices)
     for b in budgets:
-        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall, history tokens and cost at B = {b}", wide=wide)
+        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall and history tokens at B = {b}", wide=wide)
         if per_trace:
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
@@ -348,6 +358,9 @@ def _budgets(text: str, hint: str = " (give one, or a comma-separated list)") ->
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
+            if re.fullmatch(r"\d{1,3}(,\d{3})+", text.strip()):
+                _fail(f"--budget {text!r}: write {text.strip().replace(',', '')} without a thousands separator "
+                      "(a comma separates budgets, e.g. 2000,6000)")
             _fail(f"--budget {text!r}: {part!r} is not a whole number of tokens >= 1{hint}")
         if int(part) not in out:
             out.append(int(part))
