@@ -881,12 +881,12 @@ def reference_explain(reasons, layout, sel, value, taken, budget, min_probabilit
     for rank, p in enumerate(taken, 1):
         kind = "excerpt of oversized result" if layout.form[p] is not msgs[p] else "selected"
         c = sel.cost(p)
-        size = f"{c} tokens" if c >= 0 else f"{-c} tokens fewer than its placeholder"
+        size = f"{c} tokens more than its placeholder" if c >= 0 else f"{-c} tokens fewer than its placeholder"
         reasons[p] = f"{kind} #{rank}: reuse probability {value[p]:.3f}, {size}"
     for p in layout.candidates:
         if p not in chosen:
             why = (f"reuse probability {value[p]:.3f} below min_probability {min_probability:g}"
-                   if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it costs {sel.cost(p)} tokens, "
+                   if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it would add {sel.cost(p)} tokens, "
                    f"{budget - sel.used} were left when selection ended")
             reasons[p] = f"omitted: {why}"
 

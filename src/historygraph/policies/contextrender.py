@@ -279,7 +279,7 @@ class ContextRender:
             final = dict(zip(cands, live.candidate_costs().tolist()))
             for p in cands:
                 if p not in chosen:
-                    reasons[p] = (f"omitted: {part(p)}; not selected within B (showing it costs {final[p]} "
+                    reasons[p] = (f"omitted: {part(p)}; not selected within B (showing it would add {final[p]} "
                                   f"tokens, {left} were left when selection ended)")
         layout.defer_reasons(fill)
         return layout.assemble(self.name, sel)

@@ -76,7 +76,7 @@ class Oracle:
                 sel.take(p)
                 layout.reasons[p] = "selected: reused at this turn (clairvoyant)"
             else:
-                layout.reasons[p] = f"omitted: reused at this turn but showing it costs {sel.cost(p)} tokens, " \
+                layout.reasons[p] = f"omitted: reused at this turn but showing it would add {sel.cost(p)} tokens, " \
                                     f"{budget - sel.used} were left"
         return layout.assemble(self.name, sel)
 
