@@ -169,22 +169,10 @@ class Derived:
     def take_text(self, kind: DerivedKind, position: int) -> str | None:
         """:meth:`take_value` without decoding: the row's JSON text, or ``None`` (for a snapshot
         whose parts are decoded when used, e.g. with a :class:`msgspec.Raw` per key)."""
-        t = self._tables.get(kind)
-        if t is not None:
-            v = t.pop(position, None)
+        decoded, v = self._take(kind, position)
+        if decoded:
             return None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
-        with self._lock:
-            if kind in self._tables:
-                v = self._tables[kind].pop(position, None)
-                return None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
-            versions = self._raw.get(kind.name)
-            if versions and len(versions) > (kind.version in versions):  # rows of other versions: as table() does
-                for v in [v for v in versions if v != kind.version]:
-                    del versions[v]
-                if self.persist:
-                    self._stale.add((kind.name, kind.version))
-            raw = versions.get(kind.version) if versions else None
-            return raw.pop(position, None) if raw is not None else None
+        return v
 
     def take_value(self, kind: DerivedKind, position: int) -> Any:
         """The stored value of ``kind`` (its current version) at ``position``, or ``None``; taken
@@ -192,13 +180,20 @@ class Derived:
         the kind's table has not been decoded, so a consumer that needs a few rows of a long
         session does not pay for all of them. Rows of other versions of the kind are dropped and,
         when persisting, marked for deletion from the store (as by :meth:`table`)."""
+        decoded, v = self._take(kind, position)
+        return v if decoded or v is None else _loads(v)
+
+    def _take(self, kind: DerivedKind, position: int) -> tuple[bool, Any]:
+        """The row of ``kind`` at ``position``, taken out: ``(True, value)`` from a decoded table,
+        else ``(False, its JSON text or None)``. Rows of other versions of the kind are dropped and,
+        when persisting, marked for deletion from the store (as by :meth:`table`)."""
         t = self._tables.get(kind)
         if t is not None:
-            return t.pop(position, None)
+            return True, t.pop(position, None)
         with self._lock:
             t = self._tables.get(kind)
             if t is not None:
-                return t.pop(position, None)
+                return True, t.pop(position, None)
             versions = self._raw.get(kind.name)
             if versions and len(versions) > (kind.version in versions):  # rows of other versions: as table() does
                 for v in [v for v in versions if v != kind.version]:
@@ -206,8 +201,7 @@ class Derived:
                 if self.persist:
                     self._stale.add((kind.name, kind.version))
             raw = versions.get(kind.version) if versions else None
-            text = raw.pop(position, None) if raw is not None else None
-        return _loads(text) if text is not None else None
+            return False, (raw.pop(position, None) if raw is not None else None)
 
     def put(self, kind: DerivedKind, position: int, value: Any) -> None:
         """Record the value of ``kind`` at ``position`` (JSON-serialisable; tuples come back as
