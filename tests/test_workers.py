@@ -25,6 +25,18 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _serve_two_workers(tmp_path: Path, name: str) -> tuple[int, subprocess.Popen, Path]:
+    """``historygraph serve --workers 2`` (prune, an upstream nobody answers) on a free port, from
+    this checkout's source; its output goes to ``tmp_path/<name>.log``. Returns (port, process, log)."""
+    port = _port()
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = tmp_path / f"{name}.log"
+    px = subprocess.Popen([sys.executable, "-m", "historygraph", "serve", "--upstream", "http://127.0.0.1:9/v1",
+                           "--port", str(port), "--store", str(tmp_path / f"{name}.sqlite"), "--policy", "prune",
+                           "--workers", "2"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return port, px, log
+
+
 def test_a_taken_port_fails_before_any_worker_starts():
     with socket.socket() as taken:  # an ordinary listening socket, without SO_REUSEPORT
         taken.bind(("127.0.0.1", 0))
@@ -53,12 +65,7 @@ def test_a_burst_of_keep_alive_connections_is_spread_over_the_workers(tmp_path):
     not scheduled for 20 ms may take a few more: at most 6 apart is asserted)."""
     import psutil
 
-    port = _port()
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    log = tmp_path / "w.log"
-    px = subprocess.Popen([sys.executable, "-m", "historygraph", "serve", "--upstream", "http://127.0.0.1:9/v1",
-                           "--port", str(port), "--store", str(tmp_path / "w.sqlite"), "--policy", "prune",
-                           "--workers", "2"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    port, px, log = _serve_two_workers(tmp_path, "w")
     conns: list[socket.socket] = []
     try:
         def children() -> list[psutil.Process]:
@@ -132,12 +139,7 @@ def test_a_busier_worker_leaves_a_connection_to_the_other_until_it_has_waited_to
 def test_a_killed_worker_is_replaced(tmp_path):
     import psutil
 
-    port = _port()
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    log = tmp_path / "k.log"
-    px = subprocess.Popen([sys.executable, "-m", "historygraph", "serve", "--upstream", "http://127.0.0.1:9/v1",
-                           "--port", str(port), "--store", str(tmp_path / "k.sqlite"), "--policy", "prune",
-                           "--workers", "2"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    port, px, log = _serve_two_workers(tmp_path, "k")
     try:
         def children() -> list[int]:
             return [c.pid for c in psutil.Process(px.pid).children() if "spawn_main" in " ".join(c.cmdline())]
