@@ -3,9 +3,11 @@
 The package ships the model as a GGUF file (Q4_1, 98 MB, Apache-2.0). It is located with
 ``importlib.util.find_spec`` (importing the package would pull in llama-cpp-python) and loaded with
 transformers, dequantised to float32, with eager attention so that attention weights are
-available (ReCAP §3). The first load converts the GGUF file (about 35 s on 2 cores) and saves a
+available (ReCAP §3). The first load converts the GGUF file (about 21 CPU s) and saves a
 safetensors copy under the user cache directory (``platformdirs.user_cache_dir("historygraph")``,
-or ``$HISTORYGRAPH_CACHE``); later loads take a few seconds. Architecture: 30 layers × 9 heads,
+or ``$HISTORYGRAPH_CACHE``); later loads take about 3 CPU s. Processes that load it at the same
+time (proxy workers, test workers) convert it once: one holds a file lock beside the copy while the
+others wait for it. Architecture: 30 layers × 9 heads,
 context 8,192 tokens.
 
 Nothing is downloaded: transformers is forced offline while loading.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -50,6 +53,30 @@ def cache_dir() -> Path:
     return Path(env) if env else Path(platformdirs.user_cache_dir("historygraph"))
 
 
+def _converted(saved: Path) -> bool:
+    return (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file()
+
+
+def _convert(src: Path, saved: Path, torch: Any, model_cls: Any, tok_cls: Any, gguf_config: Any) -> None:
+    """Dequantise the GGUF file ``src`` to float32 and save model and tokenizer under ``saved``
+    (written to a temporary folder first, then renamed, so a reader never sees half a copy)."""
+    try:
+        tok = tok_cls.from_pretrained(src.parent, gguf_file=src.name, local_files_only=True)
+        model = model_cls.from_pretrained(src.parent, gguf_file=src.name, local_files_only=True, attn_implementation="eager",
+                                          dtype=torch.float32, quantization_config=gguf_config(gguf_file=src.name, dequantize=True))
+    except ImportError as exc:
+        raise ModelUnavailableError(f"loading the GGUF file needs the 'gguf' package: {INSTALL_HINT}") from exc
+    tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if saved.exists():  # an incomplete copy (a process killed while renaming): replaced
+            shutil.rmtree(saved)
+        tmp.replace(saved)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @lru_cache(maxsize=1)
 def load_smollm2() -> tuple[Any, Any]:
     """Return ``(model, tokenizer)`` in eval mode on the CPU, eager attention, float32.
@@ -61,27 +88,21 @@ def load_smollm2() -> tuple[Any, Any]:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         import torch
+        from filelock import FileLock
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as exc:
         raise ModelUnavailableError(f"SmolLM2 needs torch and transformers: {INSTALL_HINT}") from exc
     src = gguf_path()
     saved = cache_dir() / f"{MODEL_ID}-f32"
     with _lock:
-        if (saved / "model.safetensors").is_file() and (saved / "tokenizer.json").is_file():
-            tok = AutoTokenizer.from_pretrained(saved, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True, attn_implementation="eager",
-                                                         dtype=torch.float32)
-        else:
-            try:
-                tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name, local_files_only=True)
-                model = AutoModelForCausalLM.from_pretrained(
-                    src.parent, gguf_file=src.name, local_files_only=True, attn_implementation="eager",
-                    dtype=torch.float32, quantization_config=GgufConfig(gguf_file=src.name, dequantize=True))
-            except ImportError as exc:
-                raise ModelUnavailableError(f"loading the GGUF file needs the 'gguf' package: {INSTALL_HINT}") from exc
-            tmp = saved.with_name(saved.name + f".tmp{os.getpid()}")
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            tmp.replace(saved) if not saved.exists() else None
+        if not _converted(saved):
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            # one process converts, the others wait for its copy (two proxy workers, two test workers)
+            with FileLock(str(saved) + ".lock"):
+                if not _converted(saved):
+                    _convert(src, saved, torch, AutoModelForCausalLM, AutoTokenizer, GgufConfig)
+        tok = AutoTokenizer.from_pretrained(saved, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(saved, local_files_only=True, attn_implementation="eager",
+                                                     dtype=torch.float32)
     model.eval()
     return model, tok
