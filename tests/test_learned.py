@@ -322,6 +322,30 @@ def test_leaf_masks_give_a_fitted_ranker_the_walks_bits_and_lightgbms_scores():
     assert np.allclose(m.score(Z[:500]), ranker.predict(Z[:500]), rtol=0, atol=1e-9)
 
 
+def test_kept_scores_are_those_of_scoring_afresh_and_follow_the_group_that_moves():
+    from historygraph.fit.model import ScoreMemo
+    m = ReuseModel.load().models[1]  # the shipped blend's trees (a fitted model with many groups)
+    assert isinstance(m, TreeReuseModel) and m._masks is not None
+    groups = [g[0] for g in m._masks.groups]
+    cover = FEATURES.index("latest_cover")
+    moving = next(j for j, g in enumerate(groups) if cover in g)
+    rng = np.random.default_rng(1)
+    X = np.abs(rng.normal(size=(300, len(FEATURES)))) * rng.choice([0.3, 3, 30], size=(1, len(FEATURES)))
+    keys = np.arange(300) * 3 + 7  # a result's position, say
+    owner = ContextGraph("memo", [])
+    for step in range(6):
+        if step:
+            X[:, cover] = rng.uniform(size=300)  # every row's cover moves: its cells change in most rows
+            X[rng.choice(300, 5, replace=False), FEATURES.index("age")] += 40  # a few rows move elsewhere
+        if step == 3:
+            X[7, 2] = np.nan  # goes left at every node of its feature
+        order = rng.permutation(300)[:250]  # another subset, in another order, at each call
+        assert np.array_equal(m.score(X[order], keys[order], owner), m.score(X[order]))
+    assert m._memos[owner].open == moving  # the rows whose cells change are re-read through one table row
+    assert isinstance(m._memos[owner], ScoreMemo)
+    assert np.array_equal(m.predict(X, keys, owner), m.predict(X))
+
+
 def test_a_blend_is_the_weighted_mean_of_its_members_probabilities(tmp_path):
     from historygraph.fit.model import BlendReuseModel
     k = len(FEATURES)

@@ -21,7 +21,9 @@ a tool result is reused at the next invocation. Two kinds of file:
 
   Nodes of every tree are numbered in one sequence; a leaf has ``feature`` −1 and its ``value``.
   Scoring uses leaf bitmasks (:class:`LeafMasks`, QuickScorer's exit-leaf rule) for trees of up to
-  64 leaves, a level-by-level walk otherwise; both give the same bits.
+  64 leaves, a level-by-level walk otherwise; both give the same bits. A render's scores are kept
+  per result for the graph's next render (:class:`ScoreMemo`), which scores again only the rows
+  whose bins changed.
 * ``"kind": "blend"`` (:class:`BlendReuseModel`), a weighted mean of the probabilities of other
   models (``historygraph fit --objective blend``: the logistic regression and LambdaRank trees)::
 
@@ -38,6 +40,7 @@ numpy alone.
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -68,8 +71,10 @@ class ReuseModel:
     intercept: float
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``."""
+    def predict(self, X: np.ndarray, keys: "np.ndarray | None" = None, owner: Any = None) -> np.ndarray:
+        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``.
+        ``keys`` and ``owner`` are those of :meth:`TreeReuseModel.predict`, taken so that every kind
+        is called alike; nothing is kept (every row's age, so its linear score, changes each render)."""
         z = ((X - self.mean) / self.scale) @ self.coef + self.intercept
         return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
 
@@ -154,6 +159,7 @@ class TreeReuseModel:
         self._threshold = np.where(leaf, np.inf, self.threshold)
         self._depth = self._max_depth()
         self._masks = LeafMasks.build(self)
+        self._memos: "weakref.WeakKeyDictionary[Any, ScoreMemo]" = weakref.WeakKeyDictionary()
 
     def _max_depth(self) -> int:
         depth, level = 0, np.asarray(self.roots, dtype=np.intp)
@@ -164,15 +170,25 @@ class TreeReuseModel:
                 raise ReuseModelError("tree model: a cycle in the node arrays (re-fit it with `historygraph fit`)")
         return depth
 
-    def score(self, X: np.ndarray) -> np.ndarray:
+    def score(self, X: np.ndarray, keys: "np.ndarray | None" = None, owner: Any = None) -> np.ndarray:
         """The ensemble's raw score for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``:
         per row, the sum over trees (in tree order, numpy's pairwise sum of the ``(n, trees)`` leaf
         values) of the leaf the row reaches. :class:`LeafMasks` finds the leaves when every tree has
-        at most 64; :meth:`score_levels` otherwise. Both give the same bits."""
+        at most 64; :meth:`score_levels` otherwise. Both give the same bits.
+
+        ``keys`` (distinct integers ≥ 0, one per row) and ``owner`` (an object that can be weakly
+        referenced, e.g. the graph whose results the rows are): the scores are kept per key for the
+        next call with the same owner, and a row whose bins are its key's last ones is not scored
+        again (:class:`ScoreMemo`; the same bits)."""
         X = np.ascontiguousarray(X, dtype=np.float64)
-        if self._masks is not None:
-            return self._masks.leaf_values(X).sum(axis=1)
-        return self.score_levels(X)
+        if self._masks is None:
+            return self.score_levels(X)
+        if keys is not None and owner is not None:
+            memo = self._memos.get(owner)
+            if memo is None:
+                memo = self._memos[owner] = ScoreMemo(self._masks)
+            return memo.score(X, keys)
+        return self._masks.leaf_values(X).sum(axis=1)
 
     def score_levels(self, X: np.ndarray) -> np.ndarray:
         """:meth:`score` by walking: all rows walk all trees at once, one level per step
@@ -187,10 +203,11 @@ class TreeReuseModel:
             node = self._kids.take(2 * node + right)
         return self.value.take(node).sum(axis=1)
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``."""
+    def predict(self, X: np.ndarray, keys: "np.ndarray | None" = None, owner: Any = None) -> np.ndarray:
+        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``
+        (``keys``, ``owner``: :meth:`score`)."""
         a, b = self.calibration
-        z = a * self.score(X) + b
+        z = a * self.score(X, keys, owner) + b
         return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -248,11 +265,12 @@ class BlendReuseModel:
     weights: list[float]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``."""
-        out = self.weights[0] * self.models[0].predict(X)
+    def predict(self, X: np.ndarray, keys: "np.ndarray | None" = None, owner: Any = None) -> np.ndarray:
+        """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``
+        (``keys``, ``owner``: :meth:`TreeReuseModel.score`, for the tree members)."""
+        out = self.weights[0] * self.models[0].predict(X, keys, owner)
         for w, m in zip(self.weights[1:], self.models[1:]):
-            out += w * m.predict(X)
+            out += w * m.predict(X, keys, owner)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -398,32 +416,52 @@ class LeafMasks:
         table = np.concatenate(tables) if tables else np.full((1, trees), ones, dtype=dtype)
         return cls(groups, np.ascontiguousarray(table), np.asarray(offsets or [0], dtype=np.intp), values, width)
 
-    def leaf_values(self, X: np.ndarray) -> np.ndarray:
-        """The value of the leaf each row of ``X`` (shape ``(n, features)``, float64) reaches in each
-        tree, shape ``(n, trees)``."""
+    def __post_init__(self) -> None:
+        #: per group, ``(first table row, [(feature, thresholds, its only threshold or None, cell stride)])``
+        self._plan = [(offset, [(f, u, float(u[0]) if len(u) == 1 else None, stride)
+                                for f, u, stride in zip(features, thresholds, strides)])
+                      for (features, thresholds, strides), offset in zip(self.groups, self.offsets.tolist())]
+
+    def cells(self, X: np.ndarray) -> np.ndarray:
+        """The row of :attr:`table` each row of ``X`` (shape ``(n, features)``, float64) reads for each
+        group: shape ``(n, groups)``, intp (a row's bins, so its exit leaves and score are functions of
+        its cells alone)."""
         n = len(X)
-        dtype, mult, shift = _DE_BRUIJN[self.width]
-        acc = None
-        buf = None
-        for (features, thresholds, strides), offset in zip(self.groups, self.offsets.tolist()):
-            cell = np.full(n, offset, dtype=np.intp)
-            for f, u, stride in zip(features, thresholds, strides):
-                x = X[:, f]
-                if len(u) == 1:
-                    k = x > u[0]
+        XT = np.ascontiguousarray(X.T)  # a feature's values contiguous (faster to search)
+        nan = bool(np.isnan(XT).any())
+        out = np.empty((len(self._plan), n), dtype=np.intp)
+        for cell, (offset, features) in zip(out, self._plan):
+            cell.fill(offset)
+            for f, u, only, stride in features:
+                x = XT[f]
+                if only is not None:
+                    k = x > only  # (NaN: False, left)
                 else:
                     k = np.searchsorted(u, x)  # #{u_i < x}; NaN sorts last, and goes left
-                    k[np.isnan(x)] = 0
+                    if nan:
+                        k[np.isnan(x)] = 0
                 cell += k * stride if stride != 1 else k
-            if acc is None:
-                acc = self.table.take(cell, axis=0)
-                buf = np.empty_like(acc)
-            else:
-                np.bitwise_and(acc, self.table.take(cell, axis=0, out=buf), out=acc)
-        if acc is None:  # every tree a single leaf
-            acc = np.repeat(self.table[:1], n, axis=0)
+        return out.T
+
+    def masks(self, cells: np.ndarray, groups: "list[int] | None" = None) -> np.ndarray:
+        """The AND of the table rows ``cells`` (shape ``(n, groups)``, :meth:`cells`) names, over
+        ``groups`` (column indices; every group by default): shape ``(n, trees)``, one leaf mask per
+        tree (every leaf's bit set where no group is read)."""
+        cols = list(range(cells.shape[1])) if groups is None else groups
+        if not cols:
+            return np.repeat(self.table[:1], len(cells), axis=0)
+        acc = self.table.take(cells[:, cols[0]], axis=0)
+        if len(cols) > 1:
             buf = np.empty_like(acc)
-        assert buf is not None
+            for j in cols[1:]:
+                np.bitwise_and(acc, self.table.take(cells[:, j], axis=0, out=buf), out=acc)
+        return acc
+
+    def exit_values(self, acc: np.ndarray) -> np.ndarray:
+        """The value of each tree's exit leaf, the lowest set bit of each of the masks ``acc``
+        (shape ``(n, trees)``, :meth:`masks`; overwritten): shape ``(n, trees)``."""
+        dtype, mult, shift = _DE_BRUIJN[self.width]
+        buf = np.empty_like(acc)
         np.negative(acc, out=buf)  # two's complement: acc & −acc keeps the lowest set bit
         acc &= buf
         acc *= dtype(mult)
@@ -435,3 +473,78 @@ class LeafMasks:
         index = acc.astype(np.intp)
         index += np.arange(trees, dtype=np.intp) * self.width
         return self.values.take(index)
+
+    def leaf_values(self, X: np.ndarray) -> np.ndarray:
+        """The value of the leaf each row of ``X`` (shape ``(n, features)``, float64) reaches in each
+        tree, shape ``(n, trees)``."""
+        return self.exit_values(self.masks(self.cells(X)))
+
+
+class ScoreMemo:
+    """The scores of one :class:`LeafMasks`'s rows kept by key across calls (a result's position:
+    one memo per graph), so that a render scores again only the rows whose cells changed.
+
+    A row's score is a function of its cells (:meth:`LeafMasks.cells`), so a key whose cells are
+    those of its previous call keeps its score, the same bits. Between two renders most rows keep
+    their cells in all groups but one (the latest message's word cover moves half of them); the
+    memo also keeps each key's AND over every group but that ``open`` one, so that a row whose
+    cells changed only there costs one table row and its exit leaves. ``open`` follows the group
+    whose cells changed in most rows (a switch rebuilds every row once).
+
+    Attributes:
+        open: the group left out of ``rest`` (``None`` before the first call).
+    """
+
+    def __init__(self, masks: LeafMasks) -> None:
+        self.masks = masks
+        self.open: int | None = None
+        groups, trees = len(masks.groups), masks.table.shape[1]
+        self._cells = np.zeros((0, groups), dtype=np.intp)
+        self._rest = np.zeros((0, trees), dtype=masks.table.dtype)  # per key: AND over every group but open
+        self._score = np.zeros(0)
+        self._known = np.zeros(0, dtype=bool)
+
+    def _reserve(self, top: int) -> None:
+        if top <= len(self._known):
+            return
+        size = max(top, 2 * len(self._known), 64)
+        for name in ("_cells", "_rest", "_score", "_known"):
+            old = getattr(self, name)
+            new = np.zeros((size,) + old.shape[1:], dtype=old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def score(self, X: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """:meth:`TreeReuseModel.score` of the rows ``X`` (shape ``(n, features)``), row ``i`` kept
+        under ``keys[i]`` (distinct integers ≥ 0, shape ``(n,)``); shape ``(n,)``, the same bits."""
+        masks = self.masks
+        cells = masks.cells(X)
+        keys = np.asarray(keys, dtype=np.intp)
+        groups = cells.shape[1]
+        if not len(keys) or not groups:
+            return masks.exit_values(masks.masks(cells)).sum(axis=1)
+        self._reserve(int(keys.max()) + 1)
+        known = self._known[keys]
+        changed = self._cells[keys] != cells
+        changed[~known] = True
+        if self.open is None:
+            self.open = groups - 1
+        o = self.open
+        rest = [j for j in range(groups) if j != o]
+        redo = np.flatnonzero(changed[:, rest].any(axis=1)) if rest else np.zeros(0, np.intp)
+        if len(redo):
+            self._rest[keys[redo]] = masks.masks(cells[redo], rest)
+        again = np.flatnonzero(changed.any(axis=1))
+        if len(again):
+            at = keys[again]
+            acc = self._rest[at] if rest else np.repeat(masks.table[:1], len(at), axis=0)
+            acc &= masks.table.take(cells[again, o], axis=0)
+            self._score[at] = masks.exit_values(acc).sum(axis=1)
+        self._cells[keys] = cells
+        self._known[keys] = True
+        moved = changed[known].sum(axis=0)  # rows whose cells changed, per group (keys kept from before)
+        top = int(np.argmax(moved)) if len(moved) else o
+        if top != o and moved[top] > 2 * moved[o] + 8:
+            self.open = top
+            self._known[:] = False  # rest is over another set of groups now: every key again
+        return self._score[keys]

@@ -310,7 +310,9 @@ class Learned:
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         cands = layout.candidates
-        prob = self.model.predict(feature_matrix(graph, cands, signals.counter)) if cands else np.zeros(0)
+        # scores kept per result across this graph's renders (TreeReuseModel.score; the same bits)
+        prob = self.model.predict(feature_matrix(graph, cands, signals.counter), np.asarray(cands, dtype=np.intp),
+                                  graph) if cands else np.zeros(0)
         value = reuse_values(layout, prob, cfg)
         sel = layout.selection()
         taken = knapsack_select(cands, value, sel, cfg.cost_exponent)
