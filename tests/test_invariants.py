@@ -1,13 +1,16 @@
 """docs/architecture.md §5 over every registered policy, on synthetic edge cases and on real traces."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from historygraph.events import Message, ToolCall
 from historygraph.eval.replay import full_reference, replay_trace
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, config_fields, create, names
-from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
+from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, _stored_facts, check_invariants, render_order
+from historygraph.signals.tokens import TokenCounter
 
 from doubles import ScriptedModel, TableScorer
 
@@ -132,3 +135,73 @@ def test_a_render_leaves_no_reference_cycle_behind(name, signals):
     finally:
         gc.enable()
     assert alive == []
+
+
+def _grown_event_by_event(draw_steps):
+    """Events of a history with late results (after a later message) and second results for an
+    answered call, as ``draw_steps`` picks them: ``(kind, k)`` pairs."""
+    msgs, open_calls, answered, cid = [Message("system", "s"), Message("user", "task")], [], [], 0
+    for kind, k in draw_steps:
+        if kind == "calls":
+            calls = tuple(call(f"c{cid + i}") for i in range(k))
+            cid += k
+            msgs.append(Message("assistant", "", calls))
+            open_calls += [c.id for c in calls]
+        elif kind == "result" and open_calls:  # the oldest open call: late when a message came since
+            msgs.append(Message("tool", "out", tool_call_id=open_calls.pop(k % len(open_calls))))
+            answered.append(msgs[-1].tool_call_id)
+        elif kind == "again" and answered:  # a second result for an answered call (it supersedes the first)
+            msgs.append(Message("tool", "real out", tool_call_id=answered[k % len(answered)]))
+        elif kind == "user":
+            msgs.append(Message("user", f"more {k}"))
+        elif kind == "system":
+            msgs.append(Message("system", f"note {k}"))
+        else:
+            msgs.append(Message("assistant", f"text {k}"))
+    return msgs
+
+
+@settings(max_examples=150, deadline=None)
+@given(hs.lists(hs.tuples(hs.sampled_from(["calls", "result", "result", "result", "again", "user", "system", "text"]),
+                          hs.integers(1, 3)), max_size=40))
+def test_stored_facts_follow_the_graph_event_by_event(draw_steps):
+    """The facts check_invariants keeps per graph (render order, rank, system and latest user
+    positions) equal a fresh reading of the whole graph after every append, late and second
+    results included (hypothesis: random event sequences)."""
+    counter = TokenCounter()
+    g = ContextGraph("facts")
+    for m in _grown_event_by_event(draw_steps):
+        g.append(m)
+        facts = _stored_facts(g, counter)
+        facts.extend(g)
+        order = render_order(g)
+        assert facts.order == order
+        assert facts.rank == {p: i for i, p in enumerate(order)}
+        assert facts.systems == [p for p, x in enumerate(g.messages) if x.role == "system"]
+        assert facts.last_user == max((p for p, x in enumerate(g.messages) if x.role == "user"), default=None)
+
+
+def test_a_checked_rendering_does_not_vouch_for_a_changed_one(signals):
+    """What check_invariants keeps between checks (counts and checked stand-ins per position) is
+    reused only for the very same message objects: a rendering checked once, then the same one
+    with a wrong token figure, or with another altered result at a position whose placeholder
+    passed, is refused."""
+    msgs = [Message("system", "s"), Message("user", "task")]
+    for i in range(12):
+        msgs += [Message("assistant", f"step {i}", (call(f"c{i}"),)), Message("tool", f"result {i} " * 80, tool_call_id=f"c{i}")]
+    g = ContextGraph("vouch", msgs)
+    r = create("prune").render(g, 600, signals)
+    check_invariants(r, g, signals.counter)
+    check_invariants(r, g, signals.counter)  # the same rendering again: still fine
+    k = next(i for i, m in enumerate(r.messages) if m.rendered_as == "placeholder")
+    wrong = Rendering(r.policy, r.budget, list(r.messages), list(r.positions), list(r.full), list(r.omitted),
+                      list(r.dropped), r.history_tokens + 1, r.input_tokens)
+    with pytest.raises(InvariantError, match="recount"):
+        check_invariants(wrong, g, signals.counter)
+    altered = Message("tool", "something else", tool_call_id=r.messages[k].tool_call_id, rendered_as="placeholder")
+    cut = list(r.messages)
+    cut[k] = altered
+    tokens = sum(signals.counter.count_message(m) for m, p in zip(cut, r.positions) if p not in (0, 1))  # system, user: outside B
+    bad = Rendering(r.policy, r.budget, cut, list(r.positions), list(r.full), list(r.omitted), list(r.dropped), tokens, 0)
+    with pytest.raises(InvariantError, match="§5.3 complete"):
+        check_invariants(bad, g, signals.counter)

@@ -2266,29 +2266,143 @@ class Layout:
         return build
 
 
+class _StoredFacts:
+    """What :func:`check_invariants` reads from a graph's stored events alone, kept per graph and
+    extended by the events appended since the last check (graphs are append-only), so that a
+    check costs O(rendered messages) instead of re-reading the whole history each time:
+
+    * ``systems``: positions of the system messages; ``last_user``: of the latest user message;
+    * ``order``/``rank``: :func:`render_order` and each position's index in it. Appending keeps
+      them exact in the common case, a non-tool message or a first result of a call of the
+      latest non-tool message (it goes at the end, after that message's earlier results, as
+      ``render_order`` puts them); any other result (a late one, after a later message, or a
+      second one for the same call) rebuilds both from :func:`render_order`;
+    * ``counts``: per position, the last message rendered there (the stored event, or a stand-in
+      a policy keeps and shows again, such as a placeholder) with its ``counter.count_message``,
+      reused only for that very object (messages are immutable), so the recount stays a count
+      of what is rendered, made here with ``counter``, not the policy's figure;
+    * ``shown``: per position, the last stand-in for the stored event (a placeholder, an excerpt,
+      a brief view …) that passed the §5.3 checks against it; the same object shown again is
+      not checked again (the checks are a function of the two immutable messages and ``p``).
+
+    Built by this module's own code from ``graph.messages``, ``graph.call_owner`` and
+    ``graph.result_of``, never from a policy's layout state. ``lock`` serialises the checks of
+    one graph (two threads may check renderings of the same session)."""
+
+    __slots__ = ("n", "last", "systems", "last_user", "order", "rank", "tail", "answered", "counter", "counts", "shown", "lock")
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self.lock = threading.Lock()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.n = 0
+        self.last: Message | None = None  # graph.messages[n - 1] when last extended
+        self.systems: list[int] = []
+        self.last_user: int | None = None
+        self.order: list[int] = []
+        self.rank: dict[int, int] = {}
+        self.tail: int | None = None  # the latest non-tool position: its calls' first results may follow at the end
+        self.answered: set[str] = set()  # call ids with a result so far
+        self.counts: dict[int, tuple[Message, int]] = {}
+        self.shown: dict[int, Message] = {}
+
+    def extend(self, graph: ContextGraph) -> None:
+        """Take in ``graph.messages[n:]`` (from scratch when the graph is not this one grown)."""
+        msgs = graph.messages
+        if len(msgs) < self.n or (self.n and msgs[self.n - 1] is not self.last):
+            self._clear()  # not the graph seen before, grown
+        rebuild, end = False, len(msgs)
+        order, rank, answered, owner_of = self.order, self.rank, self.answered, graph.call_owner
+        for p in range(self.n, end):
+            m = msgs[p]
+            role = m.role
+            if role == "tool":
+                cid = m.tool_call_id or ""
+                if not rebuild and cid not in answered and owner_of.get(cid) == self.tail:
+                    rank[p] = len(order)
+                    order.append(p)
+                else:
+                    rebuild = True
+                answered.add(cid)
+                continue
+            self.tail = p
+            if not rebuild:
+                rank[p] = len(order)
+                order.append(p)
+            if role == "system":
+                self.systems.append(p)
+            elif role == "user":
+                self.last_user = p
+        if rebuild:
+            self.order = render_order(graph)
+            self.rank = {q: i for i, q in enumerate(self.order)}
+        self.n = end
+        self.last = msgs[end - 1] if end else None
+
+    def count(self, m: Message, p: int) -> int:
+        """``counter.count_message(m)`` for the message rendered at position ``p``."""
+        hit = self.counts.get(p)
+        if hit is not None and hit[0] is m:
+            return hit[1]
+        n = self.counter.count_message(m)
+        self.counts[p] = (m, n)
+        return n
+
+
+_FACTS: "weakref.WeakKeyDictionary[ContextGraph, dict[TokenCounter, _StoredFacts]]" = weakref.WeakKeyDictionary()
+_FACTS_LOCK = threading.Lock()
+
+
+def _stored_facts(graph: ContextGraph, counter: TokenCounter) -> _StoredFacts:
+    with _FACTS_LOCK:
+        per = _FACTS.setdefault(graph, {})
+        facts = per.get(counter)
+        if facts is None:
+            facts = per[counter] = _StoredFacts(counter)
+    return facts
+
+
 def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCounter) -> None:
-    """Raise :class:`InvariantError` naming the first invariant of docs/architecture.md, invariant §5 that is broken."""
+    """Raise :class:`InvariantError` naming the first invariant of docs/architecture.md, invariant §5 that is broken.
+
+    Cost: O(rendered messages + events appended since the graph was last checked), from the
+    facts kept per graph (:class:`_StoredFacts`); the result is the same as a check that reads
+    the whole history every time."""
+    facts = _stored_facts(graph, counter)
+    with facts.lock:
+        facts.extend(graph)
+        _check(rendering, graph, counter, facts)
+
+
+def _check(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: _StoredFacts) -> None:
     msgs = rendering.messages
     B = rendering.budget
     # 1. budget, recounted independently of the policy's own figure
-    outside = {p for p, m in enumerate(graph.messages) if m.role == "system"}
-    users = [p for p, m in enumerate(graph.messages) if m.role == "user"]
-    if users:
-        outside.add(users[-1])
-    history = sum(counter.count_message(m) for m, p in zip(msgs, rendering.positions) if p not in outside)
+    outside = set(facts.systems)
+    if facts.last_user is not None:
+        outside.add(facts.last_user)
+    count = facts.count
+    history = sum(count(m, p) if p is not None else counter.count_message(m)
+                  for m, p in zip(msgs, rendering.positions) if p not in outside)
     if history != rendering.history_tokens:
         raise InvariantError(f"history_tokens {rendering.history_tokens} != recount {history}")
     if B is not None and rendering.policy != "full" and history > B:
         raise InvariantError(f"§5.1 budget: history {history} tokens > B {B}")
     # 2. pairing
-    i = 0
-    while i < len(msgs):
+    i, n = 0, len(msgs)
+    while i < n:
         m = msgs[i]
         if m.role == "tool":
             raise InvariantError(f"§5.2 pairing: tool result {m.tool_call_id} at rendered index {i} has no preceding call")
         if m.role == "assistant" and m.tool_calls:
-            ids = [c.id for c in m.tool_calls]
             j = i + 1
+            if len(m.tool_calls) == 1 and j < n and msgs[j].role == "tool" and msgs[j].tool_call_id == m.tool_calls[0].id \
+                    and (j + 1 == n or msgs[j + 1].role != "tool"):
+                i = j + 1  # the common case: one call, directly followed by its result alone
+                continue
+            ids = [c.id for c in m.tool_calls]
             got: list[str] = []
             while j < len(msgs) and msgs[j].role == "tool":
                 got.append(msgs[j].tool_call_id or "")
@@ -2300,14 +2414,13 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
             continue
         i += 1
     # 3. order, verbatim user messages, complete or marked results
-    order = render_order(graph)
-    rank = {p: i for i, p in enumerate(order)}
+    order, rank = facts.order, facts.rank
     real = [rank.get(p, -1) for p in rendering.positions if p is not None]
     if -1 in real or real != sorted(real) or len(set(real)) != len(real):
         raise InvariantError("§5.3 order: rendering is not chronological (results directly after their call)")
-    stored = graph.messages
+    stored, shown = graph.messages, facts.shown
     for m, p in zip(msgs, rendering.positions):
-        if p is None or m is stored[p]:  # the stored event itself: verbatim and complete
+        if p is None or m is stored[p] or shown.get(p) is m:  # the stored event itself, or a stand-in checked before
             continue
         orig = stored[p]
         if m.role in ("user", "assistant", "system") and m != orig and not _is_segment_view(m, orig) \
@@ -2320,6 +2433,7 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
                                          f"or is not made of pieces of the original in order")
             elif m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
                 raise InvariantError(f"§5.3 complete: result at position {p} altered without a mark naming its id")
+        shown[p] = m
     # 4. in-flight call kept
     if graph.messages and graph.messages[-1].role == "assistant" and graph.messages[-1].tool_calls:
         if not rendering.positions or rendering.positions[-1] != len(graph) - 1:
@@ -2333,13 +2447,16 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     for p in rendering.omitted:
         if graph.messages[p].role != "tool":
             raise InvariantError(f"§5.6 omitted position {p} is not a stored tool result")
-    spans = [(int(a), int(b)) for m in msgs if m.rendered_as == "marker"
-             for a, b in _MARK_SPAN.findall(m.content)]
+    spans = sorted((int(a), int(b)) for m in msgs if m.rendered_as == "marker"
+                   for a, b in _MARK_SPAN.findall(m.content))
+    starts = [a for a, _ in spans]
+    reach = list(itertools.accumulate((b for _, b in spans), max))  # reach[k]: the furthest end of spans[:k + 1]
     summarised = any(m.rendered_as == "summary" and m.role != "tool" for m in msgs)  # names the span it covers
     for p in sorted(rank.keys() - set(rendering.positions), key=rank.__getitem__):  # in rendering order
-        if graph.messages[p].role != "tool" and p not in outside and not summarised \
-                and not any(a <= p <= b for a, b in spans):
-            raise InvariantError(f"§5.6 marker: message {p} was left out without a dropped-step marker naming it")
+        if graph.messages[p].role != "tool" and p not in outside and not summarised:
+            k = bisect.bisect_right(starts, p)  # spans[:k] start at or before p: one covers p iff the furthest end reaches it
+            if not k or reach[k - 1] < p:
+                raise InvariantError(f"§5.6 marker: message {p} was left out without a dropped-step marker naming it")
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:
