@@ -771,7 +771,7 @@ def reference_feature_matrix(graph, positions, counter):
         reuse_turns = {turn_of[m.user] for m in graph.reuse.matches.get(p, ())}
         last = max(reuse_turns) if reuse_turns else None
         later_view = any(gf.last_view.get(x, -1) > p for x in f.files) if f.kind == "view" else False
-        superseded = later_view or gf.last_command.get(f.command, -1) > p
+        superseded = later_view or gf.last_command.get(fx.command_key(f.command), -1) > p
         edited_later = any(gf.last_edit.get(x, -1) > p for x in f.shown_files)
         out[row] = (
             age, math.log1p(age), math.exp(-0.3 * age),

@@ -322,6 +322,15 @@ def test_leaf_masks_give_a_fitted_ranker_the_walks_bits_and_lightgbms_scores():
     assert np.allclose(m.score(Z[:500]), ranker.predict(Z[:500]), rtol=0, atol=1e-9)
 
 
+def test_a_command_run_again_supersedes_its_earlier_output_only():
+    msgs = [Message("user", "Find the config"),
+            Message("assistant", "", (bash("c1", "ls -la src"),)), Message("tool", "a.py b.py", tool_call_id="c1"),
+            Message("assistant", "", (bash("c2", "ls -la src/"),)), Message("tool", "a.py b.py", tool_call_id="c2"),
+            Message("assistant", "", (bash("c3", "ls -la src"),)), Message("tool", "a.py b.py c.py", tool_call_id="c3")]
+    X = feature_matrix(ContextGraph("again", msgs), [2, 4, 6], Signals().counter)
+    assert X[:, FEATURES.index("superseded")].tolist() == [1.0, 0.0, 0.0]  # c3 re-runs c1; c2 differs by a slash
+
+
 def test_kept_scores_are_those_of_scoring_afresh_and_follow_the_group_that_moves():
     from historygraph.fit.model import ScoreMemo
     m = ReuseModel.load().models[1]  # the shipped blend's trees (a fitted model with many groups)

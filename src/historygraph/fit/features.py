@@ -62,6 +62,7 @@ grown by a quarter, so a reopened session's first render starts from it and exte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -184,6 +185,13 @@ def _extract_facts(m: Message, call: ToolCall | None) -> tuple:
     cmd = _command(name, args)
     return (call_kind(name, args), cmd.strip(), files_in(cmd), files_in(m.content[:TEXT_CHARS]),
             identifiers_in(m.content[:TEXT_CHARS]), words(m.content), has_error(m.content[:TEXT_CHARS]))
+
+
+def command_key(command: str) -> str:
+    """A command's key among the commands run (``superseded``): its BLAKE2b digest, 16 bytes in hex,
+    so that the per-graph state and its snapshot do not hold each command's text (a heredoc that
+    writes a whole file is one; the commands were a quarter of a 1,000-result snapshot's bytes)."""
+    return hashlib.blake2b(command.encode(), digest_size=16).hexdigest()
 
 
 @dataclass
@@ -419,7 +427,7 @@ class _GraphFacts:
     value_df: dict[str, int] = field(default_factory=dict)
     last_view: dict[str, int] = field(default_factory=dict)     # file -> latest result position viewing it
     last_edit: dict[str, int] = field(default_factory=dict)     # file -> latest result position editing it
-    last_command: dict[str, int] = field(default_factory=dict)  # command -> latest result position
+    last_command: dict[str, int] = field(default_factory=dict)  # command_key(command) -> latest result position
     ident_first: dict[str, int] = field(default_factory=dict)   # identifier -> first result position holding it
     ident_turns: dict[int, list[int]] = field(default_factory=dict)  # result -> turns whose message names an own identifier
     assistant_idents: list[tuple[int, frozenset[str]]] = field(default_factory=list)  # (turn, identifiers) per message
@@ -686,10 +694,11 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
         for name_ in f.shown_files:
             gf.unedited.setdefault(name_, []).append(row)
         if f.command:
-            prev = gf.last_command.get(f.command)
+            key = command_key(f.command)
+            prev = gf.last_command.get(key)
             if prev is not None:  # the same command was run again
                 gf.superseded.a[gf.row_of[prev]] = 1.0
-            gf.last_command[f.command] = p
+            gf.last_command[key] = p
     if new:
         gf.turn.a[base:base + new] = turns
         gf.owner.a[base:base + new] = owners
