@@ -26,7 +26,8 @@ TFA's value rules exclude). This is analysis in the benchmark only; no policy re
 
 ``--variant``: ``shipped`` (label: TFA reuse or identifier reuse at the next call, the shipped
 recipe), ``values-or-named`` (TFA values other than file names, or identifiers), ``named``
-(identifier reuse alone), ``tfa`` (TFA reuse alone), ``within`` (TFA reuse within the next 3
+(identifier reuse alone), ``tfa`` (TFA reuse alone), ``fresh`` (``values-or-named`` counting only
+what no user or assistant message wrote before the result), ``within`` (TFA reuse within the next 3
 calls).
 """
 
@@ -65,7 +66,8 @@ def parse_configs(text: str) -> dict[str, dict]:
     return out
 
 
-VARIANT_LABEL = {"shipped": "reuse-or-named", "values-or-named": "values-or-named", "named": "named", "tfa": "reuse"}
+VARIANT_LABEL = {"shipped": "reuse-or-named", "values-or-named": "values-or-named", "named": "named", "tfa": "reuse",
+                 "fresh": "fresh"}
 
 
 def variant_label(ex: Examples, variant: str) -> np.ndarray:
@@ -79,7 +81,7 @@ OBJECTIVE = [OBJECTIVES[0]]  # set by --objective
 def fit_variant(ex: Examples, variant: str, c: float):
     if variant == "within":
         z = np.zeros_like(ex.named)
-        return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, z, z), c,
+        return fit_examples(Examples(ex.X, ex.within, ex.within, ex.group, ex.invocation, z, z, z), c,
                             label="reuse", objective=OBJECTIVE[0])
     if variant not in VARIANT_LABEL:
         raise SystemExit(f"unknown variant {variant!r}; choose one of {', '.join([*VARIANT_LABEL, 'within'])}")

@@ -396,7 +396,7 @@ def test_tree_arrays_number_the_nodes_of_every_tree_in_one_sequence():
 def test_invocation_sizes_are_the_runs_of_one_trace_and_invocation():
     from historygraph.fit.dataset import Examples
     z = np.zeros(6)
-    ex = Examples(np.zeros((6, len(FEATURES))), z, z, np.array([0, 0, 0, 1, 1, 1]), np.array([1, 2, 2, 1, 1, 4]), z, z)
+    ex = Examples(np.zeros((6, len(FEATURES))), z, z, np.array([0, 0, 0, 1, 1, 1]), np.array([1, 2, 2, 1, 1, 4]), z, z, z)
     assert invocation_sizes(ex).tolist() == [1, 2, 2, 1]
 
 
@@ -412,12 +412,15 @@ def test_labels_are_observed_reuse_of_tfa():
     assert ex.named.tolist() == [1, 1, 0, 1, 0, 0]
     # msg 5 reuses dates.py from result 4 only: a file name, neither a counted value nor an identifier
     assert ex.valued.tolist() == [1, 1, 0, 1, 0, 0]
+    # fresh: the task wrote parse_date before any result held it, so msgs 3 and 5 learned nothing new from
+    # result 2; DATE_RE.match (msg 7) was in no user or assistant message before result 2
+    assert ex.fresh.tolist() == labels(ex, "fresh").tolist() == [0, 0, 0, 1, 0, 0]
     # the recipes: TFA values or identifiers (shipped), values other than file names or identifiers,
     # identifiers alone, TFA alone
     assert labels(ex).tolist() == labels(ex, "reuse-or-named").tolist() == labels(ex, "reuse").tolist() == [1, 1, 1, 1, 0, 0]
     assert labels(ex, "values-or-named").tolist() == labels(ex, "named").tolist() == [1, 1, 0, 1, 0, 0]
     with pytest.raises(ValueError, match="unknown label 'tfa'; choose one of reuse-or-named, values-or-named, named, "
-                                         "reuse"):
+                                         "reuse, fresh"):
         labels(ex, "tfa")
 
 
@@ -595,7 +598,7 @@ def test_fit_command_writes_a_model_that_replay_uses(tmp_path, traces_dir, monke
     assert bad.exit_code != 0 and "unknown --objective 'svm'; choose one of blend, logistic, lambdarank" \
         in " ".join(bad.output.split())
     wrong = runner.invoke(app, ["fit", str(src), "--out", str(tmp_path / "w.json"), "--label", "tfa"])
-    assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, values-or-named, named, reuse" \
+    assert wrong.exit_code != 0 and "unknown --label 'tfa'; choose one of reuse-or-named, values-or-named, named, reuse, fresh" \
         in " ".join(wrong.output.split())
     again = runner.invoke(app, ["fit", str(src), "--out", str(out)])
     assert again.exit_code != 0 and "--force" in again.output  # never overwrites silently

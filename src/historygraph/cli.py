@@ -748,7 +748,8 @@ def fit(
                                        "recipe), 'values-or-named' (TFA values other than file names, or "
                                        "identifiers) and 'named' (identifiers alone): higher recall on coding "
                                        "agents, slightly lower on agents that repeat order numbers or IDs; "
-                                       "'reuse' (TFA values alone).")] = "reuse-or-named",
+                                       "'reuse' (TFA values alone); 'fresh' ('values-or-named' counting only "
+                                       "what no user or assistant message wrote before the result).")] = "reuse-or-named",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite --out if it exists.")] = False,
