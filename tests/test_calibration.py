@@ -31,6 +31,23 @@ def test_ratio_and_adjusted_budget():
     assert cal2.adjusted_budget(6000) == 6000
 
 
+def test_ratio_is_the_median_of_the_window_as_it_slides():
+    """The median read from the ratios kept sorted equals ``statistics.median`` of the window's
+    pairs after every observation, odd and even counts, repeated ratios and the oldest leaving."""
+    import random
+    import statistics
+
+    rng = random.Random(13)
+    cal = TokenCalibration(TokenCounter(), window=6)
+    pairs = []
+    for _ in range(60):
+        est, rep = rng.randint(50, 60), rng.randint(50, 70)
+        cal.observe(est, rep)
+        pairs = (pairs + [(est, rep)])[-6:]
+        assert cal.ratio == statistics.median(r / e for e, r in pairs)
+    assert cal.summary()["observations"] == 6
+
+
 def test_usage_of_every_answer_shape_keeps_fresh_cache_read_and_cache_write_apart():
     from historygraph.formats.anthropic import StreamAccumulator
     from historygraph.server.upstream import OpenAIStreamAccumulator

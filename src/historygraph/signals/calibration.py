@@ -17,9 +17,9 @@ provider to keep their tokenizers apart.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
-import statistics
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -93,6 +93,7 @@ class TokenCalibration:
         self.window = window
         self._pairs: list[tuple[int, int]] = []
         self._usage: list[Usage] = []
+        self._sorted: list[float] = []  # reported / estimated of the window's pairs, ascending (the median in O(1))
         self._lock = threading.Lock()
 
     def estimate_request(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> int:
@@ -112,14 +113,22 @@ class TokenCalibration:
         with self._lock:
             self._pairs.append((estimated, usage.total))
             self._usage.append(usage)
+            bisect.insort(self._sorted, usage.total / estimated)
+            for e, r in self._pairs[:-self.window]:  # the oldest, out of the window
+                del self._sorted[bisect.bisect_left(self._sorted, r / e)]
             del self._pairs[:-self.window], self._usage[:-self.window]
 
     @property
     def ratio(self) -> float:
-        """Median of reported / estimated (1.0 before any observation)."""
+        """Median of reported / estimated (1.0 before any observation), as ``statistics.median``
+        gives it: the middle value, or the mean of the two middle ones. Read from the window's
+        ratios kept sorted as they are observed (the proxy reads it on every request)."""
         with self._lock:
-            pairs = list(self._pairs)
-        return statistics.median(r / e for e, r in pairs) if pairs else 1.0
+            xs = self._sorted
+            n = len(xs)
+            if not n:
+                return 1.0
+            return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
     def adjusted_budget(self, budget: int) -> int:
         """B shrunk when the provider counts more than we do (never grown): ``floor(B / max(1, ratio))``."""
