@@ -264,3 +264,29 @@ def test_the_anthropic_endpoint_converts_only_the_turns_it_has_not_seen(monkeypa
     assert got == expect and done == list(range(2, 9))
     with pytest.raises(EventError, match=r"messages\[9\]\.role must be"):
         convert(edited + [{"role": "tool", "content": "x"}])
+
+
+def test_ingest_gives_the_graph_holding_exactly_the_request(tmp_path):
+    """Ingest.graph (what the proxy renders, without looking the session up again) holds the
+    request's messages, also when the store's cache dropped the compared graph before the append
+    (another session's request in another thread), and after a branch."""
+    store = SQLiteStore(tmp_path / "ingest.sqlite")
+    router = SessionRouter(store)
+    raw = history(2)
+    got = router.ingest(RequestMessages(copy.deepcopy(raw)), "s")
+    assert got.graph is store.graph("s") and len(got.graph) == 6
+    append = store.append
+
+    def evicting_append(*args, **kwargs):  # the compared graph leaves the cache before the append
+        store._graphs.clear()
+        return append(*args, **kwargs)
+
+    store.append = evicting_append
+    step = copy.deepcopy(raw) + [{"role": "assistant", "content": "answer"}, {"role": "user", "content": "u2"}]
+    got = router.ingest(RequestMessages(step), "s")
+    assert [m.content for m in got.graph.messages][6:] == ["answer", "u2"] and len(got.graph) == 8
+    store.append = append
+    edited = copy.deepcopy(raw)
+    edited[1]["content"] = "Fix the lexer."
+    got = router.ingest(RequestMessages(edited), "s")
+    assert got.forked_from == "s" and [m.content for m in got.graph.messages] == [m["content"] for m in edited]

@@ -248,12 +248,14 @@ class Proxy:
         budget cannot hold the protected history)."""
         return self._render(session_id, policy, budget)[0]
 
-    def _render(self, session_id: str, policy: str, budget: int) -> tuple[Rendering, int]:
+    def _render(self, session_id: str, policy: str, budget: int, graph: Any = None) -> tuple[Rendering, int]:
         """:meth:`render`, and the tokens of every rendered message (what
         :meth:`TokenCounter.count_messages` gives them): the history's, just recounted by
         ``check_invariants`` and equal to ``rendering.history_tokens``, plus the messages outside
-        the history (system messages and the latest user message), counted here."""
-        graph = self.store.graph(session_id)
+        the history (system messages and the latest user message), counted here. ``graph``: the
+        session's graph as the request's routing left it (:attr:`Ingest.graph`), else the store's."""
+        if graph is None:
+            graph = self.store.graph(session_id)
         t0 = time.perf_counter()
         try:
             rendering = self.policy(policy).render(graph, budget, self.signals)
@@ -286,7 +288,8 @@ class Proxy:
                 raise ClientError(f"messages: {exc}", "messages") from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
                 budget = self.calibration.adjusted_budget(budget)
-            return (ingest.session_id, *self._render(ingest.session_id, policy, budget))
+            # the graph routing has just brought up to the request's messages: no second look-up
+            return (ingest.session_id, *self._render(ingest.session_id, policy, budget, ingest.graph))
 
     def store_answer(self, session_id: str, answer: Message) -> None:
         """Append the upstream answer. The client already has it, so a failure (a concurrent

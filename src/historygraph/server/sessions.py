@@ -142,12 +142,14 @@ def known_prefix(cached: list[Any] | None, raw: list[Any]) -> int:
 
 @dataclass
 class Ingest:
-    """Result of routing one request: the session used, events appended, and whether a branch
-    was created (``forked_from`` names its parent)."""
+    """Result of routing one request: the session used, events appended, whether a branch was
+    created (``forked_from`` names its parent), and the session's graph as this request left it
+    (its events are the request's messages)."""
 
     session_id: str
     appended: int
     forked_from: str | None = None
+    graph: ContextGraph | None = None
 
 
 class SessionRouter:
@@ -214,13 +216,14 @@ class SessionRouter:
                 except StoreError:  # another instance created it meanwhile
                     pass
                 self._known.add(root)
-            best, best_len, parent, parent_len = None, -1, root, -1
+            best, best_len, best_graph, parent, parent_len = None, -1, None, root, -1
             for sid in [root] + self.branches(root):
-                stored = self.store.graph(sid).messages
+                graph = self.store.graph(sid)
+                stored = graph.messages
                 start = min(known_prefix(self._cached_raw(sid), raw), len(stored)) if raw is not None else 0
                 n = common_prefix(stored, messages, start)
                 if n == len(stored) and n > best_len:
-                    best, best_len = sid, n
+                    best, best_len, best_graph = sid, n, graph
                 if n > parent_len:
                     parent, parent_len = sid, n
             if best is not None:
@@ -232,7 +235,9 @@ class SessionRouter:
                         return self.ingest(messages, session_id, meta)  # compare again with what is stored now
                 if raw is not None:
                     self._remember(best, list(raw))
-                return Ingest(best, len(new))
+                if best_graph is None or len(best_graph) != best_len + len(new):  # dropped from the store's cache meanwhile
+                    best_graph = self.store.graph(best)
+                return Ingest(best, len(new), graph=best_graph)
             return self._branch(root, parent, parent_len, messages, meta)
 
     def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
@@ -248,7 +253,7 @@ class SessionRouter:
         self.store.append(sid, list(messages))
         if isinstance(messages, RequestMessages):
             self._remember(sid, list(messages.raw))
-        return Ingest(sid, len(messages), forked_from=parent)
+        return Ingest(sid, len(messages), forked_from=parent, graph=self.store.graph(sid))
 
 
 class TurnCache:
