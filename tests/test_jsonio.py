@@ -70,3 +70,34 @@ def test_loads_request_checks_the_bytes_it_leaves_unparsed():
         jsonio.loads_request(b'{"messages": [{"role": "user", "content": "\xff"}]}')
     with pytest.raises(ValueError):
         jsonio.loads_request(b'{"messages": [{"role": "user", "content": NaN}, ]}')
+
+
+def test_array_cache_splits_as_msgspec_does_and_reuses_a_recent_prefix():
+    """ArrayCache.split gives the items msgspec gives for the whole array, whatever came before;
+    an array that is a recent one plus more items reuses that one's item objects (not scanned
+    again); an edited, shorter or malformed one is split afresh (or refused) as a whole."""
+    import msgspec
+
+    whole = msgspec.json.Decoder(list[msgspec.Raw]).decode
+    head = b'[{"role": "system", "content": "' + b"s" * 600 + b'"}'
+    cache = jsonio.ArrayCache(4)
+    first = msgspec.Raw(head + b', {"role": "user", "content": "u"}\n]')
+    a = cache.split(first)
+    assert [bytes(x) for x in a] == [bytes(x) for x in whole(first)]
+    grown = msgspec.Raw(head + b', {"role": "user", "content": "u"}\n, {"role": "assistant", "content": "a"},  1]')
+    b = cache.split(grown)
+    assert [bytes(x) for x in b] == [bytes(x) for x in whole(grown)] and len(b) == 4
+    assert b[0] is a[0] and b[1] is a[1]  # the recent array's items, reused
+    for other in (head + b', {"role": "user", "content": "v"}, 2]',  # an earlier item edited
+                  head + b']',  # shorter
+                  head + b', {"role": "user", "content": "u"}\n, {"role": "assistant", "content": "a"},  1]'):  # the same again
+        got = cache.split(msgspec.Raw(other))
+        assert [bytes(x) for x in got] == [bytes(x) for x in whole(other)]
+    for bad in (head + b', {"role": "user", "content": "u"}\n, {"role": "assistant", "content": "a"},  1,]',
+                head + b', {"role": "user", "content": "u"}\n, {"role": "assistant", "content": "a"},  1, {]'):
+        with pytest.raises(msgspec.DecodeError):
+            whole(bad)
+        with pytest.raises(msgspec.DecodeError):
+            cache.split(msgspec.Raw(bad))
+    body, fast = jsonio.loads_request(b'{"model": "m", "messages": ' + bytes(grown) + b'}', arrays=cache)
+    assert fast and [bytes(x) for x in body["messages"]] == [bytes(x) for x in whole(grown)]

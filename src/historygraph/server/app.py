@@ -187,6 +187,7 @@ class Proxy:
         self.store.graph_cache = config.session_cache
         self.router = SessionRouter(self.store, prefix_cache=config.session_cache)
         self.turns = TurnCache(config.session_cache)  # the Anthropic endpoint's converted wire turns
+        self.arrays = jsonio.ArrayCache(config.session_cache)  # recent requests' messages arrays, split
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
                                embedder_factory=partial(create_embedder, config.embedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
@@ -353,8 +354,8 @@ class Proxy:
 
     async def read_json(self, request: Request, raw_messages: bool = False) -> dict[str, Any]:
         """The request body as a JSON object; 413 over the size limit, 400 when not JSON.
-        ``raw_messages``: the items of ``messages`` stay unparsed (:func:`jsonio.loads_request`;
-        :class:`RequestMessages` parses those it needs)."""
+        ``raw_messages``: the items of ``messages`` stay unparsed (:func:`jsonio.loads_request`, with
+        this process's :class:`jsonio.ArrayCache`; :class:`RequestMessages` parses those it needs)."""
         size, chunks = 0, []
         async for chunk in request.stream():
             size += len(chunk)
@@ -363,7 +364,7 @@ class Proxy:
             chunks.append(chunk)
         try:
             data = b"".join(chunks)
-            body, fast = jsonio.loads_request(data) if raw_messages else jsonio.loads(data)
+            body, fast = jsonio.loads_request(data, arrays=self.arrays) if raw_messages else jsonio.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
         request.state.historygraph_json_fast = fast  # then the forwarded body may be encoded by msgspec too

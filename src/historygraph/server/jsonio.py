@@ -23,6 +23,8 @@ messages that are new or differ from those last stored are).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import msgspec
@@ -54,23 +56,69 @@ def dumps(value: Any, fast: bool = True) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def loads_request(data: bytes, key: str = "messages") -> tuple[Any, bool]:
+def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None = None) -> tuple[Any, bool]:
     """:func:`loads`, except that when the document is an object whose ``key`` is an array, that
     array's items stay unparsed (``msgspec.Raw``; see module docstring; :func:`item` parses one).
     Every other value, and every document msgspec refuses or that is not such an object, is as
     :func:`loads` gives it. The document must be UTF-8 (``UnicodeDecodeError`` otherwise, as
     :func:`loads` raises); msgspec does not check the bytes of the strings it leaves unparsed,
-    so they are checked here first."""
+    so they are checked here first. ``arrays``: split the array with :meth:`ArrayCache.split`
+    (the same items; the part a recent request's array already had is not scanned again)."""
     if not data.isascii():
         data.decode("utf-8")
+    split = _items.decode if arrays is None else arrays.split
     try:
         top = _fields.decode(data)
-        out: dict[str, Any] = {k: _items.decode(v) if k == key else _decoder.decode(v) for k, v in top.items()}
+        out: dict[str, Any] = {k: split(v) if k == key else _decoder.decode(v) for k, v in top.items()}
         if key not in out:
             raise KeyError(key)
     except (msgspec.DecodeError, KeyError):  # not an object, no such array, or refused: as loads does
         return loads(data)
     return out, True
+
+
+class ArrayCache:
+    """The arrays :func:`loads_request` split lately (an LRU of ``size``), each with its items: an
+    agent re-sends its whole conversation with one or two more messages each time, so an array
+    whose bytes are a recent one's with ``,`` and more items before the closing ``]`` is split
+    by reusing that one's items (the same ``msgspec.Raw`` objects, which the session router then
+    recognises by identity) and scanning only the rest. An array is looked up by its first
+    :data:`KEY_BYTES` bytes (a conversation starts the same way every time); any other array is
+    split in full. Either way the items are those ``msgspec`` gives for the whole array: the
+    reused prefix is byte for byte an array it split before, less its ``]``. Keeps, per array,
+    a copy of its bytes (the next request's is compared with it)."""
+
+    KEY_BYTES = 512
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._arrays: OrderedDict[bytes, tuple[bytes, list[Raw]]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def split(self, array: Raw) -> list[Raw]:
+        """The items of ``array`` (the bytes of a JSON array), as ``msgspec.Raw``; raises
+        ``msgspec.DecodeError`` when it is not one."""
+        data = bytes(array)
+        key = data[:self.KEY_BYTES]
+        with self._guard:
+            known = self._arrays.get(key)
+        items: list[Raw] | None = None
+        if known is not None:
+            before, before_items = known
+            n = len(before) - 1  # its bytes up to its closing "]"
+            if before_items and len(data) > n + 1 and data[n] == 0x2C and data.startswith(memoryview(before)[:n]):  # 0x2C: ","
+                more = _items.decode(b"[" + data[n + 1:])
+                if more:  # (none: a "," before the "]", which the full split refuses)
+                    items = before_items + more
+        if items is None:
+            items = _items.decode(data)
+        if self.size > 0:
+            with self._guard:
+                self._arrays[key] = (data, items)
+                self._arrays.move_to_end(key)
+                while len(self._arrays) > self.size:
+                    self._arrays.popitem(last=False)
+        return items
 
 
 def item(value: Any) -> Any:
