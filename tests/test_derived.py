@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from historygraph import derived as derived_mod
-from historygraph.derived import Derived, DerivedKind, source_version
+from historygraph.derived import Derived, DerivedKind, pack_array, source_version, unpack_array
 from historygraph.events import Message, ToolCall
 from historygraph.fit import features as features_mod
 from historygraph.graph import TFA_VALUES, ContextGraph
@@ -354,7 +354,9 @@ def test_a_reopened_view_starts_from_its_snapshot(tmp_path, monkeypatch):
     s.close()
     with sqlite3.connect(path) as db:
         (data,) = db.execute("SELECT data FROM derived WHERE kind LIKE 'steps.view:%'").fetchone()
-    assert json.loads(data)["upto"] == 7 and [r[:2] for r in json.loads(data)["steps"]] == [[1, [2]], [3, [4]], [5, [6]]]
+    snap = json.loads(data)  # the steps of the assistant messages 1, 3, 5, as columns
+    assert snap["upto"] == 7 and snap["steps"] == 3 and snap["status"] == "ufu"  # cat: no test run; pytest: 1 failed; sed: none
+    assert unpack_array(snap["result_counts"]).tolist() == [1, 1, 1] and unpack_array(snap["results"]).tolist() == [2, 4, 6]
     want7, want = lowcost_steps(ContextGraph("s", EVENTS[:7])), lowcost_steps(ContextGraph("s", EVENTS))
     s = SQLiteStore(path)
     texts = spy_extractors(monkeypatch)
@@ -393,18 +395,26 @@ def test_a_view_snapshot_is_used_only_for_the_same_steps():
     rows, _ = g.derived.take()
     (snap,) = [r for r in rows if r[0].startswith("steps.view:")]
     data = json.loads(snap[3])
-    assert data["open"] == [1] and data["steps"][1][1] == []
-    g2 = ContextGraph("s", late, derived=Derived(rows))
+    assert data["open"] == [1] and unpack_array(data["result_counts"]).tolist() == [1, 0, 1]
+    assert unpack_array(data["results"]).tolist() == [2, 5]
+    key = f"lowcost:{steps_mod.ParentScoring()}"
+
+    def view_of(g):  # noqa: ANN001, ANN202
+        return steps_mod._view(g, steps_mod.lowcost_selector(steps_mod.ParentScoring()), key)
+    g2 = ContextGraph("s", late, derived=Derived(rows, persist=True))
     assert lowcost_steps(g2) == lowcost_steps(ContextGraph("s", late))
     assert lowcost_steps(g2)[1].test_results is not None
-    steps_mod._CACHE.pop(g2)
-    data["steps"][2][1] = [3]  # forged: step 2's result is at position 5
-    forged = [r if r is not snap else (*r[:3], json.dumps(data)) for r in rows]
-    g3 = ContextGraph("s", late, derived=Derived(forged))
-    got = lowcost_steps(g3)
-    assert got == lowcost_steps(ContextGraph("s", late)) and got[2].results == (5,)
-    assert all(type(x).__name__ == "Step" for x in steps_mod._view(g3, steps_mod.lowcost_selector(steps_mod.ParentScoring()),
-                                                                     f"lowcost:{steps_mod.ParentScoring()}"))
+    assert type(view_of(g2)).__name__ == "_LazySteps" and type(view_of(g2)[0]).__name__ == "_StoredStep"  # used
+    assert type(view_of(g2)[1]).__name__ == "Step"  # built again: its result arrived
+    forgeries = [{"results": pack_array(np.array([2, 3]))},  # step 2's result is at position 5
+                 {"result_counts": pack_array(np.array([1, 1, 1]))},  # three results listed, two stored
+                 {"status": "fxu"}, {"steps": 4}, {"parents": pack_array(np.array([0.5]))}, {"runs": [[7, None]]}]
+    for forged_part in forgeries:
+        forged = [r if r is not snap else (*r[:3], json.dumps({**data, **forged_part})) for r in rows]
+        g3 = ContextGraph("s", late, derived=Derived(forged, persist=True))
+        got = lowcost_steps(g3)
+        assert got == lowcost_steps(ContextGraph("s", late)) and got[2].results == (5,), forged_part
+        assert all(type(x).__name__ == "Step" for x in view_of(g3)), forged_part
 
 
 def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):

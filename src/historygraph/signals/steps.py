@@ -62,7 +62,7 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, snapshot_due
+from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from ..events import Message
 from ..graph import ContextGraph
 from .tests import TestRun, parse_test_output, supersedes, validation_status
@@ -390,35 +390,105 @@ class _StoredStep(Step):
         return c
 
 
-_FIRST, _SECOND, _FIFTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(4)
+_STATUS = {"passed": "p", "failed": "f", "unknown": "u", "superseded": "s"}  # a step's status as one letter
+_STATUS_OF = {v: k for k, v in _STATUS.items()}
 
 
-def _is_row(row: object) -> bool:
-    """Whether ``row`` has the shape of a stored step (:func:`view_kind`)."""
-    return type(row) is list and len(row) == 6 and type(row[0]) is int and type(row[1]) is list and type(row[4]) is list
+class _StoredColumns:
+    """The steps of a :func:`view_kind` snapshot as columns, checked for shape (:meth:`read`):
+    ``n`` steps at ``positions``; step ``k``'s results ``results_flat[result_ends[k]:result_ends[k + 1]]``
+    and parents likewise; ``status[k]`` its status letter (:data:`_STATUS`); ``superseded_by``,
+    ``runs`` (test runs as :func:`_run_data` gives them) and ``undo`` only for the steps that have
+    one."""
+
+    __slots__ = ("n", "positions", "result_counts", "result_array", "results_flat", "result_ends",
+                 "parents_flat", "parent_ends", "status", "superseded_by", "runs", "undo")
+
+    @classmethod
+    def read(cls, data: dict, positions: list[int]) -> "_StoredColumns | None":
+        """The columns of a decoded snapshot ``data`` for the steps at ``positions`` (the graph's
+        assistant messages below its ``upto``), or ``None`` when they do not have that shape."""
+        n = len(positions)
+        try:
+            counts, flat = unpack_array(data["result_counts"]), unpack_array(data["results"])
+            pcounts, parents = unpack_array(data["parent_counts"]), unpack_array(data["parents"])
+            status, sup, runs, undo = data["status"], data["superseded_by"], data["runs"], data["undo"]
+        except (KeyError, TypeError, ValueError):
+            return None
+        arrays = (counts, flat, pcounts, parents)
+        if data.get("steps") != n or any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays):
+            return None
+        if len(counts) != n or len(pcounts) != n or int(counts.sum()) != len(flat) or int(pcounts.sum()) != len(parents):
+            return None
+        if (n and min(int(counts.min()), int(pcounts.min())) < 0) or \
+                type(status) is not str or len(status) != n or not set(status) <= _STATUS_OF.keys():
+            return None
+        for pairs in (sup, runs, undo):  # [[step, value], …] for the steps that have one
+            if type(pairs) is not list or \
+                    not all(type(e) is list and len(e) == 2 and type(e[0]) is int and 0 <= e[0] < n for e in pairs):
+                return None
+        if not all(type(j) is int for _, j in sup) or not all(type(r) is list and len(r) == 7 for _, r in runs) or \
+                not all(type(u) is list for _, u in undo):
+            return None
+        c = cls()
+        c.n, c.positions, c.result_counts, c.result_array = n, positions, counts, flat
+        c.results_flat, c.result_ends = flat.tolist(), [0, *np.cumsum(counts).tolist()]
+        c.parents_flat, c.parent_ends = parents.tolist(), [0, *np.cumsum(pcounts).tolist()]
+        c.status, c.superseded_by, c.runs = status, dict(sup), dict(runs)
+        c.undo = [()] * n
+        for k, u in undo:
+            c.undo[k] = tuple(u)
+        return c
+
+    def results(self, k: int) -> tuple[int, ...]:
+        return tuple(self.results_flat[self.result_ends[k]:self.result_ends[k + 1]])
+
+    def parents(self, k: int) -> tuple[int, ...]:
+        return tuple(self.parents_flat[self.parent_ends[k]:self.parent_ends[k + 1]])
+
+    def parents_for(self, k: int, results: int) -> tuple[int, ...] | None:
+        """Step ``k``'s stored parents when it had ``results`` results (a step built again after a
+        rollback, with its results as stored), else ``None``."""
+        if k < self.n and self.result_ends[k + 1] - self.result_ends[k] == results:
+            return self.parents(k)
+        return None
+
+    @staticmethod
+    def data(steps: list[Step], undo: list[tuple[int, ...]]) -> dict:
+        """The columns of ``steps`` (and each step's ``undo``) as JSON-ready data for :meth:`read`."""
+        def packed(seqs: list[tuple[int, ...]]) -> tuple[list, list]:
+            counts = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+            flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(counts.sum()))
+            return pack_array(counts), pack_array(flat)
+        result_counts, results = packed([s.results for s in steps])
+        parent_counts, parents = packed([s.parents for s in steps])
+        return {"steps": len(steps), "result_counts": result_counts, "results": results,
+                "parent_counts": parent_counts, "parents": parents,
+                "status": "".join(_STATUS[s.validation_status] for s in steps),
+                "superseded_by": [[k, s.superseded_by] for k, s in enumerate(steps) if s.superseded_by is not None],
+                "runs": [[k, _run_data(s.test_results)] for k, s in enumerate(steps) if s.test_results is not None],
+                "undo": [[k, list(u)] for k, u in enumerate(undo) if u]}
 
 
-def _same_results(graph: ContextGraph, positions: list[int], rows: list, upto: int) -> bool:
-    """Whether every stored step (``rows``, at ``positions``) lists as its results the positions
-    below ``upto`` of its calls' latest results, in call order (what a step built from the
-    graph's first ``upto`` messages holds): from the graph's call map, whose order is the calls'
-    order (messages appended in order, each message's calls in order). A message naming one call id
-    twice (the call map holds it once) is checked call by call."""
+def _same_results(graph: ContextGraph, positions: list[int], stored: "_StoredColumns", upto: int) -> bool:
+    """Whether every stored step (at ``positions``) lists as its results the positions below
+    ``upto`` of its calls' latest results, in call order (what a step built from the graph's first
+    ``upto`` messages holds): from the graph's call map, whose order is the calls' order (messages
+    appended in order, each message's calls in order), compared with the stored columns as arrays.
+    A message naming one call id twice (the call map holds it once) is checked call by call."""
     msgs, result_of, call_owner = graph.messages, graph.result_of, graph.call_owner
     calls = sum(map(len, map(_TOOL_CALLS, map(msgs.__getitem__, positions))))
     owners = np.fromiter(call_owner.values(), dtype=np.int64, count=len(call_owner))
     if calls + int((owners >= upto).sum()) != len(call_owner):
-        return all(row[1] == [q for c in msgs[pos].tool_calls if (q := result_of.get(c.id, upto)) < upto]
-                   for pos, row in zip(positions, rows))
+        return all(list(stored.results(k)) == [q for c in msgs[pos].tool_calls if (q := result_of.get(c.id, upto)) < upto]
+                   for k, pos in enumerate(positions))
     ids = itertools.islice(call_owner, calls)  # the calls of the first ``upto`` messages (their owners come first)
-    q = np.fromiter(map(result_of.get, ids, itertools.repeat(upto)), dtype=np.int64, count=calls)
+    q = np.array(list(map(result_of.get, ids, itertools.repeat(upto))), dtype=np.int64)  # (fromiter over map: 3× slower)
     owner = owners[:calls]
     answered = q < upto
     # per step, how many of its calls have a result before upto, and those results in call order
     per_step = np.bincount(np.searchsorted(np.asarray(positions, dtype=np.int64), owner[answered]), minlength=len(positions))
-    stored = list(map(_SECOND, rows))
-    return per_step.tolist() == list(map(len, stored)) and \
-        q[answered].tolist() == list(itertools.chain.from_iterable(stored))
+    return np.array_equal(per_step, stored.result_counts) and np.array_equal(q[answered], stored.result_array)
 
 
 _TOOL_CALLS = operator.attrgetter("tool_calls")
@@ -431,27 +501,29 @@ class _LazySteps(list):
     popped at the end as a list. Every way of reading an entry builds it first; :meth:`original`
     gives the step built for a stored row even after it was popped."""
 
-    def __init__(self, rows: list, messages: list, load: "_Loader") -> None:
-        super().__init__(rows)
-        self.rows, self.messages, self.load = rows, messages, load
+    def __init__(self, stored: "_StoredColumns", messages: list, load: "_Loader") -> None:
+        super().__init__(itertools.repeat(None, stored.n))
+        self.stored, self.messages, self.load = stored, messages, load
         self.built: dict[int, Step] = {}
-        self.raw = len(rows)  # entries still a stored row
+        self.raw = stored.n  # entries not built yet (``None``)
 
     def original(self, k: int) -> Step:
         """The step of stored row ``k``, built once."""
         step = self.built.get(k)
         if step is None:
-            pos, results, status, superseded_by, parents, run = self.rows[k]
+            st = self.stored
+            pos = st.positions[k]
             step = _StoredStep.__new__(_StoredStep)
-            step.__dict__.update(index=k, position=pos, results=tuple(results), thought=self.messages[pos].content,
-                                 test_results=_run_of(run), validation_status=status, superseded_by=superseded_by,
-                                 parents=tuple(parents), summary=None, _load=self.load)
+            step.__dict__.update(index=k, position=pos, results=st.results(k), thought=self.messages[pos].content,
+                                 test_results=_run_of(st.runs.get(k)), validation_status=_STATUS_OF[st.status[k]],
+                                 superseded_by=st.superseded_by.get(k), parents=st.parents(k), summary=None,
+                                 _load=self.load)
             self.built[k] = step
         return step
 
     def _at(self, k: int) -> Step:
         item = list.__getitem__(self, k)
-        if type(item) is list:  # a stored row not read yet
+        if item is None:  # a stored step not built yet
             if k < 0:
                 k += len(self)
             item = self.original(k)
@@ -466,7 +538,7 @@ class _LazySteps(list):
 
     def _all(self) -> list[Step]:
         if self.raw:
-            for k in range(min(len(self), len(self.rows))):
+            for k in range(min(len(self), self.stored.n)):
                 self._at(k)
         return list.__getitem__(self, slice(None))
 
@@ -533,7 +605,7 @@ class _StepIndex(dict):
 
     def __init__(self, steps: _LazySteps) -> None:
         super().__init__()
-        self.steps, self.n = steps, len(steps.rows)
+        self.steps, self.n = steps, steps.stored.n
 
     def get(self, k: int, default: object = None) -> object:  # type: ignore[override]
         if dict.__contains__(self, k):
@@ -593,18 +665,22 @@ def _view(graph: ContextGraph, selector: Selector, selector_key: str) -> list[St
 
 def view_kind(stored_as: str) -> DerivedKind:
     """The derived row (position 0) of a whole view of a pure selector's steps at a known number of
-    messages: ``{"upto", "steps": [[position, results, status, superseded_by, parents, test run],
-    …], "failed", "undo", "open"}`` and, for a ``shared_only`` selector, the inverted index
-    (``"files"``, ``"identifiers"``: the steps having each). A reopened session's first view
-    starts from it (its steps' action, files and identifiers read on first use, :class:`_Loader`)
-    and is extended from there as a kept view is; it is used only when every step it holds has
-    the results the graph gives it among the first ``upto`` messages."""
+    messages: ``{"upto", "steps", "result_counts", "results", "parent_counts", "parents", "status",
+    "superseded_by", "runs", "undo", "failed", "open"}`` (the steps as columns, the integer ones
+    packed by :func:`~historygraph.derived.pack_array`: :class:`_StoredColumns`) and, for a
+    ``shared_only`` selector, the inverted index (``"files"``, ``"identifiers"``: the steps having
+    each). The steps are those of the graph's assistant messages below ``upto``. A reopened
+    session's first view starts from it (a step built when first read, its action, files and
+    identifiers when first used, :class:`_Loader`) and is extended from there as a kept view is;
+    it is used only when every step it holds has the results the graph gives it among the first
+    ``upto`` messages."""
     return DerivedKind(f"steps.view:{stored_as}", _MODULES)
 
 
 def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
     """Fill an empty ``view`` from the stored snapshot of its selector, when there is a valid one
-    and the per-graph index is still empty (it is shared by the views of one graph)."""
+    and the per-graph index is still empty (it is shared by the views of one graph). The stored
+    parents are kept for steps built again after a rollback (``cache["stored"]``)."""
     stored_as = getattr(selector, "stored_as", None)
     shared_only = getattr(selector, "shared_only", False)
     if stored_as is None or not graph.derived.persist or (shared_only and "index" in cache):
@@ -618,26 +694,21 @@ def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, 
     msgs = graph.messages
     if not isinstance(data, dict) or type(data.get("upto")) is not int or not 0 < data["upto"] <= len(msgs):
         return
-    upto, rows = data["upto"], data["steps"]
-    if not isinstance(rows, list) or not all(map(_is_row, rows)):
+    upto = data["upto"]
+    if type(data.get("failed")) is not list or type(data.get("open")) is not list or \
+            (shared_only and not all(k in data for k in _INDEX_KEYS)):  # (a snapshot of another selector's shape)
         return
     turn = np.asarray(graph.turn_of[:upto], dtype=np.int64)  # a turn begins at each assistant message
     positions = np.flatnonzero(np.diff(turn, prepend=0)).tolist()
-    if len(positions) != len(rows) or list(map(_FIRST, rows)) != positions:
-        return
+    stored = _StoredColumns.read(data, positions)
     # the steps are those of these messages, with the same results: each step's calls' results
     # before ``upto``, in call order (all steps' at once from the graph's call map, in call order)
-    if not _same_results(graph, positions, rows, upto):
+    if stored is None or not _same_results(graph, positions, stored, upto):
         return
-    pcache = cache["parents"]
-    results_of = list(map(_SECOND, rows))
-    pcache.update(zip(zip(itertools.repeat(selector_key), range(len(rows)), map(len, results_of)),
-                      map(tuple, map(_FIFTH, rows))))
-    steps = view.steps = _LazySteps(rows, msgs, _Loader(graph))  # each step built when first read
-    view.failed, view.undo, view.open = list(data["failed"]), [tuple(u) for u in data["undo"]], list(data["open"])
+    cache.setdefault("stored", {})[selector_key] = stored
+    steps = view.steps = _LazySteps(stored, msgs, _Loader(graph))  # each step built when first read
+    view.failed, view.undo, view.open = list(data["failed"]), list(stored.undo), list(data["open"])
     if shared_only:
-        if not all(k in data for k in _INDEX_KEYS):
-            return  # (a snapshot of another selector's shape)
         cache["index"] = _LazyIndex(files=data["files"], identifiers=data["identifiers"], of_step=_StepIndex(steps))
     view.upto = upto
     cache.setdefault("kept", {})[selector_key] = upto
@@ -652,11 +723,8 @@ def _keep(graph: ContextGraph, cache: dict, view: _View, selector: Selector, sel
     kept = cache.setdefault("kept", {})
     if stored_as is None or not graph.derived.persist or not snapshot_due(n, kept.get(selector_key, 0)):
         return
-    steps = view.steps
-    data: dict = {"upto": view.upto,
-                  "steps": [[s.position, s.results, s.validation_status, s.superseded_by, s.parents,
-                             _run_data(s.test_results)] for s in steps],
-                  "failed": view.failed, "undo": view.undo, "open": view.open}
+    steps = list(view.steps)
+    data: dict = {"upto": view.upto, **_StoredColumns.data(steps, view.undo), "failed": view.failed, "open": view.open}
     if getattr(selector, "shared_only", False):
         index = cache["index"]
         of_step = index["of_step"]
@@ -676,6 +744,7 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
             _rollback(view, k)
             break
     pcache, fcache = cache["parents"], cache["features"]
+    stored = cache.get("stored", {}).get(selector_key)
     shared_only = getattr(selector, "shared_only", False)
     if shared_only:  # per file name and per identifier the steps that have it
         index = cache.setdefault("index", {"files": defaultdict(list), "identifiers": defaultdict(list), "of_step": {}})
@@ -713,6 +782,8 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
         if len(results) < len(m.tool_calls):
             view.open.append(k)
         key = (selector_key, k, len(results))
+        if key not in pcache and stored is not None and (chosen := stored.parents_for(k, len(results))) is not None:
+            pcache[key] = chosen  # (a step of the snapshot built again after a rollback)
         if stored_as is not None and key not in pcache:
             row = graph.derived.take_value(kind, pos)
             if row is not None:
