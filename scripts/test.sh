@@ -14,8 +14,9 @@ par=(-n auto --dist worksteal)
 case " $* " in
   *" -n"*|*" --numprocesses"*|*"no:xdist"*) par=() ;;
 esac
-# quiet by default; a -q or -v of the caller replaces it (two -q would hide the summary line)
+# quiet by default; a -q or -v of the caller replaces it (two -q would hide the summary line). Skip
+# reasons are printed one line per reason by tests/conftest.py, not per test as -rs would
 case " $* " in
   *" -q"*|*" -v"*|*" --quiet"*|*" --verbose"*) exec .venv/bin/python -m pytest ${par[@]+"${par[@]}"} "$@" ;;
-  *) exec .venv/bin/python -m pytest -q -rs ${par[@]+"${par[@]}"} "$@" ;;
+  *) exec .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@" ;;
 esac

@@ -83,6 +83,15 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    # skipped tests, one line per reason with the count and the files (scripts/test.sh runs without
+    # -rs, which lists each skipped test: 36 lines of the same PostgreSQL reason buried the summary)
+    by_reason: dict[str, list[str]] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        by_reason.setdefault(reason.removeprefix("Skipped: "), []).append(report.nodeid.split("::")[0])
+    for reason, files in sorted(by_reason.items()):
+        where = ", ".join(sorted(set(files), key=files.index))
+        terminalreporter.write_line(f"skipped {len(files)}: {reason} ({where})")
     if _UNMARKED_LM:
         terminalreporter.write_line("tests that load SmolLM2-135M without the lm mark (add @pytest.mark.lm):")
         for nodeid in _UNMARKED_LM:

@@ -93,7 +93,7 @@ def test_bad_input_names_what_is_wrong():
         render_messages([msgs[1], {"role": "assistant", "content": None, "tool_calls": [dict(call, id="a"), call]}], budget=400)
     with pytest.raises(ValueError, match="budget must be a positive integer"):
         render_messages(msgs, budget=0, policy="prune")
-    with pytest.raises(PolicyError, match="unknown policy 'prun'") as exc:
+    with pytest.raises(PolicyError, match="unknown policy 'prun'; did you mean prune[ ?]") as exc:
         render_messages(msgs, budget=400, policy="prun")
     known = str(exc.value).split("known: ")[1].split(", ")  # what the library can run: no clairvoyant bound
     assert "prune" in known and "learned" in known and "oracle" not in known and "oracle-omit" not in known

@@ -85,9 +85,10 @@ class BudgetTooSmallError(ValueError):
         self.budget, self.required, self.shortfall = budget, required, required - budget
         super().__init__(
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history needs "
-            f"{required} (the first user message, the latest assistant message, the messages that open the "
-            f"active tool loop, a thinking block among them, and the markers of steps left out; system and "
-            f"current user messages are outside B); use a budget of at least {required}")
+            f"{required} (what every rendering shows: the first user message and the latest assistant message, "
+            f"and, where the history has them, the messages that open the active tool loop, their thinking "
+            f"blocks and the markers of steps left out; system and current user messages are outside B); "
+            f"use a budget of at least {required}")
 
 
 class InvariantError(AssertionError):

@@ -10,6 +10,7 @@ unknown fields by name.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, cast
@@ -147,12 +148,16 @@ def config_fields(name: str) -> dict[str, Any]:
 
 
 def get_spec(name: str, replay: bool = True) -> PolicySpec:
-    """The registered spec of ``name``. Raises ``PolicyError`` for an unknown name, listing the
-    known ones (without the replay-only ones unless ``replay``)."""
+    """The registered spec of ``name``. Raises ``PolicyError`` for an unknown name, naming the
+    closest known ones (``difflib``'s ratio ≥ 0.6, as the CLI does) and listing all of them (without
+    the replay-only ones unless ``replay``)."""
     try:
         return REGISTRY[name]
     except KeyError:
-        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(names(replay))}") from None
+        known = names(replay)
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise PolicyError(f"unknown policy {name!r}; {hint}known: {', '.join(known)}") from None
 
 
 def check_production(name: str) -> PolicySpec:
