@@ -626,6 +626,7 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
             fresh_graph = ContextGraph("fresh", g.messages)
             fresh = _token_memo(fresh_graph, c, placeholder_for).skeleton(fresh_graph)
             assert grown["order"] == render_order(g)  # (recap renders in this order: render.kept_render_order)
+            assert grown["breaks"] == [i for i, glued in enumerate(grown["glue"]) if not glued], len(g)
             arrays = grown.pop("arrays"), fresh.pop("arrays")  # the array forms, extended in step
             assert {k: v.tolist() for k, v in arrays[0].items()} == {k: v.tolist() for k, v in arrays[1].items()}, len(g)
             assert grown == fresh, (len(g), [k for k in grown if grown[k] != fresh[k]])
@@ -653,7 +654,7 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
         for j, m in enumerate(tr.messages[:160]):
             g.append(m)
             snap = _token_memo(g, c, placeholder_for).skeleton(g)
-            frozen = copy.deepcopy({k: snap[k] for k in (*lent, "facts")})
+            frozen = copy.deepcopy({k: snap[k] for k in (*lent, "facts", "breaks")})
             try:
                 lay = Layout(g, c, 1500)
             except ValueError:
@@ -665,6 +666,7 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
                 for k in lent:
                     assert {key: old[k][key] for key in was[k]} == was[k], (j, k)
                 assert [list(x[:len(y)]) for x, y in zip(old["facts"], was["facts"])] == [list(y) for y in was["facts"]], j
+                assert old["breaks"][:len(was["breaks"])] == was["breaks"], j
                 assert rendering_tuple(old_lay.assemble("prune", old_sel)) == rendered, j
                 checked += 1
     assert checked > 2000 and rebuilt >= 3, (checked, rebuilt)
@@ -1273,6 +1275,32 @@ def test_whole_history_assembled_by_slices_equals_taking_every_result(real_trace
     assert fast_paths == 2 * len(graphs)
     odd = Layout(_late_and_unanswered_graph(), c, None).assemble_full("full")
     assert odd.dropped == [5] and None in odd.positions  # the superseded result, the unanswered call's answer
+
+
+def test_omitted_and_dropped_made_when_read_are_the_positions_not_shown(real_traces):
+    """A rendering's ``omitted`` and ``dropped``, lists made from arrays when first read, are the
+    tool results not rendered complete and the positions not rendered at all (each found by a scan
+    of the rendering), for prune and full on real-trace prefixes; a pickled copy holds them, and an
+    assignment before the first read replaces what was put off."""
+    import pickle
+
+    c = TokenCounter()
+    checked = 0
+    for tr in real_traces[:3]:
+        for g in prefixes(tr, every=9):
+            for policy in ("prune", "full"):
+                r = create(policy).render(g, 4000, Signals(counter=c))
+                tools = [p for p, m in enumerate(g.messages) if m.role == "tool"]
+                shown = set(r.positions)
+                again = pickle.loads(pickle.dumps(r))
+                assert r.omitted == [p for p in tools if p not in set(r.full)], (g.session_id, len(g), policy)
+                assert r.dropped == [p for p in range(len(g.messages)) if p not in shown], (g.session_id, len(g), policy)
+                assert again == r and again.omitted == r.omitted and again.dropped == r.dropped
+                checked += 1
+    assert checked >= 40, checked
+    r = create("prune").render(ContextGraph("t", real_traces[0].messages), 4000, Signals(counter=c))
+    r.omitted = [1, 2]
+    assert r.omitted == [1, 2] and r.dropped  # (dropped still made from its array)
 
 
 def test_oldest_first_search_from_the_floor_equals_pricing_every_marker(real_traces):

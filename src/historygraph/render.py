@@ -232,28 +232,47 @@ class Rendering:
         on what it captured, so the dict it returns is the one an eager build would have given."""
         self.__dict__["_reasons_build"] = build
 
+    def defer_positions(self, omitted: np.ndarray, dropped: np.ndarray) -> None:
+        """Let :attr:`omitted` and :attr:`dropped` be the lists of these int arrays (ascending
+        positions, owned by the rendering: nothing else may change them), made when first read: at
+        1,000 results they are ~3,000 Python ints per render, which a model call does not read."""
+        d = self.__dict__
+        d["_omitted_build"], d["_dropped_build"] = omitted.tolist, dropped.tolist
+
     def __getstate__(self) -> dict[str, Any]:
-        self.reasons  # noqa: B018 (materialise: the builder is a closure)
+        for name in _DEFERRED:  # materialise: the builders are closures and bound methods
+            getattr(self, name)
         return self.__dict__
 
 
-def _get_reasons(self: Rendering) -> dict[int, str]:
-    d = self.__dict__
-    build = d.get("_reasons_build")
-    if build is not None:  # idempotent: two threads reading at once build equal dicts
-        d["_reasons"] = value = build()
-        d.pop("_reasons_build", None)
-        return value
-    return d["_reasons"]
+_DEFERRED = ("reasons", "omitted", "dropped")
 
 
-def _set_reasons(self: Rendering, value: dict[int, str]) -> None:
-    self.__dict__.pop("_reasons_build", None)
-    self.__dict__["_reasons"] = value
+def _deferred(name: str, doc: str) -> property:
+    """A property over the dataclass field ``name`` whose value may be put off (``_<name>_build``:
+    a callable giving it, called once, when first read); ``Rendering(name=…)``, assignment and
+    equality work as for a plain field."""
+    key, build_key = f"_{name}", f"_{name}_build"
+
+    def get(self: Rendering) -> Any:
+        d = self.__dict__
+        build = d.get(build_key)
+        if build is not None:  # idempotent: two threads reading at once build equal values
+            d[key] = value = build()
+            d.pop(build_key, None)
+            return value
+        return d[key]
+
+    def put(self: Rendering, value: Any) -> None:
+        self.__dict__.pop(build_key, None)
+        self.__dict__[key] = value
+
+    return property(get, put, doc=doc)
 
 
-# a property over the dataclass field: ``Rendering(reasons=…)``, ``r.reasons = …`` and equality work as for a plain field
-Rendering.reasons = property(_get_reasons, _set_reasons, doc="per-position explanation of the decision")  # type: ignore[assignment]
+Rendering.reasons = _deferred("reasons", "per-position explanation of the decision")  # type: ignore[assignment]
+Rendering.omitted = _deferred("omitted", "positions of tool results not rendered complete")  # type: ignore[assignment]
+Rendering.dropped = _deferred("dropped", "positions of messages left out entirely")  # type: ignore[assignment]
 
 
 def placeholder_for(message: Message, counter: TokenCounter) -> Message:
@@ -631,7 +650,7 @@ class _TokenMemo:
                     "unit_first": sk.unit_first, "unit_of": sk.unit_of, "synthetic": sk.synthetic,
                     "full_cost": self.result_tokens, "placeholder": self.ph_message,
                     "placeholder_tokens": self.ph_tokens, "candidates": list(sk.candidates),
-                    "over": over, "glue": list(sk.glue), "facts": (sk.lo, sk.hi, sk.top, sk.ncalls, sk.pre),
+                    "over": over, "glue": list(sk.glue), "breaks": sk.breaks, "facts": (sk.lo, sk.hi, sk.top, sk.ncalls, sk.pre),
                     "full_tokens": sk.full_tokens, "total_cost": sk.total_cost,
                     "starts": list(sk.starts), "form": sk.form, "delta": sk.delta,
                     "arrays": sk.arrays()}
@@ -870,6 +889,7 @@ class _Skeleton:
         self._big: list[tuple[int, int]] | None = None  # (full cost, position), ascending: built when extending
         self._big_arrays = (rtok[big], rpos[big])
         self.glue = glue.tolist()
+        self.breaks = (~glue).nonzero()[0].tolist()  # the units whose glue is False, ascending
         self.full_tokens, self.total_cost = int(full.sum()), int(cost.sum())
         # Layout._unit_facts per unit: lowest and highest position, prefix-max holder, calls, prefix sums
         self.lo, self.hi, self.top, self.ncalls, self.pre = unit_pos, hi.tolist(), top.tolist(), ncalls, pre.tolist()
@@ -930,6 +950,8 @@ class _Skeleton:
         self.fulls.append(full)
         self.unit_first[p] = i
         self.glue.append(glue)
+        if not glue:
+            self.breaks.append(i)
         self.full_tokens += full
         self.total_cost += unit.cost
         self.lo.append(p)  # a unit's message comes before its results
@@ -972,7 +994,7 @@ class _Skeleton:
                 "cand_delta": self.g_cand_delta.view(), "cand_unit": self.g_cand_unit.view()}
 
     def lend(self) -> None:
-        """Its dicts and per-unit fact lists are now shared with a snapshot: until the next
+        """Its dicts, per-unit fact lists and breaks are now shared with a snapshot: until the next
         :meth:`_own`, they are only added to (new keys, appended entries), never changed."""
         self._lent = True
 
@@ -983,6 +1005,7 @@ class _Skeleton:
             self.form, self.delta = dict(self.form), dict(self.delta)
             self.lo, self.hi, self.top, self.ncalls, self.pre = \
                 list(self.lo), list(self.hi), list(self.top), list(self.ncalls), list(self.pre)
+            self.breaks = list(self.breaks)
             self._lent = False
 
     def _extend(self, graph: ContextGraph, memo: "_TokenMemo") -> bool:
@@ -1028,6 +1051,8 @@ class _Skeleton:
         self.total_cost -= last.cost
         del self.unit_first[t]
         glue = self.glue.pop()
+        if not glue:
+            self.breaks.pop()
         for facts in (self.lo, self.hi, self.top, self.ncalls, self.pre):
             facts.pop()
         self.synthetic.pop(t, None)
@@ -1257,6 +1282,13 @@ class _UnitsView(Sequence[_Unit]):
         return self.n
 
     def __getitem__(self, i: Any) -> Any:
+        if type(i) is int and 0 <= i < self.n:  # the common case first: a unit already built
+            u = self.own.get(i)
+            if u is None:
+                u = self.base.built[i]
+                if u is None:
+                    u = self.base.unit(i)
+            return u
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self.n))]
         if i < 0:
@@ -1291,6 +1323,7 @@ class _UnitsView(Sequence[_Unit]):
 
 
 _DROP_WINDOW = 64  # markers priced at once by the oldest-first drop's search (Layout._first_within)
+_DROP_ONE_BY_ONE = 4  # markers priced one at a time by that search before its first window
 _BULK_AFTER = 16  # remove_delta questions on one run before the whole run is priced in bulk
 
 
@@ -1629,24 +1662,26 @@ class Selection:
         if cost is None:
             cost = self.cost(p, form)
         self.used += cost
-        u = self.layout.unit_of[p]
-        if u not in self.revived and self.runs.run_of(u) is not None:
-            self.runs.remove(u)
-        if u in self.layout.dropped_units and u not in self.revived:  # costs change: the step is back
-            self._table, self._asked = None, 0
-        self.revived.add(u)
-        self.shown[p] = self.layout.form[p] if form is None else form
+        lay, revived = self.layout, self._revived
+        u = lay.unit_of[p]
+        if u not in revived:
+            if self.runs.run_of(u) is not None:
+                self.runs.remove(u)
+            if u in lay.dropped_units:  # costs change: the step is back
+                self._table, self._asked = None, 0
+            revived.add(u)
+        self.shown[p] = lay.form[p] if form is None else form
 
 
 
-def _not_shown(tools: np.ndarray, full) -> list[int]:  # noqa: ANN001 - a list or an int64 array
+def _not_shown(tools: np.ndarray, full) -> np.ndarray:  # noqa: ANN001 - a list or an int64 array
     """The result positions of ``tools`` (ascending) that are not in ``full`` (a subset of them, in
-    any order): the rendering's omitted results."""
+    any order): the rendering's omitted results, a new array."""
     if not len(full):
-        return tools.tolist()
+        return tools.copy()
     keep = np.ones(len(tools), dtype=bool)
     keep[np.searchsorted(tools, full)] = False
-    return tools[keep].tolist()
+    return tools[keep]
 
 class Layout:
     """The shared budget accounting for one invocation over the whole ``graph``.
@@ -1707,6 +1742,7 @@ class Layout:
         self._costs: np.ndarray = arr["cost"]
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] = (arr["lo"], arr["hi"], arr["pre"])
         self._starts: list[int] = sk["starts"]
+        self._breaks: list[int] = sk["breaks"]
         self._unit_first: dict[int, int] = sk["unit_first"]
         self._dropped_mask = np.zeros(len(self._costs), dtype=bool)  # dropped_units as a mask (kept in step)
         self._bulk: dict[tuple[int, int], np.ndarray] = {}
@@ -1842,16 +1878,23 @@ class Layout:
         share one marker, dropping units ``a..x`` leaves ``base − Σ cost(a..x) + marker(a, x)``,
         priced for every ``x`` at once; the first ``x`` within ``limit`` ends it, as unit by unit."""
         units, glue = self.units, self.runs.glue
+        # the units starting a new marker (glue false), ascending: the skeleton's without inserts
+        # (lent: entries from n on are of units added to the skeleton since)
+        breaks = self._breaks if not self.inserts else None
         i, n = 0, len(units)
         while i < n and self.base_tokens > limit:
             if units[i].protected:
                 i += 1
                 continue
             # j: the last unit before the next one that starts a new marker (glue false) or is protected
-            try:
-                j = glue.index(False, i + 1) - 1
-            except ValueError:
-                j = n - 1
+            if breaks is not None:
+                b = bisect.bisect_right(breaks, i)
+                j = breaks[b] - 1 if b < len(breaks) and breaks[b] < n else n - 1
+            else:
+                try:
+                    j = glue.index(False, i + 1) - 1
+                except ValueError:
+                    j = n - 1
             k = bisect.bisect_right(self._protected, i)
             if k < len(self._protected):
                 j = min(j, self._protected[k] - 1)
@@ -1878,6 +1921,13 @@ class Layout:
             x = i + int(within[0]) if len(within) else j
             return x, int(after[x - i])
         s, last = int(cost.searchsorted(base + self._marker_floor() - limit, side="left")), j - i
+        # the first few one at a time (almost always the first that the floor lets within the limit:
+        # a marker is a few tokens over the floor), then a window at a time
+        for t in range(s, min(last, s + _DROP_ONE_BY_ONE - 1) + 1):
+            after_t = base - int(cost[t]) + self._marker_tokens(i, i + t)
+            if after_t <= limit or t == last:
+                return i + t, after_t
+        s += _DROP_ONE_BY_ONE
         while s <= last:
             e = min(last, s + _DROP_WINDOW - 1)
             after = base - cost[s:e + 1] + self._prefix_costs(i, i + e, i + s)
@@ -2081,17 +2131,16 @@ class Layout:
         is_tool = np.zeros(len(msgs), dtype=bool)
         is_tool[tools] = True
         full_arr = order_arr[is_tool[order_arr]]  # in render order, as assemble appends them
-        omitted = _not_shown(tools, full_arr)
-        dropped: list[int] = []
+        dropped = np.zeros(0, dtype=np.int64)
         if self.graph.superseded:
-            dropped = np.union1d(np.zeros(0, dtype=np.int64),
-                                 np.fromiter(self.graph.superseded, dtype=np.int64)).tolist()
+            dropped = np.union1d(dropped, np.fromiter(self.graph.superseded, dtype=np.int64))
         history = self.full_history_tokens
         tokens = self._tokens
         total = history + sum(tokens[p] for p in self.outside)
         rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions,
-                              full=full_arr.tolist(), omitted=omitted, dropped=dropped, history_tokens=history,
+                              full=full_arr.tolist(), omitted=[], dropped=[], history_tokens=history,
                               input_tokens=total)
+        rendering.defer_positions(_not_shown(tools, full_arr), dropped)
         rendering.defer_reasons(self._reasons_builder(Selection(self), {}, [], []))
         return rendering
 
@@ -2219,9 +2268,10 @@ class Layout:
             dropped = np.union1d(dropped, np.asarray(joined, dtype=np.int64))
         total = history + outside
         tools = self._tools
-        omitted = _not_shown(tools, full)  # every result shown in full is one of the graph's results
         rendering = Rendering(policy=policy, budget=self.budget, messages=out, positions=positions, full=full,
-                              omitted=omitted, dropped=dropped.tolist(), history_tokens=history, input_tokens=total)
+                              omitted=[], dropped=[], history_tokens=history, input_tokens=total)
+        # (every result shown in full is one of the graph's results)
+        rendering.defer_positions(_not_shown(tools, full), dropped)
         rendering.defer_reasons(self._reasons_builder(selection, briefs, marks, joined))
         return rendering
 
