@@ -510,3 +510,36 @@ def test_simultaneous_retries_with_one_key_from_two_instances_store_once(shared_
     assert answers == [[1, 2]] * 12
     assert a.messages("s1") == EVENTS[:3] and len(b.graph("s1")) == 3
     a.close(), b.close()
+
+
+def test_sqlite_append_on_a_stale_cached_graph_is_decided_again_on_what_is_stored(tmp_path):
+    """An SQLite append runs BEGIN, its INSERTs and COMMIT only (no length query, issue 13); when
+    another instance appended meanwhile, the taken position makes it check and write again after
+    the stored events: each event stored once, in order, and the checks made against them."""
+    a, b = SQLiteStore(tmp_path / "s.sqlite"), SQLiteStore(tmp_path / "s.sqlite")
+    a.create_session("s")
+    a.append("s", EVENTS[:2])  # system, user; a's graph is cached
+    assert len(b.graph("s")) == 2
+    seen: list[str] = []
+    a._db.set_trace_callback(seen.append)
+    a.append("s", EVENTS[2])  # the assistant calling c1 and c2
+    a._db.set_trace_callback(None)
+    assert [q.split(" ")[0] for q in seen] == ["BEGIN", "INSERT", "COMMIT"]
+    b.append("s", EVENTS[3])  # b's graph is one behind: c1 unknown there; valid once caught up
+    b.append("s", Message("user", "from b"))
+    a.append("s", Message("user", "from a"), expected_length=5)  # a's graph holds 3 (not 5): decided again
+    with pytest.raises(AppendConflict) as err:
+        b.append("s", Message("user", "late"), expected_length=5)
+    assert err.value.length == 6  # the stored length, not b's cached 5
+    b.append("s", Message("user", "b2"))
+    assert a.append("s", Message("user", "a2")) == [7]  # a's graph holds 6: position 6 taken, then 7
+    stored = [m.content for m in a.messages("s")]
+    assert stored == [m.content for m in EVENTS[:4]] + ["from b", "from a", "b2", "a2"]
+    assert [m.content for m in a.graph("s").messages] == stored == [m.content for m in b.graph("s").messages]
+    c = SQLiteStore(tmp_path / "s.sqlite")
+    c.append("s", Message("assistant", "", (ToolCall("c9", "x"),)))
+    b.append("s", Message("tool", "r9", tool_call_id="c9"))  # valid only after c's call: caught up, then stored
+    with pytest.raises(GraphError, match="c9"):
+        a.append("s", Message("assistant", "", (ToolCall("c9", "x"),)))  # c9 is taken in what is stored
+    assert [m.role for m in c.graph("s").messages[-2:]] == ["assistant", "tool"] and len(a.messages("s")) == 10
+    a.close(), b.close(), c.close()

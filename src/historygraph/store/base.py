@@ -16,8 +16,9 @@ event (unknown call id, duplicate id, bad role) raises and leaves the stored ses
 Several store instances (threads, processes, proxy replicas) may share one database. The graph
 cached in-process is therefore caught up with events other instances wrote whenever it is handed
 out, and an append re-reads the stored length inside the backend's write transaction
-(:meth:`Store._write_transaction`), so a batch is validated against, and written after, exactly
-what is stored.
+(:meth:`Store._write_transaction`), or, in a backend whose write refuses a taken position
+(:attr:`Store.checks_start`), tries the cached graph first and re-reads only when the write or a
+check says it is behind, so a batch is validated against, and written after, exactly what is stored.
 
 Retries (issue 17): an append may carry an idempotency key and an expected length
 (:meth:`Store.append`). A key is stored with the batch's fingerprint and positions in the same
@@ -40,7 +41,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..derived import Derived, Row
-from ..events import Message
+from ..events import EventError, Message
 from ..graph import ContextGraph
 
 
@@ -81,6 +82,12 @@ def batch_fingerprint(batch: Sequence[Message], expected_length: int | None) -> 
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
+class StaleGraph(Exception):
+    """Raised inside an append's write transaction (which it rolls back) when the cached graph the
+    append was checked against is behind the stored session: :meth:`Store.append` then tries again
+    on the graph caught up. Never leaves :meth:`Store.append`."""
+
+
 @dataclass(frozen=True)
 class SessionInfo:
     """One stored session at a glance: id, number of events, number of tool results, meta."""
@@ -95,6 +102,14 @@ class Store(ABC):
     """Abstract store. Subclasses implement the ``_``-prefixed primitives."""
 
     kept_keys = KEPT_KEYS
+    checks_start = False
+    """Whether :meth:`_write_events` raises :class:`StaleGraph` (inside the write transaction, before
+    writing anything) when the batch's start position is already stored. Such a backend's appends
+    are checked against the graph as cached, without re-reading the stored length first: the write
+    itself succeeds only when nothing is stored from the batch's start on, and, since positions are
+    0..n−1 and the cached graph holds stored events only, exactly when the stored length is the
+    cached graph's; any other outcome is decided again on the graph caught up. ``False``: the
+    length is read in every append transaction (:meth:`graph`)."""
     graph_cache: int | None = None
     """Sessions whose graph this instance keeps built in memory, least recently used dropped
     first (a dropped graph is rebuilt from the stored events when next asked for); ``None`` =
@@ -285,24 +300,58 @@ class Store(ABC):
             raise ValueError(f"expected_length must be a non-negative integer, got {expected_length!r}")
         fingerprint = batch_fingerprint(batch, expected_length) if idempotency_key is not None else ""
         with self._session_lock(session_id):
-            with self._write_transaction(session_id):
-                g = self.graph(session_id)  # caught up inside the transaction
-                if idempotency_key is not None:
-                    found = self._read_append_key(session_id, idempotency_key)
-                    if found is not None:
-                        if found[0] != fingerprint:
-                            raise AppendConflict(f"idempotency key {idempotency_key!r} was already used in session "
-                                                 f"{session_id!r} for a different batch", idempotency_key, len(g))
-                        return list(range(found[1], found[1] + found[2]))  # the first answer; nothing written
-                if expected_length is not None and len(g) != expected_length:
-                    raise AppendConflict(f"expected_length: session {session_id!r} has {len(g)} events, "
-                                         f"not {expected_length}", None, len(g))
-                g.validate(batch)  # the whole batch, before anything is written
-                start = len(g)
-                self._write_events(session_id, start, batch)
-                if idempotency_key is not None:
-                    self._write_append_key(session_id, idempotency_key, fingerprint, start, len(batch))
-                rows, stale = g.derived.take()  # what renders derived since the last write, with the events
-                if rows or stale:
-                    self._write_derived(session_id, rows, stale)
-            return [g.append(m) for m in batch]
+            fresh = not self.checks_start
+            while True:
+                try:
+                    with self._write_transaction(session_id):
+                        g, answered = self._append_in_transaction(session_id, batch, idempotency_key, fingerprint,
+                                                                  expected_length, fresh)
+                except StaleGraph as exc:  # rolled back; again on the graph caught up with what is stored
+                    if fresh:  # the start of a caught-up graph taken: the stored positions are not 0..n−1
+                        raise (exc.__cause__ or exc) from None
+                    fresh = True
+                    continue
+                if answered is not None:
+                    return answered
+                return [g.append(m) for m in batch]  # committed
+
+    def _append_in_transaction(self, session_id: str, batch: list[Message], idempotency_key: str | None,
+                               fingerprint: str, expected_length: int | None,
+                               fresh: bool) -> tuple[ContextGraph, list[int] | None]:
+        """:meth:`append` inside its write transaction: the session's graph (the batch is appended
+        to it once committed), and the positions when a keyed retry is answered without writing. ``fresh``: catch the cached graph up with
+        the stored events first (one length query); else use it as cached and raise
+        :class:`StaleGraph` before any answer other than writing the batch, and from
+        :meth:`_write_events` when the batch's start is taken (:attr:`checks_start`)."""
+        with self._graph_lock:
+            g = None if fresh else self._graphs.get(session_id)
+        if g is None:
+            g, fresh = self.graph(session_id), True  # caught up inside the transaction
+        if idempotency_key is not None:
+            found = self._read_append_key(session_id, idempotency_key)
+            if found is not None:
+                if found[0] != fingerprint:
+                    if not fresh:
+                        raise StaleGraph(session_id)  # the conflict names the stored length
+                    raise AppendConflict(f"idempotency key {idempotency_key!r} was already used in session "
+                                         f"{session_id!r} for a different batch", idempotency_key, len(g))
+                return g, list(range(found[1], found[1] + found[2]))  # the first answer; nothing written
+        if expected_length is not None and len(g) != expected_length:
+            if not fresh:
+                raise StaleGraph(session_id)
+            raise AppendConflict(f"expected_length: session {session_id!r} has {len(g)} events, "
+                                 f"not {expected_length}", None, len(g))
+        try:
+            g.validate(batch)  # the whole batch, before anything is written
+        except EventError:
+            if not fresh:  # e.g. a tool result whose call another instance stored
+                raise StaleGraph(session_id) from None
+            raise
+        start = len(g)
+        self._write_events(session_id, start, batch)
+        if idempotency_key is not None:
+            self._write_append_key(session_id, idempotency_key, fingerprint, start, len(batch))
+        rows, stale = g.derived.take()  # what renders derived since the last write, with the events
+        if rows or stale:
+            self._write_derived(session_id, rows, stale)
+        return g, None

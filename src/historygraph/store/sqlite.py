@@ -13,9 +13,12 @@ written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
 Concurrency: one connection per store, serialised by a lock; an append runs in a
-``BEGIN IMMEDIATE`` transaction (SQLite's single writer), inside which the stored length is
-re-read, so several store instances, in one process or several, can share one file (WAL lets
-readers proceed meanwhile; a writer waits up to 30 s for the lock).
+``BEGIN IMMEDIATE`` transaction (SQLite's single writer), inside which the events' primary key
+refuses a batch whose start position another instance has stored meanwhile (the append is then
+checked again after re-reading what is stored, :attr:`Store.checks_start`), so several store
+instances, in one process or several, can share one file (WAL lets readers proceed meanwhile; a
+writer waits up to 30 s for the lock). An append holds the lock for BEGIN, its INSERTs and COMMIT
+only, no length query.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import platformdirs
 
 from ..derived import Row
 from ..events import Message
-from .base import SessionInfo, Store
+from .base import SessionInfo, StaleGraph, Store
 from .migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
@@ -81,6 +84,8 @@ def default_path() -> Path:
 
 class SQLiteStore(Store):
     """Args: path: database file (created with its folder if missing); ``None`` = :func:`default_path`."""
+
+    checks_start = True  # the events' primary key refuses a taken position: no length query per append
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
@@ -139,10 +144,14 @@ class SQLiteStore(Store):
             self._db.execute("COMMIT")
 
     def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
-        """Called inside :meth:`_write_transaction`."""
+        """Called inside :meth:`_write_transaction`. Raises :class:`StaleGraph` when a position is
+        already stored (the primary key; :attr:`checks_start`)."""
         rows = [(session_id, start + i, json.dumps(m.to_dict(), ensure_ascii=False)) for i, m in enumerate(messages)]
         with self._lock:
-            self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+            try:
+                self._db.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+            except sqlite3.IntegrityError as exc:
+                raise StaleGraph(session_id) from exc
 
     def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
         with self._lock:
