@@ -634,6 +634,18 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
     assert compared > 400
 
 
+def test_owner_of_maps_each_result_to_its_calls_message_with_late_and_superseding_results():
+    """``ContextGraph.owner_of`` (what the skeleton reads instead of looking up call ids): every
+    result's position, superseded ones included, maps to the message that made its call."""
+    g = ContextGraph("owners", [
+        Message("user", "task"), Message("assistant", "", (ToolCall("a", "bash", "{}"), ToolCall("b", "bash", "{}"))),
+        Message("tool", "rb", tool_call_id="b"), Message("assistant", "", (ToolCall("c", "bash", "{}"),)),
+        Message("tool", "rc", tool_call_id="c"), Message("tool", "ra", tool_call_id="a"),
+        Message("tool", "rc again", tool_call_id="c")])
+    assert g.owner_of == {2: 1, 4: 3, 5: 1, 6: 3}
+    assert g.superseded == {4: 6}
+
+
 def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_traces):
     """A layout's snapshot shares the skeleton's dicts and per-unit facts (lent: only added to
     until the skeleton copies them): read again after later appends (the last unit kept, rebuilt

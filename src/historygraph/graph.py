@@ -59,7 +59,10 @@ class ContextGraph:
 
     A second result for an answered call (a framework wrote a synthetic timeout error, then the
     real result arrived) is stored too: ``result_of`` points to the latest, which is the one
-    rendered; ``superseded`` maps each earlier result's position to the one that replaced it.
+    rendered; ``superseded`` maps each earlier result's position to the one that replaced it;
+    ``owner_of`` maps every result's position to its call's assistant message (``call_owner`` by
+    position: a reopened graph's call and result ids are distinct strings, compared in full by a
+    lookup).
 
     ``derived`` holds the session's stored derived rows (:mod:`historygraph.derived`; a store
     passes them), read before ``messages`` are added; a graph built without it keeps none.
@@ -79,6 +82,7 @@ class ContextGraph:
         self.call_owner: dict[str, int] = {}   # tool_call_id -> position of the assistant message
         self.result_of: dict[str, int] = {}    # tool_call_id -> position of its latest result
         self.superseded: dict[int, int] = {}   # position of an earlier result -> position of the later one
+        self.owner_of: dict[int, int] = {}     # position of a tool result -> call_owner of its call
         for m in messages:
             self.append(m)
 
@@ -98,8 +102,10 @@ class ContextGraph:
             self.turns += 1
         elif message.role == "tool":
             cid = message.tool_call_id
-            if cid not in self.call_owner:
+            owner = self.call_owner.get(cid) if cid is not None else None
+            if owner is None:
                 raise GraphError(f"tool result at position {pos} answers unknown tool_call_id {cid!r}")
+            self.owner_of[pos] = owner  # (nothing below refuses the message)
         self.messages.append(message)
         self.turn_of.append(self.turns)
         if message.role == "assistant":

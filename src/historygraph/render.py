@@ -624,6 +624,7 @@ class _TokenMemo:
         self.ph_message = _Placeholders(counter, placeholder)
         self.ph_tokens: dict[int, int] = {}
         self.tools = _Grow()                                     # positions of the tool results, ascending
+        self.tools_ph = _Grow()                                  # ph_tokens of each of them, in that order
         self.marker_plan = _marker_plan(counter)
         self.kind = token_rows(type(counter) is TokenCounter, counter.encoding_name, placeholder)
         self._skeleton = _Skeleton()
@@ -686,6 +687,7 @@ class _TokenMemo:
         self.result_tokens = dict(zip(t, rtok.tolist()))
         self.ph_tokens = dict(zip(t, ptok.tolist()))
         self.tools = _Grow(tools.astype(np.int64))
+        self.tools_ph = _Grow(ptok.astype(np.int64))
         self.kept = upto
         return True
 
@@ -745,6 +747,7 @@ class _TokenMemo:
                     tokens.append(n)
             finally:  # (what was counted, even when counting a later message failed)
                 self.tools.extend(tools)
+                self.tools_ph.extend([ph_tokens[t] for t in tools])
             self._keep(graph)
 
 
@@ -826,10 +829,11 @@ class _Skeleton:
         n_units = len(unit_pos)
         uidx = np.full(n, -1, dtype=i64)  # position -> its unit (a unit's message), −1 otherwise
         uidx[lo] = np.arange(n_units, dtype=i64)
-        result_of, call_owner = graph.result_of, graph.call_owner
+        result_of = graph.result_of
         k = len(result_of)
         rpos = np.fromiter(result_of.values(), dtype=i64, count=k)
-        rown = np.fromiter(map(call_owner.__getitem__, result_of), dtype=i64, count=k)
+        # (by position, not by call id: on a reopened graph the ids of calls and results are distinct strings, compared in full)
+        rown = np.fromiter(map(graph.owner_of.__getitem__, result_of.values()), dtype=i64, count=k)
         by_owner = np.lexsort((rpos, rown))  # results grouped by their unit, ascending within it
         rpos, rown = rpos[by_owner], rown[by_owner]
         runit = uidx[rown]
@@ -840,8 +844,7 @@ class _Skeleton:
         entry_unit = uidx[head[perm]]
         starts = np.flatnonzero(perm < len(nt))[uidx[nt] >= 0]  # where each unit's message is in the order
         tokens = memo.tokens_array()
-        ph_tokens = memo.ph_tokens
-        rph = np.fromiter(map(ph_tokens.__getitem__, rpos.tolist()), dtype=i64, count=k)
+        rph = memo.tools_ph.view()[np.searchsorted(tools_at, rpos)]  # (every result is among the memo's)
         rtok = tokens[rpos]
         answered = np.bincount(runit, minlength=n_units)
         ncalls = list(map(len, map(_tool_calls_of, map(msgs.__getitem__, unit_pos))))  # (a user message has none)
@@ -850,7 +853,8 @@ class _Skeleton:
         synthetic_of = self.synthetic
         syn_tokens = np.zeros(n_units, dtype=i64)
         count_message = memo.counter.count_message
-        for i in np.flatnonzero(np.asarray(ncalls, dtype=i64) > answered).tolist():
+        ncalls_a = np.asarray(ncalls, dtype=i64)
+        for i in np.flatnonzero(ncalls_a > answered).tolist():
             p = unit_pos[i]
             if p == n - 1:
                 continue
@@ -871,7 +875,7 @@ class _Skeleton:
             top = np.zeros(0, dtype=i64)
         is_unit = uidx[nt] >= 0
         glue = np.concatenate([[False], is_unit[:-1]])[is_unit] if len(nt) else np.zeros(0, dtype=bool)
-        pre = np.concatenate([[0], np.cumsum(np.asarray(ncalls, dtype=i64))]).astype(i64)
+        pre = np.concatenate([[0], np.cumsum(ncalls_a)]).astype(i64)
         order_l, starts_l, sizes = order.tolist(), starts.tolist(), (answered + 1).tolist()
         self.order = order_l
         self.units = _Units(order_l, starts_l, sizes, cost.tolist())  # each _Unit built when first read
@@ -883,7 +887,7 @@ class _Skeleton:
         cand_delta = (rtok - rph)[cand_order]
         self.candidates = cands_l = cands.tolist()
         self.unit_of = dict(zip(cands_l, cand_units.tolist()))
-        self.form = {r: msgs[r] for r in cands_l}                     # candidate -> its complete message
+        self.form = dict(zip(cands_l, map(msgs.__getitem__, cands_l)))  # candidate -> its complete message
         self.delta = dict(zip(cands_l, cand_delta.tolist()))          # candidate -> full cost − placeholder cost
         big = np.lexsort((rpos, rtok))
         self._big: list[tuple[int, int]] | None = None  # (full cost, position), ascending: built when extending
