@@ -379,9 +379,10 @@ class _MarkerPlan:
             table = self._tables[slot] = grown
         out = table[values]
         missing = (out == _UNKNOWN).nonzero()[0]  # (the method: np.flatnonzero's wrappers cost more than the work here)
-        for i in missing.tolist():
-            v = int(values[i])
-            out[i] = table[v] = self.number(slot, v)
+        if len(missing):  # each new value counted once: a run's suffix maxima repeat one value over most of it
+            for v in set(values[missing].tolist()):
+                table[v] = self.number(slot, v)
+            out = table[values]
         return out
 
     @classmethod
