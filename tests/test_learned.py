@@ -15,7 +15,7 @@ from historygraph.fit.model import ReuseModel, ReuseModelError, TreeReuseModel
 from historygraph.fit.train import fit_examples, fit_traces, invocation_sizes, labels, tree_arrays
 from historygraph.graph import ContextGraph
 from historygraph.policies import PolicyError, Signals, create
-from historygraph.policies.learned import knapsack_select
+from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values
 from historygraph.render import Layout, check_invariants
 from historygraph.session import Session
 
@@ -184,6 +184,15 @@ def test_knapsack_swaps_in_a_single_item_worth_more_than_the_greedy_set():
 def test_knapsack_never_takes_worthless_results():
     lay, (a, b) = layout_with_results([50, 50], budget=100_000)
     assert knapsack_select([a, b], {a: 0.0, b: 0.3}, lay.selection()) == [b]
+
+
+def test_by_default_results_below_two_in_a_thousand_stay_out_with_room_left():
+    lay, (a, b, c) = layout_with_results([50, 50, 50], budget=100_000)  # room for all three
+    value = reuse_values(lay, np.array([0.0019, 0.002, 0.3]), LearnedConfig())
+    assert value.tolist() == [0.0, 0.002, 0.3]  # 0 below min_probability (0.002), kept from it on
+    assert sorted(knapsack_select([a, b, c], value, lay.selection())) == [b, c]
+    everything = reuse_values(lay, np.array([0.0019, 0.002, 0.3]), LearnedConfig(min_probability=0.0))
+    assert sorted(knapsack_select([a, b, c], everything, lay.selection())) == [a, b, c]
 
 
 def test_knapsack_refuses_a_position_that_is_not_a_candidate():

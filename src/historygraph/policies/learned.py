@@ -18,8 +18,9 @@
    ties to the older result; a revival makes the other results of that step cheaper, and they are
    re-queued at their new ratio), then the single most probable result that fits is swapped in if it
    alone beats the greedy set (the classic guarantee of half the optimum). An oversized result is offered as its
-   marked excerpt, valued at ``excerpt_value·p``. Results with ``p < min_probability`` are not shown
-   (fewer tokens sent when nothing else is likely to be needed).
+   marked excerpt, valued at ``excerpt_value·p``. Results with ``p < min_probability`` (0.002 by
+   default) are not shown even when room is left: the greedy fill otherwise packs the last tokens
+   of B with small results nearly certain not to be reused.
 4. Layout (ours): non-tool history keeps only the newest steps within ``(1 − result_reserve)·B``
    (0.95: 5 % of B), so old steps that hold nothing worth showing leave room for results; a step
    comes back when one of its results is shown, in brief view (its calls, its text replaced by a
@@ -50,7 +51,10 @@ SOURCE = "ours: fitted reuse probability (render-time features incl. ContextRend
 class LearnedConfig:
     """``model``: path of a model file written by ``historygraph fit`` (``""``: the file named by the
     environment variable ``HISTORYGRAPH_LEARNED_MODEL``, else the shipped default).
-    ``min_probability``: results less likely to be reused are not shown. ``excerpt_value``: the
+    ``min_probability``: results less likely to be reused are not shown, even with room left; 0.002
+    was chosen by grouped cross-validation on the 90 training trajectories (docs/learned.md, "Mean
+    history tokens"): the smallest threshold whose mean history tokens are no higher than
+    ContextRender's on the same trajectories at B = 6000 and 3000 (recall −0.3 / −0.1 points). ``excerpt_value``: the
     value of an oversized result's excerpt relative to the whole result. ``result_reserve``: share of
     B not given to retained non-tool history (:class:`~historygraph.render.Layout`; older steps come
     back only with a result). ``brief_revivals``: such a step shows its calls, not its text.
@@ -59,7 +63,7 @@ class LearnedConfig:
     settings within 0.5 points of each other were tied there."""
 
     model: str = ""
-    min_probability: float = 0.0
+    min_probability: float = 0.002
     excerpt_value: float = 0.5
     oversized_excerpt_fraction: float = 0.25
     result_reserve: float = 0.95
