@@ -8,6 +8,13 @@ bash scripts/setup.sh
 # environment sets it) every run recompiled every test module in each worker and the package in
 # every server process it starts, about 2.5 CPU s per worker (docs/tests.md)
 unset PYTHONDONTWRITEBYTECODE
+# a test file or folder that does not exist: pytest-xdist's workers collect nothing and the run ends
+# "no tests ran" without naming it, so say it here (exit status 4, pytest's for a usage error)
+for a in "$@"; do
+  case "$a" in
+    tests/*|*.py|*.py::*) [ -e "${a%%::*}" ] || { echo "test.sh: no test file or folder $a (paths are relative to the repository root)" >&2; exit 4; } ;;
+  esac
+done
 # pytest-xdist: one worker process per core, each taking the next test when it is free (worksteal);
 # a caller's -n N (-n 0: one process) or -p no:xdist replaces it
 par=(-n auto --dist worksteal)
