@@ -252,7 +252,19 @@ def test_strict_stops_at_the_first_unreadable_file(tmp_path):
     res = runner.invoke(app, ["replay", str(_folder_with_a_bad_file(tmp_path)), "--policy", "prune", "--strict",
                               "--store", ":memory:", "--out", str(out)])
     assert res.exit_code == 2 and "b_bad.json" in res.output and "--strict" in res.output
-    assert not (out / "replay.json").exists()
+    assert not out.exists()  # the folder it would have created is not left behind
+
+
+def test_no_readable_trace_leaves_no_empty_out_folder_but_keeps_an_existing_one(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a trace")
+    for out, existed in ((tmp_path / "new", False), (tmp_path / "old", True)):
+        if existed:
+            out.mkdir()
+        res = runner.invoke(app, ["replay", str(bad), "--policy", "prune", "--budget", "3000",
+                                  "--store", ":memory:", "--out", str(out)])
+        assert res.exit_code == 2 and "no readable traces" in res.output, res.output
+        assert out.exists() is existed
 
 
 def test_an_interrupted_replay_writes_the_traces_finished_so_far(tmp_path, monkeypatch):

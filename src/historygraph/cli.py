@@ -271,11 +271,17 @@ def replay(
     for p in paths:
         if not p.exists():
             _fail(f"{p}: no such file or folder")
+    created = not out.exists()
     _check_out(out)
     t_start = time.perf_counter()
-    traces, skipped = _read_all(paths, fmt, strict)
-    if not traces:
-        _fail(f"no readable traces in {', '.join(map(str, paths))}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+    try:
+        traces, skipped = _read_all(paths, fmt, strict)
+        if not traces:
+            _fail(f"no readable traces in {', '.join(map(str, paths))}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+    except typer.Exit:  # nothing was replayed: leave no empty --out folder behind
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
     try:
         db = open_store(store)
     except Exception as exc:  # an unwritable path, a corrupt database file
