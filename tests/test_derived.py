@@ -433,6 +433,11 @@ def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):
     with sqlite3.connect(path) as db:
         (data,) = db.execute("SELECT data FROM derived WHERE kind = ?", (features_mod.FACTS_SNAPSHOT.name,)).fetchone()
     assert json.loads(data)["upto"] == 7 and json.loads(data)["rows"] == [2, 4, 6]
+    # the observed reuse read and the postings complete as of those 7 messages: nothing read or sorted again
+    snap, seven = json.loads(data), ContextGraph("s", EVENTS[:7])
+    assert snap["reuse_read"] == len(seven.reuse.touched) > 0
+    assert sorted(p for p, _, _ in snap["reuse_seen"]) == sorted(seven.reuse.matches)
+    assert all(snap[name][5] == snap[name][2][1][0] for name in ("values_t", "idents_t", "words_t", "files_t"))
     fresh = ContextGraph("s", EVENTS)
     want = features_mod.feature_matrix(fresh, fresh.results(), counter)
     want_gf = features_mod.graph_facts(fresh, counter)
@@ -449,6 +454,9 @@ def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):
     assert list(gf.facts) == list(want_gf.facts) == [2, 4, 6, 8] and len(gf.facts) == 4 and 6 in gf.facts
     assert [gf.facts[p] for p in gf.facts] == [want_gf.facts[p] for p in want_gf.facts]
     assert gf.ident_turns == want_gf.ident_turns and gf.value_first == want_gf.value_first
+    for name in ("reuse_score", "reuse_turns", "reuse_last", "reuse_recent"):
+        assert getattr(gf, name).view().tobytes() == getattr(want_gf, name).view().tobytes(), name
+    assert gf.reuse_seen == want_gf.reuse_seen and gf.reuse_read == want_gf.reuse_read
     s.close()
 
 

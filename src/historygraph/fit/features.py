@@ -522,24 +522,31 @@ class _Idents(list):
 _ARRAYS = ("turn", "owner", "static", "unique_n", "superseded", "edited_later", "ident_turns_n")
 _DICTS = ("value_df", "last_view", "last_edit", "last_command", "ident_first", "value_first", "unedited")
 _FLATS = ("values_t", "idents_t", "words_t", "files_t")
+_REUSE_ARRAYS = ("reuse_score", "reuse_turns", "reuse_last", "reuse_recent")
 
 
 def _pack_facts(gf: _GraphFacts) -> dict[str, Any]:
     """The state of ``gf`` as JSON-ready data (numeric arrays as base64 of their bytes), without
-    the per-result :class:`_ResultFacts` (rebuilt on demand, :class:`_Facts`), the observed-reuse
-    state (read again from the graph's TFA index, :func:`_read_reuse`) and the task (per render)."""
+    the per-result :class:`_ResultFacts` (rebuilt on demand, :class:`_Facts`) and the task (per
+    render). The observed-reuse state is the one :func:`_read_reuse` left: read up to its
+    ``reuse_read`` entries of the graph's TFA index (:attr:`~historygraph.signals.reuse.ReuseIndex.touched`,
+    appended to in message order, so the same prefix on a graph reopened with these messages)."""
     rows = list(gf.row_of)
     data: dict[str, Any] = {"upto": gf.upto, "encoding": gf.encoding, "rows": rows,
                             "unique": [gf.unique[p] for p in rows],
                             "ident_turns": [[p, t] for p, t in gf.ident_turns.items()],
-                            "assistant_idents": [[t, sorted(ids)] for t, ids in gf.assistant_idents]}
+                            "assistant_idents": [[t, sorted(ids)] for t, ids in gf.assistant_idents],
+                            "reuse_read": gf.reuse_read,
+                            "reuse_seen": [[p, read, turns] for p, (read, turns) in gf.reuse_seen.items()]}
     for name in _DICTS:
         data[name] = getattr(gf, name)
-    for name in _ARRAYS:
+    for name in _ARRAYS + _REUSE_ARRAYS:
         data[name] = pack_array(getattr(gf, name).view())
     for name in _FLATS:
         fl: _Flat = getattr(gf, name)
         fl._flush()
+        if fl.ids.n > fl._indexed:  # the postings complete, so a reopened graph does not sort them again
+            fl._index()
         data[name] = [list(fl.vocab), pack_array(fl.rows.view()), pack_array(fl.ids.view()), pack_array(fl.own.view()),
                       pack_array(fl.df.view()), fl._indexed, pack_array(fl._post_rows), pack_array(fl._post_own),
                       pack_array(fl._indptr)]
@@ -576,9 +583,10 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _Gra
         fl._indexed = indexed
         fl._post_rows, fl._post_own, fl._indptr = (unpack_array(x) for x in (post_rows, post_own, indptr))
         setattr(gf, name, fl)
-    n = len(rows)
-    for name in ("reuse_score", "reuse_turns", "reuse_last", "reuse_recent"):
-        getattr(gf, name).reserve(n)  # zeros: read again from the graph's TFA index
+    for name in _REUSE_ARRAYS:  # as read up to entry reuse_read of the graph's TFA index; the rest is read next
+        setattr(gf, name, _grow_of(unpack_array(data[name])))
+    gf.reuse_read = data["reuse_read"]
+    gf.reuse_seen = {p: (read, turns) for p, read, turns in data["reuse_seen"]}
     gf.facts.lazy, gf.facts.lazy_set = rows, set(rows)
     gf.facts.source = (msgs, graph.call_owner, graph.reuse, counter, gf.value_first, gf.ident_first)
     return gf
@@ -598,6 +606,7 @@ def _keep_facts(graph: ContextGraph, gf: _GraphFacts, counter: TokenCounter) -> 
     last one (read or put)."""
     n = gf.upto
     if graph.derived.persist and type(counter) is TokenCounter and snapshot_due(n, gf.kept):
+        _read_reuse(gf, graph)  # every row exists: the snapshot holds the reuse state up to now
         graph.derived.put_json(FACTS_SNAPSHOT, 0, msgspec.json.encode(_pack_facts(gf)).decode())
         gf.kept = n
 
