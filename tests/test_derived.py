@@ -507,15 +507,19 @@ def test_snapshot_arrays_come_back_byte_for_byte(a):
 
 def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):
     """A learned.graph snapshot whose results are not the graph's first results (here: forged,
-    or another encoding) is not used: the state is built from the messages."""
+    or another encoding), or that is not of the snapshot's shape (a field missing, an array
+    whose bytes are not base64), is not used: the state is built from the messages."""
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     counter = TokenCounter()
     g = ContextGraph("s", EVENTS, derived=Derived(persist=True))
     want = features_mod.feature_matrix(g, g.results(), counter)
     rows, _ = g.derived.take()
     (snap,) = [r for r in rows if r[0] == features_mod.FACTS_SNAPSHOT.name]
-    for change in ({"rows": [2, 4, 7, 8]}, {"encoding": "cl100k_base"}):
-        forged = [r if r is not snap else (*r[:3], json.dumps({**json.loads(snap[3]), **change})) for r in rows]
+    data = json.loads(snap[3])
+    no_reuse = {k: v for k, v in data.items() if k != "reuse_read"}
+    for forged_data in ({**data, "rows": [2, 4, 7, 8]}, {**data, "encoding": "cl100k_base"}, no_reuse,
+                        {**data, "turn": [*data["turn"][:2], "not base64!", data["turn"][3]]}):
+        forged = [r if r is not snap else (*r[:3], json.dumps(forged_data)) for r in rows]
         g2 = ContextGraph("s", EVENTS, derived=Derived(forged, persist=True))
         assert features_mod.feature_matrix(g2, g2.results(), counter).tobytes() == want.tobytes()
         assert features_mod.graph_facts(g2, counter).facts.lazy == []  # built, not read

@@ -74,7 +74,7 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
+from ..derived import DerivedKind, pack_array, snapshot_due
 from ..events import Message, ToolCall
 from ..graph import ContextGraph, operations
 from ..signals.reuse import extract_values
@@ -463,7 +463,7 @@ _CACHE: "weakref.WeakKeyDictionary[ContextGraph, _GraphFacts]" = weakref.WeakKey
 
 
 def _grow_of(a: np.ndarray) -> _Grow:
-    """A :class:`_Grow` holding ``a`` (an array of its own, e.g. :func:`unpack_array`'s: used as
+    """A :class:`_Grow` holding ``a`` (an array of its own, e.g. :func:`_unpacked`'s: used as
     the buffer, full; the next ``reserve`` doubles it)."""
     g = _Grow.__new__(_Grow)
     g.a = a if a.flags.writeable else a.copy()
@@ -553,40 +553,96 @@ def _pack_facts(gf: _GraphFacts) -> dict[str, Any]:
     return data
 
 
-def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _GraphFacts | None:
+_Packed = tuple[str, list[int], bytes, str]  # pack_array's list, its base64 decoded by msgspec (faster than base64)
+_PackedFlat = tuple[list[str], _Packed, _Packed, _Packed, _Packed, int, _Packed, _Packed, _Packed]
+
+
+class _Snapshot(msgspec.Struct):
+    """The shape of :func:`_pack_facts`' JSON, for a typed decode (a row of another shape is not one)."""
+
+    upto: int
+    encoding: str
+    rows: list[int]
+    unique: list[int]
+    ident_turns: list[tuple[int, list[int]]]
+    assistant_idents: list[list[Any]]
+    reuse_read: int
+    reuse_seen: list[tuple[int, int, list[int]]]
+    value_df: dict[str, int]
+    last_view: dict[str, int]
+    last_edit: dict[str, int]
+    last_command: dict[str, int]
+    ident_first: dict[str, int]
+    value_first: dict[str, int]
+    unedited: dict[str, list[int]]
+    turn: _Packed
+    owner: _Packed
+    static: _Packed
+    unique_n: _Packed
+    superseded: _Packed
+    edited_later: _Packed
+    ident_turns_n: _Packed
+    reuse_score: _Packed
+    reuse_turns: _Packed
+    reuse_last: _Packed
+    reuse_recent: _Packed
+    values_t: _PackedFlat
+    idents_t: _PackedFlat
+    words_t: _PackedFlat
+    files_t: _PackedFlat
+
+
+_decode_snapshot = msgspec.json.Decoder(_Snapshot).decode
+
+
+def _unpacked(a: _Packed) -> np.ndarray:
+    """:func:`~historygraph.derived.unpack_array` of a packed array whose bytes are decoded (writeable)."""
+    dtype, shape, data, stored = a
+    return np.frombuffer(data, dtype=np.dtype(stored)).astype(np.dtype(dtype)).reshape(shape)
+
+
+def _read_snapshot(text: str | None) -> _Snapshot | None:
+    """The stored snapshot's JSON ``text`` decoded, or ``None`` (none, or not of its shape)."""
+    if text is None:
+        return None
+    try:
+        return _decode_snapshot(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: _Snapshot | None) -> _GraphFacts | None:
     """The :class:`_GraphFacts` of a snapshot (:func:`_pack_facts`) of ``graph``'s first ``upto``
     messages, or ``None`` when it is not one: another encoding, or results at other positions."""
     msgs = graph.messages
-    if not isinstance(data, dict) or data.get("encoding") != counter.encoding_name or not 0 < data.get("upto", 0) <= len(msgs):
+    if data is None or data.encoding != counter.encoding_name or not 0 < data.upto <= len(msgs):
         return None
-    upto, rows = data["upto"], data["rows"]
+    upto, rows = data.upto, data.rows
     # the tool results before upto: every result is its call's latest or one it replaced
     tools = np.concatenate([np.fromiter(graph.result_of.values(), dtype=np.int64, count=len(graph.result_of)),
                             np.fromiter(graph.superseded, dtype=np.int64, count=len(graph.superseded))])
     tools.sort()
     if rows != tools[:np.searchsorted(tools, upto)].tolist():
         return None
-    gf = _GraphFacts(upto=upto, encoding=data["encoding"], kept=upto)
+    gf = _GraphFacts(upto=upto, encoding=data.encoding, kept=upto)
     gf.row_of = dict(zip(rows, range(len(rows))))
-    gf.unique = dict(zip(rows, data["unique"]))
-    gf.ident_turns = {p: t for p, t in data["ident_turns"]}
-    gf.assistant_idents = _Idents(data["assistant_idents"])  # each entry made when first read
+    gf.unique = dict(zip(rows, data.unique))
+    gf.ident_turns = dict(data.ident_turns)
+    gf.assistant_idents = _Idents(data.assistant_idents)  # each entry made when first read
     for name in _DICTS:
-        setattr(gf, name, data[name])
-    for name in _ARRAYS:
-        setattr(gf, name, _grow_of(unpack_array(data[name])))
+        setattr(gf, name, getattr(data, name))
+    for name in _ARRAYS + _REUSE_ARRAYS:  # reuse: as read up to entry reuse_read of the graph's TFA index
+        setattr(gf, name, _grow_of(_unpacked(getattr(data, name))))
     for name in _FLATS:
-        vocab, rows_, ids, own, df, indexed, post_rows, post_own, indptr = data[name]
+        vocab, rows_, ids, own, df, indexed, post_rows, post_own, indptr = getattr(data, name)
         fl = _Flat()
         fl.vocab = dict(zip(vocab, range(len(vocab))))
-        fl.rows, fl.ids, fl.own, fl.df = (_grow_of(unpack_array(x)) for x in (rows_, ids, own, df))
+        fl.rows, fl.ids, fl.own, fl.df = (_grow_of(_unpacked(x)) for x in (rows_, ids, own, df))
         fl._indexed = indexed
-        fl._post_rows, fl._post_own, fl._indptr = (unpack_array(x) for x in (post_rows, post_own, indptr))
+        fl._post_rows, fl._post_own, fl._indptr = (_unpacked(x) for x in (post_rows, post_own, indptr))
         setattr(gf, name, fl)
-    for name in _REUSE_ARRAYS:  # as read up to entry reuse_read of the graph's TFA index; the rest is read next
-        setattr(gf, name, _grow_of(unpack_array(data[name])))
-    gf.reuse_read = data["reuse_read"]
-    gf.reuse_seen = {p: (read, turns) for p, read, turns in data["reuse_seen"]}
+    gf.reuse_read = data.reuse_read
+    gf.reuse_seen = {p: (read, turns) for p, read, turns in data.reuse_seen}
     gf.facts.lazy, gf.facts.lazy_set = rows, set(rows)
     gf.facts.source = (msgs, graph.call_owner, graph.reuse, counter, gf.value_first, gf.ident_first)
     return gf
@@ -595,7 +651,7 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: Any) -> _Gra
 def _new_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
     """The state of a graph not seen before: from its stored snapshot when there is a valid one."""
     if graph.derived.persist and type(counter) is TokenCounter:
-        gf = _unpack_facts(graph, counter, graph.derived.take_value(FACTS_SNAPSHOT, 0))
+        gf = _unpack_facts(graph, counter, _read_snapshot(graph.derived.take_text(FACTS_SNAPSHOT, 0)))
         if gf is not None:
             return gf
     return _GraphFacts(encoding=counter.encoding_name)
