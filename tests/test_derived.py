@@ -624,3 +624,46 @@ def test_brief_savings_start_from_their_snapshot(monkeypatch):
         forged = [(*r[:3], json.dumps({**data, **change})) if r is snap else r for r in rows]
         g3 = ContextGraph("s", events, derived=Derived(forged, persist=True))
         assert _brief_savings(g3, c).tolist() == want and not _SAVINGS_KEPT[g3][c.encoding_name][1], change
+
+
+def test_results_embedding_keys_are_read_instead_of_hashing_the_results(tmp_path, monkeypatch):
+    """ContextRender's result vectors on a reopened session: each result's content key (sha256 of
+    the model name, NUL, its first ``clip`` characters) is a stored row, so the embedder's memo is
+    read without hashing a result text; a row is used only for the clip it was made with."""
+    import hashlib
+
+    from historygraph.policies.contextrender import result_keys, result_vectors
+    from historygraph.signals import embeddings as emb_mod
+    from historygraph.signals.embeddings import CachedEmbedder
+
+    class Len:
+        model, dim = "len", 2
+
+        def embed(self, texts):
+            return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
+
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS)
+    emb = CachedEmbedder(Len())
+    g = s.graph("s")
+    results = g.results()
+    want, q = result_vectors(g, results, emb, 20, ["query"])
+    assert want[:, 0].tolist() == [20, 20, 0, 20] and q.tolist() == [[5, 1]]
+    s.close()
+    with sqlite3.connect(path) as db:
+        rows = dict(db.execute("SELECT position, data FROM derived WHERE kind = ?", (result_keys("len", 20).name,)).fetchall())
+    assert rows == {p: json.dumps(hashlib.sha256(f"len\0{EVENTS[p].content[:20]}".encode()).hexdigest()) for p in (2, 4, 6, 8)}
+    hashed: list[str] = []
+    real_key = emb_mod.content_key
+    monkeypatch.setattr(emb_mod, "content_key", lambda model, text: hashed.append(text) or real_key(model, text))
+    emb._keys.clear()  # as in a process whose key memo was dropped: the results' new strings not in it
+    s = SQLiteStore(path)
+    got, q2 = result_vectors(s.graph("s"), results, emb, 20, ["query"])
+    assert (got == want).all() and (q2 == q).all() and hashed == ["query"] and emb.calls == 5
+    hashed.clear()
+    result_vectors(s.graph("s"), results, emb, 30, [])  # another clip: no stored row is used for it
+    assert hashed == [EVENTS[p].content[:30] for p in results]
+    s.close()
+

@@ -991,9 +991,9 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
 @pytest.mark.parametrize("policy", ["contextrender-dep", "contextweaver-placeholder", "learned", "contextrender", "cw-bm25", "prune"])
 def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path, monkeypatch):
     """A session stored event by event and rendered now and then (which derives TFA values, step
-    features and parents, learned facts, BM25 tokens, token counts, brief views' savings, snapshots
-    of the step view and the token memo, written with the next append: historygraph.derived), reopened by a new store
-    instance at many lengths, renders exactly as a graph built from its messages without any
+    features and parents, learned facts, BM25 tokens, token counts, brief views' savings, the
+    results' embedding keys, snapshots of the step view and the token memo,
+    written with the next append: historygraph.derived), reopened by a new store instance at many lengths, renders exactly as a graph built from its messages without any
     stored state; the rows of every kind it uses are there. Snapshots are kept from 4 messages on
     (so both traces reopen from snapshots taken at shorter lengths)."""
     import sqlite3
@@ -1028,7 +1028,8 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
             kinds = {k.split(":")[0] for (k,) in db.execute("SELECT DISTINCT kind FROM derived")}
         want = {"tfa.values", "render.tokens", "render.memo"} | ({"steps.features", "steps.parents", "steps.view"}
                                                                  if policy not in ("contextrender", "cw-bm25", "prune") else set())
-        want |= {"learned": {"learned.facts", "learned.graph", "learned.task", "render.brief", "render.briefs"}, "cw-bm25": {"bm25.tokens", "bm25.index"}}.get(policy, set())
+        want |= {"learned": {"learned.facts", "learned.graph", "learned.task", "render.brief", "render.briefs"}, "cw-bm25": {"bm25.tokens", "bm25.index"},
+                 "contextrender": {"embedding.keys"}, "contextrender-dep": {"embedding.keys"}}.get(policy, set())
         assert kinds == want, kinds
     assert compared > 10
 
@@ -1411,22 +1412,23 @@ def test_recap_block_index_kept_across_appends_equals_the_blocks_built_from_scra
 
 
 def test_ordered_vector_rows_are_the_gathered_rows_and_earlier_views_keep_theirs():
-    """:meth:`_VectorCache.ordered` returns ``rows[cand]`` for requests that extend, shorten or
+    """:meth:`_VectorCache.ordered` returns the vectors of ``cand`` for requests that extend, shorten or
     differ from the previous one, and a view handed out before a cut or a growth keeps its values."""
     from historygraph.policies.contextrender import _VectorCache
     from historygraph.signals.embeddings import CachedEmbedder
 
-    rng = np.random.default_rng(5)
-    cache = _VectorCache(CachedEmbedder(GridEmbedder()))
-    cache.rows = rng.standard_normal((400, cache.rows.shape[1])).astype(np.float32)
+    emb = CachedEmbedder(RandomUnitEmbedder())
+    cache = _VectorCache(emb)
+    cache.row = np.asarray(emb.hold([f"text {i}" for i in range(400)])[::-1], dtype=np.int64)
     cache.have = np.ones(400, dtype=bool)
+    rows = emb.embed([f"text {i}" for i in range(400)])[::-1]
     held = []
     for cand in ([1, 3, 5], [1, 3, 5, 8, 9], [1, 3], [1, 3, 5, 8, 9, 11], [1, 4, 5], list(range(0, 400, 3)),
                  list(range(0, 400, 3)) + [399], [2], []):
         cand = np.asarray(cand, dtype=np.int64)
-        view = cache.ordered(cand)
+        view = cache.ordered(cand, emb)
         assert view.flags.c_contiguous and not view.flags.writeable and view.dtype == np.float32
-        assert np.array_equal(view, cache.rows[cand])
+        assert np.array_equal(view, rows[cand])
         held.append((view, view.copy()))
     for view, copy in held:
         assert np.array_equal(view, copy)

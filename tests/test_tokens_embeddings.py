@@ -71,6 +71,39 @@ def test_cached_embedder_memoises_content_keys_and_stays_bounded():
     assert emb.embed(["a", "b", "a"]).shape == (3, 2) and emb.calls == 2
 
 
+def test_the_memo_is_one_block_of_rows_in_request_order(tmp_path):
+    """The memo's rows (one float32 block) come back in the order asked, repeats included, from
+    the model or the persistent cache alike; ``rows`` answers only when it holds every key, and a
+    vector of another width is refused."""
+
+    class Len:
+        model, dim = "len", 2
+
+        def __init__(self, width=2):
+            self.width = width
+
+        def embed(self, texts):
+            return np.array([[len(t)] + [1.0] * (self.width - 1) for t in texts], dtype=np.float64)
+
+    store = SQLiteStore(tmp_path / "e.sqlite")
+    emb = CachedEmbedder(Len(), store)
+    texts = ["ab", "abcd", "ab", "x" * 100]  # 70 distinct texts in all, more than the first block's 64 rows
+    assert emb.embed(texts).tolist() == [[2, 1], [4, 1], [2, 1], [100, 1]] and emb.calls == 3
+    many = [str(i) * 3 for i in range(67)]
+    v = emb.embed(many + texts)
+    assert v.dtype == np.float32 and v[:, 0].tolist() == [len(t) for t in many + texts] and emb.calls == 70
+    rows = emb.rows([emb.key("ab"), emb.key("x" * 100)])
+    assert emb.vectors(rows).tolist() == [[2, 1], [100, 1]] and rows == emb.hold(["ab", "x" * 100])
+    assert emb.rows([emb.key("ab"), emb.key("new")]) is None and emb.calls == 70
+    again = CachedEmbedder(Len(), store)  # a new process: every vector from the persistent cache
+    assert again.embed(texts[::-1]).tolist() == [[100, 1], [2, 1], [4, 1], [2, 1]] and again.calls == 0
+    wide = CachedEmbedder(Len(3), store)  # the cache holds width 2; "new" comes back 3 wide
+    wide.embed(["ab"])
+    with pytest.raises(ValueError, match="width 2"):
+        wide.embed(["new"])
+    store.close()
+
+
 def test_truncation_length_and_threads(embedder):
     """The truncation length changes only texts longer than it, and is part of the cache's model
     name; one thread without spin-waiting gives the vectors of the default settings."""

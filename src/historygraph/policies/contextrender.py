@@ -43,13 +43,17 @@ brought back for a result shown with its tool calls and a marker in place of its
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
+from ..derived import DerivedKind
 from ..graph import ContextGraph
 from ..render import Layout, Rendering, Selection
 from ..signals.embeddings import CachedEmbedder
@@ -323,22 +327,23 @@ def scores(graph: ContextGraph, cands: list[int], V: np.ndarray, q: np.ndarray, 
 
 
 class _VectorCache:
-    """The vectors of one graph's results (their first ``clip`` characters) from one embedder,
-    kept in position order: results never change, so each is asked for once."""
+    """The memo rows (:meth:`CachedEmbedder.rows`) of one graph's results (their first ``clip``
+    characters) in one embedder, by position: results never change, so each is asked for once,
+    and their vectors are one ``np.take`` of the embedder's memo."""
 
     def __init__(self, embedder: CachedEmbedder) -> None:
         self.embedder = weakref.ref(embedder)
         self.have = np.zeros(0, dtype=bool)
-        self.rows = np.zeros((0, embedder.dim), dtype=np.float32)
+        self.row = np.zeros(0, dtype=np.int64)  # position -> its memo row (where ``have``)
         self.lock = threading.Lock()
-        # the rows of the positions ``seq_pos[:seq_n]`` (ascending), one after the other: a request
-        # for a prefix of them is answered by a view (see result_vectors's ``ordered``)
+        # the vectors of the positions ``seq_pos[:seq_n]`` (ascending), one after the other: a
+        # request for a prefix of them is answered by a view (see result_vectors's ``ordered``)
         self.seq_pos = np.zeros(0, dtype=np.int64)
         self.seq_rows = np.zeros((0, embedder.dim), dtype=np.float32)
         self.seq_n = 0
 
-    def ordered(self, cand: np.ndarray) -> np.ndarray:
-        """``rows[cand]`` for ascending positions ``cand`` that all have rows, as a read-only
+    def ordered(self, cand: np.ndarray, embedder: CachedEmbedder) -> np.ndarray:
+        """The vectors of ascending positions ``cand`` that all have rows, as a read-only
         C-contiguous view of ``seq_rows``: ``seq_pos`` is cut at the first position where it and
         ``cand`` differ and extended by the rest of ``cand``. A cut copies the table first, and
         growing allocates a new one, so a view handed out earlier keeps its values."""
@@ -350,14 +355,15 @@ class _VectorCache:
             self.seq_pos, self.seq_rows = self.seq_pos[:j].copy(), self.seq_rows[:j].copy()
             n = self.seq_n = j
         if m > n:
+            vecs = embedder.vectors(self.row[cand[n:]])
             if m > len(self.seq_pos):
                 size = max(m, 2 * len(self.seq_pos), 64)
                 pos = np.zeros(size, dtype=np.int64)
-                rows = np.empty((size, self.rows.shape[1]), dtype=np.float32)
+                rows = np.empty((size, vecs.shape[1]), dtype=np.float32)
                 pos[:n], rows[:n] = self.seq_pos[:n], self.seq_rows[:n]
                 self.seq_pos, self.seq_rows = pos, rows
             self.seq_pos[n:m] = cand[n:]
-            self.seq_rows[n:m] = self.rows[cand[n:]]
+            self.seq_rows[n:m] = vecs
             self.seq_n = m
         view = self.seq_rows[:m]
         view.flags.writeable = False
@@ -373,13 +379,14 @@ def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedd
                    ordered: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(rows of the candidates' vectors, vectors of the extra texts)``, the values one
     ``embedder.embed([results clipped…] + extra)`` returns (float32, ``(len(cands), dim)`` and
-    ``(len(extra), dim)``). Results embedded before for this graph come from a per-graph table;
-    the rest and ``extra`` are asked for in one call, in the same order, so the embedder sees the
-    same new texts in the same batch. While the embedder logs every text asked for (the evaluator
-    counts them) it is asked for all of them. ``out``: an array of the rows' shape to write them
-    to (and return). ``ordered`` (``cands`` ascending): the rows are a read-only C-contiguous view
-    of a per-graph table kept in position order (:meth:`_VectorCache.ordered`), not copied when
-    ``cands`` extends the previous request; while the embedder logs, the rows as without it."""
+    ``(len(extra), dim)``). The memo rows of results asked for before for this graph come from a
+    per-graph table; the rest and ``extra`` are asked for in one call, in the same order, so the
+    embedder sees the same new texts in the same batch. While the embedder logs every text asked
+    for (the evaluator counts them) it is asked for all of them. ``out``: an array of the rows'
+    shape to write them to (and return). ``ordered`` (``cands`` ascending): the rows are a
+    read-only C-contiguous view of a per-graph table kept in position order
+    (:meth:`_VectorCache.ordered`), not copied when ``cands`` extends the previous request; while
+    the embedder logs, the rows as without it."""
     msgs = graph.messages
     if not isinstance(embedder, CachedEmbedder) or embedder.log is not None:
         vecs = embedder.embed([msgs[p].content[:clip] for p in cands] + extra)
@@ -398,18 +405,51 @@ def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedd
             size = max(len(msgs), 2 * len(cache.have))
             have = np.zeros(size, dtype=bool)
             have[:len(cache.have)] = cache.have
-            rows = np.zeros((size, cache.rows.shape[1]), dtype=np.float32)
-            rows[:len(cache.rows)] = cache.rows
-            cache.have, cache.rows = have, rows
+            row = np.zeros(size, dtype=np.int64)
+            row[:len(cache.row)] = cache.row
+            cache.have, cache.row = have, row
         new = cand[~cache.have[cand]]
-        vecs = embedder.embed([msgs[p].content[:clip] for p in new.tolist()] + extra)
-        cache.rows[new] = vecs[:len(new)]
+        rows, extra_rows = _result_rows(graph, embedder, clip, new.tolist(), extra)
+        cache.row[new] = rows
         cache.have[new] = True
+        extra_vecs = embedder.vectors(extra_rows)
         if ordered:
-            return cache.ordered(cand), vecs[len(new):]
-        if out is not None:
-            return np.take(cache.rows, cand, axis=0, out=out), vecs[len(new):]
-        return cache.rows[cand], vecs[len(new):]
+            return cache.ordered(cand, embedder), extra_vecs
+        return embedder.vectors(cache.row[cand], out=out), extra_vecs
+
+
+@functools.cache
+def result_keys(model: str, clip: int) -> DerivedKind:
+    """The derived rows (:mod:`historygraph.derived`) of the results' embedding-cache keys: at a
+    result's position, :func:`~historygraph.signals.embeddings.content_key` of its first ``clip``
+    characters under ``model`` (both in the kind's name, so a row is used only for the text it
+    was made from: a stored position's message never changes). A reopened session's first render
+    then finds its vectors in the embedder's memo without hashing the result texts again."""
+    return DerivedKind(f"embedding.keys:{model}:{clip}", ("historygraph.signals.embeddings", "historygraph.policies.contextrender"))
+
+
+def _result_rows(graph: ContextGraph, embedder: CachedEmbedder, clip: int, positions: list[int],
+                 extra: list[str]) -> tuple[list[int], list[int]]:
+    """The memo rows of ``embedder.hold([results at positions, clipped…] + extra)``, split into
+    the results' and the extra texts'. The results' keys come from their stored rows
+    (:func:`result_keys`); when the memo holds all of them, the result texts are not read at all
+    and only ``extra`` is held (the same texts reach the model, in the same order, as in the one
+    call). Keys computed here are put for the store to write."""
+    kind = result_keys(embedder.model, clip)
+    stored = graph.derived.table(kind)
+    got: list[str | None] | None = list(map(stored.pop, positions, itertools.repeat(None))) if stored and positions else None
+    if got is not None and None not in got and (rows := embedder.rows(cast(list[str], got))) is not None:
+        return rows, embedder.hold(extra)
+    texts = [graph.messages[p].content[:clip] for p in positions]
+    if got is None and not (positions and graph.derived.persist):
+        rows = embedder.hold(texts + extra)
+    else:
+        keys = embedder.keys(texts) if got is None else [k if k is not None else embedder.key(t) for k, t in zip(got, texts)]
+        for i, p in enumerate(positions):
+            if got is None or got[i] is None:
+                graph.derived.put(kind, p, keys[i])
+        rows = embedder.hold(texts + extra, keys + embedder.keys(extra))
+    return rows[:len(positions)], rows[len(positions):]
 
 
 register("contextrender", SOURCE, "Usefulness = recency + observed reuse (TFA) + relevance; greedy under B with a similarity penalty.")(ContextRender)

@@ -28,7 +28,6 @@ is embedded once per cache (the store provides a persistent cache; see ``history
 from __future__ import annotations
 
 import hashlib
-import operator
 import os
 import threading
 from importlib.resources import files
@@ -327,15 +326,17 @@ def content_key(model: str, text: str) -> str:
     return hashlib.sha256(f"{model}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-_SHAPE = operator.attrgetter("shape")
-
-
 class CachedEmbedder:
-    """Wraps an :class:`Embedder` with an in-process dict and an optional persistent cache.
+    """Wraps an :class:`Embedder` with an in-process memo and an optional persistent cache.
 
     ``calls`` counts texts actually sent to the model (a test checks each text is embedded once).
     ``log``, when a list, receives every text requested, cached or not (the evaluator's embedding
     token count, ContextRender C.2); ``None`` (the default) records nothing.
+
+    The memo is one float32 block of rows, ``(vectors held, width)``, and a dict from content key
+    to row: the vectors of a request are one ``np.take`` of the block (a reopened session's first
+    render asks for 1,000 at once). Every row has the width of the first vector held; a vector of
+    another shape raises ValueError.
 
     Thread-safe, with one model call at a time: a caller whose texts are not all known waits for
     the model, then embeds only those still unknown (a concurrent call may have embedded them
@@ -350,7 +351,8 @@ class CachedEmbedder:
         self.inner = embedder
         self.model, self.dim = embedder.model, embedder.dim
         self.cache = cache
-        self._memo: dict[str, np.ndarray] = {}
+        self._row: dict[str, int] = {}  # content key -> row of _block
+        self._block: np.ndarray | None = None  # float32 (capacity, width); rows [0, len(_row)) held
         self._keys: dict[str, str] = {}  # text -> content_key (bounded by key_memo_size)
         self.key_memo_size = 50_000
         self.calls = 0
@@ -367,33 +369,72 @@ class CachedEmbedder:
             k = self._keys[text] = content_key(self.model, text)
         return k
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if self.log is not None:
-            self.log.extend(texts)
-        keys = list(map(self._keys.get, texts))  # (the memo of key(), looked up in C; key() for the rest)
+    def keys(self, texts: Sequence[str]) -> list[str]:
+        """:meth:`key` of each text (the memo looked up in C, :meth:`key` for the rest)."""
+        keys = list(map(self._keys.get, texts))
         if None in keys:
-            keys = [k if k is not None else self.key(t) for k, t in zip(keys, texts)]
-        missing = [k for k in dict.fromkeys(keys) if k not in self._memo]
+            return [k if k is not None else self.key(t) for k, t in zip(keys, texts)]
+        return keys  # type: ignore[return-value]  (no None left)
+
+    def rows(self, keys: Sequence[str]) -> list[int] | None:
+        """The memo rows of the content ``keys`` when it holds all of them, else ``None``; asks
+        neither the cache nor the model and logs nothing. A row is never dropped or changed, so
+        a caller may keep it (ContextRender keeps each result's, per graph)."""
+        rows = list(map(self._row.get, keys))
+        return None if None in rows else rows  # type: ignore[return-value]  (no None left)
+
+    def vectors(self, rows: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The vectors at memo ``rows`` (from :meth:`rows` or :meth:`hold`): float32, ``(len(rows),
+        width)``, one ``np.take`` of the block (into ``out`` when given)."""
+        block = self._block  # (read after the rows were: a row is in the dict only once its block holds it)
+        if block is None:
+            return np.zeros((0, self.dim), dtype=np.float32) if out is None else out
+        return np.take(block, rows, axis=0, out=out)
+
+    def _hold(self, keys: list[str], vecs: np.ndarray) -> None:
+        """Add the rows ``vecs`` (one per key, keys not yet held) to the memo; under ``_lock``."""
+        vecs = np.asarray(vecs, dtype=np.float32)
+        n, block = len(self._row), self._block
+        if vecs.ndim != 2 or len(vecs) != len(keys) or (block is not None and vecs.shape[1] != block.shape[1]):
+            raise ValueError(f"{self.model}: {len(keys)} vectors of shape {vecs.shape[1:]} do not fit the memo's rows "
+                             f"of width {block.shape[1] if block is not None else '?'}")
+        if block is None or n + len(keys) > len(block):
+            grown = np.empty((max(n + len(keys), 2 * n, 64), vecs.shape[1]), dtype=np.float32)
+            if block is not None:
+                grown[:n] = block[:n]
+            self._block = block = grown  # (earlier rows copied: a reader of the old block still finds them)
+        block[n:n + len(keys)] = vecs
+        self._row.update(zip(keys, range(n, n + len(keys))))
+
+    def hold(self, texts: Sequence[str], keys: Sequence[str] | None = None) -> list[int]:
+        """The memo rows of ``texts``: held already, else from the persistent cache, else from one
+        model call for the distinct texts neither holds, in order. ``keys``: the texts' content
+        keys (:meth:`key`) when the caller has them. Logs nothing (:meth:`embed` does)."""
+        if keys is None:
+            keys = self.keys(texts)
+        missing = [k for k in dict.fromkeys(keys) if k not in self._row]
         if missing:
             with self._lock:
-                missing = [k for k in missing if k not in self._memo]  # embedded by another call meanwhile
+                missing = [k for k in missing if k not in self._row]  # embedded by another call meanwhile
                 if missing and self.cache is not None:
-                    self._memo.update(self.cache.get_embeddings(missing))
-                    missing = [k for k in missing if k not in self._memo]
+                    found = self.cache.get_embeddings(missing)
+                    if found:
+                        self._hold(list(found), np.stack(list(found.values())))
+                    missing = [k for k in missing if k not in self._row]
                 if missing:
                     by_key = {k: t for k, t in zip(keys, texts)}
                     vecs = self.inner.embed([by_key[k] for k in missing])
                     self.calls += len(missing)
-                    fresh = dict(zip(missing, vecs))
-                    self._memo.update(fresh)
+                    self._hold(missing, vecs)
                     if self.cache is not None:
-                        self.cache.put_embeddings(fresh)
-        if not keys:
+                        self.cache.put_embeddings(dict(zip(missing, vecs)))
+        return list(map(self._row.__getitem__, keys))
+
+    def embed(self, texts: Sequence[str], keys: Sequence[str] | None = None) -> np.ndarray:
+        """The vectors of ``texts`` (float32, ``(len(texts), width)``; :meth:`hold`, then
+        :meth:`vectors`); each text logged when :attr:`log` is a list."""
+        if self.log is not None:
+            self.log.extend(texts)
+        if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        rows = list(map(self._memo.__getitem__, keys))
-        shape = rows[0].shape
-        if len(shape) != 1 or len(set(map(_SHAPE, rows))) != 1:
-            return np.stack(rows)  # (rows of other shapes: what np.stack says of them)
-        # np.stack's values (the rows copied in order, the common dtype), without its per-row
-        # expand_dims: about 3× faster at 1,000 rows (a reopened session's first render)
-        return np.concatenate(rows).reshape(len(rows), shape[0])
+        return self.vectors(self.hold(texts, keys))
