@@ -667,3 +667,35 @@ def test_results_embedding_keys_are_read_instead_of_hashing_the_results(tmp_path
     assert hashed == [EVENTS[p].content[:30] for p in results]
     s.close()
 
+
+def test_tfa_scores_start_from_their_snapshot(tmp_path, monkeypatch):
+    """A reopened graph takes the TFA scores c_t of the stored snapshot (taken at 7 messages) and
+    sums again only those of results touched after it: message 7 reuses ``test_dates.py`` of the
+    result at 4, and the result at 8 holds that value too; 8 is new. The scores equal a fresh
+    graph's, bit for bit."""
+    from historygraph.graph import TFA_SCORES
+
+    monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
+    path = tmp_path / "s.sqlite"
+    s = SQLiteStore(path)
+    s.create_session("s")
+    s.append("s", EVENTS[:7])
+    g = s.graph("s")
+    assert g.reuse_scores(g.results()) == [3.0, 0.0, 0.0]  # parse_date, DATE_RE, v2_0_1 of 2: used by 5, each n_t = 1
+    s.append("s", EVENTS[7:])
+    s.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM derived WHERE kind = ?", (TFA_SCORES.name,)).fetchone() == (1,)
+
+    class Asked(dict):
+        def get(self, k, default=None):
+            asked.append(k)
+            return super().get(k, default)
+    asked: list[int] = []
+    s = SQLiteStore(path)
+    g2 = s.graph("s")
+    g2.reuse._match_holders = Asked(g2.reuse._match_holders)
+    fresh = ContextGraph("s", EVENTS)
+    want = [fresh.reuse_score(p) for p in (2, 4, 6, 8)]
+    assert g2.reuse_scores([2, 4, 6, 8]) == want and asked == [4, 8]
+    s.close()

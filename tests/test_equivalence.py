@@ -992,7 +992,7 @@ def test_revival_costs_in_bulk_equal_each_steps_brief_view(real_traces):
 def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces, traces_dir, policy, tmp_path, monkeypatch):
     """A session stored event by event and rendered now and then (which derives TFA values, step
     features and parents, learned facts, BM25 tokens, token counts, brief views' savings, the
-    results' embedding keys, snapshots of the step view and the token memo,
+    results' embedding keys, snapshots of the TFA scores, the step view and the token memo,
     written with the next append: historygraph.derived), reopened by a new store instance at many lengths, renders exactly as a graph built from its messages without any
     stored state; the rows of every kind it uses are there. Snapshots are kept from 4 messages on
     (so both traces reopen from snapshots taken at shorter lengths)."""
@@ -1029,7 +1029,7 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
         want = {"tfa.values", "render.tokens", "render.memo"} | ({"steps.features", "steps.parents", "steps.view"}
                                                                  if policy not in ("contextrender", "cw-bm25", "prune") else set())
         want |= {"learned": {"learned.facts", "learned.graph", "learned.task", "render.brief", "render.briefs"}, "cw-bm25": {"bm25.tokens", "bm25.index"},
-                 "contextrender": {"embedding.keys"}, "contextrender-dep": {"embedding.keys"}}.get(policy, set())
+                 "contextrender": {"embedding.keys", "tfa.scores"}, "contextrender-dep": {"embedding.keys", "tfa.scores"}}.get(policy, set())
         assert kinds == want, kinds
     assert compared > 10
 

@@ -22,15 +22,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
-from .derived import Derived, DerivedKind
+import msgspec
+import numpy as np
+
+from .derived import Derived, DerivedKind, pack_array, snapshot_due, unpack_array
 from .events import EventError, Message
 from .signals.reuse import ReuseIndex, ReuseMatch, extract_values
 
 TFA_VALUES = DerivedKind("tfa.values", ("historygraph.signals.reuse", "historygraph.graph"))
 """Derived rows of the TFA values (ContextRender A.2) of each message: a tool result's sorted
 values; an assistant message's, one sorted list per operation (:func:`operations`)."""
+TFA_SCORES = DerivedKind("tfa.scores", ("historygraph.signals.reuse", "historygraph.graph", "historygraph.derived"))
+"""The snapshot of TFA scores ``c_t`` (ContextRender eq. 1) one :meth:`ContextGraph.reuse_scores`
+call computed: one row at position 0, ``{"upto": messages then, "positions": …, "scores": …}``
+(arrays by :func:`~historygraph.derived.pack_array`). A reopened graph takes each score from it
+unless the result was touched after message ``upto`` (:meth:`ReuseIndex.seed`), so its first
+render does not sum every reused result's matches again. Put when the graph has grown by a
+quarter since the last one read or put (:func:`~historygraph.derived.snapshot_due`)."""
 
 
 #: A message number or span as dropped-step markers name them: ``#16``, ``#16–#23`` (``#`` optional, ``-`` or ``–``).
@@ -75,6 +85,14 @@ class ContextGraph:
         self.session_id = session_id
         self.derived = derived if derived is not None else Derived()
         self._tfa = self.derived.table(TFA_VALUES)
+        scores = self.derived.take_value(TFA_SCORES, 0)
+        upto = scores.get("upto") if isinstance(scores, dict) else None
+        self._scores: Any = None  # the stored TFA_SCORES, until seeded
+        self._scores_upto = -1  # its "upto"
+        if isinstance(upto, int) and not isinstance(upto, bool) and upto > 0:
+            self._scores, self._scores_upto = scores, upto
+        self._scores_mark: int | None = None  # len(reuse.touched) once the graph held _scores_upto messages
+        self._scores_kept: int = max(self._scores_upto, 0)  # messages of the last snapshot read or put
         self.messages: list[Message] = []
         self.turn_of: list[int] = []
         self.turns = 0
@@ -126,6 +144,8 @@ class ContextGraph:
                 values = sorted(extract_values(message.content))
                 self.derived.put(TFA_VALUES, pos, values)
             self.reuse.add_result(pos, values)
+        if pos + 1 == self._scores_upto:
+            self._scores_mark = len(self.reuse.touched)
         return pos
 
     def validate(self, batch: Iterable[Message]) -> None:
@@ -187,6 +207,39 @@ class ContextGraph:
 
     def reuse_score(self, position: int) -> float:
         return self.reuse.score(position)
+
+    def reuse_scores(self, positions: list[int]) -> list[float]:
+        """:meth:`reuse_score` of each position: a reopened graph's first call takes the stored
+        snapshot's scores (:data:`TFA_SCORES`); the scores of a graph from a store are put as the
+        next snapshot when it is due (computed with no event appended meanwhile)."""
+        if self._scores is not None:
+            self._seed()
+        n, version = len(self.messages), self.reuse._version
+        out = list(map(self.reuse.score, positions))
+        if positions and self.derived.persist and snapshot_due(n, self._scores_kept) \
+                and (len(self.messages), self.reuse._version) == (n, version):
+            data = {"upto": n, "positions": pack_array(np.asarray(positions, dtype=np.int64)),
+                    "scores": pack_array(np.asarray(out, dtype=np.float64))}
+            self.derived.put_json(TFA_SCORES, 0, msgspec.json.encode(data).decode())
+            self._scores_kept = n
+        return out
+
+    def _seed(self) -> None:
+        """Give the stored TFA_SCORES snapshot to the reuse index (once), when it is one of this
+        graph: taken at no more messages than it holds, positions of its results, one score each."""
+        data, self._scores = self._scores, None
+        if self._scores_mark is None:
+            return
+        try:
+            pos, scores = unpack_array(data["positions"]), unpack_array(data["scores"])
+        except (TypeError, KeyError, ValueError):
+            return
+        if pos.ndim != 1 or pos.shape != scores.shape or pos.dtype.kind != "i" or scores.dtype != np.float64:
+            return
+        p = pos.tolist()
+        if p and not (0 <= min(p) and max(p) < len(self.messages) and all(self.messages[q].role == "tool" for q in p)):
+            return
+        self.reuse.seed(zip(p, scores.tolist()), self._scores_mark)
 
     def edges(self, kind: str = "reuse") -> list[Edge]:
         if kind != "reuse":

@@ -314,10 +314,12 @@ def scores(graph: ContextGraph, cands: list[int], V: np.ndarray, q: np.ndarray, 
     cand = np.asarray(cands, dtype=np.int64)
     matched = np.fromiter(graph.reuse.matches.keys(), dtype=np.int64)
     at = np.searchsorted(cand, matched)
-    for i, p in zip(at.tolist(), matched.tolist()):
-        if i < n and cands[i] == p:
-            c[i] = ci = graph.reuse_score(p)
-            reuse_exp[i] = math.exp(-cfg.gamma * ci)
+    hits = [(i, p) for i, p in zip(at.tolist(), matched.tolist()) if i < n and cands[i] == p]
+    if hits:
+        at_hit = [i for i, _ in hits]
+        cs = graph.reuse_scores([p for _, p in hits])
+        c[at_hit] = cs
+        reuse_exp[at_hit] = [math.exp(-cfg.gamma * ci) for ci in cs]
     cos = np.vecdot(V, q).astype(np.float64) / qn if n else np.zeros(0)
     s = np.where(cos < 0.0, 0.0, cos)  # max(cos, 0.0)
     u = cfg.w_rec * rec + cfg.w_reuse * (1.0 - reuse_exp) + cfg.w_rel * s

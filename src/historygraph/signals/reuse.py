@@ -112,6 +112,16 @@ class ReuseIndex:
                     found.append(m)
         return found
 
+    def seed(self, scores: Iterable[tuple[int, float]], since: int) -> None:
+        """Take ``(position, c_t)`` pairs computed when :attr:`touched` had ``since`` entries (a
+        stored snapshot, :data:`historygraph.graph.TFA_SCORES`): each is kept as :meth:`score`'s
+        value unless its result was touched since (a match of it added, or a value it was matched
+        on gaining a holder: what changes a term of its sum)."""
+        changed = set(self.touched[since:])
+        for p, c in scores:
+            if p not in changed:
+                self._scores.setdefault(p, c)
+
     def holders(self, value: str) -> int:
         """``n_t(m)``: how many results so far contain ``value``."""
         return len(self._holders.get(value, ()))
