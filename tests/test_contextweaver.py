@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+from collections import Counter
 
 import pytest
 from doubles import ScriptedModel
@@ -85,6 +86,10 @@ def test_parent_scores_on_a_tiny_chain():
     steps = [s0, s1, s2, cur]
     assert lowcost_selector(cfg)(steps, 3, [0, 1, 2]) == (2, 0)
     assert lowcost_selector(ParentScoring(max_parents=1))(steps, 3, [0, 1, 2]) == (2,)
+    # the same picks from the shared counts (s0: parse.py and parse_line; s2: both files and identifiers)
+    shared_files, shared_ids = Counter({0: 1, 2: 2}), Counter({0: 1, 2: 2})
+    assert lowcost_selector(cfg).from_counts(steps, 3, [0, 1, 2], shared_files, shared_ids) == (2, 0)
+    assert lowcost_selector(ParentScoring(max_parents=1)).from_counts(steps, 3, [0, 2], shared_files, shared_ids) == (2,)
 
 
 def test_steps_from_a_graph_get_parents_from_shared_files_and_identifiers():

@@ -1696,7 +1696,8 @@ class Layout:
     head-and-tail excerpt of ``excerpt_fraction·B`` tokens: the oversized-result fallback of
     ContextRender A.4 with no LLM configured, applied for every policy), ``delta[p]`` is the extra
     cost of showing ``form[p]`` instead of the placeholder, and ``base_tokens`` the cost of the
-    retained history with every result as a placeholder.
+    retained history with every result as a placeholder; ``excerpts`` lists the candidates whose
+    ``form`` is that excerpt (ascending).
 
     When the retained non-tool history exceeds ``(1 − result_reserve)·B`` the oldest unprotected
     units are dropped until it fits (our decision where ContextRender A.4 is silent: without a
@@ -1830,10 +1831,12 @@ class Layout:
             self._cand = (arr["cand_delta"], arr["cand_unit"])
             if over:
                 self.form, self.delta = dict(self.form), dict(self.delta)
+        self.excerpts: list[int] = []
         for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
             excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction) \
                 if p in self.form else None
             if excerpt is not None:  # always one for a candidate here: its cost exceeds B
+                bisect.insort(self.excerpts, p)
                 self.form[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
                 self.delta[p] = counter.count_message(excerpt) - ph[p]

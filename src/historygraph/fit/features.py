@@ -413,6 +413,22 @@ class _Facts(MutableMapping[int, _ResultFacts]):
 _STATIC = ("log_tokens", *(f"kind_{k}" for k in KINDS), "log_values", "error", "own_values", "own_idents")
 
 
+def _blocks(names: tuple[str, ...]) -> list[tuple[slice, slice]]:
+    """``(columns of FEATURES, columns of names)`` for each run of ``names`` that is a run of
+    adjacent features (one copy per run instead of one per column)."""
+    at = [FEATURES.index(x) for x in names]
+    out: list[tuple[slice, slice]] = []
+    start = 0
+    for k in range(1, len(at) + 1):
+        if k == len(at) or at[k] != at[k - 1] + 1:
+            out.append((slice(at[start], at[k - 1] + 1), slice(start, k)))
+            start = k
+    return out
+
+
+_STATIC_BLOCKS = _blocks(_STATIC)
+
+
 @dataclass
 class _GraphFacts:
     """Per-graph incremental state: facts of each result, word document frequencies, and the
@@ -438,6 +454,7 @@ class _GraphFacts:
     kept: int = 0  # messages of the last snapshot read or put (FACTS_SNAPSHOT)
     # arrays over results (row i = i-th result)
     row_of: dict[int, int] = field(default_factory=dict)        # result position -> row
+    positions: list[int] = field(default_factory=list)          # row -> result position (row_of's keys in order)
     turn: _Grow = field(default_factory=lambda: _Grow(np.intp))
     owner: _Grow = field(default_factory=lambda: _Grow(np.intp))
     static: _Grow = field(default_factory=lambda: _Grow(np.float64, len(_STATIC)))
@@ -626,6 +643,7 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: _Snapshot | 
         return None
     gf = _GraphFacts(upto=upto, encoding=data.encoding, kept=upto)
     gf.row_of = dict(zip(rows, range(len(rows))))
+    gf.positions = list(rows)
     gf.unique = dict(zip(rows, data.unique))
     gf.ident_turns = dict(data.ident_turns)
     gf.assistant_idents = _Idents(data.assistant_idents)  # each entry made when first read
@@ -724,6 +742,7 @@ def graph_facts(graph: ContextGraph, counter: TokenCounter) -> _GraphFacts:
                          tokens=counter.count(m.content), error=error)
         gf.facts[p] = f
         row = gf.row_of[p] = len(gf.row_of)
+        gf.positions.append(p)
         turns.append(graph.turn_of[p])
         owners.append(owner)
         statics.append([math.log1p(f.tokens), *(float(kind == k) for k in KINDS), math.log1p(len(values)),
@@ -904,8 +923,9 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         KeyError: a position that is not a stored tool result.
     """
     gf = graph_facts(graph, counter)
-    stored = list(gf.row_of)  # result positions by row
-    if isinstance(positions, list) and positions == stored[:len(positions)]:  # the first rows in order (a layout's candidates, mostly)
+    stored = gf.positions  # result positions by row
+    if isinstance(positions, list) and len(positions) <= len(stored) and positions == stored[:len(positions)]:
+        # the first rows in order (a layout's candidates, mostly)
         rows = np.arange(len(positions), dtype=np.intp)
     else:
         rows = np.fromiter(map(gf.row_of.__getitem__, positions), dtype=np.intp, count=len(positions))
@@ -935,16 +955,16 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     col("never_reused", 1.0)
     _read_reuse(gf, graph)
     n_turns = gf.reuse_turns.view()
-    reused = n_turns > 0
-    if reused.any():
-        last, nt = gf.reuse_last.view()[reused], n_turns[reused]
-        recent = (gf.reuse_recent.view()[reused] > t - RECENT_TURNS) & (np.arange(RECENT_TURNS) < nt[:, None])
-        out[reused, _COL["reuse_score"]] = gf.reuse_score.view()[reused]
-        out[reused, _COL["reuse_turns"]] = _log1p_int(nt)
-        out[reused, _COL["reused_last"]] = last == t
-        out[reused, _COL["reused_recent"]] = recent.sum(1)
-        out[reused, _COL["since_reuse"]] = _log1p_int(t - last)
-        out[reused, _COL["never_reused"]] = 0.0
+    hit = np.flatnonzero(n_turns)
+    if len(hit):
+        last, nt = gf.reuse_last.view()[hit], n_turns[hit]
+        recent = (gf.reuse_recent.view()[hit] > t - RECENT_TURNS) & (np.arange(RECENT_TURNS) < nt[:, None])
+        out[hit, _COL["reuse_score"]] = gf.reuse_score.view()[hit]
+        out[hit, _COL["reuse_turns"]] = _log1p_int(nt)
+        out[hit, _COL["reused_last"]] = last == t
+        out[hit, _COL["reused_recent"]] = recent.sum(1)
+        out[hit, _COL["since_reuse"]] = _log1p_int(t - last)
+        out[hit, _COL["never_reused"]] = 0.0
     # lexical and value overlap with the latest assistant message and the task, identifiers, files,
     # and echoes in the newest results (0 for the newest results themselves): each table's sums
     # in one pass (_Flat.sums_many)
@@ -967,8 +987,8 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         for (name, _, _, total), x in zip(covers, wt.sums_many([(ids, idf, False) for _, ids, idf, _ in covers], n)):
             col(name, x / total)
     static = gf.static.view()
-    for k, name in enumerate(_STATIC):
-        col(name, static[:, k])
+    for to, frm in _STATIC_BLOCKS:
+        out[:, to] = static[:, frm]
     out[[gf.row_of[p] for p in latest_ancestry_results(graph, ANCESTRY_STEPS) if p in gf.row_of], _COL["ancestor"]] = 1.0
     col("superseded", gf.superseded.view())
     col("edited_later", gf.edited_later.view())

@@ -75,7 +75,10 @@ class ReuseModel:
         """Reuse probabilities for feature rows ``X`` of shape ``(n, len(features))``; shape ``(n,)``.
         ``keys`` and ``owner`` are those of :meth:`TreeReuseModel.predict`, taken so that every kind
         is called alike; nothing is kept (every row's age, so its linear score, changes each render)."""
-        z = ((X - self.mean) / self.scale) @ self.coef + self.intercept
+        z = np.subtract(X, self.mean)  # ((X − μ) / σ) · w + b, the standardised copy divided in place
+        np.divide(z, self.scale, out=z)
+        z = z @ self.coef
+        z += self.intercept
         return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
 
     def to_dict(self) -> dict[str, Any]:

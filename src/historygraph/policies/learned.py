@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import operator
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -246,13 +245,12 @@ def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.nda
     """Knapsack value of each candidate of ``layout`` from its reuse probability (both in
     candidate order): 0 below ``min_probability``, times ``excerpt_value`` for an oversized result
     offered as its excerpt."""
-    msgs, form = layout.graph.messages, layout.form
     prob = np.asarray(prob, dtype=np.float64)
     value = np.where(prob >= cfg.min_probability, prob, 0.0)
-    cands = layout.candidates
-    excerpts = np.flatnonzero(np.fromiter(map(operator.is_not, map(form.__getitem__, cands), map(msgs.__getitem__, cands)),
-                                          dtype=bool, count=len(cands)))
-    value[excerpts] = value[excerpts] * cfg.excerpt_value
+    if layout.excerpts:
+        cands = layout.candidates  # ascending, as layout.excerpts
+        excerpts = np.array([bisect.bisect_left(cands, p) for p in layout.excerpts], dtype=np.intp)
+        value[excerpts] = value[excerpts] * cfg.excerpt_value
     return value
 
 

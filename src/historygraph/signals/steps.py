@@ -55,7 +55,7 @@ import operator
 import re
 import threading
 import weakref
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
@@ -221,19 +221,36 @@ def score_parent(cand: Step, cur: Step, cfg: ParentScoring) -> float | None:
     i = len(cand.identifiers & cur.identifiers)
     if f + i == 0:
         return None
-    return (cfg.w_files * min(f, 3) + cfg.w_identifiers * math.log1p(i)
-            + cfg.w_recency * cfg.recency_decay ** (cur.index - 1 - cand.index))
+    return _shared_score(f, i, cur.index - 1 - cand.index, cfg)
+
+
+def _shared_score(files: int, identifiers: int, gap: int, cfg: ParentScoring) -> float:
+    """The low-cost score of a parent sharing ``files`` files and ``identifiers`` identifiers with
+    the step ``gap + 1`` steps after it (module docstring)."""
+    return (cfg.w_files * min(files, 3) + cfg.w_identifiers * math.log1p(identifiers)
+            + cfg.w_recency * cfg.recency_decay ** gap)
 
 
 def lowcost_selector(cfg: ParentScoring) -> Selector:
-    """The selector of the paper's low-cost configuration (§3.3)."""
+    """The selector of the paper's low-cost configuration (§3.3). Its ``from_counts(steps, k,
+    eligible, files, identifiers)`` makes the same picks from the number of files and identifiers
+    each eligible step shares with step ``k`` (``Counter`` by step index, as the inverted index of
+    :func:`build_steps` gives them), without intersecting the steps' sets again."""
 
-    def select(steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
-        scored = [(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None]
+    def pick(scored: list[tuple[float, int]]) -> tuple[int, ...]:
         scored.sort(key=lambda t: (t[0], t[1]), reverse=True)  # ties: the more recent first
         return tuple(i for _, i in scored[:cfg.max_parents])
 
+    def select(steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
+        return pick([(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None])
+
+    def from_counts(steps: list[Step], k: int, eligible: list[int], files: Counter, identifiers: Counter) -> tuple[int, ...]:
+        at = steps[k].index - 1
+        return pick([(_shared_score(files[i], identifiers[i], at - steps[i].index, cfg), i) for i in eligible
+                     if files[i] + identifiers[i]])
+
     select.shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
+    select.from_counts = from_counts
     # a pure function of the steps: its picks are kept with a stored session, under a name of its weights
     select.stored_as = "lowcost-" + hashlib.blake2b(repr(cfg).encode(), digest_size=6).hexdigest()
     return select
@@ -795,15 +812,18 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
             if shared_only:
                 if by_file is None:
                     by_file, by_ident = index["files"], index["identifiers"]
-                shared: set[int] = set()
-                for x in step.files:
-                    shared.update(by_file.get(x, ()))
-                for x in step.identifiers:
-                    shared.update(by_ident.get(x, ()))
-                eligible = sorted(i for i in shared if i < k and steps[i].validation_status in ("passed", "unknown"))
+                # per earlier step, how many of this step's files and identifiers it has (each step is
+                # once in the postings of each of its own): the sizes of the sets' intersections
+                files_n = Counter(itertools.chain.from_iterable(by_file.get(x, ()) for x in step.files))
+                idents_n = Counter(itertools.chain.from_iterable(by_ident.get(x, ()) for x in step.identifiers))
+                eligible = sorted(i for i in files_n.keys() | idents_n.keys()
+                                  if i < k and steps[i].validation_status in ("passed", "unknown"))
+                counted = getattr(selector, "from_counts", None)
+                pcache[key] = (tuple(counted(steps, k, eligible, files_n, idents_n)) if counted is not None else
+                               tuple(selector(steps, k, eligible))) if eligible else ()
             else:
                 eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
-            pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
+                pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
             if stored_as is not None:
                 graph.derived.put(kind, pos, [len(msgs), list(pcache[key])])
         step.parents = pcache[key]
