@@ -142,13 +142,23 @@ def test_a_killed_worker_is_replaced(tmp_path):
     port, px, log = _serve_two_workers(tmp_path, "k")
     try:
         def children() -> list[int]:
-            return [c.pid for c in psutil.Process(px.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+            """The live worker processes (a killed one is a zombie until the supervisor reaps it,
+            and its command line cannot be read then)."""
+            out = []
+            for c in psutil.Process(px.pid).children():
+                try:
+                    if c.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(c.cmdline()):
+                        out.append(c.pid)
+                except psutil.Error:  # exited or became a zombie meanwhile
+                    pass
+            return out
 
         def wait_for(pred, seconds: float = 60) -> None:
+            """Until ``pred()`` holds (evaluated once per poll: the workers may change between two calls)."""
             deadline = time.time() + seconds
-            while not pred() and time.time() < deadline:
+            while not pred():
+                assert time.time() < deadline, f"workers now {children()}, killed {first[:1]}; log: {log.read_text()}"
                 time.sleep(0.2)
-            assert pred(), log.read_text()
 
         def answers() -> bool:
             try:
@@ -156,6 +166,7 @@ def test_a_killed_worker_is_replaced(tmp_path):
             except httpx.HTTPError:
                 return False
 
+        first: list[int] = []
         wait_for(lambda: len(children()) == 2)
         wait_for(answers)
         first = children()
