@@ -645,7 +645,7 @@ class _TokenMemo:
         with self._lock:
             sk = self._skeleton
             sk.update(graph, self)
-            over = sk.over(budget) if budget is not None else []
+            over = sk.over(budget, self.tokens_array()) if budget is not None else []
             sk.lend()
             return {"users": sk.users, "current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
                     "outside": sk.outside, "order": list(sk.order), "units": sk.units.view(),
@@ -766,9 +766,6 @@ class _RowsAfter(dict):
         return default if v is None else v
 
 
-_tool_calls_of = operator.attrgetter("tool_calls")
-
-
 class _Skeleton:
     """The part of a :class:`Layout` that depends on the graph alone (render order, units with
     their costs, placeholders, synthetic answers, glue without inserts), kept per graph and
@@ -799,24 +796,25 @@ class _Skeleton:
         n = len(msgs)
         self._lent = False  # every container is a new one
         i64 = np.int64
-        # roles from the graph's own arrays (no pass over every message): an assistant message is
-        # where the turn count steps up, a tool result is a latest or a superseded result (the memo's
-        # positions of the results); only the rest (user and system messages) are read
-        turn = np.fromiter(graph.turn_of, dtype=i64, count=n)
-        is_asst = np.empty(n, dtype=bool)
-        if n:
-            is_asst[0] = turn[0] > 0
-            np.greater(turn[1:], turn[:-1], out=is_asst[1:])
+        # roles from the graph's own maps (no pass over every message): a message with calls is an
+        # assistant message (``call_owner``: its position per call), a tool result is a latest or a
+        # superseded result (the memo's positions of the results); only the rest (user and system
+        # messages, assistant messages without calls) are read
         tools_at = memo.tools.view()
         is_tool = np.zeros(n, dtype=bool)
         is_tool[tools_at] = True
-        rest = (~(is_asst | is_tool)).nonzero()[0].tolist()
+        owners = graph.call_owner
+        calls_at = np.bincount(np.fromiter(owners.values(), dtype=i64, count=len(owners)), minlength=n)  # calls per position
+        has_calls = calls_at > 0
+        rest = (~(has_calls | is_tool)).nonzero()[0].tolist()
         rest_roles = [msgs[p].role for p in rest]
         users = self.users = [p for p, r in zip(rest, rest_roles) if r == "user"]  # (extending adds none)
         self.current_user = users[-1] if users else None
         self.first_user = users[0] if users else None
-        asst = is_asst.nonzero()[0]
-        self.last_assistant = int(asst[-1]) if len(asst) else None
+        with_calls = has_calls.nonzero()[0]
+        last = max(int(with_calls[-1]) if len(with_calls) else -1,
+                   next((p for p, r in zip(reversed(rest), reversed(rest_roles)) if r == "assistant"), -1))
+        self.last_assistant = last if last >= 0 else None
         self.outside = {p for p, r in zip(rest, rest_roles) if r == "system"}
         if self.current_user is not None:
             self.outside.add(self.current_user)
@@ -831,11 +829,14 @@ class _Skeleton:
         uidx = np.full(n, -1, dtype=i64)  # position -> its unit (a unit's message), −1 otherwise
         uidx[lo] = np.arange(n_units, dtype=i64)
         result_of = graph.result_of
-        k = len(result_of)
-        rpos = np.fromiter(result_of.values(), dtype=i64, count=k)
-        # (by position, not by call id: on a reopened graph the ids of calls and results are distinct strings, compared in full)
-        rown = np.fromiter(map(graph.owner_of.__getitem__, result_of.values()), dtype=i64, count=k)
-        by_owner = np.lexsort((rpos, rown))  # results grouped by their unit, ascending within it
+        # every result's call owner, by position (``owner_of`` is filled in position order, as the
+        # memo's positions are), and the latest results: those not superseded, ascending
+        rpos = tools_at
+        rown = np.fromiter(graph.owner_of.values(), dtype=i64, count=len(tools_at))
+        if graph.superseded:
+            latest = ~np.isin(tools_at, np.fromiter(graph.superseded, dtype=i64, count=len(graph.superseded)))
+            rpos, rown = rpos[latest], rown[latest]
+        by_owner = np.argsort(rown, kind="stable")  # results grouped by their unit, ascending within it
         rpos, rown = rpos[by_owner], rown[by_owner]
         runit = uidx[rown]
         # the order: every non-tool message, each followed by its results
@@ -848,13 +849,12 @@ class _Skeleton:
         rph = memo.tools_ph.view()[np.searchsorted(tools_at, rpos)]  # (every result is among the memo's)
         rtok = tokens[rpos]
         answered = np.bincount(runit, minlength=n_units)
-        ncalls = list(map(len, map(_tool_calls_of, map(msgs.__getitem__, unit_pos))))  # (a user message has none)
+        ncalls_a = calls_at[lo]  # (a user message has none)
         # synthetic answers for the calls without a result (only the very last message can be in flight)
         self.synthetic: dict[int, list[Message]] = {}
         synthetic_of = self.synthetic
         syn_tokens = np.zeros(n_units, dtype=i64)
         count_message = memo.counter.count_message
-        ncalls_a = np.asarray(ncalls, dtype=i64)
         for i in np.flatnonzero(ncalls_a > answered).tolist():
             p = unit_pos[i]
             if p == n - 1:
@@ -890,21 +890,18 @@ class _Skeleton:
         self.unit_of = dict(zip(cands_l, cand_units.tolist()))
         self.form = dict(zip(cands_l, map(msgs.__getitem__, cands_l)))  # candidate -> its complete message
         self.delta = dict(zip(cands_l, cand_delta.tolist()))          # candidate -> full cost − placeholder cost
-        big = np.lexsort((rpos, rtok))
-        self._big: list[tuple[int, int]] | None = None  # (full cost, position), ascending: built when extending
-        self._big_arrays = (rtok[big], rpos[big])
         self.glue = glue.tolist()
         self.breaks = (~glue).nonzero()[0].tolist()  # the units whose glue is False, ascending
         self.full_tokens, self.total_cost = int(full.sum()), int(cost.sum())
         # Layout._unit_facts per unit: lowest and highest position, prefix-max holder, calls, prefix sums
-        self.lo, self.hi, self.top, self.ncalls, self.pre = unit_pos, hi.tolist(), top.tolist(), ncalls, pre.tolist()
+        self.lo, self.hi, self.top, self.ncalls, self.pre = unit_pos, hi.tolist(), top.tolist(), ncalls_a.tolist(), pre.tolist()
         self.cand_stale = False  # a candidate was inserted before the last one: rebuild the candidate arrays
         # the same as arrays (see :meth:`arrays`): per order entry its position and unit (−1 outside B),
         # per unit its cost, lowest and highest position and the prefix sums of calls, per candidate
-        # (ascending) its delta and unit
+        # (ascending) its position, delta and unit
         self.g_order, self.g_entry_unit, self.g_cost = _Grow(order), _Grow(entry_unit), _Grow(cost)
         self.g_lo, self.g_hi, self.g_pre = _Grow(lo), _Grow(hi), _Grow(pre)
-        self.g_cand_delta, self.g_cand_unit = _Grow(cand_delta), _Grow(cand_units)
+        self.g_cand_pos, self.g_cand_delta, self.g_cand_unit = _Grow(cands), _Grow(cand_delta), _Grow(cand_units)
 
     def _add(self, p: int, graph: ContextGraph, memo: "_TokenMemo", glue: bool) -> bool:
         """Append message ``p`` (not a tool result, not outside B) to the order, as a unit when it is
@@ -946,10 +943,10 @@ class _Skeleton:
             if self.candidates and r < self.candidates[-1]:
                 self.cand_stale = True
             elif not self.cand_stale:
+                self.g_cand_pos.append(r)
                 self.g_cand_delta.append(self.delta[r])
                 self.g_cand_unit.append(i)
             bisect.insort(self.candidates, r)
-            bisect.insort(self.big, (memo.tokens[r], r))
         self.units.append(unit)
         self.starts.append(start)
         self.fulls.append(full)
@@ -970,30 +967,25 @@ class _Skeleton:
         self.g_pre.append(self.pre[-1])
         return True
 
-    @property
-    def big(self) -> list[tuple[int, int]]:
-        """``(full cost, position)`` of every candidate, ascending (a list, built from the arrays of
-        :meth:`_build` when first needed: extending the skeleton inserts into it)."""
-        if self._big is None:
-            tok, pos = self._big_arrays
-            self._big = list(zip(tok.tolist(), pos.tolist()))
-        return self._big
+    def over(self, budget: int, tokens: np.ndarray) -> list[int]:
+        """The candidates whose full cost (``tokens``: every message's, by position) exceeds
+        ``budget``, ascending."""
+        self._fresh_candidates()
+        pos = self.g_cand_pos.view()
+        return pos[tokens[pos] > budget].tolist()
 
-    def over(self, budget: int) -> list[int]:
-        """The candidates whose full cost exceeds ``budget``, ascending."""
-        if self._big is None:
-            tok, pos = self._big_arrays
-            return sorted(pos[int(tok.searchsorted(budget, side="right")):].tolist())
-        big = self._big
-        return sorted(p for _, p in big[bisect.bisect_right(big, (budget, self.n)):])
+    def _fresh_candidates(self) -> None:
+        """Rebuild the candidate arrays when a candidate was inserted before the last one."""
+        if self.cand_stale:
+            self.g_cand_pos = _Grow(self.candidates)
+            self.g_cand_delta = _Grow(self.delta[p] for p in self.candidates)
+            self.g_cand_unit = _Grow(self.unit_of[p] for p in self.candidates)
+            self.cand_stale = False
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Views of the array forms (int64): ``order``, ``entry_unit``, ``cost``, ``lo``, ``hi``,
         ``pre``, ``cand_delta``, ``cand_unit``."""
-        if self.cand_stale:
-            self.g_cand_delta = _Grow(self.delta[p] for p in self.candidates)
-            self.g_cand_unit = _Grow(self.unit_of[p] for p in self.candidates)
-            self.cand_stale = False
+        self._fresh_candidates()
         return {"order": self.g_order.view(), "entry_unit": self.g_entry_unit.view(), "cost": self.g_cost.view(),
                 "lo": self.g_lo.view(), "hi": self.g_hi.view(), "pre": self.g_pre.view(),
                 "cand_delta": self.g_cand_delta.view(), "cand_unit": self.g_cand_unit.view()}
@@ -1064,6 +1056,7 @@ class _Skeleton:
         gone = last.positions[1:]
         if not self.cand_stale:
             if self.candidates[len(self.candidates) - len(gone):] == sorted(gone):
+                self.g_cand_pos.truncate(len(self.candidates) - len(gone))
                 self.g_cand_delta.truncate(len(self.candidates) - len(gone))
                 self.g_cand_unit.truncate(len(self.candidates) - len(gone))
             else:
@@ -1072,7 +1065,6 @@ class _Skeleton:
             del self.unit_of[r]
             del self.form[r], self.delta[r]
             self.candidates.remove(r)
-            self.big.remove((memo.tokens[r], r))
         for q in range(t, len(msgs)):
             if msgs[q].role == "assistant":
                 self._add(q, graph, memo, glue)
