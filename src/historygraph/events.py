@@ -13,7 +13,7 @@ that shows something other than the stored text (a placeholder, an excerpt) buil
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -113,8 +113,11 @@ class Message:
         return isinstance(first, dict) and first.get("type") in ("thinking", "redacted_thinking")
 
     def with_content(self, content: str, rendered_as: str) -> "Message":
-        """A copy showing ``content`` instead of the stored text, marked ``rendered_as``."""
-        return replace(self, content=content, rendered_as=rendered_as)
+        """A copy showing ``content`` instead of the stored text, marked ``rendered_as`` (the
+        constructor called directly: ``dataclasses.replace`` costs several times more, and a
+        reopened session's first render builds its placeholders this way)."""
+        return Message(self.role, content, self.tool_calls, self.tool_call_id, self.name, self.timestamp,
+                       rendered_as, self.provider_blocks)
 
     def to_openai(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}

@@ -43,7 +43,7 @@ import threading
 import weakref
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from string import Formatter
 from collections.abc import Mapping, Sequence, Set as AbstractSet
 from typing import Any, Callable, Iterable, Iterator
@@ -601,10 +601,9 @@ def token_snapshot(rows: DerivedKind) -> DerivedKind:
 
 def _tool_positions(graph: ContextGraph) -> np.ndarray:
     """Positions of every tool result of ``graph``, ascending (int64): the latest result of each
-    call and every superseded one, from the graph's maps (no pass over the messages)."""
-    n = len(graph.result_of) + len(graph.superseded)
-    a = np.fromiter(itertools.chain(graph.result_of.values(), graph.superseded), dtype=np.int64, count=n)
-    a.sort()
+    call and every superseded one, the keys of ``owner_of`` (no pass over the messages)."""
+    a = np.fromiter(graph.owner_of, dtype=np.int64, count=len(graph.owner_of))
+    a.sort()  # (filled in position order: already sorted)
     return a
 
 
@@ -620,12 +619,13 @@ class _TokenMemo:
     def __init__(self, counter: TokenCounter, placeholder: Callable[[Message, TokenCounter], Message]) -> None:
         self.counter, self.build = counter, placeholder
         self.tokens: list[int] = []                              # count_message(messages[p])
-        # per result its count, placeholder and the placeholder's count, only ever added to, so layouts share them uncopied
-        self.result_tokens: dict[int, int] = {}
+        # per result its placeholder, only ever added to, so layouts share it uncopied
         self.ph_message = _Placeholders(counter, placeholder)
-        self.ph_tokens: dict[int, int] = {}
         self.tools = _Grow()                                     # positions of the tool results, ascending
-        self.tools_ph = _Grow()                                  # ph_tokens of each of them, in that order
+        self.tools_ph = _Grow()                                  # the placeholder's count of each of them, in that order
+        # result_tokens and ph_tokens as dicts, built when first read
+        self._result_tokens: dict[int, int] | None = None
+        self._ph_tokens: dict[int, int] | None = None
         self.marker_plan = _marker_plan(counter)
         self.kind = token_rows(type(counter) is TokenCounter, counter.encoding_name, placeholder)
         self._skeleton = _Skeleton()
@@ -650,12 +650,34 @@ class _TokenMemo:
             return {"users": sk.users, "current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
                     "outside": sk.outside, "order": list(sk.order), "units": sk.units.view(),
                     "unit_first": sk.unit_first, "unit_of": sk.unit_of, "synthetic": sk.synthetic,
-                    "full_cost": self.result_tokens, "placeholder": self.ph_message,
-                    "placeholder_tokens": self.ph_tokens, "candidates": list(sk.candidates),
+                    "placeholder": self.ph_message, "candidates": list(sk.candidates),
                     "over": over, "glue": list(sk.glue), "breaks": sk.breaks, "facts": (sk.lo, sk.hi, sk.top, sk.ncalls, sk.pre),
                     "full_tokens": sk.full_tokens, "total_cost": sk.total_cost,
                     "starts": list(sk.starts), "form": sk.form, "delta": sk.delta,
                     "arrays": sk.arrays()}
+
+    @property
+    def result_tokens(self) -> dict[int, int]:
+        """Every tool result's count by position (its entry of :attr:`tokens`), a dict built when
+        first read, then kept and only ever added to (layouts share it uncopied)."""
+        with self._lock:
+            if self._result_tokens is None:
+                t = self.tools.view()
+                self._result_tokens = dict(zip(t.tolist(), self.tokens_array()[t].tolist()))
+            return self._result_tokens
+
+    @property
+    def ph_tokens(self) -> dict[int, int]:
+        """Every tool result's placeholder count by position (:attr:`tools_ph`), a dict built when
+        first read, then kept as :attr:`result_tokens`."""
+        with self._lock:
+            if self._ph_tokens is None:
+                self._ph_tokens = dict(zip(self.tools.view().tolist(), self.tools_ph.view().tolist()))
+            return self._ph_tokens
+
+    def ph_count(self, p: int) -> int:
+        """The placeholder count of tool result ``p`` (from the arrays: callable under the lock)."""
+        return int(self.tools_ph.view()[int(self.tools.view().searchsorted(p))])
 
     def tokens_array(self) -> np.ndarray:
         """:attr:`tokens` as an int64 array (kept, extended when the memo has grown)."""
@@ -668,7 +690,7 @@ class _TokenMemo:
     def _restore(self, graph: ContextGraph, data: Any) -> bool:
         """Start from the stored snapshot ``data`` (:func:`token_snapshot`) when it is one of this
         graph: taken at no more messages than it holds, with exactly the graph's tool results
-        among them, one count per message and two per result."""
+        among them, one count per message and two per result (the first the message's count)."""
         try:
             upto = data["upto"]
             tools, tokens, rtok, ptok = (unpack_array(data[k]) for k in ("tools", "tokens", "result", "placeholder"))
@@ -680,15 +702,13 @@ class _TokenMemo:
             return False
         have = _tool_positions(graph)
         have = have[:int(np.searchsorted(have, upto))]
-        if not np.array_equal(have, tools):
+        if not np.array_equal(have, tools) or not np.array_equal(tokens[tools], rtok):
             return False
-        t = tools.tolist()
         self.tokens = tokens.tolist()
         self._tokens_array = tokens.astype(np.int64)
-        self.result_tokens = dict(zip(t, rtok.tolist()))
-        self.ph_tokens = dict(zip(t, ptok.tolist()))
         self.tools = _Grow(tools.astype(np.int64))
         self.tools_ph = _Grow(ptok.astype(np.int64))
+        self._result_tokens = self._ph_tokens = None  # (built again when read)
         self.kept = upto
         return True
 
@@ -697,12 +717,9 @@ class _TokenMemo:
         n = len(self.tokens)
         if self.kind is None or not graph.derived.persist or not snapshot_due(n, self.kept):
             return
-        tools = self.tools.view()
-        t = tools.tolist()
-        rt, pt = self.result_tokens, self.ph_tokens
-        data = {"upto": n, "tools": pack_array(tools), "tokens": pack_array(np.asarray(self.tokens, dtype=np.int64)),
-                "result": pack_array(np.fromiter(map(rt.__getitem__, t), dtype=np.int64, count=len(t))),
-                "placeholder": pack_array(np.fromiter(map(pt.__getitem__, t), dtype=np.int64, count=len(t)))}
+        tools, tokens = self.tools.view(), self.tokens_array()
+        data = {"upto": n, "tools": pack_array(tools), "tokens": pack_array(tokens),
+                "result": pack_array(tokens[tools]), "placeholder": pack_array(self.tools_ph.view())}
         graph.derived.put_json(token_snapshot(self.kind), 0, msgspec.json.encode(data).decode())
         self.kept = n
 
@@ -721,8 +738,9 @@ class _TokenMemo:
                 # after a snapshot, the rows of the messages added since, one by one (not the whole table decoded)
                 stored = _RowsAfter(derived, kind) if self.one_by_one else derived.table(kind)
             count, build = self.counter.count_message, self.build
-            tokens, result_tokens, ph_tokens = self.tokens, self.result_tokens, self.ph_tokens
+            tokens, result_tokens, ph_tokens = self.tokens, self._result_tokens, self._ph_tokens
             tools: list[int] = []
+            tools_ph: list[int] = []
             pop = stored.pop
             try:
                 for p in range(len(tokens), len(messages)):
@@ -737,8 +755,12 @@ class _TokenMemo:
                             k = count(ph)
                             if kind is not None:
                                 derived.put(kind, p, [n, k])
-                        result_tokens[p], ph_tokens[p] = n, k
+                        if result_tokens is not None:
+                            result_tokens[p] = n
+                        if ph_tokens is not None:
+                            ph_tokens[p] = k
                         tools.append(p)
+                        tools_ph.append(k)
                     elif type(v) is int:
                         n = v
                     else:
@@ -748,7 +770,7 @@ class _TokenMemo:
                     tokens.append(n)
             finally:  # (what was counted, even when counting a later message failed)
                 self.tools.extend(tools)
-                self.tools_ph.extend([ph_tokens[t] for t in tools])
+                self.tools_ph.extend(tools_ph)
             self._keep(graph)
 
 
@@ -935,7 +957,7 @@ class _Skeleton:
         full = memo.tokens[p] + sum(memo.counter.count_message(x) for x in synthetic)
         unit.cost = full
         for r in unit.positions[1:]:
-            ph_tokens = memo.ph_tokens[r]
+            ph_tokens = memo.ph_count(r)
             unit.cost += ph_tokens
             full += memo.tokens[r]
             self.form[r] = msgs[r]
@@ -1721,7 +1743,8 @@ class Layout:
         self._pending: list[Callable[[dict[int, str]], None]] = []
         memo = _token_memo(graph, counter, placeholder or placeholder_for)
         sk = memo.skeleton(graph, budget)
-        self._tools = memo.tools.view()
+        self._memo = memo
+        self._tools, self._tools_ph = memo.tools.view(), memo.tools_ph.view()
         self.current_user = sk["current_user"]
         self.last_assistant: int | None = sk["last_assistant"]  # position of the latest assistant message
         guard = memo.guard
@@ -1733,7 +1756,6 @@ class Layout:
         self._tokens = memo.tokens
         self._plan = memo.marker_plan
         self.placeholder: dict[int, Message] = sk["placeholder"]
-        self.placeholder_tokens: dict[int, int] = sk["placeholder_tokens"]
         self._marks: dict[tuple[int, int], int] = {}
         self._facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None = sk["facts"]
         arr = self._arr = sk["arrays"]
@@ -1746,7 +1768,6 @@ class Layout:
         self._bulk: dict[tuple[int, int], np.ndarray] = {}
         self._cand: tuple[np.ndarray, np.ndarray] | None = None
         self._revivals: np.ndarray | None = None
-        self.full_cost: dict[int, int] = sk["full_cost"]
         self.synthetic: dict[int, list[Message]] = sk["synthetic"]  # assistant position -> synthetic results
         self.units: _UnitsView = sk["units"]
         self.unit_of: dict[int, int] = sk["unit_of"]
@@ -1812,12 +1833,12 @@ class Layout:
                 self._drop_oldest(max(target, protected))
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
-        ph = self.placeholder_tokens
         over = sk["over"]
         if left_mask is not None:  # the skeleton's candidates whose unit is not left out (its unit array is in their order)
             self.candidates = list(itertools.compress(sk["candidates"], (~left_mask[arr["cand_unit"]]).tolist()))
             self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
-            self.delta: dict[int, int] = {p: self.full_cost[p] - ph[p] for p in self.candidates}
+            ph = self.placeholder_tokens
+            self.delta: dict[int, int] = {p: self._tokens[p] - ph[p] for p in self.candidates}
         else:  # the skeleton's, for every candidate (shared: copies of our own before changing them)
             self.candidates, self.form, self.delta = sk["candidates"], sk["form"], sk["delta"]
             self._cand = (arr["cand_delta"], arr["cand_unit"])
@@ -1831,11 +1852,22 @@ class Layout:
                 bisect.insort(self.excerpts, p)
                 self.form[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
-                self.delta[p] = counter.count_message(excerpt) - ph[p]
+                self.delta[p] = counter.count_message(excerpt) - self.placeholder_tokens[p]
                 if self._cand is not None:
                     if self._cand[0] is arr["cand_delta"]:  # shared with the skeleton: a copy of our own
                         self._cand = (self._cand[0].copy(), self._cand[1])
                     self._cand[0][bisect.bisect_left(self.candidates, p)] = self.delta[p]
+
+    @cached_property
+    def full_cost(self) -> dict[int, int]:
+        """Every tool result's tokens in full, by position (the memo's, shared: built when a
+        layout of the graph first reads it)."""
+        return self._memo.result_tokens
+
+    @cached_property
+    def placeholder_tokens(self) -> dict[int, int]:
+        """Every tool result's placeholder tokens, by position (shared as :attr:`full_cost`)."""
+        return self._memo.ph_tokens
 
     @property
     def reasons(self) -> dict[int, str]:
@@ -2165,6 +2197,7 @@ class Layout:
         briefs = {self.units[u].positions[0]: b for u in selection.revived if u in self.dropped_units
                   if (b := self.brief(u)[1]) is not None}
         marks: list[tuple[int, str]] = []  # (result, reason) of placeholders and excerpts, in render order
+        placeholders: list[int] = []  # the results rendered as their placeholder
         out: list[Message] = []
         positions: list[int | None] = []
         full: list[int] = []
@@ -2244,7 +2277,11 @@ class Layout:
                         n = tokens[p]
                     else:
                         marks.append((p, "omitted: placeholder" if r.rendered_as == "placeholder" else "excerpt"))
-                        n = self.placeholder_tokens[p] if r is ph else count(r)
+                        if r is ph:  # (counted after the walk, from the memo's arrays)
+                            placeholders.append(p)
+                            n = 0
+                        else:
+                            n = count(r)
                 else:
                     r = briefs.get(p, m)
                     n = tokens[p] if r is m else count(r)
@@ -2264,6 +2301,8 @@ class Layout:
         flush()
         if open_run is not None:
             close_run(open_run)
+        if placeholders:
+            history += int(self._tools_ph[self._tools.searchsorted(placeholders)].sum())
         if joined:
             dropped = np.union1d(dropped, np.asarray(joined, dtype=np.int64))
         total = history + outside
