@@ -413,6 +413,10 @@ def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
     wide = runner.invoke(app, base + ["--out", str(tmp_path / "b"), "--wide"])
     assert wide.exit_code == 0, wide.output
     assert "prefix reuse %" in wide.output and "render ms p95" in wide.output and "more columns" not in wide.output
+    # the example's reuses are at most 25 calls old: the compact table has no age column, so no note on
+    # it; --wide prints the other bins and the note saying what they count
+    assert "age 4-10" in wide.output and "age N: recall % of the reuses" in wide.output
+    assert "age " not in header and "age N:" not in res.output
     csv_head = (tmp_path / "a" / "replay.csv").read_text().splitlines()[0]
     assert "prefix_reuse_pct" in csv_head and "render_ms_p95" in csv_head
 

@@ -439,8 +439,6 @@ COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "eve
 
 
 def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False) -> None:
-    t = Table(title=title, header_style="bold", caption=None if wide else
-              "more columns (value recall, age bins, prefix reuse, costs, p95, model use): --wide, replay.csv, historygraph report")
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
@@ -461,6 +459,11 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     always = ("source", "trace_id", "policy", "recall")
     cols = [c for c in cols if (wide or c in COMPACT_COLUMNS) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
                                                   for r in rows))]
+    notes = ["age N: recall % of the reuses whose source result was N model calls old (ContextRender Table 2's bins)"] \
+        if any(c.startswith("recall_age_") for c in cols) else []
+    if not wide:
+        notes.append("more columns (value recall, every age bin, prefix reuse, costs, p95, model use): --wide, replay.csv, historygraph report")
+    t = Table(title=title, header_style="bold", caption="\n".join(notes) or None)
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
