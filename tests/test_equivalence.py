@@ -602,7 +602,8 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
     """The per-graph layout skeleton, extended after every append (results after their call, user
     notes between a call and its result, late and superseding results, unanswered calls), equals
     the skeleton a fresh graph of the same messages builds, at every length, on real traces of
-    four formats and on hand-made graphs."""
+    four formats and on hand-made graphs; so do its candidate dicts, whether they were built at
+    every length (then kept up to date by the appends) or only at the end (from the arrays)."""
     from historygraph.render import placeholder_for, render_order, _token_memo
 
     late = [Message("user", "task"), Message("assistant", "", (ToolCall("l1", "bash", "{}"),)),
@@ -618,18 +619,23 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
             traces += [t.messages[:120] for t in list(read_traces(traces_dir / rel))[:1]]
     c = TokenCounter()
     compared = 0
-    for msgs in traces:
+    for t, msgs in enumerate(traces):
         g = ContextGraph("grow")
         for m in msgs:
             g.append(m)
-            grown = _token_memo(g, c, placeholder_for).skeleton(g)
+            memo = _token_memo(g, c, placeholder_for)
+            grown = memo.skeleton(g)
             fresh_graph = ContextGraph("fresh", g.messages)
-            fresh = _token_memo(fresh_graph, c, placeholder_for).skeleton(fresh_graph)
+            fresh_memo = _token_memo(fresh_graph, c, placeholder_for)
+            fresh = fresh_memo.skeleton(fresh_graph)
             assert grown["order"] == render_order(g)  # (recap renders in this order: render.kept_render_order)
             assert grown["breaks"] == [i for i, glued in enumerate(grown["glue"]) if not glued], len(g)
             arrays = grown.pop("arrays"), fresh.pop("arrays")  # the array forms, extended in step
             assert {k: v.tolist() for k, v in arrays[0].items()} == {k: v.tolist() for k, v in arrays[1].items()}, len(g)
+            del grown["build"], fresh["build"]  # (how often each skeleton was built from scratch)
             assert grown == fresh, (len(g), [k for k in grown if grown[k] != fresh[k]])
+            if t % 2 or len(g) == len(msgs):
+                assert memo.candidate_maps(memo._skeleton.builds) == fresh_memo.candidate_maps(1), len(g)
             compared += 1
     assert compared > 400
 
@@ -658,7 +664,7 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
     from historygraph.render import _token_memo, placeholder_for
 
     c = TokenCounter()
-    lent = ("unit_first", "unit_of", "synthetic", "form", "delta")
+    lent = ("synthetic", "unit_of", "form", "delta")
     checked = rebuilt = 0
     for tr in real_traces[:2] + real_traces[3:4]:
         g = ContextGraph("snap")
@@ -666,11 +672,15 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
         for j, m in enumerate(tr.messages[:160]):
             g.append(m)
             snap = _token_memo(g, c, placeholder_for).skeleton(g)
-            frozen = copy.deepcopy({k: snap[k] for k in (*lent, "facts", "breaks")})
             try:
                 lay = Layout(g, c, 1500)
             except ValueError:
                 lay = Layout(g, c, None)
+            if j % 3:  # the layout's candidate dicts, shared with the skeleton (every third left unbuilt)
+                snap.update(unit_of=lay.unit_of, form=lay.form, delta=lay.delta)
+            else:
+                snap.update(unit_of={}, form={}, delta={})
+            frozen = copy.deepcopy({k: snap[k] for k in (*lent, "facts", "breaks")})
             sel = newest_first(lay, "kept", "omitted")
             kept.append((snap, frozen, (lay, sel), rendering_tuple(lay.assemble("prune", sel))))
             rebuilt += m.role == "user"
@@ -1277,7 +1287,7 @@ def test_whole_history_assembled_by_slices_equals_taking_every_result(real_trace
     for g in graphs:
         for budget in (None, 10**6):
             lay = Layout(g, c, budget)
-            fast_paths += not lay.dropped_units and not lay.inserts and lay.form is lay._sk_form
+            fast_paths += not lay.dropped_units and not lay.inserts and not lay.excerpts
             got = lay.assemble_full("full")
             sel = Selection(lay)
             for p in lay.candidates:
@@ -1449,3 +1459,43 @@ def test_query_ids_kept_per_query_follow_a_growing_vocabulary():
     assert again.tolist() == [flat.vocab.get(w, -1) for w in sorted(query)] and again[3] == flat.vocab["gamma"]
     assert first.tolist() == [-1, 0, 1, -1]
     assert _query_ids(flat, frozenset({"epsilon"})).tolist() == [flat.vocab["epsilon"]]
+
+
+@pytest.mark.parametrize("omit", [(), (1,)])
+@pytest.mark.parametrize("first_read", ["unit_of", "form", "delta", "index"])
+def test_candidate_dicts_built_when_first_read_hold_the_hand_counted_values(omit, first_read):
+    """A layout's ``unit_of``, ``form`` and ``delta`` (built when first read, in any order, or not
+    at all when a caller passes candidate indices) hold, for a graph with one result larger than
+    B and with or without a step left out by the policy: each result's unit counted by hand, the
+    excerpt for the oversized result and the complete message for the others, and each form's
+    tokens less its placeholder's; and the index path prices and shows what the dicts say."""
+    from historygraph.render import Selection
+
+    big = " ".join(f"w{i}" for i in range(3000))
+    g = ContextGraph("lazy", [
+        Message("user", "task"), Message("assistant", "a", (ToolCall("c1", "bash", "{}"),)),
+        Message("tool", "r1 short", tool_call_id="c1"), Message("assistant", "b", (ToolCall("c2", "bash", "{}"),)),
+        Message("tool", big, tool_call_id="c2"), Message("assistant", "c", (ToolCall("c3", "bash", "{}"),)),
+        Message("tool", "r3 short", tool_call_id="c3"), Message("assistant", "done")])
+    c = TokenCounter()
+    lay = Layout(g, c, 1000, omit=omit)
+    want_candidates = [4, 6] if omit else [2, 4, 6]
+    assert lay.candidates == want_candidates and lay.excerpts == [4]
+    units = {2: 0, 4: 1, 6: 2}  # one unit per assistant message (the current user message is outside B)
+    if first_read == "index":
+        sel = Selection(lay)
+        for i, p in enumerate(lay.candidates):
+            assert lay.candidate_unit(i) == units[p]
+            sel.take(p, cost=sel.exact_cost(p, index=i), index=i)
+        assert "unit_of" not in vars(lay) and "form" not in vars(lay) or omit  # (eager when a step is left out)
+    else:
+        getattr(lay, first_read)
+    assert {p: lay.unit_of[p] for p in lay.candidates} == {p: units[p] for p in want_candidates}
+    assert lay.form[4] is not g.messages[4] and lay.form[4].content.count("w") < 3000
+    assert all(lay.form[p] is g.messages[p] for p in want_candidates if p != 4)
+    for p in want_candidates:
+        assert lay.delta[p] == c.count_message(lay.form[p]) - lay.placeholder_tokens[p], p
+    fresh = Layout(g, c, 1000, omit=omit)  # the dict path, priced the same
+    by_dict = Selection(fresh)
+    assert [by_dict.exact_cost(p) for p in want_candidates] == \
+        [Selection(lay).exact_cost(p, index=i) for i, p in enumerate(want_candidates)]

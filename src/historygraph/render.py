@@ -649,12 +649,24 @@ class _TokenMemo:
             sk.lend()
             return {"users": sk.users, "current_user": sk.current_user, "first_user": sk.first_user, "last_assistant": sk.last_assistant,
                     "outside": sk.outside, "order": list(sk.order), "units": sk.units.view(),
-                    "unit_first": sk.unit_first, "unit_of": sk.unit_of, "synthetic": sk.synthetic,
+                    "build": sk.builds, "synthetic": sk.synthetic,
                     "placeholder": self.ph_message, "candidates": list(sk.candidates),
                     "over": over, "glue": list(sk.glue), "breaks": sk.breaks, "facts": (sk.lo, sk.hi, sk.top, sk.ncalls, sk.pre),
                     "full_tokens": sk.full_tokens, "total_cost": sk.total_cost,
-                    "starts": list(sk.starts), "form": sk.form, "delta": sk.delta,
+                    "starts": list(sk.starts),
                     "arrays": sk.arrays()}
+
+    def candidate_maps(self, build: int) -> tuple[dict[int, int], dict[int, Message], dict[int, int]] | None:
+        """The skeleton's candidate dicts (:meth:`_Skeleton.maps`, built now if they were not),
+        lent as a snapshot's are, when the skeleton is still of build ``build`` (a later state of
+        it only added candidates, with the same values); None when it was rebuilt since."""
+        with self._lock:
+            sk = self._skeleton
+            if sk.builds != build:
+                return None
+            maps = sk.maps()
+            sk.lend()
+            return maps
 
     @property
     def result_tokens(self) -> dict[int, int]:
@@ -800,6 +812,12 @@ class _Skeleton:
         self.n = -1
         self.superseded = -1
         self._lent = False
+        self.builds = 0  # how many times built from scratch (a snapshot names the build it was taken of)
+        # candidate -> its unit, complete message and delta, as dicts: built from the candidate
+        # arrays when first read (:meth:`maps`), then kept up to date; until then the arrays are
+        # the only record (a reopened session's first render of a policy that reads no dict, such
+        # as prune, builds none)
+        self._maps: tuple[dict[int, int], dict[int, Message], dict[int, int]] | None = None
 
     def update(self, graph: ContextGraph, memo: "_TokenMemo") -> None:
         if self.n == len(graph.messages) and self.superseded == len(graph.superseded):
@@ -904,14 +922,12 @@ class _Skeleton:
         self.units = _Units(order_l, starts_l, sizes, cost.tolist())  # each _Unit built when first read
         self.starts = starts_l                 # index in order where each unit's message is
         self.fulls = full.tolist()             # each unit's tokens when complete
-        self.unit_first = dict(zip(unit_pos, range(n_units)))
         cand_order = np.argsort(rpos, kind="stable")
         cands, cand_units = rpos[cand_order], runit[cand_order]
         cand_delta = (rtok - rph)[cand_order]
-        self.candidates = cands_l = cands.tolist()
-        self.unit_of = dict(zip(cands_l, cand_units.tolist()))
-        self.form = dict(zip(cands_l, map(msgs.__getitem__, cands_l)))  # candidate -> its complete message
-        self.delta = dict(zip(cands_l, cand_delta.tolist()))          # candidate -> full cost − placeholder cost
+        self.candidates = cands.tolist()
+        self._msgs, self._maps = msgs, None
+        self.builds += 1
         self.glue = glue.tolist()
         self.breaks = (~glue).nonzero()[0].tolist()  # the units whose glue is False, ascending
         self.full_tokens, self.total_cost = int(full.sum()), int(cost.sum())
@@ -945,10 +961,7 @@ class _Skeleton:
         synthetic = []
         if m.role == "assistant":
             for call in m.tool_calls:
-                rp = graph.result_of.get(call.id)
-                if rp is not None:
-                    self.unit_of[rp] = i
-                elif p != len(msgs) - 1:  # only the very last message can be in flight
+                if call.id not in graph.result_of and p != len(msgs) - 1:  # only the very last message can be in flight
                     synthetic.append(Message(role="tool", content=UNANSWERED.format(id=call.id), tool_call_id=call.id,
                                              rendered_as="placeholder"))
             unit.positions += results
@@ -960,19 +973,21 @@ class _Skeleton:
             ph_tokens = memo.ph_count(r)
             unit.cost += ph_tokens
             full += memo.tokens[r]
-            self.form[r] = msgs[r]
-            self.delta[r] = memo.tokens[r] - ph_tokens
+            delta = memo.tokens[r] - ph_tokens
             if self.candidates and r < self.candidates[-1]:
+                self.maps()  # the arrays fall behind: from now on the dicts are the record
                 self.cand_stale = True
             elif not self.cand_stale:
                 self.g_cand_pos.append(r)
-                self.g_cand_delta.append(self.delta[r])
+                self.g_cand_delta.append(delta)
                 self.g_cand_unit.append(i)
+            if self._maps is not None:
+                unit_of, form, deltas = self._maps
+                unit_of[r], form[r], deltas[r] = i, msgs[r], delta
             bisect.insort(self.candidates, r)
         self.units.append(unit)
         self.starts.append(start)
         self.fulls.append(full)
-        self.unit_first[p] = i
         self.glue.append(glue)
         if not glue:
             self.breaks.append(i)
@@ -999,10 +1014,24 @@ class _Skeleton:
     def _fresh_candidates(self) -> None:
         """Rebuild the candidate arrays when a candidate was inserted before the last one."""
         if self.cand_stale:
+            assert self._maps is not None  # (built before the arrays fell behind)
+            unit_of, _, delta = self._maps
             self.g_cand_pos = _Grow(self.candidates)
-            self.g_cand_delta = _Grow(self.delta[p] for p in self.candidates)
-            self.g_cand_unit = _Grow(self.unit_of[p] for p in self.candidates)
+            self.g_cand_delta = _Grow(delta[p] for p in self.candidates)
+            self.g_cand_unit = _Grow(unit_of[p] for p in self.candidates)
             self.cand_stale = False
+
+    def maps(self) -> tuple[dict[int, int], dict[int, Message], dict[int, int]]:
+        """Candidate position -> its unit, its complete message and its delta (full cost −
+        placeholder cost, tokens), as dicts: built from the candidate arrays when first asked for,
+        then kept up to date by :meth:`_add` and :meth:`_extend` (shared with snapshots, as
+        :meth:`lend` says)."""
+        if self._maps is None:
+            assert not self.cand_stale  # (until the dicts exist, the arrays are kept up to date)
+            cands = self.candidates
+            self._maps = (dict(zip(cands, self.g_cand_unit.view().tolist())), dict(zip(cands, map(self._msgs.__getitem__, cands))),
+                          dict(zip(cands, self.g_cand_delta.view().tolist())))
+        return self._maps
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Views of the array forms (int64): ``order``, ``entry_unit``, ``cost``, ``lo``, ``hi``,
@@ -1020,8 +1049,9 @@ class _Skeleton:
     def _own(self) -> None:
         """Before changing what a snapshot may hold: fresh copies of the lent containers."""
         if self._lent:
-            self.unit_first, self.unit_of, self.synthetic = dict(self.unit_first), dict(self.unit_of), dict(self.synthetic)
-            self.form, self.delta = dict(self.form), dict(self.delta)
+            self.synthetic = dict(self.synthetic)
+            if self._maps is not None:
+                self._maps = (dict(self._maps[0]), dict(self._maps[1]), dict(self._maps[2]))
             self.lo, self.hi, self.top, self.ncalls, self.pre = \
                 list(self.lo), list(self.hi), list(self.top), list(self.ncalls), list(self.pre)
             self.breaks = list(self.breaks)
@@ -1068,7 +1098,6 @@ class _Skeleton:
         self.g_pre.truncate(len(self.units) + 1)
         self.full_tokens -= self.fulls.pop()
         self.total_cost -= last.cost
-        del self.unit_first[t]
         glue = self.glue.pop()
         if not glue:
             self.breaks.pop()
@@ -1082,10 +1111,12 @@ class _Skeleton:
                 self.g_cand_delta.truncate(len(self.candidates) - len(gone))
                 self.g_cand_unit.truncate(len(self.candidates) - len(gone))
             else:
+                self.maps()  # the arrays fall behind: from now on the dicts are the record
                 self.cand_stale = True
         for r in gone:
-            del self.unit_of[r]
-            del self.form[r], self.delta[r]
+            if self._maps is not None:
+                for d in self._maps:
+                    del d[r]
             self.candidates.remove(r)
         for q in range(t, len(msgs)):
             if msgs[q].role == "assistant":
@@ -1603,15 +1634,21 @@ class Selection:
                 return self._table[p]
         return self.exact_cost(p, form)
 
-    def exact_cost(self, p: int, form: Message | None = None) -> int:
-        """:meth:`cost` priced for ``p`` alone (no table of every candidate)."""
+    def exact_cost(self, p: int, form: Message | None = None, index: int | None = None) -> int:
+        """:meth:`cost` priced for ``p`` alone (no table of every candidate); ``index``: ``p``'s in
+        ``layout.candidates`` when the caller has it (then read from the candidate arrays: the
+        layout's candidate dicts are not built)."""
         lay = self.layout
-        u = lay.unit_of[p]
+        if index is None:
+            u = lay.unit_of[p]
+            shown = lay.form[p]
+        else:
+            u, shown = lay.candidate_unit(index), lay.form_at(p, index)
         extra = 0
         if u in lay.dropped_units and u not in self.revived:
             extra = lay.revival_cost(u) + (self.runs.remove_delta(u) if self.runs.run_of(u) is not None else 0)
-        if form is None or form is lay.form[p]:
-            delta = lay.delta[p]
+        if form is None or form is shown:
+            delta = lay.delta[p] if index is None else lay.candidate_delta(index)
         else:
             delta = lay.counter.count_message(form) - lay.placeholder_tokens[p]
         return delta + extra
@@ -1673,23 +1710,31 @@ class Selection:
                 return False
         return self.used + self.cost(p, form) <= lay.budget
 
-    def take(self, p: int, form: Message | None = None, cost: int | None = None) -> None:
+    def take(self, p: int, form: Message | None = None, cost: int | None = None, *,
+             index: int | None = None, unit: int | None = None) -> None:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
         of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
         the result id (docs/architecture.md, invariant §5.3). ``cost``: :meth:`cost` of it now, when
-        the caller has priced it."""
+        the caller has priced it; ``index``: ``p``'s in ``layout.candidates``, and ``unit`` its unit,
+        when the caller has those (then read from the candidate arrays: the layout's candidate
+        dicts are not built)."""
         if cost is None:
             cost = self.cost(p, form)
         self.used += cost
         lay, revived = self.layout, self._revived
-        u = lay.unit_of[p]
+        if index is None:
+            u = lay.unit_of[p]
+        else:
+            u = lay.candidate_unit(index) if unit is None else unit
         if u not in revived:
             if self.runs.run_of(u) is not None:
                 self.runs.remove(u)
             if u in lay.dropped_units:  # costs change: the step is back
                 self._table, self._asked = None, 0
             revived.add(u)
-        self.shown[p] = lay.form[p] if form is None else form
+        if form is None:
+            form = lay.form[p] if index is None else lay.form_at(p, index)
+        self.shown[p] = form
 
 
 
@@ -1763,30 +1808,29 @@ class Layout:
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] = (arr["lo"], arr["hi"], arr["pre"])
         self._starts: list[int] = sk["starts"]
         self._breaks: list[int] = sk["breaks"]
-        self._unit_first: dict[int, int] = sk["unit_first"]
+        self._lo: list[int] = sk["facts"][0]  # each unit's message position, ascending (see _unit_at)
+        self._build = sk["build"]
+        self._sk_candidates: list[int] = sk["candidates"]
         self._dropped_mask = np.zeros(len(self._costs), dtype=bool)  # dropped_units as a mask (kept in step)
         self._bulk: dict[tuple[int, int], np.ndarray] = {}
         self._cand: tuple[np.ndarray, np.ndarray] | None = None
         self._revivals: np.ndarray | None = None
         self.synthetic: dict[int, list[Message]] = sk["synthetic"]  # assistant position -> synthetic results
         self.units: _UnitsView = sk["units"]
-        self.unit_of: dict[int, int] = sk["unit_of"]
         # protected: the first user message, the latest assistant message and the ones that keep the
         # active tool loop's opening on the wire (:func:`loop_guard`); the skeleton's units are shared,
         # so fresh copies
-        protected_units = {sk["unit_first"].get(p) for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard)
-                           if p is not None} - {None}
+        protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard)
+                           if p is not None and (u := self._unit_at(p)) is not None}
         for i in protected_units:
             u = self.units[i]
             self.units[i] = _Unit(u.positions, True, u.cost)
         self._protected = sorted(protected_units)
         self.full_history_tokens = sk["full_tokens"]
-        self._sk_form: dict[int, Message] = sk["form"]  # every candidate's complete message (see assemble_full)
 
         # units with a position in ``omit`` or listed in ``omit_units``, unprotected, inserted in
         # ascending order (as a scan of the units would)
-        unit_first, unit_of = sk["unit_first"], self.unit_of
-        found = {unit_first[p] if p in unit_first else unit_of.get(p) for p in set(omit)} - {None}
+        found = {u for p in set(omit) if (u := self._unit_at(p)) is not None or (u := self._skeleton_unit_of(p)) is not None}
         found.update(omit_units)
         left_out = set(sorted(found.difference(protected_units)))  # (inserted in ascending order, as before)
         if left_out:
@@ -1834,29 +1878,115 @@ class Layout:
             if self.base_tokens > budget:
                 raise BudgetTooSmallError(budget, self.base_tokens)
         over = sk["over"]
+        self._excerpt_forms: dict[int, Message] = {}  # candidate -> its excerpt, for the oversized ones
         if left_mask is not None:  # the skeleton's candidates whose unit is not left out (its unit array is in their order)
             self.candidates = list(itertools.compress(sk["candidates"], (~left_mask[arr["cand_unit"]]).tolist()))
-            self.form: dict[int, Message] = {p: msgs[p] for p in self.candidates}
+            self.form = {p: msgs[p] for p in self.candidates}
             ph = self.placeholder_tokens
-            self.delta: dict[int, int] = {p: self._tokens[p] - ph[p] for p in self.candidates}
-        else:  # the skeleton's, for every candidate (shared: copies of our own before changing them)
-            self.candidates, self.form, self.delta = sk["candidates"], sk["form"], sk["delta"]
+            self.delta = {p: self._tokens[p] - ph[p] for p in self.candidates}
+        else:  # the skeleton's, for every candidate: ``form`` and ``delta`` built when first read
+            self.candidates = sk["candidates"]
             self._cand = (arr["cand_delta"], arr["cand_unit"])
-            if over:
-                self.form, self.delta = dict(self.form), dict(self.delta)
         self.excerpts: list[int] = []
         for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
-            excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction) \
-                if p in self.form else None
+            if left_mask is not None and p not in self.form:
+                continue
+            excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction)
             if excerpt is not None:  # always one for a candidate here: its cost exceeds B
                 bisect.insort(self.excerpts, p)
-                self.form[p] = excerpt
+                self._excerpt_forms[p] = excerpt
                 self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
-                self.delta[p] = counter.count_message(excerpt) - self.placeholder_tokens[p]
-                if self._cand is not None:
+                delta = counter.count_message(excerpt) - self.placeholder_tokens[p]
+                if left_mask is not None:
+                    self.form[p], self.delta[p] = excerpt, delta
+                else:
+                    assert self._cand is not None
                     if self._cand[0] is arr["cand_delta"]:  # shared with the skeleton: a copy of our own
                         self._cand = (self._cand[0].copy(), self._cand[1])
-                    self._cand[0][bisect.bisect_left(self.candidates, p)] = self.delta[p]
+                    self._cand[0][bisect.bisect_left(self.candidates, p)] = delta
+
+    def _candidate_maps(self) -> None:
+        """Set :attr:`unit_of`, :attr:`form` and :attr:`delta` (those not set yet) from the
+        skeleton's candidate dicts as of this layout's snapshot: shared with the skeleton while it
+        is of the same build, else built from the snapshot's candidate arrays; the excerpts of
+        results larger than B replace their complete forms in copies."""
+        maps = self._memo.candidate_maps(self._build)
+        if maps is None:
+            cands, arr = self._sk_candidates, self._arr
+            maps = (dict(zip(cands, arr["cand_unit"].tolist())), dict(zip(cands, map(self.graph.messages.__getitem__, cands))),
+                    dict(zip(cands, arr["cand_delta"].tolist())))
+        unit_of, forms, deltas = maps
+        d = self.__dict__
+        d.setdefault("unit_of", unit_of)
+        if "form" not in d:  # (set in __init__, with "delta", when units are left out)
+            if self._excerpt_forms:  # (then the candidate arrays are this layout's own, with the excerpts' deltas)
+                assert self._cand is not None
+                own = self._cand[0]
+                forms = {**forms, **self._excerpt_forms}
+                deltas = {**deltas, **{p: int(own[self._index(p)]) for p in self._excerpt_forms}}
+            d["form"], d["delta"] = forms, deltas
+
+    @cached_property
+    def unit_of(self) -> dict[int, int]:
+        """Every candidate's unit (index into :attr:`units`), by position; built when first read
+        (shared with the graph's skeleton), with :attr:`form` and :attr:`delta`."""
+        self._candidate_maps()
+        return self.__dict__["unit_of"]
+
+    @cached_property
+    def form(self) -> dict[int, Message]:
+        """Every candidate's form when shown: its complete message, or the marked excerpt of a
+        result larger than B (:attr:`excerpts`); built when first read, as :attr:`unit_of`."""
+        self._candidate_maps()
+        return self.__dict__["form"]
+
+    @cached_property
+    def delta(self) -> dict[int, int]:
+        """Every candidate's tokens shown as :attr:`form` less its placeholder's; built when first
+        read, as :attr:`unit_of`."""
+        self._candidate_maps()
+        return self.__dict__["delta"]
+
+    def _index(self, p: int) -> int:
+        """Candidate ``p``'s index in :attr:`candidates`. Raises KeyError when ``p`` is not one."""
+        cands = self.candidates
+        i = bisect.bisect_left(cands, p)
+        if i == len(cands) or cands[i] != p:
+            raise KeyError(p)
+        return i
+
+    def _unit_at(self, p: int) -> int | None:
+        """The unit whose first message is at position ``p``, None when no unit starts there."""
+        lo = self._lo
+        i = bisect.bisect_left(lo, p)
+        return i if i < len(lo) and lo[i] == p else None
+
+    def _skeleton_unit_of(self, p: int) -> int | None:
+        """The unit of the skeleton's candidate ``p`` (None when ``p`` is not one), from the arrays."""
+        cands = self._sk_candidates
+        i = bisect.bisect_left(cands, p)
+        return int(self._arr["cand_unit"][i]) if i < len(cands) and cands[i] == p else None
+
+    def form_at(self, p: int, index: int) -> Message:
+        """``form[p]`` for the candidate ``p`` at ``index`` in :attr:`candidates`, without building
+        :attr:`form`."""
+        forms = self.__dict__.get("form")
+        if forms is not None:
+            return forms[p]
+        excerpt = self._excerpt_forms.get(p)
+        return self.graph.messages[p] if excerpt is None else excerpt
+
+    def candidate_unit(self, index: int) -> int:
+        """``unit_of[candidates[index]]``, from the candidate arrays."""
+        return int(self._candidate_arrays()[1][index])
+
+    def candidate_delta(self, index: int) -> int:
+        """``delta[candidates[index]]``, from the candidate arrays."""
+        return int(self._candidate_arrays()[0][index])
+
+    def candidate_units(self) -> np.ndarray:
+        """Every candidate's unit, in :attr:`candidates` order (int64; do not change it)."""
+        return self._candidate_arrays()[1]
 
     @cached_property
     def full_cost(self) -> dict[int, int]:
@@ -2130,7 +2260,7 @@ class Layout:
 
     def assemble_full(self, policy: str) -> Rendering:
         """The complete history, unchanged (ContextRender A.1 lines 6–7)."""
-        if not self.dropped_units and not self.inserts and self.form is self._sk_form:
+        if not self.dropped_units and not self.inserts and not self.excerpts:
             return self._assemble_whole(policy)
         sel = Selection(self)
         for p in self.candidates:
@@ -2149,7 +2279,9 @@ class Layout:
             out: list[Message] = []
             positions: list[int | None] = []
             prev = 0
-            for at, p in sorted((self._starts[self._unit_first[p]] + 1, p) for p in synthetic):
+            starts = self._starts
+            # (a synthetic answer follows an assistant message: a unit's first message)
+            for at, p in sorted((starts[bisect.bisect_left(self._lo, p)] + 1, p) for p in synthetic):
                 out += map(get, order[prev:at])
                 positions += order[prev:at]
                 out += synthetic[p]
@@ -2214,7 +2346,8 @@ class Layout:
             pending.clear()
 
         runs = selection.runs
-        first, order, starts, units = self._unit_first, self.order, self._starts, self.units
+        unit_at, order, starts, units, lo = self._unit_at, self.order, self._starts, self.units, self._lo
+        n_lo, bisect_left = len(lo), bisect.bisect_left
         opening = self.loop_guard[-1] if self.loop_guard else None
         joined: list[int] = []  # text replies left out with the dropped steps after them (see close_run)
         last_marker: list[int] = []  # index in ``out`` and first unit of the latest marker
@@ -2230,7 +2363,7 @@ class Layout:
             b = runs.end[a]
             q = positions[-1] if positions else None
             if opening is not None and q is not None and q > opening and msgs[q].role == "assistant" \
-                    and not msgs[q].tool_calls and first.get(q) == a - 1:
+                    and not msgs[q].tool_calls and unit_at(q) == a - 1:
                 r = out.pop()
                 positions.pop()
                 history -= tokens[q] if r is msgs[q] else count(r)
@@ -2257,8 +2390,8 @@ class Layout:
             if m.role != "tool":
                 if pending:
                     flush()
-                i = first.get(p)
-                a = runs.run_of(i) if i is not None else None
+                i = bisect_left(lo, p)  # (what _unit_at says, inline: once per message walked)
+                a = runs.run_of(i) if i < n_lo and lo[i] == p else None
                 if open_run is not None and a != open_run:
                     close_run(open_run)
                     open_run = None

@@ -207,7 +207,7 @@ def taken_in_order(layout: Layout, sel: Selection, order: list[int], idx: np.nda
         idx = np.searchsorted(np.asarray(layout.candidates, dtype=np.int64), np.asarray(order, dtype=np.int64))
     low, exact, asked = sel.lower_costs()[idx], False, 0
     out: list[int] = []
-    dropped, unit_of = layout.dropped_units, layout.unit_of
+    dropped, units = layout.dropped_units, layout.candidate_units()
     assert layout.budget is not None
     room = layout.budget - sel.used
     # the next ones whose bound fits what was left (nonzero, the method: np.flatnonzero's wrappers cost more than the work)
@@ -219,15 +219,16 @@ def taken_in_order(layout: Layout, sel: Selection, order: list[int], idx: np.nda
             continue
         at += 1
         p = order[k]
-        u = unit_of[p]
+        i = int(idx[k])
+        u = int(units[i])
         revives = u in dropped and u not in sel.revived
         if revives and not exact:  # only a dropped step's bound is not its cost
             asked += 1
             if asked > _EXACT_AFTER:
                 low, exact = sel.candidate_costs()[idx], True
-        cost = int(low[k]) if exact or not revives else sel.exact_cost(p)
+        cost = int(low[k]) if exact or not revives else sel.exact_cost(p, index=i)
         if cost <= room:
-            sel.take(p, cost=cost)
+            sel.take(p, cost=cost, index=i, unit=u)
             out.append(k)
             room = layout.budget - sel.used
             if revives:  # costs changed
