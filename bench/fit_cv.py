@@ -48,10 +48,11 @@ from historygraph.fit.train import C, OBJECTIVES, fit_examples, labels
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values
+from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values, swap_pass
 from historygraph.render import BudgetTooSmallError, Layout
 
-KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent"}
+KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent",
+        "swap": "swap_pairs"}
 
 
 def parse_configs(text: str) -> dict[str, dict]:
@@ -61,7 +62,7 @@ def parse_configs(text: str) -> dict[str, dict]:
         cfg = {}
         for item in filter(None, part.split(",")):
             k, _, v = item.partition("=")
-            cfg[KEYS.get(k, k)] = True if not v else float(v)
+            cfg[KEYS.get(k, k)] = True if not v else int(v) if v.isdigit() else float(v)
         out[part or "defaults"] = cfg
     return out
 
@@ -140,7 +141,7 @@ class Scorer:
             cands = lay.candidates
             value = reuse_values(lay, prob[lo:hi], c)
             sel = lay.selection()
-            knapsack_select(cands, value, sel, alpha)
+            swap_pass(sel, knapsack_select(cands, value, sel, alpha), value, c.swap_pairs)
             shown = {p for p, f in sel.shown.items() if f is msgs[p]}
             hits += len(ev & shown)
             tokens.append(sel.used)

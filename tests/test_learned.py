@@ -15,7 +15,7 @@ from historygraph.fit.model import ReuseModel, ReuseModelError, TreeReuseModel
 from historygraph.fit.train import fit_examples, fit_traces, invocation_sizes, labels, tree_arrays
 from historygraph.graph import ContextGraph
 from historygraph.policies import PolicyError, Signals, create
-from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values
+from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values, swap_pass
 from historygraph.render import Layout, check_invariants
 from historygraph.session import Session
 
@@ -179,6 +179,54 @@ def test_knapsack_swaps_in_a_single_item_worth_more_than_the_greedy_set():
     # by hand: B has the best ratio and is taken first; A then does not fit; A alone (0.9) beats {B} (0.1)
     assert knapsack_select([a, b], {a: 0.9, b: 0.1}, sel) == [a]
     assert sel.used == lay.base_tokens + lay.delta[a]
+
+
+def test_swap_pass_trades_one_shown_result_for_two_worth_more_in_the_room_it_frees():
+    lay, (a, b, c) = layout_with_results([900, 300, 300])
+    assert lay.delta[b] + lay.delta[c] <= lay.delta[a]
+    lay, _ = layout_with_results([900, 300, 300], budget=lay.base_tokens + lay.delta[a])
+    value = np.array([0.55, 0.3, 0.3])
+    sel = lay.selection()
+    # by hand, ratio p / cost^0.5: A 0.55 / √Δa ranks first and fills the budget, B and C no longer fit
+    assert knapsack_select([a, b, c], value, sel, 0.5) == [a]
+    # B + C (0.6) are worth more than A (0.55) and cost no more than removing A frees
+    assert swap_pass(sel, [a], value, pairs=3) == [b, c]
+    assert sel.used == lay.base_tokens + lay.delta[b] + lay.delta[c] and set(sel.shown) == {b, c}
+    # pairs=0 leaves the greedy selection as it is; so does an exchange worth less (A at 0.65)
+    sel = lay.selection()
+    assert swap_pass(sel, knapsack_select([a, b, c], value, sel, 0.5), value, pairs=0) == [a]
+    worth_more = np.array([0.65, 0.3, 0.3])
+    sel = lay.selection()
+    assert swap_pass(sel, knapsack_select([a, b, c], worth_more, sel, 0.5), worth_more, pairs=3) == [a]
+    assert set(sel.shown) == {a}
+
+
+def test_swap_pass_never_grows_the_history_and_shows_what_a_fresh_selection_of_its_set_shows():
+    """On a long session with dropped steps brought back, at several budgets and value orders: the
+    exchange's history is no longer than the greedy one's, and its Selection is the one re-taking
+    its positions gives (costs, revived steps and shown forms)."""
+    rng = np.random.default_rng(1)
+    msgs = [Message("user", "Fix the bug")]
+    for i, n in enumerate(rng.integers(10, 400, size=16).tolist()):
+        msgs += [Message("assistant", f"Step {i}. " + "reasoning " * 40, (bash(f"c{i}", f"cat f{i}.py"),)),
+                 Message("tool", f"Result_{i} " + "data " * n, tool_call_id=f"c{i}")]
+    g = ContextGraph("sw", msgs + [Message("assistant", "next")])
+    sig = Signals()
+    swapped = 0
+    for budget in (900, 1500, 3000):
+        lay = Layout(g, sig.counter, budget, result_reserve=0.95, brief_revivals=True)
+        for _ in range(20):
+            value = rng.random(len(lay.candidates))
+            sel = lay.selection()
+            greedy = knapsack_select(lay.candidates, value, sel, 0.5)
+            before = sel.used
+            shown = swap_pass(sel, greedy, value, pairs=3)
+            again = lay.selection()
+            for p in shown:
+                again.take(p)
+            assert sel.used <= before and (sel.used, sel.revived, sel.shown) == (again.used, again.revived, again.shown)
+            swapped += shown != greedy
+    assert swapped > 0
 
 
 def test_knapsack_never_takes_worthless_results():

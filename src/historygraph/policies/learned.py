@@ -17,7 +17,9 @@
    crowd out a large likely one; highest first,
    ties to the older result; a revival makes the other results of that step cheaper, and they are
    re-queued at their new ratio), then the single most probable result that fits is swapped in if it
-   alone beats the greedy set (the classic guarantee of half the optimum). An oversized result is offered as its
+   alone beats the greedy set (the classic guarantee of half the optimum); then one exchange
+   (:func:`swap_pass`, ``swap_pairs``): one shown result is replaced by one or two not shown that are
+   worth more together and fit in the tokens it frees, so the history never grows. An oversized result is offered as its
    marked excerpt, valued at ``excerpt_value·p``. Results with ``p < min_probability`` (0.002 by
    default) are not shown even when room is left: the greedy fill otherwise packs the last tokens
    of B with small results nearly certain not to be reused.
@@ -59,7 +61,11 @@ class LearnedConfig:
     back only with a result). ``brief_revivals``: such a step shows its calls, not its text.
     ``cost_exponent``: rank by ``p / cost^α``. The defaults of the last three were chosen by grouped
     5-fold cross-validation on the 90 training trajectories at B = 6000 and 3000 (docs/learned.md);
-    settings within 0.5 points of each other were tied there."""
+    settings within 0.5 points of each other were tied there. ``swap_pairs``: the exchange after the
+    greedy fill (:func:`swap_pass`) tries this many most valuable results for the freed room (0: no
+    exchange); 3 was chosen by the same cross-validation (79.6 / 62.3 against 79.5 / 62.1 without,
+    at 9 / 6 fewer history tokens a call; 5 and 10 gave the same at 3000; docs/learned.md, "One
+    exchange after the greedy fill")."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -68,6 +74,7 @@ class LearnedConfig:
     result_reserve: float = 0.95
     brief_revivals: bool = True
     cost_exponent: float = 0.5
+    swap_pairs: int = 3
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -78,6 +85,8 @@ class LearnedConfig:
             raise ValueError("learned config: oversized_excerpt_fraction must be in (0, 1]")
         if not 0.0 <= self.cost_exponent <= 1.0:
             raise ValueError(f"learned config: cost_exponent must be in [0, 1], got {self.cost_exponent}")
+        if not (isinstance(self.swap_pairs, int) and self.swap_pairs >= 0):
+            raise ValueError(f"learned config: swap_pairs must be a whole number ≥ 0, got {self.swap_pairs}")
         if not 0.0 <= self.result_reserve < 1.0:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
@@ -241,6 +250,106 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     return [cands[i] for i in taken]
 
 
+def _reselect(sel: Selection, indices: list[int]) -> Selection:
+    """A fresh selection of ``sel``'s layout showing the candidates at ``indices``, taken in that order."""
+    out = sel.layout.selection()
+    cands = sel.layout.candidates
+    for i in indices:
+        out.take(cands[i])
+    return out
+
+
+def _best_gain(s: int, value: np.ndarray, spare: np.ndarray, costs: np.ndarray, room: int, pairs: int) -> float:
+    """The largest gain of exchanging ``s`` for one of the ``pairs`` most valuable ``spare``
+    candidates (most valuable first) that fit in ``room`` under ``costs``, plus the most valuable
+    other one that fits beside it."""
+    fit = spare[costs[spare] <= room]
+    best = 0.0
+    if float(value[fit[:2]].sum()) <= float(value[s]):
+        return best  # not even the two most valuable that fit alone are worth more
+    for a in fit[:pairs].tolist():
+        left = fit[(costs[fit] <= room - costs[a]) & (fit != a)]
+        best = max(best, float(value[a] + (value[left[0]] if len(left) else 0.0) - value[s]))
+    return best
+
+
+def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -> list[int]:
+    """One exchange after :func:`knapsack_select` (ours, a bounded 1-opt step): replace one result
+    ``s`` it showed by one or two it did not, ``u`` (and ``u₂``), when their summed value is higher
+    than ``s``'s and showing them costs no more than removing ``s`` frees, so the history never
+    grows; of all such exchanges the one of the largest gain is made, and only one. ``u`` is one of
+    the ``pairs`` most valuable results that fit alone in the freed room and ``u₂`` the most
+    valuable that fits beside it; results ``s`` worth at least the two most valuable results not
+    shown together are not tried (no exchange can gain). Fills ``sel`` with the result and returns
+    the positions shown (the kept ones in their order, then ``u``, ``u₂``).
+
+    Costs are exact: costs depend only on which dropped steps are revived, so the room ``s`` frees
+    and every other result's cost without ``s`` are priced on a selection reviving the same steps
+    but ``s``'s (when ``s`` alone brought its step back; else on ``sel`` itself), and an exchange is
+    made only after re-taking the whole new set confirms it fits in the tokens used before.
+
+    ``taken``: positions returned by :func:`knapsack_select` on ``sel``; ``value``: the knapsack's
+    values in the order of ``sel.layout.candidates``; ``pairs`` ≤ 0 or no budget: ``taken`` as it
+    is. Cost: one bulk pricing (:meth:`~historygraph.render.Selection.candidate_costs`) per tried
+    removal, one re-selection per confirmed exchange.
+    """
+    lay = sel.layout
+    if pairs <= 0 or lay.budget is None or not taken:
+        return taken
+    cands, unit_of = lay.candidates, lay.unit_of
+    idx = [bisect.bisect_left(cands, p) for p in taken]
+    free = value > 0
+    free[idx] = False
+    spare = np.flatnonzero(free)
+    if not len(spare):
+        return taken
+    spare = spare[np.argsort(-value[spare], kind="stable")]  # most valuable first, ties to the older
+    ceiling = float(value[spare[:2]].sum())
+    shown_in: dict[int, int] = {}
+    for p in taken:
+        shown_in[unit_of[p]] = shown_in.get(unit_of[p], 0) + 1
+    used = sel.used
+    low = sel.lower_costs()  # a lower bound of every candidate's cost beside sel, for screening
+    here: np.ndarray | None = None  # the exact costs, priced once some removal passes the screen
+    best: tuple[float, list[int], Selection] | None = None
+    for s in sorted(idx, key=lambda i: (float(value[i]), i)):
+        if float(value[s]) >= ceiling:
+            break  # the rest are worth as much or more
+        p = cands[s]
+        u = unit_of[p]
+        room = lay.delta[p]  # what removing s frees: what s costs on top of the rest
+        again = u in lay.dropped_units and shown_in[u] == 1  # removing s drops its step again
+        if again:
+            room += lay.revival_cost(u) - (sel.runs.add_delta(u) if lay.runs.run_of(u) is not None else 0)
+        if _best_gain(s, value, spare, low, room, pairs) <= 0.0:
+            continue  # screened on lower bounds of the costs beside sel (exact but for the results of s's step's run)
+        if not again:
+            costs = here = sel.candidate_costs() if here is None else here
+        else:
+            state = lay.selection()
+            state.revived = sel.revived - {u}
+            costs = state.candidate_costs()
+        fit = spare[costs[spare] <= room]
+        options: list[tuple[float, list[int]]] = []
+        for a in fit[:pairs].tolist():
+            options.append((float(value[a] - value[s]), [a]))
+            left = fit[(costs[fit] <= room - costs[a]) & (fit != a)]
+            if len(left):
+                options.append((float(value[a] + value[left[0]] - value[s]), [a, int(left[0])]))
+        for gain, add in sorted(options, key=lambda o: -o[0]):
+            if gain <= (best[0] if best else 0.0):
+                break
+            trial = _reselect(sel, [i for i in idx if i != s] + add)
+            if trial.used <= used:
+                best = (gain, [i for i in idx if i != s] + add, trial)
+                break
+    if best is None:
+        return taken
+    _, shown, trial = best
+    sel.used, sel.revived, sel.shown = trial.used, trial.revived, trial.shown
+    return [cands[i] for i in shown]
+
+
 def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.ndarray:
     """Knapsack value of each candidate of ``layout`` from its reuse probability (both in
     candidate order): 0 below ``min_probability``, times ``excerpt_value`` for an oversized result
@@ -317,7 +426,7 @@ class Learned:
                                   graph) if cands else np.zeros(0)
         value = reuse_values(layout, prob, cfg)
         sel = layout.selection()
-        taken = knapsack_select(cands, value, sel, cfg.cost_exponent)
+        taken = swap_pass(sel, knapsack_select(cands, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
         layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, dict(zip(cands, value.tolist())), taken,
                                                       budget, cfg.min_probability))
         return layout.assemble(self.name, sel)
