@@ -293,6 +293,32 @@ def test_proxy_model_rows_match_eager_attention_and_map_to_messages():
     assert ma.row_message[-1] == 3 and all(m in (2, 3) for m in ma.row_message)
 
 
+@pytest.mark.lm
+def test_a_window_attended_twice_runs_the_proxy_model_once():
+    """Two policy instances' proxies (as recap and recap-line keep) attending the same served context
+    get the same read-only rows from one forward pass; another window runs its own pass."""
+    pytest.importorskip("torch", reason="the 'llm' extra is not installed")
+    from historygraph.models.smollm2 import load_smollm2
+    from historygraph.signals.attention import ProxyAttention
+
+    msgs = [Message("user", "Why does the parser reject tabs?"), Message("assistant", "", (call("c1"),)),
+            Message("tool", "line 3: unexpected '\\t' in indentation", tool_call_id="c1")]
+    model, _ = load_smollm2()
+    passes: list[int] = []
+    handle = model.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        first = ProxyAttention(window_tokens=40, sample_rows=3).attend(msgs, 1)
+        again = ProxyAttention(window_tokens=40, sample_rows=3).attend(msgs, 1)
+        assert len(passes) == 1
+        other = ProxyAttention(window_tokens=32, sample_rows=3).attend(msgs, 1)
+        assert len(passes) == 2
+    finally:
+        handle.remove()
+    assert again.rows is first.rows and again.edge_rows is first.edge_rows and not first.rows.flags.writeable
+    assert again.spans == first.spans and np.array_equal(again.row_pos, first.row_pos) and again.offset == first.offset
+    assert first.rows.shape[1] == 40 and other.rows.shape[1] == 32
+
+
 # -- §4.4 segmentation ablations -------------------------------------------------------------------
 def test_segments_split_paragraphs_and_lines_but_keep_fenced_code_whole():
     from historygraph.policies.recap import segments

@@ -26,10 +26,19 @@ Proxy defaults (the paper gives none; chosen a priori, not tuned on the evaluati
 * **Clipping**: each row is clipped at its ``clip_quantile = 0.99`` quantile and renormalised to
   sum 1, which removes attention sinks (the first token takes a large share of every row in small
   models) without reordering the remaining tokens.
+
+The proxy's rows are memoised per loaded model, keyed on the window's token ids, the sampled row
+positions and the layers (the last ``MEMO_ENTRIES`` windows of the process): ReCAP variants that
+serve the same context (``recap``, ``recap-line`` and ``recap-paragraph`` measure a turn over the
+same served messages; a replay or a test runs them side by side, each with its own policy
+instance) run one forward pass for it instead of one each. The rows are the same arrays, read-only.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
@@ -160,7 +169,9 @@ class ProxyAttention:
 
         The rows are computed from each selected layer's queries and keys (captured by a hook on its
         attention module, rotary embedding applied) exactly as eager attention does, but only for
-        the sampled rows; the forward pass stops after the last selected layer.
+        the sampled rows; the forward pass stops after the last selected layer. A window this
+        process already attended with the same model, rows and layers comes from the memo (module
+        docstring) without a forward pass.
         """
         import torch
         from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
@@ -173,8 +184,12 @@ class ProxyAttention:
         pos = set(np.linspace(first, end - 1, num=min(self.sample_rows, end - first)).round().astype(int).tolist())
         pos |= {e - 1 for s, e in spans[turn_start:] if e - 1 >= first}
         row_pos = np.array(sorted(pos), dtype=int)
-        local = torch.as_tensor(row_pos - offset)
         wanted = sorted(set(self.layers) | {self.edge_layer})
+        key = (tuple(ids[offset:end]), tuple((row_pos - offset).tolist()), tuple(self.layers), self.edge_layer)
+        memo = _memo_get(model, key)
+        if memo is not None:
+            return TokenAttention(spans, offset, memo[0], row_pos, memo[1])
+        local = torch.as_tensor(row_pos - offset)
         got: dict[int, Any] = {}
 
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
@@ -202,8 +217,33 @@ class ProxyAttention:
         finally:
             for handle in handles:
                 handle.remove()
-        rows = torch.stack([got[i].mean(0) for i in self.layers]).mean(0)
-        return TokenAttention(spans, offset, rows.numpy(), row_pos, got[self.edge_layer].mean(0).numpy())
+        rows = torch.stack([got[i].mean(0) for i in self.layers]).mean(0).numpy()
+        edge = got[self.edge_layer].mean(0).numpy()
+        _memo_put(model, key, (rows, edge))
+        return TokenAttention(spans, offset, rows, row_pos, edge)
+
+
+MEMO_ENTRIES = 32  # windows of rows kept per model: 2 float32 [R, T] arrays each, ≤ ~0.3 MB at the defaults
+_memo: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, tuple[np.ndarray, np.ndarray]]] = weakref.WeakKeyDictionary()
+_memo_lock = threading.Lock()
+
+
+def _memo_get(model: Any, key: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    with _memo_lock:
+        got = _memo.get(model, {}).get(key)
+        if got is not None:
+            _memo[model].move_to_end(key)
+        return got
+
+
+def _memo_put(model: Any, key: tuple, value: tuple[np.ndarray, np.ndarray]) -> None:
+    for a in value:
+        a.setflags(write=False)
+    with _memo_lock:
+        entries = _memo.setdefault(model, OrderedDict())
+        entries[key] = value
+        while len(entries) > MEMO_ENTRIES:
+            entries.popitem(last=False)
 
 
 class _Enough(Exception):
