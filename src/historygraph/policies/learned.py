@@ -250,15 +250,6 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     return [cands[i] for i in taken]
 
 
-def _reselect(sel: Selection, indices: list[int]) -> Selection:
-    """A fresh selection of ``sel``'s layout showing the candidates at ``indices``, taken in that order."""
-    out = sel.layout.selection()
-    cands = sel.layout.candidates
-    for i in indices:
-        out.take(cands[i])
-    return out
-
-
 def _best_gain(s: int, value: np.ndarray, spare: np.ndarray, costs: np.ndarray, room: int, pairs: int) -> float:
     """The largest gain of exchanging ``s`` for one of the ``pairs`` most valuable ``spare``
     candidates (most valuable first) that fit in ``room`` under ``costs``, plus the most valuable
@@ -286,12 +277,12 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
     Costs are exact: costs depend only on which dropped steps are revived, so the room ``s`` frees
     and every other result's cost without ``s`` are priced on a selection reviving the same steps
     but ``s``'s (when ``s`` alone brought its step back; else on ``sel`` itself), and an exchange is
-    made only after re-taking the whole new set confirms it fits in the tokens used before.
+    made only after taking it on top of the rest confirms it fits in the tokens used before.
 
     ``taken``: positions returned by :func:`knapsack_select` on ``sel``; ``value``: the knapsack's
     values in the order of ``sel.layout.candidates``; ``pairs`` ≤ 0 or no budget: ``taken`` as it
     is. Cost: one bulk pricing (:meth:`~historygraph.render.Selection.candidate_costs`) per tried
-    removal, one re-selection per confirmed exchange.
+    removal that passes a screen on lower bounds of the costs, one selection per exchange tried.
     """
     lay = sel.layout
     if pairs <= 0 or lay.budget is None or not taken:
@@ -339,7 +330,11 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
         for gain, add in sorted(options, key=lambda o: -o[0]):
             if gain <= (best[0] if best else 0.0):
                 break
-            trial = _reselect(sel, [i for i in idx if i != s] + add)
+            trial = lay.selection()  # the rest as it stands, then the exchange taken on top of it
+            trial.revived = sel.revived - {u} if shown_in[u] == 1 else set(sel.revived)
+            trial.used, trial.shown = used - room, {q: f for q, f in sel.shown.items() if q != p}
+            for i in add:
+                trial.take(cands[i])
             if trial.used <= used:
                 best = (gain, [i for i in idx if i != s] + add, trial)
                 break
