@@ -375,7 +375,7 @@ def test_plain_progress_estimates_by_messages_not_trajectories(capsys):
     assert line == "replay 1/4 trajectories, 100 s, about 50 s left"
 
 
-def test_replay_time_left_weighs_trajectories_by_calls_times_results():
+def test_replay_time_left_weighs_renders_and_texts_and_falls_while_a_trajectory_runs():
     # a cold replay of the shared traces said "1,351 s left" for a 273 s run: the first (mini-swe)
     # trajectories cost far more per message than the short τ-bench ones; the work of a replay is a
     # render per model call over every earlier result
@@ -384,10 +384,13 @@ def test_replay_time_left_weighs_trajectories_by_calls_times_results():
     from rich.progress import Progress
 
     def trace(calls, results):
-        return NS(messages=[NS(role="user")] + [NS(role="assistant")] * calls + [NS(role="tool")] * results)
+        return NS(messages=[NS(role="user", content="")] + [NS(role="assistant", content="")] * calls + [NS(role="tool", content="")] * results)
 
-    assert historygraph.cli._replay_work(trace(3, 2)) == 9  # 3 calls × (2 results + 1)
+    text_work = historygraph.cli.TEXT_WORK
+    assert historygraph.cli._replay_work(trace(3, 2)) == 9  # 3 calls × (2 results + 1), no text
     assert historygraph.cli._replay_work(trace(0, 0)) == 1
+    with_text = NS(messages=[NS(role="user", content="task"), NS(role="assistant", content=""), NS(role="tool", content="out")])
+    assert historygraph.cli._replay_work(with_text) == 1 * 2 + 2 * text_work  # two messages with text to embed
     clock = [0.0]
     with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
         task = bar.add_task("replay", total=3)
@@ -399,6 +402,22 @@ def test_replay_time_left_weighs_trajectories_by_calls_times_results():
             left = historygraph.cli._time_left(bar.tasks[task])
             column = historygraph.cli._TimeLeftColumn().render(bar.tasks[task]).plain
     assert left == 10.0 and column == "~0:00:10 left"  # 90 s for 90 units; 10 units left
+    # a trajectory finished (through _advance) at 90 s, of 90 units: 1 s per unit, 10 units left. While
+    # the next ones run, the time left falls with the time spent on them (4 s later: 10 − 4 = 6), but
+    # never below the work left without the largest unfinished one (5 units: 5 s), nor grows
+    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+        clock[0] = 0.0
+        task = bar.add_task("replay", total=3)
+        finished = {}
+        with historygraph.cli._heartbeat(bar, task, "replay", work=([90, 5, 5], finished)):
+            clock[0] = 90.0
+            finished[0] = object()
+            historygraph.cli._advance(bar, task, "replay")
+            lefts = []
+            for now in (90.0, 94.0, 99.0, 200.0):
+                clock[0] = now
+                lefts.append(historygraph.cli._time_left(bar.tasks[task]))
+    assert lefts == [10.0, 6.0, 5.0, 5.0]
 
 
 def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
@@ -417,6 +436,8 @@ def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
     # it; --wide prints the other bins and the note saying what they count
     assert "age 4-10" in wide.output and "age N: recall % of the reuses" in wide.output
     assert "age " not in header and "age N:" not in res.output
+    # each printed column a newcomer cannot read off its name is explained under the table; no oracle ran
+    assert "cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1" in res.output and "% of oracle" not in res.output
     csv_head = (tmp_path / "a" / "replay.csv").read_text().splitlines()[0]
     assert "prefix_reuse_pct" in csv_head and "render_ms_p95" in csv_head
 

@@ -148,20 +148,30 @@ PLAIN_PROGRESS_SECONDS = 10.0  # when stderr is not a terminal, a progress line 
 HEARTBEAT_SECONDS = 30.0       # ... and at least this often, while a long trajectory is being worked on
 _last_line: dict[int, float] = {}
 _work: dict[int, tuple[list[int], dict]] = {}  # task -> (work per trajectory, the dict of those finished)
+_finished_at: dict[int, float] = {}  # task -> its elapsed seconds when a trajectory last finished (_advance)
 
 
 def _time_left(t: Task) -> float | None:
-    """Seconds left for task ``t``: the time so far per unit of work finished times the work left,
-    the work of a trajectory being what the task registered in :data:`_work` (for replay
-    :func:`_replay_work`: trajectories differ in cost by 1,000×, so a count of them misleads), else
-    its count (rich's own estimate counts trajectories, and lapses when nothing finishes for half a
-    minute). ``None`` before anything finished and once all did."""
+    """Seconds left for task ``t``: the time until the last trajectory finished per unit of work
+    finished, times the work left, less the time spent since then on the trajectories in progress
+    (but never below the time of the work left without the largest unfinished trajectory, nor
+    below 0: a long one in progress makes the estimate fall, not grow). The work of a trajectory
+    is what the task registered in :data:`_work` (for replay :func:`_replay_work`: trajectories
+    differ in cost by 1,000×, so a count of them misleads), else its count (rich's own estimate
+    counts trajectories, and lapses when nothing finishes for half a minute). ``None`` before
+    anything finished and once all did."""
     weights, finished = _work.get(t.id, ([], {}))
     done_w = sum(weights[i] for i in finished) if weights else t.completed
     total_w = sum(weights) if weights else (t.total or 0)
     if not done_w or not total_w or t.finished:
         return None
-    return (t.elapsed or 0.0) / done_w * (total_w - done_w)
+    now = t.elapsed or 0.0
+    then = min(_finished_at.get(t.id, now), now)
+    rate = then / done_w
+    if then == now:
+        return rate * (total_w - done_w)
+    largest = max((w for i, w in enumerate(weights) if i not in finished), default=0)
+    return max(rate * (total_w - done_w) - (now - then), rate * (total_w - done_w - largest), 0.0)
 
 
 class _TimeLeftColumn(ProgressColumn):
@@ -181,23 +191,31 @@ def _plain_line(bar: Progress, task: TaskID, label: str) -> None:
               + ("" if left is None else f", about {left:.0f} s left"), highlight=False)
 
 
+TEXT_WORK = 75  # the work of embedding one message's text, in units of one render over one result (_replay_work)
+
+
 def _replay_work(trace) -> int:  # noqa: ANN001
     """The work of replaying ``trace``, for the time left: model calls × (tool results + 1), since
-    each call renders over every earlier result. Fitted by eye to a cold replay of 287 real
-    trajectories (the share of work done after the first 5, 9 and 14 trajectories was 0.27, 0.52,
-    0.74 of the time against 0.08, 0.15, 0.22 by messages, whose estimate ran 5–20× high)."""
+    each call renders over every earlier result, plus :data:`TEXT_WORK` per message with text (a
+    cold store embeds each). The weights are a least-squares fit of the progress lines of one cold
+    replay of the 287 shared trajectories (2 cores, one job: 0.12 s per text, 0.0016 s per call ×
+    result); calls × results alone had said 1,528 s left after 16 s and 226 s after 232 s of a
+    411 s run (this weighting: 800 and 176). A warm store embeds nothing, so there the time left
+    is over-estimated; a warm replay takes seconds."""
     calls = sum(1 for m in trace.messages if m.role == "assistant")
     results = sum(1 for m in trace.messages if m.role == "tool")
-    return max(1, calls * (results + 1))
+    texts = sum(1 for m in trace.messages if m.content)
+    return max(1, calls * (results + 1) + TEXT_WORK * texts)
 
 
 def _advance(bar: Progress, task: TaskID, label: str) -> None:
     """Advance ``task``; when stderr is not a terminal (a log file, CI), where rich draws no live
     bar, also print a plain line every :data:`PLAIN_PROGRESS_SECONDS` and at the end."""
     bar.advance(task)
+    t = bar.tasks[task]
+    _finished_at[task] = t.elapsed or 0.0
     if err.is_terminal:
         return
-    t = bar.tasks[task]
     if t.finished or time.monotonic() - _last_line.get(task, 0.0) >= PLAIN_PROGRESS_SECONDS:
         _plain_line(bar, task, label)
 
@@ -209,6 +227,7 @@ def _heartbeat(bar: Progress, task: TaskID, label: str, work: tuple[list[int], d
     work per trajectory and the dict of those finished, for the time left (:data:`_work`), while
     the block runs."""
     stop = threading.Event()
+    _finished_at.pop(task, None)  # (task ids restart at 0 in every progress bar)
     if work is not None:
         _work[task] = work
 
@@ -226,6 +245,7 @@ def _heartbeat(bar: Progress, task: TaskID, label: str, work: tuple[list[int], d
     finally:
         stop.set()
         _work.pop(task, None)
+        _finished_at.pop(task, None)
 
 
 @app.command()
@@ -459,8 +479,14 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     always = ("source", "trace_id", "policy", "recall")
     cols = [c for c in cols if (wide or c in COMPACT_COLUMNS) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
                                                   for r in rows))]
-    notes = ["age N: recall % of the reuses whose source result was N model calls old (ContextRender Table 2's bins)"] \
-        if any(c.startswith("recall_age_") for c in cols) else []
+    notes = []
+    if "pct_of_oracle" in cols:
+        notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B)")
+    if any(c.startswith("recall_age_") for c in cols):
+        notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
+    if "norm_cost" in cols:
+        notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
+                     "(C.2); a ratio, not dollars")
     if not wide:
         notes.append("more columns (value recall, every age bin, prefix reuse, costs, p95, model use): --wide, replay.csv, historygraph report")
     t = Table(title=title, header_style="bold", caption="\n".join(notes) or None)

@@ -120,7 +120,7 @@ def recall_by_age(rows: list[dict[str, Any]], policies: Sequence[str], title: st
         ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2,
                       [f"{b}\nn={first[f'events_age_{b}']}" for b in AGE_BINS], fontsize=7)
         ax.set_title(src, fontsize=9)
-        ax.set_xlabel("result age (turns)", fontsize=8)
+        ax.set_xlabel("result age (turns: model calls)", fontsize=8)
         ax.set_ylabel("recall (%)", fontsize=8)
     fig.suptitle(title, fontsize=9)
     _legend(fig, axes, len(policies))

@@ -224,7 +224,7 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
         labels = [f"{b}\nn={first[f'events_age_{b}']}" for b in AGE_BINS]  # n=0: no event, not 0 % recall
         ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2, labels)
         ax.set_title(src, fontsize=9)
-        ax.set_xlabel("result age (turns)")
+        ax.set_xlabel("result age (turns: model calls)")
     for row in axes:
         row[0].set_ylabel("Later-Used Result Recall (%)")
     handles, names = flat[0].get_legend_handles_labels()  # one legend under the panels: never over a bar
