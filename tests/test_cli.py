@@ -384,13 +384,10 @@ def test_replay_time_left_weighs_renders_and_texts_and_falls_while_a_trajectory_
     from rich.progress import Progress
 
     def trace(calls, results):
-        return NS(messages=[NS(role="user", content="")] + [NS(role="assistant", content="")] * calls + [NS(role="tool", content="")] * results)
+        return NS(messages=[NS(role="user")] + [NS(role="assistant")] * calls + [NS(role="tool")] * results)
 
-    text_work = historygraph.cli.TEXT_WORK
-    assert historygraph.cli._replay_work(trace(3, 2)) == 9  # 3 calls × (2 results + 1), no text
+    assert historygraph.cli._replay_work(trace(3, 2)) == pytest.approx(9 ** 1.2)  # (3 calls × (2 results + 1))^1.2
     assert historygraph.cli._replay_work(trace(0, 0)) == 1
-    with_text = NS(messages=[NS(role="user", content="task"), NS(role="assistant", content=""), NS(role="tool", content="out")])
-    assert historygraph.cli._replay_work(with_text) == 1 * 2 + 2 * text_work  # two messages with text to embed
     clock = [0.0]
     with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
         task = bar.add_task("replay", total=3)
