@@ -1499,3 +1499,20 @@ def test_candidate_dicts_built_when_first_read_hold_the_hand_counted_values(omit
     by_dict = Selection(fresh)
     assert [by_dict.exact_cost(p) for p in want_candidates] == \
         [Selection(lay).exact_cost(p, index=i) for i, p in enumerate(want_candidates)]
+
+
+def test_query_texts_from_the_layouts_positions_equal_the_scan(real_traces):
+    """ContextRender's eq. 4 texts read at the layout's first user, current user and last assistant
+    message are those the scan over the history finds, on every real trace at every 5th length
+    (histories that end in a tool result, a call, an answer or a new user message)."""
+    cfg = contextrender.ContextRenderConfig()
+    counter = TokenCounter()
+    checked = 0
+    for tr in real_traces:
+        for n in range(1, len(tr.messages) + 1, 5):
+            g = ContextGraph("q", tr.messages[:n])
+            lay = Layout(g, counter, 3000)
+            at = (lay.first_user, lay.current_user, lay.last_assistant)
+            assert contextrender.query_texts(g, cfg, at) == contextrender.query_texts(g, cfg), (tr.trace_id, n)
+            checked += 1
+    assert checked > 80

@@ -1791,6 +1791,7 @@ class Layout:
         self._memo = memo
         self._tools, self._tools_ph = memo.tools.view(), memo.tools_ph.view()
         self.current_user = sk["current_user"]
+        self.first_user: int | None = sk["first_user"]  # position of the first user message
         self.last_assistant: int | None = sk["last_assistant"]  # position of the latest assistant message
         guard = memo.guard
         if guard is None or guard[0] != len(msgs):  # (the graph is append-only: a function of its length)

@@ -104,12 +104,19 @@ def usefulness(age: int, reuse: float, relevance: float, cfg: ContextRenderConfi
             + cfg.w_rel * relevance)
 
 
-def query_texts(graph: ContextGraph, cfg: ContextRenderConfig) -> tuple[str, str]:
-    """``(x, f_t)`` of eq. 4: first user message (clipped) and latest user + assistant messages."""
+def query_texts(graph: ContextGraph, cfg: ContextRenderConfig,
+                at: tuple[int | None, int | None, int | None] | None = None) -> tuple[str, str]:
+    """``(x, f_t)`` of eq. 4: first user message (clipped) and latest user + assistant messages.
+    ``at``: the positions of those three messages (``None`` for none) when the caller has them (a
+    layout's ``first_user``, ``current_user`` and ``last_assistant``); found by scanning the
+    history otherwise (O(n): a long tool loop holds no user message after the first)."""
     msgs = graph.messages
-    first_user = next((m for m in msgs if m.role == "user"), None)
-    last_user = next((m for m in reversed(msgs) if m.role == "user"), None)
-    last_assistant = next((m for m in reversed(msgs) if m.role == "assistant"), None)
+    if at is None:
+        first_user = next((m for m in msgs if m.role == "user"), None)
+        last_user = next((m for m in reversed(msgs) if m.role == "user"), None)
+        last_assistant = next((m for m in reversed(msgs) if m.role == "assistant"), None)
+    else:
+        first_user, last_user, last_assistant = (msgs[p] if p is not None else None for p in at)
     x = first_user.content[:cfg.task_clip_chars] if first_user else ""
     latest = []
     if last_user:
@@ -252,7 +259,7 @@ class ContextRender:
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         cands = layout.candidates
-        x, f = query_texts(graph, cfg)
+        x, f = query_texts(graph, cfg, (layout.first_user, layout.current_user, layout.last_assistant))
         V, xf = result_vectors(graph, cands, signals.embedder, cfg.result_clip_chars, [x, f])
         q = cfg.task_weight * xf[0] + cfg.latest_weight * xf[1]
         qn = float(np.linalg.norm(q)) or 1.0
