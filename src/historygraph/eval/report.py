@@ -194,8 +194,19 @@ def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
     return paths
 
 
+def recall_by_age_title(per_source: list[dict[str, Any]]) -> str:
+    """The figure's title: the budget B and the trace set (the number of trajectories, and the
+    sources when more than one) of ``per_source`` rows of one budget."""
+    budget = per_source[0]["budget"]
+    sources = [s for s in dict.fromkeys(r["source"] for r in per_source) if s != "ALL"]
+    traces = sum(next(r["traces"] for r in per_source if r["source"] == s) for s in sources)
+    where = f"{traces} trajector{'y' if traces == 1 else 'ies'}" + (f" of {len(sources)} sources" if len(sources) > 1 else f", {sources[0]}")
+    return f"Later-Used Result Recall by age of the reused result, B = {budget:,} tokens ({where})"
+
+
 def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | None:
-    """Grouped bars: recall by result age, one panel per source. Returns None without matplotlib."""
+    """Grouped bars: recall by result age, one panel per source, titled with B and the trace set
+    (:func:`recall_by_age_title`). Returns None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -229,6 +240,7 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
         row[0].set_ylabel("Later-Used Result Recall (%)")
     handles, names = flat[0].get_legend_handles_labels()  # one legend under the panels: never over a bar
     fig.legend(handles, names, loc="lower center", ncols=min(len(names), 6), fontsize=7, frameon=False)
+    fig.suptitle(recall_by_age_title(per_source), fontsize=9)
     fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(names) - 1) // 6), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
