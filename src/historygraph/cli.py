@@ -503,7 +503,7 @@ def report(
     budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="Budget of the headline figures and tables (default 6000 when it ran, else the first).")] = None,
     trace: Annotated[Optional[str], typer.Option(help="Session or trace id for the timeline (default: the compared trace with the most reuse events).")] = None,
 ) -> None:
-    """Write RUN_DIR/report.html (self-contained: plots embedded, sortable tables) and RUN_DIR/report.md."""
+    """Write RUN_DIR/report.html (self-contained: plots embedded, sortable tables), RUN_DIR/report.md and its figures in RUN_DIR/report-files/."""
     from .eval.html_report import ReportError, write_report
 
     try:
@@ -512,7 +512,9 @@ def report(
         _fail(str(exc))
     except RuntimeError as exc:  # matplotlib missing
         _fail(str(exc))
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()), markup=False, highlight=False, soft_wrap=True)
+    figures = run_dir / "report-files"
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()) + f" and its figures as PNG files in {figures}/",
+                  markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

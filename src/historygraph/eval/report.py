@@ -239,7 +239,7 @@ def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | N
     for row in axes:
         row[0].set_ylabel("Later-Used Result Recall (%)")
     handles, names = flat[0].get_legend_handles_labels()  # one legend under the panels: never over a bar
-    fig.legend(handles, names, loc="lower center", ncols=min(len(names), 6), fontsize=7, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncols=min(len(names), 6), fontsize=8, frameon=False)
     fig.suptitle(recall_by_age_title(per_source), fontsize=9)
     fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(names) - 1) // 6), 1, 1))
     fig.savefig(path, dpi=110)
