@@ -36,13 +36,11 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
 
 def test_recall_by_age_title_names_the_budget_and_the_trace_set():
     from historygraph.eval.report import recall_by_age_title
-    rows = [{"budget": 6000, "source": s, "policy": p, "traces": n}
-            for s, n in (("mini-swe-agent", 14), ("openhands", 6), ("ALL", 20)) for p in ("learned", "prune")]
-    assert recall_by_age_title(rows) == \
-        "Later-Used Result Recall by age of the reused result, B = 6,000 tokens (20 trajectories of 2 sources)"
-    one = [{"budget": 3000, "source": s, "policy": "prune", "traces": 1} for s in ("openai-chat", "ALL")]
-    assert recall_by_age_title(one) == \
-        "Later-Used Result Recall by age of the reused result, B = 3,000 tokens (1 trajectory, openai-chat)"
+    meta = {"paths": ["../shared/traces"], "trajectories": 287, "trajectories_done": 287}
+    assert recall_by_age_title(6000, meta) == \
+        "Later-Used Result Recall by result age at B = 6000; 287 traces from ../shared/traces"
+    interrupted = {"paths": [], "trajectories": 10, "trajectories_done": 1}
+    assert recall_by_age_title(3000, interrupted) == "Later-Used Result Recall by result age at B = 3000; 1 trace from the run"
 
 
 def test_policies_lists_sources_and_parameters():

@@ -512,8 +512,7 @@ def report(
         _fail(str(exc))
     except RuntimeError as exc:  # matplotlib missing
         _fail(str(exc))
-    figures = run_dir / "report-files"
-    console.print("wrote " + ", ".join(str(p) for p in paths.values()) + f" and its figures as PNG files in {figures}/",
+    console.print(f"wrote {paths['html']}, {paths['markdown']} and its figures as PNG files in {paths['figures']}/",
                   markup=False, highlight=False, soft_wrap=True)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import plots
+from .report import recall_by_age_title, trace_set
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
@@ -117,12 +118,6 @@ def pick_timeline(run: Run, budget: int | None, trace: str | None = None) -> str
     return best[0][2] if best else None
 
 
-def _trace_set(run: Run) -> str:
-    paths = run.meta.get("paths") or []
-    n = run.meta.get("trajectories_done", run.meta.get("trajectories"))
-    return f"{n} trace{'' if n == 1 else 's'} from {', '.join(paths) if paths else 'the run'}"
-
-
 def _fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "–"
@@ -135,14 +130,14 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
              progress: Callable[[str], None] | None = None) -> list[tuple[str, str, bytes]]:
     """``(file stem, caption, png)`` of each figure that has data; ``progress`` is told the name of
     each figure before it is drawn (matplotlib takes seconds per figure)."""
-    pols, ts = run.policies, _trace_set(run)
+    pols, ts = run.policies, trace_set(run.meta)
     at = [r for r in run.per_source if r.get("budget") == budget]
     out = []
     plan = (
         ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
          plots.recall_vs_cost, at, f"Recall vs normalised cost at B = {budget}; {ts}"),
         ("recall_by_age", "Recall by result age (ContextRender Table 2)", plots.recall_by_age, at,
-         f"Later-Used Result Recall by result age at B = {budget}; {ts}"),
+         recall_by_age_title(budget, run.meta)),
         ("budget_sweep", "Recall, history tokens and cost against the budget (ContextRender Figure 5)",
          plots.budget_sweep, run.per_source, f"All sources, B = {', '.join(map(str, run.budgets))}; {ts}"),
         ("cache_and_cost", "Prefix-cache reuse and both cost variants per policy", plots.cache_and_cost, at,
@@ -239,7 +234,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     files.mkdir(exist_ok=True)
     for stem, _, png in figs:
         (files / f"{stem}.png").write_bytes(png)
-    ts = _trace_set(run)
+    ts = trace_set(run.meta)
     summary = [r for r in run.per_source if r.get("budget") == b]  # pct_of_oracle comes from the replay's summary
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
     sources = list(dict.fromkeys(r["source"] for r in summary))
@@ -282,7 +277,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
                              "per-trace"))
     md += [f"Per-trace figures ({len(traces)} rows) are in report.html and replay.csv.", ""]
     parts.append(f"<script>{SCRIPT}</script></body></html>")
-    paths = {"html": run_dir / "report.html", "markdown": run_dir / "report.md"}
+    paths = {"html": run_dir / "report.html", "markdown": run_dir / "report.md", "figures": files}
     paths["html"].write_text("".join(parts), encoding="utf-8")
     paths["markdown"].write_text("\n".join(md), encoding="utf-8")
     return paths

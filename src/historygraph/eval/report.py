@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import plots
 from .cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from .recall import AGE_BINS
 from .replay import PolicyStats, TraceResult
@@ -188,60 +189,26 @@ def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
     with gzip.open(paths["timelines"], "wt", encoding="utf-8") as fh:
         json.dump(timelines(results), fh)
     first = per_source[0]["budget"] if per_source else None
-    png = plot_recall_by_age([r for r in per_source if r["budget"] == first], out_dir / "recall_by_age.png")
+    try:
+        png = plots.recall_by_age([r for r in per_source if r["budget"] == first], list(dict.fromkeys(r["policy"] for r in per_source)),
+                                  recall_by_age_title(first, meta))
+    except RuntimeError:  # matplotlib missing
+        png = None
     if png:
-        paths["plot"] = png
+        paths["plot"] = out_dir / "recall_by_age.png"
+        paths["plot"].write_bytes(png)
     return paths
 
 
-def recall_by_age_title(per_source: list[dict[str, Any]]) -> str:
-    """The figure's title: the budget B and the trace set (the number of trajectories, and the
-    sources when more than one) of ``per_source`` rows of one budget."""
-    budget = per_source[0]["budget"]
-    sources = [s for s in dict.fromkeys(r["source"] for r in per_source) if s != "ALL"]
-    traces = sum(next(r["traces"] for r in per_source if r["source"] == s) for s in sources)
-    where = f"{traces} trajector{'y' if traces == 1 else 'ies'}" + (f" of {len(sources)} sources" if len(sources) > 1 else f", {sources[0]}")
-    return f"Later-Used Result Recall by age of the reused result, B = {budget:,} tokens ({where})"
+def trace_set(meta: dict[str, Any]) -> str:
+    """The trace set of a replay, as every figure's title names it: how many trajectories it
+    replayed (those done, when it was interrupted) and the paths it read (``meta`` of ``replay.json``)."""
+    paths = meta.get("paths") or []
+    n = meta.get("trajectories_done", meta.get("trajectories"))
+    return f"{n} trace{'' if n == 1 else 's'} from {', '.join(paths) if paths else 'the run'}"
 
 
-def plot_recall_by_age(per_source: list[dict[str, Any]], path: Path) -> Path | None:
-    """Grouped bars: recall by result age, one panel per source, titled with B and the trace set
-    (:func:`recall_by_age_title`). Returns None without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    sources = list(dict.fromkeys(r["source"] for r in per_source))
-    policies = list(dict.fromkeys(r["policy"] for r in per_source))
-    if not sources:  # nothing replayed (an interrupt before the first trace finished)
-        return None
-    ncols = min(3, len(sources))
-    nrows = -(-len(sources) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False, sharey=True)
-    flat = list(axes.flat)
-    for ax in flat[len(sources):]:
-        ax.set_visible(False)
-    width = 0.8 / max(1, len(policies))
-    for ax, src in zip(flat, sources):
-        for i, pol in enumerate(policies):
-            r = next((x for x in per_source if x["source"] == src and x["policy"] == pol), None)
-            if r is None:
-                continue
-            vals = [r[f"recall_age_{b}"] or 0.0 for b in AGE_BINS]
-            ax.bar(np.arange(len(AGE_BINS)) + i * width, vals, width, label=pol)
-        first = next(x for x in per_source if x["source"] == src)  # every policy sees the same events
-        labels = [f"{b}\nn={first[f'events_age_{b}']}" for b in AGE_BINS]  # n=0: no event, not 0 % recall
-        ax.set_xticks(np.arange(len(AGE_BINS)) + width * (len(policies) - 1) / 2, labels)
-        ax.set_title(src, fontsize=9)
-        ax.set_xlabel("result age (turns: model calls)")
-    for row in axes:
-        row[0].set_ylabel("Later-Used Result Recall (%)")
-    handles, names = flat[0].get_legend_handles_labels()  # one legend under the panels: never over a bar
-    fig.legend(handles, names, loc="lower center", ncols=min(len(names), 6), fontsize=8, frameon=False)
-    fig.suptitle(recall_by_age_title(per_source), fontsize=9)
-    fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(names) - 1) // 6), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def recall_by_age_title(budget: int | None, meta: dict[str, Any]) -> str:
+    """The title of the recall-by-age figure (replay's ``recall_by_age.png`` and the report's): B
+    and the trace set (:func:`trace_set`)."""
+    return f"Later-Used Result Recall by result age at B = {budget}; {trace_set(meta)}"
