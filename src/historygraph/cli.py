@@ -554,6 +554,7 @@ def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN00
         matches = [s for s in db.sessions() if s.endswith(":" + session)]
         if len(matches) != 1:
             hint = (f"it ends {len(matches)} session ids: {', '.join(matches[:5])}" if matches else
+                    f"give a session id or its whole trace id (the part after its last ':'); "
                     f"list them with: historygraph sessions --store {_store_name(db)}")
             _fail(f"no session {session!r} in store {_store_name(db)}; {hint}")
         sid = matches[0]

@@ -52,7 +52,7 @@ def _png(fig) -> bytes:  # noqa: ANN001
 def _legend(fig, axes, n: int) -> None:  # noqa: ANN001
     handles, names = axes[0].get_legend_handles_labels()
     ncol = min(max(1, len(names)), 5)
-    fig.legend(handles, names, loc="lower center", ncols=ncol, fontsize=7, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncols=ncol, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04 + 0.035 * ((len(names) - 1) // ncol + 1), 1, 0.95))
 
 
