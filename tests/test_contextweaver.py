@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import math
-from collections import Counter
 
 import pytest
 from doubles import ScriptedModel
@@ -86,10 +85,20 @@ def test_parent_scores_on_a_tiny_chain():
     steps = [s0, s1, s2, cur]
     assert lowcost_selector(cfg)(steps, 3, [0, 1, 2]) == (2, 0)
     assert lowcost_selector(ParentScoring(max_parents=1))(steps, 3, [0, 1, 2]) == (2,)
-    # the same picks from the shared counts (s0: parse.py and parse_line; s2: both files and identifiers)
-    shared_files, shared_ids = Counter({0: 1, 2: 2}), Counter({0: 1, 2: 2})
-    assert lowcost_selector(cfg).from_counts(steps, 3, [0, 1, 2], shared_files, shared_ids) == (2, 0)
-    assert lowcost_selector(ParentScoring(max_parents=1)).from_counts(steps, 3, [0, 2], shared_files, shared_ids) == (2,)
+    # the same picks from the postings of cur's files and identifiers (parse.py: s0, s2; cli.py: s2;
+    # parse_line: s0, s2; raw_text: s2); a later step in a posting is not a candidate
+    files, ids = [[0, 2], [2]], [[0, 2, 3], [2]]
+    assert lowcost_selector(cfg).from_postings(steps, 3, files, ids) == (2, 0)
+    assert lowcost_selector(ParentScoring(max_parents=1)).from_postings(steps, 3, files, ids) == (2,)
+    # a failed step is not chosen, and the next best takes its place; no shared file or identifier: none
+    failed = [s0, s1, _step(2, {"cli.py", "parse.py"}, {"parse_line", "raw_text"}), cur]
+    failed[2].validation_status = "failed"
+    assert lowcost_selector(cfg).from_postings(failed, 3, files, ids) == (0,)
+    assert lowcost_selector(cfg).from_postings(steps, 3, [[]], []) == ()
+    # equal scores: the more recent first (s0 and s1 share one file each with cur, 2 steps apart from it
+    # and 1: s1 scores 1 + 0.8, s0 1 + 0.64; with the recency weight 0 they tie, and s1 comes first)
+    flat = ParentScoring(w_recency=0.0)
+    assert lowcost_selector(flat).from_postings(steps, 3, [[0], [1]], []) == (1, 0)
 
 
 def test_steps_from_a_graph_get_parents_from_shared_files_and_identifiers():

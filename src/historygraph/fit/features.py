@@ -69,7 +69,7 @@ import re
 import weakref
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -77,6 +77,7 @@ import numpy as np
 from ..derived import DerivedKind, pack_array, snapshot_due
 from ..events import Message, ToolCall
 from ..graph import ContextGraph, operations
+from ..int_table import IntTable
 from ..signals.reuse import extract_values
 from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
 from ..signals.tokens import TokenCounter
@@ -886,29 +887,9 @@ def _task(gf: _GraphFacts, text: str, graph: ContextGraph | None = None,
 _COL = {name: k for k, name in enumerate(FEATURES)}
 
 
-class _Table:
-    """``fn(i)`` for integers ``i ≥ 0``, computed once with :mod:`math` and looked up by numpy (so a
-    column holds the same numbers as the per-result formula, whatever numpy's own ``log1p`` or
-    ``exp`` would round to)."""
-
-    def __init__(self, fn: "Callable[[int], float]") -> None:
-        self.fn = fn
-        self.values = np.zeros(0)
-
-    def __call__(self, ints: np.ndarray) -> np.ndarray:
-        idx = ints.astype(np.intp)
-        if not len(idx):
-            return np.zeros(0)
-        top = int(idx.max()) + 1
-        if top > len(self.values):
-            k = len(self.values)
-            self.values = np.concatenate([self.values, [self.fn(i) for i in range(k, max(top, 2 * k, 64))]])
-        return self.values[idx]
-
-
-_log1p_int = _Table(math.log1p)
-_recency = _Table(lambda a: math.exp(-0.3 * a))
-_log2p = _Table(lambda a: math.log(2 + a))
+_log1p_int = IntTable(math.log1p)
+_recency = IntTable(lambda a: math.exp(-0.3 * a))
+_log2p = IntTable(lambda a: math.log(2 + a))
 
 
 def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCounter) -> np.ndarray:

@@ -47,6 +47,7 @@ from the snapshot's length.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import json
@@ -55,7 +56,7 @@ import operator
 import re
 import threading
 import weakref
-from collections import Counter, defaultdict, deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
@@ -65,6 +66,7 @@ import numpy as np
 from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from ..events import Message
 from ..graph import ContextGraph
+from ..int_table import IntTable
 from .tests import TestRun, parse_test_output, supersedes, validation_status
 
 _MODULES = ("historygraph.signals.steps", "historygraph.signals.tests")
@@ -231,11 +233,37 @@ def _shared_score(files: int, identifiers: int, gap: int, cfg: ParentScoring) ->
             + cfg.w_recency * cfg.recency_decay ** gap)
 
 
+def _shared_counts(files: list, identifiers: list, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The step indices below ``k`` in any of the postings ``files`` and ``identifiers`` (lists of
+    step indices), ascending, and in how many of ``files`` and of ``identifiers`` each is (int64)."""
+    nf, ni = sum(map(len, files)), sum(map(len, identifiers))
+    ids = np.fromiter(itertools.chain(*files, *identifiers), dtype=np.int64, count=nf + ni)
+    shared, inverse = np.unique(ids, return_inverse=True)
+    f = np.bincount(inverse[:nf], minlength=len(shared))
+    i = np.bincount(inverse[nf:], minlength=len(shared))
+    below = int(np.searchsorted(shared, k))
+    return shared[:below], f[:below], i[:below]
+
+
+_LOG1P = IntTable(math.log1p)
+
+
+@functools.cache
+def _powers_of(decay: float) -> IntTable:
+    """``decay ** gap`` by Python's ``**``, tabulated (kept per process: selectors are made per call)."""
+    return IntTable(lambda gap: decay ** gap)
+
+
 def lowcost_selector(cfg: ParentScoring) -> Selector:
-    """The selector of the paper's low-cost configuration (§3.3). Its ``from_counts(steps, k,
-    eligible, files, identifiers)`` makes the same picks from the number of files and identifiers
-    each eligible step shares with step ``k`` (``Counter`` by step index, as the inverted index of
-    :func:`build_steps` gives them), without intersecting the steps' sets again."""
+    """The selector of the paper's low-cost configuration (§3.3). Its ``from_postings(steps, k,
+    files, identifiers)`` makes the same picks from the postings of step ``k``'s files and
+    identifiers in the inverted index of :func:`build_steps` (per file, per identifier, the indices
+    of the steps having it: ``files`` and ``identifiers`` list one posting per file and per
+    identifier of step ``k``), without intersecting the steps' sets again: the shared counts of
+    every earlier step are taken at once (``numpy.bincount``) and scored at once, with the same
+    bits as :func:`_shared_score` (``ln(1 + i)`` and ``decay^gap`` each put through :mod:`math`
+    and Python's ``**`` once, the terms added in its order), and only the best ones are checked
+    for their status (passed or unknown), so a step whose status is never read is never built."""
 
     def pick(scored: list[tuple[float, int]]) -> tuple[int, ...]:
         scored.sort(key=lambda t: (t[0], t[1]), reverse=True)  # ties: the more recent first
@@ -244,13 +272,24 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
     def select(steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
         return pick([(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None])
 
-    def from_counts(steps: list[Step], k: int, eligible: list[int], files: Counter, identifiers: Counter) -> tuple[int, ...]:
-        at = steps[k].index - 1
-        return pick([(_shared_score(files[i], identifiers[i], at - steps[i].index, cfg), i) for i in eligible
-                     if files[i] + identifiers[i]])
+    log1p, decay = _LOG1P, _powers_of(cfg.recency_decay)
+
+    def from_postings(steps: list[Step], k: int, files: list, identifiers: list) -> tuple[int, ...]:
+        shared, f, i = _shared_counts(files, identifiers, k)  # (a step's index is its place in ``steps``)
+        if not len(shared):
+            return ()
+        score = cfg.w_files * np.minimum(f, 3) + cfg.w_identifiers * log1p(i) + cfg.w_recency * decay(k - 1 - shared)
+        out: list[int] = []
+        for j in np.lexsort((shared, score))[::-1].tolist():  # best first, ties: the more recent first
+            s = int(shared[j])
+            if steps[s].validation_status in ("passed", "unknown"):
+                out.append(s)
+                if len(out) == cfg.max_parents:
+                    break
+        return tuple(out)
 
     select.shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
-    select.from_counts = from_counts
+    select.from_postings = from_postings
     # a pure function of the steps: its picks are kept with a stored session, under a name of its weights
     select.stored_as = "lowcost-" + hashlib.blake2b(repr(cfg).encode(), digest_size=6).hexdigest()
     return select
@@ -812,15 +851,17 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
             if shared_only:
                 if by_file is None:
                     by_file, by_ident = index["files"], index["identifiers"]
-                # per earlier step, how many of this step's files and identifiers it has (each step is
-                # once in the postings of each of its own): the sizes of the sets' intersections
-                files_n = Counter(itertools.chain.from_iterable(by_file.get(x, ()) for x in step.files))
-                idents_n = Counter(itertools.chain.from_iterable(by_ident.get(x, ()) for x in step.identifiers))
-                eligible = sorted(i for i in files_n.keys() | idents_n.keys()
-                                  if i < k and steps[i].validation_status in ("passed", "unknown"))
-                counted = getattr(selector, "from_counts", None)
-                pcache[key] = (tuple(counted(steps, k, eligible, files_n, idents_n)) if counted is not None else
-                               tuple(selector(steps, k, eligible))) if eligible else ()
+                # the postings of this step's files and identifiers: each earlier step is once in the
+                # postings of each of its own, so its count there is the size of the sets' intersection
+                file_posts = [by_file.get(x, ()) for x in step.files]
+                ident_posts = [by_ident.get(x, ()) for x in step.identifiers]
+                posted = getattr(selector, "from_postings", None)
+                if posted is not None:
+                    pcache[key] = tuple(posted(steps, k, file_posts, ident_posts))
+                else:
+                    eligible = sorted(i for i in set(itertools.chain(*file_posts, *ident_posts))
+                                      if i < k and steps[i].validation_status in ("passed", "unknown"))
+                    pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
             else:
                 eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
                 pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
