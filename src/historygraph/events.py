@@ -42,16 +42,15 @@ class ToolCall:
     def from_openai(cls, data: dict[str, Any], index: int | None = None) -> "ToolCall":
         """Parse one entry of an OpenAI ``tool_calls`` list (``index``: its place there, named in
         errors). Raises EventError naming the field."""
-        at = f"tool_calls[{'' if index is None else index}]"
         if not isinstance(data, dict):
-            raise EventError(f"{at}: expected an object, got {type(data).__name__}")
+            raise EventError(f"tool_calls[{'' if index is None else index}]: expected an object, got {type(data).__name__}")
         fn = data.get("function")
         if isinstance(fn, dict):
             name, args = fn.get("name"), fn.get("arguments", "{}")
         else:  # flat form used by tau2-bench: {id, name, arguments: dict}
             name, args = data.get("name"), data.get("arguments", "{}")
         if not data.get("id"):
-            raise EventError(f"{at}.id is missing")
+            raise EventError(f"tool_calls[{'' if index is None else index}].id is missing")
         if not name:
             raise EventError(f"tool_calls[{data.get('id')}].function.name is missing")
         if not isinstance(args, str):
@@ -157,7 +156,8 @@ class Message:
             role = "system"
         if role not in ROLES:
             raise EventError(f"role {role!r} is not one of {', '.join(ROLES)}")
-        calls = tuple(ToolCall.from_openai(c, i) for i, c in enumerate(data.get("tool_calls") or ()))
+        listed = data.get("tool_calls")
+        calls = tuple([ToolCall.from_openai(c, i) for i, c in enumerate(listed)]) if listed else ()
         ts = data.get("timestamp")
         return cls(
             role=role,

@@ -37,7 +37,7 @@ import platformdirs
 
 from ..derived import Row
 from ..events import Message
-from .base import SessionInfo, StaleGraph, Store
+from .base import SessionInfo, StaleGraph, Store, stored_events
 from .migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
@@ -190,12 +190,12 @@ class SQLiteStore(Store):
         with self._lock:
             rows = self._db.execute("SELECT data FROM events WHERE session_id = ? AND position >= ? ORDER BY position",
                                     (session_id, start)).fetchall()
-        return [Message.from_openai(json.loads(r[0])) for r in rows]
+        return stored_events([r[0] for r in rows])
 
     def _read_events(self, session_id: str) -> list[Message]:
         with self._lock:
             rows = self._db.execute("SELECT data FROM events WHERE session_id = ? ORDER BY position", (session_id,)).fetchall()
-        return [Message.from_openai(json.loads(r[0])) for r in rows]
+        return stored_events([r[0] for r in rows])
 
     def sessions(self) -> list[str]:
         with self._lock:
