@@ -93,3 +93,28 @@ def test_user_messages_are_not_operations():
     )
     assert g.reuse_score(2) == 0.0
     assert not math.isnan(g.reuse_score(2))
+
+
+def test_latest_operations_hold_the_values_of_the_joined_text_on_real_traces(traces_dir):
+    """The learned features read the latest assistant message's values as TFA took them per
+    operation (graph.latest_operations); their union must be the extraction of the operations
+    joined by newlines (a candidate never spans the newline), on every assistant message."""
+    from historygraph.formats import read_traces
+    from historygraph.graph import operations
+
+    checked = with_calls = 0
+    for tr in list(read_traces(traces_dir / "mini-swe-agent-deepseek"))[:4] + list(read_traces(traces_dir / "openhands"))[:2]:
+        g = ContextGraph(tr.trace_id)
+        for m in tr.messages:
+            p = g.append(m)
+            if m.role != "assistant":
+                continue
+            assert g.latest_operations is not None and g.latest_operations[0] == p
+            union = frozenset().union(*g.latest_operations[1])
+            assert union == extract_values("\n".join(operations(m))), (tr.trace_id, p)
+            checked += 1
+            with_calls += bool(m.tool_calls) and bool(union)
+    assert checked > 100 and with_calls > 50
+    # a value on either side of the newline stays whole, and the newline never joins two
+    g = ContextGraph("t", [Message("assistant", "see abc_def", (ToolCall("c", "bash", '{"x": "ghi_jkl"}'),))])
+    assert frozenset().union(*g.latest_operations[1]) == {"abc_def", "ghi_jkl"} == extract_values("see abc_def\nbash {\"x\": \"ghi_jkl\"}")

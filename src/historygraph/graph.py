@@ -97,6 +97,9 @@ class ContextGraph:
         self.turn_of: list[int] = []
         self.turns = 0
         self.reuse = ReuseIndex()
+        #: the latest assistant message's position and the TFA values of each of its operations
+        #: (:func:`operations`), as given to :meth:`ReuseIndex.add_operations`
+        self.latest_operations: tuple[int, list[list[str]]] | None = None
         self.call_owner: dict[str, int] = {}   # tool_call_id -> position of the assistant message
         self.result_of: dict[str, int] = {}    # tool_call_id -> position of its latest result
         self.superseded: dict[int, int] = {}   # position of an earlier result -> position of the later one
@@ -134,6 +137,7 @@ class ContextGraph:
                 ops = [sorted(extract_values(text)) for text in operations(message)]
                 self.derived.put(TFA_VALUES, pos, ops)
             self.reuse.add_operations(pos, ops)
+            self.latest_operations = (pos, ops)
         elif message.role == "tool":
             assert message.tool_call_id is not None  # validate() refuses a result without a call id
             if message.tool_call_id in self.result_of:  # a late second result: the latest is rendered

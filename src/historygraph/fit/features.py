@@ -918,7 +918,11 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     latest = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "assistant"), None)
     latest_text = "\n".join(operations(msgs[latest])) if latest is not None else ""
     _, task_values, task_words, task_idents = _task(gf, task_text, graph, task_at)
-    latest_values, latest_words = extract_values(latest_text), words(latest_text)
+    # the values of the latest message's operations, as TFA took them when it was added: a candidate
+    # never spans the newline that joins them, so their union is extract_values(latest_text)
+    ops = graph.latest_operations
+    latest_values = frozenset().union(*ops[1]) if ops is not None and ops[0] == latest else extract_values(latest_text)
+    latest_words = words(latest_text)
     latest_files = files_in(latest_text)
     latest_idents = identifiers_in(latest_text)
     out = np.zeros((n, len(FEATURES)))
