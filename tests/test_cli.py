@@ -485,3 +485,22 @@ def test_piped_tables_follow_columns_when_it_is_set():
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     assert widest(env) == 170
     assert widest({**env, "COLUMNS": "100"}) == 100
+
+
+def test_the_report_hint_names_the_program_as_it_can_be_run_from_here(tmp_path, monkeypatch):
+    """After a replay the CLI says how to make the report: bare ``historygraph`` when that is the
+    program found on PATH, else the path it was started by (a clone's .venv, not activated)."""
+    from historygraph.cli import _this_command
+
+    prog = tmp_path / ".venv" / "bin" / "historygraph"
+    prog.parent.mkdir(parents=True)
+    prog.write_text("#!/bin/sh\n")
+    prog.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", [str(prog), "replay"])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert _this_command() == ".venv/bin/historygraph"
+    monkeypatch.setenv("PATH", str(prog.parent))
+    assert _this_command() == "historygraph"
+    monkeypatch.setattr("sys.argv", ["/somewhere/historygraph/__main__.py", "replay"])
+    assert _this_command() == "python -m historygraph"

@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -75,8 +76,9 @@ ParamOption = Annotated[list[str], typer.Option(
                           "'historygraph policies' lists them). Overrides --params.")]
 ParamsFileOption = Annotated[Optional[Path], typer.Option(
     "--params", help="TOML file of policy parameters, one \\[policy-name] table per policy.")]
-SessionArgument = Annotated[str, typer.Argument(help="Session id, or the end of one if only one session id ends "
-                                                      "so ('historygraph sessions' lists them).")]
+SessionArgument = Annotated[str, typer.Argument(help="Session id, or a replayed trace's whole id (the part of the session id "
+                                                      "after its last ':') when one session has it ('historygraph sessions' "
+                                                      "lists them).")]
 
 
 def _policy_params(items: list[str], path: Path | None, names: list[str]) -> dict[str, dict]:
@@ -369,11 +371,27 @@ def replay(
     console.print(f"wall time {wall:.1f} s, peak memory {'n/a' if peak_mb is None else f'{peak_mb:.0f} MB'}, {meta['texts_embedded']} texts embedded; "
                   f"invariant violations: {bad}")
     console.print("wrote " + ", ".join(str(p) for p in written.values()), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"report (HTML and Markdown): historygraph report {out}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report (HTML and Markdown): {_this_command()} report {out}", markup=False, highlight=False, soft_wrap=True)
     if skipped:
         _warn(f"{len(skipped)} unreadable file(s) skipped: " + ", ".join(s["path"] for s in skipped))
     if bad or skipped:
         raise typer.Exit(1)
+
+
+def _this_command() -> str:
+    """How to run this CLI again from here: ``historygraph`` when that is the program on PATH, else
+    the path this process was started by (e.g. ``.venv/bin/historygraph`` in a clone whose
+    environment is not activated); ``python -m historygraph`` when started so."""
+    me = Path(sys.argv[0])
+    if me.name == "__main__.py":
+        return "python -m historygraph"
+    found = shutil.which("historygraph")
+    if me.name != "historygraph" or (found is not None and Path(found).resolve() == me.resolve()):
+        return "historygraph"
+    try:
+        return str(me.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(me)
 
 
 def _budgets(text: str, hint: str = " (give one, or a comma-separated list)") -> list[int]:
@@ -479,7 +497,8 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
                                                   for r in rows))]
     notes = []
     if "pct_of_oracle" in cols:
-        notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B)")
+        notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B); "
+                     "– where the oracle shows none, e.g. every reused result is larger than B")
     if any(c.startswith("recall_age_") for c in cols):
         notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
     if "norm_cost" in cols:
