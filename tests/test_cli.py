@@ -104,6 +104,15 @@ def test_replay_with_worker_processes_gives_the_same_figures(tmp_path):
     assert 0 < embedded[0] <= embedded[1] <= 2 * embedded[0]
 
 
+def test_replay_of_one_trace_starts_no_worker_process_for_more_jobs(tmp_path):
+    """--jobs above the number of traces is cut to it (the main job passes one per core): one
+    trace replays in this process, and replay.json records the jobs used."""
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--budget", "3000", "--store", ":memory:",
+                              "--out", str(tmp_path / "out"), "--jobs", "4"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "out" / "replay.json").read_text())["meta"]["jobs"] == 1
+
+
 def test_read_commands_refuse_a_missing_store_instead_of_creating_one(tmp_path):
     missing = tmp_path / "typo.sqlite"
     for args in (["sessions"], ["show", "any-session"]):

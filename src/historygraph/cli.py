@@ -319,6 +319,7 @@ def replay(
             info = p.model_info
             console.print(f"{n}: reuse model {info['file']}" + (f" (fitted on {info['traces']} trajectories of "
                           f"{', '.join(info.get('fitted_on') or ['?'])})" if "traces" in info else ""))
+    jobs = min(jobs, len(traces))  # (a worker process for no trace would only load the models)
     done: dict[int, object] = {}
     embedded = [0]
     stopped: str | None = None
