@@ -99,6 +99,11 @@ def test_parent_scores_on_a_tiny_chain():
     # and 1: s1 scores 1 + 0.8, s0 1 + 0.64; with the recency weight 0 they tie, and s1 comes first)
     flat = ParentScoring(w_recency=0.0)
     assert lowcost_selector(flat).from_postings(steps, 3, [[0], [1]], []) == (1, 0)
+    # max_parents 0 or below cuts the ranking as the per-step selector does
+    for cut in (0, -1):
+        cfg_cut = ParentScoring(max_parents=cut)
+        assert lowcost_selector(cfg_cut).from_postings(steps, 3, files, ids) == lowcost_selector(cfg_cut)(steps, 3, [0, 1, 2])
+    assert lowcost_selector(ParentScoring(max_parents=-1)).from_postings(steps, 3, files, ids) == (2,)
 
 
 def test_steps_from_a_graph_get_parents_from_shared_files_and_identifiers():

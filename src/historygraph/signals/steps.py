@@ -286,7 +286,7 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
                 out.append(s)
                 if len(out) == cfg.max_parents:
                     break
-        return tuple(out)
+        return tuple(out[:cfg.max_parents])  # (max_parents ≤ 0: every eligible one collected, cut as pick cuts)
 
     select.shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
     select.from_postings = from_postings
