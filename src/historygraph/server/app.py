@@ -419,8 +419,11 @@ class Proxy:
         async def relay():
             # The answer is stored as soon as the event completing it arrives and before that event
             # is relayed: clients close the connection right after the final event.
+            # The usage is fed to the calibration as soon as the answer is complete and its usage has
+            # come (OpenAI sends it after the finish_reason chunk), also before that chunk is relayed,
+            # so that a client's next request or a read of /calibration sees it.
             nonlocal answer
-            parser, acc, stored = SSEParser(), accumulator(), False
+            parser, acc, stored, observed = SSEParser(), accumulator(), False, False
             relayed: list[bytes] = []
             cut: str | None = None
             try:
@@ -432,12 +435,13 @@ class Proxy:
                             stored, answer = True, acc.message()
                             if answer is not None:
                                 await run_in_threadpool(self.store_answer, session_id, answer)
+                        if not observed and acc.complete and acc.usage is not None:
+                            observed = True
+                            self.observe_usage(body, acc.usage, sent, api)
                         relayed.append(chunk)
                         yield chunk
                     if not acc.complete:
                         cut = "the upstream closed the stream before its final event"
-                    else:
-                        self.observe_usage(body, acc.usage, sent, api)
                 except httpx.HTTPError as exc:  # after the final event the answer is complete: not a cut
                     cut = None if acc.complete else str(exc)
                 if cut is not None:
