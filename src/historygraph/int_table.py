@@ -11,7 +11,9 @@ import numpy as np
 
 class IntTable:
     """``fn(i)`` for each integer ``i ≥ 0`` of an array; shape as the array's, float64. The table
-    grows (at least doubling) when a larger integer is asked for."""
+    grows (at least doubling) when a larger integer is asked for. Safe to share between threads
+    (renders of several sessions): a call reads the table it grew, and a table another thread put
+    meanwhile holds the same values, however long."""
 
     def __init__(self, fn: Callable[[int], float]) -> None:
         self.fn = fn
@@ -22,7 +24,8 @@ class IntTable:
         if not idx.size:
             return np.zeros(idx.shape)
         top = int(idx.max()) + 1
-        if top > len(self.values):
-            k = len(self.values)
-            self.values = np.concatenate([self.values, [self.fn(i) for i in range(k, max(top, 2 * k, 64))]])
-        return self.values[idx]
+        values = self.values
+        if top > len(values):
+            k = len(values)
+            values = self.values = np.concatenate([values, [self.fn(i) for i in range(k, max(top, 2 * k, 64))]])
+        return values[idx]
