@@ -16,7 +16,7 @@ from historygraph.events import Message, ToolCall
 from historygraph.formats import read_traces
 from historygraph.graph import ContextGraph
 from historygraph.policies import Signals, contextrender, create
-from historygraph.render import Layout
+from historygraph.render import BudgetTooSmallError, Layout
 from historygraph.signals.tokens import TokenCounter
 
 
@@ -562,6 +562,41 @@ def test_bulk_run_pricing_equals_one_marker_at_a_time(real_traces):
                     P, S = lay._run_costs(a, b)
                     assert P.tolist() == [c.count_message(lay.marker(a, x)) for x in range(a, b + 1)], (a, b)
                     assert S.tolist() == [c.count_message(lay.marker(y, b)) for y in range(a, b + 1)], (a, b)
+
+
+def test_run_deltas_kept_across_renders_equal_a_fresh_pricing_as_the_graph_grows(real_traces):
+    """The remove deltas of dropped-step runs kept per graph across renders
+    (``_TokenMemo.run_deltas``) equal those a layout computes with nothing kept, at every fifth size
+    of a growing real-trace graph, most of them kept from an earlier render."""
+    from historygraph.render import _token_memo, placeholder_for
+
+    c = TokenCounter()
+    tr = max(real_traces[:3], key=lambda t: len(t.messages))  # (the mini-swe-agent ones)
+    g = ContextGraph(tr.trace_id)
+    policy = create("learned")  # its knapsack prices runs in bulk at every render
+    checked = reused = 0
+    for j, m in enumerate(tr.messages):
+        g.append(m)
+        if j < 20 or j % 5:
+            continue
+        memo = _token_memo(g, c, placeholder_for)
+        before = dict(memo.run_deltas)
+        try:
+            policy.render(g, 3000, Signals())
+        except BudgetTooSmallError:  # (the protected history alone is over B at this size)
+            continue
+        lay = Layout(g, c, 3000, result_reserve=0.95)
+        for (build, a, b), out in memo.run_deltas.items():
+            if build != lay._build:
+                continue
+            P, S = lay._run_costs(a, b)  # priced afresh, nothing kept
+            fresh = np.full(len(P), -P[-1], dtype=np.int64)
+            fresh[1:] += P[:-1]
+            fresh[:-1] += S[1:]
+            assert out.tolist() == fresh.tolist(), (j, a, b)
+            checked += 1
+            reused += (build, a, b) in before
+    assert checked > 50 and reused > 10, (checked, reused)
 
 
 @pytest.mark.parametrize("budget", [1500, 3000, 6000])

@@ -635,6 +635,10 @@ class _TokenMemo:
         self.kept = 0  # messages of the last snapshot read or put (token_snapshot)
         self.one_by_one = False  # started from a snapshot: read the later rows one at a time
         self._tokens_array = np.zeros(0, dtype=np.int64)  # tokens_array()
+        # Layout._remove_deltas of runs of dropped steps, by (skeleton build, first, last unit), kept
+        # across renders: a run's marker costs depend only on its units' facts, which no longer change
+        # once a later unit exists (a change to an earlier unit rebuilds the skeleton: a new build)
+        self.run_deltas: dict[tuple[int, int, int], np.ndarray] = {}
 
     def skeleton(self, graph: ContextGraph, budget: int | None = None) -> dict[str, Any]:
         """A snapshot of the graph's :class:`_Skeleton`, taken under the lock (another thread may
@@ -1375,6 +1379,7 @@ class _UnitsView(Sequence[_Unit]):
 _DROP_WINDOW = 64  # markers priced at once by the oldest-first drop's search (Layout._first_within)
 _DROP_ONE_BY_ONE = 4  # markers priced one at a time by that search before its first window
 _BULK_AFTER = 16  # remove_delta questions on one run before the whole run is priced in bulk
+_RUNS_KEPT = 64  # runs' remove deltas kept per graph (Layout._remove_deltas); cleared when full
 
 
 def _weakly(method: Callable[[int, int], Any]) -> Callable[[int, int], Any]:
@@ -2222,13 +2227,25 @@ class Layout:
         return plan.const + plan.number("first", int(lo[a])) + plan.gather("last", top_p) + plan.gather("n", n_p)
 
     def _remove_deltas(self, a: int, b: int) -> np.ndarray:
-        """``[runs.remove_delta(i) for i in a..b]`` for the run ``a..b`` (int64), memoised."""
+        """``[runs.remove_delta(i) for i in a..b]`` for the run ``a..b`` (int64, read-only), memoised
+        per layout and, for a run before the last unit, per graph across renders
+        (:attr:`_TokenMemo.run_deltas`: consecutive renders drop mostly the same runs)."""
         out = self._bulk.get((a, b))
         if out is None:
-            P, S = self._run_costs(a, b)
-            out = np.full(len(P), -P[-1], dtype=np.int64)
-            out[1:] += P[:-1]
-            out[:-1] += S[1:]
+            kept = self._memo.run_deltas
+            key = (self._build, a, b)
+            final = b < len(self._costs) - 1  # (the last unit may still gain results)
+            out = kept.get(key) if final else None
+            if out is None:
+                P, S = self._run_costs(a, b)
+                out = np.full(len(P), -P[-1], dtype=np.int64)
+                out[1:] += P[:-1]
+                out[:-1] += S[1:]
+                out.flags.writeable = False
+                if final:
+                    if len(kept) >= _RUNS_KEPT:
+                        kept.clear()
+                    kept[key] = out
             self._bulk[(a, b)] = out
         return out
 
