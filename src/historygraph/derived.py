@@ -54,8 +54,10 @@ Row = tuple[str, str, int, str]
 _decode = msgspec.json.Decoder().decode
 
 
-def _loads(text: str) -> Any:
-    """:func:`json.loads` of ``text`` (see the module docstring)."""
+def loads(text: str) -> Any:
+    """:func:`json.loads` of ``text``, by msgspec's C parser (``json.loads`` itself for what msgspec
+    refuses: the ``NaN`` and ``Infinity`` that ``json.dumps`` writes); also the stores' reader of
+    their stored events."""
     try:
         return _decode(text)
     except msgspec.DecodeError:
@@ -162,7 +164,7 @@ class Derived:
                 raw = versions.pop(kind.version, {})
                 if versions and self.persist:
                     self._stale.add((kind.name, kind.version))
-                t = dict(zip(raw, _loads("[" + ",".join(raw.values()) + "]"))) if raw else {}
+                t = dict(zip(raw, loads("[" + ",".join(raw.values()) + "]"))) if raw else {}
                 self._tables[kind] = t
         return t
 
@@ -181,7 +183,7 @@ class Derived:
         session does not pay for all of them. Rows of other versions of the kind are dropped and,
         when persisting, marked for deletion from the store (as by :meth:`table`)."""
         decoded, v = self._take(kind, position)
-        return v if decoded or v is None else _loads(v)
+        return v if decoded or v is None else loads(v)
 
     def _take(self, kind: DerivedKind, position: int) -> tuple[bool, Any]:
         """The row of ``kind`` at ``position``, taken out: ``(True, value)`` from a decoded table,

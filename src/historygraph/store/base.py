@@ -38,8 +38,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-import msgspec
-
 import numpy as np
 
 from ..derived import Derived, Row
@@ -88,28 +86,6 @@ class StaleGraph(Exception):
     """Raised inside an append's write transaction (which it rolls back) when the cached graph the
     append was checked against is behind the stored session: :meth:`Store.append` then tries again
     on the graph caught up. Never leaves :meth:`Store.append`."""
-
-
-_EVENT_JSON = msgspec.json.Decoder()
-
-
-def stored_events(texts: Iterator[str] | Sequence[str]) -> list[Message]:
-    """Stored events (each the JSON text of :meth:`Message.to_dict`) as messages, in order: each
-    parsed by msgspec's JSON decoder (on a 10,000-message session, 28 CPU ms against 49 for
-    ``json.loads``; the same objects), or by ``json.loads`` when msgspec refuses the text
-    (``NaN`` and ``Infinity``, which ``json.dumps`` writes for such a float).
-
-    Raises:
-        historygraph.events.EventError: a stored event that is not a valid message.
-    """
-    out = []
-    for text in texts:
-        try:
-            data = _EVENT_JSON.decode(text)
-        except msgspec.DecodeError:
-            data = json.loads(text)
-        out.append(Message.from_openai(data))
-    return out
 
 
 @dataclass(frozen=True)

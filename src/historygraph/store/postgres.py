@@ -30,9 +30,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..derived import Row
+from ..derived import Row, loads
 from ..events import Message
-from .base import SessionInfo, Store, stored_events
+from .base import SessionInfo, Store
 from .migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
@@ -169,7 +169,7 @@ class PostgresStore(Store):
     def _read_events_from(self, session_id: str, start: int) -> list[Message]:
         rows = self._db.execute("SELECT data FROM events WHERE session_id = %s AND position >= %s ORDER BY position",
                                 (session_id, start)).fetchall()
-        return stored_events([r[0] for r in rows])
+        return [Message.from_openai(loads(r[0])) for r in rows]
 
     def sessions(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY seq")]

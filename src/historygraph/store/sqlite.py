@@ -35,9 +35,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import platformdirs
 
-from ..derived import Row
+from ..derived import Row, loads
 from ..events import Message
-from .base import SessionInfo, StaleGraph, Store, stored_events
+from .base import SessionInfo, StaleGraph, Store
 from .migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
@@ -190,12 +190,12 @@ class SQLiteStore(Store):
         with self._lock:
             rows = self._db.execute("SELECT data FROM events WHERE session_id = ? AND position >= ? ORDER BY position",
                                     (session_id, start)).fetchall()
-        return stored_events([r[0] for r in rows])
+        return [Message.from_openai(loads(r[0])) for r in rows]
 
     def _read_events(self, session_id: str) -> list[Message]:
         with self._lock:
             rows = self._db.execute("SELECT data FROM events WHERE session_id = ? ORDER BY position", (session_id,)).fetchall()
-        return stored_events([r[0] for r in rows])
+        return [Message.from_openai(loads(r[0])) for r in rows]
 
     def sessions(self) -> list[str]:
         with self._lock:
