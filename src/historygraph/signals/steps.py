@@ -693,10 +693,10 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
 
     ``selector_key`` names the selector in the per-graph parent cache (a step's parents depend only
     on earlier steps, so they are chosen once per selector). A selector marked ``shared_only``
-    (the low-cost one: a candidate that shares no file or identifier cannot be a parent) is
-    offered only the eligible steps that share one, found through an inverted index of the
-    steps' features kept per graph, so the first view of an ``n``-step graph costs far less than
-    scoring all ``n²/2`` pairs. The superseded check visits only the steps still failed. The view
+    (the low-cost one: a candidate that shares no file or identifier cannot be a parent) chooses
+    by its ``from_postings`` from the postings of the step's files and identifiers in an inverted
+    index of the steps' features kept per graph, so the first view of an ``n``-step graph costs far
+    less than scoring all ``n²/2`` pairs. The superseded check visits only the steps still failed. The view
     is kept per graph and selector and extended when the graph grows: only new steps are built,
     and a step whose results arrive after it was built is built again with the steps after it
     (their superseding undone first), so the view equals one built from scratch.
@@ -853,15 +853,8 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
                     by_file, by_ident = index["files"], index["identifiers"]
                 # the postings of this step's files and identifiers: each earlier step is once in the
                 # postings of each of its own, so its count there is the size of the sets' intersection
-                file_posts = [by_file.get(x, ()) for x in step.files]
-                ident_posts = [by_ident.get(x, ()) for x in step.identifiers]
-                posted = getattr(selector, "from_postings", None)
-                if posted is not None:
-                    pcache[key] = tuple(posted(steps, k, file_posts, ident_posts))
-                else:
-                    eligible = sorted(i for i in set(itertools.chain(*file_posts, *ident_posts))
-                                      if i < k and steps[i].validation_status in ("passed", "unknown"))
-                    pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
+                pcache[key] = tuple(selector.from_postings(steps, k, [by_file.get(x, ()) for x in step.files],  # type: ignore[attr-defined]
+                                                           [by_ident.get(x, ()) for x in step.identifiers]))
             else:
                 eligible = [i for i in range(k) if steps[i].validation_status in ("passed", "unknown")]
                 pcache[key] = tuple(selector(steps, k, eligible)) if eligible else ()
