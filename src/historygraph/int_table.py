@@ -4,6 +4,7 @@ the per-item formula (numpy's ``log1p``, ``exp`` or ``power`` may round differen
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -29,3 +30,7 @@ class IntTable:
             k = len(values)
             values = self.values = np.concatenate([values, [self.fn(i) for i in range(k, max(top, 2 * k, 64))]])
         return values[idx]
+
+
+#: ``ln(1 + i)`` (:func:`math.log1p`), shared by every caller (the learned features, the step view's parent scores)
+LOG1P = IntTable(math.log1p)

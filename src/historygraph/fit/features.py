@@ -77,7 +77,7 @@ import numpy as np
 from ..derived import DerivedKind, pack_array, snapshot_due
 from ..events import Message, ToolCall
 from ..graph import ContextGraph, operations
-from ..int_table import IntTable
+from ..int_table import LOG1P, IntTable
 from ..signals.reuse import extract_values
 from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
 from ..signals.tokens import TokenCounter
@@ -887,7 +887,6 @@ def _task(gf: _GraphFacts, text: str, graph: ContextGraph | None = None,
 _COL = {name: k for k, name in enumerate(FEATURES)}
 
 
-_log1p_int = IntTable(math.log1p)
 _recency = IntTable(lambda a: math.exp(-0.3 * a))
 _log2p = IntTable(lambda a: math.log(2 + a))
 
@@ -933,7 +932,7 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     turn = gf.turn.view()
     age = t - turn
     col("age", age)
-    col("log_age", _log1p_int(age))
+    col("log_age", LOG1P(age))
     col("recency", _recency(age))
     # observed reuse (TFA): only the results with matches differ from the never-reused defaults
     col("since_reuse", _log2p(age))
@@ -945,10 +944,10 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
         last, nt = gf.reuse_last.view()[hit], n_turns[hit]
         recent = (gf.reuse_recent.view()[hit] > t - RECENT_TURNS) & (np.arange(RECENT_TURNS) < nt[:, None])
         out[hit, _COL["reuse_score"]] = gf.reuse_score.view()[hit]
-        out[hit, _COL["reuse_turns"]] = _log1p_int(nt)
+        out[hit, _COL["reuse_turns"]] = LOG1P(nt)
         out[hit, _COL["reused_last"]] = last == t
         out[hit, _COL["reused_recent"]] = recent.sum(1)
-        out[hit, _COL["since_reuse"]] = _log1p_int(t - last)
+        out[hit, _COL["since_reuse"]] = LOG1P(t - last)
         out[hit, _COL["never_reused"]] = 0.0
     # lexical and value overlap with the latest assistant message and the task, identifiers, files,
     # and echoes in the newest results (0 for the newest results themselves): each table's sums
@@ -962,8 +961,8 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     v_latest, v_task, v_echo, v_echo_own = vt.sums_many(
         [(vt.lookup(latest_values), None, False), (vt.lookup(task_values), None, False),
          (q_values, None, False), (q_values, None, True)], n)
-    col("latest_values", _log1p_int(v_latest))
-    col("task_values", _log1p_int(v_task))
+    col("latest_values", LOG1P(v_latest))
+    col("task_values", LOG1P(v_task))
     df = wt.counts()
     covers = [(name, *cover_weights(gf, query, df)) for name, query in (("latest_cover", latest_words),
                                                                          ("task_cover", task_words))]
@@ -979,11 +978,11 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     col("edited_later", gf.edited_later.view())
     f_latest, f_echo = ft.sums_many([(ft.lookup(latest_files), None, False), (ft.lookup(fresh_files), None, False)], n)
     col("path_in_latest", f_latest > 0)
-    col("unique_values", _log1p_int(gf.unique_n.view()))
+    col("unique_values", LOG1P(gf.unique_n.view()))
     owner = gf.owner.view()
     newest = owner == latest if latest is not None else np.zeros(n, bool)
     col("latest_result", newest)
-    col("ident_turns", _log1p_int(gf.ident_turns_n.view()))
+    col("ident_turns", LOG1P(gf.ident_turns_n.view()))
     q_latest = it.lookup(latest_idents)
     recent = []  # the identifiers of the last RECENT_TURNS assistant messages, once per message naming them
     for turn_, ids_ in reversed(gf.assistant_idents):
@@ -994,14 +993,14 @@ def feature_matrix(graph: ContextGraph, positions: list[int], counter: TokenCoun
     i_latest, i_latest_own, i_recent_own, i_task, i_echo_own = it.sums_many(
         [(q_latest, None, False), (q_latest, None, True), (q_recent, times, True),
          (it.lookup(task_idents), None, False), (it.lookup(fresh_idents), None, True)], n)
-    col("latest_idents", _log1p_int(i_latest))
-    col("latest_own_idents", _log1p_int(i_latest_own))
-    col("recent_own_idents", _log1p_int(i_recent_own))
-    col("task_idents", _log1p_int(i_task))
+    col("latest_idents", LOG1P(i_latest))
+    col("latest_own_idents", LOG1P(i_latest_own))
+    col("recent_own_idents", LOG1P(i_recent_own))
+    col("task_idents", LOG1P(i_task))
     keep = ~newest
-    col("echo_values", _log1p_int(v_echo) * keep)
-    col("echo_own_values", _log1p_int(v_echo_own) * keep)
-    col("echo_own_idents", _log1p_int(i_echo_own) * keep)
+    col("echo_values", LOG1P(v_echo) * keep)
+    col("echo_own_values", LOG1P(v_echo_own) * keep)
+    col("echo_own_idents", LOG1P(i_echo_own) * keep)
     col("echo_files", (f_echo > 0) & keep)
     if len(rows) and rows[-1] == len(rows) - 1 and (rows == np.arange(len(rows))).all():
         return out[:len(rows)]  # the first rows in order (every result but the newest protected ones)

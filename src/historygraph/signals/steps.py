@@ -66,7 +66,7 @@ import numpy as np
 from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from ..events import Message
 from ..graph import ContextGraph
-from ..int_table import IntTable
+from ..int_table import LOG1P, IntTable
 from .tests import TestRun, parse_test_output, supersedes, validation_status
 
 _MODULES = ("historygraph.signals.steps", "historygraph.signals.tests")
@@ -245,9 +245,6 @@ def _shared_counts(files: list, identifiers: list, k: int) -> tuple[np.ndarray, 
     return shared[:below], f[:below], i[:below]
 
 
-_LOG1P = IntTable(math.log1p)
-
-
 @functools.cache
 def _powers_of(decay: float) -> IntTable:
     """``decay ** gap`` by Python's ``**``, tabulated (kept per process: selectors are made per call)."""
@@ -272,7 +269,7 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
     def select(steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
         return pick([(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None])
 
-    log1p, decay = _LOG1P, _powers_of(cfg.recency_decay)
+    log1p, decay = LOG1P, _powers_of(cfg.recency_decay)
 
     def from_postings(steps: list[Step], k: int, files: list, identifiers: list) -> tuple[int, ...]:
         shared, f, i = _shared_counts(files, identifiers, k)  # (a step's index is its place in ``steps``)
