@@ -499,7 +499,7 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     notes = []
     if "pct_of_oracle" in cols:
         notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B); "
-                     "– where the oracle shows none, e.g. every reused result is larger than B")
+                     "– where the oracle shows none (e.g. every reused result is larger than B) or the policy went over B (full)")
     if any(c.startswith("recall_age_") for c in cols):
         notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
     if "norm_cost" in cols:
