@@ -4,14 +4,14 @@ The curated public API (checked by a test): value types, the context graph, stor
 the replay evaluator. See docs/architecture.md for the architecture.
 """
 
-from .events import EventError, Message, ToolCall, Trace
-from .graph import ContextGraph, GraphError
-from .messages import Rendered, render_anthropic_messages, render_messages
-from .policies import REGISTRY, PolicyError, Signals, create
-from .render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
-from .session import Session
-from .signals.tokens import TokenCounter
-from .store import MemoryStore, SQLiteStore, open_store
+from historygraph.events import EventError, Message, ToolCall, Trace
+from historygraph.graph import ContextGraph, GraphError
+from historygraph.messages import Rendered, render_anthropic_messages, render_messages
+from historygraph.policies import REGISTRY, PolicyError, Signals, create
+from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
+from historygraph.session import Session
+from historygraph.signals.tokens import TokenCounter
+from historygraph.store import MemoryStore, SQLiteStore, open_store
 
 __version__ = "0.1.0"
 

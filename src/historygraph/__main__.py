@@ -1,5 +1,5 @@
 """``python -m historygraph`` runs the command line (same as the ``historygraph`` script)."""
 
-from .cli import app
+from historygraph.cli import app
 
 app()

@@ -25,20 +25,20 @@ from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__
-from .eval.recall import AGE_BINS
-from .eval.cost import Prices
-from .eval.replay import replay_budgets, replay_trace
-from .eval.report import summarize, write_outputs
-from .formats import READERS, TraceFormatError, list_trace_files, read_traces
-from .graph import MESSAGE_SPAN, ContextGraph
-from .llm import ModelError
-from .policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, config_fields, create
-from .policies import params as policy_params
-from .render import BudgetTooSmallError
-from .signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, SERVE_EMBEDDER, create_embedder
-from .signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
-from .store import StoreError, open_store
+from historygraph import __version__
+from historygraph.eval.recall import AGE_BINS
+from historygraph.eval.cost import Prices
+from historygraph.eval.replay import replay_budgets, replay_trace
+from historygraph.eval.report import summarize, write_outputs
+from historygraph.formats import READERS, TraceFormatError, list_trace_files, read_traces
+from historygraph.graph import MESSAGE_SPAN, ContextGraph
+from historygraph.llm import ModelError
+from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, config_fields, create
+from historygraph.policies import params as policy_params
+from historygraph.render import BudgetTooSmallError
+from historygraph.signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, SERVE_EMBEDDER, create_embedder
+from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
+from historygraph.store import StoreError, open_store
 
 app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -524,7 +524,7 @@ def report(
     trace: Annotated[Optional[str], typer.Option(help="Session or trace id for the timeline (default: the compared trace with the most reuse events).")] = None,
 ) -> None:
     """Write RUN_DIR/report.html (self-contained: plots embedded, sortable tables), RUN_DIR/report.md and its figures in RUN_DIR/report-files/."""
-    from .eval.html_report import ReportError, write_report
+    from historygraph.eval.html_report import ReportError, write_report
 
     try:
         paths = write_report(run_dir, budget, trace, progress=lambda step: err.print(step + " …", markup=False, highlight=False, soft_wrap=True))
@@ -718,8 +718,8 @@ def serve(
     try:
         import uvicorn
 
-        from .server import ServerConfig, create_app
-        from .server.logs import configure as configure_logs
+        from historygraph.server import ServerConfig, create_app
+        from historygraph.server.logs import configure as configure_logs
     except ImportError as exc:
         _fail(f"the server needs the 'server' extra (pip install 'historygraph[server]'): {exc}")
     if encoding not in ENCODINGS:
@@ -746,7 +746,7 @@ def serve(
     err.print(f"historygraph proxy on http://{host}:{port} → {upstream} | {anthropic_upstream}; policy {policy}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
     if workers == 1:
-        from .server.app import tune_gc
+        from historygraph.server.app import tune_gc
 
         tune_gc()
         uvicorn.run(application, host=host, port=port, log_level="warning")
@@ -755,12 +755,12 @@ def serve(
         _fail("--workers > 1 needs a store the workers share (a SQLite file or postgresql://…), not ':memory:'")
     import dataclasses
 
-    from .server.app import CONFIG_ENV, LOG_ENV
+    from historygraph.server.app import CONFIG_ENV, LOG_ENV
 
     application.state.proxy.store.close()  # each worker opens its own connection
     os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(config))
     os.environ[LOG_ENV] = json.dumps({"level": log_level, "json": log_format == "json"})
-    from .server.workers import BALANCED, run_workers
+    from historygraph.server.workers import BALANCED, run_workers
 
     if not BALANCED:  # uvicorn's supervisor (historygraph.server.workers)
         uvicorn.run("historygraph.server.app:create_app_from_env", factory=True, workers=workers, host=host, port=port,
@@ -816,7 +816,7 @@ def fit(
     ContextWeaver §3.1) at the next model call (--label); features: render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
     parameter model=FILE) and replay to measure it. Needs scikit-learn and, for
     --objective lambdarank, LightGBM (pip install 'historygraph\\[fit]')."""
-    from .fit.train import LABELS, OBJECTIVES, fit_traces
+    from historygraph.fit.train import LABELS, OBJECTIVES, fit_traces
 
     if label not in LABELS:
         _fail(f"unknown --label {label!r}; choose one of {', '.join(LABELS)}")
@@ -874,7 +874,7 @@ def mcp_command(
 ) -> None:
     """Serve a store's tool results to MCP-capable agents (tools results, recall, search; needs the 'mcp' extra)."""
     try:
-        from .mcp_server import build_server
+        from historygraph.mcp_server import build_server
     except ImportError as exc:
         _fail(f"the MCP server needs the 'mcp' extra (pip install 'historygraph[mcp]'): {exc}")
     db = _existing_store(store)

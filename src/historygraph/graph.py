@@ -27,9 +27,9 @@ from typing import Any, Iterable, Iterator
 import msgspec
 import numpy as np
 
-from .derived import Derived, DerivedKind, pack_array, snapshot_due, unpack_array
-from .events import EventError, Message
-from .signals.reuse import ReuseIndex, ReuseMatch, extract_values
+from historygraph.derived import Derived, DerivedKind, pack_array, snapshot_due, unpack_array
+from historygraph.events import EventError, Message
+from historygraph.signals.reuse import ReuseIndex, ReuseMatch, extract_values
 
 TFA_VALUES = DerivedKind("tfa.values", ("historygraph.signals.reuse", "historygraph.graph"))
 """Derived rows of the TFA values (ContextRender A.2) of each message: a tool result's sorted

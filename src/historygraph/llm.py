@@ -178,7 +178,7 @@ class LocalSmolLM2:
     name = "SmolLM2-135M-Instruct (local)"
 
     def __init__(self, max_input_tokens: int = 4096, threads: int | None = None) -> None:
-        from .models.smollm2 import ModelUnavailableError, load_smollm2
+        from historygraph.models.smollm2 import ModelUnavailableError, load_smollm2
 
         threads = threads or int(os.environ.get("HISTORYGRAPH_LLM_THREADS", "0") or 0)
         if threads:  # on a shared, busy CPU one thread can be several times faster than torch's default

@@ -22,10 +22,10 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from .graph import MESSAGE_SPAN
-from .policies.retrieval import bm25_scores
-from .signals.tokens import TokenCounter
-from .store import Store
+from historygraph.graph import MESSAGE_SPAN
+from historygraph.policies.retrieval import bm25_scores
+from historygraph.signals.tokens import TokenCounter
+from historygraph.store import Store
 
 INSTRUCTIONS = ("Tool results of this agent's session are stored in full by historygraph. When the "
                 "conversation shows '[tool result ID omitted from this context ...]', call recall with those ids "

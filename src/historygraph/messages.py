@@ -32,11 +32,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Literal, NamedTuple, Sequence, overload
 
-from .events import EventError, Message
-from .graph import ContextGraph
-from .policies import DEFAULT_POLICY, Policy, Signals, create
-from .render import Rendering, check_invariants
-from .store import MemoryStore, Store
+from historygraph.events import EventError, Message
+from historygraph.graph import ContextGraph
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
+from historygraph.render import Rendering, check_invariants
+from historygraph.store import MemoryStore, Store
 
 
 class Rendered(NamedTuple):
@@ -90,7 +90,7 @@ def _policy(policy: str | Policy) -> Policy:
 
 
 def _router(store: Store) -> Any:
-    from .server.sessions import SessionRouter
+    from historygraph.server.sessions import SessionRouter
 
     with _lock:
         hit = _routers.get(id(store))
@@ -197,7 +197,7 @@ def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int
     arguments and errors as :func:`render_messages`; ``EventError`` names the wire field
     (``messages[3].content[1].tool_use_id`` …).
     """
-    from .formats import anthropic as anth
+    from historygraph.formats import anthropic as anth
 
     events, pieces = anth.to_canonical(system, list(messages) if isinstance(messages, tuple) else messages)
     rendering, sid = render_events(events, budget=budget, policy=policy, session=session, store=store, signals=signals)

@@ -52,10 +52,10 @@ import numpy as np
 
 import msgspec
 
-from .derived import DerivedKind, pack_array, snapshot_due, unpack_array
-from .events import Message
-from .graph import ContextGraph
-from .signals.tokens import MESSAGE_OVERHEAD, TokenCounter
+from historygraph.derived import DerivedKind, pack_array, snapshot_due, unpack_array
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
@@ -332,7 +332,7 @@ class _MarkerPlan:
     SLOTS = ("first", "last", "n")
 
     def __init__(self, counter: TokenCounter, literals: list[str], slots: list[str]) -> None:
-        from .signals.tokens import boundary_pieces
+        from historygraph.signals.tokens import boundary_pieces
         self.counter, self.slots = counter, slots
         self.pieces = [boundary_pieces(lit) if lit else [] for lit in literals]  # literals[j] precedes slots[j]
         self.const = MESSAGE_OVERHEAD + sum(counter.count(p) for ps in self.pieces for p in ps)
@@ -349,7 +349,7 @@ class _MarkerPlan:
     def _took_at_most(self, j: int) -> int:
         """The most tokens of fixed pieces that slot ``j``'s chunk can take (see :meth:`delta`), over
         numbers' first and last digits."""
-        from .signals.tokens import forced_boundary
+        from historygraph.signals.tokens import forced_boundary
         before, after = self.pieces[j], self.pieces[j + 1]
         took = 0
         if before and not all(forced_boundary(before[-1][-1], d) for d in "0123456789"):
@@ -406,7 +406,7 @@ class _MarkerPlan:
     def _separates(self, j: int) -> bool:
         """Whether the fixed text before slot ``j`` keeps slots ``j − 1`` and ``j`` in different
         chunks for every value (a number has digits at both ends)."""
-        from .signals.tokens import forced_boundary
+        from historygraph.signals.tokens import forced_boundary
         ps = self.pieces[j]
         if not ps:  # numbers side by side: their meeting must be a forced boundary
             return forced_boundary("0", "0")
@@ -418,7 +418,7 @@ class _MarkerPlan:
         """Tokens slot ``j`` adds with ``value``: its chunk's count minus the pieces it took."""
         n = self.memo[j].get(value)
         if n is None:
-            from .signals.tokens import forced_boundary
+            from historygraph.signals.tokens import forced_boundary
             chunk, took = value, 0
             before, after = self.pieces[j], self.pieces[j + 1]
             if before and not forced_boundary(before[-1][-1], value[0]):

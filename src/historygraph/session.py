@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import Message
-from .policies import DEFAULT_POLICY, Signals, create
-from .render import Rendering, check_invariants
-from .store import MemoryStore, Store
+from historygraph.events import Message
+from historygraph.policies import DEFAULT_POLICY, Signals, create
+from historygraph.render import Rendering, check_invariants
+from historygraph.store import MemoryStore, Store
 
 
 class Session:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..events import Message
-from ..signals.tokens import MESSAGE_OVERHEAD, TokenCounter
+from historygraph.events import Message
+from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 
 def _common_ids(a: list[int], b: list[int]) -> int:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import plots
-from .report import recall_by_age_title, trace_set
+from historygraph.eval import plots
+from historygraph.eval.report import recall_by_age_title, trace_set
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .recall import AGE_BINS
+from historygraph.eval.recall import AGE_BINS
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", ":")

@@ -29,16 +29,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ..events import Trace
-from ..graph import ContextGraph
-from ..policies.base import Signals, create
-from ..render import BudgetTooSmallError, check_invariants
-from ..store import Store
-from ..signals.tokens import TokenCounter
-from .cache import PrefixReuse
-from .cost import Usage
-from .recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
-from .steps_metrics import StepsCounts
+from historygraph.events import Trace
+from historygraph.graph import ContextGraph
+from historygraph.policies.base import Signals, create
+from historygraph.render import BudgetTooSmallError, check_invariants
+from historygraph.store import Store
+from historygraph.signals.tokens import TokenCounter
+from historygraph.eval.cache import PrefixReuse
+from historygraph.eval.cost import Usage
+from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
+from historygraph.eval.steps_metrics import StepsCounts
 
 
 @dataclass

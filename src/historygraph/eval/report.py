@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from . import plots
-from .cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
-from .recall import AGE_BINS
-from .replay import PolicyStats, TraceResult
-from .steps_metrics import COLUMNS as STEPS_COLUMNS
+from historygraph.eval import plots
+from historygraph.eval.cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
+from historygraph.eval.recall import AGE_BINS
+from historygraph.eval.replay import PolicyStats, TraceResult
+from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
 
 COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
            "value_recall", "prefix_reuse_pct", "input_tokens_P", "output_tokens_O", "embedding_tokens_E", "rho_full",

@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Message, ToolCall
-from ..graph import ContextGraph
+from historygraph.events import Message, ToolCall
+from historygraph.graph import ContextGraph
 
 READERS = frozenset({"cat", "head", "tail", "less", "more", "nl", "grep", "egrep", "rg", "find", "ls", "tree", "wc"})
 _CD = re.compile(r"^\s*cd\s+\S+\s*(?:&&|;)\s*")

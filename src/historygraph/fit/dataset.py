@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..events import Trace
-from ..graph import ContextGraph, operations
-from ..signals.steps import files_in
-from ..signals.tokens import TokenCounter
-from .features import FEATURES, feature_matrix, graph_facts
+from historygraph.events import Trace
+from historygraph.graph import ContextGraph, operations
+from historygraph.signals.steps import files_in
+from historygraph.signals.tokens import TokenCounter
+from historygraph.fit.features import FEATURES, feature_matrix, graph_facts
 
 
 @dataclass

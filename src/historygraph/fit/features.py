@@ -74,13 +74,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, pack_array, snapshot_due
-from ..events import Message, ToolCall
-from ..graph import ContextGraph, operations
-from ..int_table import LOG1P, IntTable
-from ..signals.reuse import extract_values
-from ..signals.steps import files_in, identifiers_in, latest_ancestry_results
-from ..signals.tokens import TokenCounter
+from historygraph.derived import DerivedKind, pack_array, snapshot_due
+from historygraph.events import Message, ToolCall
+from historygraph.graph import ContextGraph, operations
+from historygraph.int_table import LOG1P, IntTable
+from historygraph.signals.reuse import extract_values
+from historygraph.signals.steps import files_in, identifiers_in, latest_ancestry_results
+from historygraph.signals.tokens import TokenCounter
 
 FEATURES: tuple[str, ...] = (
     "age", "log_age", "recency",

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .features import FEATURES
+from historygraph.fit.features import FEATURES
 
 FORMAT = "historygraph-reuse-model"
 VERSION = 1

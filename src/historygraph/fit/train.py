@@ -48,11 +48,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..events import Trace
-from ..signals.tokens import TokenCounter
-from .dataset import Examples, trace_examples
-from .features import FEATURES
-from .model import AnyReuseModel, BlendReuseModel, ReuseModel, TreeReuseModel
+from historygraph.events import Trace
+from historygraph.signals.tokens import TokenCounter
+from historygraph.fit.dataset import Examples, trace_examples
+from historygraph.fit.features import FEATURES
+from historygraph.fit.model import AnyReuseModel, BlendReuseModel, ReuseModel, TreeReuseModel
 
 C = 1.0  # inverse L2 strength; chosen by leave-trajectories-out cross-validation on the 90 training trajectories (docs/learned.md)
 

@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 from historygraph.events import Trace
 
-from . import mini_swe_agent, openai_chat, openhands, swe_agent, tau2_bench, tau_bench
-from ._common import TraceFormatError, load_json
+from historygraph.formats import mini_swe_agent, openai_chat, openhands, swe_agent, tau2_bench, tau_bench
+from historygraph.formats._common import TraceFormatError, load_json
 
 __all__ = ["READERS", "TraceFormatError", "detect_format", "list_trace_files", "read_traces"]
 

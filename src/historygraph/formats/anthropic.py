@@ -30,8 +30,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import EventError, Message, ToolCall, content_text
-from ..signals.calibration import Usage, anthropic_usage
+from historygraph.events import EventError, Message, ToolCall, content_text
+from historygraph.signals.calibration import Usage, anthropic_usage
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from historygraph.events import Trace
 
-from ._common import Builder, TraceFormatError, load_json, openai_message, req
+from historygraph.formats._common import Builder, TraceFormatError, load_json, openai_message, req
 
 NAME = "openai-chat"
 

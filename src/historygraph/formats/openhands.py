@@ -57,7 +57,7 @@ from typing import Any, Iterator
 
 from historygraph.events import ToolCall, Trace
 
-from ._common import Builder, Draft, TraceFormatError, dig, dumps, epoch, iter_jsonl, load_json, req, text
+from historygraph.formats._common import Builder, Draft, TraceFormatError, dig, dumps, epoch, iter_jsonl, load_json, req, text
 
 NAME = "openhands"
 

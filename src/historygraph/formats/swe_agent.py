@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 from historygraph.events import ToolCall, Trace
 
-from ._common import Builder, Draft, TraceFormatError, dumps, load_json, req, text, tool_call
+from historygraph.formats._common import Builder, Draft, TraceFormatError, dumps, load_json, req, text, tool_call
 
 NAME = "swe-agent"
 

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from historygraph.events import Trace
 
-from ._common import Builder, Draft, TraceFormatError, dig, epoch, load_json, req, text, tool_call
+from historygraph.formats._common import Builder, Draft, TraceFormatError, dig, epoch, load_json, req, text, tool_call
 
 NAME = "tau2-bench"
 

@@ -19,11 +19,11 @@ from typing import Any, Awaitable, Callable, Sequence
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import AnyMessage, BaseMessage, ToolMessage, convert_to_messages, convert_to_openai_messages
 
-from ..events import EventError, Message
-from ..messages import render_events
-from ..policies import DEFAULT_POLICY, Policy, Signals
-from ..render import Rendering
-from ..store import Store
+from historygraph.events import EventError, Message
+from historygraph.messages import render_events
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals
+from historygraph.render import Rendering
+from historygraph.store import Store
 
 
 class HistoryGraphMiddleware(AgentMiddleware):

@@ -19,9 +19,9 @@ from typing import Any
 import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
-from ..messages import render_messages
-from ..policies import DEFAULT_POLICY, Policy, Signals
-from ..store import Store
+from historygraph.messages import render_messages
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals
+from historygraph.store import Store
 
 
 def completion(model: str, messages: list[dict[str, Any]], *, budget: int, policy: str | Policy = DEFAULT_POLICY,

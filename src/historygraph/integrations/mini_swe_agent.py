@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..messages import render_messages
-from ..policies import DEFAULT_POLICY, Policy, Signals
-from ..render import Rendering
-from ..store import Store
+from historygraph.messages import render_messages
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals
+from historygraph.render import Rendering
+from historygraph.store import Store
 
 
 class HistoryGraphModel:

@@ -22,11 +22,11 @@ from typing import Any
 
 from agents.run_config import CallModelData, ModelInputData
 
-from ..events import EventError, Message, ToolCall, content_text
-from ..messages import render_events
-from ..policies import DEFAULT_POLICY, Policy, Signals
-from ..render import Rendering
-from ..store import Store
+from historygraph.events import EventError, Message, ToolCall, content_text
+from historygraph.messages import render_events
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals
+from historygraph.render import Rendering
+from historygraph.store import Store
 
 
 @dataclass

@@ -15,12 +15,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, cast
 
-from ..graph import ContextGraph
-from ..llm import ChatModel, default_model
-from ..render import Rendering
-from ..signals.embeddings import CachedEmbedder, Embedder, default_embedder
-from ..signals.perplexity import TokenScorer, default_scorer
-from ..signals.tokens import TokenCounter
+from historygraph.graph import ContextGraph
+from historygraph.llm import ChatModel, default_model
+from historygraph.render import Rendering
+from historygraph.signals.embeddings import CachedEmbedder, Embedder, default_embedder
+from historygraph.signals.perplexity import TokenScorer, default_scorer
+from historygraph.signals.tokens import TokenCounter
 
 
 class PolicyError(ValueError):
@@ -183,7 +183,7 @@ def create(name: str, *, replay: bool = False, **overrides: Any) -> Policy:
             field and the expected type), a value the policy's ``Config`` refuses (its message), or
             a replay-only policy (``oracle``, ``oracle-omit``) asked for outside replay.
     """
-    from .params import check
+    from historygraph.policies.params import check
 
     spec = check_production(name) if not replay else get_spec(name)
     cfg_cls = getattr(spec.cls, "Config", None)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import ContextGraph
-from ..render import Layout, Rendering, Selection
-from .base import Signals, register
-from .retrieval import taken_in_order
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering, Selection
+from historygraph.policies.base import Signals, register
+from historygraph.policies.retrieval import taken_in_order
 
 
 def newest_first(layout: Layout, kept: str, omitted: str) -> Selection:

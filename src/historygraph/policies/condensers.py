@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph import ContextGraph
-from ..render import Layout, Selection
-from .base import Signals, register
-from .summary import CondensingPolicy, View
-from .windows import mask_placeholder
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Selection
+from historygraph.policies.base import Signals, register
+from historygraph.policies.summary import CondensingPolicy, View
+from historygraph.policies.windows import mask_placeholder
 
 
 def _check_summary(cfg: object) -> None:

@@ -53,12 +53,12 @@ from typing import cast
 
 import numpy as np
 
-from ..derived import DerivedKind
-from ..graph import ContextGraph
-from ..render import Layout, Rendering, Selection
-from ..signals.embeddings import CachedEmbedder
-from ..signals.steps import latest_ancestry_results
-from .base import Signals, register
+from historygraph.derived import DerivedKind
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering, Selection
+from historygraph.signals.embeddings import CachedEmbedder
+from historygraph.signals.steps import latest_ancestry_results
+from historygraph.policies.base import Signals, register
 
 SOURCE = "ContextRender §3.3, A.1–A.4"
 

@@ -50,14 +50,14 @@ import random
 import re
 from dataclasses import dataclass, fields
 
-from ..events import Message
-from ..graph import ContextGraph
-from ..llm import ModelUsage
-from ..render import Layout, Rendering, Selection
-from ..signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector, lowcost_steps
-from ..signals.tests import TestTracker
-from .base import Signals, register
-from .summary import usage_stats
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.llm import ModelUsage
+from historygraph.render import Layout, Rendering, Selection
+from historygraph.signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector, lowcost_steps
+from historygraph.signals.tests import TestTracker
+from historygraph.policies.base import Signals, register
+from historygraph.policies.summary import usage_stats
 
 SOURCE = "ContextWeaver §3.1, §3.3, F.1, F.2"
 SUMMARY = "[summary of tool result {id}; the full result ({tokens} tokens) is stored and can be restored by id] {text}"
@@ -187,7 +187,7 @@ class ContextWeaver:
     def steps(self, graph: ContextGraph, signals: Signals) -> list[Step]:
         cfg = self.config
         if cfg.parents == "llm":
-            from .contextweaver_analyzer import llm_selector
+            from historygraph.policies.contextweaver_analyzer import llm_selector
 
             low = lowcost_selector(cfg.scoring)
             return build_steps(graph, llm_selector(graph, signals, low, cfg.max_parents), f"llm:{signals.model.name}")

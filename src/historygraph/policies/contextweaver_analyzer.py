@@ -21,9 +21,9 @@ import hashlib
 import json
 import re
 
-from ..graph import ContextGraph
-from ..signals.steps import Selector, Step, files_in
-from .base import Signals
+from historygraph.graph import ContextGraph
+from historygraph.signals.steps import Selector, Step, files_in
+from historygraph.policies.base import Signals
 
 SYSTEM = (
     "You link the steps of a software-engineering agent into a dependency graph. Every step is a node. "

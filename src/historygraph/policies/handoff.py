@@ -53,12 +53,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..events import Message
-from ..graph import ContextGraph
-from ..llm import ModelUsage
-from .base import Signals, register
-from .condensers import _check_summary
-from .summary import CondensingPolicy, View, history_text
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.llm import ModelUsage
+from historygraph.policies.base import Signals, register
+from historygraph.policies.condensers import _check_summary
+from historygraph.policies.summary import CondensingPolicy, View, history_text
 
 HANDOFF_VERSION = "historygraph-handoff-v1"
 HANDOFF_INSTRUCTIONS = (

@@ -39,11 +39,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ..fit.features import feature_matrix
-from ..fit.model import ReuseModel, ReuseModelError
-from ..graph import ContextGraph
-from ..render import Layout, Rendering, Selection
-from .base import Signals, register
+from historygraph.fit.features import feature_matrix
+from historygraph.fit.model import ReuseModel, ReuseModelError
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering, Selection
+from historygraph.policies.base import Signals, register
 
 SOURCE = "ours: fitted reuse probability (render-time features incl. ContextRender TFA) + knapsack under B"
 

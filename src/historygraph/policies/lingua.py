@@ -51,14 +51,14 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from ..events import Message
-from ..graph import ContextGraph
-from ..llm import Completion, ModelUsage
-from ..render import COMPRESSED_GAP, COMPRESSED_PREFIX, Layout, Rendering, Selection
-from .base import Signals, register
-from .compression import (budget_controller, contrastive, iterative_compress, join_kept, lexical_units,
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.llm import Completion, ModelUsage
+from historygraph.render import COMPRESSED_GAP, COMPRESSED_PREFIX, Layout, Rendering, Selection
+from historygraph.policies.base import Signals, register
+from historygraph.policies.compression import (budget_controller, contrastive, iterative_compress, join_kept, lexical_units,
                           percentile_keep, rank_ratios, select_top, snap, unit_information)
-from .summary import usage_stats
+from historygraph.policies.summary import usage_stats
 
 SCORE_VERSION = "lingua-v1"  # token NLLs
 TEXT_VERSION = "lingua-text-v2"  # compressed texts (v2: overlapping token spans emitted once)

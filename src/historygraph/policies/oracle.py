@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..graph import ContextGraph
-from ..render import Layout, Rendering
-from .base import PolicyError, Signals, register
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering
+from historygraph.policies.base import PolicyError, Signals, register
 
 SOURCE = "ours: clairvoyant bound under the shared Layout (ContextRender B.4 events)"
 

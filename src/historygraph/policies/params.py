@@ -26,7 +26,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from .base import PolicyError, config_fields, get_spec
+from historygraph.policies.base import PolicyError, config_fields, get_spec
 
 
 def field_types(name: str) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def parse_cli(items: list[str], policies: list[str]) -> dict[str, dict[str, Any]
             out[target][field] = convert(target, field, text)
             continue
         if dot:
-            from .base import REGISTRY
+            from historygraph.policies.base import REGISTRY
 
             what = "is not one of the chosen policies" if target in REGISTRY else "is not a registered policy"
             raise PolicyError(f"-P {item!r}: {target!r} {what} ({', '.join(policies)})")

@@ -75,13 +75,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..events import Message
-from ..graph import ContextGraph
-from ..render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, _token_memo, dropped_marker,
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, _token_memo, dropped_marker,
                       _loop_bounds, kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
-from ..signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
-from ..signals.identifiers import identifiers, idf_overlap
-from .base import Signals, register
+from historygraph.signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
+from historygraph.signals.identifiers import identifiers, idf_overlap
+from historygraph.policies.base import Signals, register
 
 SOURCE = "ReCAP §3.1–3.3, §4.1, §4.4, §5.3"
 

@@ -35,9 +35,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..graph import ContextGraph
-from ..render import Layout, Rendering, _Grow
-from .base import Signals, register
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering, _Grow
+from historygraph.policies.base import Signals, register
 
 
 def block_chars(graph: ContextGraph, positions: list[int]) -> int:

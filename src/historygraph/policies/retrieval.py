@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
-from ..graph import ContextGraph
-from ..render import Layout, Rendering, Selection
-from .base import Signals, register
-from .contextrender import result_vectors
+from historygraph.derived import DerivedKind, pack_array, snapshot_due, unpack_array
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering, Selection
+from historygraph.policies.base import Signals, register
+from historygraph.policies.contextrender import result_vectors
 
 
 def latest_query(graph: ContextGraph, clip_chars: int, at: tuple[int | None, int | None] | None = None) -> str:

@@ -43,12 +43,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import Message
-from ..graph import ContextGraph
-from ..llm import ModelUsage
-from ..render import Layout, Rendering
-from .base import Signals
-from .baselines import newest_first
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.llm import ModelUsage
+from historygraph.render import Layout, Rendering
+from historygraph.policies.base import Signals
+from historygraph.policies.baselines import newest_first
 
 PROMPT_VERSION = "historygraph-summary-v1"
 SUMMARY_INSTRUCTIONS = (

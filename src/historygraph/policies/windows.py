@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..events import Message
-from ..graph import ContextGraph
-from ..render import Layout, Rendering
-from ..signals.tokens import TokenCounter
-from .base import Signals, register
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.render import Layout, Rendering
+from historygraph.signals.tokens import TokenCounter
+from historygraph.policies.base import Signals, register
 
 MASK = "[old tool result {id}: {lines} lines of output omitted; stored in full and restorable by id]"
 

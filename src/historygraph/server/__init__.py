@@ -6,6 +6,6 @@ the fake provider the tests and benchmarks run lives in tests/fake_upstream.py (
 Needs the ``server`` extra (fastapi, uvicorn; psycopg for PostgreSQL).
 """
 
-from .app import ServerConfig, create_app
+from historygraph.server.app import ServerConfig, create_app
 
 __all__ = ["ServerConfig", "create_app"]

@@ -25,12 +25,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..events import EventError, Message
-from ..graph import ContextGraph
-from ..policies import PolicyError, check_production
-from ..store import KEPT_KEYS, AppendConflict, StoreError
-from ..store.base import MAX_KEY_LENGTH
-from .app import ClientError
+from historygraph.events import EventError, Message
+from historygraph.graph import ContextGraph
+from historygraph.policies import PolicyError, check_production
+from historygraph.store import KEPT_KEYS, AppendConflict, StoreError
+from historygraph.store.base import MAX_KEY_LENGTH
+from historygraph.server.app import ClientError
 
 
 def _auth(request: Request) -> None:

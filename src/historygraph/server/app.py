@@ -40,18 +40,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
 
-from ..events import EventError, Message
-from ..formats import anthropic as anth
-from ..policies import DEFAULT_POLICY, PolicyError, Signals, check_production, create
-from ..render import BudgetTooSmallError, Rendering, check_invariants
-from ..signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
-from ..signals.embeddings import EMBEDDERS, SERVE_EMBEDDER, create_embedder
-from ..signals.tokens import DEFAULT_ENCODING, TokenCounter
-from ..store import Store, open_store
-from . import jsonio, recall_tool
-from .metrics import ProxyMetrics
-from .sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
-from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
+from historygraph.events import EventError, Message
+from historygraph.formats import anthropic as anth
+from historygraph.policies import DEFAULT_POLICY, PolicyError, Signals, check_production, create
+from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
+from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
+from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER, create_embedder
+from historygraph.signals.tokens import DEFAULT_ENCODING, TokenCounter
+from historygraph.store import Store, open_store
+from historygraph.server import jsonio, recall_tool
+from historygraph.server.metrics import ProxyMetrics
+from historygraph.server.sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
+from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 log = logging.getLogger("historygraph.server")
 
@@ -544,7 +544,7 @@ def create_app_from_env() -> FastAPI:
     if not raw:
         raise RuntimeError(f"${CONFIG_ENV} is not set (it is set by historygraph serve --workers)")
     if logs := os.environ.get(LOG_ENV):
-        from .logs import configure
+        from historygraph.server.logs import configure
 
         opts = json.loads(logs)
         configure(opts["level"], json=opts["json"])
@@ -555,9 +555,9 @@ def create_app_from_env() -> FastAPI:
 
 def create_app(config: ServerConfig | None = None, store: Store | None = None) -> FastAPI:
     """The ASGI app: the proxy endpoints and the session API (:mod:`historygraph.server.api`)."""
-    from .api import router as api_router
-    from .ops import CountRequests
-    from .ops import router as ops_router
+    from historygraph.server.api import router as api_router
+    from historygraph.server.ops import CountRequests
+    from historygraph.server.ops import router as ops_router
 
     config = config or ServerConfig()
     proxy = Proxy(config, store)

@@ -30,10 +30,10 @@ import weakref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from ..graph import ContextGraph
-from ..render import Rendering
-from ..signals.calibration import TokenCalibration
-from ..signals.tokens import TokenCounter
+from historygraph.graph import ContextGraph
+from historygraph.render import Rendering
+from historygraph.signals.calibration import TokenCalibration
+from historygraph.signals.tokens import TokenCounter
 
 # render times seen on 2 cores range from ~1 ms (short sessions) to seconds (summarising policies)
 RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import __version__
+from historygraph import __version__
 
 router = APIRouter(tags=["operations"])
 log = logging.getLogger("historygraph.server")

@@ -27,11 +27,11 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..events import Message
-from ..formats import anthropic as anth
-from ..render import Rendering
-from ..signals.calibration import anthropic_usage, openai_usage
-from .upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
+from historygraph.events import Message
+from historygraph.formats import anthropic as anth
+from historygraph.render import Rendering
+from historygraph.signals.calibration import anthropic_usage, openai_usage
+from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 TOOL_NAME = "historygraph_recall"
 DESCRIPTION = ("Fetch the complete text of earlier tool results that this conversation shows only as a "
@@ -136,7 +136,7 @@ class _Round:
 
 
 async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:
-    from .app import ClientError, _answer_of
+    from historygraph.server.app import ClientError, _answer_of
 
     acc_cls = OpenAIStreamAccumulator if api == "openai" else anth.StreamAccumulator
     req = proxy.request("POST", url, json=body, headers=headers)

@@ -44,11 +44,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence, overload
 
-from ..events import EventError, Message
-from ..formats import anthropic as anth
-from ..graph import ContextGraph
-from ..store import AppendConflict, Store, StoreError
-from . import jsonio
+from historygraph.events import EventError, Message
+from historygraph.formats import anthropic as anth
+from historygraph.graph import ContextGraph
+from historygraph.store import AppendConflict, Store, StoreError
+from historygraph.server import jsonio
 
 SESSION_HEADER = "x-historygraph-session"
 

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..events import EventError, Message
-from ..signals.calibration import Usage, openai_usage
+from historygraph.events import EventError, Message
+from historygraph.signals.calibration import Usage, openai_usage
 
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
                  "proxy-authorization", "proxy-connection", "accept-encoding"}

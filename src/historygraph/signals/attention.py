@@ -44,7 +44,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..events import Message
+from historygraph.events import Message
 
 
 @dataclass
@@ -139,7 +139,7 @@ class ProxyAttention:
 
     def _model(self) -> tuple[Any, Any]:
         if self._loader is None:
-            from ..models.smollm2 import load_smollm2
+            from historygraph.models.smollm2 import load_smollm2
             self._loader = load_smollm2
         return self._loader()
 

@@ -24,8 +24,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..events import Message
-from .tokens import TokenCounter
+from historygraph.events import Message
+from historygraph.signals.tokens import TokenCounter
 
 #: Tokens OpenAI's chat format adds to prime the assistant's reply (published counting recipe).
 REPLY_PRIMING = 3

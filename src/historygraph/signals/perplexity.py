@@ -78,8 +78,8 @@ class SmolLM2Scorer:
 
     def _model(self) -> tuple[Any, Any]:
         if self._loaded is None:
-            from ..llm import ModelError
-            from ..models import smollm2
+            from historygraph.llm import ModelError
+            from historygraph.models import smollm2
 
             threads = self._threads or int(os.environ.get("HISTORYGRAPH_LLM_THREADS", "0") or 0)
             try:

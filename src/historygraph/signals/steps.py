@@ -63,11 +63,11 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from ..derived import DerivedKind, pack_array, snapshot_due, unpack_array
-from ..events import Message
-from ..graph import ContextGraph
-from ..int_table import LOG1P, IntTable
-from .tests import TestRun, parse_test_output, supersedes, validation_status
+from historygraph.derived import DerivedKind, pack_array, snapshot_due, unpack_array
+from historygraph.events import Message
+from historygraph.graph import ContextGraph
+from historygraph.int_table import LOG1P, IntTable
+from historygraph.signals.tests import TestRun, parse_test_output, supersedes, validation_status
 
 _MODULES = ("historygraph.signals.steps", "historygraph.signals.tests")
 STEP_FEATURES = DerivedKind("steps.features", _MODULES)

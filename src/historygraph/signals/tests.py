@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ..events import Message
+from historygraph.events import Message
 
 PASSED, FAILED, ERROR, SKIPPED = "PASSED", "FAILED", "ERROR", "SKIPPED"
 STATUSES = ("passed", "failed", "unknown", "superseded")

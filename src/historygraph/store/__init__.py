@@ -3,10 +3,10 @@
 
 from pathlib import Path
 
-from .base import KEPT_KEYS, AppendConflict, SessionInfo, Store, StoreError
-from .memory import MemoryStore
-from .migrations import SchemaVersionError
-from .sqlite import SQLiteStore, default_path
+from historygraph.store.base import KEPT_KEYS, AppendConflict, SessionInfo, Store, StoreError
+from historygraph.store.memory import MemoryStore
+from historygraph.store.migrations import SchemaVersionError
+from historygraph.store.sqlite import SQLiteStore, default_path
 
 __all__ = ["AppendConflict", "KEPT_KEYS", "MemoryStore", "SQLiteStore", "SchemaVersionError", "SessionInfo", "Store", "StoreError", "default_path", "open_store"]
 
@@ -22,7 +22,7 @@ def open_store(url: str | None = None, must_exist: bool = False) -> Store:
     if url == ":memory:":
         return MemoryStore()
     if url and url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        from historygraph.store.postgres import PostgresStore
 
         return PostgresStore(url)
     if url and url.startswith("sqlite:///"):

@@ -40,9 +40,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..derived import Derived, Row
-from ..events import EventError, Message
-from ..graph import ContextGraph
+from historygraph.derived import Derived, Row
+from historygraph.events import EventError, Message
+from historygraph.graph import ContextGraph
 
 
 KEPT_KEYS = 1000

@@ -6,9 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..derived import Row
-from ..events import Message
-from .base import Store
+from historygraph.derived import Row
+from historygraph.events import Message
+from historygraph.store.base import Store
 
 
 class MemoryStore(Store):

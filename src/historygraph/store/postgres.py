@@ -30,10 +30,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..derived import Row, loads
-from ..events import Message
-from .base import SessionInfo, Store
-from .migrations import VERSION_TABLE, Migration, pending
+from historygraph.derived import Row, loads
+from historygraph.events import Message
+from historygraph.store.base import SessionInfo, Store
+from historygraph.store.migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, seq BIGSERIAL, created DOUBLE PRECISION NOT NULL, meta TEXT NOT NULL);

@@ -35,10 +35,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import platformdirs
 
-from ..derived import Row, loads
-from ..events import Message
-from .base import SessionInfo, StaleGraph, Store
-from .migrations import VERSION_TABLE, Migration, pending
+from historygraph.derived import Row, loads
+from historygraph.events import Message
+from historygraph.store.base import SessionInfo, StaleGraph, Store
+from historygraph.store.migrations import VERSION_TABLE, Migration, pending
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
