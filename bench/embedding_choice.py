@@ -36,7 +36,7 @@ from pathlib import Path
 
 from historygraph.eval.replay import replay_trace
 from historygraph.eval.report import summarize
-from historygraph.formats import list_trace_files, read_traces
+from historygraph.traces import list_trace_files, read_traces
 from historygraph.policies import Signals, create
 from historygraph.signals.embeddings import MiniLMEmbedder, StaticEmbedder, WordLlamaEmbedder
 

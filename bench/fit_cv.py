@@ -6,7 +6,7 @@ label) and the held-out ones are scored with Later-Used Result Recall (ContextRe
 over all held-out trajectories.
 
 Scoring runs the policy's own code (the same :class:`~historygraph.render.Layout` and
-:func:`~historygraph.policies.learned.knapsack_select`, on the same feature rows) at every recorded
+:func:`~historygraph.policies.learned.policy.knapsack_select`, on the same feature rows) at every recorded
 invocation; only the final assembly of the message list is skipped, and the layouts, which do not
 depend on the model, are built once per trajectory and budget and shared by every model and fold.
 ``--check`` replays the same trajectories through ``historygraph.eval.replay`` as well and asserts
@@ -43,12 +43,12 @@ import numpy as np
 
 from historygraph.eval.recall import reuse_events
 from historygraph.eval.replay import replay_trace
-from historygraph.fit.dataset import Examples, trace_examples
-from historygraph.fit.train import C, OBJECTIVES, fit_examples, labels
-from historygraph.formats import read_traces
-from historygraph.graph import ContextGraph
+from historygraph.policies.learned.dataset import Examples, trace_examples
+from historygraph.policies.learned.train import C, OBJECTIVES, fit_examples, labels
+from historygraph.traces import read_traces
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values, swap_pass
+from historygraph.policies.learned.policy import LearnedConfig, knapsack_select, reuse_values, swap_pass
 from historygraph.render import BudgetTooSmallError, Layout
 
 KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent",

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import proxy_latency as pl  # noqa: E402
 
 from historygraph.server import app as app_mod  # noqa: E402
-from historygraph.server import jsonio, sessions  # noqa: E402
+from historygraph.providers import jsonio
+from historygraph.history import sessions  # noqa: E402
 
 STAGES = [  # (stage, object, attribute): the functions of the request path timed by --breakdown
     ("read and parse the body", app_mod.Proxy, "read_json"),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from historygraph.eval.replay import replay_trace
 from historygraph.eval.report import summarize, write_outputs
-from historygraph.formats import read_traces
+from historygraph.traces import read_traces
 from historygraph.policies import Signals, create
 from historygraph.store import open_store
 

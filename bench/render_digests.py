@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--traces", type=Path, default=BENCH.parents[1] / "shared" / "traces")
     args = ap.parse_args()
     sys.path.insert(0, str(args.src.resolve()))
-    from historygraph.formats import read_traces
-    from historygraph.graph import ContextGraph
+    from historygraph.traces import read_traces
+    from historygraph.history.graph import ContextGraph
     from historygraph.policies import Signals, create, names
 
     sys.path.insert(1, str(BENCH))

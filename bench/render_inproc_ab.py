@@ -30,10 +30,10 @@ sys.path.insert(0, str(BENCH))
 
 import run as bench  # noqa: E402  (puts the repository's src first on sys.path)
 
-from historygraph.graph import ContextGraph  # noqa: E402
+from historygraph.history.graph import ContextGraph  # noqa: E402
 from historygraph.policies import Signals, create  # noqa: E402
 from historygraph.policies.contextrender import ContextRenderConfig, query_texts  # noqa: E402
-from historygraph.policies.retrieval import latest_query  # noqa: E402
+from historygraph.policies.baselines.retrieval import latest_query  # noqa: E402
 from historygraph.store import open_store  # noqa: E402
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run as bench  # noqa: E402  (puts the repository's src first on sys.path)
 
-from historygraph.graph import ContextGraph  # noqa: E402
+from historygraph.history.graph import ContextGraph  # noqa: E402
 from historygraph.policies import Signals, create  # noqa: E402
 from historygraph.store import open_store  # noqa: E402
 

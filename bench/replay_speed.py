@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from historygraph.eval.replay import replay_trace
-from historygraph.formats import read_traces
+from historygraph.traces import read_traces
 from historygraph.policies import Signals, create
 from historygraph.store import MemoryStore
 

@@ -19,12 +19,12 @@ shared machine does not inflate it the way wall time would; each is also given a
 * **first render**: the session written to a SQLite store and, for each policy, reopened by a new
   store instance and rendered once (``not rendered before``: what the rows the store kept from the
   appends, the TFA values, leave to compute), closed (writing what that render derived,
-  :mod:`historygraph.derived`), then reopened again as after a restart: ``load`` is
+  :mod:`historygraph.history.derived`), then reopened again as after a restart: ``load`` is
   ``store.graph()``, ``first`` the first render of the reopened graph, as a ratio to a warm render
   (medians of 3 reopens), and again with the per-graph snapshots those of the session at 85 % of
   its results (``--first-only``: this section alone; ``--no-gc``: the cyclic collector off).
 * **append**: one event appended to a session of 100, 1,000 and 10,000 messages (SQLite store,
-  and the bare :class:`~historygraph.graph.ContextGraph`).
+  and the bare :class:`~historygraph.history.graph.ContextGraph`).
 * **proxy**: ``historygraph serve`` in front of the lean fake provider, 1, 10 and 50 concurrent
   sessions with 200-message histories (``bench/proxy_latency.py``'s client and phases); requests
   per second, client-side latency p50/p95, and the CPU ms per request of the proxy, the client
@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from historygraph.events import Message, ToolCall  # noqa: E402
-from historygraph.formats import read_traces  # noqa: E402
-from historygraph.graph import ContextGraph  # noqa: E402
+from historygraph.history.events import Message, ToolCall  # noqa: E402
+from historygraph.traces import read_traces  # noqa: E402
+from historygraph.history.graph import ContextGraph  # noqa: E402
 from historygraph.policies import Signals, create  # noqa: E402
 from historygraph.store import open_store  # noqa: E402
 
@@ -118,7 +118,7 @@ def warm_embeddings(pool: StepPool, signals: Signals) -> None:
     """Embed every result and every query text the timed renders will ask for (ContextRender's
     eq. 4 texts, the semantic baseline's query), so that renders find them cached."""
     from historygraph.policies.contextrender import ContextRenderConfig, query_texts
-    from historygraph.policies.retrieval import latest_query
+    from historygraph.policies.baselines.retrieval import latest_query
 
     texts = [r.content[:8000] for _, rs in pool.steps for r in rs]
     for i in range(len(pool.steps)):

@@ -4,7 +4,7 @@ level-by-level walk (``TreeReuseModel.score_levels``), on real feature rows, wit
     python bench/tree_scoring.py MODEL.json [--traces ../shared/traces-train/mini-swe-agent-deepseek]
 
 ``MODEL.json`` is a tree model (``historygraph fit ... --objective lambdarank --out MODEL.json``).
-Rows are those of the first five trajectories of ``--traces`` (``historygraph.fit.dataset``), drawn
+Rows are those of the first five trajectories of ``--traces`` (``historygraph.policies.learned.dataset``), drawn
 at random for each size; per size, the median CPU time (``time.process_time``) over alternating
 repeats of the two readers, and their ratio.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from historygraph.fit.dataset import Examples, trace_examples
-from historygraph.fit.model import ReuseModel, TreeReuseModel
-from historygraph.formats import read_traces
+from historygraph.policies.learned.dataset import Examples, trace_examples
+from historygraph.policies.learned.model import ReuseModel, TreeReuseModel
+from historygraph.traces import read_traces
 from historygraph.signals.tokens import TokenCounter
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from historygraph.llm import Completion
+from historygraph.models.chat import Completion
 
 
 class ScriptedModel:
-    """A :class:`~historygraph.llm.ChatModel` that answers from a script.
+    """A :class:`~historygraph.models.chat.ChatModel` that answers from a script.
 
     ``answers`` is a list of texts returned in turn (the last one repeats); without answers it
     returns ``"note: "`` plus the first ``echo_chars`` characters of the last message's final
@@ -30,7 +30,7 @@ class ScriptedModel:
 
 
 class CountingModel:
-    """A deterministic :class:`~historygraph.llm.ChatModel`: answers ``"summary #<n>"`` and records
+    """A deterministic :class:`~historygraph.models.chat.ChatModel`: answers ``"summary #<n>"`` and records
     every prompt. Usage per call: 10 input tokens per message, ``min(5, max_tokens)`` output
     tokens, 0.25 s."""
 

@@ -3,11 +3,11 @@
 import pytest
 import numpy as np
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.recap_baselines import block_chars, char_budget
-from historygraph.policies.windows import line_count
+from historygraph.policies.recap.baselines import block_chars, char_budget
+from historygraph.policies.baselines.windows import line_count
 from historygraph.render import Layout, check_invariants
 
 
@@ -146,7 +146,7 @@ def test_recap_random_visits_are_the_draws_of_random_sample():
     selection stops drawing once nothing left can fit; its kept blocks must be the same)."""
     import random
 
-    from historygraph.policies.recap_baselines import RecapRandom
+    from historygraph.policies.recap.baselines import RecapRandom
 
     pol = RecapRandom()
     for n in (0, 1, 2, 5, 6, 31, 32, 33, 1000, 4097):
@@ -204,7 +204,7 @@ def test_semantic_product_has_the_bits_of_the_single_thread_blas_product(n):
     product numpy's BLAS computes when limited to one thread (threadpoolctl, an independent way to
     get it), at sizes below and above OpenBLAS's threading threshold (1,200 rows at 384)."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from historygraph.policies.retrieval import single_thread_product
+    from historygraph.policies.baselines.retrieval import single_thread_product
 
     rng = np.random.default_rng(n)
     rows = rng.standard_normal((n, 384)).astype(np.float32)

@@ -2,7 +2,7 @@
 
 import json
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 from historygraph.signals.calibration import REPLY_PRIMING, TokenCalibration
 from historygraph.signals.tokens import TokenCounter
 
@@ -49,7 +49,7 @@ def test_ratio_is_the_median_of_the_window_as_it_slides():
 
 
 def test_usage_of_every_answer_shape_keeps_fresh_cache_read_and_cache_write_apart():
-    from historygraph.formats.anthropic import StreamAccumulator
+    from historygraph.providers.anthropic import StreamAccumulator
     from historygraph.server.upstream import OpenAIStreamAccumulator
     from historygraph.signals.calibration import Usage, anthropic_usage, openai_usage
     assert openai_usage({"usage": {"prompt_tokens": 1200, "prompt_tokens_details": {"cached_tokens": 1024}}}) == Usage(176, 1024, 0)
@@ -72,7 +72,7 @@ def test_usage_of_every_answer_shape_keeps_fresh_cache_read_and_cache_write_apar
 
 def test_the_proxy_renders_at_the_calibrated_budget_unless_turned_off():
     from historygraph.server.app import Proxy, ServerConfig
-    from historygraph.events import ToolCall
+    from historygraph.history.events import ToolCall
     msgs = [Message("user", "task")] + [m for i in range(6) for m in (
         Message("assistant", "", (ToolCall(f"c{i}", "bash", "{}"),)), Message("tool", "out " * 300, tool_call_id=f"c{i}"))]
     msgs.append(Message("user", "next"))
@@ -90,7 +90,7 @@ def test_the_proxy_estimates_what_it_forwarded_for_either_api():
 
     import httpx
 
-    from historygraph.formats import anthropic as anth
+    from historygraph.providers import anthropic as anth
     from historygraph.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(store=":memory:", policy="prune", budget=300))

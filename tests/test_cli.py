@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 import historygraph
 import historygraph.cli
 from historygraph.cli import app
-from historygraph.events import Message, ToolCall
+from historygraph.history.events import Message, ToolCall
 from historygraph.store import open_store
 
 runner = CliRunner()
@@ -327,7 +327,7 @@ def test_replay_records_which_reuse_model_learned_used(tmp_path):
     res = runner.invoke(app, ["replay", "--policy", "learned", "--policy", "prune", "--budget", "1500",
                               "--store", ":memory:", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "learned: reuse model shipped historygraph/fit/default_model.json (fitted on 90 trajectories of " \
+    assert "learned: reuse model shipped historygraph/policies/learned/default_model.json (fitted on 90 trajectories of " \
            "mini-swe-agent-deepseek)" in " ".join(res.output.split())
     assert "replay 1/1 trajectories" in res.output  # not a terminal: plain progress lines (here: the last)
     models = json.loads((out / "replay.json").read_text())["meta"]["models"]

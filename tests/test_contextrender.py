@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
 from historygraph.policies.contextrender import ContextRenderConfig, usefulness
 from historygraph.render import check_invariants

@@ -7,11 +7,11 @@ import math
 import pytest
 from doubles import ScriptedModel
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.contextweaver import clean_summary
-from historygraph.policies.contextweaver_analyzer import build_prompt, llm_selector, parse_parent_ids
+from historygraph.policies.contextweaver.policy import clean_summary
+from historygraph.policies.contextweaver.analyzer import build_prompt, llm_selector, parse_parent_ids
 from historygraph.render import check_invariants
 from historygraph.signals.steps import (ParentScoring, Step, action_text, ancestry, build_steps, files_in,
                                         identifiers_in, lowcost_selector, score_parent)
@@ -295,7 +295,7 @@ def test_rendering_carries_validation_counts_and_the_f1_summary():
 def test_local_model_writes_a_bounded_cached_summary():
     """The real default model path (local SmolLM2 unless an endpoint is configured): one call."""
     pytest.importorskip("torch", reason="the 'llm' extra is not installed")
-    from historygraph.policies.contextweaver import ContextWeaverConfig, Summarizer
+    from historygraph.policies.contextweaver.policy import ContextWeaverConfig, Summarizer
 
     g = woven_graph()
     step = build_steps(g, lowcost_selector(ParentScoring()), "t")[0]
@@ -331,7 +331,7 @@ def test_file_names_found_per_path_run_are_those_of_the_whole_pattern(traces_dir
     names ``_FILE.findall`` finds over the text with URLs blanked, on every message and tool-call
     argument of the real traces and on texts made to test its edges (URLs, dots, slashes, dashes,
     non-ASCII word characters next to a path)."""
-    from historygraph.formats import read_traces
+    from historygraph.traces import read_traces
     from historygraph.signals import steps
 
     def by_pattern(text):

@@ -7,7 +7,7 @@ from historygraph.eval.cost import Prices, TraceCost, Usage, normalise, trace_co
 from historygraph.eval.recall import reuse_events
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import summarize
-from historygraph.events import Message, ToolCall, Trace
+from historygraph.history.events import Message, ToolCall, Trace
 from historygraph.policies import Signals, create
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 

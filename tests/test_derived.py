@@ -1,4 +1,4 @@
-"""Derived rows kept with a stored session (historygraph.derived): what a reopened session reads
+"""Derived rows kept with a stored session (historygraph.history.derived): what a reopened session reads
 instead of recomputing, when it is written, and that a row is never used for anything it was not
 computed from (another code version, other result positions, other earlier steps)."""
 
@@ -10,11 +10,11 @@ import sqlite3
 import numpy as np
 import pytest
 
-from historygraph import derived as derived_mod
-from historygraph.derived import Derived, DerivedKind, pack_array, source_version, unpack_array
-from historygraph.events import Message, ToolCall
-from historygraph.fit import features as features_mod
-from historygraph.graph import TFA_VALUES, ContextGraph
+from historygraph.history import derived as derived_mod
+from historygraph.history.derived import Derived, DerivedKind, pack_array, source_version, unpack_array
+from historygraph.history.events import Message, ToolCall
+from historygraph.policies.learned import features as features_mod
+from historygraph.history.graph import TFA_VALUES, ContextGraph
 from historygraph.signals import steps as steps_mod
 from historygraph.signals.steps import STEP_FEATURES, lowcost_steps
 from historygraph.signals.tokens import TokenCounter
@@ -72,7 +72,7 @@ def spy_extractors(monkeypatch) -> list[str]:
 
     def boom(text):
         raise AssertionError(f"TFA values extracted again: {text!r:.60}")
-    monkeypatch.setattr("historygraph.graph.extract_values", boom)
+    monkeypatch.setattr("historygraph.history.graph.extract_values", boom)
     return texts
 
 
@@ -180,11 +180,11 @@ def test_a_graph_not_from_a_store_keeps_nothing():
 
 
 def test_source_version_follows_the_source_and_python():
-    v = source_version(("historygraph.signals.steps", "historygraph.signals.tests"))
+    v = source_version(("historygraph.signals.steps", "historygraph.signals.test_output"))
     assert len(v) == 16 and v == STEP_FEATURES.version != TFA_VALUES.version
-    assert source_version(("historygraph.signals.steps",)) != v != source_version(("historygraph.signals.tests", "historygraph.signals.steps"))
+    assert source_version(("historygraph.signals.steps",)) != v != source_version(("historygraph.signals.test_output", "historygraph.signals.steps"))
     assert source_version(("json.decoder",)) != source_version(("json.encoder",))
-    assert DerivedKind("x", ("historygraph.signals.steps", "historygraph.signals.tests")).version == v
+    assert DerivedKind("x", ("historygraph.signals.steps", "historygraph.signals.test_output")).version == v
 
 
 def test_a_version_2_sqlite_store_gains_the_derived_table_and_keeps_everything(tmp_path):
@@ -239,7 +239,7 @@ def test_a_version_2_postgres_store_gains_the_derived_table(pg_dsn):  # noqa: F8
 
 @pytest.mark.parametrize("persist", [True, False])
 def test_put_and_take(persist):
-    kind = DerivedKind("k", ("historygraph.derived",))
+    kind = DerivedKind("k", ("historygraph.history.derived",))
     d = Derived([("k", kind.version, 3, "[1, 2]"), ("k", "old", 4, "{}"), ("j", "v", 0, "7")], persist=persist)
     assert d.table(kind) == {3: [1, 2]} and d.table(kind) is d.table(kind)
     d.put(kind, 5, ("a", None))
@@ -262,7 +262,7 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
     the encoding and placeholder builder; a reopened session uses them at their own position, and
     a counter of another encoding neither reads them nor is changed by them."""
     from historygraph.render import Layout, placeholder_for, token_rows
-    from historygraph.policies.windows import mask_placeholder
+    from historygraph.policies.baselines.windows import mask_placeholder
 
     path = tmp_path / "s.sqlite"
     s = SQLiteStore(path)
@@ -274,7 +274,7 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
     s.close()
     rows = _stored_tokens(path)
     kind = "render.tokens:o200k_base:historygraph.render.placeholder_for"
-    assert set(rows) == {kind, "render.tokens:o200k_base:historygraph.policies.windows.mask_placeholder"}
+    assert set(rows) == {kind, "render.tokens:o200k_base:historygraph.policies.baselines.windows.mask_placeholder"}
     want = {p: [o200k.count_message(m), o200k.count_message(placeholder_for(m, o200k))] if m.role == "tool"
             else o200k.count_message(m) for p, m in enumerate(EVENTS)}
     assert rows[kind] == want and want[0] == 3 + 8  # MESSAGE_OVERHEAD = 3, and 8 tokens of text (tiktoken o200k_base)
@@ -300,7 +300,7 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
 def test_rows_are_decoded_as_json_reads_them():
     """The fast decoder's values are json.loads's, including what it refuses (NaN) or reads as
     another type elsewhere (big integers, escapes)."""
-    kind = DerivedKind("test.kind", ("historygraph.derived",))
+    kind = DerivedKind("test.kind", ("historygraph.history.derived",))
     data = {0: "[1, 2.5, null]", 1: '"\\u00e9\\ud83d\\ude00"', 2: "123456789012345678901234567890", 3: "NaN", 4: "{\"a\": [true]}"}
     t = Derived([(kind.name, kind.version, p, d) for p, d in data.items()]).table(kind)
     want = {p: json.loads(d) for p, d in data.items()}
@@ -464,7 +464,7 @@ def test_bm25_index_starts_from_its_snapshot(tmp_path, monkeypatch):
     """A BM25 index kept as a snapshot (bm25.index) is read on reopen without tokenising or
     decoding any result's tokens; its scores equal bm25s's rebuilt over the corpus, for a corpus
     that grew and one that lost members (whose tokens are then read)."""
-    from historygraph.policies.retrieval import BM25_SNAPSHOT, bm25_index, bm25_scores
+    from historygraph.policies.baselines.retrieval import BM25_SNAPSHOT, bm25_index, bm25_scores
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     path = tmp_path / "s.sqlite"
@@ -478,8 +478,8 @@ def test_bm25_index_starts_from_its_snapshot(tmp_path, monkeypatch):
     g = s.graph("s")
     contents = {p: g.messages[p].content for p in g.results()}
     calls = []
-    monkeypatch.setattr("historygraph.policies.retrieval._bm25_tokens", lambda texts, real=__import__(
-        "historygraph.policies.retrieval", fromlist=["x"])._bm25_tokens: calls.append(texts) or real(texts))
+    monkeypatch.setattr("historygraph.policies.baselines.retrieval._bm25_tokens", lambda texts, real=__import__(
+        "historygraph.policies.baselines.retrieval", fromlist=["x"])._bm25_tokens: calls.append(texts) or real(texts))
     idx = bm25_index(g)
     got = idx.scores(g, [2, 4, 6], "parse_date tests")
     assert got.tolist() == bm25_scores([contents[p] for p in (2, 4, 6)], "parse_date tests").tolist()
@@ -528,7 +528,7 @@ def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):
 
 
 def test_take_value_reads_one_row_and_drops_other_versions():
-    kind = DerivedKind("k", ("historygraph.derived",))
+    kind = DerivedKind("k", ("historygraph.history.derived",))
     rows = [("k", kind.version, 0, "[1]"), ("k", kind.version, 5, "[2]"), ("k", "old", 0, "[9]")]
     d = Derived(rows, persist=True)
     assert d.take_value(kind, 5) == [2] and d.take_value(kind, 5) is None  # taken out
@@ -575,7 +575,7 @@ def test_token_counts_start_from_their_snapshot(tmp_path, monkeypatch):
 def test_a_token_snapshot_of_other_results_is_not_used(monkeypatch):
     """A render.memo snapshot whose tool results are not the graph's (forged), that is longer than
     the graph or malformed is not used: the counts come from the per-message rows or are counted."""
-    from historygraph.derived import pack_array
+    from historygraph.history.derived import pack_array
     from historygraph.render import Layout, _token_memo, placeholder_for, token_rows, token_snapshot
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
@@ -604,7 +604,7 @@ def test_brief_savings_start_from_their_snapshot(monkeypatch):
     """The brief views' savings kept as a snapshot (render.briefs) are read whole on reopen and
     equal a fresh graph's; one that saves tokens at a message without a brief view (forged), or
     holds more messages than the graph, is not used."""
-    from historygraph.derived import pack_array
+    from historygraph.history.derived import pack_array
     from historygraph.render import _SAVINGS_KEPT, _brief_savings, brief_rows, brief_snapshot
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
@@ -673,7 +673,7 @@ def test_tfa_scores_start_from_their_snapshot(tmp_path, monkeypatch):
     sums again only those of results touched after it: message 7 reuses ``test_dates.py`` of the
     result at 4, and the result at 8 holds that value too; 8 is new. The scores equal a fresh
     graph's, bit for bit."""
-    from historygraph.graph import TFA_SCORES
+    from historygraph.history.graph import TFA_SCORES
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     path = tmp_path / "s.sqlite"

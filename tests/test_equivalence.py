@@ -12,9 +12,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from historygraph.events import Message, ToolCall
-from historygraph.formats import read_traces
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.traces import read_traces
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, contextrender, create
 from historygraph.render import BudgetTooSmallError, Layout
 from historygraph.signals.tokens import TokenCounter
@@ -419,7 +419,7 @@ def test_layout_memo_kept_across_renders_equals_a_fresh_graph(real_traces, polic
 def test_incremental_bm25_index_scores_as_bm25s_rebuilt_per_render(real_traces):
     """cw-bm25's per-graph index gives, bit for bit, the scores of a ``bm25s`` index rebuilt over
     the older observations at every render, on real traces (the corpus grows render by render)."""
-    from historygraph.policies.retrieval import bm25_index, bm25_scores, current_step
+    from historygraph.policies.baselines.retrieval import bm25_index, bm25_scores, current_step
 
     compared = nonzero = 0
     for tr in real_traces:
@@ -695,7 +695,7 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
     before the appends assembles what it assembled then."""
     import copy
 
-    from historygraph.policies.baselines import newest_first
+    from historygraph.policies.baselines.full_prune import newest_first
     from historygraph.render import _token_memo, placeholder_for
 
     c = TokenCounter()
@@ -759,7 +759,7 @@ def test_newest_first_a_take_at_a_time_equals_the_loop_over_every_result(real_tr
     """Prune's selection (next take found on the exact cost array) keeps what the loop "newest to
     oldest, keep each that fits" keeps, with the same budget use and reasons, on real-trace
     prefixes with dropped steps and revivals."""
-    from historygraph.policies.baselines import newest_first
+    from historygraph.policies.baselines.full_prune import newest_first
 
     c = TokenCounter()
     compared = 0
@@ -784,11 +784,11 @@ def test_newest_first_a_take_at_a_time_equals_the_loop_over_every_result(real_tr
 
 
 def reference_feature_matrix(graph, positions, counter):
-    """:func:`historygraph.fit.features.feature_matrix` before vectorisation: one row per result from
+    """:func:`historygraph.policies.learned.features.feature_matrix` before vectorisation: one row per result from
     the per-result facts (the formulas of the module docstring), summing a cover's IDF weights in
     sorted word order as the vectorised code does."""
-    from historygraph.fit import features as fx
-    from historygraph.graph import operations
+    from historygraph.policies.learned import features as fx
+    from historygraph.history.graph import operations
     from historygraph.signals.reuse import extract_values
     from historygraph.signals.steps import ancestry, files_in, identifiers_in, lowcost_steps
 
@@ -858,7 +858,7 @@ def test_vectorised_features_equal_the_per_result_formulas(traces_dir):
     """The feature matrix from the per-graph arrays equals the per-result formulas bit for bit, on
     real traces of every format replayed event by event (state extended on each append), and on a
     graph built in one go (the state built at once)."""
-    from historygraph.fit.features import FEATURES, feature_matrix
+    from historygraph.policies.learned.features import FEATURES, feature_matrix
 
     counter = TokenCounter()
     traces = [t for rel in ("mini-swe-agent-deepseek", "openhands", "swe-agent", "tau-bench")
@@ -883,11 +883,11 @@ def test_vectorised_features_equal_the_per_result_formulas(traces_dir):
 
 
 def reference_knapsack(candidates, value, sel, cost_exponent=1.0):
-    """:func:`historygraph.policies.learned.knapsack_select` before bulk pricing (each candidate
+    """:func:`historygraph.policies.learned.policy.knapsack_select` before bulk pricing (each candidate
     priced by ``sel.cost``, each alone by its own revival)."""
     import heapq
 
-    from historygraph.policies.learned import _alone
+    from historygraph.policies.learned.policy import _alone
 
     if isinstance(value, np.ndarray):  # learned passes the values in the order of the candidates
         value = dict(zip(candidates, value.tolist()))
@@ -955,7 +955,7 @@ def reference_explain(reasons, layout, sel, value, taken, budget, min_probabilit
 def test_learned_knapsack_priced_in_bulk_renders_as_the_reference(real_traces, config, monkeypatch):
     """learned with the bulk-priced knapsack and deferred reasons renders exactly as with the loop
     it replaced (selections, reasons and their order), on real-trace prefixes at three budgets."""
-    from historygraph.policies import learned
+    from historygraph.policies.learned import policy as learned
 
     signals = Signals(counter=TokenCounter(), embedder_factory=GridEmbedder)
     pol = create("learned", **config)
@@ -981,7 +981,7 @@ def test_take_in_order_equals_the_loop_over_every_result(real_traces, budget):
     """``retrieval.take_in_order`` (lower bounds skip what cannot fit) takes what the loop "for each
     result in this order, take it if it fits" takes, with the same budget use, for shuffled orders
     on real-trace prefixes with dropped steps and revivals."""
-    from historygraph.policies.retrieval import take_in_order
+    from historygraph.policies.baselines.retrieval import take_in_order
 
     c = TokenCounter()
     rng = np.random.default_rng(3)
@@ -1038,12 +1038,12 @@ def test_a_session_reopened_from_the_store_renders_as_a_fresh_graph(real_traces,
     """A session stored event by event and rendered now and then (which derives TFA values, step
     features and parents, learned facts, BM25 tokens, token counts, brief views' savings, the
     results' embedding keys, snapshots of the TFA scores, the step view and the token memo,
-    written with the next append: historygraph.derived), reopened by a new store instance at many lengths, renders exactly as a graph built from its messages without any
+    written with the next append: historygraph.history.derived), reopened by a new store instance at many lengths, renders exactly as a graph built from its messages without any
     stored state; the rows of every kind it uses are there. Snapshots are kept from 4 messages on
     (so both traces reopen from snapshots taken at shorter lengths)."""
     import sqlite3
 
-    from historygraph import derived as derived_mod
+    from historygraph.history import derived as derived_mod
     from historygraph.store import SQLiteStore
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
@@ -1097,7 +1097,7 @@ class RandomUnitEmbedder:
 def reference_semantic_render(self, graph, budget, signals):
     """The semantic baseline's render before the per-graph vector table: every older result's
     vector asked of the embedder at each render, cosines as the product on its array."""
-    from historygraph.policies.retrieval import latest_query, take_in_order
+    from historygraph.policies.baselines.retrieval import latest_query, take_in_order
 
     cfg = self.config
     layout = Layout(graph, signals.counter, budget)
@@ -1135,7 +1135,7 @@ def test_semantic_with_the_vector_table_renders_as_asking_for_every_result(real_
     result at each render, with vectors whose dot products round, on real traces grown event by
     event and on a session of about 600 results cycled from their steps."""
     from historygraph.policies.contextrender import result_vectors
-    from historygraph.policies.retrieval import SemanticRetrieval, latest_query
+    from historygraph.policies.baselines.retrieval import SemanticRetrieval, latest_query
 
     signals = Signals(counter=TokenCounter(), embedder_factory=RandomUnitEmbedder)
     pol = create("semantic")
@@ -1414,7 +1414,7 @@ def test_lower_costs_with_terms_in_place_equal_the_per_run_arrays(real_traces, b
 
 
 def _recap_reference(graph, segment, budget, signals):
-    from historygraph.policies.recap import block_costs, build_blocks, oversized_forms
+    from historygraph.policies.recap.policy import block_costs, build_blocks, oversized_forms
 
     blocks = build_blocks(graph, segment)
     forms = oversized_forms(graph, budget, signals)
@@ -1427,7 +1427,7 @@ def test_recap_block_index_kept_across_appends_equals_the_blocks_built_from_scra
     graph grows event by event (a late result and one superseding a timeout included) equal
     those built from scratch, at a budget that makes some results oversized; served_ids by
     bisection equals the scan."""
-    from historygraph.policies.recap import SessionState, indexed_blocks, served_ids
+    from historygraph.policies.recap.policy import SessionState, indexed_blocks, served_ids
 
     signals = Signals()
     extra = [Message("user", "task"), Message("assistant", "two calls", (ToolCall("x1", "bash", "{}"), ToolCall("x2", "bash", "{}"))),
@@ -1482,7 +1482,7 @@ def test_ordered_vector_rows_are_the_gathered_rows_and_earlier_views_keep_theirs
 def test_query_ids_kept_per_query_follow_a_growing_vocabulary():
     """The kept vocabulary ids of a query (the task's words) equal a fresh lookup after the
     vocabulary grows, a word unknown before included; an array handed out earlier is unchanged."""
-    from historygraph.fit.features import _Flat, _query_ids
+    from historygraph.policies.learned.features import _Flat, _query_ids
 
     flat = _Flat()
     flat.add(0, ["beta", "delta"])

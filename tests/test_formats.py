@@ -1,4 +1,4 @@
-"""Trace readers (historygraph.formats) against the real development traces and malformed input.
+"""Trace readers (historygraph.traces) against the real development traces and malformed input.
 
 The expected counts below were computed independently of the reader code, with ``jq`` over the
 raw files in shared/traces (the exact command is quoted next to each number) plus the mapping
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from historygraph.formats import READERS, TraceFormatError, detect_format, list_trace_files, read_traces
+from historygraph.traces import READERS, TraceFormatError, detect_format, list_trace_files, read_traces
 
 FORMATS = ("mini-swe-agent", "swe-agent", "openhands", "tau-bench", "tau2-bench", "openai-chat")
 

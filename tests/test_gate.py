@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from historygraph.events import Message
-from historygraph.formats.anthropic import from_canonical, to_canonical
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message
+from historygraph.providers.anthropic import from_canonical, to_canonical
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import create, names
 from historygraph.render import BudgetTooSmallError, check_invariants
 

@@ -4,10 +4,10 @@ order, the handoff summary after them, the budget, model usage, caching and merg
 import pytest
 
 from doubles import CountingModel, ScriptedModel
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.handoff import HANDOFF_INSTRUCTIONS
+from historygraph.policies.baselines.handoff import HANDOFF_INSTRUCTIONS
 from historygraph.render import Layout, check_invariants
 from historygraph.store import MemoryStore
 
@@ -133,7 +133,7 @@ def test_bad_config_is_refused_by_name(value):
 
 def test_a_real_mini_swe_agent_trace_replays_within_b_with_every_invariant(traces_dir):
     from historygraph.eval.replay import replay_trace
-    from historygraph.formats import read_traces
+    from historygraph.traces import read_traces
 
     trace = next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json")))
     model = ScriptedModel()
@@ -145,7 +145,7 @@ def test_a_real_mini_swe_agent_trace_replays_within_b_with_every_invariant(trace
 
 
 def test_instructions_are_clipped_to_their_heads():
-    from historygraph.policies.handoff import instructions_text
+    from historygraph.policies.baselines.handoff import instructions_text
 
     one = instructions_text([Message("user", "a" * 1000)], 600)  # share 600 - 10: 7 + 590 + 2 = 599 characters
     assert one == "[user] " + "a" * 590 + " …"

@@ -17,8 +17,8 @@ Expected behaviour per input class:
 
 import pytest
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create, names
 from historygraph.render import BudgetTooSmallError, check_invariants
 
@@ -198,7 +198,7 @@ def test_12_1_message_interposed_between_a_call_and_its_result(name, budget, sig
 def _thinking_loop(big_input_words=300):
     """One Anthropic user turn with extended thinking: the opening assistant message carries the signed
     thinking block and a large tool input, then five more tool steps; the request ends with a result."""
-    from historygraph.formats.anthropic import to_canonical
+    from historygraph.providers.anthropic import to_canonical
     think = {"type": "thinking", "thinking": "plan the search", "signature": "EqQBCkgIARABGAIiQ=="}
     turns = [{"role": "user", "content": "find the bug"},
              {"role": "assistant", "content": [think, {"type": "tool_use", "id": "t0", "name": "bash",
@@ -316,7 +316,7 @@ def _loop_after_a_new_exchange():
     note between its call and its result, and two more steps without thinking. Dropping the text reply
     (the step before the new user message) let its marker and the user message merge into the earlier
     result's wire turn, so the provider's loop began at an assistant message without a thinking block."""
-    from historygraph.formats.anthropic import to_canonical
+    from historygraph.providers.anthropic import to_canonical
     from fake_upstream import sign
 
     def think(t):
@@ -360,7 +360,7 @@ def _text_reply_inside_the_loop():
     when ReCAP dropped the step after the reply (and kept the reply), that step's marker became a wire
     user turn of its own, without a tool result, and the provider's loop began after it, at an
     assistant message without a thinking block."""
-    from historygraph.formats.anthropic import to_canonical
+    from historygraph.providers.anthropic import to_canonical
     from fake_upstream import sign
 
     def use(i, words=0):
@@ -384,7 +384,7 @@ def test_12_2_a_marker_after_a_text_reply_never_splits_the_thinking_loop(name, s
     120, … 760 to a request the fake Anthropic provider accepts with thinking on (before the fix
     recap-noattn was rejected at 27 of these budgets and recap-random at 30: the marker of the
     dropped step t2 stood between the reply "waiting" and the call t4)."""
-    from historygraph.formats.anthropic import from_canonical
+    from historygraph.providers.anthropic import from_canonical
     from fake_upstream import anthropic_violation
     msgs, pieces = _text_reply_inside_the_loop()
     assert [(m.role, m.content) for m in msgs[6:8]] == [("assistant", "waiting"), ("tool", "out 2 " + "w " * 30)]
@@ -406,7 +406,7 @@ def test_12_2_dropping_the_step_before_a_new_exchange_keeps_the_thinking_opening
     """At B = 300 and 400 (under the history's 685 tokens) every policy renders the history of
     :func:`_loop_after_a_new_exchange` to a request the fake Anthropic provider accepts with thinking on
     (before the fix most policies were rejected at 300, recap-noattn at 400)."""
-    from historygraph.formats.anthropic import from_canonical
+    from historygraph.providers.anthropic import from_canonical
     from fake_upstream import anthropic_violation
     msgs, pieces = _loop_after_a_new_exchange()
     for budget in (300, 400):

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from historygraph.int_table import IntTable
+from historygraph.signals.int_table import IntTable
 
 
 def test_values_are_the_per_item_formula_bit_for_bit_and_the_table_grows():

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from historygraph.events import Message, ToolCall
+from historygraph.history.events import Message, ToolCall
 from historygraph.eval.replay import full_reference, replay_trace
-from historygraph.formats import read_traces
-from historygraph.graph import ContextGraph
+from historygraph.traces import read_traces
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, config_fields, create, names
 from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, _stored_facts, check_invariants, render_order
 from historygraph.signals.tokens import TokenCounter

@@ -1,4 +1,4 @@
-"""historygraph.server.jsonio: msgspec on the proxy's request path, the standard library for what
+"""historygraph.providers.jsonio: msgspec on the proxy's request path, the standard library for what
 msgspec refuses; values and strings as with ``json``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from historygraph.server import jsonio
+from historygraph.providers import jsonio
 
 DOCS = [b'{"messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9 \\ud83d\\ude00 \\n\\t\\"q\\""}]}',
         b'{"a": 1, "a": 2, "n": null, "f": [0.1, 1e-05, -0.0, 12345678901234567890]}',

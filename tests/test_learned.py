@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from historygraph.eval.replay import replay_trace
-from historygraph.events import Message, ToolCall, Trace
-from historygraph.fit.dataset import trace_examples
-from historygraph.fit.features import FEATURES, call_kind, feature_matrix
-from historygraph.fit.model import ReuseModel, ReuseModelError, TreeReuseModel
-from historygraph.fit.train import fit_examples, fit_traces, invocation_sizes, labels, tree_arrays
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall, Trace
+from historygraph.policies.learned.dataset import trace_examples
+from historygraph.policies.learned.features import FEATURES, call_kind, feature_matrix
+from historygraph.policies.learned.model import ReuseModel, ReuseModelError, TreeReuseModel
+from historygraph.policies.learned.train import fit_examples, fit_traces, invocation_sizes, labels, tree_arrays
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import PolicyError, Signals, create
-from historygraph.policies.learned import LearnedConfig, knapsack_select, reuse_values, swap_pass
+from historygraph.policies.learned.policy import LearnedConfig, knapsack_select, reuse_values, swap_pass
 from historygraph.render import Layout, check_invariants
 from historygraph.session import Session
 
@@ -97,7 +97,7 @@ def test_member_sums_from_postings_and_recent_entries_equal_adding_each_rows_ter
     added since: per row, the same float as adding the weights of its members left to right in
     the query's order (here: members added in sorted order, queried in sorted order), before any
     index, with one, and with rows added after it; own-only sums count the members first held."""
-    from historygraph.fit import features as fx
+    from historygraph.policies.learned import features as fx
 
     monkeypatch.setattr(fx, "_INDEX_MIN", 8)
     rng = np.random.default_rng(5)
@@ -360,7 +360,7 @@ def test_a_node_reached_twice_is_refused(tmp_path):
 
 def test_leaf_masks_give_a_fitted_ranker_the_walks_bits_and_lightgbms_scores():
     lightgbm = pytest.importorskip("lightgbm")
-    from historygraph.fit.train import TREE_PARAMS
+    from historygraph.policies.learned.train import TREE_PARAMS
     rng = np.random.default_rng(0)
     X = rng.normal(size=(3000, len(FEATURES)))
     X[:, :10] = np.round(X[:, :10])  # ties with thresholds, as counts give
@@ -389,7 +389,7 @@ def test_a_command_run_again_supersedes_its_earlier_output_only():
 
 
 def test_kept_scores_are_those_of_scoring_afresh_and_follow_the_group_that_moves():
-    from historygraph.fit.model import ScoreMemo
+    from historygraph.policies.learned.model import ScoreMemo
     m = ReuseModel.load().models[1]  # the shipped blend's trees (a fitted model with many groups)
     assert isinstance(m, TreeReuseModel) and m._masks is not None
     groups = [g[0] for g in m._masks.groups]
@@ -413,7 +413,7 @@ def test_kept_scores_are_those_of_scoring_afresh_and_follow_the_group_that_moves
 
 
 def test_a_blend_is_the_weighted_mean_of_its_members_probabilities(tmp_path):
-    from historygraph.fit.model import BlendReuseModel
+    from historygraph.policies.learned.model import BlendReuseModel
     k = len(FEATURES)
     coef = np.zeros(k)
     coef[FEATURES.index("age")] = -1.0
@@ -451,7 +451,7 @@ def test_tree_arrays_number_the_nodes_of_every_tree_in_one_sequence():
 
 
 def test_invocation_sizes_are_the_runs_of_one_trace_and_invocation():
-    from historygraph.fit.dataset import Examples
+    from historygraph.policies.learned.dataset import Examples
     z = np.zeros(6)
     ex = Examples(np.zeros((6, len(FEATURES))), z, z, np.array([0, 0, 0, 1, 1, 1]), np.array([1, 2, 2, 1, 1, 4]), z, z, z)
     assert invocation_sizes(ex).tolist() == [1, 2, 2, 1]
@@ -484,7 +484,7 @@ def test_labels_are_observed_reuse_of_tfa():
 def fit_two_real_traces_twice(tmp_path, traces_dir, objective):
     """Two real mini-swe-agent trajectories, fitted twice with ``objective``: the model (the two
     files are asserted byte-identical), the traces and the token counter."""
-    from historygraph.formats import read_traces
+    from historygraph.traces import read_traces
     traces = [next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / f)))
               for f in ("django__django-11099.traj.json", "marshmallow-code__marshmallow-1359.traj.json")]
     counter = Signals().counter
@@ -505,7 +505,7 @@ def test_fit_is_deterministic_and_learns_the_direction_of_reuse(tmp_path, traces
 def test_lambdarank_fit_is_deterministic_and_reads_as_lightgbm_scores(tmp_path, traces_dir):
     import lightgbm
 
-    from historygraph.fit.train import TREE_PARAMS, examples
+    from historygraph.policies.learned.train import TREE_PARAMS, examples
     a, traces, counter = fit_two_real_traces_twice(tmp_path, traces_dir, "lambdarank")
     assert isinstance(a, TreeReuseModel) and a.meta["objective"] == "lambdarank" and a.calibration[0] > 0
     ex = examples(traces, counter)
@@ -517,8 +517,8 @@ def test_lambdarank_fit_is_deterministic_and_reads_as_lightgbm_scores(tmp_path, 
 
 @pytest.mark.slow
 def test_blend_fit_is_deterministic_and_its_members_follow_the_recipe(tmp_path, traces_dir):
-    from historygraph.fit.model import BlendReuseModel
-    from historygraph.fit.train import BLEND, examples
+    from historygraph.policies.learned.model import BlendReuseModel
+    from historygraph.policies.learned.train import BLEND, examples
     a, traces, counter = fit_two_real_traces_twice(tmp_path, traces_dir, "blend")
     assert isinstance(a, BlendReuseModel) and a.meta["objective"] == "blend"
     assert [(m.meta.get("objective", "logistic"), m.meta["label"]) for m in a.models] == [(o, lb) for o, lb, _ in BLEND]
@@ -745,11 +745,11 @@ def test_the_shipped_model_is_recreated_by_the_documented_fit(tmp_path, traces_d
     the shipped model (a blend of a logistic regression and LambdaRank trees); the file stores 5
     significant digits of weights and leaf values, compared here within 1e-4 relative; the trees'
     structure exactly."""
-    from historygraph.fit.model import BlendReuseModel
+    from historygraph.policies.learned.model import BlendReuseModel
     train = traces_dir.parent / "traces-train" / "mini-swe-agent-deepseek"
     if not train.is_dir():
         pytest.skip(f"training traces not found at {train}")
-    from historygraph.formats import read_traces
+    from historygraph.traces import read_traces
     traces = [t for f in sorted(train.glob("*")) for t in read_traces(f)]
     fresh = fit_traces(traces, tmp_path / "m.json", Signals().counter)
     shipped = ReuseModel.load()
@@ -770,8 +770,8 @@ def test_error_flag_is_the_error_pattern_searched_whole(traces_dir):
     """``has_error`` (the error pattern's alternatives searched one at a time, each where its
     literal occurs) is true exactly where ``_ERROR.search`` finds a match, on the real traces'
     results and on made-up texts at its edges."""
-    from historygraph.fit import features as fx
-    from historygraph.formats import read_traces
+    from historygraph.policies.learned import features as fx
+    from historygraph.traces import read_traces
 
     texts = ["<returncode>0</returncode>", "<returncode>1</returncode>", "ValueError: x", "MyError_x", "xError",
              "Errors", "FAILED", "FAILEDx", "a FAILED b", "xerror: y", "error: y", "Traceback (most recent call last):",

@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create, get_spec
-from historygraph.policies.compression import (budget_controller, contrastive, iterative_compress, join_kept, lexical_units,
+from historygraph.policies.baselines.compression import (budget_controller, contrastive, iterative_compress, join_kept, lexical_units,
                                                percentile_keep, rank_ratios, select_top, snap, unit_information)
-from historygraph.policies.lingua import question_of, selective_text
+from historygraph.policies.baselines.lingua import question_of, selective_text
 from historygraph.render import InvariantError, check_invariants
 from historygraph.store.memory import MemoryStore
 

@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from historygraph.llm import ModelError, ModelUsage, OpenAICompatibleModel, endpoint_config
+from historygraph.models.chat import ModelError, ModelUsage, OpenAICompatibleModel, endpoint_config
 
 
 def handler(request: httpx.Request) -> httpx.Response:

@@ -16,9 +16,9 @@ import json
 
 import pytest
 
-from historygraph.events import EventError, Message, ToolCall
-from historygraph.formats import TraceFormatError, read_traces
-from historygraph.graph import ContextGraph, GraphError
+from historygraph.history.events import EventError, Message, ToolCall
+from historygraph.traces import TraceFormatError, read_traces
+from historygraph.history.graph import ContextGraph, GraphError
 from historygraph.policies import Signals, create
 from historygraph.render import check_invariants
 

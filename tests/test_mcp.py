@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from historygraph.events import Message, ToolCall
+from historygraph.history.events import Message, ToolCall
 from historygraph.store import SQLiteStore
 
 # slow: importing the MCP SDK costs about 1.3 CPU s in the process that runs these tests (docs/tests.md)
@@ -23,7 +23,7 @@ def mcp_sdk() -> SimpleNamespace:
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from historygraph.mcp_server import build_server
+    from historygraph.integrations.mcp import build_server
 
     return SimpleNamespace(Client=Client, StdioServerParameters=StdioServerParameters, stdio_client=stdio_client,
                            build_server=build_server)

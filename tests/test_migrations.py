@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 from historygraph.store import SchemaVersionError, SQLiteStore
 from historygraph.store import sqlite as sqlite_mod
 from historygraph.store.migrations import Migration

@@ -71,7 +71,7 @@ def test_a_session_stores_only_what_is_new_and_branches_on_an_edit():
 
 
 def test_a_session_without_a_store_lives_in_the_process_store():
-    from historygraph.messages import default_store
+    from historygraph.api import default_store
 
     msgs = openai_conversation()
     render_messages(msgs[:4], budget=400, policy="prune", session="one-call-default")

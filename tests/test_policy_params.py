@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from historygraph import PolicyError, create
 from historygraph.cli import app
-from historygraph.events import Message, ToolCall
+from historygraph.history.events import Message, ToolCall
 from historygraph.policies import REGISTRY, load_plugins, params
 from historygraph.store import open_store
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from historygraph.events import Message, ToolCall
-from historygraph.formats import TraceFormatError, read_traces
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.traces import TraceFormatError, read_traces
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, config_fields, create, names
 from historygraph.render import BudgetTooSmallError, check_invariants
 from historygraph.signals.tokens import TokenCounter

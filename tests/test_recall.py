@@ -1,9 +1,9 @@
 """Later-Used Result Recall (ContextRender B.4) on tiny transcripts with hand-labelled events."""
 
-from historygraph.events import Message, ToolCall
+from historygraph.history.events import Message, ToolCall
 from historygraph.eval.recall import ReuseEvent, age_bin, recall_tokens, reuse_events
 from historygraph.eval.replay import replay_trace
-from historygraph.events import Trace
+from historygraph.history.events import Trace
 from historygraph.policies import Signals, create
 
 

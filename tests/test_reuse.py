@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 from historygraph.signals.reuse import extract_values
 
 
@@ -99,8 +99,8 @@ def test_latest_operations_hold_the_values_of_the_joined_text_on_real_traces(tra
     """The learned features read the latest assistant message's values as TFA took them per
     operation (graph.latest_operations); their union must be the extraction of the operations
     joined by newlines (a candidate never spans the newline), on every assistant message."""
-    from historygraph.formats import read_traces
-    from historygraph.graph import operations
+    from historygraph.traces import read_traces
+    from historygraph.history.graph import operations
 
     checked = with_calls = 0
     for tr in list(read_traces(traces_dir / "mini-swe-agent-deepseek"))[:4] + list(read_traces(traces_dir / "openhands"))[:2]:

@@ -1,4 +1,4 @@
-"""Incremental routing of proxied requests (historygraph.server.sessions, "Incremental
+"""Incremental routing of proxied requests (historygraph.history.sessions, "Incremental
 comparison"): the prefix a router last stored is recognised without parsing it, an edit anywhere
 is still found, and a session another process (another worker) appended to is re-read."""
 
@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from historygraph import Message
-from historygraph.events import EventError
-from historygraph.server import jsonio
-from historygraph.server.sessions import MessageError, RequestMessages, SessionRouter
+from historygraph.history.events import EventError
+from historygraph.providers import jsonio
+from historygraph.history.sessions import MessageError, RequestMessages, SessionRouter
 from historygraph.store import MemoryStore, SQLiteStore
 
 
@@ -211,7 +211,7 @@ def test_the_store_keeps_at_most_graph_cache_graphs_and_rebuilds_a_dropped_one(t
 
 def test_full_history_tokens_is_a_running_sum_equal_to_the_full_count():
     from historygraph import TokenCounter
-    from historygraph.graph import ContextGraph
+    from historygraph.history.graph import ContextGraph
     from historygraph.server.metrics import full_history_tokens
 
     counter = TokenCounter()
@@ -236,8 +236,8 @@ def anthropic_turns(steps: int) -> list[dict]:
 
 
 def test_the_anthropic_endpoint_converts_only_the_turns_it_has_not_seen(monkeypatch):
-    from historygraph.formats import anthropic as anth
-    from historygraph.server.sessions import TurnCache
+    from historygraph.providers import anthropic as anth
+    from historygraph.history.sessions import TurnCache
 
     converted: list[int] = []
     real = anth.turn_to_canonical

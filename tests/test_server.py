@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from historygraph import Message, Session, TokenCounter
-from historygraph.server.sessions import derived_session_id
+from historygraph.history.sessions import derived_session_id
 
 from fake_upstream import sign
 
@@ -367,7 +367,7 @@ def test_docs_proxy_library_example_runs():
 
 
 def test_router_appends_only_new_events_and_branches_on_edit():
-    from historygraph.server.sessions import SessionRouter
+    from historygraph.history.sessions import SessionRouter
     from historygraph.store import MemoryStore
 
     router = SessionRouter(MemoryStore())
@@ -387,7 +387,7 @@ def test_router_appends_only_new_events_and_branches_on_edit():
 def test_continuing_with_another_choice_than_the_stored_one_branches():
     # n > 1: the proxy stores choice 0 as the answer; a client that goes on with choice 1 sends a
     # history that differs from the stored one, so it continues in a branch and both answers stay
-    from historygraph.server.sessions import SessionRouter
+    from historygraph.history.sessions import SessionRouter
     from historygraph.store import MemoryStore
 
     router = SessionRouter(MemoryStore())

@@ -4,8 +4,8 @@ import json
 
 from historygraph.eval.replay import replay_trace
 from historygraph.eval.steps_metrics import StepsCounts, read_key
-from historygraph.events import Message, ToolCall, Trace
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall, Trace
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
 
 

@@ -13,8 +13,8 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import GraphError
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import GraphError
 from historygraph.store import AppendConflict, MemoryStore, SQLiteStore, StoreError, open_store
 
 PG_DSN = os.environ.get("HISTORYGRAPH_TEST_POSTGRES")
@@ -499,7 +499,7 @@ def test_sqlite_append_reads_the_stored_length_by_key_not_by_counting(tmp_path):
 
 
 def test_validate_checks_a_batch_against_the_graph_and_itself():
-    from historygraph.graph import ContextGraph
+    from historygraph.history.graph import ContextGraph
 
     g = ContextGraph("s", [Message("user", "t"), Message("assistant", "", (ToolCall("c1", "bash", "{}"),))])
     call2 = Message("assistant", "", (ToolCall("c2", "bash", "{}"),))

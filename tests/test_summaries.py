@@ -9,11 +9,11 @@ import pytest
 
 from doubles import CountingModel
 from historygraph.eval.replay import replay_trace
-from historygraph.events import Message, ToolCall, Trace
-from historygraph.graph import ContextGraph
-from historygraph.llm import Completion, ModelError, OpenAICompatibleModel
+from historygraph.history.events import Message, ToolCall, Trace
+from historygraph.history.graph import ContextGraph
+from historygraph.models.chat import Completion, ModelError, OpenAICompatibleModel
 from historygraph.policies import Signals, create
-from historygraph.policies.summary import SUMMARY_INSTRUCTIONS, View, history_text, summary_prompt
+from historygraph.policies.baselines.summary import SUMMARY_INSTRUCTIONS, View, history_text, summary_prompt
 from historygraph.render import Layout, check_invariants
 from historygraph.store import MemoryStore
 
@@ -194,7 +194,7 @@ def test_summaries_through_an_openai_compatible_endpoint(llm_server):
 def test_cli_reports_an_unreachable_endpoint_without_a_traceback(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from historygraph import llm
+    from historygraph.models import chat as llm
     from historygraph.cli import app
 
     monkeypatch.setenv("HISTORYGRAPH_LLM_BASE_URL", "http://127.0.0.1:9/v1")
@@ -211,7 +211,7 @@ def test_cli_reports_an_unreachable_endpoint_without_a_traceback(tmp_path, monke
 @pytest.mark.lm
 def test_one_real_summary_from_the_local_smollm2_model():
     pytest.importorskip("torch", reason="the 'llm' extra is not installed")
-    from historygraph.llm import LocalSmolLM2
+    from historygraph.models.chat import LocalSmolLM2
 
     sig = signals_with(LocalSmolLM2())
     g = ContextGraph("g", steps(3, body=lambda i: f"ERROR: config key DB_PORT missing in settings/{i}.toml"))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from historygraph.events import Message, ToolCall
+from historygraph.history.events import Message, ToolCall
 from historygraph.signals.embeddings import (CachedEmbedder, MiniLMEmbedder, StaticEmbedder, WordLlamaEmbedder,
                                              default_embedder)
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter, get_encoding
@@ -144,7 +144,7 @@ def test_static_embedder_gives_the_packages_own_vectors(static, traces_dir):
     and far over 512 tokens, in one batch."""
     from static_model import get_embeddings
 
-    from historygraph.formats import list_trace_files, read_traces
+    from historygraph.traces import list_trace_files, read_traces
 
     texts = [m.content for f in list_trace_files(traces_dir)[:6] for t in read_traces(f) for m in t.messages
              if m.role == "tool" and m.content][:120]
@@ -198,7 +198,7 @@ def test_wordllama_embedder_gives_the_packages_own_vectors(wordllama, traces_dir
     from tokenizers import Tokenizer
     from wordllama.inference import WordLlamaInference
 
-    from historygraph.formats import list_trace_files, read_traces
+    from historygraph.traces import list_trace_files, read_traces
 
     spec = importlib.util.find_spec("wordllama")
     assert spec is not None and spec.submodule_search_locations

@@ -1,8 +1,8 @@
 """TestTracker, ValidationDetector and the F.1 summary (ContextWeaver §3.3, F.1)."""
 
-from historygraph.events import Message, ToolCall
-from historygraph.formats import read_traces
-from historygraph.signals.tests import (TestTracker, parse_test_output, prepend_test_summary, supersedes,
+from historygraph.history.events import Message, ToolCall
+from historygraph.traces import read_traces
+from historygraph.signals.test_output import (TestTracker, parse_test_output, prepend_test_summary, supersedes,
                                         test_summary, validation_status)
 
 PYTEST_VERBOSE = """\

@@ -4,9 +4,9 @@ The curated public API (checked by a test): value types, the context graph, stor
 the replay evaluator. See docs/architecture.md for the architecture.
 """
 
-from historygraph.events import EventError, Message, ToolCall, Trace
-from historygraph.graph import ContextGraph, GraphError
-from historygraph.messages import Rendered, render_anthropic_messages, render_messages
+from historygraph.history.events import EventError, Message, ToolCall, Trace
+from historygraph.history.graph import ContextGraph, GraphError
+from historygraph.api import Rendered, render_anthropic_messages, render_messages
 from historygraph.policies import REGISTRY, PolicyError, Signals, create
 from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants
 from historygraph.session import Session

@@ -30,9 +30,9 @@ from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.cost import Prices
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import summarize, write_outputs
-from historygraph.formats import READERS, TraceFormatError, list_trace_files, read_traces
-from historygraph.graph import MESSAGE_SPAN, ContextGraph
-from historygraph.llm import ModelError
+from historygraph.traces import READERS, TraceFormatError, list_trace_files, read_traces
+from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
+from historygraph.models.chat import ModelError
 from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, config_fields, create
 from historygraph.policies import params as policy_params
 from historygraph.render import BudgetTooSmallError
@@ -816,7 +816,7 @@ def fit(
     ContextWeaver §3.1) at the next model call (--label); features: render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
     parameter model=FILE) and replay to measure it. Needs scikit-learn and, for
     --objective lambdarank, LightGBM (pip install 'historygraph\\[fit]')."""
-    from historygraph.fit.train import LABELS, OBJECTIVES, fit_traces
+    from historygraph.policies.learned.train import LABELS, OBJECTIVES, fit_traces
 
     if label not in LABELS:
         _fail(f"unknown --label {label!r}; choose one of {', '.join(LABELS)}")
@@ -874,7 +874,7 @@ def mcp_command(
 ) -> None:
     """Serve a store's tool results to MCP-capable agents (tools results, recall, search; needs the 'mcp' extra)."""
     try:
-        from historygraph.mcp_server import build_server
+        from historygraph.integrations.mcp import build_server
     except ImportError as exc:
         _fail(f"the MCP server needs the 'mcp' extra (pip install 'historygraph[mcp]'): {exc}")
     db = _existing_store(store)

@@ -52,9 +52,9 @@ import numpy as np
 
 import msgspec
 
-from historygraph.derived import DerivedKind, pack_array, snapshot_due, unpack_array
-from historygraph.events import Message
-from historygraph.graph import ContextGraph
+from historygraph.history.derived import DerivedKind, pack_array, snapshot_due, unpack_array
+from historygraph.history.events import Message
+from historygraph.history.graph import ContextGraph
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
@@ -570,7 +570,7 @@ class _Placeholders(dict[int, Message]):
 
 @cache
 def token_rows(stock: bool, encoding: str, build: Callable[[Message, TokenCounter], Message]) -> DerivedKind | None:
-    """The derived rows (:mod:`historygraph.derived`) of :class:`_TokenMemo`'s per-message counts:
+    """The derived rows (:mod:`historygraph.history.derived`) of :class:`_TokenMemo`'s per-message counts:
     one per position, ``count_message`` of the message, and for a tool result ``[its count, its
     placeholder's count]``. Named for the encoding and the placeholder builder, so another
     encoding or builder never reads them; versioned by the source of the modules that compute
@@ -583,7 +583,7 @@ def token_rows(stock: bool, encoding: str, build: Callable[[Message, TokenCounte
     if not stock or "<" in name or not isinstance(module, str):
         return None
     return DerivedKind(f"render.tokens:{encoding}:{module}.{name}",
-                       tuple(dict.fromkeys(("historygraph.render", "historygraph.events", "historygraph.signals.tokens",
+                       tuple(dict.fromkeys(("historygraph.render", "historygraph.history.events", "historygraph.signals.tokens",
                                             "tiktoken.core", module))))
 
 
@@ -592,11 +592,11 @@ def token_snapshot(rows: DerivedKind) -> DerivedKind:
     """The per-graph snapshot of :class:`_TokenMemo` beside its per-message rows ``rows``
     (:func:`token_rows`): one row at position 0 holding, at a known number of messages ``upto``,
     every message's count and every tool result's position, count and placeholder count as
-    arrays (:func:`~historygraph.derived.pack_array`), so that a reopened session reads one row
+    arrays (:func:`~historygraph.history.derived.pack_array`), so that a reopened session reads one row
     instead of decoding one per message. Put when the graph has grown by a quarter since the last
-    one read or put (:func:`~historygraph.derived.snapshot_due`); versioned as ``rows`` and by
-    the packing (``historygraph.derived``)."""
-    return DerivedKind(rows.name.replace("render.tokens:", "render.memo:", 1), rows.modules + ("historygraph.derived",))
+    one read or put (:func:`~historygraph.history.derived.snapshot_due`); versioned as ``rows`` and by
+    the packing (``historygraph.history.derived``)."""
+    return DerivedKind(rows.name.replace("render.tokens:", "render.memo:", 1), rows.modules + ("historygraph.history.derived",))
 
 
 def _tool_positions(graph: ContextGraph) -> np.ndarray:
@@ -792,7 +792,7 @@ class _TokenMemo:
 
 class _RowsAfter(dict):
     """``pop(position, default)`` of a kind's stored rows read one at a time
-    (:meth:`~historygraph.derived.Derived.take_value`): after a snapshot, only the rows of the
+    (:meth:`~historygraph.history.derived.Derived.take_value`): after a snapshot, only the rows of the
     messages added since are read, not the whole table decoded."""
 
     def __init__(self, derived: Any, kind: DerivedKind) -> None:
@@ -1152,13 +1152,13 @@ def _brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[i
 
 @cache
 def brief_rows(stock: bool, encoding: str) -> DerivedKind | None:
-    """The derived rows (:mod:`historygraph.derived`) of :func:`_brief_savings`: at the position of
+    """The derived rows (:mod:`historygraph.history.derived`) of :func:`_brief_savings`: at the position of
     each message with a brief view, the tokens it saves. Named for the encoding, versioned as
     :func:`token_rows`; ``None`` (nothing kept) for a counter other than a plain
     :class:`TokenCounter` (``stock`` false)."""
     if not stock:
         return None
-    return DerivedKind(f"render.brief:{encoding}", ("historygraph.render", "historygraph.events",
+    return DerivedKind(f"render.brief:{encoding}", ("historygraph.render", "historygraph.history.events",
                                                     "historygraph.signals.tokens", "tiktoken.core"))
 
 
@@ -1216,9 +1216,9 @@ savings started from one)."""
 def brief_snapshot(rows: DerivedKind) -> DerivedKind:
     """The per-graph snapshot of :func:`_brief_savings` beside its per-message rows ``rows``
     (:func:`brief_rows`): one row at position 0, ``{"upto", "saved"}``, the savings of the first
-    ``upto`` messages as one packed array (:func:`~historygraph.derived.pack_array`), put when the
-    graph has grown by a quarter since the last one (:func:`~historygraph.derived.snapshot_due`)."""
-    return DerivedKind(rows.name.replace("render.brief:", "render.briefs:", 1), rows.modules + ("historygraph.derived",))
+    ``upto`` messages as one packed array (:func:`~historygraph.history.derived.pack_array`), put when the
+    graph has grown by a quarter since the last one (:func:`~historygraph.history.derived.snapshot_due`)."""
+    return DerivedKind(rows.name.replace("render.brief:", "render.briefs:", 1), rows.modules + ("historygraph.history.derived",))
 
 
 def _restore_savings(graph: ContextGraph, data: Any) -> np.ndarray | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 from historygraph.policies import DEFAULT_POLICY, Signals, create
 from historygraph.render import Rendering, check_invariants
 from historygraph.store import MemoryStore, Store

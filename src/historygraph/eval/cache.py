@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 

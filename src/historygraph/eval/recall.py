@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 
 TOKEN = re.compile(r"[A-Za-z0-9_]{6,}")
 _QUALIFY = re.compile(r"[A-Z_]")

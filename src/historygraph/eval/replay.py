@@ -29,8 +29,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from historygraph.events import Trace
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Trace
+from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Signals, create
 from historygraph.render import BudgetTooSmallError, check_invariants
 from historygraph.store import Store

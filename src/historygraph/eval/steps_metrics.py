@@ -20,7 +20,7 @@ Both are computed for every policy from the rendering made before each recorded 
   at most :data:`SHORT_CHARS` characters are not counted: they are as short as a node summary, so
   ContextWeaver shows them as they are and keeping them says nothing about selection.
 
-Ages are in turns (assistant messages) as in :meth:`historygraph.graph.ContextGraph.age`.
+Ages are in turns (assistant messages) as in :meth:`historygraph.history.graph.ContextGraph.age`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from historygraph.events import Message, ToolCall
-from historygraph.graph import ContextGraph
+from historygraph.history.events import Message, ToolCall
+from historygraph.history.graph import ContextGraph
 
 READERS = frozenset({"cat", "head", "tail", "less", "more", "nl", "grep", "egrep", "rg", "find", "ls", "tree", "wc"})
 _CD = re.compile(r"^\s*cd\s+\S+\s*(?:&&|;)\s*")

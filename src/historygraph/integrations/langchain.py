@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable, Sequence
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import AnyMessage, BaseMessage, ToolMessage, convert_to_messages, convert_to_openai_messages
 
-from historygraph.events import EventError, Message
-from historygraph.messages import render_events
+from historygraph.history.events import EventError, Message
+from historygraph.api import render_events
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.render import Rendering
 from historygraph.store import Store

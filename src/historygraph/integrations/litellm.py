@@ -19,7 +19,7 @@ from typing import Any
 import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
-from historygraph.messages import render_messages
+from historygraph.api import render_messages
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.store import Store
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from historygraph.messages import render_messages
+from historygraph.api import render_messages
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.render import Rendering
 from historygraph.store import Store

@@ -22,8 +22,8 @@ from typing import Any
 
 from agents.run_config import CallModelData, ModelInputData
 
-from historygraph.events import EventError, Message, ToolCall, content_text
-from historygraph.messages import render_events
+from historygraph.history.events import EventError, Message, ToolCall, content_text
+from historygraph.api import render_events
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.render import Rendering
 from historygraph.store import Store

@@ -2,7 +2,11 @@
 plugins (entry point group ``historygraph.policies``), in :data:`historygraph.policies.base.REGISTRY`,
 the single source of truth for policy names."""
 
-from historygraph.policies import baselines, condensers, contextrender, contextweaver, handoff, learned, lingua, oracle, recap, recap_baselines, retrieval, windows  # noqa: F401  (registration side effects)
+from historygraph.policies import contextrender, oracle  # noqa: F401  (registration side effects)
+from historygraph.policies.baselines import condensers, full_prune, handoff, lingua, retrieval, windows  # noqa: F401
+from historygraph.policies.contextweaver import policy as _contextweaver  # noqa: F401
+from historygraph.policies.learned import policy as _learned  # noqa: F401
+from historygraph.policies.recap import baselines as _recap_baselines, policy as _recap  # noqa: F401
 from historygraph.policies.base import (DEFAULT_POLICY, REGISTRY, Policy, PolicyError, Signals, check_production, config_fields, create, get_spec,
                    load_plugins, names)
 

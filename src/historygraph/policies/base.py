@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, cast
 
-from historygraph.graph import ContextGraph
-from historygraph.llm import ChatModel, default_model
+from historygraph.history.graph import ContextGraph
+from historygraph.models.chat import ChatModel, default_model
 from historygraph.render import Rendering
 from historygraph.signals.embeddings import CachedEmbedder, Embedder, default_embedder
 from historygraph.signals.perplexity import TokenScorer, default_scorer
@@ -39,7 +39,7 @@ class Signals:
         embedder_factory: builds the sentence embedder on first use
             (:func:`historygraph.signals.embeddings.default_embedder`).
         model_factory: builds the chat model (summaries, analyses) on first use
-            (:func:`historygraph.llm.default_model`: a configured endpoint, else local SmolLM2).
+            (:func:`historygraph.models.chat.default_model`: a configured endpoint, else local SmolLM2).
         scorer_factory: builds the token-surprisal model of the prompt compressors on first use
             (:func:`historygraph.signals.perplexity.default_scorer`: local SmolLM2-135M).
         store: the store whose caches (embeddings, summaries) are used; ``None`` = in-process only.

@@ -53,8 +53,8 @@ from typing import cast
 
 import numpy as np
 
-from historygraph.derived import DerivedKind
-from historygraph.graph import ContextGraph
+from historygraph.history.derived import DerivedKind
+from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, Selection
 from historygraph.signals.embeddings import CachedEmbedder
 from historygraph.signals.steps import latest_ancestry_results
@@ -429,7 +429,7 @@ def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedd
 
 @functools.cache
 def result_keys(model: str, clip: int) -> DerivedKind:
-    """The derived rows (:mod:`historygraph.derived`) of the results' embedding-cache keys: at a
+    """The derived rows (:mod:`historygraph.history.derived`) of the results' embedding-cache keys: at a
     result's position, :func:`~historygraph.signals.embeddings.content_key` of its first ``clip``
     characters under ``model`` (both in the kind's name, so a row is used only for the text it
     was made from: a stored position's message never changes). A reopened session's first render

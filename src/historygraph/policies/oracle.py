@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from historygraph.graph import ContextGraph
+from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering
 from historygraph.policies.base import PolicyError, Signals, register
 

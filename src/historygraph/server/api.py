@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from historygraph.events import EventError, Message
-from historygraph.graph import ContextGraph
+from historygraph.history.events import EventError, Message
+from historygraph.history.graph import ContextGraph
 from historygraph.policies import PolicyError, check_production
 from historygraph.store import KEPT_KEYS, AppendConflict, StoreError
 from historygraph.store.base import MAX_KEY_LENGTH

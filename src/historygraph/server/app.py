@@ -2,8 +2,8 @@
 
 Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 lines 3–7):
 
-1. parse the messages into canonical events (Anthropic via :mod:`historygraph.formats.anthropic`);
-2. route them to a session and store only what is new (:mod:`historygraph.server.sessions`);
+1. parse the messages into canonical events (Anthropic via :mod:`historygraph.providers.anthropic`);
+2. route them to a session and store only what is new (:mod:`historygraph.history.sessions`);
 3. render the session's graph with the policy under the budget (``X-HistoryGraph-Policy`` and
    ``X-HistoryGraph-Budget`` headers, else the configured defaults) and check the invariants of
    docs/architecture.md, invariant §5; a message rendered unchanged is sent as the client's original JSON, so images,
@@ -40,17 +40,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
 
-from historygraph.events import EventError, Message
-from historygraph.formats import anthropic as anth
+from historygraph.history.events import EventError, Message
+from historygraph.providers import anthropic as anth
 from historygraph.policies import DEFAULT_POLICY, PolicyError, Signals, check_production, create
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
 from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER, create_embedder
 from historygraph.signals.tokens import DEFAULT_ENCODING, TokenCounter
 from historygraph.store import Store, open_store
-from historygraph.server import jsonio, recall_tool
+from historygraph.providers import jsonio
+from historygraph.server import recall_tool
 from historygraph.server.metrics import ProxyMetrics
-from historygraph.server.sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
+from historygraph.history.sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 log = logging.getLogger("historygraph.server")
@@ -113,7 +114,7 @@ class ServerConfig:
         session_cache: open sessions kept warm per process, least recently used dropped first:
             their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state), the
             client messages last stored and the Anthropic wire turns last converted, so that a
-            re-sent history is recognised without parsing it (:mod:`historygraph.server.sessions`,
+            re-sent history is recognised without parsing it (:mod:`historygraph.history.sessions`,
             "Incremental comparison", :class:`TurnCache`); 0 remembers no messages or turns
             (every request is parsed and compared in full) and keeps one graph.
         embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores

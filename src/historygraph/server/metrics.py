@@ -30,7 +30,7 @@ import weakref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from historygraph.graph import ContextGraph
+from historygraph.history.graph import ContextGraph
 from historygraph.render import Rendering
 from historygraph.signals.calibration import TokenCalibration
 from historygraph.signals.tokens import TokenCounter

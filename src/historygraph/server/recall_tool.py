@@ -27,8 +27,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from historygraph.events import Message
-from historygraph.formats import anthropic as anth
+from historygraph.history.events import Message
+from historygraph.providers import anthropic as anth
 from historygraph.render import Rendering
 from historygraph.signals.calibration import anthropic_usage, openai_usage
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
@@ -69,7 +69,7 @@ def without_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
 
 def recalled_text(proxy: Any, session_id: str, arguments: str) -> str:
     """The answer to one recall call: each requested result's complete stored text, or the stored
-    messages of a span a marker names (:meth:`~historygraph.graph.ContextGraph.recall_text`), each
+    messages of a span a marker names (:meth:`~historygraph.history.graph.ContextGraph.recall_text`), each
     cut to ``recall_max_tokens`` tokens with a marker, or why it cannot be given."""
     try:
         ids = json.loads(arguments or "{}").get("ids")

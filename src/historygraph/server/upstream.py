@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from historygraph.events import EventError, Message
+from historygraph.history.events import EventError, Message
 from historygraph.signals.calibration import Usage, openai_usage
 
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",

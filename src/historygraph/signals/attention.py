@@ -44,7 +44,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 
 
 @dataclass

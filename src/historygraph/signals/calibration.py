@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 from historygraph.signals.tokens import TokenCounter
 
 #: Tokens OpenAI's chat format adds to prime the assistant's reply (published counting recipe).

@@ -13,7 +13,7 @@ interface, :class:`TokenScorer`:
 (:func:`historygraph.models.smollm2.load_smollm2`), a much smaller model than the papers' compressors
 (LLaMA-2-7B for LLMLingua/LongLLMLingua, GPT-2 / LLaMA for Selective Context). Text and context are
 joined after the beginning-of-sequence token, and one forward pass scores them; the caller bounds
-their length (the policies of :mod:`historygraph.policies.lingua` cap both), and inputs longer than
+their length (the policies of :mod:`historygraph.policies.baselines.lingua` cap both), and inputs longer than
 ``max_tokens`` (default 1,024 model tokens) keep the tail of the context first and then the head of
 the text, so a forward pass never exceeds it.
 """
@@ -60,10 +60,10 @@ class SmolLM2Scorer:
     """SmolLM2-135M-Instruct's token NLL on the CPU (module docstring).
 
     ``threads`` (or ``$HISTORYGRAPH_LLM_THREADS``) sets torch's CPU threads, as for
-    :class:`~historygraph.llm.LocalSmolLM2`. ``loader`` replaces the model loader (tests).
+    :class:`~historygraph.models.chat.LocalSmolLM2`. ``loader`` replaces the model loader (tests).
 
     Raises:
-        historygraph.llm.ModelError: torch/transformers or the model package is missing (on first use).
+        historygraph.models.chat.ModelError: torch/transformers or the model package is missing (on first use).
     """
 
     name = "SmolLM2-135M-Instruct"
@@ -78,7 +78,7 @@ class SmolLM2Scorer:
 
     def _model(self) -> tuple[Any, Any]:
         if self._loaded is None:
-            from historygraph.llm import ModelError
+            from historygraph.models.chat import ModelError
             from historygraph.models import smollm2
 
             threads = self._threads or int(os.environ.get("HISTORYGRAPH_LLM_THREADS", "0") or 0)

@@ -62,7 +62,7 @@ class ReuseIndex:
 
     ``add_result`` registers a tool result's values; ``add_operations`` records the matches of a
     model output. Both take values already extracted (:func:`extract_values`), so that a caller can
-    keep them (the graph stores them with the session, :data:`historygraph.graph.TFA_VALUES`). ``score(position)`` returns ``c_t(r)`` for the current state, i.e. with
+    keep them (the graph stores them with the session, :data:`historygraph.history.graph.TFA_VALUES`). ``score(position)`` returns ``c_t(r)`` for the current state, i.e. with
     ``n_t`` counted over all results added so far (the graph state before invocation ``t``).
     """
 
@@ -114,7 +114,7 @@ class ReuseIndex:
 
     def seed(self, scores: Iterable[tuple[int, float]], since: int) -> None:
         """Take ``(position, c_t)`` pairs computed when :attr:`touched` had ``since`` entries (a
-        stored snapshot, :data:`historygraph.graph.TFA_SCORES`): each is kept as :meth:`score`'s
+        stored snapshot, :data:`historygraph.history.graph.TFA_SCORES`): each is kept as :meth:`score`'s
         value unless its result was touched since (a match of it added, or a value it was matched
         on gaining a holder: what changes a term of its sum)."""
         changed = set(self.touched[since:])

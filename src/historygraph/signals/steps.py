@@ -33,7 +33,7 @@ Source: ContextWeaver §3.1 (node extraction, parent selection, ancestry) and §
 
 Extracted features and chosen parents are cached per graph object (the graph is append-only), so
 a replay extracts each step once. A graph handed out by a store also keeps them with the session
-(:mod:`historygraph.derived`): a step's features as :data:`STEP_FEATURES` rows, checked against the
+(:mod:`historygraph.history.derived`): a step's features as :data:`STEP_FEATURES` rows, checked against the
 step's result positions; the low-cost selector's parents as :func:`parents_kind` rows, with the
 number of messages the graph held when they were chosen, used only when no later message is a
 result for that step or an earlier one (then every step up to it, what they were chosen from, has
@@ -63,13 +63,13 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from historygraph.derived import DerivedKind, pack_array, snapshot_due, unpack_array
-from historygraph.events import Message
-from historygraph.graph import ContextGraph
-from historygraph.int_table import LOG1P, IntTable
-from historygraph.signals.tests import TestRun, parse_test_output, supersedes, validation_status
+from historygraph.history.derived import DerivedKind, pack_array, snapshot_due, unpack_array
+from historygraph.history.events import Message
+from historygraph.history.graph import ContextGraph
+from historygraph.signals.int_table import LOG1P, IntTable
+from historygraph.signals.test_output import TestRun, parse_test_output, supersedes, validation_status
 
-_MODULES = ("historygraph.signals.steps", "historygraph.signals.tests")
+_MODULES = ("historygraph.signals.steps", "historygraph.signals.test_output")
 STEP_FEATURES = DerivedKind("steps.features", _MODULES)
 """Derived rows of each step, at its assistant message's position: ``[results, action, files,
 identifiers, test run]`` (:func:`_run_data`), used only for the same result positions."""
@@ -135,7 +135,7 @@ _RECALL_CHARS = 128  # shorter texts are not kept (matching them costs about wha
 
 def _recall(kind: int, text: str, fn: Callable[[str], frozenset[str]]) -> frozenset[str]:
     """``fn(text)``, kept for the last :data:`_RECALL_SIZE` texts: a new result's text is matched
-    for the learned selector's facts (:mod:`historygraph.fit.features`) and for its step
+    for the learned selector's facts (:mod:`historygraph.policies.learned.features`) and for its step
     (:func:`_extract`, one result at a time), the latest assistant message's for its facts and
     for the render's features. A string's hash is computed once per string object."""
     if len(text) < _RECALL_CHARS:
@@ -720,7 +720,7 @@ def view_kind(stored_as: str) -> DerivedKind:
     """The derived row (position 0) of a whole view of a pure selector's steps at a known number of
     messages: ``{"upto", "steps", "result_counts", "results", "parent_counts", "parents", "status",
     "superseded_by", "runs", "undo", "failed", "open"}`` (the steps as columns, the integer ones
-    packed by :func:`~historygraph.derived.pack_array`: :class:`_StoredColumns`) and, for a
+    packed by :func:`~historygraph.history.derived.pack_array`: :class:`_StoredColumns`) and, for a
     ``shared_only`` selector, the inverted index (``"files"``, ``"identifiers"``: the steps having
     each). The steps are those of the graph's assistant messages below ``upto``. A reopened
     session's first view starts from it (a step built when first read, its action, files and
@@ -769,7 +769,7 @@ def _restore(graph: ContextGraph, cache: dict, view: _View, selector: Selector, 
 
 def _keep(graph: ContextGraph, cache: dict, view: _View, selector: Selector, selector_key: str) -> None:
     """Put the view's snapshot (:func:`view_kind`) for the store to write, when the graph has grown
-    by :data:`historygraph.derived.SNAPSHOT_GROWTH` since the last one (read or put) and the per-graph index holds
+    by :data:`historygraph.history.derived.SNAPSHOT_GROWTH` since the last one (read or put) and the per-graph index holds
     exactly this view's steps."""
     stored_as = getattr(selector, "stored_as", None)
     n = len(graph.messages)

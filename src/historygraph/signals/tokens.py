@@ -24,7 +24,7 @@ from typing import Iterable
 import tiktoken
 import tiktoken_ext.openai_public as openai_public
 
-from historygraph.events import Message
+from historygraph.history.events import Message
 
 ENCODINGS = ("o200k_base", "cl100k_base")
 DEFAULT_ENCODING = "o200k_base"

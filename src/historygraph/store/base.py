@@ -1,12 +1,12 @@
 """The store contract: one abstract interface, implemented by every backend.
 
 A store keeps sessions (one per agent run), each an append-only list of events (OpenAI-form
-:class:`~historygraph.events.Message`), plus content-hash caches shared by all sessions: embeddings
+:class:`~historygraph.history.events.Message`), plus content-hash caches shared by all sessions: embeddings
 and derived texts such as summaries. Derived state (reuse edges) is rebuilt from the events by
-:class:`~historygraph.graph.ContextGraph` when a session is opened, so a store never holds
+:class:`~historygraph.history.graph.ContextGraph` when a session is opened, so a store never holds
 anything a policy could get out of step with. What that rebuilding and a first render would
 recompute per message by pure functions of the stored messages (TFA values, step features, …)
-is kept per session as versioned derived rows (:mod:`historygraph.derived`): read with the events
+is kept per session as versioned derived rows (:mod:`historygraph.history.derived`): read with the events
 when a graph is built, written back in the session's next append transaction, by
 :meth:`Store.flush` and on close; never used for a message they were not computed from.
 
@@ -40,9 +40,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from historygraph.derived import Derived, Row
-from historygraph.events import EventError, Message
-from historygraph.graph import ContextGraph
+from historygraph.history.derived import Derived, Row
+from historygraph.history.events import EventError, Message
+from historygraph.history.graph import ContextGraph
 
 
 KEPT_KEYS = 1000
@@ -144,7 +144,7 @@ class Store(ABC):
 
     @abstractmethod
     def _read_derived(self, session_id: str) -> list[Row]:
-        """The session's stored derived rows (:data:`~historygraph.derived.Row`), any order."""
+        """The session's stored derived rows (:data:`~historygraph.history.derived.Row`), any order."""
 
     @abstractmethod
     def _write_derived(self, session_id: str, rows: Sequence[Row], stale: Sequence[tuple[str, str]]) -> None:
@@ -179,7 +179,7 @@ class Store(ABC):
 
     def flush(self, session_id: str | None = None) -> None:
         """Write the derived rows that the cached graph of ``session_id`` (``None``: of every
-        session) computed since they were last written (:mod:`historygraph.derived`), one write
+        session) computed since they were last written (:mod:`historygraph.history.derived`), one write
         transaction per session that has any."""
         with self._graph_lock:
             ids = [session_id] if session_id is not None else list(self._graphs)

@@ -6,8 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from historygraph.derived import Row
-from historygraph.events import Message
+from historygraph.history.derived import Row
+from historygraph.history.events import Message
 from historygraph.store.base import Store
 
 

@@ -30,8 +30,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from historygraph.derived import Row, loads
-from historygraph.events import Message
+from historygraph.history.derived import Row, loads
+from historygraph.history.events import Message
 from historygraph.store.base import SessionInfo, Store
 from historygraph.store.migrations import VERSION_TABLE, Migration, pending
 
@@ -58,7 +58,7 @@ CREATE TABLE derived (
     session_id TEXT NOT NULL REFERENCES sessions(id), kind TEXT NOT NULL, position INTEGER NOT NULL,
     version TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (session_id, kind, position));
 """
-"""Added by issue 13: migration 3, an empty table of derived rows (:mod:`historygraph.derived`),
+"""Added by issue 13: migration 3, an empty table of derived rows (:mod:`historygraph.history.derived`),
 as SQLite's."""
 
 MIGRATIONS = (

@@ -8,7 +8,7 @@ stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, 
 content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
 ``append_keys`` (:data:`APPEND_KEYS_TABLE`) holds the idempotency keys of appends, written in the
 transaction of their events. ``derived`` (:data:`DERIVED_TABLE`) holds each session's derived
-per-message rows (:mod:`historygraph.derived`). ``schema_version`` holds the schema's version; opening a store
+per-message rows (:mod:`historygraph.history.derived`). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -35,8 +35,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import platformdirs
 
-from historygraph.derived import Row, loads
-from historygraph.events import Message
+from historygraph.history.derived import Row, loads
+from historygraph.history.events import Message
 from historygraph.store.base import SessionInfo, StaleGraph, Store
 from historygraph.store.migrations import VERSION_TABLE, Migration, pending
 
@@ -64,7 +64,7 @@ CREATE TABLE derived (
     version TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (session_id, kind, position)) WITHOUT ROWID;
 """
 """Added by issue 13 (first render of a reopened session): migration 3, an empty table of derived
-rows (:mod:`historygraph.derived`), one per session, kind and message position; changes nothing
+rows (:mod:`historygraph.history.derived`), one per session, kind and message position; changes nothing
 else."""
 
 MIGRATIONS = (

@@ -1,0 +1,206 @@
+"""The one-call API: provider-form messages in, the messages to send out.
+
+>>> from historygraph import render_messages
+>>> render_messages([{"role": "user", "content": "hi"}], budget=2000, policy="prune")
+[{'role': 'user', 'content': 'hi'}]
+
+:func:`render_messages` takes OpenAI Chat Completions messages, :func:`render_anthropic_messages`
+Anthropic Messages API turns (plus the ``system`` field, which is outside the budget and is
+passed on by the caller unchanged). Each call parses the messages into canonical events, renders
+them with a registered policy under a history budget B (tokens of the default ``o200k_base``
+tokenizer; what B covers is ContextRender, arXiv 2609.37743, Appendix A.4), checks the rendering
+invariants and returns the messages to send. A message the policy shows unchanged is returned as
+the caller's own object (images, thinking blocks and unknown fields untouched); only placeholders,
+excerpts and summaries are new.
+
+Without ``session`` nothing is stored: the messages given are the whole history. With ``session``
+(an id) the messages are routed like the proxy does (:class:`historygraph.history.sessions.
+SessionRouter`): a stored session that is a prefix of ``messages`` receives only what is new, and a
+request that rewrote earlier messages continues in a branch (``<id>~1``, …; the id used is in
+:attr:`Rendered.session_id`). Sessions live in ``store`` (default: one in-memory store per process,
+so repeated calls in one process share their sessions; pass :func:`historygraph.open_store` for a
+persistent one). With ``store`` but no ``session`` the session id is derived from the
+conversation's start as the proxy does.
+
+``explain=True`` returns a :class:`Rendered`: the messages, the
+:class:`~historygraph.render.Rendering` (selected and omitted positions, tokens, per-position
+reasons) and the session id.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Literal, NamedTuple, Sequence, overload
+
+from historygraph.history.events import EventError, Message
+from historygraph.history.graph import ContextGraph
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
+from historygraph.render import Rendering, check_invariants
+from historygraph.store import MemoryStore, Store
+
+
+class Rendered(NamedTuple):
+    """What ``explain=True`` returns.
+
+    Attributes:
+        messages: the messages to send, in the caller's provider form.
+        rendering: the policy's rendering (``rendering.reasons`` per graph position,
+            ``rendering.omitted`` positions of results not shown whole, ``history_tokens``).
+        session_id: the stored session used (``None`` when nothing was stored).
+    """
+
+    messages: list[Any]
+    rendering: Rendering
+    session_id: str | None
+
+
+_lock = threading.Lock()
+_default_store: MemoryStore | None = None
+_signals: dict[int, tuple[Any, Signals]] = {}  # id(store) -> (store, its signals); 0 = no store
+_policies: dict[str, Policy] = {}
+_routers: dict[int, tuple[Store, Any]] = {}
+
+
+def default_store() -> MemoryStore:
+    """The in-memory store that calls with a ``session`` but no ``store`` share (one per process)."""
+    global _default_store
+    with _lock:
+        if _default_store is None:
+            _default_store = MemoryStore()
+        return _default_store
+
+
+def _signals_for(store: Store | None) -> Signals:
+    key = 0 if store is None else id(store)
+    with _lock:
+        hit = _signals.get(key)
+        if hit is None or hit[0] is not store:
+            hit = (store, Signals(store=store))
+            _signals[key] = hit
+        return hit[1]
+
+
+def _policy(policy: str | Policy) -> Policy:
+    if not isinstance(policy, str):
+        return policy
+    with _lock:
+        if policy not in _policies:
+            _policies[policy] = create(policy)
+        return _policies[policy]
+
+
+def _router(store: Store) -> Any:
+    from historygraph.history.sessions import SessionRouter
+
+    with _lock:
+        hit = _routers.get(id(store))
+        if hit is None or hit[0] is not store:
+            hit = (store, SessionRouter(store))
+            _routers[id(store)] = hit
+        return hit[1]
+
+
+def render_events(events: Sequence[Message], *, budget: int, policy: str | Policy = DEFAULT_POLICY,
+                  session: str | None = None, store: Store | None = None,
+                  signals: Signals | None = None) -> tuple[Rendering, str | None]:
+    """Render canonical events (the core of :func:`render_messages`, for adapters).
+
+    Returns ``(rendering, session_id)``; ``rendering.positions[i]`` indexes ``events`` (after
+    routing, a session's graph position ``i`` is ``events[i]``).
+
+    Raises:
+        ValueError: ``budget`` is not a positive integer.
+        PolicyError: unknown policy name.
+        EventError/GraphError: invalid events (nothing is stored).
+        BudgetTooSmallError: the protected history alone exceeds ``budget``.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be a positive integer (tokens), got {budget!r}")
+    chosen = _policy(policy)
+    if session is None and store is None:
+        graph = ContextGraph("messages", events)
+        sid = None
+    else:
+        store = store if store is not None else default_store()
+        sid = _router(store).ingest(list(events), session).session_id
+        graph = store.graph(sid)
+    sig = signals if signals is not None else _signals_for(store)
+    rendering = chosen.render(graph, budget, sig)
+    check_invariants(rendering, graph, sig.counter)
+    return rendering, sid
+
+
+def _openai_events(messages: Sequence[dict[str, Any]]) -> list[Message]:
+    if not isinstance(messages, (list, tuple)):
+        raise EventError(f"messages must be a list of message objects, got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        try:  # a "developer" message is the newer name of a system message
+            dev = isinstance(m, dict) and m.get("role") == "developer"
+            out.append(Message.from_openai({**m, "role": "system"} if dev else m))
+        except EventError as exc:
+            raise EventError(f"messages[{i}]: {exc}") from None
+    return out
+
+
+@overload
+def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: str | Policy = ...,
+                    session: str | None = ..., store: Store | None = ..., signals: Signals | None = ...,
+                    explain: Literal[False] = ...) -> list[dict[str, Any]]: ...
+@overload
+def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: str | Policy = ...,
+                    session: str | None = ..., store: Store | None = ..., signals: Signals | None = ...,
+                    explain: Literal[True]) -> Rendered: ...
+def render_messages(messages: Sequence[dict[str, Any]], *, budget: int, policy: str | Policy = DEFAULT_POLICY,
+                    session: str | None = None, store: Store | None = None, signals: Signals | None = None,
+                    explain: bool = False) -> list[dict[str, Any]] | Rendered:
+    """OpenAI chat messages → the OpenAI chat messages to send, history within ``budget`` tokens.
+
+    Args:
+        messages: the whole conversation (``system``/``developer``, ``user``, ``assistant`` with
+            ``tool_calls``, ``tool``), as sent to Chat Completions.
+        budget: history budget B in tokens (system and current user messages are outside B).
+        policy: a registered policy name (``historygraph policies``) or an instance from
+            :func:`historygraph.create` (to set parameters).
+        session, store: see the module docstring.
+        signals: shared signal providers (default: one per store, so embeddings are cached).
+        explain: return a :class:`Rendered` instead of the list.
+
+    Raises:
+        EventError: a message that cannot be parsed (names ``messages[i]`` and the field).
+        ValueError, PolicyError, GraphError, BudgetTooSmallError: see :func:`render_events`.
+    """
+    events = _openai_events(messages)
+    rendering, sid = render_events(events, budget=budget, policy=policy, session=session, store=store, signals=signals)
+    out = [messages[p] if p is not None and m.rendered_as is None else m.to_openai()
+           for m, p in zip(rendering.messages, rendering.positions)]
+    return Rendered(out, rendering, sid) if explain else out
+
+
+@overload
+def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int, system: Any = ...,
+                              policy: str | Policy = ..., session: str | None = ..., store: Store | None = ...,
+                              signals: Signals | None = ..., explain: Literal[False] = ...) -> list[dict[str, Any]]: ...
+@overload
+def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int, system: Any = ...,
+                              policy: str | Policy = ..., session: str | None = ..., store: Store | None = ...,
+                              signals: Signals | None = ..., explain: Literal[True]) -> Rendered: ...
+def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int, system: Any = None,
+                              policy: str | Policy = DEFAULT_POLICY, session: str | None = None,
+                              store: Store | None = None, signals: Signals | None = None,
+                              explain: bool = False) -> list[dict[str, Any]] | Rendered:
+    """Anthropic Messages API ``messages`` → the ``messages`` to send (``system`` is not returned:
+    it is outside B and sent unchanged).
+
+    A user turn holding several ``tool_result`` blocks stays one turn; a result a policy does not
+    show whole becomes a ``tool_result`` block whose text is a placeholder naming its id. Other
+    arguments and errors as :func:`render_messages`; ``EventError`` names the wire field
+    (``messages[3].content[1].tool_use_id`` …).
+    """
+    from historygraph.providers import anthropic as anth
+
+    events, pieces = anth.to_canonical(system, list(messages) if isinstance(messages, tuple) else messages)
+    rendering, sid = render_events(events, budget=budget, policy=policy, session=session, store=store, signals=signals)
+    out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
+                                                   for p in rendering.positions])
+    return Rendered(out, rendering, sid) if explain else out

@@ -1,0 +1,304 @@
+"""Which stored session a proxied request belongs to, and which of its messages are new.
+
+Chat APIs are stateless: every request carries the whole conversation. The proxy keeps one
+append-only graph per conversation and, per request:
+
+1. **Root id.** The ``X-HistoryGraph-Session`` header if given, else ``auto-`` followed by the
+   first 16 hex digits of the SHA-256 of the canonical JSON (sorted keys) of the conversation's
+   system messages and its first user message, i.e. every message up to and including the first
+   ``user`` message (:func:`derived_session_id`). Two requests that start the same way therefore
+   share a root.
+2. **Diff.** The root and its branches (``<root>~1``, ``<root>~2`` … created in that order) are
+   compared with the incoming messages (role, text, tool calls, tool-call id). A stored session
+   that is a prefix of the request receives the rest: a client re-sending its whole history stores
+   only the new events. Among several such sessions the longest wins.
+3. **Branch.** When no stored session is a prefix (the client edited or dropped earlier messages,
+   or retried a request whose answer was already stored), a new branch is created holding the
+   request's messages; its meta names the parent and the position where they part. Nothing stored
+   is overwritten.
+
+After :meth:`SessionRouter.ingest` the session's graph equals the request's messages, so graph
+position ``i`` is incoming message ``i``.
+
+**Incremental comparison.** An agent re-sends its whole history with every request, so comparing
+it with the stored session event by event, after parsing every message, costs O(history) in
+Python per request. The router therefore remembers, per session (an LRU of ``prefix_cache``
+sessions per process), the client's own JSON objects of the messages it last stored there
+(:class:`RequestMessages` keeps them; the proxy's OpenAI endpoint keeps each message's bytes as
+the client sent them, unparsed). Stored positions never change (sessions are append-only,
+branches are other sessions), so when the leading messages of a request are equal (as bytes, or
+as JSON values) to the remembered ones, they equal the stored events: that prefix is recognised
+by one C-level list comparison and is neither parsed nor compared again (a message re-sent with
+other bytes for the same value, e.g. its keys in another order, is parsed and compared). Comparison and parsing resume
+at the first message that differs or is new; an edited earlier message therefore differs there
+and is compared event by event, exactly as without the cache, and events another process
+appended meanwhile are read from the store (:meth:`Store.graph` catches up by length).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence, overload
+
+from historygraph.history.events import EventError, Message
+from historygraph.providers import anthropic as anth
+from historygraph.history.graph import ContextGraph
+from historygraph.store import AppendConflict, Store, StoreError
+from historygraph.providers import jsonio
+
+SESSION_HEADER = "x-historygraph-session"
+
+
+def derived_session_id(messages: Sequence[Message]) -> str:
+    """``auto-`` + 16 hex digits of SHA-256 over the messages up to the first user message."""
+    head: list[dict] = []
+    for m in messages:
+        head.append({"role": m.role, "content": m.content})
+        if m.role == "user":
+            break
+    digest = hashlib.sha256(json.dumps(head, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return f"auto-{digest[:16]}"
+
+
+def same_event(a: Message, b: Message) -> bool:
+    """Whether two events are the same turn (timestamps and render marks are ignored)."""
+    return (a.role == b.role and a.content == b.content and a.tool_call_id == b.tool_call_id
+            and a.tool_calls == b.tool_calls and a.provider_blocks == b.provider_blocks)
+
+
+def common_prefix(stored: Sequence[Message], incoming: Sequence[Message], start: int = 0) -> int:
+    """Length of the common prefix of ``stored`` and ``incoming`` (:func:`same_event`), their
+    first ``start`` events being known equal (not compared again)."""
+    end = min(len(stored), len(incoming))
+    n = min(start, end)
+    while n < end and same_event(stored[n], incoming[n]):
+        n += 1
+    return n
+
+
+class MessageError(EventError):
+    """A request message that cannot be parsed; ``index`` is its position in the request."""
+
+    def __init__(self, index: int, exc: EventError) -> None:
+        super().__init__(f"messages[{index}]: {exc}")
+        self.index, self.reason = index, str(exc)
+
+
+class RequestMessages(Sequence[Message]):
+    """The messages of one request in OpenAI form (``developer`` read as ``system``), each parsed
+    when first read and at most once; ``raw`` keeps the client's JSON objects, or their unparsed
+    bytes (``msgspec.Raw`` items of :func:`historygraph.providers.jsonio.loads_request`; see
+    "Incremental comparison" above).
+
+    Raises (on reading a message): :class:`MessageError` naming the message that is invalid.
+    """
+
+    def __init__(self, raw: list[Any]) -> None:
+        self.raw = raw
+        self._parsed: list[Message | None] = [None] * len(raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @overload
+    def __getitem__(self, i: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Message]: ...
+
+    def __getitem__(self, i: int | slice) -> Message | list[Message]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.raw)))]
+        m = self._parsed[i]
+        if m is None:
+            try:
+                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i]))
+            except ValueError as exc:  # EventError, or an unparsed item that is not JSON
+                raise MessageError(i if i >= 0 else len(self.raw) + i,
+                                   exc if isinstance(exc, EventError) else EventError(f"not valid JSON: {exc}")) from None
+        return m
+
+    def parse_all(self) -> list[Message]:
+        """Every message, parsed (raises :class:`MessageError` for the first invalid one)."""
+        return self[:]
+
+
+def known_prefix(cached: list[Any] | None, raw: list[Any]) -> int:
+    """How many leading items of ``raw`` equal those of ``cached`` (as JSON values)."""
+    if not cached:
+        return 0
+    n = min(len(cached), len(raw))
+    if cached[:n] == raw[:n]:  # the common case, one comparison in C
+        return n
+    for i in range(n):
+        if cached[i] != raw[i]:
+            return i
+    return n
+
+
+@dataclass
+class Ingest:
+    """Result of routing one request: the session used, events appended, whether a branch was
+    created (``forked_from`` names its parent), and the session's graph as this request left it
+    (its events are the request's messages)."""
+
+    session_id: str
+    appended: int
+    forked_from: str | None = None
+    graph: ContextGraph | None = None
+
+
+class SessionRouter:
+    """Routes requests to sessions of ``store``; one lock per root makes routing and appends of
+    one conversation sequential within this process (the store makes them safe across
+    processes)."""
+
+    def __init__(self, store: Store, prefix_cache: int = 256) -> None:
+        self.store = store
+        self._locks: dict[str, threading.RLock] = {}
+        self._guard = threading.Lock()
+        self.prefix_cache = prefix_cache  # sessions whose last stored client messages are remembered
+        self._raw: OrderedDict[str, list[Any]] = OrderedDict()  # session id -> client JSON of its events 0..k-1
+        self._known: set[str] = set()  # sessions seen to exist (sessions are never deleted)
+
+    def _cached_raw(self, session_id: str) -> list[Any] | None:
+        with self._guard:
+            raw = self._raw.get(session_id)
+            if raw is not None:
+                self._raw.move_to_end(session_id)
+            return raw
+
+    def _remember(self, session_id: str, raw: list[Any]) -> None:
+        """``raw``: the client's JSON of the session's stored events 0..len(raw)−1."""
+        if self.prefix_cache < 1:
+            return
+        with self._guard:
+            self._raw[session_id] = raw
+            self._raw.move_to_end(session_id)
+            while len(self._raw) > self.prefix_cache:
+                self._raw.popitem(last=False)
+
+    def _exists(self, session_id: str) -> bool:
+        if session_id in self._known:
+            return True
+        if self.store.has_session(session_id):
+            self._known.add(session_id)
+            return True
+        return False
+
+    def lock(self, session_id: str) -> threading.RLock:
+        root = session_id.split("~", 1)[0]
+        with self._guard:
+            return self._locks.setdefault(root, threading.RLock())
+
+    def branches(self, root: str) -> list[str]:
+        return self.store.sessions_with_prefix(root + "~")
+
+    def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None) -> Ingest:
+        """Store what is new in ``messages`` (see module docstring). With a
+        :class:`RequestMessages`, the prefix equal to what this router last stored in a session is
+        recognised without parsing or comparing it ("Incremental comparison").
+
+        Raises:
+            EventError/GraphError: the new events are invalid (nothing is written).
+        """
+        raw = messages.raw if isinstance(messages, RequestMessages) else None
+        root = session_id or derived_session_id(messages)
+        with self.lock(root):
+            if not self._exists(root):
+                ContextGraph(root).validate(messages)  # invalid events raise before anything is created
+                try:
+                    self.store.create_session(root, dict(meta or {}))
+                except StoreError:  # another instance created it meanwhile
+                    pass
+                self._known.add(root)
+            best, best_len, best_graph, parent, parent_len = None, -1, None, root, -1
+            for sid in [root] + self.branches(root):
+                graph = self.store.graph(sid)
+                stored = graph.messages
+                start = min(known_prefix(self._cached_raw(sid), raw), len(stored)) if raw is not None else 0
+                n = common_prefix(stored, messages, start)
+                if n == len(stored) and n > best_len:
+                    best, best_len, best_graph = sid, n, graph
+                if n > parent_len:
+                    parent, parent_len = sid, n
+            if best is not None:
+                new = list(messages[best_len:])
+                if new:
+                    try:  # expected_length: another process serving this store may have appended meanwhile
+                        self.store.append(best, new, expected_length=best_len)
+                    except AppendConflict:
+                        return self.ingest(messages, session_id, meta)  # compare again with what is stored now
+                if raw is not None:
+                    self._remember(best, list(raw))
+                if best_graph is None or len(best_graph) != best_len + len(new):  # dropped from the store's cache meanwhile
+                    best_graph = self.store.graph(best)
+                return Ingest(best, len(new), graph=best_graph)
+            return self._branch(root, parent, parent_len, messages, meta)
+
+    def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
+        ContextGraph(root).validate(messages)  # invalid events raise before the branch is created
+        k = len(self.branches(root)) + 1
+        while True:
+            sid = f"{root}~{k}"
+            try:
+                self.store.create_session(sid, {**(meta or {}), "parent": parent, "forked_at": at})
+                break
+            except StoreError:
+                k += 1
+        self.store.append(sid, list(messages))
+        if isinstance(messages, RequestMessages):
+            self._remember(sid, list(messages.raw))
+        return Ingest(sid, len(messages), forked_from=parent, graph=self.store.graph(sid))
+
+
+class TurnCache:
+    """The Anthropic endpoint's "Incremental comparison": per conversation (an LRU of ``size`` per
+    process), the wire turns last converted (their unparsed bytes, or JSON values) and their
+    canonical messages. Wire turns do not map one to one onto events (a user turn holds any
+    number of tool results), but each turn's conversion depends on that turn and its index alone
+    (:func:`historygraph.providers.anthropic.turn_to_canonical`), so a request whose leading turns
+    equal those last converted reuses their messages (the same objects the store holds, so
+    comparing them with the stored events is cheap) and parses and converts only the rest.
+    ``size`` 0 keeps nothing (every request converted in full)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._items: OrderedDict[str, tuple[list[Any], list[list[tuple[Message, anth.Piece]]]]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    @staticmethod
+    def key(session_id: str | None, system: Any, turns: Sequence[Any]) -> str:
+        """The conversation: the session header, else the system field and the first turn (any
+        key is correct, since only equal turns at equal indices are reused; it decides hits)."""
+        if session_id:
+            return "id:" + session_id
+        first = bytes(turns[0]) if turns and isinstance(turns[0], jsonio.Raw) else repr(turns[:1]).encode()
+        return "auto:" + hashlib.sha256(repr(system).encode() + b"\0" + first).hexdigest()
+
+    def convert(self, key: str, system: Any, turns: list[Any]) -> tuple[list[Message], list[anth.Piece | None]]:
+        """:func:`~historygraph.providers.anthropic.to_canonical` of ``system`` and ``turns`` (items
+        unparsed or JSON values). Raises :class:`EventError` naming the field at fault."""
+        with self._guard:
+            cached = self._items.get(key)
+            if cached is not None:
+                self._items.move_to_end(key)
+        n = known_prefix(cached[0], turns) if cached is not None else 0
+        converted = list(cached[1][:n]) if cached is not None else []
+        for i in range(n, len(turns)):
+            try:
+                turn = jsonio.item(turns[i])
+            except ValueError as exc:
+                raise EventError(f"messages[{i}]: not valid JSON: {exc}") from None
+            converted.append(anth.turn_to_canonical(turn, i))
+        if self.size > 0:
+            with self._guard:
+                self._items[key] = (list(turns), converted)
+                self._items.move_to_end(key)
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        return anth.join_turns(system, converted)

@@ -1,0 +1,258 @@
+"""Anthropic Messages API ⇄ canonical OpenAI-form :class:`~historygraph.history.events.Message`.
+
+Source: the Anthropic Messages API wire format (``system`` field, ``user``/``assistant`` turns whose
+content is a string or a list of blocks: ``text``, ``image``, ``tool_use``, ``tool_result``,
+``thinking``, ``redacted_thinking``).
+
+Conversion to canonical form (:func:`to_canonical`):
+
+* ``system`` (string or text blocks) → one ``system`` message first;
+* a user turn → one ``tool`` message per ``tool_result`` block (in block order), then one ``user``
+  message with the remaining blocks flattened to text, if there are any;
+* an assistant turn → one ``assistant`` message: text blocks joined by newlines, ``tool_use``
+  blocks as tool calls whose arguments are ``json.dumps(input)``. Every other block (``thinking``,
+  ``redacted_thinking``, ``server_tool_use``, ``web_search_tool_result`` and any other server-tool
+  block) is kept, in order, in :attr:`Message.provider_blocks`: not scored, but counted against B
+  because it is forwarded (docs/architecture.md, invariant §5.8). Non-text user blocks other than images and documents
+  are kept there too; images and documents are charged as their ``[image]``-style marker only,
+  because providers bill them by pixel area or pages, not by their bytes (Anthropic "Vision":
+  about width × height / 750 tokens), which a text tokenizer cannot count.
+
+Every canonical message keeps a pointer to its wire original (:class:`Piece`). The proxy sends a
+message that a policy rendered unchanged as that original, so thinking blocks (with their
+signatures), images and unknown fields reach the upstream byte-for-byte; only placeholders and
+excerpts are rebuilt (:func:`from_canonical`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from historygraph.history.events import EventError, Message, ToolCall, content_text
+from historygraph.signals.calibration import Usage, anthropic_usage
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The wire original of one canonical message: ``value`` is a whole assistant turn (its message
+    object), the non-tool-result part of a user turn (a string or block list) or one
+    ``tool_result`` block; ``turn`` is the index of the wire turn it came from."""
+
+    value: Any
+    turn: int
+
+
+UNCOUNTED_USER_BLOCKS = ("text", "image", "document", "tool_result")
+
+
+def provider_blocks_of(blocks: list[Any]) -> str:
+    """:attr:`Message.provider_blocks` of ``blocks``: compact JSON with sorted keys, ``None``
+    fields left out (clients echo blocks with and without them), ``""`` for none."""
+    if not blocks:
+        return ""
+    return json.dumps([{k: v for k, v in b.items() if v is not None} for b in blocks],
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def arguments_of(tool_input: Any) -> str:
+    """Canonical tool-call arguments text of a ``tool_use`` input object."""
+    return json.dumps(tool_input, ensure_ascii=False)
+
+
+def _text(content: Any, field: str) -> str:
+    try:
+        return content_text(content)
+    except EventError as exc:
+        raise EventError(f"{field}: {exc}") from None
+
+
+def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece | None]]:
+    """Convert a Messages API request's ``system`` and ``messages``.
+
+    Returns:
+        ``(canonical, pieces)``: canonical messages and, index for index, their wire originals
+        (``None`` for the system message, which the proxy passes on in the ``system`` field).
+
+    Raises:
+        EventError: naming the field that is wrong (``messages[3].content[1].tool_use_id`` …).
+    """
+    if not isinstance(messages, list):
+        raise EventError("messages must be a list")
+    return join_turns(system, [turn_to_canonical(turn, i) for i, turn in enumerate(messages)])
+
+
+def join_turns(system: Any, turns: list[list[tuple[Message, Piece]]]) -> tuple[list[Message], list[Piece | None]]:
+    """:func:`to_canonical`'s result from ``system`` and each turn's :func:`turn_to_canonical`
+    (which depends on that turn and its index alone, so a caller may keep the conversions of
+    turns it has seen)."""
+    out: list[Message] = []
+    pieces: list[Piece | None] = []
+    if system:
+        out.append(Message("system", _text(system, "system")))
+        pieces.append(None)
+    for converted in turns:
+        for m, piece in converted:
+            out.append(m)
+            pieces.append(piece)
+    return out, pieces
+
+
+def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
+    """The canonical messages of wire turn ``messages[i]``, each with its :class:`Piece`.
+
+    Raises:
+        EventError: naming the field that is wrong.
+    """
+    where = f"messages[{i}]"
+    if not isinstance(turn, dict):
+        raise EventError(f"{where} must be an object")
+    role, content = turn.get("role"), turn.get("content")
+    if role not in ("user", "assistant"):
+        raise EventError(f"{where}.role must be 'user' or 'assistant', got {role!r}")
+    blocks = content if isinstance(content, list) else None
+    if role == "assistant":
+        return [(_assistant(content, blocks, where), Piece(turn, i))]
+    if blocks is None:
+        return [(Message("user", _text(content, f"{where}.content")), Piece(content, i))]
+    out: list[tuple[Message, Piece]] = []
+    rest = []
+    for j, b in enumerate(blocks):
+        if isinstance(b, dict) and b.get("type") == "tool_result":
+            if not b.get("tool_use_id"):
+                raise EventError(f"{where}.content[{j}].tool_use_id is missing")
+            out.append((Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
+                                tool_call_id=str(b["tool_use_id"])), Piece(b, i)))
+        else:
+            rest.append(b)
+    if rest:
+        extra = [b for b in rest if isinstance(b, dict) and b.get("type") not in UNCOUNTED_USER_BLOCKS]
+        out.append((Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra)),
+                    Piece(rest, i)))
+    return out
+
+
+def _assistant(content: Any, blocks: list | None, where: str) -> Message:
+    if blocks is None:
+        return Message("assistant", _text(content, f"{where}.content"))
+    texts, calls, extra = [], [], []
+    for j, b in enumerate(blocks):
+        if not isinstance(b, dict):
+            raise EventError(f"{where}.content[{j}] must be an object")
+        if b.get("type") == "text":
+            texts.append(str(b.get("text", "")))
+        elif b.get("type") == "tool_use":
+            if not b.get("id") or not b.get("name"):
+                raise EventError(f"{where}.content[{j}]: a tool_use block needs id and name")
+            calls.append(ToolCall(str(b["id"]), str(b["name"]), arguments_of(b.get("input", {}))))
+        else:
+            extra.append(b)
+    return Message("assistant", "\n".join(texts), tuple(calls), provider_blocks=provider_blocks_of(extra))
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    try:
+        tool_input = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        tool_input = {"arguments": call.arguments}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input}
+
+
+def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[dict[str, Any]]:
+    """Build the Messages API ``messages`` list for a rendering (system messages are skipped).
+
+    ``pieces[i]`` is the wire original for ``messages[i]`` or ``None``; an original is used when
+    the message is shown unchanged (``rendered_as is None``). Tool results and user text keep the
+    user turns they came in (tool results first, as the API requires); synthetic results join the
+    turn being built.
+    """
+    out: list[dict[str, Any]] = []
+    pending: list[Any] = []
+    pending_turn: int | None = None
+
+    def flush(extra: Any = None) -> None:
+        nonlocal pending, pending_turn
+        if extra is None and not pending:
+            return
+        if not pending:
+            out.append({"role": "user", "content": extra})
+        else:
+            tail = [] if extra is None else ([{"type": "text", "text": extra}] if isinstance(extra, str) else list(extra))
+            out.append({"role": "user", "content": pending + tail})
+        pending, pending_turn = [], None
+
+    for m, piece in zip(messages, pieces):
+        original = piece.value if piece is not None and m.rendered_as is None else None
+        turn = piece.turn if piece is not None else pending_turn
+        if m.role == "system":
+            continue
+        if pending and turn != pending_turn:
+            flush()
+        if m.role == "assistant":
+            flush()
+            out.append(original if original is not None else
+                       {"role": "assistant", "content": (json.loads(m.provider_blocks) if m.provider_blocks else [])
+                        + ([{"type": "text", "text": m.content}] if m.content else [])
+                        + [_tool_use(c) for c in m.tool_calls]})
+        elif m.role == "tool":
+            pending.append(original if original is not None else
+                           {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content})
+            pending_turn = turn
+        else:
+            flush(original if original is not None else m.content)
+    flush()
+    return out
+
+
+def answer_message(response: dict[str, Any]) -> Message:
+    """The canonical assistant message of a Messages API response object (``content`` blocks)."""
+    return _assistant(response.get("content"), response.get("content") if isinstance(response.get("content"), list) else None,
+                      "response")
+
+
+class StreamAccumulator:
+    """Rebuilds the response content blocks from Messages API stream events.
+
+    Feed it every parsed ``data:`` object (``content_block_start``, ``content_block_delta`` with
+    ``text_delta``/``input_json_delta``/``thinking_delta``/``signature_delta``, ``message_stop``);
+    :meth:`message` then gives the canonical answer, or ``None`` if the stream did not complete.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial_json: dict[int, list[str]] = {}
+        self.complete = False
+        self.usage: Usage | None = None  # from message_start, updated by message_delta
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind, idx = event.get("type"), event.get("index")
+        if kind in ("message_start", "message_delta"):
+            self.usage = anthropic_usage(event, self.usage)
+        if kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            self.blocks[idx] = dict(event["content_block"])
+        elif kind == "content_block_delta" and idx in self.blocks:
+            delta = event.get("delta") or {}
+            block = self.blocks[idx]
+            if delta.get("type") == "text_delta":
+                block["text"] = block.get("text", "") + delta.get("text", "")
+            elif delta.get("type") == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+            elif delta.get("type") == "signature_delta":
+                block["signature"] = block.get("signature", "") + delta.get("signature", "")
+            elif delta.get("type") == "input_json_delta":
+                self.partial_json.setdefault(idx, []).append(delta.get("partial_json", ""))
+        elif kind == "message_stop":
+            self.complete = True
+
+    def message(self) -> Message | None:
+        if not self.complete:
+            return None
+        blocks = []
+        for idx in sorted(self.blocks):
+            b = dict(self.blocks[idx])
+            if idx in self.partial_json:  # tool_use and server_tool_use inputs
+                text = "".join(self.partial_json[idx])
+                b["input"] = json.loads(text) if text.strip() else {}
+            blocks.append(b)
+        return _assistant(blocks, blocks, "response")
