@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from historygraph.history.events import Trace
 from historygraph.history.graph import ContextGraph
-from historygraph.policies.base import Signals, create
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import create
 from historygraph.render import BudgetTooSmallError, check_invariants
 from historygraph.store import Store
 from historygraph.signals.tokens import TokenCounter

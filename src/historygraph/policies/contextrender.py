@@ -58,7 +58,8 @@ from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, Selection
 from historygraph.signals.embeddings import CachedEmbedder
 from historygraph.signals.steps import latest_ancestry_results
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 
 SOURCE = "ContextRender §3.3, A.1–A.4"
 

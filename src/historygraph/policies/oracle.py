@@ -1,7 +1,7 @@
 """Clairvoyant selectors: the limit a selector can reach under the same budget (evaluator only).
 
 Ours, beyond the papers. Both read the recorded future, so they are registered ``replay_only``:
-:func:`~historygraph.policies.base.create` builds them only for the evaluator, which sets
+:func:`~historygraph.policies.registry.create` builds them only for the evaluator, which sets
 ``upcoming`` before each rendering to the tool results that the recorded turn about to be
 rendered for reuses, by the evaluator's own labelling rule (Later-Used Result Recall,
 "ContextRender: From Execution Dependencies to Agent Context", arXiv:2609.37743, Appendix B.4).
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering
-from historygraph.policies.base import PolicyError, Signals, register
+from historygraph.policies.base import PolicyError, Signals
+from historygraph.policies.registry import register
 
 SOURCE = "ours: clairvoyant bound under the shared Layout (ContextRender B.4 events)"
 

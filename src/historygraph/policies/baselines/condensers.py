@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Selection
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 from historygraph.policies.baselines.summary import CondensingPolicy, View
 from historygraph.policies.baselines.windows import mask_placeholder
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, Selection
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 from historygraph.policies.baselines.retrieval import taken_in_order
 
 

@@ -56,7 +56,8 @@ from dataclasses import dataclass
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.models.chat import ModelUsage
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 from historygraph.policies.baselines.condensers import _check_summary
 from historygraph.policies.baselines.summary import CondensingPolicy, View, history_text
 

@@ -55,7 +55,8 @@ from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.models.chat import Completion, ModelUsage
 from historygraph.render import COMPRESSED_GAP, COMPRESSED_PREFIX, Layout, Rendering, Selection
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 from historygraph.policies.baselines.compression import (budget_controller, contrastive, iterative_compress, join_kept, lexical_units,
                           percentile_keep, rank_ratios, select_top, snap, unit_information)
 from historygraph.policies.baselines.summary import usage_stats

@@ -34,7 +34,8 @@ import numpy as np
 from historygraph.history.derived import DerivedKind, pack_array, snapshot_due, unpack_array
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, Selection
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 from historygraph.policies.contextrender import result_vectors
 
 

@@ -24,7 +24,8 @@ from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering
 from historygraph.signals.tokens import TokenCounter
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 
 MASK = "[old tool result {id}: {lines} lines of output omitted; stored in full and restorable by id]"
 

@@ -56,7 +56,8 @@ from historygraph.models.chat import ModelUsage
 from historygraph.render import Layout, Rendering, Selection
 from historygraph.signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector, lowcost_steps
 from historygraph.signals.test_output import TestTracker
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 from historygraph.policies.baselines.summary import usage_stats
 
 SOURCE = "ContextWeaver §3.1, §3.3, F.1, F.2"

@@ -43,7 +43,8 @@ from historygraph.policies.learned.features import feature_matrix
 from historygraph.policies.learned.model import ReuseModel, ReuseModelError
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, Selection
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 
 SOURCE = "ours: fitted reuse probability (render-time features incl. ContextRender TFA) + knapsack under B"
 

@@ -37,7 +37,8 @@ import numpy as np
 
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, _Grow
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 
 
 def block_chars(graph: ContextGraph, positions: list[int]) -> int:

@@ -81,7 +81,8 @@ from historygraph.render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, 
                       _loop_bounds, kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
 from historygraph.signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from historygraph.signals.identifiers import identifiers, idf_overlap
-from historygraph.policies.base import Signals, register
+from historygraph.policies.base import Signals
+from historygraph.policies.registry import register
 
 SOURCE = "ReCAP §3.1–3.3, §4.1, §4.4, §5.3"
 
