@@ -38,7 +38,7 @@ from historygraph.policies.baselines.summary import CondensingPolicy, View
 from historygraph.policies.baselines.windows import mask_placeholder
 
 
-def _check_summary(cfg: object) -> None:
+def check_summary(cfg: object) -> None:
     if cfg.max_summary_tokens < 1 or cfg.prompt_chars < 80:
         raise ValueError("summary config: max_summary_tokens ≥ 1 and prompt_chars ≥ 80 are required")
 
@@ -51,7 +51,7 @@ class CompactConfig:
     prompt_chars: int = 1200
 
     def __post_init__(self) -> None:
-        _check_summary(self)
+        check_summary(self)
 
 
 @register("compact-llm", "ContextRender B.2 (Compact (LLM))",
@@ -77,7 +77,7 @@ class RecencySummaryConfig:
     prompt_chars: int = 1200
 
     def __post_init__(self) -> None:
-        _check_summary(self)
+        check_summary(self)
         if not 0 < self.recent_share <= 1:
             raise ValueError(f"recency-summary config: recent_share must be in (0, 1], got {self.recent_share}")
 
@@ -110,7 +110,7 @@ class CondenserConfig:
     prompt_chars: int = 1200
 
     def __post_init__(self) -> None:
-        _check_summary(self)
+        check_summary(self)
         if not 0 <= self.keep_observations <= self.max_observations:
             raise ValueError("cw-llm-summary config: 0 ≤ keep_observations ≤ max_observations is required")
 
@@ -154,7 +154,7 @@ class HybridConfig:
     prompt_chars: int = 1200
 
     def __post_init__(self) -> None:
-        _check_summary(self)
+        check_summary(self)
         if self.window < 0 or not 0 < self.summarize_turns <= self.trigger_turns:
             raise ValueError("cw-hybrid config: window ≥ 0 and 0 < summarize_turns ≤ trigger_turns are required")
 

@@ -58,7 +58,7 @@ from historygraph.history.graph import ContextGraph
 from historygraph.models.chat import ModelUsage
 from historygraph.policies.base import Signals
 from historygraph.policies.registry import register
-from historygraph.policies.baselines.condensers import _check_summary
+from historygraph.policies.baselines.condensers import check_summary
 from historygraph.policies.baselines.summary import CondensingPolicy, View, history_text
 
 HANDOFF_VERSION = "historygraph-handoff-v1"
@@ -112,7 +112,7 @@ class CodexSummaryConfig:
     prompt_chars: int = 2400
 
     def __post_init__(self) -> None:
-        _check_summary(self)
+        check_summary(self)
 
 
 @register("codex-summary", "ReCAP §5 Baselines (Codex-style summarization)",
