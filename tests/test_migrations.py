@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from historygraph.history.events import Message
-from historygraph.store import SchemaVersionError, SQLiteStore
+from historygraph.store import ForeignDatabaseError, SchemaVersionError, SQLiteStore
 from historygraph.store import sqlite as sqlite_mod
 from historygraph.store.migrations import Migration
 from test_store import pg_dsn  # noqa: F401 (fixture)
@@ -114,3 +114,44 @@ def test_postgres_store_written_before_versions_is_migrated(pg_dsn):  # noqa: F8
         c.execute("UPDATE schema_version SET version = 7")
     with pytest.raises(SchemaVersionError, match="schema version 7"):
         PostgresStore(pg_dsn)
+
+
+def _file_state(path):
+    return path.read_bytes(), sorted(p.name for p in path.parent.iterdir())
+
+
+def test_another_programs_database_is_refused_and_left_byte_for_byte(tmp_path):
+    path = tmp_path / "app.sqlite"
+    with sqlite3.connect(path) as db:  # another program's file, in the default rollback journal
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO users VALUES (1, 'ada')")
+    db.close()
+    before = _file_state(path)
+    with pytest.raises(ForeignDatabaseError, match=r"app.sqlite is another program's SQLite database \(tables: users\)"):
+        SQLiteStore(path)
+    assert _file_state(path) == before  # no tables added, no -wal / -shm file
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    db.close()
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "notes.sqlite"
+    path.write_bytes(b"these are my notes, not a database\n" * 200)
+    before = _file_state(path)
+    with pytest.raises(ForeignDatabaseError, match="is not a SQLite database"):
+        SQLiteStore(path)
+    assert _file_state(path) == before
+
+
+def test_a_newer_store_is_refused_before_its_journal_mode_changes(tmp_path):
+    path = tmp_path / "future.sqlite"
+    with sqlite3.connect(path) as db:  # a newer release's store in rollback-journal mode
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (99)")
+    db.close()
+    with pytest.raises(SchemaVersionError, match="schema version 99"):
+        SQLiteStore(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    db.close()

@@ -558,3 +558,35 @@ def test_sqlite_append_on_a_stale_cached_graph_is_decided_again_on_what_is_store
         a.append("s", Message("assistant", "", (ToolCall("c9", "x"),)))  # c9 is taken in what is stored
     assert [m.role for m in c.graph("s").messages[-2:]] == ["assistant", "tool"] and len(a.messages("s")) == 10
     a.close(), b.close(), c.close()
+
+
+def test_two_instances_creating_one_new_session_at_once_one_succeeds(shared_db):
+    """Issue 38, class 1: two workers (separate store instances on one database) creating the
+    same new session at once. Exactly one creates it; the other gets StoreError ("already
+    exists"), never the database's unique-key violation; 20 rounds."""
+    stores = [open_store(shared_db), open_store(shared_db)]
+    try:
+        for round_ in range(20):
+            sid = f"race-{round_}"
+            barrier, outcomes = threading.Barrier(2), []
+
+            def create(store):
+                barrier.wait()
+                try:
+                    store.create_session(sid)
+                    outcomes.append("created")
+                except StoreError as exc:
+                    outcomes.append("exists" if "already exists" in str(exc) else repr(exc))
+                except Exception as exc:  # the bug: sqlite3.IntegrityError / psycopg UniqueViolation
+                    outcomes.append(repr(exc))
+
+            threads = [threading.Thread(target=create, args=(s,)) for s in stores]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sorted(outcomes) == ["created", "exists"], outcomes
+            assert stores[1].has_session(sid) and stores[0].messages(sid) == []
+    finally:
+        for s in stores:
+            s.close()

@@ -122,7 +122,8 @@ class Store(ABC):
 
     # -- primitives -----------------------------------------------------------------------
     @abstractmethod
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None: ...
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
+        """Insert the session unless the id exists, atomically; whether it was inserted."""
 
     @abstractmethod
     def _session_meta(self, session_id: str) -> dict[str, Any] | None: ...
@@ -230,12 +231,16 @@ class Store(ABC):
 
     # -- contract -------------------------------------------------------------------------
     def create_session(self, session_id: str, meta: dict[str, Any] | None = None) -> None:
-        """Create an empty session. Raises :class:`StoreError` when the id exists."""
+        """Create an empty session, atomically: of several callers creating the same id at once
+        (threads, or processes sharing the database), exactly one succeeds.
+
+        Raises:
+            StoreError: the id exists (also when another caller created it a moment ago), or is empty.
+        """
         if not session_id:
             raise StoreError("session id must be a non-empty string")
-        if self._session_meta(session_id) is not None:
+        if not self._insert_session(session_id, dict(meta or {})):
             raise StoreError(f"session {session_id!r} already exists")
-        self._insert_session(session_id, dict(meta or {}))
 
     def has_session(self, session_id: str) -> bool:
         return self._session_meta(session_id) is not None

@@ -21,9 +21,13 @@ class MemoryStore(Store):
         self._keys: dict[str, dict[str, tuple[str, int, int]]] = {}  # per session, oldest first
         self._derived: dict[str, dict[tuple[str, int], Row]] = {}  # per session, by (kind, position)
 
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
-        self._meta[session_id] = meta
-        self._events[session_id] = []
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
+        with self._graph_lock:
+            if session_id in self._meta:
+                return False
+            self._meta[session_id] = meta
+            self._events[session_id] = []
+            return True
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
         meta = self._meta.get(session_id)

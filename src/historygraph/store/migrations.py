@@ -10,6 +10,9 @@ back and the store is left as it was.
 * A store written before versions were recorded (no ``schema_version`` row) is at version 0: its
   tables are those of steps 1 and 2, which are written ``CREATE … IF NOT EXISTS`` so that they
   apply to it unchanged. Every later step runs exactly once per store and may alter tables.
+* A database that is not a historygraph store (tables of another program and none of ours, or a
+  file that is not a database) is refused with :class:`ForeignDatabaseError` before anything is
+  written to it (SQLite: before the switch to WAL, which would change the file).
 * A store at a version newer than this historygraph knows (written by a later release) is refused
   with :class:`SchemaVersionError` rather than used, so an older release never writes rows a newer
   schema does not expect.
@@ -29,6 +32,11 @@ VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT 
 
 class SchemaVersionError(RuntimeError):
     """A store's schema is newer than this historygraph supports (names both versions)."""
+
+
+class ForeignDatabaseError(SchemaVersionError):
+    """The database holds another program's tables, or is not a database: historygraph refuses to
+    add its tables to it (names the file and what it found)."""
 
 
 @dataclass(frozen=True)

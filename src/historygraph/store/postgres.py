@@ -110,9 +110,11 @@ class PostgresStore(Store):
                 self._opened = [c for c in self._opened if not c.closed] + [conn]
         return conn
 
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
-        self._db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s)",
-                         (session_id, time.time(), json.dumps(meta)))
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
+        # ON CONFLICT: another instance creating the same session at once is not an error here
+        cur = self._db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                               (session_id, time.time(), json.dumps(meta)))
+        return cur.rowcount == 1
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT meta FROM sessions WHERE id = %s", (session_id,)).fetchone()

@@ -38,7 +38,7 @@ import platformdirs
 from historygraph.history.derived import Row, loads
 from historygraph.history.events import Message
 from historygraph.store.base import SessionInfo, StaleGraph, Store
-from historygraph.store.migrations import VERSION_TABLE, Migration, pending
+from historygraph.store.migrations import VERSION_TABLE, ForeignDatabaseError, Migration, pending
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
@@ -93,6 +93,11 @@ class SQLiteStore(Store):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        try:
+            self._refuse_foreign()
+        except BaseException:
+            self._db.close()
+            raise
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         try:
@@ -100,6 +105,23 @@ class SQLiteStore(Store):
         except BaseException:
             self._db.close()
             raise
+
+    def _refuse_foreign(self) -> None:
+        """Raise before anything is written when the file is not a historygraph store: another
+        program's database (tables, none of ours), a newer schema, or not a database at all."""
+        try:
+            tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            version = self._db.execute("SELECT version FROM schema_version").fetchone() if "schema_version" in tables else None
+        except sqlite3.DatabaseError as exc:
+            raise ForeignDatabaseError(f"{self.path} is not a SQLite database ({exc}): give --store (or HISTORYGRAPH_DB) "
+                                       f"a new file or an existing historygraph store; the file was left as it was") from None
+        if tables and "schema_version" not in tables and not {"sessions", "events"} <= tables:
+            shown = ", ".join(sorted(tables)[:8]) + (", …" if len(tables) > 8 else "")
+            raise ForeignDatabaseError(f"{self.path} is another program's SQLite database (tables: {shown}): historygraph keeps "
+                                       f"its sessions in a file of its own, so give --store (or HISTORYGRAPH_DB) a new file; "
+                                       f"the file was left as it was")
+        if version is not None:
+            pending(MIGRATIONS, version[0], str(self.path))  # a newer schema: SchemaVersionError, nothing written
 
     def _migrate(self) -> int:
         """Bring the file to :data:`SCHEMA_VERSION` in one transaction; returns the version."""
@@ -123,9 +145,11 @@ class SQLiteStore(Store):
                 raise
         return new
 
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> None:
-        with self._lock:
-            self._db.execute("INSERT INTO sessions VALUES (?, ?, ?)", (session_id, time.time(), json.dumps(meta)))
+    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
+        with self._lock:  # ON CONFLICT: another instance creating the same session at once is not an error here
+            cur = self._db.execute("INSERT INTO sessions VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                                   (session_id, time.time(), json.dumps(meta)))
+            return cur.rowcount == 1
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
         with self._lock:
