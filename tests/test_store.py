@@ -570,7 +570,7 @@ def test_two_instances_creating_one_new_session_at_once_one_succeeds(shared_db):
             sid = f"race-{round_}"
             barrier, outcomes = threading.Barrier(2), []
 
-            def create(store):
+            def create(store, sid=sid, barrier=barrier, outcomes=outcomes):
                 barrier.wait()
                 try:
                     store.create_session(sid)
