@@ -7,7 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 import historygraph
-import historygraph.cli
+import historygraph.cli.common
+import historygraph.cli.progress
+import historygraph.cli.replay
 from historygraph.cli import app
 from historygraph.history.events import Message, ToolCall
 from historygraph.store import open_store
@@ -91,8 +93,8 @@ def test_replay_with_worker_processes_gives_the_same_figures(tmp_path):
     rows, embedded = [], []
     for jobs in ("1", "2"):
         out = tmp_path / f"out{jobs}"
-        res = runner.invoke(app, ["replay", historygraph.cli.example_trace_path().__str__(),
-                                  historygraph.cli.example_trace_path().__str__(), "--policy", "prune",
+        res = runner.invoke(app, ["replay", historygraph.cli.common.example_trace_path().__str__(),
+                                  historygraph.cli.common.example_trace_path().__str__(), "--policy", "prune",
                                   "--policy", "contextrender", "--budget", "3000", "--store", ":memory:",
                                   "--out", str(out), "--jobs", jobs])
         assert res.exit_code == 0, res.output
@@ -247,9 +249,9 @@ def _folder_with_a_bad_file(tmp_path):
 
     folder = tmp_path / "traces"
     folder.mkdir()
-    shutil.copy(historygraph.cli.example_trace_path(), folder / "a_good.json")
+    shutil.copy(historygraph.cli.common.example_trace_path(), folder / "a_good.json")
     (folder / "b_bad.json").write_text('{"hello": 1}')
-    shutil.copy(historygraph.cli.example_trace_path(), folder / "c_good.json")
+    shutil.copy(historygraph.cli.common.example_trace_path(), folder / "c_good.json")
     return folder
 
 
@@ -286,7 +288,7 @@ def test_no_readable_trace_leaves_no_empty_out_folder_but_keeps_an_existing_one(
 
 
 def test_an_interrupted_replay_writes_the_traces_finished_so_far(tmp_path, monkeypatch):
-    real = historygraph.cli.replay_trace
+    real = historygraph.cli.replay.replay_trace
     calls = []
 
     def interrupted_on_the_second(*args, **kwargs):  # Ctrl-C arriving during the second trace
@@ -295,9 +297,9 @@ def test_an_interrupted_replay_writes_the_traces_finished_so_far(tmp_path, monke
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(historygraph.cli, "replay_trace", interrupted_on_the_second)
+    monkeypatch.setattr(historygraph.cli.replay, "replay_trace", interrupted_on_the_second)
     out = tmp_path / "o"
-    example = str(historygraph.cli.example_trace_path())
+    example = str(historygraph.cli.common.example_trace_path())
     res = runner.invoke(app, ["replay", example, example, example, "--policy", "prune", "--budget", "3000",
                               "--store", ":memory:", "--out", str(out)])
     assert res.exit_code == 130, res.output
@@ -361,13 +363,13 @@ def test_plain_progress_keeps_beating_while_a_trajectory_runs(monkeypatch, capsy
 
     from rich.progress import Progress
 
-    monkeypatch.setattr(historygraph.cli, "HEARTBEAT_SECONDS", 0.06)
+    monkeypatch.setattr(historygraph.cli.progress, "HEARTBEAT_SECONDS", 0.06)
     clock = [0.0]
-    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+    with Progress(console=historygraph.cli.common.err, transient=True, get_time=lambda: clock[0]) as bar:
         task = bar.add_task("replay", total=4)
         bar.advance(task)
         clock[0] = 100.0  # one trajectory done after 100 s; three left
-        with historygraph.cli._heartbeat(bar, task, "replay"):
+        with historygraph.cli.progress.heartbeat(bar, task, "replay"):
             _time.sleep(0.5)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")]
     assert len(lines) >= 2
@@ -380,15 +382,15 @@ def test_plain_progress_estimates_by_messages_not_trajectories(capsys):
     from rich.progress import Progress
 
     clock = [0.0]
-    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+    with Progress(console=historygraph.cli.common.err, transient=True, get_time=lambda: clock[0]) as bar:
         task = bar.add_task("replay", total=4)
         finished: dict = {}
-        with historygraph.cli._heartbeat(bar, task, "replay", work=([600, 100, 100, 100], finished)):
+        with historygraph.cli.progress.heartbeat(bar, task, "replay", work=([600, 100, 100, 100], finished)):
             finished[0] = object()
             bar.advance(task)
             clock[0] = 100.0
-            historygraph.cli._plain_line(bar, task, "replay")
-        assert task not in historygraph.cli._work  # registered only while the replay runs
+            historygraph.cli.progress._plain_line(bar, task, "replay")
+        assert task not in historygraph.cli.progress._work  # registered only while the replay runs
     line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay ")][-1]
     assert line == "replay 1/4 trajectories, 100 s, about 50 s left"
 
@@ -404,34 +406,34 @@ def test_replay_time_left_weighs_renders_and_texts_and_falls_while_a_trajectory_
     def trace(calls, results):
         return NS(messages=[NS(role="user")] + [NS(role="assistant")] * calls + [NS(role="tool")] * results)
 
-    assert historygraph.cli._replay_work(trace(3, 2)) == pytest.approx(9 ** 1.2)  # (3 calls × (2 results + 1))^1.2
-    assert historygraph.cli._replay_work(trace(0, 0)) == 1
+    assert historygraph.cli.replay._replay_work(trace(3, 2)) == pytest.approx(9 ** 1.2)  # (3 calls × (2 results + 1))^1.2
+    assert historygraph.cli.replay._replay_work(trace(0, 0)) == 1
     clock = [0.0]
-    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+    with Progress(console=historygraph.cli.common.err, transient=True, get_time=lambda: clock[0]) as bar:
         task = bar.add_task("replay", total=3)
         finished: dict = {}
-        with historygraph.cli._heartbeat(bar, task, "replay", work=([90, 5, 5], finished)):
+        with historygraph.cli.progress.heartbeat(bar, task, "replay", work=([90, 5, 5], finished)):
             finished[0] = object()
             bar.advance(task)
             clock[0] = 90.0
-            left = historygraph.cli._time_left(bar.tasks[task])
-            column = historygraph.cli._TimeLeftColumn().render(bar.tasks[task]).plain
+            left = historygraph.cli.progress._time_left(bar.tasks[task])
+            column = historygraph.cli.progress.TimeLeftColumn().render(bar.tasks[task]).plain
     assert left == 10.0 and column == "~0:00:10 left"  # 90 s for 90 units; 10 units left
     # a trajectory finished (through _advance) at 90 s, of 90 units: 1 s per unit, 10 units left. While
     # the next ones run, the time left falls with the time spent on them (4 s later: 10 − 4 = 6), but
     # never below the work left without the largest unfinished one (5 units: 5 s), nor grows
-    with Progress(console=historygraph.cli.err, transient=True, get_time=lambda: clock[0]) as bar:
+    with Progress(console=historygraph.cli.common.err, transient=True, get_time=lambda: clock[0]) as bar:
         clock[0] = 0.0
         task = bar.add_task("replay", total=3)
         finished = {}
-        with historygraph.cli._heartbeat(bar, task, "replay", work=([90, 5, 5], finished)):
+        with historygraph.cli.progress.heartbeat(bar, task, "replay", work=([90, 5, 5], finished)):
             clock[0] = 90.0
             finished[0] = object()
-            historygraph.cli._advance(bar, task, "replay")
+            historygraph.cli.progress.advance(bar, task, "replay")
             lefts = []
             for now in (90.0, 94.0, 99.0, 200.0):
                 clock[0] = now
-                lefts.append(historygraph.cli._time_left(bar.tasks[task]))
+                lefts.append(historygraph.cli.progress._time_left(bar.tasks[task]))
     assert lefts == [10.0, 6.0, 5.0, 5.0]
 
 
@@ -499,7 +501,7 @@ def test_piped_tables_follow_columns_when_it_is_set():
 def test_the_report_hint_names_the_program_as_it_can_be_run_from_here(tmp_path, monkeypatch):
     """After a replay the CLI says how to make the report: bare ``historygraph`` when that is the
     program found on PATH, else the path it was started by (a clone's .venv, not activated)."""
-    from historygraph.cli import _this_command
+    from historygraph.cli.replay import _this_command
 
     prog = tmp_path / ".venv" / "bin" / "historygraph"
     prog.parent.mkdir(parents=True)

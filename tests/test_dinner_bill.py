@@ -7,7 +7,7 @@ Prune, which keeps the newest results, has filled B with later results and drops
 
 import pytest
 
-from historygraph.cli import example_trace_path
+from historygraph.cli.common import example_trace_path
 from historygraph.traces import read_traces
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create

@@ -17,7 +17,7 @@ def test_py_typed_is_shipped():
 def test_the_cli_imports_where_there_is_no_resource_module():
     # `resource` exists on POSIX only; blocking it reproduces Windows for the import path
     code = ("import sys; sys.modules['resource'] = None\n"
-            "import historygraph.cli as cli\n"
+            "import historygraph.cli.replay as cli\n"
             "assert cli._peak_rss_mb() is None\n"
             "print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -25,7 +25,7 @@ def test_the_cli_imports_where_there_is_no_resource_module():
 
 
 def test_peak_memory_is_reported_where_resource_exists():
-    from historygraph.cli import _peak_rss_mb
+    from historygraph.cli.replay import _peak_rss_mb
 
     mb = _peak_rss_mb()
     assert mb is not None and 10 < mb < 24_000  # this test process: more than 10 MB, less than the machine

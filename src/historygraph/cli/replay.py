@@ -1,0 +1,363 @@
+"""``historygraph replay`` (recorded traces through policies, in one process or several, with the
+summary table) and ``historygraph report`` (the HTML and Markdown report of a replay's folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from historygraph import __version__
+from historygraph.cli.common import (ParamOption, ParamsFileOption, console, err, example_trace_path, fail,
+                                     load_policy_params, parse_budgets, read_all, store_name, unknown_policy, warn)
+from historygraph.cli.progress import TimeLeftColumn, advance, heartbeat
+from historygraph.eval.cost import Prices
+from historygraph.eval.recall import AGE_BINS
+from historygraph.eval.replay import replay_budgets, replay_trace
+from historygraph.eval.report import summarize, write_outputs
+from historygraph.models.chat import ModelError
+from historygraph.policies import REGISTRY, PolicyError, Signals, create
+from historygraph.signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
+from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
+from historygraph.store import open_store
+from historygraph.traces import READERS
+
+
+def _peak_rss_mb() -> float | None:
+    """Peak resident memory of this process and its children in MB (``None`` where the platform
+    has no ``resource`` module, i.e. Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    kb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return kb / (1024 * 1024) if sys.platform == "darwin" else kb / 1024  # bytes on macOS, KB elsewhere
+
+
+def _check_out(out: Path) -> None:
+    """Fail before any work when ``--out`` cannot hold the results (an existing file, no permission)."""
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: is an existing file; give a folder for replay.json, replay.csv and the plots "
+             "(it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out {out}: cannot create the folder: {exc.strerror or exc}")
+    if not os.access(out, os.W_OK):
+        fail(f"--out {out}: folder is not writable")
+
+
+WORK_EXPONENT = 1.2  # _replay_work: renders grow a little faster than calls × results
+
+
+def _replay_work(trace) -> float:  # noqa: ANN001
+    """The work of replaying ``trace``, for the time left: (model calls × (tool results + 1))^1.2,
+    since each call renders over every earlier result and a longer history costs a little more per
+    result. The exponent was chosen on the progress lines of one cold replay of the 287 shared
+    trajectories (one job, 411 s): the time left after 3–14 finished trajectories was off by a
+    factor of e^0.25 on average with 1.2 against e^0.58 with 1 (e.g. after 232 s, 159 s left
+    against 179 real, where 1 said 227); weighting by messages or texts to embed was worse."""
+    calls = sum(1 for m in trace.messages if m.role == "assistant")
+    results = sum(1 for m in trace.messages if m.role == "tool")
+    return max(1.0, calls * (results + 1)) ** WORK_EXPONENT
+
+
+def replay(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "contextrender", "prune", "full"],
+    budget: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (ContextRender B.1 uses 6000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000.")] = "6000",
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+    store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
+    price: Annotated[list[str], typer.Option("--price", help="Eq. 3 price in USD per million tokens, KEY=VALUE (repeatable; keys input, cached_input, output, embedding; defaults 2, 0.5, 8, 0.13 from ContextRender §4.2).")] = [],
+    fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
+    per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
+    wide: Annotated[bool, typer.Option(help="Print every column (about 30) instead of the main dozen; replay.csv and the report have all of them either way.")] = False,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes, each replaying whole traces (results are identical; wall time differs).")] = 1,
+    strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file (default: skip it with a warning, exit 1 at the end).")] = False,
+    param: ParamOption = [],
+    params_file: ParamsFileOption = None,
+    embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/evaluator.md, Embedders; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = DEFAULT_EMBEDDER,
+) -> None:
+    """Replay recorded traces through policies and report recall, tokens and render time.
+
+    Unreadable trace files are skipped with a warning naming each (exit status 1 at the end). On
+    Ctrl-C, or when a summarising policy's model fails, the traces finished so far are written
+    (``meta.interrupted`` in replay.json) before the command exits."""
+    names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
+    for n in names:
+        if n not in REGISTRY:
+            unknown_policy(n)
+    if encoding not in ENCODINGS:
+        fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if fmt is not None and fmt not in READERS:
+        fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
+    params = load_policy_params(param, params_file, names)
+    budgets = parse_budgets(budget)
+    if embedder not in EMBEDDERS:
+        fail(f"unknown --embedder {embedder!r}; choose one of {', '.join(EMBEDDERS)}")
+    try:
+        prices = Prices.parse(price)
+    except ValueError as exc:
+        fail(f"--price: {exc}")
+    paths = paths or [example_trace_path()]
+    for p in paths:
+        if not p.exists():
+            fail(f"{p}: no such file or folder")
+    t_start = time.perf_counter()
+    traces, skipped = _read_into(paths, fmt, strict, out)
+    try:
+        db = open_store(store)
+    except Exception as exc:  # an unwritable path, a corrupt database file
+        fail(f"cannot open store {store or 'default'}: {exc}")
+    signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder))
+    try:
+        policies = {n: create(n, replay=True, **params.get(n, {})) for n in names}
+    except (PolicyError, ValueError) as exc:
+        fail(str(exc))
+    console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
+                  f"at B = {', '.join(map(str, budgets))} tokens ({encoding}); store: {store_name(db)}",
+                  markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length: scripts grep it
+    _print_models(policies)
+    jobs = min(jobs, len(traces))  # (a worker process for no trace would only load the models)
+    done, embedded, stopped = _run(traces, names, budgets, policies, signals, db, encoding, store, jobs, params, embedder)
+    results = [done[i][k] for k in range(len(budgets)) for i in sorted(done)]  # budget by budget, traces in order
+    wall = time.perf_counter() - t_start
+    peak_mb = _peak_rss_mb()
+    meta = {"version": __version__, "command": " ".join(["historygraph"] + sys.argv[1:]), "budget": budgets[0],
+            "budgets": budgets,
+            "encoding": encoding, "policies": names, "paths": [str(p) for p in paths], "trajectories": len(traces), "jobs": jobs,
+            "wall_seconds": round(wall, 1), "peak_rss_mb": None if peak_mb is None else round(peak_mb, 1),
+            "texts_embedded": embedded + _embedded(signals), "embedder": embedder, "skipped_files": skipped,
+            "interrupted": stopped is not None, "trajectories_done": len(done),
+            "models": {n: p.model_info for n, p in policies.items() if hasattr(p, "model_info")}}
+    written = write_outputs(out, results, meta, prices)
+    db.close()
+    if stopped:
+        fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "
+             + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
+    _print_results(results, prices, budgets, meta, written, out, skipped, wall, peak_mb, per_trace=per_trace, wide=wide)
+
+
+def _read_into(paths: list[Path], fmt: str | None, strict: bool, out: Path) -> tuple[list, list[dict[str, str]]]:
+    """The traces under ``paths`` and the files skipped (:func:`read_all`), once ``--out`` is checked;
+    exits when none is readable, leaving no empty ``--out`` folder behind."""
+    created = not out.exists()
+    _check_out(out)
+    try:
+        traces, skipped = read_all(paths, fmt, strict)
+        if not traces:
+            fail(f"no readable traces in {', '.join(map(str, paths))}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+    except typer.Exit:  # nothing was replayed: leave no empty --out folder behind
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return traces, skipped
+
+
+def _print_models(policies: dict) -> None:
+    """One line per policy with a reuse model: its file and what it was fitted on."""
+    for n, p in policies.items():
+        if hasattr(p, "model_info"):
+            info = p.model_info
+            console.print(f"{n}: reuse model {info['file']}" + (f" (fitted on {info['traces']} trajectories of "
+                          f"{', '.join(info.get('fitted_on') or ['?'])})" if "traces" in info else ""))
+
+
+def _run(traces: list, names: list[str], budgets: list[int], policies: dict, signals: Signals, db, encoding: str,  # noqa: ANN001
+         store: str | None, jobs: int, params: dict[str, dict], embedder: str) -> tuple[dict[int, object], int, str | None]:
+    """Replay ``traces`` under a progress bar, in this process or in ``jobs`` worker processes: the
+    results of each finished trace (trace index -> one result per budget), the texts the workers
+    embedded, and why the replay stopped early (Ctrl-C, a model that failed) or ``None``."""
+    done: dict[int, object] = {}
+    embedded = [0]
+    stopped: str | None = None
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeLeftColumn(), console=err, transient=False,
+                  disable=not err.is_terminal) as bar:  # not a terminal: the plain lines of advance only
+        task = bar.add_task("replay", total=len(traces))
+        with heartbeat(bar, task, "replay", work=([_replay_work(tr) for tr in traces], done)):
+            try:
+                if jobs > 1:
+                    _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: advance(bar, task, "replay"), params,
+                                     embedder)
+                for i, tr in enumerate(traces if jobs == 1 else ()):
+                    bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
+                    if len(budgets) == 1:
+                        done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
+                    else:
+                        done[i] = replay_budgets(tr, names, budgets, signals, db, params=params)
+                    advance(bar, task, "replay")
+            except KeyboardInterrupt:
+                stopped = "interrupted (Ctrl-C)"
+            except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
+                stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
+    return done, embedded[0], stopped
+
+
+def _print_results(results: list, prices: Prices, budgets: list[int], meta: dict, written: dict, out: Path,
+                   skipped: list[dict[str, str]], wall: float, peak_mb: float | None, per_trace: bool, wide: bool) -> None:
+    """The tables of a finished replay (per source, and per trace with ``per_trace``), its warnings and
+    closing lines; exits with status 1 on an invariant violation or a skipped file."""
+    per_trace_rows, per_source_rows = summarize(results, prices)
+    for b in budgets:
+        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall and history tokens at B = {b}", wide=wide)
+        if per_trace:
+            _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide)
+    bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
+    for r in per_source_rows:
+        if r["source"] == "ALL" and r["budget_errors"]:
+            err.print(f"[yellow]warning:[/] {r['policy']}: B = {r['budget']} tokens could not hold the protected history "
+                      f"(first user message, latest assistant turn) in {r['budget_errors']} of {r['invocations']} "
+                      "invocations; those renderings count as showing nothing (raise --budget)", soft_wrap=True)
+    console.print(f"wall time {wall:.1f} s, peak memory {'n/a' if peak_mb is None else f'{peak_mb:.0f} MB'}, {meta['texts_embedded']} texts embedded; "
+                  f"invariant violations: {bad}")
+    console.print("wrote " + ", ".join(str(p) for p in written.values()), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report (HTML and Markdown): {_this_command()} report {out}", markup=False, highlight=False, soft_wrap=True)
+    if skipped:
+        warn(f"{len(skipped)} unreadable file(s) skipped: " + ", ".join(s["path"] for s in skipped))
+    if bad or skipped:
+        raise typer.Exit(1)
+
+
+def _this_command() -> str:
+    """How to run this CLI again from here: ``historygraph`` when that is the program on PATH, else
+    the path this process was started by (e.g. ``.venv/bin/historygraph`` in a clone whose
+    environment is not activated); ``python -m historygraph`` when started so."""
+    me = Path(sys.argv[0])
+    if me.name == "__main__.py":
+        return "python -m historygraph"
+    found = shutil.which("historygraph")
+    if me.name != "historygraph" or (found is not None and Path(found).resolve() == me.resolve()):
+        return "historygraph"
+    try:
+        return str(me.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(me)
+
+
+_worker: tuple = ()
+
+
+def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None,
+                 params: dict[str, dict] | None = None, threads: int = 1, embedder: str = DEFAULT_EMBEDDER) -> None:
+    """Per worker process: its store connection and signals; its embedder gets ``threads``
+    intra-op threads (the cores divided among the workers, so that they do not compete)."""
+    global _worker
+    db = open_store(store)
+    signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder, threads))
+    _worker = (signals, names, budgets, db, params)
+
+
+def _embedded(signals: Signals) -> int:
+    """Texts embedded so far through ``signals`` (not counting cache hits)."""
+    return signals._embedder.calls if signals._embedder else 0
+
+
+def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
+    signals, names, budgets, db, params = _worker
+    before = _embedded(signals)
+    return replay_budgets(trace, names, budgets, signals, db, params=params), _embedded(signals) - before
+
+
+def _replay_parallel(traces: list, names: list[str], budgets: list[int], encoding: str, store: str | None, jobs: int,
+                     done: dict, embedded: list[int], advance, params: dict[str, dict] | None = None,
+                     embedder: str = DEFAULT_EMBEDDER) -> None:  # noqa: ANN001
+    """Replay whole traces in ``jobs`` processes (largest first), putting each finished trace's
+    results (one per budget) into ``done`` (trace index -> results) and adding the texts the workers
+    embedded to ``embedded[0]``, so that an interrupt keeps what is finished. Pending traces are
+    cancelled on any exception."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params, threads, embedder))
+    try:
+        futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
+        for fut in as_completed(futures):
+            done[futures[fut]], n = fut.result()
+            embedded[0] += n
+            advance()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _fmt(v: object, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+# the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
+COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
+                   "recall_age_>25", "norm_cost", "mean_history_tokens", "render_ms_median", "budget_errors", "model_calls")
+
+
+def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False) -> None:
+    cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
+        [f"recall_age_{b}" for b in AGE_BINS] + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+                                        "read_repeats_exposed", "old_full_share"] + \
+        ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
+         "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
+    heads = {"pct_of_oracle": "% of oracle", "value_recall": "value recall %", "prefix_reuse_pct": "prefix reuse %", "norm_cost": "cost (Full ρ)",
+             "norm_cost_own": "cost (own ρ)", "cost_traces": "cost traces",
+             "selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
+             "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "history tokens mean", "max_history_tokens": "history tokens max",
+             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls", "events": "reuse events",
+             "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
+             "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
+             "model_seconds": "model s", "budget_errors": "budget errors"}
+    heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
+    # columns that say nothing for these rows (all empty, or all zero like model calls of policies
+    # that call no model) are left out of the printed table; JSON and CSV keep every column
+    # recall 0.0 is a result, not an empty column: recall and its age bins stay whenever they have a value
+    always = ("source", "trace_id", "policy", "recall")
+    cols = [c for c in cols if (wide or c in COMPACT_COLUMNS) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
+                                                  for r in rows))]
+    notes = []
+    if "pct_of_oracle" in cols:
+        notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B); "
+                     "– where the oracle shows none (e.g. every reused result is larger than B) or the policy went over B (full)")
+    if any(c.startswith("recall_age_") for c in cols):
+        notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
+    if "norm_cost" in cols:
+        notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
+                     "(C.2); a ratio, not dollars")
+    if not wide:
+        notes.append("more columns (value recall, every age bin, prefix reuse, costs, p95, model use): --wide, replay.csv, historygraph report")
+    t = Table(title=title, header_style="bold", caption="\n".join(notes) or None)
+    for c in cols:
+        t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(*[_fmt(r.get(c), 3 if c.startswith("norm_cost") else 1) for c in cols])
+    # never cut numbers: print at the table's natural width even when the terminal is narrower
+    width = max(console.width, Console(width=10_000).measure(t).maximum)
+    Console(width=width, force_terminal=console.is_terminal).print(t)
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="The --out folder of 'historygraph replay'.")] = Path("replay-results"),
+    budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="Budget of the headline figures and tables (default 6000 when it ran, else the first).")] = None,
+    trace: Annotated[Optional[str], typer.Option(help="Session or trace id for the timeline (default: the compared trace with the most reuse events).")] = None,
+) -> None:
+    """Write RUN_DIR/report.html (self-contained: plots embedded, sortable tables), RUN_DIR/report.md and its figures in RUN_DIR/report-files/."""
+    from historygraph.eval.html_report import ReportError, write_report
+
+    try:
+        paths = write_report(run_dir, budget, trace, progress=lambda step: err.print(step + " …", markup=False, highlight=False, soft_wrap=True))
+    except ReportError as exc:
+        fail(str(exc))
+    except RuntimeError as exc:  # matplotlib missing
+        fail(str(exc))
+    console.print(f"wrote {paths['html']}, {paths['markdown']} and its figures as PNG files in {paths['figures']}/",
+                  markup=False, highlight=False, soft_wrap=True)
+

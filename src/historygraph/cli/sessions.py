@@ -1,0 +1,143 @@
+"""The commands that read a store: ``historygraph sessions`` (list them), ``show`` (a session's
+messages, one tool result, the messages a dropped-step marker stands for) and ``render`` (what a
+policy keeps of a stored session under B, message by message)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from historygraph.cli.common import (ParamOption, ParamsFileOption, SessionArgument, console, existing_store, fail,
+                                     load_policy_params, one_budget, store_name, unknown_policy)
+from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
+from historygraph.models.chat import ModelError
+from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, create
+from historygraph.render import BudgetTooSmallError
+from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
+from historygraph.store import StoreError
+
+
+def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN001
+    """The stored graph of ``session``: its full id, or a trace id that ends exactly one session id
+    (``openhands:output.jsonl:ISSUE`` can be named ``ISSUE``). Exits with a message naming the store."""
+    sid = session
+    if not db.has_session(session):
+        matches = [s for s in db.sessions() if s.endswith(":" + session)]
+        if len(matches) != 1:
+            hint = (f"it ends {len(matches)} session ids: {', '.join(matches[:5])}" if matches else
+                    f"give a session id or its whole trace id (the part after its last ':'); "
+                    f"list them with: historygraph sessions --store {store_name(db)}")
+            fail(f"no session {session!r} in store {store_name(db)}; {hint}")
+        sid = matches[0]
+    try:
+        return sid, db.graph(sid)
+    except (KeyError, StoreError) as exc:
+        fail(exc.args[0] if exc.args else str(exc))
+
+
+def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
+    """List the sessions in a store with their event counts."""
+    db = existing_store(store)
+    t = Table(title=f"Sessions in {store_name(db)}", header_style="bold")
+    for c in ("session", "events", "tool results"):
+        t.add_column(c)
+    for info in db.session_infos():
+        t.add_row(info.id, str(info.events), str(info.tool_results))
+    console.print(t)
+
+
+def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
+         message: Annotated[Optional[str], typer.Option(help="Print stored messages by number or span, as a "
+                                                             "dropped-step marker names them: '16' or '16-23'.")] = None,
+         store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
+    """Print a stored session as OpenAI messages, one complete tool result by id, or the messages a
+    dropped-step marker stands for."""
+    db = existing_store(store)
+    session, g = _session_graph(db, session)
+    if message:
+        if not MESSAGE_SPAN.fullmatch(message):
+            fail(f"--message {message!r}: give a message number or span, e.g. 16 or 16-23")
+        try:
+            sys.stdout.write(g.recall_text(message) + "\n")
+        except KeyError as exc:
+            fail(exc.args[0])
+    elif result:
+        try:
+            sys.stdout.write(g.result_by_id(result).content)  # byte for byte: no wrapping, no added newline
+        except KeyError as exc:
+            fail(f"{exc.args[0]}; 'historygraph render {session} --store {store_name(db)}' lists its tool call ids")
+    else:
+        console.print_json(json.dumps([m.to_openai() for m in g.messages]))
+
+
+def render(
+    session: SessionArgument,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = DEFAULT_POLICY,
+    budget_text: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (a whole number >= 1).")] = "6000",
+    at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "
+                                                          "input of the call that produced it). Default: all, the next call.")] = None,
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
+    store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rendered OpenAI messages instead of the table.")] = False,
+    param: ParamOption = [],
+    params_file: ParamsFileOption = None,
+) -> None:
+    """Show what a policy keeps of a stored session under B: each message's form, tokens and reason,
+    and the ids of the omitted tool results (fetch one with 'show SESSION --result ID')."""
+    budget = one_budget(budget_text)
+    if policy not in REGISTRY:
+        unknown_policy(policy)
+    if encoding not in ENCODINGS:
+        fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    params = load_policy_params(param, params_file, [policy]).get(policy, {})
+    db = existing_store(store)
+    session, full = _session_graph(db, session)
+    if at is not None and at > len(full):
+        fail(f"--at {at}: session {session!r} has only {len(full)} messages")
+    graph = ContextGraph(session, full.messages[:at]) if at is not None else full
+    signals = Signals(counter=TokenCounter(encoding), store=db)
+    try:
+        r = create(policy, **params).render(graph, budget, signals)
+    except PolicyError as exc:
+        fail(str(exc))
+    except BudgetTooSmallError as exc:
+        fail(f"{exc} (raise --budget)")
+    except ModelError as exc:
+        fail(f"{exc} (needed by policy {policy}; configure an endpoint or choose another policy)")
+    if as_json:
+        console.print_json(json.dumps(r.to_openai()))
+        return
+    shown = {p: m for m, p in zip(r.messages, r.positions) if p is not None}
+    synthetic: dict[int, list] = {}  # graph position -> synthetic messages rendered right after it
+    last = -1
+    for m, p in zip(r.messages, r.positions):
+        if p is None:
+            synthetic.setdefault(last, []).append(m)
+        else:
+            last = p
+    t = Table(title=f"{policy} at B = {budget}: session {session} ({len(graph)} messages) in {store_name(db)}",
+              header_style="bold")
+    for c in ("pos", "role", "tool call id", "form", "tokens", "reason"):
+        t.add_column(c, justify="right" if c in ("pos", "tokens") else "left")
+    for p, m in enumerate(graph.messages):
+        out = shown.get(p)
+        form = "dropped" if out is None else (out.rendered_as or "full")
+        tokens = "–" if out is None else str(signals.counter.count_message(out))
+        t.add_row(str(p), m.role, m.tool_call_id or "", form, tokens, Text(r.reasons.get(p, "")))  # Text: no markup
+        for extra in synthetic.get(p, ()):
+            t.add_row("+", extra.role, extra.tool_call_id or "", extra.rendered_as or "synthetic",
+                      str(signals.counter.count_message(extra)), Text("added by the policy: " + extra.content[:120]))
+    console.print(t)
+    ids = [graph.messages[p].tool_call_id for p in r.omitted]
+    console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "
+                  f"{len(r.full)} tool results full, {len(ids)} omitted")
+    if ids:
+        console.print("omitted result ids: " + " ".join(ids), markup=False, highlight=False, soft_wrap=True)
+        console.print(f"fetch one with: historygraph show {session} --result {ids[0]} --store {store_name(db)}",
+                      markup=False, highlight=False, soft_wrap=True)
+
