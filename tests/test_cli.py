@@ -515,3 +515,26 @@ def test_the_report_hint_names_the_program_as_it_can_be_run_from_here(tmp_path, 
     assert _this_command() == "historygraph"
     monkeypatch.setattr("sys.argv", ["/somewhere/historygraph/__main__.py", "replay"])
     assert _this_command() == "python -m historygraph"
+
+
+def test_serve_on_a_public_address_without_a_token_is_refused_unless_intended(monkeypatch):
+    """Issue 38, class 11: --host 0.0.0.0 without --auth-token used to start silently, the session
+    API open to the network. It is refused before anything starts; --public-without-auth starts
+    it with a warning (uvicorn.run stubbed here: the test checks what is said before it)."""
+    import uvicorn
+
+    from historygraph.cli.serve import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("127.8.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.168.1.5") and not is_loopback("myhost")
+    monkeypatch.delenv("HISTORYGRAPH_AUTH_TOKEN", raising=False)
+    res = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--store", ":memory:"])
+    assert res.exit_code == 2 and "--host 0.0.0.0 accepts connections from other machines" in res.output
+    assert "--auth-token TOKEN" in res.output and "--public-without-auth" in res.output
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: started.append(kw["host"]))
+    res = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--store", ":memory:", "--public-without-auth"])
+    assert res.exit_code == 0 and started == ["0.0.0.0"] and "needs no token (--public-without-auth)" in res.output
+    started.clear()
+    res = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--store", ":memory:", "--auth-token", "s3cret"])
+    assert res.exit_code == 0 and started == ["0.0.0.0"] and "warning" not in res.output

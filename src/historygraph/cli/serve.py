@@ -4,6 +4,7 @@ for MCP-capable agents)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from typing import Annotated, Optional
@@ -11,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from historygraph.cli.common import (ParamOption, ParamsFileOption, err, existing_store, fail, load_policy_params,
-                                     one_budget, store_name)
+                                     one_budget, store_name, warn)
 from historygraph.policies import DEFAULT_POLICY, PolicyError
 from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER
 from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS
@@ -38,10 +39,18 @@ def serve(
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (a SQLite file or PostgreSQL, not ':memory:'); each accepts a new connection only while it holds no more open connections than the others, so connections spread evenly (on Windows uvicorn's multi-process mode). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
     embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/proxy.md, docs/evaluator.md Embedders; the proxy's default is wordllama, the replays' minilm; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = SERVE_EMBEDDER,
+    public_without_auth: Annotated[bool, typer.Option("--public-without-auth", help="Allow a --host other than loopback without --auth-token (the session API then serves every stored session to anyone who can reach the port).")] = False,
     session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = 256,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     budget = one_budget(budget_text)
+    if not auth_token and not is_loopback(host):
+        if not public_without_auth:
+            fail(f"--host {host} accepts connections from other machines, and without --auth-token the session API "
+                 f"(/api/sessions: every stored session, tool results included) is open to them: pass --auth-token TOKEN "
+                 f"(or set HISTORYGRAPH_AUTH_TOKEN), bind 127.0.0.1, or add --public-without-auth if that is intended")
+        warn(f"the session API on {host}:{port} needs no token (--public-without-auth): anyone who can reach the "
+             f"port can read every stored session")
     try:
         import uvicorn
 
@@ -79,6 +88,17 @@ def serve(
         uvicorn.run(application, host=host, port=port, log_level="warning")
         return
     _serve_workers(application, config, store, workers, host, port, log_level, log_format)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` accepts connections from this machine only: ``localhost`` or a
+    loopback address (127.0.0.0/8, ``::1``); a name or an address of an interface is not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _serve_workers(application, config, store: str | None, workers: int, host: str, port: int, log_level: str,  # noqa: ANN001
