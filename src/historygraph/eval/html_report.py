@@ -144,9 +144,9 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
          f"All sources at B = {budget}; {ts}"),
     )
     sweep = len(run.budgets) > 1  # Figure 5 needs two budgets: not announced (nor drawn) with one
-    plan = tuple(f for f in plan if sweep or f[0] != "budget_sweep")
-    n = len(plan) + (1 if trace_key else 0)
-    for i, (stem, cap, fn, rows, title) in enumerate(plan, 1):
+    drawn = [f for f in plan if sweep or f[0] != "budget_sweep"]
+    n = len(drawn) + (1 if trace_key else 0)
+    for i, (stem, cap, fn, rows, title) in enumerate(drawn, 1):
         if progress:
             progress(f"drawing figure {i} of {n}: {stem}")
         png = fn(rows, pols, title)

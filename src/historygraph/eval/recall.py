@@ -100,8 +100,9 @@ def reuse_events(messages: Sequence[Message]) -> list[ReuseEvent]:
             toks = recall_tokens(text)
             linked: dict[int, set[str]] = {}
             for t in toks:
-                if first_seen.get(t) is not None:
-                    linked.setdefault(first_seen[t], set()).add(t)
+                seen = first_seen.get(t)
+                if seen is not None:
+                    linked.setdefault(seen, set()).add(t)
             for r in sorted(linked):
                 events.append(ReuseEvent(turn=p, result=r, age=turns_before - turn_of[r], tokens=frozenset(linked[r])))
             turns_before += 1

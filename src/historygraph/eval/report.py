@@ -90,7 +90,7 @@ def _rhos(results: list[TraceResult]) -> dict[tuple[int | None, str], float]:
     (ContextRender C.2: one fraction per setting, used to price every policy)."""
     groups: dict[tuple[int | None, str], list[Usage]] = defaultdict(list)
     for res in results:
-        if res.compared:
+        if res.compared and res.reference is not None:  # (compared implies a reference)
             groups[(res.budget, res.source)].append(res.reference.usage)
             groups[(res.budget, "ALL")].append(res.reference.usage)
     return {k: full_fraction(v) for k, v in groups.items()}
@@ -128,7 +128,8 @@ def summarize(results: list[TraceResult], prices: Prices = Prices()) -> tuple[li
     for key in sorted(groups, key=lambda k: (k[0] or 0, k[1] == "ALL", k[1])):
         budget, src = key
         for policy, st in groups[key].items():
-            r = row("source", src, "", policy, st, *counts[key], budget=budget)
+            traces, invocations = counts[key]
+            r = row("source", src, "", policy, st, traces, invocations, budget=budget)
             if key in costs:
                 n = normalise(costs[key][policy], prices)
                 rho = rhos.get(key)

@@ -226,7 +226,8 @@ class StreamAccumulator:
         self.usage: Usage | None = None  # from message_start, updated by message_delta
 
     def feed(self, event: dict[str, Any]) -> None:
-        kind, idx = event.get("type"), event.get("index")
+        kind = event.get("type")
+        idx: Any = event.get("index")  # the block's index: an int in the wire format (not checked)
         if kind in ("message_start", "message_delta"):
             self.usage = anthropic_usage(event, self.usage)
         if kind == "content_block_start" and isinstance(event.get("content_block"), dict):

@@ -103,7 +103,8 @@ def _anthropic_blocks(events: list[Any]) -> list[dict[str, Any]]:
     for e in events:
         if not isinstance(e, dict):
             continue
-        kind, idx = e.get("type"), e.get("index")
+        kind = e.get("type")
+        idx: Any = e.get("index")  # the block's index: an int in the wire format (not checked)
         if kind == "content_block_start" and isinstance(e.get("content_block"), dict):
             blocks[idx] = dict(e["content_block"])
         elif kind == "content_block_delta" and idx in blocks:
@@ -155,7 +156,7 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
             data = json.loads(content)
             if api == "openai":
                 m = data["choices"][0]["message"]
-                turn = {"role": "assistant", "content": m.get("content"), **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+                turn: dict[str, Any] | None = {"role": "assistant", "content": m.get("content"), **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
             else:
                 turn = {"role": "assistant", "content": data.get("content") or []}
             return _Round(up.status_code, up.headers, [content], answer, turn, True)

@@ -230,7 +230,8 @@ _memo_lock = threading.Lock()
 
 def _memo_get(model: Any, key: tuple) -> tuple[np.ndarray, np.ndarray] | None:
     with _memo_lock:
-        got = _memo.get(model, {}).get(key)
+        memo = _memo.get(model)
+        got = memo.get(key) if memo is not None else None
         if got is not None:
             _memo[model].move_to_end(key)
         return got

@@ -32,7 +32,7 @@ import os
 import threading
 from importlib.resources import files
 from functools import lru_cache
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import numpy as np
 
@@ -374,14 +374,14 @@ class CachedEmbedder:
         keys = list(map(self._keys.get, texts))
         if None in keys:
             return [k if k is not None else self.key(t) for k, t in zip(keys, texts)]
-        return keys  # type: ignore[return-value]  (no None left)
+        return cast(list[str], keys)  # no None left
 
     def rows(self, keys: Sequence[str]) -> list[int] | None:
         """The memo rows of the content ``keys`` when it holds all of them, else ``None``; asks
         neither the cache nor the model and logs nothing. A row is never dropped or changed, so
         a caller may keep it (ContextRender keeps each result's, per graph)."""
         rows = list(map(self._row.get, keys))
-        return None if None in rows else rows  # type: ignore[return-value]  (no None left)
+        return None if None in rows else cast(list[int], rows)  # no None left
 
     def vectors(self, rows: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The vectors at memo ``rows`` (from :meth:`rows` or :meth:`hold`): float32, ``(len(rows),

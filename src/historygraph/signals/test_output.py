@@ -141,8 +141,8 @@ def _unittest(text: str) -> TestRun | None:
         if not results:
             return None
         outs = list(results.values())
-        return TestRun("unittest", *(outs.count(k) for k in (PASSED, FAILED, ERROR, SKIPPED)), results,
-                       tuple(tracebacks))
+        passed, failed, errors, skipped = (outs.count(k) for k in (PASSED, FAILED, ERROR, SKIPPED))
+        return TestRun("unittest", passed, failed, errors, skipped, results, tuple(tracebacks))
     total = int(ran.group(1))
     res = _UT_RESULT.search(text, ran.end())
     counts = {k.strip(): int(v) for k, v in re.findall(r"([\w ]+)=(\d+)", res.group(2) or "")} if res else {}

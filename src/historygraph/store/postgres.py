@@ -220,4 +220,4 @@ def _redact(dsn: str) -> str:
     params = conninfo_to_dict(dsn)
     if "password" in params:
         params["password"] = "***"
-    return make_conninfo(**params)
+    return make_conninfo("", **params)

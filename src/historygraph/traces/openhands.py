@@ -217,7 +217,7 @@ def _editor_call(code: Any) -> dict | None:
 def _new(b: Builder, events: list, where: str) -> dict:
     calls_of: dict[Any, str] = {}  # action event id -> call id
     groups: dict[str, Draft] = {}  # model_response id -> assistant message holding parallel calls
-    counts = {"recall_messages": 0, "error_observations": 0}
+    counts: dict[str, Any] = {"recall_messages": 0, "error_observations": 0}  # (and "tools": names)
     k = 0
     for i, e in enumerate(events):
         w = f"{where}[{i}]"
@@ -234,7 +234,7 @@ def _new(b: Builder, events: list, where: str) -> dict:
             if act == "system":
                 body = text(b, args.get("content", e.get("message")), f"{w}.args.content")
                 b.add(Draft("system", body, timestamp=ts, where=w))
-                tools = args.get("tools") if isinstance(args.get("tools"), list) else []
+                tools = got if isinstance(got := args.get("tools"), list) else []
                 counts["tools"] = [n for n in (dig(t, "function", "name") for t in tools) if isinstance(n, str)]
             elif act == "message" and tcm is None:
                 role = "user" if src in ("user", "environment") else "assistant"
@@ -272,7 +272,7 @@ def _new(b: Builder, events: list, where: str) -> dict:
             obs = kind
             if obs in _SKIP_OBSERVATIONS:
                 continue
-            extras = e.get("extras") if isinstance(e.get("extras"), dict) else {}
+            extras = got if isinstance(got := e.get("extras"), dict) else {}
             if obs == "recall":
                 body = _recall_text(extras)
                 if body:
@@ -281,14 +281,14 @@ def _new(b: Builder, events: list, where: str) -> dict:
                 continue
             body = text(b, e.get("content"), f"{w}.content")
             if obs == "run":
-                md = extras.get("metadata") if isinstance(extras.get("metadata"), dict) else {}
+                md = got if isinstance(got := extras.get("metadata"), dict) else {}
                 body = f"{md.get('prefix') or ''}{body}{md.get('suffix') or ''}"
             cause = _key(e.get("cause"))
-            cid = calls_of.get(cause) if cause is not None else None
-            if cid is None and tcm is not None and tcm.get("tool_call_id"):
-                cid = str(tcm["tool_call_id"])
-            if cid is not None:
-                b.add(Draft("tool", body, tool_call_id=cid, name=dig(tcm, "function_name"), timestamp=ts, where=w))
+            call_id = calls_of.get(cause) if cause is not None else None
+            if call_id is None and tcm is not None and tcm.get("tool_call_id"):
+                call_id = str(tcm["tool_call_id"])
+            if call_id is not None:
+                b.add(Draft("tool", body, tool_call_id=call_id, name=dig(tcm, "function_name"), timestamp=ts, where=w))
             elif cause is None and obs == "error":
                 counts["error_observations"] += 1
                 b.add(Draft("user", body, timestamp=ts, where=w))

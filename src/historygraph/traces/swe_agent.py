@@ -111,7 +111,7 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
         else:
             system.content = f"{system.content}\n\n{demo_text}" if system.content else demo_text
     msgs, stats = b.finish()
-    info = obj.get("info") if isinstance(obj.get("info"), dict) else {}
+    info = got if isinstance(got := obj.get("info"), dict) else {}
     meta = {"environment": obj.get("environment"), "exit_status": info.get("exit_status"),
             "history_format": "tool_calls" if newer else "action", "demo_messages": len(demos), **stats}
     yield Trace(source=NAME, trace_id=trace_id, path=str(path), messages=msgs, meta=meta)
