@@ -94,16 +94,38 @@ def test_the_mcp_command_over_stdio(mcp_sdk, tmp_path):
     assert not r.is_error and r.content[0].text == LOG, errlog.read_text()
 
 
-def test_the_command_names_a_missing_session_and_store(mcp_sdk, tmp_path):
+def test_the_command_names_a_missing_store(mcp_sdk, tmp_path):
     from typer.testing import CliRunner
 
     from historygraph.cli import app
 
-    path = tmp_path / "s.sqlite"
-    store = SQLiteStore(path)
-    fill(store)
-    store.close()
-    r = CliRunner().invoke(app, ["mcp", "--store", str(path), "--session", "nope"])
-    assert r.exit_code == 2 and "no session 'nope'" in r.output and "historygraph sessions --store" in r.output
     r = CliRunner().invoke(app, ["mcp", "--store", str(tmp_path / "missing.sqlite")])
     assert r.exit_code == 2 and "missing.sqlite" in r.output
+
+
+def test_a_session_not_stored_yet_is_served_once_it_appears(mcp_sdk, tmp_path):
+    """Issue 36, item 6: an agent is started with ``mcp --session S`` before its first request
+    reaches the proxy. The command starts (saying the session is not stored yet), the tools answer
+    for an empty session, and what is stored afterwards is read on the next call."""
+    path = tmp_path / "s.sqlite"
+    SQLiteStore(path).close()
+    params = mcp_sdk.StdioServerParameters(command=sys.executable,
+                                           args=["-m", "historygraph", "mcp", "--store", str(path), "--session", "run-1"])
+    errlog = tmp_path / "server.err"
+
+    async def run():
+        with errlog.open("w") as err:
+            async with mcp_sdk.Client(mcp_sdk.stdio_client(params, errlog=err)) as c:
+                before = await c.call_tool("results", {})
+                missing = await c.call_tool("recall", {"ids": ["c2"]})
+                store = SQLiteStore(path)  # the proxy stores the session's first request
+                fill(store)
+                store.close()
+                after = await c.call_tool("recall", {"ids": ["c2"]})
+                return before, missing, after
+
+    before, missing, after = asyncio.run(run())
+    assert not before.is_error and before.structured_content == {"result": []}, errlog.read_text()
+    assert "c2" in missing.content[0].text and "c2" not in (LOG,)
+    assert not after.is_error and after.content[0].text == LOG
+    assert "no session 'run-1'" in errlog.read_text() and "yet" in errlog.read_text()

@@ -144,8 +144,9 @@ def mcp_command(
     except ImportError as exc:
         fail(f"the MCP server needs the 'mcp' extra (pip install 'historygraph[mcp]'): {exc}")
     db = existing_store(store)
-    if session is not None and not db.has_session(session):
-        fail(f"no session {session!r} in {store_name(db)} (historygraph sessions --store {store_name(db)} lists them)")
+    if session is not None and not db.has_session(session):  # served as empty until its first request is stored
+        warn(f"no session {session!r} in {store_name(db)} yet: the tools answer for it once its first request is "
+             f"stored (historygraph sessions --store {store_name(db)} lists the stored ones)")
     server = build_server(db, session)
     if http:
         server.run("streamable-http", host=host, port=port)

@@ -22,7 +22,7 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from historygraph.history.graph import MESSAGE_SPAN
+from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
 from historygraph.policies.baselines.retrieval import bm25_scores
 from historygraph.signals.tokens import TokenCounter
 from historygraph.store import Store
@@ -41,8 +41,11 @@ def _first_line(text: str, width: int = 120) -> str:
 def build_server(store: Store, session: str | None = None, counter: TokenCounter | None = None) -> MCPServer:
     """The MCP server over ``store``; ``session`` is the default session of every tool.
 
-    An unknown session, or none given, is a tool error (``is_error``) naming the session and how
-    to list them.
+    No session given, or another session than ``session`` that is not in the store, is a tool
+    error (``is_error``) saying how to list them. ``session`` itself, not stored yet, is served as
+    an empty one (no results; a recalled id is said to be unknown), so an agent can be started
+    with ``--session`` before its first request reaches the proxy: what the proxy stores from then
+    on is read on the next call.
     """
     counter = counter or TokenCounter()
     server: MCPServer = MCPServer("historygraph", instructions=INSTRUCTIONS)
@@ -52,6 +55,8 @@ def build_server(store: Store, session: str | None = None, counter: TokenCounter
         if not sid:
             raise ToolError("no session given: pass session=... (historygraph sessions lists them)")
         if not store.has_session(sid):
+            if sid == session:  # the server's own session, not stored yet: it appears with its first request
+                return ContextGraph(sid)
             raise ToolError(f"no session {sid!r} in the store (historygraph sessions lists them)")
         return store.graph(sid)
 
