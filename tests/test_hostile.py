@@ -15,6 +15,7 @@ Expected behaviour per input class:
    (block-atomic ReCAP instead drops the block with its call; the pairing stays valid).
 """
 
+import re
 import pytest
 
 from historygraph.history.events import Message, ToolCall
@@ -415,3 +416,16 @@ def test_12_2_dropping_the_step_before_a_new_exchange_keeps_the_thinking_opening
         wire = from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
         why = anthropic_violation({"messages": wire, "thinking": {"type": "enabled", "budget_tokens": 1024}})
         assert why is None, (budget, why, r.positions)
+
+
+def test_session_budget_that_is_not_a_whole_number_of_tokens_is_named():
+    """Issue 40, item 6: ``Session.render(budget="6k")`` raised an unclear TypeError from a
+    comparison; every budget that is not an int >= 1 is now a ValueError naming the value."""
+    from historygraph import Session
+    s = Session("s1")
+    s.add(Message("user", "hi"))
+    for bad, said in (("6k", "got '6k' (write 6000, not '6k')"), (6000.0, "got 6000.0"), (True, "got True")):
+        with pytest.raises(ValueError, match=re.escape(f"budget must be a whole number of tokens >= 1, {said}")):
+            s.render(budget=bad)
+    with pytest.raises(ValueError, match="got '3000'"):
+        Session("s2", budget="3000")

@@ -21,7 +21,7 @@ from typing import Any
 from historygraph.history.events import Message
 from historygraph.policies import DEFAULT_POLICY, Signals, create
 from historygraph.render import Rendering, check_invariants
-from historygraph.store import MemoryStore, Store
+from historygraph.store import MemoryStore, Store, StoreError
 
 
 class Session:
@@ -42,8 +42,12 @@ class Session:
                  budget: int = 6000, signals: Signals | None = None) -> None:
         self.session_id = session_id
         self.store = store if store is not None else MemoryStore()
+        _check_budget(budget)
         if not self.store.has_session(session_id):
-            self.store.create_session(session_id)
+            try:
+                self.store.create_session(session_id)
+            except StoreError:  # created a moment ago by another process sharing the store
+                pass
         self.policy, self.budget = policy, budget
         self.signals = signals or Signals(store=self.store)
         self.rendering: Rendering | None = None
@@ -68,10 +72,11 @@ class Session:
 
     def render(self, budget: int | None = None, policy: str | None = None) -> list[dict[str, Any]]:
         """The model input for the next call: OpenAI chat messages, history within ``budget`` tokens
-        (``None``: the session's default). Raises ValueError for a budget below 1 token and
-        :class:`~historygraph.render.BudgetTooSmallError` when it cannot hold the protected history."""
-        if budget is not None and budget < 1:
-            raise ValueError(f"budget must be a positive number of tokens, got {budget}")
+        (``None``: the session's default). Raises ValueError for a budget that is not a whole number
+        of tokens ≥ 1 (``"6k"``, ``6000.0``, ``0``) and :class:`~historygraph.render.BudgetTooSmallError`
+        when it cannot hold the protected history."""
+        if budget is not None:
+            _check_budget(budget)
         name = policy or self.policy
         if name not in self._policies:
             self._policies[name] = create(name)
@@ -83,3 +88,9 @@ class Session:
     def result(self, tool_call_id: str) -> str:
         """The complete stored text of a tool result, e.g. one a rendering omitted (KeyError if unknown)."""
         return self.store.graph(self.session_id).result_by_id(tool_call_id).content
+
+
+def _check_budget(budget: object) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        hint = " (write 6000, not '6k')" if isinstance(budget, str) else ""
+        raise ValueError(f"budget must be a whole number of tokens >= 1, got {budget!r}{hint}")

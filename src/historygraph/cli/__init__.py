@@ -19,7 +19,8 @@ from historygraph.cli import fit, policies, replay, serve, sessions
 from historygraph.cli.common import console
 
 app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
 app.command()(replay.replay)
 app.command()(replay.report)
 app.command()(policies.policies)
