@@ -1,4 +1,5 @@
-"""A recording stand-in for a model provider (OpenAI Chat Completions and Anthropic Messages), run
+"""A recording stand-in for a model provider (OpenAI Chat Completions, OpenAI Responses (its rules and
+answers in ``tests/fake_responses.py``) and Anthropic Messages), run
 as a real server process by the tests and the benchmarks: ``python tests/fake_upstream.py --port N``.
 A test double: it lives with the tests, never in the installed package.
 
@@ -231,7 +232,10 @@ def build_app() -> FastAPI:
         return {"cleared": 1}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        if "anthropic-version" in request.headers:  # Anthropic's list shape
+            return {"data": [{"type": "model", "id": "fake-claude", "display_name": "Fake", "created_at": "2025-01-01T00:00:00Z"}],
+                    "has_more": False, "first_id": "fake-claude", "last_id": "fake-claude"}
         return {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]}
 
     @app.post("/v1/chat/completions")
@@ -318,6 +322,9 @@ def build_app() -> FastAPI:
                    ev("message_stop")]
         return StreamingResponse(_paced(events, body), media_type="text/event-stream")
 
+    from fake_responses import add_routes  # the Responses API (imported here: it imports sign from this module)
+
+    add_routes(app, record, rejected, seen, _paced)
     return app
 
 

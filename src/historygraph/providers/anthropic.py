@@ -8,7 +8,10 @@ Conversion to canonical form (:func:`to_canonical`):
 
 * ``system`` (string or text blocks) → one ``system`` message first;
 * a user turn → one ``tool`` message per ``tool_result`` block (in block order), then one ``user``
-  message with the remaining blocks flattened to text, if there are any;
+  message with the remaining blocks flattened to text, if there are any. In a turn that holds
+  tool results, blocks after the last result belong to the tool loop, not to a new user turn:
+  they travel with the last result (:attr:`Piece.tail`, and its :attr:`Message.provider_blocks`,
+  so they are counted against B) and are sent after the results as the client sent them;
 * an assistant turn → one ``assistant`` message: text blocks joined by newlines, ``tool_use``
   blocks as tool calls whose arguments are ``json.dumps(input)``. Every other block (``thinking``,
   ``redacted_thinking``, ``server_tool_use``, ``web_search_tool_result`` and any other server-tool
@@ -38,10 +41,14 @@ from historygraph.signals.calibration import Usage, anthropic_usage
 class Piece:
     """The wire original of one canonical message: ``value`` is a whole assistant turn (its message
     object), the non-tool-result part of a user turn (a string or block list) or one
-    ``tool_result`` block; ``turn`` is the index of the wire turn it came from."""
+    ``tool_result`` block; ``turn`` is the index of the wire turn it came from. ``tail``: on the
+    last ``tool_result`` of a user turn, the blocks the client put after its results (Claude Code's
+    ``"Tool loaded."`` text after loading a deferred tool): part of the tool loop, not a new user
+    turn; they are sent after the turn's results however the result itself is shown."""
 
     value: Any
     turn: int
+    tail: tuple[Any, ...] = ()
 
 
 UNCOUNTED_USER_BLOCKS = ("text", "image", "document", "tool_result")
@@ -118,12 +125,17 @@ def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
         return [(Message("user", _text(content, f"{where}.content")), Piece(content, i))]
     out: list[tuple[Message, Piece]] = []
     rest = []
+    last = max((j for j, b in enumerate(blocks) if isinstance(b, dict) and b.get("type") == "tool_result"), default=-1)
     for j, b in enumerate(blocks):
         if isinstance(b, dict) and b.get("type") == "tool_result":
             if not b.get("tool_use_id"):
                 raise EventError(f"{where}.content[{j}].tool_use_id is missing")
+            tail = tuple(blocks[j + 1:]) if j == last else ()
             out.append((Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
-                                tool_call_id=str(b["tool_use_id"])), Piece(b, i)))
+                                tool_call_id=str(b["tool_use_id"]), provider_blocks=provider_blocks_of(list(tail))),
+                        Piece(b, i, tail)))
+        elif j > last >= 0:
+            continue  # after the turn's last result: its tail
         else:
             rest.append(b)
     if rest:
@@ -169,6 +181,7 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
     """
     out: list[dict[str, Any]] = []
     pending: list[Any] = []
+    tails: list[Any] = []  # blocks after the pending results (Piece.tail)
     pending_turn: int | None = None
 
     def flush(extra: Any = None) -> None:
@@ -179,8 +192,9 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
             out.append({"role": "user", "content": extra})
         else:
             tail = [] if extra is None else ([{"type": "text", "text": extra}] if isinstance(extra, str) else list(extra))
-            out.append({"role": "user", "content": pending + tail})
+            out.append({"role": "user", "content": pending + tails + tail})
         pending, pending_turn = [], None
+        tails.clear()
 
     for m, piece in zip(messages, pieces):
         original = piece.value if piece is not None and m.rendered_as is None else None
@@ -199,6 +213,7 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
             pending.append(original if original is not None else
                            {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content})
             pending_turn = turn
+            tails.extend(piece.tail if piece is not None else ())
         else:
             flush(original if original is not None else m.content)
     flush()

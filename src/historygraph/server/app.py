@@ -246,11 +246,16 @@ class Proxy:
         return self._policies[name]
 
     def render(self, session_id: str, policy: str, budget: int) -> Rendering:
-        """Render the stored session and check docs/architecture.md, invariant §5 (raises :class:`ClientError` when the
-        budget cannot hold the protected history)."""
-        return self._render(session_id, policy, budget)[0]
+        """Render the stored session and check docs/architecture.md, invariant §5 (the session API:
+        raises :class:`ClientError` when the budget cannot hold the protected history; a proxied
+        request is forwarded over B instead, :meth:`render_or_smallest`)."""
+        try:
+            return self._render(session_id, policy, budget, smallest=False)[0]
+        except BudgetTooSmallError as exc:
+            raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
 
-    def _render(self, session_id: str, policy: str, budget: int, graph: Any = None) -> tuple[Rendering, int]:
+    def _render(self, session_id: str, policy: str, budget: int, graph: Any = None,
+                smallest: bool = True) -> tuple[Rendering, int]:
         """:meth:`render`, and the tokens of every rendered message (what
         :meth:`TokenCounter.count_messages` gives them): the history's, just recounted by
         ``check_invariants`` and equal to ``rendering.history_tokens``, plus the messages outside
@@ -259,17 +264,50 @@ class Proxy:
         if graph is None:
             graph = self.store.graph(session_id)
         t0 = time.perf_counter()
-        try:
-            rendering = self.policy(policy).render(graph, budget, self.signals)
-        except BudgetTooSmallError as exc:
-            raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
-        check_invariants(rendering, graph, self.signals.counter)
+        rendering = self.render_or_smallest(graph, policy, budget, smallest)
+        if "over_budget" in rendering.stats:
+            self.metrics.over_budget.labels(policy).inc()
+            log.warning("over budget", extra={"session": session_id, "policy": policy, "budget": budget,
+                                              "history_tokens_out": rendering.history_tokens})
         seconds = time.perf_counter() - t0
         tokens_in, tokens_out = self.metrics.observe_render(policy, seconds, rendering, graph, self.signals.counter)
         log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
                                     "history_tokens_in": tokens_in, "history_tokens_out": tokens_out,
                                     "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
         return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
+
+    def render_or_smallest(self, graph: Any, policy: str, budget: int, smallest: bool = True) -> Rendering:
+        """The policy's rendering of ``graph`` under ``budget``, checked (docs/architecture.md,
+        invariant §5). When the part every rendering must keep exceeds B (the policy raises
+        :class:`BudgetTooSmallError`), the proxy never fails the agent: it renders at the budget
+        that part needs (the smallest valid rendering, over B; a few tries when the policy asks for
+        more again, then the whole history) and marks it ``rendering.stats["over_budget"] = B``.
+        ``smallest=False``: the error is raised instead."""
+        chosen = self.policy(policy)
+        try:
+            rendering = chosen.render(graph, budget, self.signals)
+        except BudgetTooSmallError as exc:
+            if not smallest:
+                raise
+            need = max(exc.required, budget + 1)
+            for _ in range(3):
+                try:
+                    rendering = chosen.render(graph, need, self.signals)
+                    break
+                except BudgetTooSmallError as again:
+                    need = max(again.required, need * 2)
+            else:
+                rendering = chosen.render(graph, 1 << 40, self.signals)  # under B: the history unchanged (§5.5)
+            rendering.stats["over_budget"] = budget
+        check_invariants(rendering, graph, self.signals.counter)
+        return rendering
+
+    def notes(self, rendering: Rendering) -> dict[str, str]:
+        """Response headers describing ``rendering``: ``X-HistoryGraph-Over-Budget: <history
+        tokens sent>`` when it exceeds B (:meth:`render_or_smallest`)."""
+        if "over_budget" not in rendering.stats:
+            return {}
+        return {"x-historygraph-over-budget": str(rendering.history_tokens)}
 
     def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
                 budget: int) -> tuple[str, Rendering, int]:
@@ -353,10 +391,12 @@ class Proxy:
         self.store.put_text("partial_answer", key, json.dumps({"partial": True, "reason": reason,
                                                                 "stream": raw.decode("utf-8", "replace")}))
 
-    async def read_json(self, request: Request, raw_messages: bool = False) -> dict[str, Any]:
+    async def read_json(self, request: Request, raw_messages: bool = False, require: str | None = "messages") -> dict[str, Any]:
         """The request body as a JSON object; 413 over the size limit, 400 when not JSON.
         ``raw_messages``: the items of ``messages`` stay unparsed (:func:`jsonio.loads_request`, with
-        this process's :class:`jsonio.ArrayCache`; :class:`RequestMessages` parses those it needs)."""
+        this process's :class:`jsonio.ArrayCache`; :class:`RequestMessages` parses those it needs).
+        ``require``: the list field the body must have (``None``: none). The bytes read are kept
+        in ``request.state.historygraph_body``."""
         size, chunks = 0, []
         async for chunk in request.stream():
             size += len(chunk)
@@ -364,26 +404,28 @@ class Proxy:
                 raise ClientError(_too_large(self.config.max_body_bytes), "body", 413)
             chunks.append(chunk)
         try:
-            data = b"".join(chunks)
+            data = request.state.historygraph_body = b"".join(chunks)
             body, fast = jsonio.loads_request(data, arrays=self.arrays) if raw_messages else jsonio.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
         request.state.historygraph_json_fast = fast  # then the forwarded body may be encoded by msgspec too
         if not isinstance(body, dict):
             raise ClientError("request body must be a JSON object", "body")
-        if not isinstance(body.get("messages"), list):
-            raise ClientError("messages: required, a list of messages", "messages")
+        if require is not None and not isinstance(body.get(require), list):
+            raise ClientError(f"{require}: required, a list of messages", require)
         return body
 
     async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
                       accumulator: Callable[[], Any], sent: Sequence[Message] | int | None = None,
-                      policy: str | None = None) -> Response:
+                      policy: str | None = None, extra: dict[str, str] | None = None) -> Response:
         """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
         ``sent``: the rendered messages ``body`` carries, or their tokens, for :meth:`observe_usage`; ``policy``:
-        the policy that rendered it, whose :meth:`prefetch` runs once the response is sent."""
+        the policy that rendered it, whose :meth:`prefetch` runs once the response is sent; ``extra``:
+        response headers of ours (:meth:`notes`). An accumulator class may name its ``api`` and
+        bring ``usage_of``, ``answer_of`` and ``cut_event`` (the Responses API's does)."""
         headers = forward_headers(request.headers)
-        ours = {"x-historygraph-session": session_id}
-        api = "openai" if accumulator is OpenAIStreamAccumulator else "anthropic"
+        ours = {"x-historygraph-session": session_id, **(extra or {})}
+        api = getattr(accumulator, "api", None) or ("openai" if accumulator is OpenAIStreamAccumulator else "anthropic")
         if not any(k.lower() == "content-type" for k in headers):
             headers["content-type"] = "application/json"
         content = jsonio.dumps(body, getattr(request.state, "historygraph_json_fast", False))
@@ -403,8 +445,8 @@ class Proxy:
             answer = None
             if upstream.status_code < 400:
                 data = _json_or_none(content)
-                self.observe_usage(body, None if data is None else openai_usage(data) if api == "openai" else anthropic_usage(data),
-                                   sent, api)
+                usage_of = getattr(accumulator, "usage_of", None) or (openai_usage if api == "openai" else anthropic_usage)
+                self.observe_usage(body, None if data is None else usage_of(data), sent, api)
                 answer = _answer_of(data, accumulator)
                 if answer is not None:
                     await run_in_threadpool(self.store_answer, session_id, answer)
@@ -451,6 +493,9 @@ class Proxy:
                     # final event): the partial answer is kept apart from the history (never
                     # presented as a complete turn) and the client gets a well-formed error event.
                     await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), cut)
+                    if hasattr(acc, "cut_event"):
+                        yield acc.cut_event(f"upstream stream cut mid-way: {cut}")
+                        return
                     yield ("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {cut}",
                                                             "type": "upstream_stream_cut"}}) + "\n\n").encode()
             finally:
@@ -489,6 +534,8 @@ def _answer_of(data: Any, accumulator: Callable[[], Any]) -> Message | None:
     try:
         if isinstance(data, (bytes, str)):
             data = jsonio.loads(data)[0]
+        if hasattr(accumulator, "answer_of"):
+            return accumulator.answer_of(data)
         if accumulator is OpenAIStreamAccumulator:
             return Message.from_openai({**data["choices"][0]["message"], "role": "assistant"})
         return anth.answer_message(data)
@@ -587,9 +634,11 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
                    for m, p in zip(rendering.messages, rendering.positions)]
             url = config.upstream.rstrip("/") + "/chat/completions"
             if recall_tool.wanted(config.recall, request, rendering):  # it reads and extends the messages
-                return await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
+                answer = await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
+                answer.headers.update(proxy.notes(rendering))
+                return answer
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
-                                       sent_tokens, policy)
+                                       sent_tokens, policy, extra=proxy.notes(rendering))
         except ClientError as exc:
             return _openai_error(exc)
 
@@ -614,15 +663,21 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
                                                            for p in rendering.positions])
             url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
             if recall_tool.wanted(config.recall, request, rendering):
-                return await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
+                answer = await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
+                answer.headers.update(proxy.notes(rendering))
+                return answer
             return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
-                                       sent_tokens, policy)
+                                       sent_tokens, policy, extra=proxy.notes(rendering))
         except ClientError as exc:
             return _anthropic_error(exc)
 
-    @app.get("/v1/models", tags=["proxy"], summary="Passed through to the OpenAI-compatible upstream")
+    @app.get("/v1/models", tags=["proxy"], summary="Passed through to the upstream (Anthropic's for an Anthropic client)")
+    @app.get("/v1/models/{model_id:path}", tags=["proxy"], summary="Passed through to the upstream")
     async def models(request: Request) -> Response:
-        url = config.upstream.rstrip("/") + "/models"
+        # an Anthropic client (its anthropic-version header) lists the Anthropic upstream's models
+        anthropic = "anthropic-version" in request.headers
+        base = config.anthropic_upstream.rstrip("/") + "/v1" if anthropic else config.upstream.rstrip("/")
+        url = base + request.url.path.removeprefix("/v1")
         try:
             r = await proxy.send(proxy.request("GET", url, headers=forward_headers(request.headers),
                                                params=list(request.query_params.multi_items())))
@@ -634,6 +689,9 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
             return _openai_error(ClientError(unreachable_message(url, exc, timeout=config.timeout), "upstream", 502))
         return Response(content, r.status_code, response_headers(r.headers))
 
+    from historygraph.server.responses import add_routes
+
+    add_routes(app)  # /v1/responses, /v1/messages/count_tokens, provider-shaped 404s
     app.include_router(api_router)
     app.include_router(ops_router)
     app.add_middleware(SizeLimit, limit=config.max_body_bytes)
@@ -671,7 +729,7 @@ class SizeLimit:
             length = dict(scope["headers"]).get(b"content-length", b"")
             if length.isdigit() and int(length) > self.limit:
                 err = ClientError(_too_large(self.limit), "body", 413)
-                response = _anthropic_error(err) if scope["path"] == "/v1/messages" else _openai_error(err)
+                response = _anthropic_error(err) if scope["path"].startswith("/v1/messages") else _openai_error(err)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -4,7 +4,7 @@ Each :class:`ProxyMetrics` has its own ``prometheus_client.CollectorRegistry`` (
 process, as in tests, never share counts). Metric names follow Prometheus conventions (base
 units, ``_total`` counters):
 
-* ``historygraph_requests_total{api, status}``: proxied requests by API (``openai``/``anthropic``)
+* ``historygraph_requests_total{api, status}``: proxied requests by API (``openai``/``anthropic``/``responses``)
   and HTTP status returned to the client;
 * ``historygraph_render_seconds{policy}``: histogram of the time to render one request's history
   (ingest excluded);
@@ -18,6 +18,8 @@ units, ``_total`` counters):
   any observation), ``historygraph_calibration_observations``;
 * ``historygraph_recall_calls_total{api}``: calls of the recall tool the proxy answered
   (:mod:`historygraph.server.recall_tool`);
+* ``historygraph_over_budget_total{policy}``: requests forwarded over B because the part every
+  rendering must keep exceeded it (the smallest valid rendering is sent; docs/proxy.md);
 * ``historygraph_upstream_errors_total{api, kind}``: upstream answers with status ≥ 400 (kind =
   the status code), unreachable upstreams (``unreachable``) and streams cut mid-way (``stream_cut``).
 """
@@ -81,6 +83,8 @@ class ProxyMetrics:
         self.tokens_saved = Counter("historygraph_tokens_saved", "History tokens not sent (in - out)",
                                     ["policy"], registry=r)
         self.recall_calls = Counter("historygraph_recall_calls", "Recall tool calls the proxy answered", ["api"], registry=r)
+        self.over_budget = Counter("historygraph_over_budget", "Requests forwarded over B: the protected history alone exceeded it",
+                                   ["policy"], registry=r)
         self.upstream_errors = Counter("historygraph_upstream_errors", "Upstream errors by API and kind",
                                        ["api", "kind"], registry=r)
         if calibration is not None:

@@ -22,7 +22,7 @@ from historygraph import __version__
 
 router = APIRouter(tags=["operations"])
 log = logging.getLogger("historygraph.server")
-PROXY_PATHS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}
+PROXY_PATHS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/responses": "responses"}
 
 
 @router.get("/health", summary="Liveness and store reachability")
