@@ -1414,7 +1414,7 @@ def test_lower_costs_with_terms_in_place_equal_the_per_run_arrays(real_traces, b
 
 
 def _recap_reference(graph, segment, budget, signals):
-    from historygraph.policies.recap.policy import block_costs, build_blocks, oversized_forms
+    from historygraph.policies.recap.blocks import block_costs, build_blocks, oversized_forms
 
     blocks = build_blocks(graph, segment)
     forms = oversized_forms(graph, budget, signals)
@@ -1427,7 +1427,8 @@ def test_recap_block_index_kept_across_appends_equals_the_blocks_built_from_scra
     graph grows event by event (a late result and one superseding a timeout included) equal
     those built from scratch, at a budget that makes some results oversized; served_ids by
     bisection equals the scan."""
-    from historygraph.policies.recap.policy import SessionState, indexed_blocks, served_ids
+    from historygraph.policies.recap.blocks import indexed_blocks
+    from historygraph.policies.recap.importance import SessionState, served_ids
 
     signals = Signals()
     extra = [Message("user", "task"), Message("assistant", "two calls", (ToolCall("x1", "bash", "{}"), ToolCall("x2", "bash", "{}"))),
