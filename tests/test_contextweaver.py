@@ -13,8 +13,9 @@ from historygraph.policies import Signals, create
 from historygraph.policies.contextweaver.policy import clean_summary
 from historygraph.policies.contextweaver.analyzer import build_prompt, llm_selector, parse_parent_ids
 from historygraph.render import check_invariants
-from historygraph.signals.steps import (ParentScoring, Step, action_text, ancestry, build_steps, files_in,
-                                        identifiers_in, lowcost_selector, score_parent)
+from historygraph.signals.steps.features import Step, action_text, files_in, identifiers_in
+from historygraph.signals.steps.parents import ParentScoring, lowcost_selector, score_parent
+from historygraph.signals.steps.view import ancestry, build_steps
 from historygraph.store.memory import MemoryStore
 
 FILLER = " ".join(["lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor"] * 25)
@@ -312,7 +313,7 @@ def test_step_files_and_identifiers_are_those_of_its_joined_text(sizes):
     are those :func:`files_in` / :func:`identifiers_in` find in the action, the thought and the
     first 20,000 characters of the results joined by newlines (ContextWeaver §3.1's features),
     also where that cut falls inside a result, on its newline or just after it."""
-    from historygraph.signals.steps import FEATURE_CHARS, _extract
+    from historygraph.signals.steps.features import FEATURE_CHARS, extract
 
     unit = "see src/pkg/mod_a.py and FooBar.run_all in http://x.org/y.py; "
     contents = [(unit * (n // len(unit) + 1))[:n] for n in sizes]
@@ -321,7 +322,7 @@ def test_step_files_and_identifiers_are_those_of_its_joined_text(sizes):
     msgs += [Message("tool", c, tool_call_id=f"c{i}") for i, c in enumerate(contents)]
     action = action_text(ContextGraph("s", msgs), 0)
     head = "\n".join(contents)[:FEATURE_CHARS]
-    _, files, idents, _ = _extract(msgs, 0, tuple(range(1, len(msgs))), with_run=False)
+    _, files, idents, _ = extract(msgs, 0, tuple(range(1, len(msgs))), with_run=False)
     assert files == files_in(action + "\n" + msgs[0].content + "\n" + head)
     assert idents == identifiers_in(action + "\n" + head)
 
@@ -332,7 +333,7 @@ def test_file_names_found_per_path_run_are_those_of_the_whole_pattern(traces_dir
     argument of the real traces and on texts made to test its edges (URLs, dots, slashes, dashes,
     non-ASCII word characters next to a path)."""
     from historygraph.traces import read_traces
-    from historygraph.signals import steps
+    from historygraph.signals.steps import features as steps
 
     def by_pattern(text):
         return frozenset(m.rsplit("/", 1)[-1] for m in steps._FILE.findall(steps._URL.sub(" ", text)))

@@ -15,8 +15,9 @@ from historygraph.history.derived import Derived, DerivedKind, pack_array, sourc
 from historygraph.history.events import Message, ToolCall
 from historygraph.policies.learned import features as features_mod
 from historygraph.history.graph import TFA_VALUES, ContextGraph
-from historygraph.signals import steps as steps_mod
-from historygraph.signals.steps import STEP_FEATURES, lowcost_steps
+from historygraph.signals.steps import features as steps_mod, parents as steps_parents, view as steps_view
+from historygraph.signals.steps.features import STEP_FEATURES
+from historygraph.signals.steps.view import lowcost_steps
 from historygraph.signals.tokens import TokenCounter
 from historygraph.store import MemoryStore, SQLiteStore
 from test_store import make_store, pg_dsn  # noqa: F401 (fixtures)
@@ -128,8 +129,8 @@ def test_rows_of_another_code_version_are_recomputed_and_replaced(tmp_path, monk
         before = db.execute("SELECT count(*), count(DISTINCT version) FROM derived").fetchone()
     monkeypatch.setattr(derived_mod, "source_version", lambda modules: "changed")  # as an edit to the extractor would
     calls = []
-    real = steps_mod._extract  # a step's features, from its messages
-    monkeypatch.setattr(steps_mod, "_extract", lambda *args, **kw: calls.append(args[1]) or real(*args, **kw))
+    real = steps_mod.extract  # a step's features, from its messages
+    monkeypatch.setattr(steps_mod, "extract", lambda *args, **kw: calls.append(args[1]) or real(*args, **kw))
     s = SQLiteStore(path)
     assert lowcost_steps(s.graph("s")) == lowcost_steps(ContextGraph("s", EVENTS))
     assert len(calls) == 4 * 2  # each step's features recomputed (the fresh graph computes them again too)
@@ -180,11 +181,13 @@ def test_a_graph_not_from_a_store_keeps_nothing():
 
 
 def test_source_version_follows_the_source_and_python():
-    v = source_version(("historygraph.signals.steps", "historygraph.signals.test_output"))
+    steps = ("historygraph.signals.steps.features", "historygraph.signals.steps.parents",  # (the step view's modules)
+             "historygraph.signals.steps.stored", "historygraph.signals.steps.view")
+    v = source_version((*steps, "historygraph.signals.test_output"))
     assert len(v) == 16 and v == STEP_FEATURES.version != TFA_VALUES.version
-    assert source_version(("historygraph.signals.steps",)) != v != source_version(("historygraph.signals.test_output", "historygraph.signals.steps"))
+    assert source_version((*steps,)) != v != source_version(("historygraph.signals.test_output", *steps))
     assert source_version(("json.decoder",)) != source_version(("json.encoder",))
-    assert DerivedKind("x", ("historygraph.signals.steps", "historygraph.signals.test_output")).version == v
+    assert DerivedKind("x", (*steps, "historygraph.signals.test_output")).version == v
 
 
 def test_a_version_2_sqlite_store_gains_the_derived_table_and_keeps_everything(tmp_path):
@@ -361,10 +364,10 @@ def test_a_reopened_view_starts_from_its_snapshot(tmp_path, monkeypatch):
     s = SQLiteStore(path)
     texts = spy_extractors(monkeypatch)
     g = s.graph("s")
-    key = f"lowcost:{steps_mod.ParentScoring()}"
-    view = steps_mod._view(g, steps_mod.lowcost_selector(steps_mod.ParentScoring()), key)
+    key = f"lowcost:{steps_parents.ParentScoring()}"
+    view = steps_view._view(g, steps_parents.lowcost_selector(steps_parents.ParentScoring()), key)
     assert type(view).__name__ == "_LazySteps" and view.raw == 3 and not view.built  # no step built before it is read
-    assert type(steps_mod._CACHE[g]["index"].get("files")).__name__ == "Raw"  # the inverted index not decoded
+    assert type(steps_mod.GRAPH_CACHE[g]["index"].get("files")).__name__ == "Raw"  # the inverted index not decoded
     assert view[-1].position == 5 and view.raw == 2
     assert [type(x).__name__ for x in view] == ["_StoredStep"] * 3
     assert all("_load" in x.__dict__ for x in view)  # nothing read yet
@@ -397,10 +400,10 @@ def test_a_view_snapshot_is_used_only_for_the_same_steps():
     data = json.loads(snap[3])
     assert data["open"] == [1] and unpack_array(data["result_counts"]).tolist() == [1, 0, 1]
     assert unpack_array(data["results"]).tolist() == [2, 5]
-    key = f"lowcost:{steps_mod.ParentScoring()}"
+    key = f"lowcost:{steps_parents.ParentScoring()}"
 
     def view_of(g):  # noqa: ANN001, ANN202
-        return steps_mod._view(g, steps_mod.lowcost_selector(steps_mod.ParentScoring()), key)
+        return steps_view._view(g, steps_parents.lowcost_selector(steps_parents.ParentScoring()), key)
     g2 = ContextGraph("s", late, derived=Derived(rows, persist=True))
     assert lowcost_steps(g2) == lowcost_steps(ContextGraph("s", late))
     assert lowcost_steps(g2)[1].test_results is not None

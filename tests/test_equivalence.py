@@ -305,21 +305,22 @@ def test_vectorised_greedy_on_fixed_inputs(scores, vecs, expected):
 def reference_build_steps(graph, selector, selector_key):
     """:func:`historygraph.signals.steps.build_steps` before the inverted index (every eligible
     earlier step offered to the selector, every earlier step checked for superseding)."""
-    from historygraph.signals import steps as st
+    from historygraph.signals.steps import features as st
+    from historygraph.signals.test_output import supersedes
 
-    pcache = st._CACHE.setdefault(graph, {"features": {}, "parents": {}})["parents"]
+    pcache = st.GRAPH_CACHE.setdefault(graph, {"features": {}, "parents": {}})["parents"]
     out = []
     for pos, m in enumerate(graph.messages):
         if m.role != "assistant":
             continue
         results = tuple(graph.result_of[c.id] for c in m.tool_calls if c.id in graph.result_of)
         k = len(out)
-        step = st._features(graph, k, pos, results)
+        step = st.step_features(graph, k, pos, results)
         out.append(step)
         if step.test_results is not None:
             for earlier in out[:k]:
                 if (earlier.validation_status == "failed" and earlier.test_results is not None
-                        and st.supersedes(step.test_results, step.action, earlier.test_results, earlier.action)):
+                        and supersedes(step.test_results, step.action, earlier.test_results, earlier.action)):
                     earlier.validation_status, earlier.superseded_by = "superseded", k
         key = (selector_key, k, len(results))
         if key not in pcache:
@@ -333,7 +334,8 @@ def reference_build_steps(graph, selector, selector_key):
 def test_incremental_step_view_equals_the_view_built_from_scratch(real_traces, traces_dir):
     """The step view of a growing graph (inverted index kept across calls, results arriving after
     their call) equals the old from-scratch build at every size, on real traces."""
-    from historygraph.signals.steps import ParentScoring, build_steps, lowcost_selector
+    from historygraph.signals.steps.parents import ParentScoring, lowcost_selector
+    from historygraph.signals.steps.view import build_steps
 
     sel = lowcost_selector(ParentScoring())
     compared = with_parents = 0
@@ -362,7 +364,8 @@ def test_kept_step_view_undoes_and_redoes_a_superseding_when_more_results_arrive
     result (the test failing again) later: the kept view undoes the superseding, builds the step
     again and equals the from-scratch view after every event; what a caller sets on a returned
     step stays its own."""
-    from historygraph.signals.steps import ParentScoring, build_steps, latest_ancestry_results, lowcost_selector
+    from historygraph.signals.steps.parents import ParentScoring, lowcost_selector
+    from historygraph.signals.steps.view import build_steps, latest_ancestry_results
 
     def bash(cid, command):
         return ToolCall(cid, "bash", '{"command": "%s"}' % command)
@@ -790,7 +793,8 @@ def reference_feature_matrix(graph, positions, counter):
     from historygraph.policies.learned import features as fx
     from historygraph.history.graph import operations
     from historygraph.signals.reuse import extract_values
-    from historygraph.signals.steps import ancestry, files_in, identifiers_in, lowcost_steps
+    from historygraph.signals.steps.features import files_in, identifiers_in
+    from historygraph.signals.steps.view import ancestry, lowcost_steps
 
     def ordered_sum(xs):  # left to right from 0.0, as np.bincount adds (Python's sum is compensated from 3.12)
         acc = 0.0
@@ -1414,7 +1418,7 @@ def test_lower_costs_with_terms_in_place_equal_the_per_run_arrays(real_traces, b
 
 
 def _recap_reference(graph, segment, budget, signals):
-    from historygraph.policies.recap.policy import block_costs, build_blocks, oversized_forms
+    from historygraph.policies.recap.blocks import block_costs, build_blocks, oversized_forms
 
     blocks = build_blocks(graph, segment)
     forms = oversized_forms(graph, budget, signals)
@@ -1427,7 +1431,8 @@ def test_recap_block_index_kept_across_appends_equals_the_blocks_built_from_scra
     graph grows event by event (a late result and one superseding a timeout included) equal
     those built from scratch, at a budget that makes some results oversized; served_ids by
     bisection equals the scan."""
-    from historygraph.policies.recap.policy import SessionState, indexed_blocks, served_ids
+    from historygraph.policies.recap.blocks import indexed_blocks
+    from historygraph.policies.recap.importance import SessionState, served_ids
 
     signals = Signals()
     extra = [Message("user", "task"), Message("assistant", "two calls", (ToolCall("x1", "bash", "{}"), ToolCall("x2", "bash", "{}"))),

@@ -8,8 +8,10 @@ import pytest
 from historygraph.history.events import Message, ToolCall
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.recap.policy import (Recap, RecapConfig, SessionState, apply_attention, build_blocks,
-                                         edited_files, exploration_bonus, mark_stale, protected_set, zscore)
+from historygraph.policies.recap.blocks import build_blocks
+from historygraph.policies.recap.importance import SessionState, apply_attention, mark_stale
+from historygraph.policies.recap.policy import Recap, RecapConfig
+from historygraph.policies.recap.selection import edited_files, exploration_bonus, protected_set, zscore
 from historygraph.render import check_invariants
 from historygraph.signals.attention import CallerAttention, MessageAttention, TokenAttention, clip_rows, consolidate
 from historygraph.signals.identifiers import identifiers, idf_overlap
@@ -321,7 +323,7 @@ def test_a_window_attended_twice_runs_the_proxy_model_once():
 
 # -- §4.4 segmentation ablations -------------------------------------------------------------------
 def test_segments_split_paragraphs_and_lines_but_keep_fenced_code_whole():
-    from historygraph.policies.recap.policy import segments
+    from historygraph.policies.recap.blocks import segments
     text = "Intro line one\nline two\n\n```py\nx = 1\n\ny = 2\n```\nafter\n\n  \nlast"
     pieces = lambda mode: [text[a:b] for a, b in segments(text, mode)]
     assert pieces("paragraph") == ["Intro line one\nline two", "```py\nx = 1\n\ny = 2\n```", "after", "last"]

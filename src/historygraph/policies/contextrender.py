@@ -57,7 +57,7 @@ from historygraph.history.derived import DerivedKind
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Rendering, Selection
 from historygraph.signals.embeddings import CachedEmbedder
-from historygraph.signals.steps import latest_ancestry_results
+from historygraph.signals.steps.view import latest_ancestry_results
 from historygraph.policies.base import Signals
 from historygraph.policies.registry import register
 
@@ -231,7 +231,7 @@ _CATCH_UP = 32  # bounds made exact at once when one leads (doubling while bound
 def dependency_results(graph: ContextGraph, max_ancestors: int) -> set[int]:
     """Positions of the tool results of the current step's ancestors: ContextWeaver's low-cost
     parents (§3.3) and breadth-first ancestry bounded by ``max_ancestors`` (§3.1); ours to combine
-    them with eq. 2 (see :func:`historygraph.signals.steps.ancestry`); read from the kept step view
+    them with eq. 2 (see :func:`historygraph.signals.steps.view.ancestry`); read from the kept step view
     without copying it."""
     return set(latest_ancestry_results(graph, max_ancestors))
 

@@ -12,7 +12,7 @@ An answer with no parsable list returns ``None`` and the caller falls back to th
 an explicit ``[]`` means "no parent".
 
 Answers are cached by prompt hash in ``signals.store`` kind ``"parents"`` (and per graph by
-:func:`historygraph.signals.steps.build_steps`), so each step costs at most one model call.
+:func:`historygraph.signals.steps.view.build_steps`), so each step costs at most one model call.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import json
 import re
 
 from historygraph.history.graph import ContextGraph
-from historygraph.signals.steps import Selector, Step, files_in
+from historygraph.signals.steps.features import Step, files_in
+from historygraph.signals.steps.parents import Selector
 from historygraph.policies.base import Signals
 
 SYSTEM = (
@@ -91,7 +92,7 @@ def parse_parent_ids(text: str, eligible: list[int], max_parents: int = 3) -> li
 
 
 def llm_selector(graph: ContextGraph, signals: Signals, fallback: Selector, max_parents: int = 3) -> Selector:
-    """A :data:`~historygraph.signals.steps.Selector` that asks ``signals.model`` (F.2) and falls
+    """A :data:`~historygraph.signals.steps.parents.Selector` that asks ``signals.model`` (F.2) and falls
     back to ``fallback`` when the answer has no usable list."""
     users = [m.content for m in graph.messages if m.role == "user"]
     task = users[0] if users else ""

@@ -54,7 +54,9 @@ from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.models.chat import ModelUsage
 from historygraph.render import Layout, Rendering, Selection
-from historygraph.signals.steps import ParentScoring, Step, ancestry, build_steps, lowcost_selector, lowcost_steps
+from historygraph.signals.steps.features import Step
+from historygraph.signals.steps.parents import ParentScoring, lowcost_selector
+from historygraph.signals.steps.view import ancestry, build_steps, lowcost_steps
 from historygraph.signals.test_output import TestTracker
 from historygraph.policies.base import Signals
 from historygraph.policies.registry import register

@@ -10,7 +10,7 @@ evaluator's B.4 rule (another token pattern, first appearance anywhere in the tr
 used, so Later-Used Result Recall measured afterwards tests the selector, not the metric.
 
 ``within`` labels reuse at any of the next ``horizon`` invocations (``t … t+horizon−1``).
-``valued`` is ``reused`` restricted to values that are no file name (:func:`historygraph.signals.steps.files_in`
+``valued`` is ``reused`` restricted to values that are no file name (:func:`historygraph.signals.steps.features.files_in`
 finds none in them): an agent repeats ``compiler.py`` in every ``sed -n`` of that file, which says
 little about which of the results showing it it needs.
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from historygraph.history.events import Trace
 from historygraph.history.graph import ContextGraph, operations
-from historygraph.signals.steps import files_in
+from historygraph.signals.steps.features import files_in
 from historygraph.signals.tokens import TokenCounter
 from historygraph.policies.learned.features import FEATURES, feature_matrix, graph_facts
 

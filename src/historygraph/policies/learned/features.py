@@ -36,7 +36,7 @@ Features of result ``r`` (a row of :func:`feature_matrix`; names in :data:`FEATU
   ``log_values``: ``ln(1 + |V(r)|)``. Values found only here can only be reused from here.
 * ``error``: 1 when ``r`` reports a non-zero return code, a traceback or an error.
 * ``latest_result``: 1 for a result of the latest assistant message.
-* Identifiers (ContextWeaver §3.1's code-like names, :func:`historygraph.signals.steps.identifiers_in`),
+* Identifiers (ContextWeaver §3.1's code-like names, :func:`historygraph.signals.steps.features.identifiers_in`),
   attributed as TFA attributes values, to the first tool result holding them: ``own_values`` and
   ``own_idents``, ``ln(1 + number of values / identifiers no earlier result holds)``; ``ident_turns``,
   ``ln(1 + earlier assistant messages naming one of r's own identifiers)``; ``latest_idents`` and
@@ -79,7 +79,8 @@ from historygraph.history.events import Message, ToolCall
 from historygraph.history.graph import ContextGraph, operations
 from historygraph.signals.int_table import LOG1P, IntTable
 from historygraph.signals.reuse import extract_values
-from historygraph.signals.steps import files_in, identifiers_in, latest_ancestry_results
+from historygraph.signals.steps.features import STEP_MODULES, files_in, identifiers_in
+from historygraph.signals.steps.view import latest_ancestry_results
 from historygraph.signals.tokens import TokenCounter
 
 FEATURES: tuple[str, ...] = (
@@ -98,17 +99,17 @@ ANCESTRY_STEPS = 10   # W of the ancestry feature (ContextWeaver §3.1; the valu
 RECENT_TURNS = 3
 TEXT_CHARS = 8000     # characters of a result read for words (as ContextRender A.3 clips results)
 
-RESULT_FACTS = DerivedKind("learned.facts", ("historygraph.policies.learned.features", "historygraph.signals.steps"))
+RESULT_FACTS = DerivedKind("learned.facts", ("historygraph.policies.learned.features", *STEP_MODULES))
 """Derived rows per message: a tool result's ``[kind, command, call files, content files,
 identifiers, words, error]`` (sorted lists), an assistant message's ``[identifiers]``."""
 
-TASK_FACTS = DerivedKind("learned.task", ("historygraph.policies.learned.features", "historygraph.signals.steps",
+TASK_FACTS = DerivedKind("learned.task", ("historygraph.policies.learned.features", *STEP_MODULES,
                                            "historygraph.signals.reuse"))
 """A derived row at the position of the task (the first user message): ``[values, words,
 identifiers]`` of its text (sorted lists), so that a reopened session's first render does not run
 the extractors over the task again (a long prompt)."""
 
-FACTS_SNAPSHOT = DerivedKind("learned.graph", ("historygraph.policies.learned.features", "historygraph.signals.steps",
+FACTS_SNAPSHOT = DerivedKind("learned.graph", ("historygraph.policies.learned.features", *STEP_MODULES,
                                                 "historygraph.signals.reuse", "historygraph.history.graph", "historygraph.history.derived"))
 """A derived row (position 0) holding the per-graph state of :func:`graph_facts` at a known number
 of messages (:func:`_pack_facts`), rewritten when the session has grown by a quarter (as the step
