@@ -49,7 +49,7 @@ def select_top(scores: np.ndarray, ratio: float) -> np.ndarray:
     return mask
 
 
-def join_kept(text: str, spans: Spans, mask: Sequence[bool]) -> str:
+def join_kept(text: str, spans: Spans, mask: Sequence[bool] | np.ndarray) -> str:
     """The kept tokens' text, in order (dropped runs leave nothing, as in LLMLingua's output).
     Spans may overlap (a byte-level tokenizer gives every token of a split multi-byte character
     that character's span): a character is emitted at most once, so the result is always a

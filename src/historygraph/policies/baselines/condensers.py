@@ -29,6 +29,7 @@ on a busy 2-core machine); the papers used API models and give no sizes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Layout, Selection
@@ -38,7 +39,17 @@ from historygraph.policies.baselines.summary import CondensingPolicy, View
 from historygraph.policies.baselines.windows import mask_placeholder
 
 
-def check_summary(cfg: object) -> None:
+class SummarySizes(Protocol):
+    """A summarising baseline's config, as far as :func:`check_summary` reads it."""
+
+    @property
+    def max_summary_tokens(self) -> int: ...
+
+    @property
+    def prompt_chars(self) -> int: ...
+
+
+def check_summary(cfg: SummarySizes) -> None:
     if cfg.max_summary_tokens < 1 or cfg.prompt_chars < 80:
         raise ValueError("summary config: max_summary_tokens ≥ 1 and prompt_chars ≥ 80 are required")
 

@@ -43,6 +43,7 @@ summarising policies (ContextRender C.2).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -123,7 +124,7 @@ class _Work:
         hit = self.get("lingua-nll", k)
         if hit is not None:
             d = json.loads(hit)
-            return [tuple(s) for s in d["spans"]], np.array(d["nll"], dtype=np.float64)  # type: ignore[misc]
+            return [tuple(s) for s in d["spans"]], np.array(d["nll"], dtype=np.float64)
         if not self.allow:
             raise _NeedsModel
         s = self.scorer.score(text, context)
@@ -213,7 +214,7 @@ class CompressingPolicy:
             r = snap(ratio, ladder)
             steps = [r] + [x for x in ladder if x < r][:1]  # one step lower when the first does not fit
             for x in steps:
-                form = original if x >= 1.0 else work.attempt(p, lambda x=x, m=original: self.form(work, m, x, graph, layout))
+                form = original if x >= 1.0 else work.attempt(p, functools.partial(self.form, work, original, x, graph, layout))
                 if form is None:
                     tried.append("not compressed in this render (per-render cap of new compressions reached)")
                     break
@@ -410,7 +411,7 @@ class LongLLMLinguaSmolLM(CompressingPolicy):
         gain, reasons = {}, {}
         for p in reversed(layout.candidates):
             region = work.region(graph.messages[p].content, self.config.max_result_tokens)
-            got = work.attempt(p, lambda region=region: self.scores(work, region, q))
+            got = work.attempt(p, functools.partial(self.scores, work, region, q))
             if got is None:
                 reasons[p] = "omitted: not scored in this render (per-render cap of new compressions reached)"
             else:

@@ -88,6 +88,7 @@ class SemanticRetrieval:
         turn_of = graph.turn_of
         ages = graph.turns - np.fromiter(map(turn_of.__getitem__, cands), dtype=np.int64, count=len(cands))
         recent = [cands[i] for i in np.flatnonzero(ages < cfg.recent_turns)[::-1].tolist()]  # newest first
+        assert budget is not None  # (no budget: the history fits)
         recent_cap, recent_used = cfg.recent_share * budget, 0
         for p in recent:
             if sel.fits(p) and recent_used + sel.cost(p) <= recent_cap:
@@ -394,7 +395,10 @@ class BM25Index:
     def _pack(self, upto: int) -> dict:
         """The members, their lengths and every term's postings (flat arrays as base64 bytes)."""
         members = sorted(self.members)
-        terms, indptr, pos, tf = [], [0], [], []
+        terms: list[str] = []
+        indptr: list[int] = [0]
+        pos: list[int] = []  # the members holding each term, term after term
+        tf: list[int] = []  # their counts of it
         for t in list(self.postings) + list(self.packed):
             post = self._posting(t)
             if post:

@@ -199,6 +199,7 @@ class CondensingPolicy:
             if not chain:
                 r = plain.assemble(self.name, self.fill(plain, graph))
             else:
+                assert budget is not None  # (no budget: the history fits)
                 r = self._render_summary(graph, budget, signals, plain, chain[-1])
         r.stats.update(usage_stats(usage))
         return r

@@ -141,9 +141,9 @@ def trace_examples(trace: Trace, counter: TokenCounter, group: int = 0, horizon:
     for i, (x, results) in enumerate(zip(rows, cand)):
         X.append(x)
         for p in results:
-            turns = reuse_turn.get(p, ())
-            reused.append(float(i in turns))
-            within.append(float(any(i <= k < i + horizon for k in turns)))
+            reused_by = reuse_turn.get(p, ())  # the invocations that reused result p
+            reused.append(float(i in reused_by))
+            within.append(float(any(i <= k < i + horizon for k in reused_by)))
             invocation.append(i)
             named.append(float((i, p) in named_at))
             valued.append(float((i, p) in valued_at))

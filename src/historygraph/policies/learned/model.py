@@ -315,7 +315,8 @@ AnyReuseModel = ReuseModel | TreeReuseModel | BlendReuseModel
 # de Bruijn multipliers: for a word with one bit set, (bit · M mod 2^L) >> shift is a distinct number
 # in 0 … L−1 for each bit position ("Using de Bruijn Sequences to Index a 1 in a Computer Word",
 # Leiserson, Prokop and Randall, 1998)
-_DE_BRUIJN = {16: (np.uint16, 0x09AF, 12), 32: (np.uint32, 0x077CB531, 27), 64: (np.uint64, 0x03F79D71B4CB0A89, 58)}
+_DE_BRUIJN: dict[int, tuple[type[np.unsignedinteger], int, int]] = {
+    16: (np.uint16, 0x09AF, 12), 32: (np.uint32, 0x077CB531, 27), 64: (np.uint64, 0x03F79D71B4CB0A89, 58)}
 GROUP_CELLS = 4096  # most cells of one feature group's table (4096 × trees × 2 bytes; 6.3 MB for the 200-tree model)
 
 
@@ -386,9 +387,9 @@ class LeafMasks:
         dtype, mult, shift = _DE_BRUIJN[width]
         ones = (1 << width) - 1
         slot = [((mult << k) & ones) >> shift for k in range(width)]
-        leaves = np.flatnonzero((feat < 0) & (tree_of >= 0))
+        leaf_nodes = np.flatnonzero((feat < 0) & (tree_of >= 0))
         values = np.zeros(trees * width)
-        values[tree_of[leaves] * width + np.asarray(slot, dtype=np.intp)[rank[leaves]]] = model.value[leaves]
+        values[tree_of[leaf_nodes] * width + np.asarray(slot, dtype=np.intp)[rank[leaf_nodes]]] = model.value[leaf_nodes]
 
         split = (feat >= 0) & (tree_of >= 0)
         per_feature: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -400,7 +401,10 @@ class LeafMasks:
                 rows[r + 1:, tree_of[v]] &= dtype(ones & ~below[int(left[v])])  # bins above u_r fail the test
             per_feature[f] = (u, rows)
         groups: list[tuple[list[int], list[np.ndarray], list[int]]] = []
-        tables, offsets, cells, members = [], [], 0, []
+        tables: list[np.ndarray] = []
+        offsets: list[int] = []
+        cells = 0
+        members: list[int] = []
         for f in sorted(per_feature, key=lambda f: (len(per_feature[f][0]), f)) + [-1]:
             bins = len(per_feature[f][0]) + 1 if f >= 0 else 0
             size = int(np.prod([len(per_feature[g][0]) + 1 for g in members]))

@@ -44,7 +44,7 @@ and its ``deterministic`` option).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import numpy as np
 
@@ -94,7 +94,7 @@ OBJECTIVES = ("blend", "logistic", "lambdarank")  # the shipped recipe first (mo
 BLEND = (("logistic", "reuse-or-named", 0.25), ("lambdarank", "fresh", 0.75))
 # LightGBM LambdaRank settings of the shipped recipe, as screened on cross-validation folds 0–1 (docs/learned.md;
 # not tuned further): 200 trees of at most 15 leaves, each leaf at least 50 rows; NDCG truncated at 30 candidates
-TREE_PARAMS = {"objective": "lambdarank", "n_estimators": 200, "learning_rate": 0.05, "num_leaves": 15,
+TREE_PARAMS: dict[str, Any] = {"objective": "lambdarank", "n_estimators": 200, "learning_rate": 0.05, "num_leaves": 15,
                "min_child_samples": 50, "lambdarank_truncation_level": 30, "random_state": 0, "n_jobs": 1,
                "deterministic": True, "verbose": -1}
 
@@ -170,7 +170,8 @@ def fit_examples(ex: Examples, c: float = C, meta: dict | None = None, label: st
         if label != LABELS[0]:
             raise ValueError(f"objective 'blend' fits each member with its own label "
                              f"({', '.join(f'{o}: {lb}' for o, lb, _ in BLEND)}); leave the label at {LABELS[0]!r}")
-        members = [fit_examples(ex, c, None, lb, o) for o, lb, _ in BLEND]
+        # BLEND's objectives fit a logistic regression and trees, never a blend
+        members = cast(list[ReuseModel | TreeReuseModel], [fit_examples(ex, c, None, lb, o) for o, lb, _ in BLEND])
         blend = BlendReuseModel(list(FEATURES), members, [w for _, _, w in BLEND],
                                 {**info, "label": "per member", "objective": objective, **(meta or {})})
         return BlendReuseModel.from_dict(blend.to_dict(), "fitted model")  # as the saved file reads it
