@@ -40,7 +40,7 @@ def equal_leading(previous: Sequence[Message], current: Sequence[Message]) -> in
     """How many leading messages of ``current`` equal those of ``previous``."""
     n = 0
     for a, b in zip(previous, current):
-        if a != b:
+        if a is not b and a != b:  # the same object: equal without comparing its fields
             break
         n += 1
     return n

@@ -136,21 +136,20 @@ class PromptCache:
         return out
 
     def _automatic(self, messages: list[Message], size: int) -> CacheTokens:
-        """Longest shared prefix with a live entry (per message first, per token at the first
-        difference only where it could beat the best), rounded by :func:`round_hit`. The request
+        """Longest shared prefix with a live entry (longest entries first, until no entry can
+        beat the best; per message, then per token at the first difference), rounded by :func:`round_hit`. The request
         becomes an entry; the entry it matched is not renewed: what was used of it, the shared
         prefix, is a prefix of the new entry (a prefix cache renews exactly that part)."""
         cum = self._cumulative(messages)
-        scored = sorted(((equal_leading(e.messages, messages), e) for e in self.entries), key=lambda x: -cum[x[0]])
         best, n = 0, len(messages)
-        for k, e in scored:
-            if cum[min(k + 1, n)] <= best:  # no later entry (k' <= k) can beat it either
+        for e in sorted(self.entries, key=lambda e: -e.tokens):
+            if min(e.tokens, size) <= best:  # no later entry (fewer tokens) can beat it either
                 break
+            k = equal_leading(e.messages, messages)
             match = cum[k]
-            if k < n and k < len(e.messages):
+            if k < n and k < len(e.messages) and cum[k + 1] > best:
                 match += differing_message_tokens(e.messages[k], messages[k], self.counter, self.encode)
-            match = min(match, e.tokens, size)
-            best = max(best, match)
+            best = max(best, min(match, e.tokens, size))
         if size >= max(self.model.min_tokens, 1):
             self.entries.append(Entry(messages, size, self.now))
         read = round_hit(self.model, best)
