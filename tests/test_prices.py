@@ -194,7 +194,7 @@ def test_replay_table_shows_the_cost_with_each_cache_and_report_reprices(tmp_pat
     res = runner.invoke(app, ["report", str(tmp_path / "b"), "--prices", str(same_rule)])
     assert res.exit_code == 0, res.output
     page = (tmp_path / "b" / "report.html").read_text()
-    assert page.index("Recall against the cost with each provider") < page.index("Recall against normalised inference cost")
+    assert page.index("Recall against the cost with each provider") < page.index("<table") < page.index("Recall against normalised inference cost")
     assert "cost gpt-dear" in page
     other = write(tmp_path, "[slow]\n" + OK.replace("ttl_calls = 5", "ttl_calls = 7"))
     res = runner.invoke(app, ["report", str(tmp_path / "b"), "--prices", str(other)])

@@ -292,6 +292,13 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         warn = f"Interrupted run: {run.meta.get('trajectories_done')} of {run.meta.get('trajectories')} trajectories."
         parts.append(f"<p><b>{html.escape(warn)}</b></p>")
         md += [f"**{warn}**", ""]
+    def figure(stem: str, cap: str, png: bytes) -> None:
+        data = base64.b64encode(png).decode()
+        parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
+        md.extend([f"## {cap}", "", f"![{cap}](report-files/{stem}.png)", ""])
+
+    for fig in figs[:1] if figs and figs[0][0] == "recall_vs_cache_cost" else ():  # the plot that decides: before the tables
+        figure(*fig)
     for src in sources:
         rows = [r for r in summary if r["source"] == src]
         parts.append(f"<h2>{html.escape(src)} at B = {b}</h2>" + _html_table(rows, cols, f"summary-{src}"))
@@ -302,10 +309,9 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
             rows = [r for r in at if r["source"] == src]
             parts.append(f"<h2>{html.escape(src)} at B = {other}</h2>" + _html_table(rows, cols, f"summary-{src}-{other}"))
             md += [f"## {src} at B = {other}", "", _md_table(rows, cols), ""]
-    for stem, cap, png in figs:
-        data = base64.b64encode(png).decode()
-        parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
-        md += [f"## {cap}", "", f"![{cap}](report-files/{stem}.png)", ""]
+    for fig in figs:
+        if fig[0] != "recall_vs_cache_cost":
+            figure(*fig)
     traces = [r for r in run.per_trace if r.get("budget") == b]
     parts.append(f"<h2>Per trace at B = {b} ({len(traces)} rows)</h2><p class=note>Click a column to sort; type to filter.</p>"
                  f"<input class=filter data-table=per-trace placeholder=filter size=40>" +
