@@ -454,7 +454,8 @@ def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
     assert "age 4-10" in wide.output and "age N: recall % of the reuses" in wide.output
     assert "age " not in header and "age N:" not in res.output
     # each printed column a newcomer cannot read off its name is explained under the table; no oracle ran
-    assert "cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1" in res.output and "% of oracle" not in res.output
+    assert "cost M: cost with price model M's simulated prompt cache" in res.output and "% of oracle" not in res.output
+    assert "cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1" in wide.output  # eq. 3 without the cache: --wide
     csv_head = (tmp_path / "a" / "replay.csv").read_text().splitlines()[0]
     assert "prefix_reuse_pct" in csv_head and "render_ms_p95" in csv_head
 

@@ -38,8 +38,8 @@ def test_report_says_what_it_is_doing_before_each_figure(run_dir):
     lines = REPORT_OUTPUT[0].splitlines()
     steps = [ln for ln in lines if ln.endswith(" …")]
     assert steps[0] == f"reading {run_dir / 'replay.json'} …"
-    assert [s.split(":")[0] for s in steps[1:]] == [f"drawing figure {i} of 5" for i in range(1, 6)]
-    assert steps[-1].startswith("drawing figure 5 of 5: timeline of ")
+    assert [s.split(":")[0] for s in steps[1:]] == [f"drawing figure {i} of 6" for i in range(1, 7)]
+    assert steps[-1].startswith("drawing figure 6 of 6: timeline of ")
     assert lines[-1].startswith("wrote ")
 
 
@@ -47,8 +47,8 @@ def test_report_is_self_contained_html_plus_markdown(run_dir):
     page = (run_dir / "report.html").read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched at view time
     pngs = sorted(p.name for p in (run_dir / "report-files").glob("*.png"))
-    # Figure 4, Table 2, Figure 5 (two budgets ran), cache and cost, one timeline
-    assert pngs == ["budget_sweep.png", "cache_and_cost.png", "recall_by_age.png", "recall_vs_cost.png", "timeline.png"]
+    # recall vs cost with the cache (issue 37), Figure 4, Table 2, Figure 5 (two budgets ran), cache and cost, one timeline
+    assert pngs == ["budget_sweep.png", "cache_and_cost.png", "recall_by_age.png", "recall_vs_cache_cost.png", "recall_vs_cost.png", "timeline.png"]
     assert page.count('src="data:image/png;base64,') == len(pngs)
     md = (run_dir / "report.md").read_text()
     for name in pngs:

@@ -9,7 +9,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -21,6 +21,7 @@ from historygraph.cli.common import (ParamOption, ParamsFileOption, console, err
                                      load_policy_params, parse_budgets, read_all, store_name, unknown_policy, warn)
 from historygraph.cli.progress import TimeLeftColumn, advance, heartbeat
 from historygraph.eval.cost import Prices
+from historygraph.eval.prices import PriceModelError, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import summarize, write_outputs
@@ -30,6 +31,9 @@ from historygraph.signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_
 from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from historygraph.store import open_store
 from historygraph.traces import READERS
+
+
+PricesOption = Annotated[Optional[Path], typer.Option("--prices", help="TOML file of price models (provider prices and prompt-cache rules) added to the shipped ones, a table of the same name replacing it (docs/evaluator.md, Price models).")]
 
 
 def _peak_rss_mb() -> float | None:
@@ -79,6 +83,8 @@ def replay(
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
     price: Annotated[list[str], typer.Option("--price", help="Eq. 3 price in USD per million tokens, KEY=VALUE (repeatable; keys input, cached_input, output, embedding; defaults 2, 0.5, 8, 0.13 from ContextRender §4.2).")] = [],
+    prices_file: PricesOption = None,
+    price_model: Annotated[list[str], typer.Option("--price-model", help="Price model whose cost with the cache the table shows (repeatable; default: every loaded model; replay.json and replay.csv have all).")] = [],
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     per_trace: Annotated[bool, typer.Option(help="Also print one row per trace.")] = False,
     wide: Annotated[bool, typer.Option(help="Print every column (about 30) instead of the main dozen; replay.csv and the report have all of them either way.")] = False,
@@ -109,6 +115,11 @@ def replay(
         prices = Prices.parse(price)
     except ValueError as exc:
         fail(f"--price: {exc}")
+    try:
+        models = load_price_models(prices_file)
+        shown = list(select(models, price_model))
+    except PriceModelError as exc:
+        fail(f"--prices: {exc}" if prices_file else str(exc))
     paths = paths or [example_trace_path()]
     for p in paths:
         if not p.exists():
@@ -129,7 +140,7 @@ def replay(
                   markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length: scripts grep it
     _print_models(policies)
     jobs = min(jobs, len(traces))  # (a worker process for no trace would only load the models)
-    done, embedded, stopped = _run(traces, names, budgets, policies, signals, db, encoding, store, jobs, params, embedder)
+    done, embedded, stopped = _run(traces, names, budgets, policies, signals, db, encoding, store, jobs, params, embedder, models)
     results = [done[i][k] for k in range(len(budgets)) for i in sorted(done)]  # budget by budget, traces in order
     wall = time.perf_counter() - t_start
     peak_mb = _peak_rss_mb()
@@ -140,12 +151,12 @@ def replay(
             "texts_embedded": embedded + _embedded(signals), "embedder": embedder, "skipped_files": skipped,
             "interrupted": stopped is not None, "trajectories_done": len(done),
             "models": {n: p.model_info for n, p in policies.items() if hasattr(p, "model_info")}}
-    written = write_outputs(out, results, meta, prices)
+    written = write_outputs(out, results, meta, prices, models)
     db.close()
     if stopped:
         fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "
              + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
-    _print_results(results, prices, budgets, meta, written, out, skipped, wall, peak_mb, per_trace=per_trace, wide=wide)
+    _print_results(results, prices, models, shown, budgets, meta, written, out, skipped, wall, peak_mb, per_trace=per_trace, wide=wide)
 
 
 def _read_into(paths: list[Path], fmt: str | None, strict: bool, out: Path) -> tuple[list, list[dict[str, str]]]:
@@ -174,7 +185,7 @@ def _print_models(policies: dict) -> None:
 
 
 def _run(traces: list, names: list[str], budgets: list[int], policies: dict, signals: Signals, db, encoding: str,  # noqa: ANN001
-         store: str | None, jobs: int, params: dict[str, dict], embedder: str) -> tuple[dict[int, object], int, str | None]:
+         store: str | None, jobs: int, params: dict[str, dict], embedder: str, models: dict) -> tuple[dict[int, object], int, str | None]:
     """Replay ``traces`` under a progress bar, in this process or in ``jobs`` worker processes: the
     results of each finished trace (trace index -> one result per budget), the texts the workers
     embedded, and why the replay stopped early (Ctrl-C, a model that failed) or ``None``."""
@@ -189,13 +200,13 @@ def _run(traces: list, names: list[str], budgets: list[int], policies: dict, sig
             try:
                 if jobs > 1:
                     _replay_parallel(traces, names, budgets, encoding, store, jobs, done, embedded, lambda: advance(bar, task, "replay"), params,
-                                     embedder)
+                                     embedder, models)
                 for i, tr in enumerate(traces if jobs == 1 else ()):
                     bar.update(task, description=f"{tr.source}:{tr.trace_id}"[:48])
                     if len(budgets) == 1:
-                        done[i] = [replay_trace(tr, policies, budgets[0], signals, db)]
+                        done[i] = [replay_trace(tr, policies, budgets[0], signals, db, price_models=models)]
                     else:
-                        done[i] = replay_budgets(tr, names, budgets, signals, db, params=params)
+                        done[i] = replay_budgets(tr, names, budgets, signals, db, params=params, price_models=models)
                     advance(bar, task, "replay")
             except KeyboardInterrupt:
                 stopped = "interrupted (Ctrl-C)"
@@ -204,15 +215,17 @@ def _run(traces: list, names: list[str], budgets: list[int], policies: dict, sig
     return done, embedded[0], stopped
 
 
-def _print_results(results: list, prices: Prices, budgets: list[int], meta: dict, written: dict, out: Path,
+def _print_results(results: list, prices: Prices, models: dict, shown: list[str], budgets: list[int], meta: dict, written: dict, out: Path,
                    skipped: list[dict[str, str]], wall: float, peak_mb: float | None, per_trace: bool, wide: bool) -> None:
     """The tables of a finished replay (per source, and per trace with ``per_trace``), its warnings and
     closing lines; exits with status 1 on an invariant violation or a skipped file."""
-    per_trace_rows, per_source_rows = summarize(results, prices)
+    per_trace_rows, per_source_rows = summarize(results, prices, models)
     for b in budgets:
-        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall and history tokens at B = {b}", wide=wide)
+        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall and history tokens at B = {b}", wide=wide,
+                     cache_models=shown)
         if per_trace:
-            _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide)
+            _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
+                         cache_models=shown)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
     for r in per_source_rows:
         if r["source"] == "ALL" and r["budget_errors"]:
@@ -249,13 +262,14 @@ _worker: tuple = ()
 
 
 def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str | None,
-                 params: dict[str, dict] | None = None, threads: int = 1, embedder: str = DEFAULT_EMBEDDER) -> None:
+                 params: dict[str, dict] | None = None, threads: int = 1, embedder: str = DEFAULT_EMBEDDER,
+                 models: dict | None = None) -> None:
     """Per worker process: its store connection and signals; its embedder gets ``threads``
     intra-op threads (the cores divided among the workers, so that they do not compete)."""
     global _worker
     db = open_store(store)
     signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder, threads))
-    _worker = (signals, names, budgets, db, params)
+    _worker = (signals, names, budgets, db, params, models)
 
 
 def _embedded(signals: Signals) -> int:
@@ -264,14 +278,14 @@ def _embedded(signals: Signals) -> int:
 
 
 def _worker_replay(trace):  # noqa: ANN001, ANN202 - runs in a worker process
-    signals, names, budgets, db, params = _worker
+    signals, names, budgets, db, params, models = _worker
     before = _embedded(signals)
-    return replay_budgets(trace, names, budgets, signals, db, params=params), _embedded(signals) - before
+    return replay_budgets(trace, names, budgets, signals, db, params=params, price_models=models), _embedded(signals) - before
 
 
 def _replay_parallel(traces: list, names: list[str], budgets: list[int], encoding: str, store: str | None, jobs: int,
                      done: dict, embedded: list[int], advance, params: dict[str, dict] | None = None,
-                     embedder: str = DEFAULT_EMBEDDER) -> None:  # noqa: ANN001
+                     embedder: str = DEFAULT_EMBEDDER, models: dict | None = None) -> None:  # noqa: ANN001
     """Replay whole traces in ``jobs`` processes (largest first), putting each finished trace's
     results (one per budget) into ``done`` (trace index -> results) and adding the texts the workers
     embedded to ``embedded[0]``, so that an interrupt keeps what is finished. Pending traces are
@@ -280,7 +294,7 @@ def _replay_parallel(traces: list, names: list[str], budgets: list[int], encodin
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params, threads, embedder))
+    pool = ProcessPoolExecutor(jobs, initializer=_worker_init, initargs=(names, budgets, encoding, store, params, threads, embedder, models))
     try:
         futures = {pool.submit(_worker_replay, traces[i]): i for i in order}
         for fut in as_completed(futures):
@@ -299,12 +313,13 @@ def _fmt(v: object, digits: int = 1) -> str:
 
 # the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
 COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
-                   "recall_age_>25", "norm_cost", "mean_history_tokens", "render_ms_median", "budget_errors", "model_calls")
+                   "recall_age_>25", "mean_history_tokens", "render_ms_median", "budget_errors", "model_calls")
 
 
-def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False) -> None:
+def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False, cache_models: Sequence[str] = ()) -> None:
+    cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+        [f"recall_age_{b}" for b in AGE_BINS] + cache + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
@@ -317,11 +332,12 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
              "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
              "model_seconds": "model s", "budget_errors": "budget errors"}
     heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
+    heads.update({f"cost_cache_{m}": f"cost {m}" for m in cache_models})
     # columns that say nothing for these rows (all empty, or all zero like model calls of policies
     # that call no model) are left out of the printed table; JSON and CSV keep every column
     # recall 0.0 is a result, not an empty column: recall and its age bins stay whenever they have a value
     always = ("source", "trace_id", "policy", "recall")
-    cols = [c for c in cols if (wide or c in COMPACT_COLUMNS) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
+    cols = [c for c in cols if (wide or c in COMPACT_COLUMNS or c in cache) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
                                                   for r in rows))]
     notes = []
     if "pct_of_oracle" in cols:
@@ -329,6 +345,10 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
                      "– where the oracle shows none (e.g. every reused result is larger than B) or the policy went over B (full)")
     if any(c.startswith("recall_age_") for c in cols):
         notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
+    if any(c in cols for c in cache):
+        notes.append("cost M: cost with price model M's simulated prompt cache (cache reads, writes, uncached input, output), "
+                     "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars "
+                     "(docs/evaluator.md, Price models)")
     if "norm_cost" in cols:
         notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
                      "(C.2); a ratio, not dollars")
@@ -338,7 +358,7 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r.get(c), 3 if c.startswith("norm_cost") else 1) for c in cols])
+        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
     # never cut numbers: print at the table's natural width even when the terminal is narrower
     width = max(console.width, Console(width=10_000).measure(t).maximum)
     Console(width=width, force_terminal=console.is_terminal).print(t)
@@ -348,12 +368,14 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="The --out folder of 'historygraph replay'.")] = Path("replay-results"),
     budget: Annotated[Optional[int], typer.Option("--budget", "-b", help="Budget of the headline figures and tables (default 6000 when it ran, else the first).")] = None,
     trace: Annotated[Optional[str], typer.Option(help="Session or trace id for the timeline (default: the compared trace with the most reuse events).")] = None,
+    prices_file: PricesOption = None,
 ) -> None:
     """Write RUN_DIR/report.html (self-contained: plots embedded, sortable tables), RUN_DIR/report.md and its figures in RUN_DIR/report-files/."""
     from historygraph.eval.html_report import ReportError, write_report
 
     try:
-        paths = write_report(run_dir, budget, trace, progress=lambda step: err.print(step + " …", markup=False, highlight=False, soft_wrap=True))
+        paths = write_report(run_dir, budget, trace, progress=lambda step: err.print(step + " …", markup=False, highlight=False, soft_wrap=True),
+                             prices=prices_file)
     except ReportError as exc:
         fail(str(exc))
     except RuntimeError as exc:  # matplotlib missing

@@ -21,7 +21,7 @@ serves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from historygraph.history.events import Message
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
@@ -36,22 +36,41 @@ def _common_ids(a: list[int], b: list[int]) -> int:
     return n
 
 
+def equal_leading(previous: Sequence[Message], current: Sequence[Message]) -> int:
+    """How many leading messages of ``current`` equal those of ``previous``."""
+    n = 0
+    for a, b in zip(previous, current):
+        if a is not b and a != b:  # the same object: equal without comparing its fields
+            break
+        n += 1
+    return n
+
+
+def differing_message_tokens(a: Message, b: Message, counter: TokenCounter,
+                             encode: Callable[[str], list[int]] | None = None) -> int:
+    """Tokens of ``b`` equal to a prefix of ``a`` when ``a`` and ``b`` are the first pair of messages
+    that differ (module docstring): 0 across roles; else the overhead, the common leading tokens of
+    the contents and, when the contents are equal, the equal leading tool calls. ``encode``: the
+    tokenizer to use (a memoising one), default ``counter.encode``."""
+    if a.role != b.role:
+        return 0
+    encode = encode or counter.encode
+    n = MESSAGE_OVERHEAD + _common_ids(encode(a.content), encode(b.content))
+    if a.content == b.content:
+        for x, y in zip(a.tool_calls, b.tool_calls):
+            if x != y:
+                break
+            n += counter.count(x.name) + counter.count(x.arguments)
+    return n
+
+
 def shared_prefix_tokens(previous: Sequence[Message], current: Sequence[Message], counter: TokenCounter) -> int:
     """Tokens of ``current`` (counted as :meth:`TokenCounter.count_messages` counts them) that
     equal a prefix of ``previous`` (module docstring); 0 when ``previous`` is empty."""
-    n = 0
-    for a, b in zip(previous, current):
-        if a == b:
-            n += counter.count_message(b)
-            continue
-        if a.role == b.role:
-            n += MESSAGE_OVERHEAD + _common_ids(counter.encode(a.content), counter.encode(b.content))
-            if a.content == b.content:
-                for x, y in zip(a.tool_calls, b.tool_calls):
-                    if x != y:
-                        break
-                    n += counter.count(x.name) + counter.count(x.arguments)
-        break
+    k = equal_leading(previous, current)
+    n = sum(counter.count_message(m) for m in current[:k])
+    if k < min(len(previous), len(current)):
+        n += differing_message_tokens(previous[k], current[k], counter)
     return n
 
 

@@ -5,7 +5,9 @@ and writes ``report.html`` (every figure embedded as a PNG data URI, a small inl
 sorts and filters the per-trace table; nothing is fetched at view time) and ``report.md`` with its
 figures as PNG files in ``report-files/``.
 
-Contents: recall against normalised cost per source (ContextRender Figure 4), recall by result age
+Contents: first the plot that decides, recall against the cost with each price model's prompt cache
+(:mod:`.cache_cost`; ``report --prices FILE`` reprices the run with a user's models of the same
+cache rules), then recall against normalised cost per source (ContextRender Figure 4), recall by result age
 (Table 2), recall, tokens and cost against B when several budgets ran (Figure 5; the summary
 tables of the other budgets follow the headline's), measured
 prefix-cache reuse with both cost variants, ``% of oracle`` when a policy named ``oracle`` ran,
@@ -21,11 +23,12 @@ import base64
 import gzip
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from historygraph.eval import plots
+from historygraph.eval import cache_cost, plots
+from historygraph.eval.prices import PriceModelError, read_price_file
 from historygraph.eval.report import recall_by_age_title, trace_set
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
@@ -50,6 +53,12 @@ class Run:
     per_source: list[dict[str, Any]]
     per_trace: list[dict[str, Any]]
     timelines: dict[str, Any]
+    references: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def price_models(self) -> list[str]:
+        """The price models whose cost with the cache the rows hold."""
+        return [m for m in self.meta.get("price_models") or {} if any(f"cost_cache_{m}" in r for r in self.per_source)]
 
     @property
     def policies(self) -> list[str]:
@@ -83,7 +92,24 @@ def load_run(run_dir: Path) -> Run:
     if tl_path.is_file():
         with gzip.open(tl_path, "rt", encoding="utf-8") as fh:
             timelines = json.load(fh)
-    return Run(data.get("meta") or {}, per_source, data.get("per_trace") or [], timelines)
+    return Run(data.get("meta") or {}, per_source, data.get("per_trace") or [], timelines, data.get("references") or {})
+
+
+def reprice_run(run: Run, path: Path) -> None:
+    """Add the price models of the TOML file at ``path`` to the run's rows (:func:`.cache_cost.reprice`).
+
+    Raises:
+        ReportError: the file fails its checks, the run has no cache figures, or a model's cache rule
+            was not simulated in the run.
+    """
+    try:
+        models = read_price_file(path)
+        if not run.meta.get("price_models") or not run.references:
+            raise PriceModelError(f"{path}: the run has no prompt-cache figures (replayed before price models); run the replay again")
+        cache_cost.reprice(run.meta["price_models"], run.per_trace, run.per_source, run.references, models)
+    except PriceModelError as exc:
+        raise ReportError(f"--prices: {exc}") from None
+    run.meta["price_models"] = {**run.meta["price_models"], **{n: m.to_json() for n, m in models.items()}}
 
 
 def headline_budget(run: Run, budget: int | None = None) -> int | None:
@@ -122,7 +148,7 @@ def _fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
-        return f"{v:.3f}" if key.startswith("norm_cost") else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
+        return f"{v:.3f}" if key.startswith(("norm_cost", "cost_cache_")) and not key.startswith("cost_cache_usd_") else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
     return str(v)
 
 
@@ -134,6 +160,9 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
     at = [r for r in run.per_source if r.get("budget") == budget]
     out = []
     plan = (
+        ("recall_vs_cache_cost", "Recall against the cost with each provider's prompt cache (Full history = 1)",
+         lambda rows, p, title: plots.recall_vs_cache_cost(rows, p, run.price_models, title), at,
+         f"Recall vs cost with the prompt cache at B = {budget}; {ts}"),
         ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
          plots.recall_vs_cost, at, f"Recall vs normalised cost at B = {budget}; {ts}"),
         ("recall_by_age", "Recall by result age (ContextRender Table 2)", plots.recall_by_age, at,
@@ -220,13 +249,16 @@ img{max-width:100%;border:1px solid #eee}
 
 
 def write_report(run_dir: Path, budget: int | None = None, trace: str | None = None,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+                 progress: Callable[[str], None] | None = None, prices: Path | None = None) -> dict[str, Path]:
     """Write ``report.html``, ``report.md`` and ``report-files/*.png`` into ``run_dir``; returns the
     paths by kind. ``progress`` (optional) is told each step before it runs: reading the run, then
-    each figure. Raises :class:`ReportError` (see :func:`load_run`, :func:`pick_timeline`)."""
+    each figure; ``prices``: a price-model file to reprice the run with (:func:`reprice_run`).
+    Raises :class:`ReportError` (see :func:`load_run`, :func:`pick_timeline`, :func:`reprice_run`)."""
     if progress and (run_dir / "replay.json").is_file():  # a missing run: load_run's error alone
         progress(f"reading {run_dir / 'replay.json'}")
     run = load_run(run_dir)
+    if prices is not None:
+        reprice_run(run, prices)
     b = headline_budget(run, budget)
     key = pick_timeline(run, b, trace)
     figs = _figures(run, b, key, progress)
@@ -237,12 +269,16 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     ts = trace_set(run.meta)
     summary = [r for r in run.per_source if r.get("budget") == b]  # pct_of_oracle comes from the replay's summary
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
+    cols[4:4] = [(f"cost_cache_{m}", f"cost {m}") for m in run.price_models]  # cost with each prompt cache, after recall
     sources = list(dict.fromkeys(r["source"] for r in summary))
     prices = run.meta.get("prices") or {}
     note = ("Recall: ContextRender B.4 Later-Used Result Recall (a reused result counts only when shown complete). "
             "Value recall: the reused values appear anywhere in the rendering (full result, excerpt, summary, marker). "
             "Prefix reuse: share of prompt tokens equal to a prefix of the previous call's prompt. "
-            "Cost: ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in prices.items()) +
+            "Cost M: the cost with price model M's simulated prompt cache (" +
+            "; ".join(f"{m}: {(run.meta['price_models'][m].get('description') or '')}" for m in run.price_models) +
+            "), Full history = 1 (ratio of mean costs over the traces whose Full history exceeds B). "
+            "Cost (Full ρ / own ρ): ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in prices.items()) +
             " USD per million tokens, normalised as the ratio of mean costs over the traces whose Full history exceeds B "
             "(Full history = 1); 'Full ρ' prices every policy with Full history's cache fraction (C.2), 'own ρ' with its own prefix reuse.")
     cmd = run.meta.get("command", "")
@@ -256,6 +292,13 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         warn = f"Interrupted run: {run.meta.get('trajectories_done')} of {run.meta.get('trajectories')} trajectories."
         parts.append(f"<p><b>{html.escape(warn)}</b></p>")
         md += [f"**{warn}**", ""]
+    def figure(stem: str, cap: str, png: bytes) -> None:
+        data = base64.b64encode(png).decode()
+        parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
+        md.extend([f"## {cap}", "", f"![{cap}](report-files/{stem}.png)", ""])
+
+    for fig in figs[:1] if figs and figs[0][0] == "recall_vs_cache_cost" else ():  # the plot that decides: before the tables
+        figure(*fig)
     for src in sources:
         rows = [r for r in summary if r["source"] == src]
         parts.append(f"<h2>{html.escape(src)} at B = {b}</h2>" + _html_table(rows, cols, f"summary-{src}"))
@@ -266,10 +309,9 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
             rows = [r for r in at if r["source"] == src]
             parts.append(f"<h2>{html.escape(src)} at B = {other}</h2>" + _html_table(rows, cols, f"summary-{src}-{other}"))
             md += [f"## {src} at B = {other}", "", _md_table(rows, cols), ""]
-    for stem, cap, png in figs:
-        data = base64.b64encode(png).decode()
-        parts.append(f"<h2>{html.escape(cap)}</h2><img alt=\"{html.escape(cap)}\" src=\"data:image/png;base64,{data}\">")
-        md += [f"## {cap}", "", f"![{cap}](report-files/{stem}.png)", ""]
+    for fig in figs:
+        if fig[0] != "recall_vs_cache_cost":
+            figure(*fig)
     traces = [r for r in run.per_trace if r.get("budget") == b]
     parts.append(f"<h2>Per trace at B = {b} ({len(traces)} rows)</h2><p class=note>Click a column to sort; type to filter.</p>"
                  f"<input class=filter data-table=per-trace placeholder=filter size=40>" +

@@ -67,6 +67,37 @@ def _panels(n: int, width: float = 4.2, height: float = 3.4):  # noqa: ANN202
     return fig, flat[:n]
 
 
+def recall_vs_cache_cost(rows: list[dict[str, Any]], policies: Sequence[str], models: Sequence[str], title: str) -> bytes | None:
+    """The plot that decides: Later-Used Result Recall against the cost with each price model's
+    prompt cache (``cost_cache_M``, Full history = 1; :mod:`.cache_cost`), one panel per price model,
+    on the ``ALL`` rows. Left of 1 a policy lowers the bill; higher, it shows more of what is reused.
+    ``None`` when no such cost was measured."""
+    rows = [r for r in rows if r.get("source") == "ALL"]
+    models = [m for m in models if any(r.get(f"cost_cache_{m}") is not None for r in rows)]
+    if not models:
+        return None
+    st = styles(policies)
+    fig, axes = _panels(len(models))
+    for ax, m in zip(axes, models):
+        n = 0
+        for p in policies:
+            r = next((x for x in rows if x["policy"] == p), None)
+            if r is None or r.get(f"cost_cache_{m}") is None or r.get("recall") is None:
+                continue
+            n = r.get("cost_traces") or n
+            s = st[p]
+            ax.plot([r[f"cost_cache_{m}"]], [r["recall"]], linestyle="none", marker=s["marker"], color=s["color"], label=p, ms=8)
+        ax.set_title(f"{m} ({n} trace{'' if n == 1 else 's'} with Full history > B)", fontsize=9)
+        ax.set_xlabel("cost with the prompt cache (Full history = 1)", fontsize=8)
+        ax.set_ylabel("Later-Used Result Recall (%)", fontsize=8)
+        ax.axvline(1.0, color="#999", lw=0.5)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title + "\neach panel: one provider's price model and simulated prompt cache (docs/evaluator.md, Price models); "
+                 "left of the line a policy costs less than sending Full history", fontsize=9)
+    _legend(fig, axes, len(policies))
+    return _png(fig)
+
+
 def recall_vs_cost(rows: list[dict[str, Any]], policies: Sequence[str], title: str) -> bytes | None:
     """ContextRender Figure 4: Later-Used Result Recall against normalised cost (Full history = 1),
     one panel per source; filled markers price with Full history's ρ (C.2), hollow ones with the

@@ -8,7 +8,8 @@ in full. Turn ``j`` itself is added to the graph only afterwards, so every polic
 history and is scored on the same event set.
 
 Each rendering is also priced (:mod:`.cost`: input, output and embedding tokens, ContextRender
-C.2), measured for prefix-cache reuse against the policy's previous rendering (:mod:`.cache`) and
+C.2), measured for prefix-cache reuse against the policy's previous rendering (:mod:`.cache`), sent
+through each price model's simulated prompt cache (:mod:`.prompt_cache`, :mod:`.prices`) and
 scored for value recall (:mod:`.recall`); Full history is rendered alongside as the cost
 reference even when it is not among the policies. The form of every stored result at every
 invocation (full, excerpt, placeholder, summary, dropped) is kept for the report's timeline.
@@ -38,6 +39,8 @@ from historygraph.store import Store
 from historygraph.signals.tokens import TokenCounter
 from historygraph.eval.cache import PrefixReuse
 from historygraph.eval.cost import Usage
+from historygraph.eval.prices import PriceModel, default_price_models
+from historygraph.eval.prompt_cache import CacheTokens, PromptCache
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
 from historygraph.eval.steps_metrics import StepsCounts
 
@@ -65,6 +68,7 @@ class PolicyStats:
     output_tokens: int = 0          # Σ recorded assistant turns (O without model calls)
     embedding_tokens: int = 0       # distinct texts sent to the embedder, per trace (E)
     cached_tokens: int = 0          # Σ prompt tokens equal to a prefix of the previous prompt
+    prompt_cache: dict[str, CacheTokens] = field(default_factory=dict)  # price model -> agent input through its cache
 
     def merge(self, other: "PolicyStats") -> None:
         self.events += other.events
@@ -89,6 +93,8 @@ class PolicyStats:
         self.output_tokens += other.output_tokens
         self.embedding_tokens += other.embedding_tokens
         self.cached_tokens += other.cached_tokens
+        for k, v in other.prompt_cache.items():
+            self.prompt_cache[k] = self.prompt_cache.get(k, CacheTokens()) + v
 
     @property
     def usage(self) -> Usage:
@@ -126,6 +132,7 @@ class Reference:
 
     usage: Usage
     max_history_tokens: int
+    prompt_cache: dict[str, CacheTokens] = field(default_factory=dict)  # price model -> Full's input through its cache
 
 
 @dataclass
@@ -179,28 +186,40 @@ def tool_schema_tokens(trace: Trace, counter: TokenCounter) -> int:
     return counter.count(json.dumps(schemas, ensure_ascii=False)) if schemas else 0
 
 
-def full_reference(trace: Trace, signals: Signals) -> Reference:
-    """Full history's usage and largest history on ``trace`` (the cost reference)."""
+def prompt_caches(models: dict[str, PriceModel] | None, counter: TokenCounter, fixed: int) -> dict[str, PromptCache]:
+    """One fresh simulated prompt cache per price model (default: the shipped ones)."""
+    models = default_price_models() if models is None else models
+    return {name: PromptCache(m, counter, fixed) for name, m in models.items()}
+
+
+def full_reference(trace: Trace, signals: Signals, price_models: dict[str, PriceModel] | None = None) -> Reference:
+    """Full history's usage, largest history and input through each price model's cache on
+    ``trace`` (the cost reference)."""
     full = create("full")
     fixed = tool_schema_tokens(trace, signals.counter)
     cache = PrefixReuse(signals.counter, fixed)
+    billed = prompt_caches(price_models, signals.counter, fixed)
     graph = ContextGraph(session_id_for(trace))
     P = O = peak = 0
     for message in trace.messages:
         if message.role == "assistant" and len(graph):
             r = full.render(graph, None, signals)
             cache.observe(r.messages, r.input_tokens)
+            for pc in billed.values():
+                pc.observe(r.messages, r.input_tokens)
             P += r.input_tokens + fixed
             O += signals.counter.count_message(message)
             peak = max(peak, r.history_tokens)
         graph.append(message)
-    return Reference(Usage(P=P, O=O, E=0, cached=cache.cached), peak)
+    return Reference(Usage(P=P, O=O, E=0, cached=cache.cached), peak, {k: pc.total for k, pc in billed.items()})
 
 
 def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: Signals,
-                 store: Store | None = None, reference: Reference | None = None) -> TraceResult:
+                 store: Store | None = None, reference: Reference | None = None,
+                 price_models: dict[str, PriceModel] | None = None) -> TraceResult:
     """Replay one trace through ``policies`` (name -> policy instance) under ``budget`` tokens.
-    ``reference``: Full history's figures on this trace when already computed (else computed here)."""
+    ``reference``: Full history's figures on this trace when already computed (else computed here);
+    ``price_models``: the prompt caches to simulate (default: the shipped price models)."""
     sid = record_trace(store, trace) if store is not None else session_id_for(trace)
     events_at: dict[int, list] = defaultdict(list)
     for e in reuse_events(trace.messages):
@@ -209,6 +228,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     counter = signals.counter
     fixed = tool_schema_tokens(trace, counter)
     caches = {name: PrefixReuse(counter, fixed) for name in policies}
+    billed = {name: prompt_caches(price_models, counter, fixed) for name in policies}
     embedded: dict[str, set[str]] = {name: set() for name in policies}
     log = signals.embedding_log()
     timeline = Timeline(forms={name: [] for name in policies})
@@ -235,6 +255,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     visible: set[int] = set()
                     seen_tokens: set[str] = set()
                     caches[name].skip()
+                    for pc in billed[name].values():
+                        pc.skip()
                     timeline.forms[name].append("X" * len(timeline.results))
                 else:
                     st.render_seconds.append(time.perf_counter() - t0)
@@ -244,6 +266,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     st.prompt_tokens += r.input_tokens + fixed
                     st.output_tokens += out_tokens
                     st.cached_tokens += caches[name].observe(r.messages, r.input_tokens)
+                    for pc in billed[name].values():
+                        pc.observe(r.messages, r.input_tokens)
                     for text in log:
                         if text not in embedded[name]:
                             embedded[name].add(text)
@@ -272,35 +296,41 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
             timeline.results.append(len(graph))
         graph.append(message)
     log.clear()
+    for name, st in stats.items():
+        st.prompt_cache = {k: pc.total for k, pc in billed[name].items()}
     for st in stats.values():  # per-session peak of a policy's state size (ReCAP graph memory)
         if st.extra.get("graph_bytes"):
             st.extra["graph_bytes_session"] = [max(st.extra["graph_bytes"])]
     if reference is None:
         full = stats.get("full")
-        reference = (Reference(full.usage, max(full.history_tokens, default=0)) if full is not None and not full.budget_errors
-                     else full_reference(trace, signals))  # Full history among the policies: its figures are the reference
+        reference = (Reference(full.usage, max(full.history_tokens, default=0), dict(full.prompt_cache))
+                     if full is not None and not full.budget_errors
+                     else full_reference(trace, signals, price_models))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats, budget, reference, timeline)
 
 
 def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[int], signals: Signals,
-                   store: Store | None = None, params: dict[str, dict[str, Any]] | None = None) -> list[TraceResult]:
+                   store: Store | None = None, params: dict[str, dict[str, Any]] | None = None,
+                   price_models: dict[str, PriceModel] | None = None) -> list[TraceResult]:
     """Replay ``trace`` at every budget in ``budgets`` (one result each, in that order): the trace
     is parsed once, the embedding cache and one Full-history reference are shared, and each budget
-    gets fresh policy instances (``params``: policy -> parameter overrides)."""
-    reference = full_reference(trace, signals)
+    gets fresh policy instances (``params``: policy -> parameter overrides; ``price_models``: as
+    :func:`replay_trace`)."""
+    reference = full_reference(trace, signals, price_models)
     params = params or {}
     return [replay_trace(trace, {n: create(n, replay=True, **params.get(n, {})) for n in policy_names}, b, signals, store,
-                         reference) for b in budgets]
+                         reference, price_models) for b in budgets]
 
 
 def replay(traces: Iterable[Trace], policy_names: list[str], budget: int, signals: Signals,
-           store: Store | None = None, on_trace: Callable[[TraceResult], None] | None = None) -> list[TraceResult]:
+           store: Store | None = None, on_trace: Callable[[TraceResult], None] | None = None,
+           price_models: dict[str, PriceModel] | None = None) -> list[TraceResult]:
     """Replay every trace; ``on_trace`` is called after each (progress reporting)."""
     policies = {name: create(name, replay=True) for name in policy_names}
     out = []
     for trace in traces:
-        res = replay_trace(trace, policies, budget, signals, store)
+        res = replay_trace(trace, policies, budget, signals, store, price_models=price_models)
         out.append(res)
         if on_trace:
             on_trace(res)

@@ -6,7 +6,9 @@ policy and budget. Token figures are rendered *history* tokens (what B caps); re
 invocation. Cost columns (:mod:`.cost`): ``cost_usd`` is eq. 3 with ρ of Full history on the
 source's cost-comparison traces, ``norm_cost`` the C.1 ratio of mean costs (Full history = 1),
 ``*_own`` the same priced with the policy's own measured prefix-cache fraction
-(``prefix_reuse_pct``, :mod:`.cache`). ``value_recall`` is :mod:`.recall`'s value recall.
+(``prefix_reuse_pct``, :mod:`.cache`). ``cost_cache_M`` is the normalised cost with price model
+``M``'s simulated prompt cache (:mod:`.cache_cost`; one set of columns per model, every loaded model in
+the JSON and CSV). ``value_recall`` is :mod:`.recall`'s value recall.
 ``timelines.json.gz`` holds what every policy showed of every result at every invocation.
 """
 
@@ -22,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from historygraph.eval import plots
+from historygraph.eval import cache_cost
 from historygraph.eval.cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from historygraph.eval.recall import AGE_BINS
+from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.replay import PolicyStats, TraceResult
 from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
 
@@ -51,6 +55,7 @@ def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, tr
         "value_recall": _pct(st.value_hits, st.events),
         "prefix_reuse_pct": round(100.0 * u.own_fraction, 2) if u.P else None,
         "input_tokens_P": u.P, "output_tokens_O": u.O, "embedding_tokens_E": u.E,
+        **cache_cost.token_columns(st.prompt_cache),
     }
     for b in AGE_BINS:
         r[f"recall_age_{b}"] = _pct(st.by_age[b][1], st.by_age[b][0])
@@ -96,9 +101,18 @@ def _rhos(results: list[TraceResult]) -> dict[tuple[int | None, str], float]:
     return {k: full_fraction(v) for k, v in groups.items()}
 
 
-def summarize(results: list[TraceResult], prices: Prices = Prices()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def references(results: list[TraceResult]) -> dict[str, dict[str, Any]]:
+    """Full history's output tokens and tokens through each price model's cache, per trace and
+    budget (``"{budget}|{session}"``, :mod:`.cache_cost`)."""
+    return {f"{r.budget}|{r.session_id}": cache_cost.reference_entry(r.reference.usage.O, r.reference.prompt_cache)
+            for r in results if r.reference is not None}
+
+
+def summarize(results: list[TraceResult], prices: Prices = Prices(),
+              price_models: dict[str, PriceModel] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(per_trace_rows, per_source_rows)``; per-source rows include ``source == "ALL"``, one set
-    per budget. ``prices``: eq. 3 prices (USD per million tokens)."""
+    per budget. ``prices``: eq. 3 prices (USD per million tokens); ``price_models``: the models the
+    replay simulated (default: the shipped ones), priced by :func:`.cache_cost.add_cache_costs`."""
     per_trace = []
     groups: dict[tuple, dict[str, PolicyStats]] = defaultdict(lambda: defaultdict(PolicyStats))
     costs: dict[tuple, dict[str, list[TraceCost]]] = defaultdict(lambda: defaultdict(list))
@@ -139,6 +153,8 @@ def summarize(results: list[TraceResult], prices: Prices = Prices()) -> tuple[li
             per_source.append(r)
     _of_oracle(per_trace, ("budget", "source", "trace_id"))
     _of_oracle(per_source, ("budget", "source"))
+    models = default_price_models() if price_models is None else price_models
+    cache_cost.add_cache_costs(per_trace, per_source, references(results), models)
     return per_trace, per_source
 
 
@@ -172,19 +188,22 @@ def timelines(results: list[TraceResult]) -> dict[str, Any]:
 
 
 def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any],
-                  prices: Prices = Prices()) -> dict[str, Path]:
+                  prices: Prices = Prices(), price_models: dict[str, PriceModel] | None = None) -> dict[str, Path]:
     """Write ``replay.json``, ``replay.csv``, ``timelines.json.gz`` and (when matplotlib is installed)
-    ``recall_by_age.png`` (at the first budget): everything ``historygraph report`` reads."""
+    ``recall_by_age.png`` (at the first budget): everything ``historygraph report`` reads.
+    ``price_models``: those the replay simulated (default: the shipped ones)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    per_trace, per_source = summarize(results, prices)
+    models = default_price_models() if price_models is None else price_models
+    per_trace, per_source = summarize(results, prices, models)
     paths = {"json": out_dir / "replay.json", "csv": out_dir / "replay.csv", "timelines": out_dir / "timelines.json.gz"}
     violations = {f"{r.budget}/{r.source}/{r.trace_id}/{p}": st.violations for r in results for p, st in r.stats.items() if st.violations}
     meta = {**meta, "prices": {"input": prices.input, "cached_input": prices.cached_input, "output": prices.output,
-                               "embedding": prices.embedding}}
+                               "embedding": prices.embedding},
+            "price_models": {n: m.to_json() for n, m in models.items()}}
     paths["json"].write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
-                                         "invariant_violations": violations}, indent=2))
+                                         "references": references(results), "invariant_violations": violations}, indent=2))
     with paths["csv"].open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w = csv.DictWriter(fh, fieldnames=COLUMNS + cache_cost.columns(models))
         w.writeheader()
         w.writerows(per_source + per_trace)
     with gzip.open(paths["timelines"], "wt", encoding="utf-8") as fh:

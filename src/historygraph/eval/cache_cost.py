@@ -1,0 +1,113 @@
+"""Cost with the provider's prompt cache, per price model, in the replay's rows (JSON, CSV, table, report).
+
+For every price model ``m`` (:mod:`.prices`) a row carries the agent input tokens its simulated
+cache read, wrote and left uncached (``cache_read_m``, ``cache_write_m``, ``cache_uncached_m``,
+:mod:`.prompt_cache`), the cost in USD (``cost_cache_usd_m``: those tokens, the output and
+embedding tokens, and the summariser/analyser input as uncached input, :func:`~.prompt_cache.bill`)
+and the normalised cost ``cost_cache_m``: per trace the ratio to Full history on the same trace
+under the same model, per source ContextRender eq. 9's ratio of means over the cost-comparison
+traces (Full history exceeds B) where the policy had no budget error, as :func:`.cost.normalise`
+does, so Full history = 1. Full history's tokens on each trace are the run's ``references``
+(``"{budget}|{session}"`` -> output tokens and tokens per model), kept in ``replay.json`` so that
+``historygraph report --prices FILE`` can reprice a run (:func:`reprice`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+from typing import Any, Iterable
+
+from historygraph.eval.prices import PriceModel, PriceModelError
+from historygraph.eval.prompt_cache import CacheTokens, bill
+
+KINDS = ("read", "write", "uncached")
+
+
+def columns(models: Iterable[str]) -> list[str]:
+    """The row columns of every price model, in order."""
+    out = []
+    for m in models:
+        out += [f"cost_cache_{m}", f"cost_cache_usd_{m}"] + [f"cache_{k}_{m}" for k in KINDS]
+    return out
+
+
+def token_columns(tokens: dict[str, CacheTokens]) -> dict[str, int]:
+    """``cache_{read,write,uncached}_m`` of one row."""
+    return {f"cache_{k}_{m}": getattr(t, k) for m, t in tokens.items() for k in KINDS}
+
+
+def row_tokens(row: dict[str, Any], model: str) -> CacheTokens | None:
+    """A row's tokens under ``model`` (``None`` when the row has none)."""
+    if row.get(f"cache_read_{model}") is None:
+        return None
+    return CacheTokens(*(int(row[f"cache_{k}_{model}"]) for k in KINDS))
+
+
+def reference_entry(output: int, tokens: dict[str, CacheTokens]) -> dict[str, Any]:
+    """Full history's figures on one trace, as ``replay.json``'s ``references`` holds them."""
+    return {"output": output, "cache": {m: asdict(t) for m, t in tokens.items()}}
+
+
+def _row_cost(row: dict[str, Any], name: str, model: PriceModel) -> float | None:
+    t = row_tokens(row, name)
+    if t is None or row.get("budget_errors"):
+        return None
+    model_in = row.get("model_input_tokens") or 0
+    return bill(model, t, row.get("output_tokens_O") or 0, row.get("embedding_tokens_E") or 0, model_in)
+
+
+def _full_cost(ref: dict[str, Any] | None, name: str, model: PriceModel) -> float | None:
+    if not ref or name not in ref.get("cache", {}):
+        return None
+    return bill(model, CacheTokens(**ref["cache"][name]), ref.get("output") or 0)
+
+
+def add_cache_costs(per_trace: list[dict[str, Any]], per_source: list[dict[str, Any]],
+                    references: dict[str, dict[str, Any]], models: dict[str, PriceModel]) -> None:
+    """Fill ``cost_cache_usd_m`` and ``cost_cache_m`` of every row for every model (module docstring)."""
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # (budget, source, policy, m) -> [Σ cost, Σ Full, n]
+    for r in per_trace:
+        ref = references.get(f"{r.get('budget')}|{r.get('session')}")
+        for name, model in models.items():
+            cost, full = _row_cost(r, name, model), _full_cost(ref, name, model)
+            r[f"cost_cache_usd_{name}"] = None if cost is None else round(cost, 6)
+            r[f"cost_cache_{name}"] = round(cost / full, 4) if cost is not None and full else None
+            if cost is not None and full is not None and r.get("cost_traces"):
+                for src in (r["source"], "ALL"):
+                    s = sums[(r.get("budget"), src, r["policy"], name)]
+                    s[0] += cost
+                    s[1] += full
+                    s[2] += 1
+    for r in per_source:
+        for name in models:
+            s = sums.get((r.get("budget"), r["source"], r["policy"], name))
+            r[f"cost_cache_usd_{name}"] = round(s[0] / s[2], 6) if s else None
+            r[f"cost_cache_{name}"] = round(s[0] / s[1], 4) if s and s[1] else None
+
+
+def reprice(run_models: dict[str, dict[str, Any]], per_trace: list[dict[str, Any]], per_source: list[dict[str, Any]],
+            references: dict[str, dict[str, Any]], models: dict[str, PriceModel]) -> None:
+    """Price a finished run with ``models`` (a user's file): each must have the cache rule of a
+    model the run simulated (``run_models``: name -> :meth:`PriceModel.to_json`); its tokens are
+    that model's and its columns are added (or replaced) in every row.
+
+    Raises:
+        PriceModelError: a model whose rule the run did not simulate (names the rule and the fix).
+    """
+    simulated = {PriceModel(**spec).rule: name for name, spec in run_models.items()}
+    for name, model in models.items():
+        source = simulated.get(model.rule)
+        if source is None:
+            raise PriceModelError(
+                f"price model [{name}]: its cache rule (caching, min_tokens, step, ttl_calls, max_breakpoints, lookback_blocks = "
+                f"{', '.join(map(str, model.rule))}) was not simulated in this run, which has {', '.join(run_models)}; "
+                "replay with --prices FILE to simulate it")
+        if source != name:
+            for r in per_trace + per_source:
+                for k in KINDS:
+                    r[f"cache_{k}_{name}"] = r.get(f"cache_{k}_{source}")
+            for ref in references.values():
+                if source in ref.get("cache", {}):
+                    ref["cache"][name] = ref["cache"][source]
+    add_cache_costs(per_trace, per_source, references, models)
