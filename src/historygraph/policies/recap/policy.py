@@ -77,8 +77,10 @@ import numpy as np
 
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
-from historygraph.render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, _token_memo, dropped_marker,
-                      _loop_bounds, kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
+from historygraph.render import (SEGMENT_JOIN, UNANSWERED, BudgetTooSmallError, Rendering, dropped_marker,
+                                 kept_render_order, loop_guard, loop_opening, oversized_excerpt, placeholder_for)
+from historygraph.render._memo import token_memo
+from historygraph.render.order import loop_bounds
 from historygraph.signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from historygraph.signals.identifiers import identifiers, idf_overlap
 from historygraph.policies.base import Signals, register
@@ -317,7 +319,7 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
     """``build_blocks(graph, segment)``, ``oversized_forms(graph, budget, signals)`` and
     ``block_costs`` of them, from the per-graph :class:`_BlockIndex` (the same values: the
     token counts are the per-graph memo's, as :func:`block_costs` reads them)."""
-    memo = _token_memo(graph, signals.counter, placeholder_for)
+    memo = token_memo(graph, signals.counter, placeholder_for)
     tokens = memo.tokens
     with _BLOCKS_LOCK:
         index = _BLOCKS.setdefault(graph, {}).get(segment)
@@ -701,7 +703,7 @@ def block_costs(graph: ContextGraph, blocks: list[Block], signals: Signals,
     segment or a synthetic result priced by :func:`block_tokens`."""
     forms = forms or {}
     count = signals.counter.count_message
-    tokens = _token_memo(graph, signals.counter, placeholder_for).tokens
+    tokens = token_memo(graph, signals.counter, placeholder_for).tokens
     msgs = graph.messages
     out: dict[int, int] = {}
     for b in blocks:
@@ -822,7 +824,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     history = 0
     run: list[Sequence[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
     marked: dict[int, list[Sequence[int]]] = {}  # index in ``out`` of each marker -> the steps it stands for
-    opening = _loop_bounds(graph, users)[2]  # loop_opening(graph)
+    opening = loop_bounds(graph, users)[2]  # loop_opening(graph)
     joined: set[int] = set()  # text replies left out with the steps after them (see mark)
 
     def mark() -> None:
