@@ -48,6 +48,7 @@ class Skeleton:
         self.n, self.superseded = len(graph.messages), len(graph.superseded)
 
     def _build(self, graph: ContextGraph, memo: TokenMemo) -> None:
+        # (Over 80 lines: one sequence of numpy steps sharing their intermediate arrays.)
         # From whole-graph arrays, not per message: a reopened session's first render builds the
         # skeleton over its whole history (thousands of units). Each unit is a user or assistant
         # message not outside B (only assistant messages carry calls, and every result's call
