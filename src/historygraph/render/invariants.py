@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
@@ -25,24 +25,32 @@ def check_invariants(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     facts = stored_facts(graph, counter)
     with facts.lock:
         facts.extend(graph)
-        _check(rendering, graph, counter, facts)
+        outside = set(facts.systems)  # system messages and the current user message are outside B
+        if facts.last_user is not None:
+            outside.add(facts.last_user)
+        for check in INVARIANTS:
+            check(rendering, graph, counter, facts, outside)
 
 
-def _check(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts) -> None:
-    msgs = rendering.messages
-    B = rendering.budget
-    # 1. budget, recounted independently of the policy's own figure
-    outside = set(facts.systems)
-    if facts.last_user is not None:
-        outside.add(facts.last_user)
+def check_budget(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                 outside: set[int]) -> None:
+    """§5.1 budget: the history tokens, recounted independently of the policy's own figure, are
+    the rendering's, and at most B (but for ``full``)."""
     count = facts.count
     history = sum(count(m, p) if p is not None else counter.count_message(m)
-                  for m, p in zip(msgs, rendering.positions) if p not in outside)
+                  for m, p in zip(rendering.messages, rendering.positions) if p not in outside)
     if history != rendering.history_tokens:
         raise InvariantError(f"history_tokens {rendering.history_tokens} != recount {history}")
+    B = rendering.budget
     if B is not None and rendering.policy != "full" and history > B:
         raise InvariantError(f"§5.1 budget: history {history} tokens > B {B}")
-    # 2. pairing
+
+
+def check_pairing(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                  outside: set[int]) -> None:
+    """§5.2 pairing: every result follows its call, and the calls of an assistant message are
+    followed by exactly their results (but for a call in flight, in the last message)."""
+    msgs = rendering.messages
     i, n = 0, len(msgs)
     while i < n:
         m = msgs[i]
@@ -65,13 +73,18 @@ def _check(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, fac
             i = j
             continue
         i += 1
-    # 3. order, verbatim user messages, complete or marked results
-    order, rank = facts.order, facts.rank
+
+
+def check_order_and_completeness(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                                 outside: set[int]) -> None:
+    """§5.3 order, verbatim user messages, complete or marked results: the rendering follows the
+    render order; a message shown other than as stored is one of the marked views of it."""
+    rank = facts.rank
     real = [rank.get(p, -1) for p in rendering.positions if p is not None]
     if -1 in real or real != sorted(real) or len(set(real)) != len(real):
         raise InvariantError("§5.3 order: rendering is not chronological (results directly after their call)")
     stored, shown = graph.messages, facts.shown
-    for m, p in zip(msgs, rendering.positions):
+    for m, p in zip(rendering.messages, rendering.positions):
         if p is None or m is stored[p] or shown.get(p) is m:  # the stored event itself, or a stand-in checked before
             continue
         orig = stored[p]
@@ -86,16 +99,33 @@ def _check(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, fac
             elif m.rendered_as not in ("placeholder", "excerpt", "summary") or (orig.tool_call_id or "") not in m.content:
                 raise InvariantError(f"§5.3 complete: result at position {p} altered without a mark naming its id")
         shown[p] = m
-    # 4. in-flight call kept
+
+
+def check_in_flight(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                    outside: set[int]) -> None:
+    """§5.4 in flight: a last assistant message with tool calls is rendered, last."""
     if graph.messages and graph.messages[-1].role == "assistant" and graph.messages[-1].tool_calls:
         if not rendering.positions or rendering.positions[-1] != len(graph) - 1:
             raise InvariantError("§5.4 in-flight: the last assistant tool call was cut")
-    # 5. under budget → unchanged
+
+
+def check_unchanged_under_budget(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                                 outside: set[int]) -> None:
+    """§5.5 unchanged: a history that fits in B (with every call answered) is rendered as stored,
+    in render order."""
+    B = rendering.budget
     if B is not None and rendering.policy != "full":
+        order = facts.order
         if _fits((counter.count_message(graph.messages[p]) for p in order if p not in outside), B) \
-                and not _has_unanswered(graph) and msgs != [graph.messages[p] for p in order]:
+                and not _has_unanswered(graph) and rendering.messages != [graph.messages[p] for p in order]:
             raise InvariantError("§5.5 unchanged: history fits in B but was not returned unchanged")
-    # 6. omitted results are retrievable, and a step left out leaves a marker naming where it was
+
+
+def check_nothing_lost(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                       outside: set[int]) -> None:
+    """§5.6 nothing lost: omitted results are stored tool results, and a step left out leaves a
+    dropped-step marker naming where it was (or a summary that names what it covers)."""
+    msgs, rank = rendering.messages, facts.rank
     for p in rendering.omitted:
         if graph.messages[p].role != "tool":
             raise InvariantError(f"§5.6 omitted position {p} is not a stored tool result")
@@ -109,6 +139,14 @@ def _check(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, fac
             k = bisect.bisect_right(starts, p)  # spans[:k] start at or before p: one covers p iff the furthest end reaches it
             if not k or reach[k - 1] < p:
                 raise InvariantError(f"§5.6 marker: message {p} was left out without a dropped-step marker naming it")
+
+
+#: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5. §5.7's order
+#: (results directly after their call) is checked by §5.2 and §5.3; its protected loop opening and
+#: §5.8 (what B counts) are held by the layout (:mod:`historygraph.render`), not checked here.
+INVARIANTS: tuple[Callable[[Rendering, ContextGraph, TokenCounter, StoredFacts, set[int]], None], ...] = (
+    check_budget, check_pairing, check_order_and_completeness, check_in_flight, check_unchanged_under_budget,
+    check_nothing_lost)
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:
