@@ -264,7 +264,8 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
     """A render keeps each message's count (and a result's placeholder's count) as rows named for
     the encoding and placeholder builder; a reopened session uses them at their own position, and
     a counter of another encoding neither reads them nor is changed by them."""
-    from historygraph.render import Layout, placeholder_for, token_rows
+    from historygraph.render import Layout, placeholder_for
+    from historygraph.render._memo import token_rows
     from historygraph.policies.baselines.windows import mask_placeholder
 
     path = tmp_path / "s.sqlite"
@@ -276,7 +277,7 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
     Layout(s.graph("s"), o200k, None, placeholder=mask_placeholder)
     s.close()
     rows = _stored_tokens(path)
-    kind = "render.tokens:o200k_base:historygraph.render.placeholder_for"
+    kind = "render.tokens:o200k_base:historygraph.render.markers.placeholder_for"
     assert set(rows) == {kind, "render.tokens:o200k_base:historygraph.policies.baselines.windows.mask_placeholder"}
     want = {p: [o200k.count_message(m), o200k.count_message(placeholder_for(m, o200k))] if m.role == "tool"
             else o200k.count_message(m) for p, m in enumerate(EVENTS)}
@@ -294,7 +295,7 @@ def test_token_counts_are_kept_per_encoding_and_read_at_their_position(tmp_path)
     assert other._tokens == [cl100k.count_message(m) for m in EVENTS]
     assert other.placeholder_tokens[2] == cl100k.count_message(placeholder_for(EVENTS[2], cl100k))
     s.close()
-    assert _stored_tokens(path)["render.tokens:cl100k_base:historygraph.render.placeholder_for"][1] == cl100k.count_message(EVENTS[1])
+    assert _stored_tokens(path)["render.tokens:cl100k_base:historygraph.render.markers.placeholder_for"][1] == cl100k.count_message(EVENTS[1])
     # a counter that may count differently, or a builder that is not a plain function, keeps nothing
     assert token_rows(False, "o200k_base", placeholder_for) is None
     assert token_rows(True, "o200k_base", lambda m, c: m) is None
@@ -316,7 +317,8 @@ def test_brief_savings_are_kept_per_encoding_and_read_at_their_position(tmp_path
     """What the brief view of each assistant message with calls saves (brief revivals) is kept as
     rows named for the encoding; a reopened session uses them at their own position only, and a
     counter of another encoding computes its own."""
-    from historygraph.render import BRIEF, _brief_savings
+    from historygraph.render import BRIEF
+    from historygraph.render._memo import brief_savings
 
     long_text = "I will now look at the date parser and its regular expression in detail " * 3
     events = [EVENTS[0], Message("assistant", long_text, (call("c1", "cat utils/dates.py"),)), EVENTS[2],
@@ -330,7 +332,7 @@ def test_brief_savings_are_kept_per_encoding_and_read_at_their_position(tmp_path
     s = SQLiteStore(path)
     s.create_session("s")
     s.append("s", events)
-    assert _brief_savings(s.graph("s"), o200k).tolist() == [0, saving(o200k, 1), 0, saving(o200k, 3), 0]
+    assert brief_savings(s.graph("s"), o200k).tolist() == [0, saving(o200k, 1), 0, saving(o200k, 3), 0]
     assert saving(o200k, 1) > 20
     s.close()
     with sqlite3.connect(path) as db:
@@ -339,8 +341,8 @@ def test_brief_savings_are_kept_per_encoding_and_read_at_their_position(tmp_path
         db.execute("UPDATE derived SET data = '777' WHERE kind = 'render.brief:o200k_base' AND position = 1")
     s = SQLiteStore(path)
     g = s.graph("s")
-    assert _brief_savings(g, o200k).tolist() == [0, 777, 0, saving(o200k, 3), 0]
-    assert _brief_savings(g, cl100k).tolist() == [0, saving(cl100k, 1), 0, saving(cl100k, 3), 0]
+    assert brief_savings(g, o200k).tolist() == [0, 777, 0, saving(o200k, 3), 0]
+    assert brief_savings(g, cl100k).tolist() == [0, saving(cl100k, 1), 0, saving(cl100k, 3), 0]
     s.close()
 
 
@@ -544,7 +546,8 @@ def test_token_counts_start_from_their_snapshot(tmp_path, monkeypatch):
     """The token memo kept as a snapshot (render.memo) is read on reopen: no per-message count row
     before its length is decoded, the rows after it are read one by one, and the counts and the
     layout equal a fresh graph's (here with a marked row to show where a count came from)."""
-    from historygraph.render import Layout, _token_memo, placeholder_for, token_rows, token_snapshot
+    from historygraph.render import Layout, placeholder_for
+    from historygraph.render._memo import token_memo, token_rows, token_snapshot
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     c = TokenCounter()
@@ -564,7 +567,7 @@ def test_token_counts_start_from_their_snapshot(tmp_path, monkeypatch):
     s.append("s", EVENTS[7:])
     g = s.graph("s")
     lay = Layout(g, c, None)
-    memo = _token_memo(g, c, placeholder_for)
+    memo = token_memo(g, c, placeholder_for)
     assert memo.kept == 9 and memo.one_by_one  # started from the snapshot of 7; 9 ≥ 1.25 × 7: a new one put
     assert kind.name in g.derived._raw  # the per-message rows of the first 7 not decoded
     fresh = ContextGraph("s", EVENTS)
@@ -579,7 +582,8 @@ def test_a_token_snapshot_of_other_results_is_not_used(monkeypatch):
     """A render.memo snapshot whose tool results are not the graph's (forged), that is longer than
     the graph or malformed is not used: the counts come from the per-message rows or are counted."""
     from historygraph.history.derived import pack_array
-    from historygraph.render import Layout, _token_memo, placeholder_for, token_rows, token_snapshot
+    from historygraph.render import Layout, placeholder_for
+    from historygraph.render._memo import token_memo, token_rows, token_snapshot
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     c = TokenCounter()
@@ -596,11 +600,11 @@ def test_a_token_snapshot_of_other_results_is_not_used(monkeypatch):
         forged = [r for r in forged if not r[0].startswith("render.tokens:")]  # no per-message rows: counted
         g2 = ContextGraph("s", EVENTS, derived=Derived(forged, persist=True))
         lay = Layout(g2, c, None)
-        assert not _token_memo(g2, c, placeholder_for).one_by_one, change
+        assert not token_memo(g2, c, placeholder_for).one_by_one, change
         assert (lay._tokens, lay.full_cost, lay.placeholder_tokens) == (want._tokens, want.full_cost, want.placeholder_tokens)
     g3 = ContextGraph("s", EVENTS, derived=Derived(rows, persist=True))
     Layout(g3, c, None)
-    assert _token_memo(g3, c, placeholder_for).one_by_one  # the real one is read
+    assert token_memo(g3, c, placeholder_for).one_by_one  # the real one is read
 
 
 def test_brief_savings_start_from_their_snapshot(monkeypatch):
@@ -608,25 +612,25 @@ def test_brief_savings_start_from_their_snapshot(monkeypatch):
     equal a fresh graph's; one that saves tokens at a message without a brief view (forged), or
     holds more messages than the graph, is not used."""
     from historygraph.history.derived import pack_array
-    from historygraph.render import _SAVINGS_KEPT, _brief_savings, brief_rows, brief_snapshot
+    from historygraph.render._memo import SAVINGS_KEPT, brief_rows, brief_savings, brief_snapshot
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     c = TokenCounter()
     snap_kind = brief_snapshot(brief_rows(True, c.encoding_name))
     events = EVENTS[:1] + [Message("assistant", "look at the dates module " * 40, EVENTS[1].tool_calls)] + EVENTS[2:]
     g = ContextGraph("s", events, derived=Derived(persist=True))
-    want = _brief_savings(g, c).tolist()
+    want = brief_savings(g, c).tolist()
     assert any(want)
     rows, _ = g.derived.take()
     (snap,) = [r for r in rows if r[0] == snap_kind.name]
     rows = [r for r in rows if not r[0].startswith("render.brief:")]  # no per-message rows: computed when not read
     g2 = ContextGraph("s", events, derived=Derived(rows, persist=True))
-    assert _brief_savings(g2, c).tolist() == want and _SAVINGS_KEPT[g2][c.encoding_name] == (len(events), True)
+    assert brief_savings(g2, c).tolist() == want and SAVINGS_KEPT[g2][c.encoding_name] == (len(events), True)
     data = json.loads(snap[3])
     for change in ({"saved": pack_array(np.array([5] + want[1:]))}, {"upto": 99}, {"saved": "x"}):
         forged = [(*r[:3], json.dumps({**data, **change})) if r is snap else r for r in rows]
         g3 = ContextGraph("s", events, derived=Derived(forged, persist=True))
-        assert _brief_savings(g3, c).tolist() == want and not _SAVINGS_KEPT[g3][c.encoding_name][1], change
+        assert brief_savings(g3, c).tolist() == want and not SAVINGS_KEPT[g3][c.encoding_name][1], change
 
 
 def test_results_embedding_keys_are_read_instead_of_hashing_the_results(tmp_path, monkeypatch):

@@ -506,7 +506,7 @@ def _odd_calls_graph():
 
 @pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
 def test_marker_plan_counts_every_run_as_encoding_its_marker(real_traces, encoding):
-    """The per-slot marker counts (:class:`_MarkerPlan`) equal the count of the marker's text for
+    """The per-slot marker counts (:class:`MarkerPlan`) equal the count of the marker's text for
     every run of units of a real trace and of a graph with odd call ids and names, in both
     encodings."""
     c = TokenCounter(encoding)
@@ -534,11 +534,11 @@ def test_marker_plan_counts_every_run_as_encoding_its_marker(real_traces, encodi
 def test_marker_plan_follows_the_wording_or_steps_aside(monkeypatch, wording, planned):
     """Reworded markers are counted exactly: with a plan when the wording separates the slots,
     from the whole text when it does not (two slots in one chunk)."""
-    from historygraph import render
+    from historygraph.render import markers
 
-    monkeypatch.setattr(render, "DROPPED_MARK", wording)
+    monkeypatch.setattr(markers, "DROPPED_MARK", wording)
     c = TokenCounter()
-    plan = render._MarkerPlan.build(c)
+    plan = markers.MarkerPlan.build(c)
     g = _odd_calls_graph()
     lay = Layout(g, c, None)
     if planned:
@@ -569,9 +569,10 @@ def test_bulk_run_pricing_equals_one_marker_at_a_time(real_traces):
 
 def test_run_deltas_kept_across_renders_equal_a_fresh_pricing_as_the_graph_grows(real_traces):
     """The remove deltas of dropped-step runs kept per graph across renders
-    (``_TokenMemo.run_deltas``) equal those a layout computes with nothing kept, at every fifth size
+    (``TokenMemo.run_deltas``) equal those a layout computes with nothing kept, at every fifth size
     of a growing real-trace graph, most of them kept from an earlier render."""
-    from historygraph.render import _token_memo, placeholder_for
+    from historygraph.render import placeholder_for
+    from historygraph.render._memo import token_memo
 
     c = TokenCounter()
     tr = max(real_traces[:3], key=lambda t: len(t.messages))  # (the mini-swe-agent ones)
@@ -582,7 +583,7 @@ def test_run_deltas_kept_across_renders_equal_a_fresh_pricing_as_the_graph_grows
         g.append(m)
         if j < 20 or j % 5:
             continue
-        memo = _token_memo(g, c, placeholder_for)
+        memo = token_memo(g, c, placeholder_for)
         before = dict(memo.run_deltas)
         try:
             policy.render(g, 3000, Signals())
@@ -607,12 +608,12 @@ def test_candidate_costs_and_the_segment_drop_equal_the_unit_by_unit_code(real_t
     """``Selection.candidate_costs`` equals ``[cost(p) …]`` before and after revivals, and
     ``Layout._drop_oldest`` (a segment at a time) drops the units the unit-by-unit loop drops, with
     the same base and marker runs, on real-trace prefixes with long runs of dropped steps."""
-    from historygraph.render import _Runs
+    from historygraph.render._units import Runs
 
     checked = revived = 0
     for tr, g, lay in prefix_layouts(real_traces, budget):
         # the unit-by-unit loop the segment drop replaced
-        ref = _Runs(lay.runs.glue, lay._marker_tokens)
+        ref = Runs(lay.runs.glue, lay._marker_tokens)
         base = sum(u.cost for u in lay.units)
         if base > budget and not lay.fits_in_full:
             protected = sum(u.cost for u in lay.units if u.protected)
@@ -642,7 +643,8 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
     the skeleton a fresh graph of the same messages builds, at every length, on real traces of
     four formats and on hand-made graphs; so do its candidate dicts, whether they were built at
     every length (then kept up to date by the appends) or only at the end (from the arrays)."""
-    from historygraph.render import placeholder_for, render_order, _token_memo
+    from historygraph.render import placeholder_for, render_order
+    from historygraph.render._memo import token_memo
 
     late = [Message("user", "task"), Message("assistant", "", (ToolCall("l1", "bash", "{}"),)),
             Message("user", "note"), Message("assistant", "a", (ToolCall("l2", "bash", "{}"), ToolCall("l3", "bash", "{}"))),
@@ -661,10 +663,10 @@ def test_skeleton_extended_append_by_append_equals_one_built_from_scratch(real_t
         g = ContextGraph("grow")
         for m in msgs:
             g.append(m)
-            memo = _token_memo(g, c, placeholder_for)
+            memo = token_memo(g, c, placeholder_for)
             grown = memo.skeleton(g)
             fresh_graph = ContextGraph("fresh", g.messages)
-            fresh_memo = _token_memo(fresh_graph, c, placeholder_for)
+            fresh_memo = token_memo(fresh_graph, c, placeholder_for)
             fresh = fresh_memo.skeleton(fresh_graph)
             assert grown["order"] == render_order(g)  # (recap renders in this order: render.kept_render_order)
             assert grown["breaks"] == [i for i, glued in enumerate(grown["glue"]) if not glued], len(g)
@@ -699,7 +701,8 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
     import copy
 
     from historygraph.policies.baselines.full_prune import newest_first
-    from historygraph.render import _token_memo, placeholder_for
+    from historygraph.render import placeholder_for
+    from historygraph.render._memo import token_memo
 
     c = TokenCounter()
     lent = ("synthetic", "unit_of", "form", "delta")
@@ -709,7 +712,7 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
         kept: list[tuple[dict, dict, Layout, tuple]] = []
         for j, m in enumerate(tr.messages[:160]):
             g.append(m)
-            snap = _token_memo(g, c, placeholder_for).skeleton(g)
+            snap = token_memo(g, c, placeholder_for).skeleton(g)
             try:
                 lay = Layout(g, c, 1500)
             except ValueError:
@@ -733,10 +736,10 @@ def test_skeleton_snapshots_keep_what_they_held_while_the_graph_grows(real_trace
 
 
 def test_between_call_and_result_equals_the_scan_over_every_span(real_traces, traces_dir):
-    """``render._between_call_and_result`` (the shorter side of the position only) answers as the
+    """``render.order.between_call_and_result`` (the shorter side of the position only) answers as the
     scan over every (call, latest result) span it replaced, at every position of real traces of
     four formats and of a graph with notes between calls and results, late and second results."""
-    from historygraph.render import _between_call_and_result
+    from historygraph.render.order import between_call_and_result
 
     late = ContextGraph("late", [Message("user", "task"), Message("assistant", "", (ToolCall("l1", "bash", "{}"),)),
                                  Message("user", "note"), Message("assistant", "", (ToolCall("l2", "bash", "{}"),)),
@@ -752,7 +755,7 @@ def test_between_call_and_result_equals_the_scan_over_every_span(real_traces, tr
         spans = [(g.call_owner[c], r) for c, r in g.result_of.items()]
         for p in range(len(g)):
             want = any(a < p < r for a, r in spans)
-            assert _between_call_and_result(g, p) == want, (g.session_id, p)
+            assert between_call_and_result(g, p) == want, (g.session_id, p)
             inside += want
     assert inside >= 5  # positions inside a span occur (notes, parallel calls, late results)
 
@@ -1179,7 +1182,7 @@ def test_semantic_with_the_vector_table_renders_as_asking_for_every_result(real_
 
 
 class ReferenceRuns:
-    """``render._Runs`` before it kept only the runs' bounds: a dict from every marked unit to the
+    """``render._units.Runs`` before it kept only the runs' bounds: a dict from every marked unit to the
     first unit of its run (the code it replaced, as a test oracle)."""
 
     def __init__(self, glue, cost):
@@ -1225,12 +1228,12 @@ class ReferenceRuns:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_run_bounds_mark_and_unmark_as_the_dict_of_every_unit(seed):
-    """``_Runs`` kept as its runs' bounds (``run_of``, the ``start`` view, ``end``, the marker deltas,
+    """``Runs`` kept as its runs' bounds (``run_of``, the ``start`` view, ``end``, the marker deltas,
     ``copy``) agrees with the dict of every marked unit it replaced, through random marks and
     unmarks on units with random glue, and ``add_sorted`` with marking one by one."""
     import random
 
-    from historygraph.render import _Runs
+    from historygraph.render._units import Runs
 
     rng = random.Random(seed)
     n = 60
@@ -1239,7 +1242,7 @@ def test_run_bounds_mark_and_unmark_as_the_dict_of_every_unit(seed):
     def cost(a, b):
         return 3 + (b - a) % 7 + a % 3
 
-    runs, ref = _Runs(glue, cost), ReferenceRuns(glue, cost)
+    runs, ref = Runs(glue, cost), ReferenceRuns(glue, cost)
     for _ in range(400):
         i = rng.randrange(n)
         if i in ref.start:
@@ -1260,7 +1263,7 @@ def test_run_bounds_mark_and_unmark_as_the_dict_of_every_unit(seed):
         other.remove(a)
     assert dict(runs.start) == ref.start  # a copy's changes leave the original as it was
     marked = sorted(rng.sample(range(n), 25))
-    bulk, one = _Runs(glue, cost), ReferenceRuns(glue, cost)
+    bulk, one = Runs(glue, cost), ReferenceRuns(glue, cost)
     bulk.add_sorted(marked)
     for i in marked:
         one.add(i)

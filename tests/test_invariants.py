@@ -9,7 +9,8 @@ from historygraph.eval.replay import full_reference, replay_trace
 from historygraph.traces import read_traces
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, config_fields, create, names
-from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, _stored_facts, check_invariants, render_order
+from historygraph.render import BudgetTooSmallError, InvariantError, Rendering, check_invariants, render_order
+from historygraph.render._facts import stored_facts
 from historygraph.signals.tokens import TokenCounter
 
 from doubles import ScriptedModel, TableScorer
@@ -113,7 +114,8 @@ def test_a_render_leaves_no_reference_cycle_behind(name, signals):
     Not yet for learned (its deferred reasons hold its layout)."""
     import gc
 
-    from historygraph.render import Layout, _Runs
+    from historygraph.render import Layout
+    from historygraph.render._units import Runs
 
     msgs = [Message("system", "s"), Message("user", "task")]
     for i in range(40):
@@ -131,7 +133,7 @@ def test_a_render_leaves_no_reference_cycle_behind(name, signals):
         assert rendering.omitted  # the budget made it drop or mark steps: runs were used
         del rendering
         # type(), not isinstance: isinstance reads __class__, which makes lazy modules (torch) warn
-        alive = [o for o in gc.get_objects() if issubclass(type(o), (Layout, _Runs))]
+        alive = [o for o in gc.get_objects() if issubclass(type(o), (Layout, Runs))]
     finally:
         gc.enable()
     assert alive == []
@@ -172,7 +174,7 @@ def test_stored_facts_follow_the_graph_event_by_event(draw_steps):
     g = ContextGraph("facts")
     for m in _grown_event_by_event(draw_steps):
         g.append(m)
-        facts = _stored_facts(g, counter)
+        facts = stored_facts(g, counter)
         facts.extend(g)
         order = render_order(g)
         assert facts.order == order

@@ -13,7 +13,8 @@ from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Signals
 from historygraph.policies.recap.blocks import Block, IndexedBlocks, build_blocks, synthetic_results
-from historygraph.render import SEGMENT_JOIN, Rendering, _loop_bounds, dropped_marker, kept_render_order
+from historygraph.render import SEGMENT_JOIN, Rendering, dropped_marker, kept_render_order
+from historygraph.render.order import loop_bounds
 
 
 def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | None, signals: Signals,
@@ -41,7 +42,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     history = 0
     run: list[Sequence[int]] = []  # consecutive steps left out: one dropped-step marker (docs/architecture.md, invariant §5.6)
     marked: dict[int, list[Sequence[int]]] = {}  # index in ``out`` of each marker -> the steps it stands for
-    opening = _loop_bounds(graph, users)[2]  # loop_opening(graph)
+    opening = loop_bounds(graph, users)[2]  # loop_opening(graph)
     joined: set[int] = set()  # text replies left out with the steps after them (see mark)
 
     def mark() -> None:

@@ -36,7 +36,8 @@ from typing import Iterator
 import numpy as np
 
 from historygraph.history.graph import ContextGraph
-from historygraph.render import Layout, Rendering, _Grow
+from historygraph.render import Layout, Rendering
+from historygraph.render._grow import Grow
 from historygraph.policies.base import Signals
 from historygraph.policies.registry import register
 
@@ -50,7 +51,7 @@ def block_chars(graph: ContextGraph, positions: list[int]) -> int:
     return total
 
 
-_CHARS: "weakref.WeakKeyDictionary[ContextGraph, _Grow]" = weakref.WeakKeyDictionary()
+_CHARS: "weakref.WeakKeyDictionary[ContextGraph, Grow]" = weakref.WeakKeyDictionary()
 _CHARS_LOCK = threading.Lock()
 
 
@@ -60,7 +61,7 @@ def message_chars(graph: ContextGraph) -> np.ndarray:
     with _CHARS_LOCK:
         chars = _CHARS.get(graph)
         if chars is None:
-            chars = _CHARS[graph] = _Grow()
+            chars = _CHARS[graph] = Grow()
         if chars.n < len(graph.messages):
             chars.extend([block_chars(graph, [p]) for p in range(chars.n, len(graph.messages))])
         return chars.view()

@@ -17,7 +17,8 @@ from typing import Any
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Signals
-from historygraph.render import SEGMENT_JOIN, UNANSWERED, _token_memo, oversized_excerpt, placeholder_for
+from historygraph.render import SEGMENT_JOIN, UNANSWERED, oversized_excerpt, placeholder_for
+from historygraph.render._memo import token_memo
 from historygraph.signals.identifiers import identifiers
 
 
@@ -217,7 +218,7 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
     """``build_blocks(graph, segment)``, ``oversized_forms(graph, budget, signals)`` and
     ``block_costs`` of them, from the per-graph :class:`_BlockIndex` (the same values: the
     token counts are the per-graph memo's, as :func:`block_costs` reads them)."""
-    memo = _token_memo(graph, signals.counter, placeholder_for)
+    memo = token_memo(graph, signals.counter, placeholder_for)
     tokens = memo.tokens
     with _BLOCKS_LOCK:
         index = _BLOCKS.setdefault(graph, {}).get(segment)
@@ -316,7 +317,7 @@ def block_costs(graph: ContextGraph, blocks: list[Block], signals: Signals,
     segment or a synthetic result priced by :func:`block_tokens`."""
     forms = forms or {}
     count = signals.counter.count_message
-    tokens = _token_memo(graph, signals.counter, placeholder_for).tokens
+    tokens = token_memo(graph, signals.counter, placeholder_for).tokens
     msgs = graph.messages
     out: dict[int, int] = {}
     for b in blocks:

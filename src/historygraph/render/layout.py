@@ -1,0 +1,363 @@
+"""The shared budget accounting of every policy (:class:`Layout`): budget scope, placeholders,
+units dropped oldest first with their dropped-step markers and revival, oversized results as
+excerpts; the rules are those of :mod:`historygraph.render`. One class in three modules, by what
+each part does: its state and candidates here, what dropping and reviving steps costs in
+:mod:`~historygraph.render.pricing`, the rendering built from a selection in
+:mod:`~historygraph.render.assemble`."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Set as AbstractSet
+from functools import cached_property
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from historygraph.history.events import Message
+from historygraph.history.graph import ContextGraph
+from historygraph.render._memo import TokenMemo, token_memo
+from historygraph.render._units import Runs, Unit, weakly
+from historygraph.render.assemble import Assembly
+from historygraph.render.markers import oversized_excerpt, placeholder_for
+from historygraph.render.order import loop_guard
+from historygraph.render.rendering import Rendering
+from historygraph.render.selection import Selection
+from historygraph.signals.tokens import TokenCounter
+
+
+class Layout(Assembly):
+    """The shared budget accounting for one invocation over the whole ``graph``.
+
+    After construction: ``candidates`` lists every stored tool result a policy may show,
+    ``form[p]`` is how it is shown (the original, or for a result whose own cost exceeds B a
+    head-and-tail excerpt of ``excerpt_fraction·B`` tokens: the oversized-result fallback of
+    ContextRender A.4 with no LLM configured, applied for every policy), ``delta[p]`` is the extra
+    cost of showing ``form[p]`` instead of the placeholder, and ``base_tokens`` the cost of the
+    retained history with every result as a placeholder; ``excerpts`` lists the candidates whose
+    ``form`` is that excerpt (ascending).
+
+    When the retained non-tool history exceeds ``(1 − result_reserve)·B`` the oldest unprotected
+    units are dropped until it fits (our decision where ContextRender A.4 is silent: without a
+    reserve the assistant messages of a 100-step trace leave no room for any result). A dropped
+    step stays a candidate: showing one of its results revives the step, and the revival is
+    charged (see :class:`Selection`).
+
+    Policies that leave history out or add synthetic messages say so here, so that the budget
+    stays shared: ``omit`` lists positions whose (unprotected) units are left out entirely and are
+    not candidates (``omit_units`` the same by unit index, as in ``units`` of a layout of the same graph) (e.g. covered by a summary, or a block a ReCAP baseline did not select);
+    ``inserts`` maps a position to a synthetic message rendered right after it (e.g. a summary with
+    ``rendered_as="summary"``), charged to B first, like the non-tool history; ``placeholder``
+    builds the stand-in of an unshown result (it must name the result id, docs/architecture.md, invariant §5.3).
+
+    Raises:
+        BudgetTooSmallError: when ``budget`` cannot hold the protected history.
+    """
+
+    def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
+                 result_reserve: float = 0.5, excerpt_fraction: float = 0.25, omit: Iterable[int] = (),
+                 inserts: dict[int, Message] | None = None,
+                 placeholder: Callable[[Message, TokenCounter], Message] | None = None,
+                 brief_revivals: bool = False, omit_units: Iterable[int] = ()) -> None:
+        self.graph, self.counter, self.budget = graph, counter, budget
+        self.brief_revivals = brief_revivals
+        self._brief: dict[int, tuple[int, Message | None]] = {}
+        self._reasons: dict[int, str] = {}
+        self._pending: list[Callable[[dict[int, str]], None]] = []
+        memo = token_memo(graph, counter, placeholder or placeholder_for)
+        sk = memo.skeleton(graph, budget)
+        self._take_skeleton(memo, sk)
+        protected_units = self._protect(sk)
+        left_out = self._leave_out(omit, omit_units, protected_units)
+        self.inserts = dict(inserts or {})
+        self.left_out = left_out
+        # a set, or the spans of the oldest-first drop (:class:`Spans`) when the policy left nothing out
+        dropped_units = set(left_out)
+        self.dropped_units: AbstractSet[int] = dropped_units
+        left_mask = None
+        if left_out:
+            self._dropped_mask[list(left_out)] = True
+            left_mask = self._dropped_mask.copy()
+        # Steps left out get a dropped-step marker where they were (docs/architecture.md, invariant §5.6), charged to B,
+        # except those a policy stands in for with its own inserts (a summary names what it covers).
+        self.runs = Runs(self._glue() if self.inserts else sk["glue"], weakly(self._marker_tokens), weakly(self._remove_deltas))
+        if left_out and not self.inserts:
+            self.runs.add_sorted(sorted(left_out))
+        self.base_tokens = sk["total_cost"] - (int(self._costs[self._dropped_mask].sum()) if left_out else 0) + \
+            sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
+        if budget is not None and self.base_tokens > budget and not self.fits_in_full:
+            # (when the complete history fits, nothing is dropped: placeholders can cost more than
+            # the short results they stand for, and the unchanged history is rendered instead)
+            self._drop_for_budget(result_reserve, protected_units, dropped_units)
+        self._offer_candidates(sk, left_mask, excerpt_fraction)
+
+    def _take_skeleton(self, memo: TokenMemo, sk: dict[str, Any]) -> None:
+        """The layout's state from the graph's token memo and a snapshot ``sk`` of its skeleton
+        (:meth:`~historygraph.render._memo.TokenMemo.skeleton`)."""
+        graph = self.graph
+        msgs = graph.messages
+        self._memo = memo
+        self._tools, self._tools_ph = memo.tools.view(), memo.tools_ph.view()
+        self.current_user = sk["current_user"]
+        self.first_user: int | None = sk["first_user"]  # position of the first user message
+        self.last_assistant: int | None = sk["last_assistant"]  # position of the latest assistant message
+        guard = memo.guard
+        if guard is None or guard[0] != len(msgs):  # (the graph is append-only: a function of its length)
+            guard = memo.guard = (len(msgs), loop_guard(graph, sk["users"]))
+        self.loop_guard = guard[1]
+        self.order = sk["order"]
+        self.outside = sk["outside"]
+        self._tokens = memo.tokens
+        self._plan = memo.marker_plan
+        self.placeholder = sk["placeholder"]
+        self._marks = {}
+        self._facts = sk["facts"]
+        arr = self._arr = sk["arrays"]
+        self._costs = arr["cost"]
+        self._arrays = (arr["lo"], arr["hi"], arr["pre"])
+        self._starts = sk["starts"]
+        self._breaks = sk["breaks"]
+        self._lo = sk["facts"][0]  # each unit's message position, ascending (see _unit_at)
+        self._build = sk["build"]
+        self._sk_candidates: list[int] = sk["candidates"]
+        self._dropped_mask = np.zeros(len(self._costs), dtype=bool)  # dropped_units as a mask (kept in step)
+        self._bulk = {}
+        self._cand: tuple[np.ndarray, np.ndarray] | None = None
+        self._revivals = None
+        self.synthetic = sk["synthetic"]  # assistant position -> synthetic results
+        self.units = sk["units"]
+        self.full_history_tokens = sk["full_tokens"]
+
+    def _protect(self, sk: dict[str, Any]) -> set[int]:
+        """Mark the protected units (the first user message, the latest assistant message and the
+        ones that keep the active tool loop's opening on the wire, :func:`loop_guard`) and return
+        them; the skeleton's units are shared, so fresh copies."""
+        protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard)
+                           if p is not None and (u := self._unit_at(p)) is not None}
+        for i in protected_units:
+            u = self.units[i]
+            self.units[i] = Unit(u.positions, True, u.cost)
+        self._protected = sorted(protected_units)
+        return protected_units
+
+    def _leave_out(self, omit: Iterable[int], omit_units: Iterable[int], protected_units: set[int]) -> set[int]:
+        """The units the policy leaves out: those with a position in ``omit`` or listed in
+        ``omit_units``, unprotected, inserted in ascending order (as a scan of the units would),
+        each position's reason deferred."""
+        found = {u for p in set(omit) if (u := self._unit_at(p)) is not None or (u := self._skeleton_unit_of(p)) is not None}
+        found.update(omit_units)
+        left_out = set(sorted(found.difference(protected_units)))  # (inserted in ascending order, as before)
+        if left_out:
+            units = self.units
+
+            def left_out_reasons(reasons: dict[int, str]) -> None:
+                for i in left_out:
+                    for p in units[i].positions:
+                        reasons[p] = "left out by the policy"
+            self.defer_reasons(left_out_reasons)
+        return left_out
+
+    def _offer_candidates(self, sk: dict[str, Any], left_mask: np.ndarray | None, excerpt_fraction: float) -> None:
+        """Set :attr:`candidates` (the skeleton's, less the results of units the policy left out,
+        marked in ``left_mask``) and :attr:`excerpts`: a result whose own cost exceeds B is offered
+        as a marked excerpt of ``excerpt_fraction·B`` tokens (ContextRender A.4)."""
+        msgs, counter, budget, arr = self.graph.messages, self.counter, self.budget, self._arr
+        over = sk["over"]
+        self._excerpt_forms: dict[int, Message] = {}  # candidate -> its excerpt, for the oversized ones
+        if left_mask is not None:  # the skeleton's candidates whose unit is not left out (its unit array is in their order)
+            self.candidates: list[int] = list(itertools.compress(sk["candidates"], (~left_mask[arr["cand_unit"]]).tolist()))
+            self.form = {p: msgs[p] for p in self.candidates}
+            ph = self.placeholder_tokens
+            self.delta = {p: self._tokens[p] - ph[p] for p in self.candidates}
+        else:  # the skeleton's, for every candidate: ``form`` and ``delta`` built when first read
+            self.candidates = sk["candidates"]
+            self._cand = (arr["cand_delta"], arr["cand_unit"])
+        self.excerpts: list[int] = []
+        for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
+            if left_mask is not None and p not in self.form:
+                continue
+            excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction)
+            if excerpt is not None:  # always one for a candidate here: its cost exceeds B
+                bisect.insort(self.excerpts, p)
+                self._excerpt_forms[p] = excerpt
+                self.reasons[p] = f"oversized: {self.full_cost[p]} tokens > B; offered as a marked excerpt"
+                delta = counter.count_message(excerpt) - self.placeholder_tokens[p]
+                if left_mask is not None:
+                    self.form[p], self.delta[p] = excerpt, delta
+                else:
+                    assert self._cand is not None
+                    if self._cand[0] is arr["cand_delta"]:  # shared with the skeleton: a copy of our own
+                        self._cand = (self._cand[0].copy(), self._cand[1])
+                    self._cand[0][bisect.bisect_left(self.candidates, p)] = delta
+
+    def _candidate_maps(self) -> None:
+        """Set :attr:`unit_of`, :attr:`form` and :attr:`delta` (those not set yet) from the
+        skeleton's candidate dicts as of this layout's snapshot: shared with the skeleton while it
+        is of the same build, else built from the snapshot's candidate arrays; the excerpts of
+        results larger than B replace their complete forms in copies."""
+        maps = self._memo.candidate_maps(self._build)
+        if maps is None:
+            cands, arr = self._sk_candidates, self._arr
+            maps = (dict(zip(cands, arr["cand_unit"].tolist())), dict(zip(cands, map(self.graph.messages.__getitem__, cands))),
+                    dict(zip(cands, arr["cand_delta"].tolist())))
+        unit_of, forms, deltas = maps
+        d = self.__dict__
+        d.setdefault("unit_of", unit_of)
+        if "form" not in d:  # (set in __init__, with "delta", when units are left out)
+            if self._excerpt_forms:  # (then the candidate arrays are this layout's own, with the excerpts' deltas)
+                assert self._cand is not None
+                own = self._cand[0]
+                forms = {**forms, **self._excerpt_forms}
+                deltas = {**deltas, **{p: int(own[self._index(p)]) for p in self._excerpt_forms}}
+            d["form"], d["delta"] = forms, deltas
+
+    @cached_property
+    def unit_of(self) -> dict[int, int]:
+        """Every candidate's unit (index into :attr:`units`), by position; built when first read
+        (shared with the graph's skeleton), with :attr:`form` and :attr:`delta`."""
+        self._candidate_maps()
+        return self.__dict__["unit_of"]
+
+    @cached_property
+    def form(self) -> dict[int, Message]:
+        """Every candidate's form when shown: its complete message, or the marked excerpt of a
+        result larger than B (:attr:`excerpts`); built when first read, as :attr:`unit_of`."""
+        self._candidate_maps()
+        return self.__dict__["form"]
+
+    @cached_property
+    def delta(self) -> dict[int, int]:
+        """Every candidate's tokens shown as :attr:`form` less its placeholder's; built when first
+        read, as :attr:`unit_of`."""
+        self._candidate_maps()
+        return self.__dict__["delta"]
+
+    def _index(self, p: int) -> int:
+        """Candidate ``p``'s index in :attr:`candidates`. Raises KeyError when ``p`` is not one."""
+        cands = self.candidates
+        i = bisect.bisect_left(cands, p)
+        if i == len(cands) or cands[i] != p:
+            raise KeyError(p)
+        return i
+
+    def _unit_at(self, p: int) -> int | None:
+        """The unit whose first message is at position ``p``, None when no unit starts there."""
+        lo = self._lo
+        i = bisect.bisect_left(lo, p)
+        return i if i < len(lo) and lo[i] == p else None
+
+    def _skeleton_unit_of(self, p: int) -> int | None:
+        """The unit of the skeleton's candidate ``p`` (None when ``p`` is not one), from the arrays."""
+        cands = self._sk_candidates
+        i = bisect.bisect_left(cands, p)
+        return int(self._arr["cand_unit"][i]) if i < len(cands) and cands[i] == p else None
+
+    def form_at(self, p: int, index: int) -> Message:
+        """``form[p]`` for the candidate ``p`` at ``index`` in :attr:`candidates`, without building
+        :attr:`form`."""
+        forms = self.__dict__.get("form")
+        if forms is not None:
+            return forms[p]
+        excerpt = self._excerpt_forms.get(p)
+        return self.graph.messages[p] if excerpt is None else excerpt
+
+    def candidate_unit(self, index: int) -> int:
+        """``unit_of[candidates[index]]``, from the candidate arrays."""
+        return int(self._candidate_arrays()[1][index])
+
+    def candidate_delta(self, index: int) -> int:
+        """``delta[candidates[index]]``, from the candidate arrays."""
+        return int(self._candidate_arrays()[0][index])
+
+    def candidate_units(self) -> np.ndarray:
+        """Every candidate's unit, in :attr:`candidates` order (int64; do not change it)."""
+        return self._candidate_arrays()[1]
+
+    @cached_property
+    def full_cost(self) -> dict[int, int]:
+        """Every tool result's tokens in full, by position (the memo's, shared: built when a
+        layout of the graph first reads it)."""
+        return self._memo.result_tokens
+
+    @cached_property
+    def placeholder_tokens(self) -> dict[int, int]:
+        """Every tool result's placeholder tokens, by position (shared as :attr:`full_cost`)."""
+        return self._memo.ph_tokens
+
+    @property
+    def reasons(self) -> dict[int, str]:
+        """Per-position explanation of the decisions so far (policies write theirs here). Reading
+        it first applies what :meth:`defer_reasons` put off, in order, so every write lands as if
+        made eagerly."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for fill in pending:
+                fill(self._reasons)
+        return self._reasons
+
+    def defer_reasons(self, fill: Callable[[dict[int, str]], None]) -> None:
+        """Put off writing reasons: ``fill(reasons)`` runs when :attr:`reasons` is next read, or
+        when the rendering's reasons are (:meth:`assemble` passes pending fills on unread).
+        ``fill`` must depend only on what it captured."""
+        self._pending.append(fill)
+
+    def unit_totals(self, per_position: np.ndarray) -> np.ndarray:
+        """For every unit, the sum of ``per_position`` (int64, indexed by graph position) over its
+        positions (int64)."""
+        at, units = self._arr["order"], self._arr["entry_unit"]
+        inside = units >= 0
+        return np.bincount(units[inside], weights=per_position[at[inside]],
+                           minlength=len(self.units)).astype(np.int64)
+
+    @property
+    def unit_costs(self) -> np.ndarray:
+        """Every unit's tokens with its results as placeholders (``units[i].cost``; int64, read-only)."""
+        return self._costs
+
+    def unit_result_deltas(self) -> np.ndarray:
+        """For every unit, the sum of ``delta`` over its candidate results (int64)."""
+        delta, unit = self._candidate_arrays()
+        return np.bincount(unit, weights=delta, minlength=len(self.units)).astype(np.int64)
+
+    def _glue(self) -> list[bool]:
+        """``glue[i]``: no rendered message (system, current user message, insert) sits between
+        unit ``i − 1`` and unit ``i``, so one marker may stand for both when both are left out."""
+        first = {u.positions[0]: i for i, u in enumerate(self.units)}
+        unit_at = {p: i for i, u in enumerate(self.units) for p in u.positions}
+        glue = [False] * len(self.units)
+        apart = True
+        for p in self.order:
+            if p in first:
+                glue[first[p]] = not apart
+                apart = False
+            elif p in self.outside:
+                apart = True
+            if p in self.inserts and p in unit_at:
+                apart = True
+        return glue
+
+    def _candidate_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``delta`` and unit of every candidate, in ``candidates`` order (int64)."""
+        if self._cand is None:
+            n = len(self.candidates)
+            self._cand = (np.fromiter((self.delta[p] for p in self.candidates), dtype=np.int64, count=n),
+                          np.fromiter((self.unit_of[p] for p in self.candidates), dtype=np.int64, count=n))
+        return self._cand
+
+    @property
+    def fits_in_full(self) -> bool:
+        """True when the complete history fits in B (then it is rendered unchanged, A.1 line 6)."""
+        return self.budget is None or self.full_history_tokens <= self.budget
+
+    def selection(self) -> Selection:
+        return Selection(self)
+
+    def assemble_full(self, policy: str) -> Rendering:
+        """The complete history, unchanged (ContextRender A.1 lines 6–7)."""
+        if not self.dropped_units and not self.inserts and not self.excerpts:
+            return self._assemble_whole(policy, Selection(self))
+        sel = Selection(self)
+        for p in self.candidates:
+            sel.take(p)
+        return self.assemble(policy, sel)

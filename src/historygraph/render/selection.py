@@ -1,0 +1,162 @@
+"""The running budget state of one greedy pass over a layout's candidates (:class:`Selection`):
+tokens used, results taken and how they are shown, dropped steps revived (eq. 6 on the
+assembled history)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from historygraph.history.events import Message
+from historygraph.render._units import BULK_AFTER
+
+if TYPE_CHECKING:
+    from historygraph.render.layout import Layout
+
+class Selection:
+    """Running budget state of one greedy pass: tokens used and the dropped steps revived so far.
+
+    ``cost(p)`` is the exact growth of the assembled history if result ``p`` is shown as
+    ``layout.shown_cost`` says: its extra tokens over the placeholder, plus, when its step was
+    dropped, the step's assistant message and its siblings' placeholders, and the change of the
+    dropped-step markers around it (eq. 6 on the assembled history). Reviving a step changes the
+    cost of reviving the other steps of its marker's run, so a caller caching costs recomputes
+    those after :meth:`take` (``layout.dropped_units``).
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.used = layout.base_tokens
+        self.revived = set()
+        self.shown: dict[int, Message] = {}
+
+    @property
+    def revived(self) -> set[int]:
+        """Dropped units brought back so far. Assigning a set (to roll a selection back) also
+        rebuilds the dropped-step marker runs for it."""
+        return self._revived
+
+    @revived.setter
+    def revived(self, units: set[int]) -> None:
+        self._revived = units
+        self._table: dict[int, int] | None = None  # every candidate's cost, once asked often (see cost)
+        self._asked = 0
+        self.runs = self.layout.runs.copy()
+        for u in units:
+            if self.runs.run_of(u) is not None:
+                self.runs.remove(u)
+
+    def cost(self, p: int, form: Message | None = None) -> int:
+        """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``)."""
+        lay = self.layout
+        if form is None or form is lay.form[p]:  # many questions between revivals: price every candidate at once
+            if self._table is not None and (hit := self._table.get(p)) is not None:
+                return hit
+            self._asked += 1
+            if self._asked > BULK_AFTER * 4 and p in lay.form:
+                self._table = dict(zip(lay.candidates, self.candidate_costs().tolist()))
+                return self._table[p]
+        return self.exact_cost(p, form)
+
+    def exact_cost(self, p: int, form: Message | None = None, index: int | None = None) -> int:
+        """:meth:`cost` priced for ``p`` alone (no table of every candidate); ``index``: ``p``'s in
+        ``layout.candidates`` when the caller has it (then read from the candidate arrays: the
+        layout's candidate dicts are not built)."""
+        lay = self.layout
+        if index is None:
+            u = lay.unit_of[p]
+            shown = lay.form[p]
+        else:
+            u, shown = lay.candidate_unit(index), lay.form_at(p, index)
+        extra = 0
+        if u in lay.dropped_units and u not in self.revived:
+            extra = lay.revival_cost(u) + (self.runs.remove_delta(u) if self.runs.run_of(u) is not None else 0)
+        if form is None or form is shown:
+            delta = lay.delta[p] if index is None else lay.candidate_delta(index)
+        else:
+            delta = lay.counter.count_message(form) - lay.placeholder_tokens[p]
+        return delta + extra
+
+    def lower_costs(self) -> np.ndarray:
+        """A lower bound of ``[cost(p) for p in layout.candidates]`` (int64), exact for the results
+        of steps not dropped: reviving a dropped step costs at least its own tokens less its run's
+        whole marker plus the fewest tokens a marker can have (:attr:`MarkerPlan.floor`; 0 without
+        a plan) for each side of it that stays a run. O(candidates) in numpy plus one marker per
+        run, where :meth:`candidate_costs` prices every unit of every run."""
+        lay = self.layout
+        floor = lay._marker_floor()
+        delta, unit = lay._candidate_arrays()
+        extra = lay._revival_costs().copy()  # as in _priced, with each run's term added in place
+        if self.revived:
+            extra[list(self.revived)] = 0
+        for a, b in self.runs.end.items():
+            whole = lay._marker_tokens(a, b)
+            if not floor or a == b:
+                extra[a:b + 1] -= whole
+            else:
+                extra[a:b + 1] += 2 * floor - whole  # a marker left on each side
+                extra[a] -= floor  # the first and last unit of the run leave one
+                extra[b] -= floor
+        return delta + extra[unit]
+
+    def candidate_costs(self) -> np.ndarray:
+        """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is
+        priced for all its units at once."""
+        return self._priced(self.layout._remove_deltas)
+
+    def _priced(self, run_term: Callable[[int, int], Any]) -> np.ndarray:
+        """Each candidate's delta plus its unit's revival cost (0 for a unit not dropped or revived)
+        plus ``run_term(a, b)`` over the units ``a … b`` of each run of dropped steps (a number, or
+        one per unit)."""
+        lay = self.layout
+        delta, unit = lay._candidate_arrays()
+        extra = lay._revival_costs().copy()  # 0 but for dropped units
+        if self.revived:
+            extra[list(self.revived)] = 0
+        for a, b in self.runs.end.items():
+            extra[a:b + 1] += run_term(a, b)
+        return delta + extra[unit]
+
+    def fits(self, p: int, form: Message | None = None) -> bool:
+        lay = self.layout
+        if lay.budget is None:
+            return True
+        u = lay.unit_of[p]
+        if form is None and u in lay.dropped_units and u not in self.revived \
+                and (a := self.runs.run_of(u)) is not None:
+            # a lower bound first: reviving the step costs at least its own tokens less the whole
+            # marker of its run plus the fewest tokens of a marker per side of it left in the run;
+            # most results of dropped steps fail on it, without pricing the markers the revival leaves
+            b = self.runs.end[a]
+            low = lay.delta[p] + lay.revival_cost(u) - lay._marker_tokens(a, b) + \
+                lay._marker_floor() * ((u > a) + (u < b))
+            if self.used + low > lay.budget:
+                return False
+        return self.used + self.cost(p, form) <= lay.budget
+
+    def take(self, p: int, form: Message | None = None, cost: int | None = None, *,
+             index: int | None = None, unit: int | None = None) -> None:
+        """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
+        of an oversized one); a policy may pass a summary or its own stand-in, marked and naming
+        the result id (docs/architecture.md, invariant §5.3). ``cost``: :meth:`cost` of it now, when
+        the caller has priced it; ``index``: ``p``'s in ``layout.candidates``, and ``unit`` its unit,
+        when the caller has those (then read from the candidate arrays: the layout's candidate
+        dicts are not built)."""
+        if cost is None:
+            cost = self.cost(p, form)
+        self.used += cost
+        lay, revived = self.layout, self._revived
+        if index is None:
+            u = lay.unit_of[p]
+        else:
+            u = lay.candidate_unit(index) if unit is None else unit
+        if u not in revived:
+            if self.runs.run_of(u) is not None:
+                self.runs.remove(u)
+            if u in lay.dropped_units:  # costs change: the step is back
+                self._table, self._asked = None, 0
+            revived.add(u)
+        if form is None:
+            form = lay.form[p] if index is None else lay.form_at(p, index)
+        self.shown[p] = form
