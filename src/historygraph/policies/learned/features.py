@@ -198,7 +198,7 @@ class _Query:
 
     t: int
     latest: int | None
-    latest_values: frozenset[str]
+    latest_values: set[str] | frozenset[str]  # (frozenset: as TFA took them)
     latest_words: frozenset[str]
     latest_files: frozenset[str]
     latest_idents: frozenset[str]

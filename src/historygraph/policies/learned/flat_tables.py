@@ -87,9 +87,13 @@ class Flat:
     def _flush(self) -> None:
         if self._added[0]:
             new = np.asarray(self._added[1], dtype=np.int64)
-            for grow, added in zip((self.rows, self.ids, self.own), self._added):
-                grow.extend(added)
-                added.clear()
+            rows, ids, own = self._added
+            self.rows.extend(rows)
+            rows.clear()
+            self.ids.extend(ids)
+            ids.clear()
+            self.own.extend(own)
+            own.clear()
             self.df.reserve(len(self.vocab) - self.df.n)
             self.df.view()[:] += np.bincount(new, minlength=len(self.vocab))
 
@@ -123,7 +127,7 @@ class Flat:
                             for q, k in zip(queries, sizes)]) if nq else np.zeros(0)
         which = np.repeat(np.arange(nq), sizes)  # the query of each of ids
         owns = np.array([bool(q[2]) for q in queries])
-        out = np.zeros((nq, n))
+        out: np.ndarray = np.zeros((nq, n))  # float64 (np.bincount with weights)
         if self._indexed:  # the postings of the members, concatenated in the order of ids
             known = ids < len(self._indptr) - 1
             q, wq, qk = ids[known], w[known], which[known]

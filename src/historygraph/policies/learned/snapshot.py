@@ -7,7 +7,8 @@ the assistant messages' identifiers are built from it only when first read."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, SupportsIndex, overload
 
 import msgspec
 import numpy as np
@@ -30,14 +31,14 @@ class _Idents(list):
         super().__init__(rows)
         self.raw = len(rows)  # entries still stored rows, all before the first made one counted from the end
 
-    def _make(self, i: int) -> tuple[int, frozenset[str]]:
+    def _make(self, i: SupportsIndex) -> tuple[int, frozenset[str]]:
         v = list.__getitem__(self, i)
         if type(v) is list:
             v = (v[0], frozenset(v[1]))
             list.__setitem__(self, i, v)
         return v
 
-    def __reversed__(self):  # type: ignore[no-untyped-def,override]
+    def __reversed__(self) -> Iterator[tuple[int, frozenset[str]]]:
         for i in range(len(self) - 1, -1, -1):
             yield self._make(i)
 
@@ -48,10 +49,16 @@ class _Idents(list):
             self.raw = 0
         return list.__getitem__(self, slice(None))
 
-    def __iter__(self):  # type: ignore[no-untyped-def,override]
+    def __iter__(self) -> Iterator[tuple[int, frozenset[str]]]:
         return iter(self._all())
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> tuple[int, frozenset[str]]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[int, frozenset[str]]]: ...
+
+    def __getitem__(self, i: SupportsIndex | slice) -> tuple[int, frozenset[str]] | list[tuple[int, frozenset[str]]]:
         if isinstance(i, slice):
             return self._all()[i]
         return self._make(i)
@@ -59,7 +66,7 @@ class _Idents(list):
     def __eq__(self, other: object) -> bool:
         return self._all() == (other._all() if isinstance(other, _Idents) else other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         return repr(self._all())
@@ -181,8 +188,8 @@ def _unpack_facts(graph: ContextGraph, counter: TokenCounter, data: _Snapshot | 
         setattr(gf, name, grow_of(_unpacked(getattr(data, name))))
     for name in _FLATS:
         vocab, rows_, ids, own, df, indexed, post_rows, post_own, indptr = getattr(data, name)
-        setattr(gf, name, Flat.restored(vocab, *(_unpacked(x) for x in (rows_, ids, own, df)), indexed,
-                                        *(_unpacked(x) for x in (post_rows, post_own, indptr))))
+        setattr(gf, name, Flat.restored(vocab, _unpacked(rows_), _unpacked(ids), _unpacked(own), _unpacked(df), indexed,
+                                        _unpacked(post_rows), _unpacked(post_own), _unpacked(indptr)))
     gf.reuse_read = data.reuse_read
     gf.reuse_seen = {p: (read, turns) for p, read, turns in data.reuse_seen}
     gf.facts.lazy, gf.facts.lazy_set = rows, set(rows)
