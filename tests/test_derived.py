@@ -13,7 +13,8 @@ import pytest
 from historygraph.history import derived as derived_mod
 from historygraph.history.derived import Derived, DerivedKind, pack_array, source_version, unpack_array
 from historygraph.history.events import Message, ToolCall
-from historygraph.policies.learned import features as features_mod
+from historygraph.policies.learned import facts_cache as facts_cache_mod, features as features_mod, result_facts as result_facts_mod
+from historygraph.policies.learned.stored_kinds import FACTS_SNAPSHOT
 from historygraph.history.graph import TFA_VALUES, ContextGraph
 from historygraph.signals.steps import features as steps_mod, parents as steps_parents, view as steps_view
 from historygraph.signals.steps.features import STEP_FEATURES
@@ -66,7 +67,7 @@ def spy_extractors(monkeypatch) -> list[str]:
             texts.append(text)
             return fn(text, *a)
         return run
-    for mod in (features_mod, steps_mod):
+    for mod in (features_mod, facts_cache_mod, result_facts_mod, steps_mod):
         for name in ("identifiers_in", "files_in", "extract_values", "parse_test_output", "call_kind", "words"):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, spy(getattr(mod, name)))
@@ -436,7 +437,7 @@ def test_learned_state_starts_from_its_snapshot(tmp_path, monkeypatch):
     features_mod.feature_matrix(s.graph("s"), s.graph("s").results(), counter)
     s.close()
     with sqlite3.connect(path) as db:
-        (data,) = db.execute("SELECT data FROM derived WHERE kind = ?", (features_mod.FACTS_SNAPSHOT.name,)).fetchone()
+        (data,) = db.execute("SELECT data FROM derived WHERE kind = ?", (FACTS_SNAPSHOT.name,)).fetchone()
     assert json.loads(data)["upto"] == 7 and json.loads(data)["rows"] == [2, 4, 6]
     # the observed reuse read and the postings complete as of those 7 messages: nothing read or sorted again
     snap, seven = json.loads(data), ContextGraph("s", EVENTS[:7])
@@ -519,7 +520,7 @@ def test_a_learned_snapshot_of_other_results_is_not_used(monkeypatch):
     g = ContextGraph("s", EVENTS, derived=Derived(persist=True))
     want = features_mod.feature_matrix(g, g.results(), counter)
     rows, _ = g.derived.take()
-    (snap,) = [r for r in rows if r[0] == features_mod.FACTS_SNAPSHOT.name]
+    (snap,) = [r for r in rows if r[0] == FACTS_SNAPSHOT.name]
     data = json.loads(snap[3])
     no_reuse = {k: v for k, v in data.items() if k != "reuse_read"}
     for forged_data in ({**data, "rows": [2, 4, 7, 8]}, {**data, "encoding": "cl100k_base"}, no_reuse,

@@ -793,7 +793,7 @@ def reference_feature_matrix(graph, positions, counter):
     """:func:`historygraph.policies.learned.features.feature_matrix` before vectorisation: one row per result from
     the per-result facts (the formulas of the module docstring), summing a cover's IDF weights in
     sorted word order as the vectorised code does."""
-    from historygraph.policies.learned import features as fx
+    from historygraph.policies.learned import features as fx, result_facts as rf
     from historygraph.history.graph import operations
     from historygraph.signals.reuse import extract_values
     from historygraph.signals.steps.features import files_in, identifiers_in
@@ -837,7 +837,7 @@ def reference_feature_matrix(graph, positions, counter):
         reuse_turns = {turn_of[m.user] for m in graph.reuse.matches.get(p, ())}
         last = max(reuse_turns) if reuse_turns else None
         later_view = any(gf.last_view.get(x, -1) > p for x in f.files) if f.kind == "view" else False
-        superseded = later_view or gf.last_command.get(fx.command_key(f.command), -1) > p
+        superseded = later_view or gf.last_command.get(rf.command_key(f.command), -1) > p
         edited_later = any(gf.last_edit.get(x, -1) > p for x in f.shown_files)
         out[row] = (
             age, math.log1p(age), math.exp(-0.3 * age),
@@ -847,7 +847,7 @@ def reference_feature_matrix(graph, positions, counter):
             math.log1p(len(f.values & latest_values)), math.log1p(len(f.values & task_values)),
             cover(f.words, latest_words, idf, latest_total), cover(f.words, task_words, idf, task_total),
             math.log1p(f.tokens),
-            *(float(f.kind == k) for k in fx.KINDS),
+            *(float(f.kind == k) for k in rf.KINDS),
             float(p in deps), float(superseded), float(edited_later),
             float(bool(f.shown_files & latest_files)),
             math.log1p(gf.unique[p]), math.log1p(len(f.values)), float(f.error), float(f.owner == latest),
@@ -1490,7 +1490,7 @@ def test_ordered_vector_rows_are_the_gathered_rows_and_earlier_views_keep_theirs
 def test_query_ids_kept_per_query_follow_a_growing_vocabulary():
     """The kept vocabulary ids of a query (the task's words) equal a fresh lookup after the
     vocabulary grows, a word unknown before included; an array handed out earlier is unchanged."""
-    from historygraph.policies.learned.features import _Flat, _query_ids
+    from historygraph.policies.learned.flat_tables import Flat as _Flat, query_ids as _query_ids
 
     flat = _Flat()
     flat.add(0, ["beta", "delta"])

@@ -10,7 +10,8 @@ import pytest
 from historygraph.eval.replay import replay_trace
 from historygraph.history.events import Message, ToolCall, Trace
 from historygraph.policies.learned.dataset import trace_examples
-from historygraph.policies.learned.features import FEATURES, call_kind, feature_matrix
+from historygraph.policies.learned.features import FEATURES, feature_matrix
+from historygraph.policies.learned.result_facts import call_kind
 from historygraph.policies.learned.model import ReuseModel, ReuseModelError, TreeReuseModel
 from historygraph.policies.learned.train import fit_examples, fit_traces, invocation_sizes, labels, tree_arrays
 from historygraph.history.graph import ContextGraph
@@ -97,12 +98,12 @@ def test_member_sums_from_postings_and_recent_entries_equal_adding_each_rows_ter
     added since: per row, the same float as adding the weights of its members left to right in
     the query's order (here: members added in sorted order, queried in sorted order), before any
     index, with one, and with rows added after it; own-only sums count the members first held."""
-    from historygraph.policies.learned import features as fx
+    from historygraph.policies.learned import flat_tables as fx
 
     monkeypatch.setattr(fx, "_INDEX_MIN", 8)
     rng = np.random.default_rng(5)
     words = [f"w{i:02d}" for i in range(30)]
-    flat, sets, seen, owns, states = fx._Flat(), [], set(), [], set()
+    flat, sets, seen, owns, states = fx.Flat(), [], set(), [], set()
     query = sorted(rng.choice(words, 12, replace=False).tolist())
     idf = {w: float(rng.uniform(0.1, 3.0)) for w in words}
 
@@ -770,7 +771,7 @@ def test_error_flag_is_the_error_pattern_searched_whole(traces_dir):
     """``has_error`` (the error pattern's alternatives searched one at a time, each where its
     literal occurs) is true exactly where ``_ERROR.search`` finds a match, on the real traces'
     results and on made-up texts at its edges."""
-    from historygraph.policies.learned import features as fx
+    from historygraph.policies.learned import result_facts as fx
     from historygraph.traces import read_traces
 
     texts = ["<returncode>0</returncode>", "<returncode>1</returncode>", "ValueError: x", "MyError_x", "xError",

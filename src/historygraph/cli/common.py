@@ -8,12 +8,13 @@ import os
 import re
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 import typer.rich_utils
 from rich.console import Console
 
+from historygraph.history.events import Trace
 from historygraph.policies import REGISTRY, PolicyError
 from historygraph.policies import params as policy_params
 from historygraph.store import StoreError, open_store
@@ -68,7 +69,7 @@ def load_policy_params(items: list[str], path: Path | None, names: list[str]) ->
     return out
 
 
-def fail(msg: str, code: int = 2) -> None:
+def fail(msg: str, code: int = 2) -> NoReturn:
     err.print("[bold red]error:[/] ", end="")
     err.print(msg, markup=False, highlight=False, soft_wrap=True)  # paths and ids stay whole, copyable
     raise typer.Exit(code)
@@ -82,7 +83,8 @@ def warn(msg: str) -> None:
 def read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, list[dict[str, str]]]:
     """Every readable trace under ``paths`` and the files skipped (``{"path", "error"}``), each
     named in a warning; with ``strict`` the first unreadable file ends the command."""
-    traces, skipped = [], []
+    traces: list[Trace] = []
+    skipped: list[dict[str, str]] = []
     for p in paths:
         for f in list_trace_files(p):
             try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -14,7 +14,7 @@ from historygraph.policies import REGISTRY, config_fields
 
 def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """List the registered policies with their parameters and paper sources."""
-    rows = [{"name": n, "source": s.source, "summary": s.summary, "parameters": config_fields(n)}
+    rows: list[dict[str, Any]] = [{"name": n, "source": s.source, "summary": s.summary, "parameters": config_fields(n)}
             for n, s in sorted(REGISTRY.items())]
     if as_json:
         console.print_json(json.dumps(rows))

@@ -185,11 +185,11 @@ def _print_models(policies: dict) -> None:
 
 
 def _run(traces: list, names: list[str], budgets: list[int], policies: dict, signals: Signals, db, encoding: str,  # noqa: ANN001
-         store: str | None, jobs: int, params: dict[str, dict], embedder: str, models: dict) -> tuple[dict[int, object], int, str | None]:
+         store: str | None, jobs: int, params: dict[str, dict], embedder: str, models: dict) -> tuple[dict[int, list], int, str | None]:
     """Replay ``traces`` under a progress bar, in this process or in ``jobs`` worker processes: the
     results of each finished trace (trace index -> one result per budget), the texts the workers
     embedded, and why the replay stopped early (Ctrl-C, a model that failed) or ``None``."""
-    done: dict[int, object] = {}
+    done: dict[int, list] = {}
     embedded = [0]
     stopped: str | None = None
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Optional, cast
 
 import typer
 from rich.table import Table
@@ -133,7 +133,7 @@ def render(
             t.add_row("+", extra.role, extra.tool_call_id or "", extra.rendered_as or "synthetic",
                       str(signals.counter.count_message(extra)), Text("added by the policy: " + extra.content[:120]))
     console.print(t)
-    ids = [graph.messages[p].tool_call_id for p in r.omitted]
+    ids = [cast(str, graph.messages[p].tool_call_id) for p in r.omitted]  # (a result answers a call: it has its id)
     console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "
                   f"{len(r.full)} tool results full, {len(ids)} omitted")
     if ids:

@@ -189,7 +189,7 @@ def to_canonical(instructions: Any, items: Any) -> tuple[list[Message], list[Pie
     return out, pieces
 
 
-def _custom_call_ids(pieces: list[Piece | None]) -> set[str]:
+def _custom_call_ids(pieces: list[Piece | None]) -> set[str | None]:
     return {it.get("call_id") for p in pieces if p is not None for it in p.items
             if isinstance(it, dict) and it.get("type") == "custom_tool_call"}
 
@@ -242,9 +242,11 @@ def responses_usage(obj: Any) -> Usage | None:
     u = obj.get("usage") if isinstance(obj, dict) else None
     if not isinstance(u, dict) or not isinstance(u.get("input_tokens"), int):
         return None
-    details = u.get("input_tokens_details") if isinstance(u.get("input_tokens_details"), dict) else {}
-    cached = details.get("cached_tokens") if isinstance(details.get("cached_tokens"), int) else 0
-    written = details.get("cache_write_tokens") if isinstance(details.get("cache_write_tokens"), int) else 0
+    d = u.get("input_tokens_details")
+    details: dict = d if isinstance(d, dict) else {}
+    c, w = details.get("cached_tokens"), details.get("cache_write_tokens")
+    cached = c if isinstance(c, int) else 0
+    written = w if isinstance(w, int) else 0
     return Usage(max(0, u["input_tokens"] - cached - written), max(0, cached), max(0, written))
 
 

@@ -31,7 +31,8 @@ from historygraph.history.events import Trace
 from historygraph.history.graph import ContextGraph, operations
 from historygraph.signals.steps.features import files_in
 from historygraph.signals.tokens import TokenCounter
-from historygraph.policies.learned.features import FEATURES, feature_matrix, graph_facts
+from historygraph.policies.learned.facts_cache import graph_facts
+from historygraph.policies.learned.features import FEATURES, feature_matrix
 
 
 @dataclass

@@ -82,13 +82,14 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
     walked = 0
     for p, gone_before in zip(kept_order, gone_counts):
         if gone_before > walked:
-            run.extend(gone_steps[walked:gone_before])  # type: ignore[arg-type]  # (no None left)
+            run.extend(gone_steps[walked:gone_before])
             walked = gone_before
         if msgs[p].role != "tool":
             mark()
         m = forms.get(p, graph.messages[p])
         if p in pieces and len(pieces[p]) < pieces[p][0].pieces:
-            m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in sorted(x.span for x in pieces[p])), "segments")
+            spans = sorted(x.span for x in pieces[p] if x.span is not None)  # (every piece's is set)
+            m = m.with_content(SEGMENT_JOIN.join(m.content[a:b] for a, b in spans), "segments")
         out.append(m)
         positions.append(p)
         history += 0 if p in outside else count(m)
@@ -96,7 +97,7 @@ def assemble(name: str, graph: ContextGraph, shown: list[Block], budget: int | N
             out.append(s)
             positions.append(None)
             history += count(s)
-    run.extend(gone_steps[walked:])  # type: ignore[arg-type]
+    run.extend(gone_steps[walked:])
     mark()
     if plain is None:
         plain = build_blocks(graph)

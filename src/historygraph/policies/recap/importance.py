@@ -84,8 +84,8 @@ def apply_attention(st: SessionState, att: MessageAttention, msg_block: list[int
     st.observed |= set(rbar)
     rows: dict[int, list[int]] = {}
     for i, m in enumerate(att.row_message):
-        if 0 <= m < len(msg_block) and msg_block[m] is not None:
-            rows.setdefault(msg_block[m], []).append(i)
+        if 0 <= m < len(msg_block) and (blk := msg_block[m]) is not None:
+            rows.setdefault(blk, []).append(i)
     for b, idx in rows.items():
         mass: dict[int, float] = {}
         for m, a in enumerate(msg_block):

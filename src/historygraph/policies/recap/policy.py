@@ -213,7 +213,7 @@ class Recap:
         else:
             hist, current_cost = blocks, 0
         new_turn = current is not None and current != st.turn_user
-        if new_turn:
+        if new_turn and current is not None:  # (new_turn implies it)
             if st.turn_user is None and len(users) > 1:  # first render of a session with a completed turn
                 st.segment_start = users[-2]
             if st.turn_user is not None or len(users) > 1:
@@ -306,8 +306,8 @@ class Recap:
                 used_tok += cost[i]
                 used_chr += chars[i]
         if cfg.use_graph:
-            for b in sorted(chosen, key=lambda i: (-score[i], i)):  # one hop from the fixed seed set
-                preds = sorted(((w, a) for (a, bb), w in st.edges.items() if bb == b), reverse=True)
+            for seed in sorted(chosen, key=lambda i: (-score[i], i)):  # one hop from the fixed seed set
+                preds = sorted(((w, a) for (a, bb), w in st.edges.items() if bb == seed), reverse=True)
                 for _, a in preds:
                     if a in chosen or a in st.stale or a not in chars:
                         continue

@@ -34,7 +34,8 @@ def edited_files(message: Message) -> set[str]:
         args = args if isinstance(args, dict) else {}
         if _EDIT_TOOL.search(c.name) and args.get("command") != "view":
             out.update(str(args[k]) for k in _PATH_KEYS if isinstance(args.get(k), str))
-        cmd = args.get("command") if isinstance(args.get("command"), str) else c.arguments
+        command = args.get("command")
+        cmd = command if isinstance(command, str) else c.arguments
         for a, b in _SHELL_WRITE.findall(cmd):
             if (a or b) not in ("/dev/null",):
                 out.add(a or b)

@@ -107,8 +107,9 @@ def _action_of(message: Message) -> str:
             data = json.loads(args)
         except ValueError:
             data = None
-        if isinstance(data, dict) and isinstance(data.get("command", data.get("cmd")), str):
-            args = data.get("command", data.get("cmd"))
+        command = data.get("command", data.get("cmd")) if isinstance(data, dict) else None
+        if isinstance(command, str):
+            args = command
         parts.append(f"{c.name}: {args}")
     return "\n".join(parts)
 

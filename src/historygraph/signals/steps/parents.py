@@ -68,7 +68,7 @@ def _powers_of(decay: float) -> IntTable:
     return IntTable(lambda gap: decay ** gap)
 
 
-def lowcost_selector(cfg: ParentScoring) -> Selector:
+class LowCostSelector:
     """The selector of the paper's low-cost configuration (§3.3). Its ``from_postings(steps, k,
     files, identifiers)`` makes the same picks from the postings of step ``k``'s files and
     identifiers in the inverted index of :func:`build_steps` (per file, per identifier, the indices
@@ -79,16 +79,24 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
     and Python's ``**`` once, the terms added in its order), and only the best ones are checked
     for their status (passed or unknown), so a step whose status is never read is never built."""
 
-    def pick(scored: list[tuple[float, int]]) -> tuple[int, ...]:
+    shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
+
+    def __init__(self, cfg: ParentScoring) -> None:
+        self.cfg = cfg
+        self.decay = _powers_of(cfg.recency_decay)
+        # a pure function of the steps: its picks are kept with a stored session, under a name of its weights
+        self.stored_as = "lowcost-" + hashlib.blake2b(repr(cfg).encode(), digest_size=6).hexdigest()
+
+    def pick(self, scored: list[tuple[float, int]]) -> tuple[int, ...]:
         scored.sort(key=lambda t: (t[0], t[1]), reverse=True)  # ties: the more recent first
-        return tuple(i for _, i in scored[:cfg.max_parents])
+        return tuple(i for _, i in scored[:self.cfg.max_parents])
 
-    def select(steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
-        return pick([(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None])
+    def __call__(self, steps: list[Step], k: int, eligible: list[int]) -> tuple[int, ...]:
+        cfg = self.cfg
+        return self.pick([(s, i) for i in eligible if (s := score_parent(steps[i], steps[k], cfg)) is not None])
 
-    log1p, decay = LOG1P, _powers_of(cfg.recency_decay)
-
-    def from_postings(steps: list[Step], k: int, files: list, identifiers: list) -> tuple[int, ...]:
+    def from_postings(self, steps: list[Step], k: int, files: list, identifiers: list) -> tuple[int, ...]:
+        cfg, log1p, decay = self.cfg, LOG1P, self.decay
         shared, f, i = _shared_counts(files, identifiers, k)  # (a step's index is its place in ``steps``)
         if not len(shared):
             return ()
@@ -102,8 +110,7 @@ def lowcost_selector(cfg: ParentScoring) -> Selector:
                     break
         return tuple(out[:cfg.max_parents])  # (max_parents ≤ 0: every eligible one collected, cut as pick cuts)
 
-    select.shared_only = True  # a candidate sharing no file or identifier scores None: never chosen
-    select.from_postings = from_postings
-    # a pure function of the steps: its picks are kept with a stored session, under a name of its weights
-    select.stored_as = "lowcost-" + hashlib.blake2b(repr(cfg).encode(), digest_size=6).hexdigest()
-    return select
+
+def lowcost_selector(cfg: ParentScoring) -> LowCostSelector:
+    """The :class:`LowCostSelector` of ``cfg`` (a :data:`Selector`)."""
+    return LowCostSelector(cfg)

@@ -9,7 +9,9 @@ import itertools
 import json
 import operator
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import fields
+from typing import Any, SupportsIndex, overload
 
 import msgspec
 import numpy as np
@@ -67,7 +69,7 @@ class _StoredStep(Step):
             return NotImplemented
         return all(getattr(self, f) == getattr(other, f) for f in _STEP_FIELDS)
 
-    __hash__ = None  # type: ignore[assignment]  (as Step's)
+    __hash__ = None  # type: ignore[assignment]  # (as Step's: mypy takes a dataclass's from object)
 
     def copy(self) -> Step:
         """A copy that stays unread until used, sharing the loader."""
@@ -90,6 +92,18 @@ class StoredColumns:
 
     __slots__ = ("n", "positions", "result_counts", "result_array", "results_flat", "result_ends",
                  "parents_flat", "parent_ends", "status", "superseded_by", "runs", "undo")
+    n: int
+    positions: list[int]
+    result_counts: np.ndarray
+    result_array: np.ndarray
+    results_flat: list[int]
+    result_ends: list[int]
+    parents_flat: list[int]
+    parent_ends: list[int]
+    status: str
+    superseded_by: dict[int, int]
+    runs: dict[int, list]
+    undo: list[tuple[int, ...]]
 
     @classmethod
     def read(cls, data: dict, positions: list[int]) -> "StoredColumns | None":
@@ -167,7 +181,7 @@ def same_results(graph: ContextGraph, positions: list[int], stored: "StoredColum
     calls = sum(map(len, map(_TOOL_CALLS, map(msgs.__getitem__, positions))))
     owners = np.fromiter(call_owner.values(), dtype=np.int64, count=len(call_owner))
     if calls + int((owners >= upto).sum()) != len(call_owner):
-        return all(list(stored.results(k)) == [q for c in msgs[pos].tool_calls if (q := result_of.get(c.id, upto)) < upto]
+        return all(list(stored.results(k)) == [r for c in msgs[pos].tool_calls if (r := result_of.get(c.id, upto)) < upto]
                    for k, pos in enumerate(positions))
     ids = itertools.islice(call_owner, calls)  # the calls of the first ``upto`` messages (their owners come first)
     q = np.array(list(map(result_of.get, ids, itertools.repeat(upto))), dtype=np.int64)  # (fromiter over map: 3× slower)
@@ -218,10 +232,16 @@ class _LazySteps(list):
             self.raw -= 1
         return item
 
-    def __getitem__(self, k):  # type: ignore[no-untyped-def,override]
+    @overload
+    def __getitem__(self, k: SupportsIndex) -> Step: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[Step]: ...
+
+    def __getitem__(self, k: SupportsIndex | slice) -> Step | list[Step]:
         if isinstance(k, slice):
             return [self._at(i) for i in range(*k.indices(len(self)))]
-        return self._at(k)
+        return self._at(operator.index(k))
 
     def _all(self) -> list[Step]:
         if self.raw:
@@ -229,10 +249,10 @@ class _LazySteps(list):
                 self._at(k)
         return list.__getitem__(self, slice(None))
 
-    def __iter__(self):  # type: ignore[no-untyped-def,override]
+    def __iter__(self) -> Iterator[Step]:
         return iter(self._all())
 
-    def __reversed__(self):  # type: ignore[no-untyped-def,override]
+    def __reversed__(self) -> Iterator[Step]:
         return reversed(self._all())
 
     def __contains__(self, x: object) -> bool:
@@ -244,18 +264,18 @@ class _LazySteps(list):
     def __ne__(self, other: object) -> bool:
         return not self == other
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         return repr(self._all())
 
-    def index(self, *a):  # type: ignore[no-untyped-def,override]
+    def index(self, *a: Any) -> int:
         return self._all().index(*a)
 
-    def count(self, x: object) -> int:
+    def count(self, x: Any) -> int:
         return self._all().count(x)
 
-    def copy(self) -> list[Step]:  # type: ignore[override]
+    def copy(self) -> list[Step]:
         return list(self._all())
 
     def pop(self, k: int = -1) -> Step:  # type: ignore[override]
@@ -294,7 +314,7 @@ class StepIndex(dict):
         super().__init__()
         self.steps, self.n = steps, steps.stored.n
 
-    def get(self, k: int, default: object = None) -> object:  # type: ignore[override]
+    def get(self, k: int, default: object = None) -> object:
         if dict.__contains__(self, k):
             return dict.__getitem__(self, k)
         if type(k) is int and 0 <= k < self.n:
@@ -305,7 +325,7 @@ class StepIndex(dict):
         return self.n + sum(1 for k in dict.keys(self) if not 0 <= k < self.n)
 
 
-def lazy_steps(stored: StoredColumns, graph: ContextGraph) -> list[Step]:
+def lazy_steps(stored: StoredColumns, graph: ContextGraph) -> _LazySteps:
     """The steps of the snapshot columns ``stored`` as a list whose entries are built when first
     read (:class:`_LazySteps`), their features read by one :class:`_Loader` of ``graph``."""
     return _LazySteps(stored, graph.messages, _Loader(graph))

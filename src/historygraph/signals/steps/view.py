@@ -219,7 +219,7 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
                     pcache[key] = tuple(row[1])
         if key not in pcache:
             if shared_only:
-                if by_file is None:
+                if by_file is None or by_ident is None:  # (both read at once)
                     by_file, by_ident = index["files"], index["identifiers"]
                 # the postings of this step's files and identifiers: each earlier step is once in the
                 # postings of each of its own, so its count there is the size of the sets' intersection
@@ -232,7 +232,7 @@ def _extend(graph: ContextGraph, cache: dict, view: _View, selector: Selector, s
                 graph.derived.put(kind, pos, [len(msgs), list(pcache[key])])
         step.parents = pcache[key]
         if shared_only:
-            if by_file is None:
+            if by_file is None or by_ident is None:
                 by_file, by_ident = index["files"], index["identifiers"]
             _index_step(by_file, by_ident, of_step, step)
     view.upto = len(msgs)
