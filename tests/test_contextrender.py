@@ -65,11 +65,14 @@ def test_exact_tie_goes_to_the_older_result():
     # Two results with identical text length, the same vector as the query, relevance-only weights:
     # U is exactly 1.0 for both, so the older one (position 2) must win; the other then has R = 0.5
     # but does not fit.
-    g = _trace(["SAME aaaa " * 50, "SAME bbbb " * 50])
-    sig = _signals({"SAME": [1, 0, 0], "QUERY": [1, 0, 0]})
+    # A last short step ("ok", position 6) is the newest result, always shown (invariant §5.9): the
+    # budget holds it too, so that the two tied results compete for one place.
+    g = _trace(["SAME aaaa " * 50, "SAME bbbb " * 50, "ok"])
+    sig = _signals({"SAME": [1, 0, 0], "QUERY": [1, 0, 0], "ok": [0, 1, 0]})
     B, lay = _budget_for(g, sig.counter, 1)
+    B += lay.delta[6]
     r = create("cr-relevance").render(g, B, sig)
-    assert r.full == [2]
+    assert r.full == [2, 6]
     check_invariants(r, g, sig.counter)
 
 

@@ -278,13 +278,17 @@ def test_result_vectors_kept_per_graph_render_as_asking_for_every_result(real_tr
 
 
 def _fixed_layout():
-    """Four steps; base 144 tokens, B = 300; showing results 2 and 4 costs 36 tokens each, 6 and 8 cost 56."""
+    """Four steps and a closing reply; base 144 tokens (148 with the reply), B = 300 (304); showing
+    results 2 and 4 costs 36 tokens each, 6 and 8 cost 56. The closing reply (no calls) makes none
+    of the four the newest result, which is shown whatever the selection (invariant §5.9)."""
     msgs = [Message("user", "task")]
     for i, size in enumerate([60, 60, 80, 80]):
         msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", "{}"),)))
         msgs.append(Message("tool", "word " * size, tool_call_id=f"c{i}"))
+    msgs.append(Message("assistant", "done"))
     g = ContextGraph("s", msgs)
-    return Layout(g, TokenCounter(), 300)
+    counter = TokenCounter()
+    return Layout(g, counter, 300 + counter.count_message(msgs[-1]))
 
 
 @pytest.mark.parametrize("scores, vecs, expected", [
@@ -615,15 +619,18 @@ def test_candidate_costs_and_the_segment_drop_equal_the_unit_by_unit_code(real_t
         # the unit-by-unit loop the segment drop replaced
         ref = Runs(lay.runs.glue, lay._marker_tokens)
         base = sum(u.cost for u in lay.units)
-        if base > budget and not lay.fits_in_full:
+        newest = sorted(lay.required)  # shown whatever the selection (invariant §5.9): room made for them first
+        need = lay._newest_need(newest, 0.25)
+        if base + need > budget and not lay.fits_in_full:
             protected = sum(u.cost for u in lay.units if u.protected)
             for i, unit in enumerate(lay.units):
-                if base <= max(int(budget * 0.5), protected):
+                if base <= max(min(int(budget * 0.5), budget - need), protected):
                     break
                 if unit.protected:
                     continue
                 base += ref.add_delta(i) - unit.cost
                 ref.add(i)
+        base += sum(lay.counter.count_message(lay.required[p]) - lay.placeholder_tokens[p] for p in newest)
         assert (lay.base_tokens, lay.runs.start, lay.runs.end) == (base, ref.start, ref.end), (tr.trace_id, len(g))
         sel = lay.selection()
         for p in reversed(lay.candidates):

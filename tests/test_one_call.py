@@ -81,7 +81,8 @@ def test_a_session_without_a_store_lives_in_the_process_store():
 
 def test_a_policy_instance_with_parameters():
     out = render_messages(openai_conversation(), budget=400, policy=create("cw-sliding-window", n=0))
-    assert out[5]["content"].startswith("[tool result c2 omitted from this context (5 tokens)")
+    assert out[3]["content"].startswith("[tool result c1 omitted from this context (")  # a window of no observations
+    assert out[5]["content"] == "small: 3 rows"  # but the newest result is shown whatever the policy (invariant §5.9)
 
 
 def test_bad_input_names_what_is_wrong():

@@ -141,12 +141,33 @@ def check_nothing_lost(rendering: Rendering, graph: ContextGraph, counter: Token
                 raise InvariantError(f"§5.6 marker: message {p} was left out without a dropped-step marker naming it")
 
 
+def check_newest_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                       outside: set[int]) -> None:
+    """§5.9 the agent sees what it is answering: each result of the latest assistant message's
+    calls is rendered complete, or as a marked excerpt naming its id."""
+    last = next((p for p in range(len(graph) - 1, -1, -1) if graph.messages[p].role == "assistant"), None)
+    if last is None:
+        return
+    newest = {q for c in graph.messages[last].tool_calls if (q := graph.result_of.get(c.id)) is not None}
+    if not newest:
+        return
+    seen = {p: m for m, p in zip(rendering.messages, rendering.positions) if p in newest}
+    for q in sorted(newest):
+        m = seen.get(q)
+        orig = graph.messages[q]
+        if m is None or not (m is orig or m.content == orig.content
+                             or (m.rendered_as == "excerpt" and (orig.tool_call_id or "") in m.content)):
+            how = "left out" if m is None else f"shown as {m.rendered_as or 'altered text'}"
+            raise InvariantError(f"§5.9 newest: result {orig.tool_call_id} (position {q}) of the latest assistant message "
+                                 f"was {how}, not complete or an excerpt naming its id")
+
+
 #: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5. §5.7's order
 #: (results directly after their call) is checked by §5.2 and §5.3; its protected loop opening and
 #: §5.8 (what B counts) are held by the layout (:mod:`historygraph.render`), not checked here.
 INVARIANTS: tuple[Callable[[Rendering, ContextGraph, TokenCounter, StoredFacts, set[int]], None], ...] = (
     check_budget, check_pairing, check_order_and_completeness, check_in_flight, check_unchanged_under_budget,
-    check_nothing_lost)
+    check_nothing_lost, check_newest_shown)
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:

@@ -20,9 +20,9 @@ from historygraph.history.graph import ContextGraph
 from historygraph.render._memo import TokenMemo, token_memo
 from historygraph.render._units import Runs, Unit, weakly
 from historygraph.render.assemble import Assembly
-from historygraph.render.markers import oversized_excerpt, placeholder_for
+from historygraph.render.markers import EXCERPT_MARK, excerpt_for, oversized_excerpt, placeholder_for
 from historygraph.render.order import loop_guard
-from historygraph.render.rendering import Rendering
+from historygraph.render.rendering import BudgetTooSmallError, Rendering
 from historygraph.render.selection import Selection
 from historygraph.signals.tokens import TokenCounter
 
@@ -51,8 +51,17 @@ class Layout(Assembly):
     ``rendered_as="summary"``), charged to B first, like the non-tool history; ``placeholder``
     builds the stand-in of an unshown result (it must name the result id, docs/architecture.md, invariant §5.3).
 
+    **The newest results** (docs/architecture.md, invariant §5.9): the results of the latest
+    assistant message, the output the coming call answers, are shown whatever the policy selects:
+    ``required`` maps each to the form it is shown in, charged in ``base_tokens`` (they stay
+    candidates, at cost 0 in every :class:`Selection`): complete, or, when they do not all
+    fit beside the protected history, a marked excerpt naming the id (the larger ones first cut to
+    an equal share of what B leaves; a result larger than B is its oversized excerpt). Steps are
+    dropped (oldest first) to make room for them before anything is cut.
+
     Raises:
-        BudgetTooSmallError: when ``budget`` cannot hold the protected history.
+        BudgetTooSmallError: when ``budget`` cannot hold the protected history and an excerpt of
+            each newest result.
     """
 
     def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
@@ -86,11 +95,58 @@ class Layout(Assembly):
             self.runs.add_sorted(sorted(left_out))
         self.base_tokens = sk["total_cost"] - (int(self._costs[self._dropped_mask].sum()) if left_out else 0) + \
             sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
-        if budget is not None and self.base_tokens > budget and not self.fits_in_full:
+        newest = self._newest_results(sk)
+        need = self._newest_need(newest, excerpt_fraction)
+        if budget is not None and self.base_tokens + need > budget and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than
             # the short results they stand for, and the unchanged history is rendered instead)
-            self._drop_for_budget(result_reserve, protected_units, dropped_units)
+            self._drop_for_budget(result_reserve, protected_units, dropped_units, need)
         self._offer_candidates(sk, left_mask, excerpt_fraction)
+        self.required: dict[int, Message] = {}
+        self.required_index = np.zeros(0, dtype=np.int64)  # their indices in ``candidates``
+        if newest and budget is not None:
+            self._require_newest(newest)
+
+    def _newest_results(self, sk: dict[str, Any]) -> list[int]:
+        """Positions of the latest results of the latest assistant message's calls (§5.9), ascending."""
+        last, graph = sk["last_assistant"], self.graph
+        if last is None:
+            return []
+        cands = set(sk["candidates"])
+        return sorted(p for c in graph.messages[last].tool_calls if (p := graph.result_of.get(c.id)) is not None and p in cands)
+
+    def _newest_need(self, newest: list[int], excerpt_fraction: float) -> int:
+        """Tokens that showing the newest results adds to their placeholders (a result larger than
+        B counted as its oversized excerpt)."""
+        if not newest or self.budget is None:
+            return 0
+        ph, full, budget = self.placeholder_tokens, self.full_cost, self.budget
+        return sum(min(full[p], max(16, int(excerpt_fraction * budget))) - ph[p] if full[p] > budget else full[p] - ph[p]
+                   for p in newest)
+
+    def _require_newest(self, newest: list[int]) -> None:
+        """Show the newest results whatever the policy selects and charge them in ``base_tokens``, each in
+        the largest form that fits (complete, else an excerpt of an equal share of what is left,
+        smallest results first). Raises BudgetTooSmallError when not even an excerpt of each fits."""
+        budget, counter, ph = self.budget, self.counter, self.placeholder_tokens
+        assert budget is not None
+        msgs = self.graph.messages
+        forms = {p: self._excerpt_forms.get(p, msgs[p]) for p in newest}
+        cost = {p: counter.count_message(forms[p]) if p in self._excerpt_forms else self.full_cost[p] for p in newest}
+        left = budget - self.base_tokens + sum(ph[p] for p in newest)  # tokens for the newest results themselves
+        for i, p in enumerate(sorted(newest, key=lambda q: (cost[q], q))):
+            share = left // (len(newest) - i)
+            if cost[p] > share or forms[p].rendered_as == "placeholder":  # (an oversized excerpt too small for any text)
+                forms[p] = excerpt_for(msgs[p], share, counter)
+                if forms[p].rendered_as != "excerpt":  # too small for the marker and some text
+                    raise BudgetTooSmallError(budget, self.base_tokens + sum(self._least_excerpt(q) - ph[q] for q in newest))
+                cost[p] = counter.count_message(forms[p])
+                self.reasons[p] = (f"newest result (the output the next call answers, invariant §5.9): {self.full_cost[p]} "
+                                   f"tokens do not fit beside the protected history; shown as a marked excerpt")
+            left -= cost[p]
+        self.base_tokens += sum(cost[p] - ph[p] for p in newest)
+        self.required = forms
+        self.required_index = np.asarray([self._index(p) for p in newest], dtype=np.int64)
 
     def _take_skeleton(self, memo: TokenMemo, sk: dict[str, Any]) -> None:
         """The layout's state from the graph's token memo and a snapshot ``sk`` of its skeleton
@@ -190,6 +246,12 @@ class Layout(Assembly):
                     if self._cand[0] is arr["cand_delta"]:  # shared with the skeleton: a copy of our own
                         self._cand = (self._cand[0].copy(), self._cand[1])
                     self._cand[0][bisect.bisect_left(self.candidates, p)] = delta
+
+    def _least_excerpt(self, p: int) -> int:
+        """Tokens of about the smallest excerpt of result ``p``: its marker and 8 tokens of text."""
+        m = self.graph.messages[p]
+        total = self.counter.count(m.content)
+        return self.counter.count_message(m.with_content(EXCERPT_MARK.format(id=m.tool_call_id, kept=8, total=total), "excerpt")) + 8
 
     def _candidate_maps(self) -> None:
         """Set :attr:`unit_of`, :attr:`form` and :attr:`delta` (those not set yet) from the

@@ -58,16 +58,18 @@ class StepPricing:
     _bulk: dict[tuple[int, int], np.ndarray]
     _revivals: np.ndarray | None
 
-    def _drop_for_budget(self, result_reserve: float, protected_units: set[int], dropped_units: set[int]) -> None:
-        """Drop units until the retained history fits in ``(1 − result_reserve)·B`` (or the
-        protected history, when more), oldest first: with units the policy left out, unit by unit
-        (each joining the runs of markers around it), else a segment at a time
-        (:meth:`_drop_oldest`). ``dropped_units``: the layout's set of dropped units (the policy's
-        own). Raises :class:`~historygraph.render.rendering.BudgetTooSmallError` when the protected
-        history alone is over B."""
+    def _drop_for_budget(self, result_reserve: float, protected_units: set[int], dropped_units: set[int],
+                         need: int = 0) -> None:
+        """Drop units until the retained history fits in ``(1 − result_reserve)·B``, and in
+        ``B − need`` (the room the newest results need, invariant §5.9), or the protected history
+        when more, oldest first: with units the policy left out, unit by unit (each joining the
+        runs of markers around it), else a segment at a time (:meth:`_drop_oldest`).
+        ``dropped_units``: the layout's set of dropped units (the policy's own). Raises
+        :class:`~historygraph.render.rendering.BudgetTooSmallError` when the protected history
+        alone is over B."""
         budget, left_out, counter = self.budget, self.left_out, self.counter
         assert budget is not None
-        target = int(budget * (1.0 - result_reserve))
+        target = min(int(budget * (1.0 - result_reserve)), budget - need)
         protected = sum(self.units[i].cost for i in protected_units) + \
             sum(counter.count_message(m) for m in self.inserts.values())
         if left_out:

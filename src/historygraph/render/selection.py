@@ -29,7 +29,7 @@ class Selection:
         self.layout = layout
         self.used = layout.base_tokens
         self.revived = set()
-        self.shown: dict[int, Message] = {}
+        self.shown: dict[int, Message] = dict(layout.required)  # the newest results (§5.9), charged in the base
 
     @property
     def revived(self) -> set[int]:
@@ -48,8 +48,11 @@ class Selection:
                 self.runs.remove(u)
 
     def cost(self, p: int, form: Message | None = None) -> int:
-        """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``)."""
+        """Tokens added by showing result ``p`` as ``form`` (default ``layout.form[p]``); 0 for a
+        newest result (``layout.required``: shown already, charged in the base)."""
         lay = self.layout
+        if p in lay.required:
+            return 0
         if form is None or form is lay.form[p]:  # many questions between revivals: price every candidate at once
             if self._table is not None and (hit := self._table.get(p)) is not None:
                 return hit
@@ -64,6 +67,8 @@ class Selection:
         ``layout.candidates`` when the caller has it (then read from the candidate arrays: the
         layout's candidate dicts are not built)."""
         lay = self.layout
+        if p in lay.required:
+            return 0
         if index is None:
             u = lay.unit_of[p]
             shown = lay.form[p]
@@ -98,7 +103,13 @@ class Selection:
                 extra[a:b + 1] += 2 * floor - whole  # a marker left on each side
                 extra[a] -= floor  # the first and last unit of the run leave one
                 extra[b] -= floor
-        return delta + extra[unit]
+        return self._required_free(delta + extra[unit])
+
+    def _required_free(self, costs: np.ndarray) -> np.ndarray:
+        """``costs`` (per candidate) with the newest results' set to 0: shown already (§5.9)."""
+        if len(self.layout.required_index):
+            costs[self.layout.required_index] = 0
+        return costs
 
     def candidate_costs(self) -> np.ndarray:
         """``[cost(p) for p in layout.candidates]`` (int64), in bulk: each run of dropped steps is
@@ -116,11 +127,11 @@ class Selection:
             extra[list(self.revived)] = 0
         for a, b in self.runs.end.items():
             extra[a:b + 1] += run_term(a, b)
-        return delta + extra[unit]
+        return self._required_free(delta + extra[unit])
 
     def fits(self, p: int, form: Message | None = None) -> bool:
         lay = self.layout
-        if lay.budget is None:
+        if lay.budget is None or p in lay.required:
             return True
         u = lay.unit_of[p]
         if form is None and u in lay.dropped_units and u not in self.revived \
@@ -143,6 +154,8 @@ class Selection:
         the caller has priced it; ``index``: ``p``'s in ``layout.candidates``, and ``unit`` its unit,
         when the caller has those (then read from the candidate arrays: the layout's candidate
         dicts are not built)."""
+        if p in self.layout.required:  # a newest result (§5.9): shown already, charged in the base
+            return
         if cost is None:
             cost = self.cost(p, form)
         self.used += cost

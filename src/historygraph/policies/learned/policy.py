@@ -308,6 +308,8 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
         if float(value[s]) >= ceiling:
             break  # the rest are worth as much or more
         p = cands[s]
+        if p in lay.required:
+            continue  # a newest result is shown whatever the selection (invariant §5.9): never exchanged
         u = unit_of[p]
         room = lay.delta[p]  # what removing s frees: what s costs on top of the rest
         again = u in lay.dropped_units and shown_in[u] == 1  # removing s drops its step again

@@ -17,7 +17,7 @@ from typing import Any
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Signals
-from historygraph.render import SEGMENT_JOIN, UNANSWERED, oversized_excerpt, placeholder_for
+from historygraph.render import SEGMENT_JOIN, UNANSWERED, excerpt_for, oversized_excerpt, placeholder_for
 from historygraph.render._memo import token_memo
 from historygraph.signals.identifiers import identifiers
 
@@ -233,6 +233,11 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
     msgs, counter = graph.messages, signals.counter
     if budget is not None:  # the oversized results (oversized_excerpt is None for one within B), ascending
         snap.forms = {p: f for p in over if (f := oversized_excerpt(msgs[p], tokens[p], budget, counter)) is not None}
+        newest = newest_results(graph)
+        for p in newest:  # the agent sees what it answers (§5.9): an excerpt with text, in what its call's message leaves
+            if p in snap.forms and snap.forms[p].rendered_as == "placeholder":
+                room = (budget - tokens[graph.owner_of[p]]) // len(newest)
+                snap.forms[p] = excerpt_for(msgs[p], room, counter)
     count, forms, blocks = counter.count_message, snap.forms, snap.blocks
     for k in {result_block[p] for p in forms if p in result_block}:
         if k not in incomplete:
@@ -241,6 +246,14 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
         costs[k] = block_tokens(graph, blocks[k], signals, forms)
     snap.costs = costs
     return snap
+
+
+def newest_results(graph: ContextGraph) -> list[int]:
+    """Positions of the latest results of the latest assistant message's calls (docs/architecture.md §5.9)."""
+    last = next((p for p in range(len(graph) - 1, -1, -1) if graph.messages[p].role == "assistant"), None)
+    if last is None:
+        return []
+    return sorted(q for c in graph.messages[last].tool_calls if (q := graph.result_of.get(c.id)) is not None)
 
 
 def last_assistant(hist: list[Block]) -> int | None:

@@ -81,10 +81,10 @@ from historygraph.policies.base import Signals
 from historygraph.policies.registry import register
 from historygraph.policies.recap.assemble import assemble
 from historygraph.policies.recap.blocks import (Block, block_identifiers, block_messages, block_tokens, indexed_blocks,
-                                                last_assistant, message_chars, served_positions)
+                                                last_assistant, message_chars, newest_results, served_positions)
 from historygraph.policies.recap.importance import SessionState, apply_attention, mark_stale, served_ids
 from historygraph.policies.recap.selection import exploration_bonus, protected_set, seeded_rng, zscore
-from historygraph.render import BudgetTooSmallError, Rendering, loop_guard, loop_opening, placeholder_for
+from historygraph.render import EXCERPT_MARK, BudgetTooSmallError, Rendering, loop_guard, loop_opening, placeholder_for
 from historygraph.signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from historygraph.signals.identifiers import identifiers, idf_overlap
 
@@ -201,6 +201,19 @@ class Recap:
 
     # -- rendering -------------------------------------------------------------------------
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        """ReCAP's rendering (§3.3); raises BudgetTooSmallError when a result of the latest
+        assistant message cannot be shown even as an excerpt with some text (docs/architecture.md §5.9)."""
+        r = self._render(graph, budget, signals)
+        shown = dict(zip(r.positions, r.messages))
+        bad = [p for p in newest_results(graph) if p in shown and shown[p].rendered_as == "placeholder"]
+        if budget is not None and bad:
+            count = signals.counter.count_message
+            least = sum(count(graph.messages[p].with_content(EXCERPT_MARK.format(id=graph.messages[p].tool_call_id, kept=8, total=8),
+                                                            "excerpt")) + 8 - count(shown[p]) for p in bad)
+            raise BudgetTooSmallError(budget, max(budget + 1, r.history_tokens + least))
+        return r
+
+    def _render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         st = self.state(graph)
         ix = indexed_blocks(graph, self.config.segment, budget, signals)
         blocks, users, forms, costs = ix.blocks, ix.users, ix.forms, ix.costs
