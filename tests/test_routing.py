@@ -153,7 +153,8 @@ def _proxy_run(session_cache: int, steps: list[list[dict]]) -> tuple[list, list[
 
     import httpx
 
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     forwarded: list[dict] = []
 

@@ -30,7 +30,7 @@ from historygraph.history.graph import ContextGraph
 from historygraph.policies import PolicyError, check_production
 from historygraph.store import KEPT_KEYS, AppendConflict, StoreError
 from historygraph.store.base import MAX_KEY_LENGTH
-from historygraph.server.app import ClientError
+from historygraph.server.errors import ClientError
 
 
 def _auth(request: Request) -> None:

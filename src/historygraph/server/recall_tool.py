@@ -31,6 +31,8 @@ from historygraph.history.events import Message
 from historygraph.providers import anthropic as anth
 from historygraph.render import Rendering
 from historygraph.signals.calibration import anthropic_usage, openai_usage
+from historygraph.server.errors import ClientError
+from historygraph.server.proxy import answer_of
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 TOOL_NAME = "historygraph_recall"
@@ -137,8 +139,6 @@ class _Round:
 
 
 async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:
-    from historygraph.server.app import ClientError, _answer_of
-
     acc_cls = OpenAIStreamAccumulator if api == "openai" else anth.StreamAccumulator
     req = proxy.request("POST", url, json=body, headers=headers)
     try:
@@ -152,7 +152,7 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
             if up.status_code >= 400:
                 proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
                 return _Round(up.status_code, up.headers, [content], None, None, True)
-            answer = _answer_of(content, acc_cls)
+            answer = answer_of(content, acc_cls)
             data = json.loads(content)
             if api == "openai":
                 m = data["choices"][0]["message"]
