@@ -14,7 +14,7 @@ import typer
 from historygraph.cli.common import (ParamOption, ParamsFileOption, err, existing_store, fail, load_policy_params,
                                      one_budget, store_name, warn)
 from historygraph.policies import PolicyError
-from historygraph.server.config import DEFAULTS
+from historygraph.server.config import DEFAULTS, masked_url
 from historygraph.signals.embeddings import EMBEDDERS
 from historygraph.signals.tokens import ENCODINGS
 
@@ -81,7 +81,7 @@ def serve(
         fail(str(exc))
     except Exception as exc:  # an unreachable database, an unwritable path
         fail(f"cannot open store {store or 'default'}: {type(exc).__name__}: {exc}")
-    err.print(f"historygraph proxy on http://{host}:{port} → {upstream} | {anthropic_upstream}; policy {policy}, "
+    err.print(f"historygraph proxy on http://{host}:{port} → {masked_url(upstream)} | {masked_url(anthropic_upstream)}; policy {policy}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
     if workers == 1:
         from historygraph.server.app import tune_gc

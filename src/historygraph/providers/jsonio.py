@@ -13,6 +13,13 @@ may read ``0.00001``, the same number). With ``fast=False`` (a body that needed 
 parser, which may hold ``NaN``: msgspec would write ``null``) and for any value msgspec cannot
 encode, the standard encoder runs, with its errors.
 
+What the standard parser accepts but no provider reads, and the store cannot keep, is refused
+with :class:`UnusableJSON` (a ``ValueError`` naming the place, as ``messages[2].content``):
+``NaN``/``Infinity`` and numbers beyond the float range (``1e400``), strings holding a lone
+UTF-16 surrogate (``"\\ud800"``), and nesting deeper than the parsers go (about 1,000 levels; a
+4 KB body can hold it). Checked only on the standard parser's path, which msgspec's refusal
+selects, so a body msgspec reads costs nothing more.
+
 A proxied request re-sends the whole conversation, and most of it is forwarded as the client
 sent it; :func:`loads_request` therefore leaves each item of the ``messages`` array unparsed, as
 a ``msgspec.Raw`` (the client's bytes of that item, copied verbatim by :func:`dumps`), parsed by
@@ -23,6 +30,7 @@ messages that are new or differ from those last stored are).
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -36,13 +44,59 @@ _items = msgspec.json.Decoder(list[msgspec.Raw])
 Raw = msgspec.Raw
 
 
+class UnusableJSON(ValueError):
+    """JSON that parses but holds a value no provider reads (see the module docstring); ``where``
+    is its place in the document (``""``: the document itself)."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}" if where else what)
+        self.where, self.what = where, what
+
+
 def loads(data: bytes | str) -> tuple[Any, bool]:
     """``(value, fast)``: :func:`json.loads` semantics (raises ``json.JSONDecodeError`` or
-    ``UnicodeDecodeError`` as it does); ``fast`` is false when msgspec refused the document."""
+    ``UnicodeDecodeError`` as it does, :class:`UnusableJSON` for what no provider reads);
+    ``fast`` is false when msgspec refused the document."""
     try:
         return _decoder.decode(data), True
     except msgspec.DecodeError:
-        return json.loads(data), False
+        pass
+    except RecursionError:
+        raise UnusableJSON("", "JSON nested too deeply (about 1,000 levels or more)") from None
+    try:
+        value = json.loads(data)
+        check(value)
+    except RecursionError:
+        raise UnusableJSON("", "JSON nested too deeply (about 1,000 levels or more)") from None
+    return value, False
+
+
+def check(value: Any, where: str = "") -> None:
+    """Raise :class:`UnusableJSON` for the first non-finite number or string with a lone surrogate
+    in ``value`` (a value :func:`json.loads` gave)."""
+    if isinstance(value, str):
+        if not _encodable(value):
+            raise UnusableJSON(where, "a string holding a lone UTF-16 surrogate (\\ud800-\\udfff not in a pair)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise UnusableJSON(where, f"a number JSON cannot carry ({value!r}: NaN, Infinity, or beyond the float range)")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            at = f"{where}.{k}" if where else str(k)
+            if not _encodable(k):
+                raise UnusableJSON(where, "a key holding a lone UTF-16 surrogate")
+            check(v, at)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check(v, f"{where}[{i}]")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def dumps(value: Any, fast: bool = True) -> bytes:
@@ -72,7 +126,7 @@ def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None 
         out: dict[str, Any] = {k: split(v) if k == key else _decoder.decode(v) for k, v in top.items()}
         if key not in out:
             raise KeyError(key)
-    except (msgspec.DecodeError, KeyError):  # not an object, no such array, or refused: as loads does
+    except (msgspec.DecodeError, KeyError, RecursionError):  # not an object, no such array, or refused: as loads does
         return loads(data)
     return out, True
 

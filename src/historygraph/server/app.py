@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
 from historygraph.server import chat, messages, responses
+from historygraph.server.api import EncodedSegments
 from historygraph.server.api import router as api_router
 from historygraph.server.config import CONFIG_ENV, LOG_ENV, ServerConfig
 from historygraph.server.errors import ClientError, anthropic_error, not_found, openai_error, too_large
@@ -89,6 +90,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     app.add_exception_handler(HTTPException, not_found)  # provider-shaped 404s and 405s under /v1/
     app.include_router(api_router)
     app.include_router(ops_router)
+    app.add_middleware(EncodedSegments)  # session ids holding "/" (sent as %2F) stay one path segment
     app.add_middleware(SizeLimit, limit=config.max_body_bytes)
     app.add_middleware(CountRequests, metrics=proxy.metrics)
     app.add_middleware(Arrival)  # added last: outermost

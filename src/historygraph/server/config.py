@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from historygraph.policies import DEFAULT_POLICY, check_production, create
 from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER
@@ -43,6 +44,16 @@ class ServeDefaults:
 
 DEFAULTS = ServeDefaults()
 """The one table of serve defaults."""
+
+def masked_url(url: str) -> str:
+    """``url`` as the proxy shows it to clients and in its logs: credentials in it
+    (``https://user:password@host/v1``) replaced by ``***`` (``https://***@host/v1``); the
+    proxy still sends them upstream."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
 
 CONFIG_ENV = "HISTORYGRAPH_SERVE_CONFIG"  # JSON of a ServerConfig, read by each worker process
 LOG_ENV = "HISTORYGRAPH_SERVE_LOG"  # JSON {"level", "json"} of historygraph serve's log options, for each worker

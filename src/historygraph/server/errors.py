@@ -5,6 +5,12 @@
   response by the endpoint: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` for Chat
   Completions and the Responses API (:func:`openai_error`), Anthropic's ``{"type": "error",
   "error": {"type", "message"}}`` for the Messages API (:func:`anthropic_error`).
+* An upstream that answered but not usably (issue 38, class 3): a body cut after the headers, a
+  2xx body that is not a JSON object (:func:`upstream_fault`: a 502 whose message says what the
+  upstream did), or, once a stream has begun, an answer the proxy cannot read or a stream cut
+  mid-way (:func:`stream_error`: the provider's own error event ends the stream). Nothing is
+  stored as the answer; the request's messages are, so sending the request again continues the
+  session.
 * Routes the proxy does not serve: 404 (or 405) in the provider's error shape (:func:`not_found`):
   Anthropic's ``{"type": "error", "error": {"type": "not_found_error", "message"}}`` when the
   request looks like Anthropic's (an ``anthropic-version`` header, or a path under
@@ -13,9 +19,13 @@
 
 from __future__ import annotations
 
+import json
+
 from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
+
+from historygraph.server.config import masked_url
 
 SERVED = ("POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, "
           "GET /v1/models")
@@ -50,6 +60,36 @@ def anthropic_error(exc: ClientError) -> JSONResponse:
     """``exc`` in Anthropic's error shape (Messages, token counting)."""
     kind = error_type(exc.status)
     return JSONResponse({"type": "error", "error": {"type": kind, "message": str(exc)}}, exc.status)
+
+
+RETRY = "nothing was stored as its answer; sending the request again continues the session"
+
+
+def upstream_fault(url: str, status: int, what: str) -> ClientError:
+    """The 502 for an upstream at ``url`` that answered HTTP ``status`` unusably: ``what`` it did."""
+    return ClientError(f"upstream {masked_url(url)} answered HTTP {status} but {what}; {RETRY}", "upstream", 502)
+
+
+def not_json(content: bytes, content_type: str | None) -> str:
+    """What an upstream did that sent ``content`` where a JSON object was due (for :func:`upstream_fault`)."""
+    return (f"its body is not a JSON object ({content_type or 'no content-type'}, {len(content)} bytes, "
+            f"starting {content[:60]!r})")
+
+
+def stream_error(api: str, message: str, code: str) -> bytes:
+    """The server-sent event that ends a stream the proxy cannot finish, as each provider sends an
+    error mid-stream (its SDK raises it): Anthropic's ``event: error`` with ``{"type": "error",
+    "error": {"type": "api_error", "message"}}``, the Responses API's ``event: error`` with
+    ``{"type": "error", "code", "message", "param", "sequence_number"}``, and for Chat Completions
+    a ``data:`` line holding ``{"error": {"message", "type"}}`` (``api``: ``anthropic``,
+    ``responses`` or ``openai``; ``code``: the error's type or code, e.g. ``upstream_stream_cut``)."""
+    if api == "anthropic":
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return ("event: error\ndata: " + json.dumps(data) + "\n\n").encode()
+    if api == "responses":
+        data = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0}
+        return ("event: error\ndata: " + json.dumps(data) + "\n\n").encode()
+    return ("data: " + json.dumps({"error": {"message": message, "type": code}}) + "\n\n").encode()
 
 
 def looks_anthropic(request: Request) -> bool:

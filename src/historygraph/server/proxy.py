@@ -38,13 +38,14 @@ from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
 
 from historygraph.history.events import EventError, Message
-from historygraph.history.sessions import SESSION_HEADER, MessageError, SessionRouter, TurnCache, derived_session_id
+from historygraph.history.sessions import (SESSION_HEADER, MessageError, SessionRouter, TurnCache, derived_session_id,
+                                          session_id_problem)
 from historygraph.policies import PolicyError, Signals, check_production, create
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
 from historygraph.server.config import ServerConfig
-from historygraph.server.errors import ClientError, too_large
+from historygraph.server.errors import RETRY, ClientError, not_json, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
@@ -167,7 +168,10 @@ class Proxy:
                               "X-HistoryGraph-Budget") from None
         if budget < 1:
             raise ClientError(f"X-HistoryGraph-Budget must be a positive integer (tokens), got {budget}", "X-HistoryGraph-Budget")
-        return request.headers.get(SESSION_HEADER) or None, policy, budget
+        sid = request.headers.get(SESSION_HEADER) or None
+        if sid is not None and (problem := session_id_problem(sid)):
+            raise ClientError(f"X-HistoryGraph-Session: {problem}", "X-HistoryGraph-Session")
+        return sid, policy, budget
 
     def policy(self, name: str) -> Any:
         if name not in self._policies:
@@ -335,6 +339,8 @@ class Proxy:
         try:
             data = request.state.historygraph_body = b"".join(chunks)
             body, fast = jsonio.loads_request(data, arrays=self.arrays) if raw_messages else jsonio.loads(data)
+        except jsonio.UnusableJSON as exc:  # parses, but no provider reads it: refused before anything is stored
+            raise ClientError(f"request body: {exc}", exc.where or "body") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
         request.state.historygraph_json_fast = fast  # then the forwarded body may be encoded by msgspec too
@@ -368,21 +374,24 @@ class Proxy:
         if upstream.status_code >= 400:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not body.get("stream"):
-            return await self.answer_whole(upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours)
+            return await self.answer_whole(url, upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours)
         return self.relay_stream(upstream, body, session_id, accumulator, api, sent, policy, ours)
 
-    async def answer_whole(self, upstream: httpx.Response, body: dict[str, Any], session_id: str, started: float,
-                           t_up: float, accumulator: Callable[[], Any], api: str, sent: Sequence[Message] | int | None,
-                           policy: str | None, ours: dict[str, str]) -> Response:
+    async def answer_whole(self, url: str, upstream: httpx.Response, body: dict[str, Any], session_id: str,
+                           started: float, t_up: float, accumulator: Callable[[], Any], api: str,
+                           sent: Sequence[Message] | int | None, policy: str | None, ours: dict[str, str]) -> Response:
         """:meth:`forward` for an answer that is not a stream (or an upstream error): read it
         whole, store its message, relay it with ``X-HistoryGraph-Proxy-Ms`` (``t_up``: when the
-        upstream call began)."""
-        content = await upstream.aread()
-        await upstream.aclose()
+        upstream call began). A body cut after the headers, or a 2xx body that is not a JSON
+        object, is a 502 saying so (:func:`~historygraph.server.errors.upstream_fault`)."""
+        content = await self.read_answer(url, upstream, api)
         upstream_s = time.perf_counter() - t_up
         answer = None
         if upstream.status_code < 400:
             data = _json_or_none(content)
+            if not isinstance(data, dict):
+                self.metrics.upstream_errors.labels(api, "not_json").inc()
+                raise upstream_fault(url, upstream.status_code, not_json(content, upstream.headers.get("content-type")))
             usage_of = getattr(accumulator, "usage_of", None) or (openai_usage if api == "openai" else anthropic_usage)
             self.observe_usage(body, None if data is None else usage_of(data), sent, api)
             answer = answer_of(data, accumulator)
@@ -395,11 +404,26 @@ class Proxy:
         return Response(content, upstream.status_code, {**headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"},
                         background=after)
 
+    async def read_answer(self, url: str, upstream: httpx.Response, api: str) -> bytes:
+        """The whole body of ``upstream`` (closed afterwards); a 502 saying so when the upstream
+        closed the connection before the body was complete."""
+        try:
+            return await upstream.aread()
+        except httpx.HTTPError as exc:
+            self.metrics.upstream_errors.labels(api, "body_cut").inc()
+            what = f"closed the connection before its body was complete ({type(exc).__name__}: {exc})"
+            raise upstream_fault(url, upstream.status_code, what) from None
+        finally:
+            await upstream.aclose()
+
     def relay_stream(self, upstream: httpx.Response, body: dict[str, Any], session_id: str,
                      accumulator: Callable[[], Any], api: str, sent: Sequence[Message] | int | None,
                      policy: str | None, ours: dict[str, str]) -> Response:
         """:meth:`forward` for a streamed answer: relayed chunk by chunk as it arrives while a copy
-        is parsed; the answer is stored once complete, a cut stream ends in an error event."""
+        is parsed; the answer is stored once complete. A stream cut mid-way, or one whose answer
+        cannot be read (a tool call's input that never became complete JSON), ends in the
+        provider's error event (:func:`~historygraph.server.errors.stream_error`), its answer
+        not stored."""
         answer: Message | None = None
 
         async def relay():
@@ -412,35 +436,42 @@ class Proxy:
             parser, acc, stored, observed = SSEParser(), accumulator(), False, False
             relayed: list[bytes] = []
             cut: str | None = None
+            fault: str | None = None
             try:
                 try:
                     async for chunk in upstream.aiter_raw():
-                        for event in parser.feed(chunk):
-                            acc.feed(event)
-                        if not stored and acc.complete:
-                            stored, answer = True, acc.message()
-                            if answer is not None:
-                                await run_in_threadpool(self.store_answer, session_id, answer)
+                        completed = False
+                        try:
+                            for event in parser.feed(chunk):
+                                acc.feed(event)
+                            if not stored and acc.complete:
+                                stored, completed, answer = True, True, acc.message()
+                        except UNREADABLE as exc:  # the chunk that made it unreadable is not relayed
+                            fault = unreadable(exc)
+                            relayed.append(chunk)
+                            break
+                        if completed and answer is not None:
+                            await run_in_threadpool(self.store_answer, session_id, answer)
                         if not observed and acc.complete and acc.usage is not None:
                             observed = True
                             self.observe_usage(body, acc.usage, sent, api)
                         relayed.append(chunk)
                         yield chunk
-                    if not acc.complete:
+                    if not acc.complete and fault is None:
                         cut = "the upstream closed the stream before its final event"
                 except httpx.HTTPError as exc:  # after the final event the answer is complete: not a cut
                     cut = None if acc.complete else str(exc)
-                if cut is not None:
+                if fault is not None:
+                    self.metrics.upstream_errors.labels(api, "malformed_stream").inc()
+                    await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), fault)
+                    yield stream_error(api, f"upstream stream unusable: {fault}; {RETRY}", "upstream_malformed_answer")
+                elif cut is not None:
                     self.metrics.upstream_errors.labels(api, "stream_cut").inc()
                     # A stream cut mid-way (a dropped connection, or one closed cleanly before the
                     # final event): the partial answer is kept apart from the history (never
                     # presented as a complete turn) and the client gets a well-formed error event.
                     await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), cut)
-                    if hasattr(acc, "cut_event"):
-                        yield acc.cut_event(f"upstream stream cut mid-way: {cut}")
-                        return
-                    yield ("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {cut}",
-                                                            "type": "upstream_stream_cut"}}) + "\n\n").encode()
+                    yield stream_error(api, f"upstream stream cut mid-way: {cut}", "upstream_stream_cut")
             finally:
                 await upstream.aclose()
 
@@ -457,6 +488,18 @@ def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> i
     last_user = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "user"), None)
     return sum(counter.count_message(m) for m, p in zip(rendering.messages, rendering.positions)
                if p is not None and (p == last_user or msgs[p].role == "system"))
+
+
+UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError)
+"""What reading an upstream's answer raises when the answer is malformed (``json.JSONDecodeError``
+and :class:`EventError` are both ``ValueError`` subclasses)."""
+
+
+def unreadable(exc: BaseException) -> str:
+    """What an upstream did whose answer raised ``exc`` when read."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"it ended its answer with a tool call whose input is not complete JSON ({exc})"
+    return f"its answer cannot be read ({type(exc).__name__}: {exc})"
 
 
 def _json_or_none(content: bytes) -> Any:
@@ -478,7 +521,7 @@ def answer_of(data: Any, accumulator: Callable[[], Any]) -> Message | None:
         if accumulator is OpenAIStreamAccumulator:
             return Message.from_openai({**data["choices"][0]["message"], "role": "assistant"})
         return anth.answer_message(data)
-    except (ValueError, KeyError, IndexError, TypeError, EventError):
+    except UNREADABLE:
         return None
 
 
