@@ -221,6 +221,7 @@ def test_credentials_in_the_upstream_url_never_reach_clients_or_the_log(tmp_path
     from historygraph.cli import app as cli
 
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    monkeypatch.setattr("historygraph.server.app.tune_gc", lambda: None)  # this test process's collector stays as it is
     res = CliRunner().invoke(cli, ["serve", "--upstream", closed + "/v1", "--anthropic-upstream", closed,
                                    "--store", ":memory:", "--log-level", "WARNING"])
     assert res.exit_code == 0 and "***@127.0.0.1" in res.output and "s3cr3t-pw" not in res.output

@@ -169,7 +169,7 @@ class RequestMessages(Sequence[Message]):
         m = self._parsed[i]
         if m is None:
             try:
-                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i]))
+                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i], check=True))
             except ValueError as exc:  # EventError, an unparsed item that is not JSON, or holds what no provider reads
                 raise MessageError(i if i >= 0 else len(self.raw) + i,
                                    exc if isinstance(exc, EventError) else EventError(
@@ -345,7 +345,7 @@ class TurnCache:
         converted = list(cached[1][:n]) if cached is not None else []
         for i in range(n, len(turns)):
             try:
-                turn = jsonio.item(turns[i])
+                turn = jsonio.item(turns[i], check=True)
             except ValueError as exc:
                 raise EventError(f"messages[{i}]: not valid JSON: {exc}") from None
             converted.append(anth.turn_to_canonical(turn, i))

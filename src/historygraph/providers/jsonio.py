@@ -13,8 +13,9 @@ may read ``0.00001``, the same number). With ``fast=False`` (a body that needed 
 parser, which may hold ``NaN``: msgspec would write ``null``) and for any value msgspec cannot
 encode, the standard encoder runs, with its errors.
 
-What the standard parser accepts but no provider reads, and the store cannot keep, is refused
-with :class:`UnusableJSON` (a ``ValueError`` naming the place, as ``messages[2].content``):
+With ``check=True`` (the proxy's reading of a client's request), what the standard parser
+accepts but no provider reads, and the store cannot keep, is refused with :class:`UnusableJSON`
+(a ``ValueError`` naming the place, as ``messages[2].content``):
 ``NaN``/``Infinity`` and numbers beyond the float range (``1e400``), strings holding a lone
 UTF-16 surrogate (``"\\ud800"``), and nesting deeper than the parsers go (about 1,000 levels; a
 4 KB body can hold it). Checked only on the standard parser's path, which msgspec's refusal
@@ -53,25 +54,32 @@ class UnusableJSON(ValueError):
         self.where, self.what = where, what
 
 
-def loads(data: bytes | str) -> tuple[Any, bool]:
+def loads(data: bytes | str, check: bool = False) -> tuple[Any, bool]:
     """``(value, fast)``: :func:`json.loads` semantics (raises ``json.JSONDecodeError`` or
-    ``UnicodeDecodeError`` as it does, :class:`UnusableJSON` for what no provider reads);
-    ``fast`` is false when msgspec refused the document."""
+    ``UnicodeDecodeError`` as it does); ``fast`` is false when msgspec refused the document.
+    ``check``: raise :class:`UnusableJSON` for what no provider reads (module docstring)."""
     try:
         return _decoder.decode(data), True
     except msgspec.DecodeError:
         pass
     except RecursionError:
-        raise UnusableJSON("", "JSON nested too deeply (about 1,000 levels or more)") from None
+        if not check:
+            raise
+        raise UnusableJSON("", TOO_DEEP) from None
+    if not check:
+        return json.loads(data), False
     try:
         value = json.loads(data)
-        check(value)
+        usable(value)
     except RecursionError:
-        raise UnusableJSON("", "JSON nested too deeply (about 1,000 levels or more)") from None
+        raise UnusableJSON("", TOO_DEEP) from None
     return value, False
 
 
-def check(value: Any, where: str = "") -> None:
+TOO_DEEP = "JSON nested too deeply (about 1,000 levels or more)"
+
+
+def usable(value: Any, where: str = "") -> None:
     """Raise :class:`UnusableJSON` for the first non-finite number or string with a lone surrogate
     in ``value`` (a value :func:`json.loads` gave)."""
     if isinstance(value, str):
@@ -85,10 +93,10 @@ def check(value: Any, where: str = "") -> None:
             at = f"{where}.{k}" if where else str(k)
             if not _encodable(k):
                 raise UnusableJSON(where, "a key holding a lone UTF-16 surrogate")
-            check(v, at)
+            usable(v, at)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            check(v, f"{where}[{i}]")
+            usable(v, f"{where}[{i}]")
 
 
 def _encodable(text: str) -> bool:
@@ -110,7 +118,8 @@ def dumps(value: Any, fast: bool = True) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None = None) -> tuple[Any, bool]:
+def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None = None,
+                  check: bool = False) -> tuple[Any, bool]:
     """:func:`loads`, except that when the document is an object whose ``key`` is an array, that
     array's items stay unparsed (``msgspec.Raw``; see module docstring; :func:`item` parses one).
     Every other value, and every document msgspec refuses or that is not such an object, is as
@@ -127,7 +136,7 @@ def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None 
         if key not in out:
             raise KeyError(key)
     except (msgspec.DecodeError, KeyError, RecursionError):  # not an object, no such array, or refused: as loads does
-        return loads(data)
+        return loads(data, check)
     return out, True
 
 
@@ -175,10 +184,10 @@ class ArrayCache:
         return items
 
 
-def item(value: Any) -> Any:
+def item(value: Any, check: bool = False) -> Any:
     """The value of one item :func:`loads_request` left unparsed (anything else is returned as is),
-    with :func:`loads`'s semantics (``ValueError`` when it is not JSON)."""
-    return loads(bytes(value))[0] if isinstance(value, msgspec.Raw) else value
+    with :func:`loads`'s semantics (``ValueError`` when it is not JSON; ``check`` as there)."""
+    return loads(bytes(value), check)[0] if isinstance(value, msgspec.Raw) else value
 
 
 def plain(values: list[Any]) -> list[Any]:

@@ -338,7 +338,8 @@ class Proxy:
             chunks.append(chunk)
         try:
             data = request.state.historygraph_body = b"".join(chunks)
-            body, fast = jsonio.loads_request(data, arrays=self.arrays) if raw_messages else jsonio.loads(data)
+            body, fast = (jsonio.loads_request(data, arrays=self.arrays, check=True) if raw_messages
+                          else jsonio.loads(data, check=True))
         except jsonio.UnusableJSON as exc:  # parses, but no provider reads it: refused before anything is stored
             raise ClientError(f"request body: {exc}", exc.where or "body") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
