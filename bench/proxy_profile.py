@@ -38,20 +38,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import proxy_latency as pl  # noqa: E402
 
 from historygraph.server import app as app_mod  # noqa: E402
+from historygraph.server import chat, messages, proxy as proxy_mod, responses  # noqa: E402
+from historygraph.server.config import ServerConfig  # noqa: E402
 from historygraph.providers import jsonio
 from historygraph.history import sessions  # noqa: E402
 
 STAGES = [  # (stage, object, attribute): the functions of the request path timed by --breakdown
-    ("read and parse the body", app_mod.Proxy, "read_json"),
+    ("read and parse the body", proxy_mod.Proxy, "read_json"),
     ("route and store new messages", sessions.SessionRouter, "ingest"),
     ("policy render", None, "render"),  # the policy instance's render, patched once it exists
-    ("check_invariants", app_mod, "check_invariants"),
-    ("metrics of the render", app_mod.ProxyMetrics, "observe_render"),
+    ("check_invariants", proxy_mod, "check_invariants"),
+    ("metrics of the render", proxy_mod.ProxyMetrics, "observe_render"),
     ("encode the forwarded body", jsonio, "dumps"),
     ("upstream call (httpx, less the mock provider)", "client", "send"),
-    ("store the answer", app_mod.Proxy, "store_answer"),
-    ("usage and calibration", app_mod.Proxy, "observe_usage"),
-    ("after the response (prefetch)", app_mod.Proxy, "prefetch"),
+    ("store the answer", proxy_mod.Proxy, "store_answer"),
+    ("usage and calibration", proxy_mod.Proxy, "observe_usage"),
+    ("after the response (prefetch)", proxy_mod.Proxy, "prefetch"),
 ]
 
 
@@ -292,13 +294,14 @@ def main() -> None:
                 return len(s)
         configure("INFO", stream=Null())
     tmp = tempfile.mkdtemp(prefix="hg-profile-")
-    config = app_mod.ServerConfig(upstream="http://upstream/v1", store=f"{tmp}/p.sqlite", policy=args.policy, budget=args.budget)
+    config = ServerConfig(upstream="http://upstream/v1", store=f"{tmp}/p.sqlite", policy=args.policy, budget=args.budget)
     app = app_mod.create_app(config)
     if not args.default_gc:
         app_mod.tune_gc()  # as historygraph serve does
     proxy = app.state.proxy
     proxy.transport = httpx.MockTransport(upstream)
-    app_mod.run_in_threadpool = inline
+    for mod in (proxy_mod, chat, messages, responses):  # every module that hands work to the pool
+        mod.run_in_threadpool = inline
     profiler = None if args.no_profile or args.breakdown else cProfile.Profile()
     breakdown = None
     if args.breakdown:

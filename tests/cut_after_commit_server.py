@@ -13,7 +13,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from historygraph.server import ServerConfig, create_app
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
 from historygraph.store import open_store
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from fake_upstream import sign
+from fake_upstream import faulty, sign
 
 CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
 OUTPUTS = {v: k for k, v in CALLS.items()}
@@ -188,6 +188,8 @@ def add_routes(app: FastAPI, record: Callable[[Request], Any], rejected: list[di
                                            "param": None, "code": "rate_limited"}}, 429)
         n = len(seen)
         output = responses_output(body, n)
+        if (fault := faulty(body, lambda: response_object(body, n, output))) is not None:  # fake_upstream's fault models
+            return fault
         if not body.get("stream"):
             return response_object(body, n, output)
         return StreamingResponse(paced(response_events(body, n, output), body), media_type="text/event-stream")

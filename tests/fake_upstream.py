@@ -22,6 +22,12 @@ cleared by ``POST /_reset``. Its answers are deterministic:
   ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events; model
   ``short-model`` ends the stream cleanly after two events, without the final one; model
   ``hang-model`` answers only after 4 s.
+
+Upstream faults (issue 38, class 3), on either API: model ``truncated-model`` sends the headers of a
+non-streamed answer (its full ``Content-Length``) and half of its body, then drops the connection;
+``notjson-model`` answers 200 with an HTML page (a gateway's, not JSON); ``badtool-model`` streams
+a ``tool_use`` whose ``input_json_delta`` pieces never make a complete JSON object, then ends the
+stream normally (``message_stop``; Anthropic only).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import json
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 OPENAI_ERROR = {"error": {"message": "fake upstream: rate limit reached", "type": "rate_limit_error", "code": "rate_limited"}}
 ANTHROPIC_ERROR = {"type": "error", "error": {"type": "overloaded_error", "message": "fake upstream: overloaded"}}
@@ -245,6 +251,8 @@ def build_app() -> FastAPI:
             rejected.append({"path": "/v1/chat/completions", "error": why, "body": body})
             return JSONResponse({"error": {"message": why, "type": "invalid_request_error", "param": "messages",
                                            "code": None}}, 400)
+        if (fault := faulty(body, lambda: openai_answer(body, len(seen)))) is not None:
+            return fault
         if body.get("model") == "error-model":
             return JSONResponse(OPENAI_ERROR, 429, headers={"x-fake": "1"})
         if body.get("model") == "hang-model":
@@ -286,11 +294,15 @@ def build_app() -> FastAPI:
         if body.get("model") == "error-model":
             return JSONResponse(ANTHROPIC_ERROR, 529)
         n = len(seen)
+        if (fault := faulty(body, lambda: {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": "m",
+                                           "content": [{"type": "text", "text": f"answer {n}"}], "stop_reason": "end_turn",
+                                           "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}})) is not None:
+            return fault
         last = (body.get("messages") or [{}])[-1]
         content = last.get("content")
         answers_tool = isinstance(content, list) and any(b.get("type") == "tool_result" for b in content)
         blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": f"thinking {n}", "signature": sign(f"thinking {n}")}]
-        if body.get("tools") and last.get("role") == "user" and not answers_tool:
+        if (body.get("tools") and last.get("role") == "user" and not answers_tool) or body.get("model") == "badtool-model":
             blocks.append({"type": "tool_use", "id": f"toolu_{n}", "name": body["tools"][0]["name"], "input": {"q": str(n)}})
         else:
             blocks.append({"type": "text", "text": f"answer {n}"})
@@ -311,6 +323,8 @@ def build_app() -> FastAPI:
                            ev("content_block_delta", index=i, delta={"type": "signature_delta", "signature": b["signature"]})]
             elif b["type"] == "tool_use":
                 args = json.dumps(b["input"])
+                if body.get("model") == "badtool-model":
+                    args = args[:-3]  # the object is never closed
                 events += [ev("content_block_start", index=i, content_block={**b, "input": {}})]
                 events += [ev("content_block_delta", index=i, delta={"type": "input_json_delta", "partial_json": args[j:j + 5]})
                            for j in range(0, len(args), 5)]
@@ -326,6 +340,23 @@ def build_app() -> FastAPI:
 
     add_routes(app, record, rejected, seen, _paced)
     return app
+
+
+def faulty(body: dict[str, Any], answer: Any) -> Any:
+    """The fault response the request's model names (module docstring), or ``None``; ``answer()``:
+    the answer a fault-free request would get, non-streamed."""
+    model = body.get("model")
+    if model == "notjson-model":
+        return HTMLResponse("<html><body><h1>502 Bad Gateway</h1></body></html>", 200)
+    if model == "truncated-model" and not body.get("stream"):
+        data = json.dumps(answer()).encode()
+
+        async def half() -> AsyncIterator[bytes]:
+            yield data[:len(data) // 2]
+            raise ConnectionError("body cut after the headers (truncated-model)")
+
+        return StreamingResponse(half(), 200, {"content-length": str(len(data))}, media_type="application/json")
+    return None
 
 
 async def _paced(events: list[str], body: dict[str, Any]) -> AsyncIterator[bytes]:

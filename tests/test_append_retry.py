@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from historygraph import Session, render_messages
-from historygraph.server import ServerConfig, create_app
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
 from historygraph.store import AppendConflict, open_store
 from test_store import pg_dsn  # noqa: F401 (fixture)
 

@@ -71,7 +71,8 @@ def test_usage_of_every_answer_shape_keeps_fresh_cache_read_and_cache_write_apar
 
 
 def test_the_proxy_renders_at_the_calibrated_budget_unless_turned_off():
-    from historygraph.server.app import Proxy, ServerConfig
+    from historygraph.server.config import ServerConfig
+    from historygraph.server.proxy import Proxy
     from historygraph.history.events import ToolCall
     msgs = [Message("user", "task")] + [m for i in range(6) for m in (
         Message("assistant", "", (ToolCall(f"c{i}", "bash", "{}"),)), Message("tool", "out " * 300, tool_call_id=f"c{i}"))]
@@ -91,7 +92,8 @@ def test_the_proxy_estimates_what_it_forwarded_for_either_api():
     import httpx
 
     from historygraph.providers import anthropic as anth
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     app = create_app(ServerConfig(store=":memory:", policy="prune", budget=300))
     proxy = app.state.proxy

@@ -534,6 +534,7 @@ def test_serve_on_a_public_address_without_a_token_is_refused_unless_intended(mo
     assert "--auth-token TOKEN" in res.output and "--public-without-auth" in res.output
     started = []
     monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: started.append(kw["host"]))
+    monkeypatch.setattr("historygraph.server.app.tune_gc", lambda: None)  # this test process's collector stays as it is
     res = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--store", ":memory:", "--public-without-auth"])
     assert res.exit_code == 0 and started == ["0.0.0.0"] and "needs no token (--public-without-auth)" in res.output
     started.clear()

@@ -217,3 +217,54 @@ def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers,
     assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) >= before
     if FIGURES["histories"] % 4 == 0:
         print("gate figures:", json.dumps(FIGURES))
+
+
+MALFORMED_BODIES = [  # (body with {F} for the messages field): each parses, none can be forwarded or stored
+    '{"model":"m","max_tokens":20,"{F}":[{"role":"user","content":' + "[" * 2000 + "]" * 2000 + '}]}',
+    '{"model":"m","max_tokens":20,"{F}":[{"role":"user","content":"a\\udc00"}]}',
+    '{"model":"m","max_tokens":20,"top_p":NaN,"{F}":[{"role":"user","content":"hi"}]}',
+    '{"model":"m","max_tokens":20,"{F}":[{"role":"user","content":"hi","x":-1e400}]}',
+]
+
+
+def test_malformed_fault_and_concurrent_shapes_through_serve(servers):  # noqa: F811
+    """Issue 38 over ``historygraph serve`` (the gate's malformed, fault and concurrency shapes): JSON
+    that parses but no provider reads is our 400 and leaves no session; an upstream fault is our
+    502 or a provider-shaped error event, after which the session continues; eight first requests
+    of one new session at once all succeed. Never a 500, never a half-written session."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    auth = {"Authorization": "Bearer test-token"}
+    apis = {"openai": ("/v1/chat/completions", "messages"), "anthropic": ("/v1/messages", "messages"),
+            "responses": ("/v1/responses", "input")}
+    for api, (path, field) in apis.items():
+        for k, raw in enumerate(MALFORMED_BODIES):
+            sid = f"gate-malformed-{api}-{k}"
+            r = httpx.post(servers["px"] + path, content=raw.replace("{F}", field).encode(), timeout=READ_TIMEOUT,
+                           headers={"content-type": "application/json", "X-HistoryGraph-Session": sid})
+            assert r.status_code == 400, (api, k, r.text)
+            assert httpx.get(servers["px"] + f"/api/sessions/{sid}", headers=auth, timeout=READ_TIMEOUT).status_code == 404
+        plain = "hi" if api == "responses" else [{"role": "user", "content": "hi"}]
+        for model, stream, status in [("truncated-model", False, 502), ("notjson-model", False, 502),
+                                      ("cut-model", True, 200), ("badtool-model", True, 200)]:
+            if model == "badtool-model" and api != "anthropic":
+                continue
+            sid = f"gate-fault-{api}-{model}"
+            body = {"model": model, "max_tokens": 20, "stream": stream, field: plain, "tools": A_TOOLS if api == "anthropic" else []}
+            r = httpx.post(servers["px"] + path, json=body, headers={"X-HistoryGraph-Session": sid}, timeout=READ_TIMEOUT)
+            assert r.status_code == status, (api, model, r.text)
+            if stream:
+                assert "error" in r.text.strip().rsplit("\n\n", 1)[-1], (api, model, r.text[-300:])
+            again = httpx.post(servers["px"] + path, json={**body, "model": "m", "stream": False},
+                               headers={"X-HistoryGraph-Session": sid}, timeout=READ_TIMEOUT)
+            assert again.status_code == 200, (api, model, again.text)
+            stored = httpx.get(servers["px"] + f"/api/sessions/{sid}", headers=auth, timeout=READ_TIMEOUT).json()["messages"]
+            assert [m["role"] for m in stored][-2:] == ["user", "assistant"]
+
+    def first(i: int) -> int:
+        return httpx.post(servers["px"] + "/v1/chat/completions", timeout=READ_TIMEOUT,
+                          json={"model": "m", "messages": [{"role": "user", "content": "race"}]},
+                          headers={"X-HistoryGraph-Session": "gate-race"}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(first, range(8))) == [200] * 8

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from historygraph import Message, MemoryStore, SQLiteStore, TokenCounter
-from historygraph.server import ServerConfig, create_app
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
 from historygraph.server import logs
 
 KEY = "sk-test-NEVER-LOG-123456"

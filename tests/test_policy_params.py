@@ -97,7 +97,7 @@ def test_render_takes_parameters_from_the_command_line_and_a_file(tmp_path):
 
 
 def test_the_proxy_config_checks_its_parameters():
-    from historygraph.server import ServerConfig
+    from historygraph.server.config import ServerConfig
 
     with pytest.raises(PolicyError, match=r"parameter 'n': expected int, got str 'x'"):
         ServerConfig(store=":memory:", policy="prune", policy_params={"cw-sliding-window": {"n": "x"}})

@@ -10,7 +10,8 @@ import json
 import httpx
 import numpy as np
 
-from historygraph.server import ServerConfig, create_app
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
 
 
 class CountingEmbedder:

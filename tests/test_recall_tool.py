@@ -16,7 +16,8 @@ from fastapi.responses import StreamingResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from historygraph import MemoryStore
-from historygraph.server import ServerConfig, create_app
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
 from historygraph.server.recall_tool import TOOL_NAME
 
 BIG, SMALL = "big line\n" * 200, "small line\n" * 150

@@ -70,8 +70,8 @@ def test_a_resent_history_of_unparsed_messages_is_recognised_by_its_bytes():
 
 def test_an_unparsed_message_that_is_invalid_is_named():
     body = jsonio.loads_request(b'{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": 1e400}]}')[0]
-    with pytest.raises(MessageError, match=r"messages\[1\]: content must be text"):
-        RequestMessages(body["messages"])[1]  # out of msgspec's range: json's inf, then refused as content
+    with pytest.raises(MessageError, match=r"messages\[1\]: content: a number JSON cannot carry"):
+        RequestMessages(body["messages"])[1]  # out of msgspec's range: json's inf, refused by the check (issue 38.2)
     with pytest.raises(MessageError, match=r"messages\[0\]: not valid JSON"):
         RequestMessages([msgspec.Raw(b'{"role": ')])[0]
 
@@ -153,7 +153,8 @@ def _proxy_run(session_cache: int, steps: list[list[dict]]) -> tuple[list, list[
 
     import httpx
 
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     forwarded: list[dict] = []
 

@@ -400,7 +400,8 @@ def test_upstream_pool_drops_idle_connections_before_a_5_s_keep_alive_timeout():
     # the limits must reach the transport (an httpx client given a transport ignores its own):
     # a connection idle for 5 s, closed by uvicorn's default keep-alive just as it was reused,
     # surfaced as a ReadError and a 502 under load
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     import asyncio
 
@@ -423,8 +424,9 @@ def test_upstream_connection_failures_before_an_answer_are_retried_twice(failure
     # again (2 retries, as httpx's transport did with retries=2); a timeout waiting for the answer is not
     import asyncio
 
-    from historygraph.server import ServerConfig, create_app
-    from historygraph.server.app import UPSTREAM_RETRIES
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
+    from historygraph.server.proxy import UPSTREAM_RETRIES
 
     tries = []
 
@@ -452,7 +454,8 @@ def test_upstream_connection_failures_before_an_answer_are_retried_twice(failure
 def test_unreachable_upstream_gives_502_naming_it(tmp_path):
     import asyncio
 
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     port = _port()
     app = create_app(ServerConfig(upstream=f"http://127.0.0.1:{port}/v1", store=":memory:", policy="prune"))
@@ -474,7 +477,8 @@ def test_unreachable_upstream_gives_502_naming_it(tmp_path):
 def test_two_proxy_instances_on_one_database_continue_the_same_session(servers, tmp_path):
     import asyncio
 
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     db = str(tmp_path / "shared.sqlite")
     apps = [create_app(ServerConfig(upstream=servers["up"] + "/v1", store=db, policy="prune", budget=BUDGET)) for _ in range(2)]
@@ -742,11 +746,12 @@ def test_a_worker_process_tunes_its_garbage_collector(monkeypatch, tmp_path):
     import json as _json
 
     from historygraph.server import app as app_mod
+    from historygraph.server.config import CONFIG_ENV, LOG_ENV, ServerConfig
 
     before = gc.get_threshold()
-    config = app_mod.ServerConfig(store=str(tmp_path / "w.sqlite"), policy="prune")
-    monkeypatch.setenv(app_mod.CONFIG_ENV, _json.dumps(dataclasses.asdict(config)))
-    monkeypatch.delenv(app_mod.LOG_ENV, raising=False)
+    config = ServerConfig(store=str(tmp_path / "w.sqlite"), policy="prune")
+    monkeypatch.setenv(CONFIG_ENV, _json.dumps(dataclasses.asdict(config)))
+    monkeypatch.delenv(LOG_ENV, raising=False)
     try:
         app_mod.create_app_from_env()
         assert gc.get_threshold() == app_mod.GC_THRESHOLDS != before
@@ -793,7 +798,8 @@ def test_a_cookie_an_upstream_answer_sets_is_never_sent_with_a_later_request():
 
     from aiohttp import web
 
-    from historygraph.server import ServerConfig, create_app
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
 
     cookies: list[str | None] = []
 
@@ -834,7 +840,7 @@ def test_blocking_work_runs_off_the_event_loop_and_its_errors_reach_the_caller()
     import asyncio
     import threading
 
-    from historygraph.server import app as app_mod
+    from historygraph.server import proxy as app_mod
 
     def work(x, *, y):
         return threading.get_ident(), x + y
@@ -853,3 +859,27 @@ def test_blocking_work_runs_off_the_event_loop_and_its_errors_reach_the_caller()
     loop_thread, tid, value, many = asyncio.run(main())
     assert tid != loop_thread and value == 5
     assert [v for _, v in many] == list(range(1, 51)) and all(t != loop_thread for t, _ in many)
+
+
+def test_the_server_config_and_the_serve_command_import_without_the_web_stack():
+    """Issue 35: ``historygraph.server`` imports nothing eagerly, and its settings module (the one
+    table of serve defaults, read by ``historygraph serve``'s options) pulls neither FastAPI nor
+    aiohttp; the command's option defaults are that table's."""
+    import subprocess
+    import sys
+
+    code = ("import sys, historygraph.server.config, historygraph.cli.serve; "
+            "print(sorted(m for m in ('fastapi', 'aiohttp', 'starlette', 'uvicorn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    import inspect
+
+    from historygraph.cli.serve import serve
+    from historygraph.server.config import DEFAULTS, ServerConfig
+
+    params = inspect.signature(serve).parameters
+    assert params["budget_text"].default == str(DEFAULTS.budget) == str(ServerConfig.budget)
+    for name in ("upstream", "anthropic_upstream", "host", "port", "max_body_bytes", "timeout", "encoding",
+                 "recall_rounds", "session_cache", "embedder", "workers"):
+        assert params[name].default == getattr(DEFAULTS, name), name
+    assert params["calibration"].default == DEFAULTS.calibrate == ServerConfig.calibrate

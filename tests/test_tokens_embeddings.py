@@ -166,7 +166,8 @@ def test_the_fast_embedders_truncation_is_part_of_the_model_name(request, fixtur
 
 
 def test_the_proxy_embeds_with_the_embedder_it_is_given(static):
-    from historygraph.server.app import Proxy, ServerConfig
+    from historygraph.server.config import ServerConfig
+    from historygraph.server.proxy import Proxy
 
     # the proxy's default is WordLlama (recall within 1 point of MiniLM, about 1/40 of its CPU), the replays' MiniLM
     assert isinstance(Proxy(ServerConfig(store=":memory:", policy="prune")).signals.embedder.inner, WordLlamaEmbedder)

@@ -5,6 +5,7 @@ import os
 if os.environ.get("HISTORYGRAPH_SERVE_CONFIG") and os.environ.get("HG_TRACE"):
     import time, contextvars, json, asyncio, threading, atexit
     from historygraph.server import app as A
+    from historygraph.server import chat as C, messages as M, proxy as P, responses as R
     from historygraph.store import sqlite as S
     cur = contextvars.ContextVar("rec", default=None)
     out = open(f"{os.environ['HG_TRACE']}/trace-{os.getpid()}.jsonl", "w")
@@ -26,7 +27,7 @@ if os.environ.get("HISTORYGRAPH_SERVE_CONFIG") and os.environ.get("HG_TRACE"):
             cur.reset(tok)
             out.write(json.dumps(rec) + "\n")
     A.Arrival.__call__ = call
-    orig_pool = A.run_in_threadpool
+    orig_pool = P.run_in_threadpool
     async def pool(fn, *a, **k):
         rec = cur.get()
         if rec is None:
@@ -42,8 +43,9 @@ if os.environ.get("HISTORYGRAPH_SERVE_CONFIG") and os.environ.get("HG_TRACE"):
         ent["back"] = time.perf_counter()
         rec["pool"].append(ent)
         return r
-    A.run_in_threadpool = pool
-    orig_send = A.Proxy.send
+    for _mod in (P, C, M, R):  # every module that hands work to the pool
+        _mod.run_in_threadpool = pool
+    orig_send = P.Proxy.send
     async def psend(self, req):
         rec = cur.get(); t = time.perf_counter()
         try:
@@ -51,13 +53,13 @@ if os.environ.get("HISTORYGRAPH_SERVE_CONFIG") and os.environ.get("HG_TRACE"):
         finally:
             if rec is not None:
                 rec["up"] = [t, time.perf_counter()]
-    A.Proxy.send = psend
-    orig_fwd = A.Proxy.forward
+    P.Proxy.send = psend
+    orig_fwd = P.Proxy.forward
     async def pfwd(self, *a, **k):
         rec = cur.get(); t = time.perf_counter()
         if rec is not None: rec["fwd0"] = t
         return await orig_fwd(self, *a, **k)
-    A.Proxy.forward = pfwd
+    P.Proxy.forward = pfwd
     # SQLite write transaction: time to get BEGIN IMMEDIATE and python-lock wait
     from contextlib import contextmanager
     waits = open(f"{os.environ['HG_TRACE']}/sqlite-{os.getpid()}.jsonl", "w")
@@ -122,8 +124,8 @@ if os.environ.get("HG_REUSEPORT") and not os.environ.get("HISTORYGRAPH_SERVE_CON
     except ImportError:
         pass
 if os.environ.get("HISTORYGRAPH_SERVE_CONFIG") and os.environ.get("HG_THREADS"):
-    from historygraph.server import app as _A2
-    _A2.THREADS = int(os.environ["HG_THREADS"])
+    from historygraph.server import proxy as _P2
+    _P2.THREADS = int(os.environ["HG_THREADS"])
 if os.environ.get("HISTORYGRAPH_SERVE_CONFIG") and os.environ.get("HG_SWITCH"):
     import sys as _sys
     _sys.setswitchinterval(float(os.environ["HG_SWITCH"]))

@@ -13,34 +13,35 @@ import typer
 
 from historygraph.cli.common import (ParamOption, ParamsFileOption, err, existing_store, fail, load_policy_params,
                                      one_budget, store_name, warn)
-from historygraph.policies import DEFAULT_POLICY, PolicyError
-from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER
-from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS
+from historygraph.policies import PolicyError
+from historygraph.server.config import DEFAULTS, masked_url
+from historygraph.signals.embeddings import EMBEDDERS
+from historygraph.signals.tokens import ENCODINGS
 
 
 def serve(
-    upstream: Annotated[str, typer.Option(help="OpenAI-compatible upstream base URL, with /v1.")] = "https://api.openai.com/v1",
-    anthropic_upstream: Annotated[str, typer.Option(help="Anthropic upstream base URL (/v1/messages is appended).")] = "https://api.anthropic.com",
-    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8642,
+    upstream: Annotated[str, typer.Option(help="OpenAI-compatible upstream base URL, with /v1.")] = DEFAULTS.upstream,
+    anthropic_upstream: Annotated[str, typer.Option(help="Anthropic upstream base URL (/v1/messages is appended).")] = DEFAULTS.anthropic_upstream,
+    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = DEFAULTS.host,
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULTS.port,
     store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = DEFAULT_POLICY,
-    budget_text: Annotated[str, typer.Option("--budget", "-b", help="Default history budget in tokens, a whole number >= 1 (header X-HistoryGraph-Budget overrides).")] = "6000",
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = DEFAULTS.policy,
+    budget_text: Annotated[str, typer.Option("--budget", "-b", help="Default history budget in tokens, a whole number >= 1 (header X-HistoryGraph-Budget overrides).")] = str(DEFAULTS.budget),
     auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
-    max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 20_000_000,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the upstream (connect and between bytes); then 502.")] = 600.0,
-    encoding: Annotated[str, typer.Option(help=f"Tokenizer for the budget: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
-    log_format: Annotated[str, typer.Option(help="Log lines on stderr: 'json' (one object per line) or 'text'.")] = "json",
-    log_level: Annotated[str, typer.Option(help="Log level: DEBUG, INFO (one line per request), WARNING, ERROR.")] = "INFO",
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = DEFAULTS.max_body_bytes,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the upstream (connect and between bytes); then 502.")] = DEFAULTS.timeout,
+    encoding: Annotated[str, typer.Option(help=f"Tokenizer for the budget: {', '.join(ENCODINGS)}.")] = DEFAULTS.encoding,
+    log_format: Annotated[str, typer.Option(help="Log lines on stderr: 'json' (one object per line) or 'text'.")] = DEFAULTS.log_format,
+    log_level: Annotated[str, typer.Option(help="Log level: DEBUG, INFO (one line per request), WARNING, ERROR.")] = DEFAULTS.log_level,
     param: ParamOption = [],
     params_file: ParamsFileOption = None,
-    recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides). Default: off.")] = False,
-    recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = 3,
-    calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = True,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (a SQLite file or PostgreSQL, not ':memory:'); each accepts a new connection only while it holds no more open connections than the others, so connections spread evenly (on Windows uvicorn's multi-process mode). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = 1,
-    embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/proxy.md, docs/evaluator.md Embedders; the proxy's default is wordllama, the replays' minilm; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = SERVE_EMBEDDER,
+    recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides). Default: off.")] = DEFAULTS.recall,
+    recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = DEFAULTS.recall_rounds,
+    calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = DEFAULTS.calibrate,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (a SQLite file or PostgreSQL, not ':memory:'); each accepts a new connection only while it holds no more open connections than the others, so connections spread evenly (on Windows uvicorn's multi-process mode). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = DEFAULTS.workers,
+    embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/proxy.md, docs/evaluator.md Embedders; the proxy's default is wordllama, the replays' minilm; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = DEFAULTS.embedder,
     public_without_auth: Annotated[bool, typer.Option("--public-without-auth", help="Allow a --host other than loopback without --auth-token (the session API then serves every stored session to anyone who can reach the port).")] = False,
-    session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = 256,
+    session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = DEFAULTS.session_cache,
 ) -> None:
     """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
     budget = one_budget(budget_text)
@@ -54,7 +55,8 @@ def serve(
     try:
         import uvicorn
 
-        from historygraph.server import ServerConfig, create_app
+        from historygraph.server.app import create_app
+        from historygraph.server.config import ServerConfig
         from historygraph.server.logs import configure as configure_logs
     except ImportError as exc:
         fail(f"the server needs the 'server' extra (pip install 'historygraph[server]'): {exc}")
@@ -79,7 +81,7 @@ def serve(
         fail(str(exc))
     except Exception as exc:  # an unreachable database, an unwritable path
         fail(f"cannot open store {store or 'default'}: {type(exc).__name__}: {exc}")
-    err.print(f"historygraph proxy on http://{host}:{port} → {upstream} | {anthropic_upstream}; policy {policy}, "
+    err.print(f"historygraph proxy on http://{host}:{port} → {masked_url(upstream)} | {masked_url(anthropic_upstream)}; policy {policy}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
     if workers == 1:
         from historygraph.server.app import tune_gc
@@ -112,7 +114,7 @@ def _serve_workers(application, config, store: str | None, workers: int, host: s
         fail("--workers > 1 needs a store the workers share (a SQLite file or postgresql://…), not ':memory:'")
     import dataclasses
 
-    from historygraph.server.app import CONFIG_ENV, LOG_ENV
+    from historygraph.server.config import CONFIG_ENV, LOG_ENV
 
     application.state.proxy.store.close()  # each worker opens its own connection
     os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(config))

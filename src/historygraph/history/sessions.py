@@ -9,13 +9,21 @@ append-only graph per conversation and, per request:
    ``user`` message (:func:`derived_session_id`). Two requests that start the same way therefore
    share a root.
 2. **Diff.** The root and its branches (``<root>~1``, ``<root>~2`` … created in that order) are
-   compared with the incoming messages (role, text, tool calls, tool-call id). A stored session
+   compared with the incoming messages (role, text, tool calls, tool-call id) as the provider
+   reads them, not byte for byte (:func:`same_event`): a client that echoes an answer back with
+   its ``null`` fields dropped (``model_dump(exclude_none=True)``), its keys in another order, or
+   its tool-call arguments re-serialised continues the session. A stored session
    that is a prefix of the request receives the rest: a client re-sending its whole history stores
    only the new events. Among several such sessions the longest wins.
 3. **Branch.** When no stored session is a prefix (the client edited or dropped earlier messages,
    or retried a request whose answer was already stored), a new branch is created holding the
    request's messages; its meta names the parent and the position where they part. Nothing stored
    is overwritten.
+
+**Session ids** (:func:`session_id_problem`): a client names a session with any text of 1 to
+:data:`MAX_SESSION_ID` characters without control characters (U+0000–U+001F, U+007F), ``/``,
+spaces and any other Unicode included; the session API reads it with the id percent-encoded as
+one path segment. Branch ids append ``~<n>``.
 
 After :meth:`SessionRouter.ingest` the session's graph equals the request's messages, so graph
 position ``i`` is incoming message ``i``.
@@ -64,10 +72,55 @@ def derived_session_id(messages: Sequence[Message]) -> str:
     return f"auto-{digest[:16]}"
 
 
+MAX_SESSION_ID = 512
+"""Characters a client-given session id may have at most (:func:`session_id_problem`)."""
+
+
+def session_id_problem(session_id: str) -> str | None:
+    """Why ``session_id`` cannot name a new session, or ``None`` when it can: it must be 1 to
+    :data:`MAX_SESSION_ID` characters without control characters (a NUL cannot be stored on
+    PostgreSQL; the others break headers and log lines)."""
+    if not session_id:
+        return "a session id must not be empty"
+    if len(session_id) > MAX_SESSION_ID:
+        return f"a session id has at most {MAX_SESSION_ID} characters, this one {len(session_id)}"
+    if bad := next((c for c in session_id if ord(c) < 0x20 or ord(c) == 0x7F), None):
+        return f"a session id must not hold control characters, this one holds {bad!r}"
+    return None
+
+
 def same_event(a: Message, b: Message) -> bool:
-    """Whether two events are the same turn (timestamps and render marks are ignored)."""
+    """Whether two events are the same turn (timestamps and render marks are ignored), compared as
+    the provider reads them: tool-call arguments as JSON values (whatever their spacing or key
+    order) and provider blocks with ``null`` fields counting as absent, at any depth (a client's
+    SDK drops them when it echoes an answer back, as ``model_dump(exclude_none=True)`` does)."""
     return (a.role == b.role and a.content == b.content and a.tool_call_id == b.tool_call_id
-            and a.tool_calls == b.tool_calls and a.provider_blocks == b.provider_blocks)
+            and (a.tool_calls == b.tool_calls or _same_calls(a, b))
+            and (a.provider_blocks == b.provider_blocks or _same_json(a.provider_blocks, b.provider_blocks, nulls=False)))
+
+
+def _same_calls(a: Message, b: Message) -> bool:
+    return len(a.tool_calls) == len(b.tool_calls) and all(
+        x.id == y.id and x.name == y.name and (x.arguments == y.arguments or _same_json(x.arguments, y.arguments))
+        for x, y in zip(a.tool_calls, b.tool_calls))
+
+
+def _same_json(x: str, y: str, nulls: bool = True) -> bool:
+    """Whether two JSON texts hold the same value (``nulls=False``: ``null`` members of objects
+    left out first); texts that are not JSON are different unless equal."""
+    try:
+        u, v = json.loads(x), json.loads(y)
+    except ValueError:
+        return False
+    return u == v if nulls else _without_nulls(u) == _without_nulls(v)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def common_prefix(stored: Sequence[Message], incoming: Sequence[Message], start: int = 0) -> int:
@@ -116,10 +169,11 @@ class RequestMessages(Sequence[Message]):
         m = self._parsed[i]
         if m is None:
             try:
-                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i]))
-            except ValueError as exc:  # EventError, or an unparsed item that is not JSON
+                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i], check=True))
+            except ValueError as exc:  # EventError, an unparsed item that is not JSON, or holds what no provider reads
                 raise MessageError(i if i >= 0 else len(self.raw) + i,
-                                   exc if isinstance(exc, EventError) else EventError(f"not valid JSON: {exc}")) from None
+                                   exc if isinstance(exc, EventError) else EventError(
+                                       str(exc) if isinstance(exc, jsonio.UnusableJSON) else f"not valid JSON: {exc}")) from None
         return m
 
     def parse_all(self) -> list[Message]:
@@ -291,7 +345,7 @@ class TurnCache:
         converted = list(cached[1][:n]) if cached is not None else []
         for i in range(n, len(turns)):
             try:
-                turn = jsonio.item(turns[i])
+                turn = jsonio.item(turns[i], check=True)
             except ValueError as exc:
                 raise EventError(f"messages[{i}]: not valid JSON: {exc}") from None
             converted.append(anth.turn_to_canonical(turn, i))

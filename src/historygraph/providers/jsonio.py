@@ -13,6 +13,14 @@ may read ``0.00001``, the same number). With ``fast=False`` (a body that needed 
 parser, which may hold ``NaN``: msgspec would write ``null``) and for any value msgspec cannot
 encode, the standard encoder runs, with its errors.
 
+With ``check=True`` (the proxy's reading of a client's request), what the standard parser
+accepts but no provider reads, and the store cannot keep, is refused with :class:`UnusableJSON`
+(a ``ValueError`` naming the place, as ``messages[2].content``):
+``NaN``/``Infinity`` and numbers beyond the float range (``1e400``), strings holding a lone
+UTF-16 surrogate (``"\\ud800"``), and nesting deeper than the parsers go (about 1,000 levels; a
+4 KB body can hold it). Checked only on the standard parser's path, which msgspec's refusal
+selects, so a body msgspec reads costs nothing more.
+
 A proxied request re-sends the whole conversation, and most of it is forwarded as the client
 sent it; :func:`loads_request` therefore leaves each item of the ``messages`` array unparsed, as
 a ``msgspec.Raw`` (the client's bytes of that item, copied verbatim by :func:`dumps`), parsed by
@@ -23,6 +31,7 @@ messages that are new or differ from those last stored are).
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -36,13 +45,66 @@ _items = msgspec.json.Decoder(list[msgspec.Raw])
 Raw = msgspec.Raw
 
 
-def loads(data: bytes | str) -> tuple[Any, bool]:
+class UnusableJSON(ValueError):
+    """JSON that parses but holds a value no provider reads (see the module docstring); ``where``
+    is its place in the document (``""``: the document itself)."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}" if where else what)
+        self.where, self.what = where, what
+
+
+def loads(data: bytes | str, check: bool = False) -> tuple[Any, bool]:
     """``(value, fast)``: :func:`json.loads` semantics (raises ``json.JSONDecodeError`` or
-    ``UnicodeDecodeError`` as it does); ``fast`` is false when msgspec refused the document."""
+    ``UnicodeDecodeError`` as it does); ``fast`` is false when msgspec refused the document.
+    ``check``: raise :class:`UnusableJSON` for what no provider reads (module docstring)."""
     try:
         return _decoder.decode(data), True
     except msgspec.DecodeError:
+        pass
+    except RecursionError:
+        if not check:
+            raise
+        raise UnusableJSON("", TOO_DEEP) from None
+    if not check:
         return json.loads(data), False
+    try:
+        value = json.loads(data)
+        usable(value)
+    except RecursionError:
+        raise UnusableJSON("", TOO_DEEP) from None
+    return value, False
+
+
+TOO_DEEP = "JSON nested too deeply (about 1,000 levels or more)"
+
+
+def usable(value: Any, where: str = "") -> None:
+    """Raise :class:`UnusableJSON` for the first non-finite number or string with a lone surrogate
+    in ``value`` (a value :func:`json.loads` gave)."""
+    if isinstance(value, str):
+        if not _encodable(value):
+            raise UnusableJSON(where, "a string holding a lone UTF-16 surrogate (\\ud800-\\udfff not in a pair)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise UnusableJSON(where, f"a number JSON cannot carry ({value!r}: NaN, Infinity, or beyond the float range)")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            at = f"{where}.{k}" if where else str(k)
+            if not _encodable(k):
+                raise UnusableJSON(where, "a key holding a lone UTF-16 surrogate")
+            usable(v, at)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            usable(v, f"{where}[{i}]")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def dumps(value: Any, fast: bool = True) -> bytes:
@@ -56,7 +118,8 @@ def dumps(value: Any, fast: bool = True) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None = None) -> tuple[Any, bool]:
+def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None = None,
+                  check: bool = False) -> tuple[Any, bool]:
     """:func:`loads`, except that when the document is an object whose ``key`` is an array, that
     array's items stay unparsed (``msgspec.Raw``; see module docstring; :func:`item` parses one).
     Every other value, and every document msgspec refuses or that is not such an object, is as
@@ -72,8 +135,8 @@ def loads_request(data: bytes, key: str = "messages", arrays: ArrayCache | None 
         out: dict[str, Any] = {k: split(v) if k == key else _decoder.decode(v) for k, v in top.items()}
         if key not in out:
             raise KeyError(key)
-    except (msgspec.DecodeError, KeyError):  # not an object, no such array, or refused: as loads does
-        return loads(data)
+    except (msgspec.DecodeError, KeyError, RecursionError):  # not an object, no such array, or refused: as loads does
+        return loads(data, check)
     return out, True
 
 
@@ -121,10 +184,10 @@ class ArrayCache:
         return items
 
 
-def item(value: Any) -> Any:
+def item(value: Any, check: bool = False) -> Any:
     """The value of one item :func:`loads_request` left unparsed (anything else is returned as is),
-    with :func:`loads`'s semantics (``ValueError`` when it is not JSON)."""
-    return loads(bytes(value))[0] if isinstance(value, msgspec.Raw) else value
+    with :func:`loads`'s semantics (``ValueError`` when it is not JSON; ``check`` as there)."""
+    return loads(bytes(value), check)[0] if isinstance(value, msgspec.Raw) else value
 
 
 def plain(values: list[Any]) -> list[Any]:

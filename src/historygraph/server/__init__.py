@@ -1,11 +1,12 @@
 """``historygraph serve``: an OpenAI- and Anthropic-compatible proxy with a session API.
 
-Modules: :mod:`.app` (config, proxy endpoints), :mod:`.api` (session API), :mod:`.sessions`
-(session ids, diffing, branches), :mod:`.upstream` (headers, SSE parsing, stream accumulation),
-the fake provider the tests and benchmarks run lives in tests/fake_upstream.py (a test double, not installed).
-Needs the ``server`` extra (fastapi, uvicorn; psycopg for PostgreSQL).
+Modules: :mod:`.config` (ServerConfig and the table of serve defaults; light, no FastAPI),
+:mod:`.app` (create_app: the ASGI app, middleware, lifespan), :mod:`.proxy` (the per-request
+pipeline), :mod:`.chat`, :mod:`.messages`, :mod:`.responses` (one module per provider API),
+:mod:`.errors` (provider-shaped errors), :mod:`.api` (session API), :mod:`.upstream` (headers, SSE
+parsing, stream accumulation); session ids, diffing and branches live in
+:mod:`historygraph.history.sessions`. The fake provider the tests and benchmarks run lives in
+tests/fake_upstream.py (a test double, not installed). Needs the ``server`` extra (fastapi,
+uvicorn; psycopg for PostgreSQL), except :mod:`.config`. Nothing is imported eagerly here: import
+each name from the module that holds it.
 """
-
-from historygraph.server.app import ServerConfig, create_app
-
-__all__ = ["ServerConfig", "create_app"]

@@ -11,6 +11,13 @@
 * ``GET  /api/sessions/{id}/results/{tool_call_id}``: one complete stored tool result, so that an
   agent tool can restore a result a rendering omitted.
 
+Session ids (:func:`historygraph.history.sessions.session_id_problem`): any text of 1 to 512
+characters without control characters; in a path, the id is one segment, percent-encoded where
+it needs to be (``/`` as ``%2F``, ``%`` as ``%25``, a space as ``%20``): every id
+``GET /api/sessions`` lists is read at ``/api/sessions/<quote(id, safe="")>``
+(:class:`EncodedSegments`). Creating a session whose id is not allowed is a 400 naming
+``session_id``; reading one is a 404 (no such session can exist).
+
 When the server has an auth token, every route here requires ``Authorization: Bearer <token>``
 (401 otherwise). Errors are ``{"detail": …}`` with the field named.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -27,10 +35,11 @@ from starlette.concurrency import run_in_threadpool
 
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
+from historygraph.history.sessions import session_id_problem
 from historygraph.policies import PolicyError, check_production
 from historygraph.store import KEPT_KEYS, AppendConflict, StoreError
 from historygraph.store.base import MAX_KEY_LENGTH
-from historygraph.server.app import ClientError
+from historygraph.server.errors import ClientError
 
 
 def _auth(request: Request) -> None:
@@ -111,8 +120,33 @@ def _proxy(request: Request) -> Any:
 
 
 def _known(proxy: Any, session_id: str) -> None:
-    if not proxy.store.has_session(session_id):
+    # an id with a control character cannot have been stored (and a NUL cannot be looked up on PostgreSQL)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in session_id) or not proxy.store.has_session(session_id):
         raise HTTPException(404, f"session_id: no session {session_id!r}")
+
+
+class EncodedSegments:
+    """ASGI middleware: a session API path is routed segment by segment as the client encoded it,
+    so that an id holding ``/`` (sent as ``%2F``) stays one path parameter. Starlette routes on
+    the decoded path, where ``a%2Fb`` has become two segments; for a path under ``/api/`` with a
+    percent escape, the routed path is rebuilt from the raw one with each segment decoded on its
+    own and only ``%`` and ``/`` kept escaped in it (``%25``, ``%2F``), which :func:`segment`
+    decodes in the route."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and b"%" in raw and scope["path"].startswith("/api/"):
+            parts = [unquote(p).replace("%", "%25").replace("/", "%2F") for p in raw.decode("latin-1").split("/")]
+            scope = {**scope, "path": "/".join(parts)}
+        await self.app(scope, receive, send)
+
+
+def segment(value: str) -> str:
+    """A path parameter of the session API as the client meant it (see :class:`EncodedSegments`)."""
+    return unquote(value) if "%" in value else value
 
 
 @router.get("/calibration")
@@ -135,6 +169,7 @@ def list_sessions(request: Request) -> list[SessionSummary]:
 @router.get("/sessions/{session_id}", response_model=SessionDetail)
 def read_session(session_id: str, request: Request) -> SessionDetail:
     proxy = _proxy(request)
+    session_id = segment(session_id)
     _known(proxy, session_id)
     return SessionDetail(id=session_id, meta=proxy.store.session_meta(session_id),
                          messages=[m.to_dict() for m in proxy.store.messages(session_id)])
@@ -152,6 +187,9 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
     whose answer was lost can be re-sent: it is answered with the first positions. ``create`` is
     not part of what must match (a retry may find the session the first attempt created)."""
     proxy = _proxy(request)
+    session_id = segment(session_id)
+    if body.create and (problem := session_id_problem(session_id)):
+        raise HTTPException(400, f"session_id: {problem}")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
         raise HTTPException(400, f"Idempotency-Key: must be 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
     if not body.create:
@@ -185,6 +223,7 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
 @router.post("/sessions/{session_id}/render", response_model=RenderResponse)
 async def render_session(session_id: str, body: RenderRequest, request: Request) -> RenderResponse:
     proxy = _proxy(request)
+    session_id = segment(session_id)
     _known(proxy, session_id)
     policy = body.policy or proxy.config.policy
     budget = body.budget or proxy.config.budget
@@ -210,6 +249,7 @@ async def render_session(session_id: str, body: RenderRequest, request: Request)
 @router.get("/sessions/{session_id}/results/{tool_call_id}", response_model=ToolResultResponse)
 def read_result(session_id: str, tool_call_id: str, request: Request) -> ToolResultResponse:
     proxy = _proxy(request)
+    session_id, tool_call_id = segment(session_id), segment(tool_call_id)
     _known(proxy, session_id)
     graph = proxy.store.graph(session_id)
     if tool_call_id not in graph.result_of:

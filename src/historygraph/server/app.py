@@ -1,563 +1,35 @@
-"""The proxy: OpenAI Chat Completions and Anthropic Messages endpoints in front of a provider.
+"""The ASGI app of ``historygraph serve``: :func:`create_app` assembles the proxy's endpoints, the
+session API and the operations routes around one :class:`~historygraph.server.proxy.Proxy`, with
+its middleware (:class:`Arrival`, :class:`SizeLimit`, request counting) and its lifespan (the
+upstream transport and the store closed at shutdown).
 
-Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 lines 3–7):
-
-1. parse the messages into canonical events (Anthropic via :mod:`historygraph.providers.anthropic`);
-2. route them to a session and store only what is new (:mod:`historygraph.history.sessions`);
-3. render the session's graph with the policy under the budget (``X-HistoryGraph-Policy`` and
-   ``X-HistoryGraph-Budget`` headers, else the configured defaults) and check the invariants of
-   docs/architecture.md, invariant §5; a message rendered unchanged is sent as the client's original JSON, so images,
-   thinking blocks and unknown fields pass through untouched;
-4. forward the request, all other fields unchanged, to the upstream; stream answers are relayed
-   chunk by chunk as they arrive while a copy is parsed;
-5. store the answer (text and tool calls) once it is complete (for a stream: when its final event
-   arrives, before relaying that event). An upstream error is returned to
-   the client unchanged (status, body, headers) and stores nothing.
-
-Every response carries ``X-HistoryGraph-Session`` (the session used) and, for non-streamed
-answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
-Client errors are JSON in the API's own error shape and name the field at fault.
+Where each part lives: :mod:`.config` (settings and the table of serve defaults), :mod:`.proxy`
+(the per-request pipeline: route, store, render, forward, relay), :mod:`.errors` (the provider-
+shaped error bodies), :mod:`.chat` (OpenAI Chat Completions, models), :mod:`.messages` (Anthropic
+Messages, token counting), :mod:`.responses` (OpenAI Responses), :mod:`.api` (session API),
+:mod:`.ops` (health, metrics), :mod:`.recall_tool`, :mod:`.upstream` (headers, SSE parsing).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from functools import lru_cache, partial
-from typing import Any, Callable, Sequence
+from typing import Any
 
-import aiohttp
-import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from httpx_aiohttp import AiohttpTransport
-from starlette.background import BackgroundTask
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 
-from historygraph.history.events import EventError, Message
-from historygraph.providers import anthropic as anth
-from historygraph.policies import DEFAULT_POLICY, PolicyError, Signals, check_production, create
-from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
-from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
-from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER, create_embedder
-from historygraph.signals.tokens import DEFAULT_ENCODING, TokenCounter
-from historygraph.store import Store, open_store
-from historygraph.providers import jsonio
-from historygraph.server import recall_tool
-from historygraph.server.metrics import ProxyMetrics
-from historygraph.history.sessions import SESSION_HEADER, MessageError, RequestMessages, SessionRouter, TurnCache, derived_session_id
-from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
-
-log = logging.getLogger("historygraph.server")
-
-THREADS = 40
-"""Worker threads per process for the request path's blocking work (routing, storing, rendering:
-:func:`run_in_threadpool`); anyio's default limit, which the proxy had before."""
-_pool: ThreadPoolExecutor | None = None
-_pool_guard = threading.Lock()
-
-
-async def run_in_threadpool(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in one of this process's :data:`THREADS` worker threads, awaited on
-    the event loop (which a render or a store call must never block): asyncio's executor hand-off
-    (``loop.run_in_executor``) on a pool of our own. Starlette's ``run_in_threadpool`` (anyio's
-    ``to_thread``: a capacity limiter, a cancel scope and a context copy per call) took 40–90 µs
-    more CPU per call, two calls per proxied request (bench/RESULTS.md). When the awaiting request
-    is cancelled (the client went away) the call still runs to its end in its thread, as before;
-    only the wait for it ends."""
-    global _pool
-    if _pool is None:
-        with _pool_guard:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="historygraph")
-    return await asyncio.get_running_loop().run_in_executor(_pool, partial(fn, *args, **kwargs))
-
-
-@lru_cache(maxsize=64)
-def _parsed_url(url: str) -> httpx.URL:
-    """``httpx.URL(url)``, parsed once per URL: a request goes to one of a handful (the configured
-    upstreams' endpoints), and parsing took half of building an ``httpx.Request``."""
-    return httpx.URL(url)
-
-
-UPSTREAM_RETRIES = 2
-"""Retries of an upstream request whose connection failed before any answer (:meth:`Proxy.send`;
-what httpx's own transport did with ``retries=2``, plus the keep-alive race)."""
-
-
-@dataclass
-class ServerConfig:
-    """Settings of one proxy instance.
-
-    Attributes:
-        upstream: OpenAI-compatible base URL including ``/v1`` (``/chat/completions`` and
-            ``/models`` are appended).
-        anthropic_upstream: Anthropic base URL (``/v1/messages`` is appended).
-        store: store URL for :func:`historygraph.store.open_store` (SQLite path, ``:memory:``,
-            ``postgresql://…``); ``None`` = the default SQLite file.
-        policy, budget: defaults when a request sends no header; budget in tokens.
-        auth_token: bearer token required by the session API; ``None`` = no auth.
-        max_body_bytes: larger request bodies get 413.
-        encoding: tokenizer defining the budget's unit.
-        timeout: seconds to wait for the upstream (connect and between bytes).
-        policy_params: parameter overrides per policy name (checked against each policy's Config).
-        recall, recall_rounds, recall_max_tokens: the recall tool (:mod:`historygraph.server.recall_tool`):
-            offered by default, answered calls per request at most, tokens per recalled result at most.
-        calibrate: render proxied requests at the calibrated budget ``floor(B / max(1, ratio))``,
-            ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
-        session_cache: open sessions kept warm per process, least recently used dropped first:
-            their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state), the
-            client messages last stored and the Anthropic wire turns last converted, so that a
-            re-sent history is recognised without parsing it (:mod:`historygraph.history.sessions`,
-            "Incremental comparison", :class:`TurnCache`); 0 remembers no messages or turns
-            (every request is parsed and compared in full) and keeps one graph.
-        embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores
-            (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'
-            embedders do not compete for the same cores).
-        embedder: the sentence embedder of the policies that embed, a name in
-            :data:`~historygraph.signals.embeddings.EMBEDDERS`: ``wordllama`` by default
-            (:data:`~historygraph.signals.embeddings.SERVE_EMBEDDER`: recall within 1 point of
-            ``minilm``, the replays' default, at about 1/40 of its CPU per text; docs/proxy.md).
-    """
-
-    upstream: str = "https://api.openai.com/v1"
-    anthropic_upstream: str = "https://api.anthropic.com"
-    store: str | None = None
-    policy: str = DEFAULT_POLICY
-    budget: int = 6000
-    auth_token: str | None = None
-    max_body_bytes: int = 20_000_000
-    encoding: str = DEFAULT_ENCODING
-    timeout: float = 600.0
-    policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    recall: bool = False
-    recall_rounds: int = 3
-    recall_max_tokens: int = 8000
-    calibrate: bool = True
-    session_cache: int = 256
-    embed_threads: int | None = None
-    embedder: str = SERVE_EMBEDDER
-
-    def __post_init__(self) -> None:
-        check_production(self.policy)  # PolicyError: unknown, or replay-only
-        if self.embedder not in EMBEDDERS:
-            raise ValueError(f"unknown embedder {self.embedder!r}; choose one of {', '.join(EMBEDDERS)}")
-        if self.budget < 1:
-            raise ValueError(f"budget must be a positive number of tokens, got {self.budget}")
-        for name, values in self.policy_params.items():
-            create(name, **values)  # PolicyError naming the policy, field and expected type
-
-
-UPSTREAM_MAX_CONNECTIONS = 1000
-UPSTREAM_KEEPALIVE_S = 4.0
-"""Idle upstream connections are dropped after this many seconds, before the 5 s keep-alive
-timeout of uvicorn and similar servers closes one just as it is reused (a ReadError: 502)."""
-
-
-def upstream_session() -> aiohttp.ClientSession:
-    """The aiohttp session of the upstream transport (opened on the first upstream request, in the
-    event loop): at most :data:`UPSTREAM_MAX_CONNECTIONS` connections, idle ones closed after
-    :data:`UPSTREAM_KEEPALIVE_S`, TLS verified as httpx verifies it, and no cookie jar (a cookie
-    one client's answer set is never sent with another client's request)."""
-    connector = aiohttp.TCPConnector(limit=UPSTREAM_MAX_CONNECTIONS, keepalive_timeout=UPSTREAM_KEEPALIVE_S,
-                                     ssl=httpx.create_ssl_context())
-    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
-
-
-class ClientError(Exception):
-    """A bad request: ``status``, a message and the field at fault."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.param, self.status = param, status
-
-
-class Proxy:
-    """State shared by the endpoints: config, store, router, signals, policy instances, the
-    upstream transport."""
-
-    def __init__(self, config: ServerConfig, store: Store | None = None) -> None:
-        self.config = config
-        self.store = store if store is not None else open_store(config.store)
-        self.store.graph_cache = config.session_cache
-        self.router = SessionRouter(self.store, prefix_cache=config.session_cache)
-        self.turns = TurnCache(config.session_cache)  # the Anthropic endpoint's converted wire turns
-        self.arrays = jsonio.ArrayCache(config.session_cache)  # recent requests' messages arrays, split
-        self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
-                               embedder_factory=partial(create_embedder, config.embedder, threads=config.embed_threads))
-        self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
-        self.metrics = ProxyMetrics(self.calibration)
-        self._policies: dict[str, Any] = {}
-        # The upstream transport: httpx's request and response types on aiohttp's connection pool
-        # (httpx-aiohttp): httpcore's pool visits every pooled connection on each request, 2.5-2.7
-        # CPU ms per 27 KB request at 25-50 upstream connections against 0.6-0.8 through aiohttp
-        # (bench/RESULTS.md). Requests go to the transport directly, not through an httpx client:
-        # a client keeps the cookies an upstream sets (a provider's load-balancer cookie) and sends
-        # them with every later request, whichever client of the proxy made it, and its
-        # per-request merging of URL, headers and cookies is CPU on the request path.
-        self.timeout = httpx.Timeout(config.timeout, connect=30.0)
-        self._timeouts = self.timeout.as_dict()
-        self.transport: httpx.AsyncBaseTransport = AiohttpTransport(client=upstream_session)
-
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Request:
-        """An upstream request (``httpx.Request``'s arguments: ``content``, ``json``, ``headers``,
-        ``params``) carrying the configured timeouts."""
-        return httpx.Request(method, _parsed_url(url), extensions={"timeout": self._timeouts}, **kwargs)
-
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` upstream, its answer streamed. A connection that failed before any
-        answer came (refused, timed out connecting, or a pooled keep-alive connection the upstream
-        had just closed) is tried again, :data:`UPSTREAM_RETRIES` times at most. Raises
-        ``httpx.HTTPError`` (the last failure, or any other)."""
-        for attempt in range(UPSTREAM_RETRIES + 1):
-            try:
-                return await self.transport.handle_async_request(request)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError):
-                if attempt == UPSTREAM_RETRIES:
-                    raise
-        raise AssertionError("unreachable")
-
-    def options(self, request: Request) -> tuple[str | None, str, int]:
-        """Session id, policy and budget from headers, else the configured defaults."""
-        policy = request.headers.get("x-historygraph-policy", self.config.policy)
-        try:
-            check_production(policy)
-        except PolicyError as exc:
-            raise ClientError(f"X-HistoryGraph-Policy: {exc}", "X-HistoryGraph-Policy") from None
-        raw = request.headers.get("x-historygraph-budget")
-        try:
-            budget = int(raw) if raw is not None else self.config.budget
-        except ValueError:
-            raise ClientError(f"X-HistoryGraph-Budget must be a positive integer (tokens), got {raw!r}",
-                              "X-HistoryGraph-Budget") from None
-        if budget < 1:
-            raise ClientError(f"X-HistoryGraph-Budget must be a positive integer (tokens), got {budget}", "X-HistoryGraph-Budget")
-        return request.headers.get(SESSION_HEADER) or None, policy, budget
-
-    def policy(self, name: str) -> Any:
-        if name not in self._policies:
-            self._policies[name] = create(name, **self.config.policy_params.get(name, {}))
-        return self._policies[name]
-
-    def render(self, session_id: str, policy: str, budget: int) -> Rendering:
-        """Render the stored session and check docs/architecture.md, invariant §5 (the session API:
-        raises :class:`ClientError` when the budget cannot hold the protected history; a proxied
-        request is forwarded over B instead, :meth:`render_or_smallest`)."""
-        try:
-            return self._render(session_id, policy, budget, smallest=False)[0]
-        except BudgetTooSmallError as exc:
-            raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
-
-    def _render(self, session_id: str, policy: str, budget: int, graph: Any = None,
-                smallest: bool = True) -> tuple[Rendering, int]:
-        """:meth:`render`, and the tokens of every rendered message (what
-        :meth:`TokenCounter.count_messages` gives them): the history's, just recounted by
-        ``check_invariants`` and equal to ``rendering.history_tokens``, plus the messages outside
-        the history (system messages and the latest user message), counted here. ``graph``: the
-        session's graph as the request's routing left it (:attr:`Ingest.graph`), else the store's."""
-        if graph is None:
-            graph = self.store.graph(session_id)
-        t0 = time.perf_counter()
-        rendering = self.render_or_smallest(graph, policy, budget, smallest)
-        if "over_budget" in rendering.stats:
-            self.metrics.over_budget.labels(policy).inc()
-            log.warning("over budget", extra={"session": session_id, "policy": policy, "budget": budget,
-                                              "history_tokens_out": rendering.history_tokens})
-        seconds = time.perf_counter() - t0
-        tokens_in, tokens_out = self.metrics.observe_render(policy, seconds, rendering, graph, self.signals.counter)
-        log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
-                                    "history_tokens_in": tokens_in, "history_tokens_out": tokens_out,
-                                    "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
-        return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
-
-    def render_or_smallest(self, graph: Any, policy: str, budget: int, smallest: bool = True) -> Rendering:
-        """The policy's rendering of ``graph`` under ``budget``, checked (docs/architecture.md,
-        invariant §5). When the part every rendering must keep exceeds B (the policy raises
-        :class:`BudgetTooSmallError`), the proxy never fails the agent: it renders at the budget
-        that part needs (the smallest valid rendering, over B; a few tries when the policy asks for
-        more again, then the whole history) and marks it ``rendering.stats["over_budget"] = B``.
-        ``smallest=False``: the error is raised instead."""
-        chosen = self.policy(policy)
-        try:
-            rendering = chosen.render(graph, budget, self.signals)
-        except BudgetTooSmallError as exc:
-            if not smallest:
-                raise
-            need = max(exc.required, budget + 1)
-            for _ in range(3):
-                try:
-                    rendering = chosen.render(graph, need, self.signals)
-                    break
-                except BudgetTooSmallError as again:
-                    need = max(again.required, need * 2)
-            else:
-                rendering = chosen.render(graph, 1 << 40, self.signals)  # under B: the history unchanged (§5.5)
-            rendering.stats["over_budget"] = budget
-        check_invariants(rendering, graph, self.signals.counter)
-        return rendering
-
-    def notes(self, rendering: Rendering) -> dict[str, str]:
-        """Response headers describing ``rendering``: ``X-HistoryGraph-Over-Budget: <history
-        tokens sent>`` when it exceeds B (:meth:`render_or_smallest`)."""
-        if "over_budget" not in rendering.stats:
-            return {}
-        return {"x-historygraph-over-budget": str(rendering.history_tokens)}
-
-    def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
-                budget: int) -> tuple[str, Rendering, int]:
-        """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering
-        and the rendered messages' tokens (:meth:`_render`). ``messages``: parsed events, or a
-        :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
-        stored is recognised without parsing it)."""
-        try:
-            root = session_id or derived_session_id(messages)
-        except MessageError as exc:
-            raise ClientError(str(exc), f"messages[{exc.index}]") from None
-        with self.router.lock(root):  # no other request of this conversation between ingest and render
-            try:
-                ingest = self.router.ingest(messages, root)
-            except MessageError as exc:
-                raise ClientError(str(exc), f"messages[{exc.index}]") from None
-            except EventError as exc:
-                raise ClientError(f"messages: {exc}", "messages") from None
-            if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
-                budget = self.calibration.adjusted_budget(budget)
-            # the graph routing has just brought up to the request's messages: no second look-up
-            return (ingest.session_id, *self._render(ingest.session_id, policy, budget, ingest.graph))
-
-    def store_answer(self, session_id: str, answer: Message) -> None:
-        """Append the upstream answer. The client already has it, so a failure (a concurrent
-        request of the same session stored a conflicting event) is logged, never raised."""
-        with self.router.lock(session_id):
-            try:
-                self.store.append(session_id, answer)
-            except EventError as exc:
-                log.warning("answer not stored in session %s: %s", session_id, exc)
-
-    def prefetches(self, policy: str | None) -> bool:
-        """Whether ``policy`` has a :meth:`prefetch` hook (else no background task is scheduled:
-        each one is a hand-off to the thread pool)."""
-        return policy is not None and getattr(self.policy(policy), "prefetch", None) is not None
-
-    def prefetch(self, session_id: str, policy: str, answer: Message | None) -> None:
-        """After the response is sent (a background task, off the request path): let the policy
-        compute what its next render of the session needs and the stored answer already
-        determines (its ``prefetch(graph, signals)``, when it has one: ContextRender embeds its
-        query texts). Only when the answer calls tools: the next request then carries their
-        results and the latest user message is unchanged, so the query text is the one the next
-        render embeds; after a text answer the client's next message changes it. Never raises
-        (a failure costs only the time saved)."""
-        hook = getattr(self.policy(policy), "prefetch", None)
-        if hook is None or answer is None or not answer.tool_calls:
-            return
-        try:
-            with self.router.lock(session_id):
-                graph = self.store.graph(session_id)
-            hook(graph, self.signals)
-        except Exception as exc:  # noqa: BLE001 - a background task: log and go on
-            log.warning("prefetch for session %s failed: %s: %s", session_id, type(exc).__name__, exc)
-
-    def observe_usage(self, body: dict[str, Any], usage: Usage | None, sent: Sequence[Message] | int | None = None,
-                      api: str = "openai") -> None:
-        """Feed the calibration hook: our estimate of the forwarded request (messages + tool
-        schemas) against the prompt tokens the provider reported for it (fresh, cache read and
-        cache write kept apart; both APIs, streamed or not). ``sent``: the forwarded messages as
-        parsed events (the rendering), so that the request body is not parsed again, or their
-        tokens already counted (:meth:`prepare`)."""
-        if usage is None:
-            return
-        try:
-            if sent is None:
-                sent = ([Message.from_openai(m) for m in body["messages"]] if api == "openai"
-                        else anth.to_canonical(body.get("system"), body["messages"])[0])
-            if isinstance(sent, int):
-                estimate = sent + self.calibration.estimate_request((), body.get("tools"))
-            else:
-                estimate = self.calibration.estimate_request(sent, body.get("tools"))
-        except (ValueError, KeyError, TypeError, EventError):
-            return  # a shape we do not count
-        self.calibration.observe(estimate, usage)
-
-    def store_partial(self, session_id: str, raw: bytes, reason: str) -> None:
-        """Keep the relayed part of a stream that was cut, marked partial, outside the history:
-        store text kind ``"partial_answer"``, key ``<session>:<n>`` (n = events stored so far)."""
-        key = f"{session_id}:{len(self.store.messages(session_id))}"
-        self.store.put_text("partial_answer", key, json.dumps({"partial": True, "reason": reason,
-                                                                "stream": raw.decode("utf-8", "replace")}))
-
-    async def read_json(self, request: Request, raw_messages: bool = False, require: str | None = "messages") -> dict[str, Any]:
-        """The request body as a JSON object; 413 over the size limit, 400 when not JSON.
-        ``raw_messages``: the items of ``messages`` stay unparsed (:func:`jsonio.loads_request`, with
-        this process's :class:`jsonio.ArrayCache`; :class:`RequestMessages` parses those it needs).
-        ``require``: the list field the body must have (``None``: none). The bytes read are kept
-        in ``request.state.historygraph_body``."""
-        size, chunks = 0, []
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.config.max_body_bytes:
-                raise ClientError(_too_large(self.config.max_body_bytes), "body", 413)
-            chunks.append(chunk)
-        try:
-            data = request.state.historygraph_body = b"".join(chunks)
-            body, fast = jsonio.loads_request(data, arrays=self.arrays) if raw_messages else jsonio.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ClientError(f"request body is not valid JSON: {exc}", "body") from None
-        request.state.historygraph_json_fast = fast  # then the forwarded body may be encoded by msgspec too
-        if not isinstance(body, dict):
-            raise ClientError("request body must be a JSON object", "body")
-        if require is not None and not isinstance(body.get(require), list):
-            raise ClientError(f"{require}: required, a list of messages", require)
-        return body
-
-    async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                      accumulator: Callable[[], Any], sent: Sequence[Message] | int | None = None,
-                      policy: str | None = None, extra: dict[str, str] | None = None) -> Response:
-        """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
-        ``sent``: the rendered messages ``body`` carries, or their tokens, for :meth:`observe_usage`; ``policy``:
-        the policy that rendered it, whose :meth:`prefetch` runs once the response is sent; ``extra``:
-        response headers of ours (:meth:`notes`). An accumulator class may name its ``api`` and
-        bring ``usage_of``, ``answer_of`` and ``cut_event`` (the Responses API's does)."""
-        headers = forward_headers(request.headers)
-        ours = {"x-historygraph-session": session_id, **(extra or {})}
-        api = getattr(accumulator, "api", None) or ("openai" if accumulator is OpenAIStreamAccumulator else "anthropic")
-        if not any(k.lower() == "content-type" for k in headers):
-            headers["content-type"] = "application/json"
-        content = jsonio.dumps(body, getattr(request.state, "historygraph_json_fast", False))
-        request_up = self.request("POST", url, content=content, headers=headers)
-        t_up = time.perf_counter()
-        try:
-            upstream = await self.send(request_up)
-        except httpx.HTTPError as exc:
-            self.metrics.upstream_errors.labels(api, "unreachable").inc()
-            raise ClientError(unreachable_message(url, exc, api, self.config.timeout), "upstream", 502) from None
-        if upstream.status_code >= 400:
-            self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
-        if upstream.status_code >= 400 or not body.get("stream"):
-            content = await upstream.aread()
-            await upstream.aclose()
-            upstream_s = time.perf_counter() - t_up
-            answer = None
-            if upstream.status_code < 400:
-                data = _json_or_none(content)
-                usage_of = getattr(accumulator, "usage_of", None) or (openai_usage if api == "openai" else anthropic_usage)
-                self.observe_usage(body, None if data is None else usage_of(data), sent, api)
-                answer = _answer_of(data, accumulator)
-                if answer is not None:
-                    await run_in_threadpool(self.store_answer, session_id, answer)
-            proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
-            headers = {k: v for k, v in response_headers(upstream.headers).items() if k.lower() != "content-encoding"}
-            after = (BackgroundTask(self.prefetch, session_id, policy, answer)
-                     if self.prefetches(policy) and answer is not None and answer.tool_calls else None)
-            return Response(content, upstream.status_code, {**headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"},
-                            background=after)
-
-        answer: Message | None = None
-
-        async def relay():
-            # The answer is stored as soon as the event completing it arrives and before that event
-            # is relayed: clients close the connection right after the final event.
-            # The usage is fed to the calibration as soon as the answer is complete and its usage has
-            # come (OpenAI sends it after the finish_reason chunk), also before that chunk is relayed,
-            # so that a client's next request or a read of /calibration sees it.
-            nonlocal answer
-            parser, acc, stored, observed = SSEParser(), accumulator(), False, False
-            relayed: list[bytes] = []
-            cut: str | None = None
-            try:
-                try:
-                    async for chunk in upstream.aiter_raw():
-                        for event in parser.feed(chunk):
-                            acc.feed(event)
-                        if not stored and acc.complete:
-                            stored, answer = True, acc.message()
-                            if answer is not None:
-                                await run_in_threadpool(self.store_answer, session_id, answer)
-                        if not observed and acc.complete and acc.usage is not None:
-                            observed = True
-                            self.observe_usage(body, acc.usage, sent, api)
-                        relayed.append(chunk)
-                        yield chunk
-                    if not acc.complete:
-                        cut = "the upstream closed the stream before its final event"
-                except httpx.HTTPError as exc:  # after the final event the answer is complete: not a cut
-                    cut = None if acc.complete else str(exc)
-                if cut is not None:
-                    self.metrics.upstream_errors.labels(api, "stream_cut").inc()
-                    # A stream cut mid-way (a dropped connection, or one closed cleanly before the
-                    # final event): the partial answer is kept apart from the history (never
-                    # presented as a complete turn) and the client gets a well-formed error event.
-                    await run_in_threadpool(self.store_partial, session_id, b"".join(relayed), cut)
-                    if hasattr(acc, "cut_event"):
-                        yield acc.cut_event(f"upstream stream cut mid-way: {cut}")
-                        return
-                    yield ("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {cut}",
-                                                            "type": "upstream_stream_cut"}}) + "\n\n").encode()
-            finally:
-                await upstream.aclose()
-
-        after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if self.prefetches(policy) else None
-        return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
-
-
-def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:
-    """Tokens of the rendered messages outside the history (docs/architecture.md, invariant
-    §5.1): those at the positions of the graph's system messages and of its latest user
-    message. With ``rendering.history_tokens`` (checked against a recount by ``check_invariants``)
-    they make ``counter.count_messages(rendering.messages)``."""
-    msgs = graph.messages
-    last_user = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "user"), None)
-    return sum(counter.count_message(m) for m, p in zip(rendering.messages, rendering.positions)
-               if p is not None and (p == last_user or msgs[p].role == "system"))
-
-
-def _too_large(limit: int) -> str:
-    return f"request body exceeds the proxy's size limit of {limit} bytes (historygraph serve --max-body-bytes)"
-
-
-def _json_or_none(content: bytes) -> Any:
-    """A non-streamed answer's JSON, parsed once for its usage and its message (``None``: not JSON)."""
-    try:
-        return jsonio.loads(content)[0]
-    except ValueError:
-        return None
-
-
-def _answer_of(data: Any, accumulator: Callable[[], Any]) -> Message | None:
-    """The assistant message of a non-streamed response's JSON (``None`` when it has none;
-    ``data`` may also be the response's bytes)."""
-    try:
-        if isinstance(data, (bytes, str)):
-            data = jsonio.loads(data)[0]
-        if hasattr(accumulator, "answer_of"):
-            return accumulator.answer_of(data)
-        if accumulator is OpenAIStreamAccumulator:
-            return Message.from_openai({**data["choices"][0]["message"], "role": "assistant"})
-        return anth.answer_message(data)
-    except (ValueError, KeyError, IndexError, TypeError, EventError):
-        return None
-
-
-def _error_type(status: int) -> str:
-    """The providers' error ``type`` for an HTTP status: ``api_error`` for a failure on the server's
-    side (5xx, e.g. an unreachable upstream), else the client's request is at fault."""
-    return "request_too_large" if status == 413 else "api_error" if status >= 500 else "invalid_request_error"
-
-
-def _openai_error(exc: ClientError) -> JSONResponse:
-    kind = _error_type(exc.status)
-    return JSONResponse({"error": {"message": str(exc), "type": kind, "param": exc.param, "code": None}}, exc.status)
-
-
-def _anthropic_error(exc: ClientError) -> JSONResponse:
-    kind = _error_type(exc.status)
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": str(exc)}}, exc.status)
-
+from historygraph.server import chat, messages, responses
+from historygraph.server.api import EncodedSegments
+from historygraph.server.api import router as api_router
+from historygraph.server.config import CONFIG_ENV, LOG_ENV, ServerConfig
+from historygraph.server.errors import ClientError, anthropic_error, not_found, openai_error, too_large
+from historygraph.server.ops import CountRequests
+from historygraph.server.ops import router as ops_router
+from historygraph.server.proxy import ARRIVAL, Proxy
+from historygraph.store import Store
 
 GC_THRESHOLDS = (50_000, 20, 20)
 """Collector thresholds of a serving process (CPython's defaults: 700, 10, 10). A proxied request
@@ -577,10 +49,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-CONFIG_ENV = "HISTORYGRAPH_SERVE_CONFIG"  # JSON of a ServerConfig, read by each worker process
-LOG_ENV = "HISTORYGRAPH_SERVE_LOG"  # JSON {"level", "json"} of historygraph serve's log options, for each worker
 
 
 def create_app_from_env() -> FastAPI:
@@ -603,10 +71,6 @@ def create_app_from_env() -> FastAPI:
 
 def create_app(config: ServerConfig | None = None, store: Store | None = None) -> FastAPI:
     """The ASGI app: the proxy endpoints and the session API (:mod:`historygraph.server.api`)."""
-    from historygraph.server.api import router as api_router
-    from historygraph.server.ops import CountRequests
-    from historygraph.server.ops import router as ops_router
-
     config = config or ServerConfig()
     proxy = Proxy(config, store)
 
@@ -620,87 +84,17 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
                   description="OpenAI- and Anthropic-compatible proxy that renders each session's stored history "
                               "under a token budget, and a session API (append, render, read, fetch results).")
     app.state.proxy = proxy
-
-    @app.post("/v1/chat/completions", tags=["proxy"], summary="OpenAI Chat Completions, rendered and forwarded")
-    async def chat_completions(request: Request) -> Response:
-        started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
-        try:
-            body = await proxy.read_json(request, raw_messages=True)
-            raw = body["messages"]
-            sid, policy, budget = proxy.options(request)
-            # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
-            sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget)
-            out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
-                   for m, p in zip(rendering.messages, rendering.positions)]
-            url = config.upstream.rstrip("/") + "/chat/completions"
-            if recall_tool.wanted(config.recall, request, rendering):  # it reads and extends the messages
-                answer = await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
-                answer.headers.update(proxy.notes(rendering))
-                return answer
-            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
-                                       sent_tokens, policy, extra=proxy.notes(rendering))
-        except ClientError as exc:
-            return _openai_error(exc)
-
-    @app.post("/v1/messages", tags=["proxy"], summary="Anthropic Messages, rendered and forwarded")
-    async def messages_endpoint(request: Request) -> Response:
-        started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
-        try:
-            body = await proxy.read_json(request, raw_messages=True)
-            sid, policy, budget = proxy.options(request)
-            turns, system = body["messages"], body.get("system")
-
-            def convert_and_prepare() -> tuple[str, Rendering, int, list[Any]]:
-                # in the worker thread too: only turns not seen last time are parsed and converted
-                try:
-                    messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
-                except EventError as exc:
-                    raise ClientError(str(exc), "messages") from None
-                return (*proxy.prepare(messages, sid, policy, budget), pieces)
-
-            sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
-            out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
-                                                           for p in rendering.positions])
-            url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
-            if recall_tool.wanted(config.recall, request, rendering):
-                answer = await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
-                answer.headers.update(proxy.notes(rendering))
-                return answer
-            return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
-                                       sent_tokens, policy, extra=proxy.notes(rendering))
-        except ClientError as exc:
-            return _anthropic_error(exc)
-
-    @app.get("/v1/models", tags=["proxy"], summary="Passed through to the upstream (Anthropic's for an Anthropic client)")
-    @app.get("/v1/models/{model_id:path}", tags=["proxy"], summary="Passed through to the upstream")
-    async def models(request: Request) -> Response:
-        # an Anthropic client (its anthropic-version header) lists the Anthropic upstream's models
-        anthropic = "anthropic-version" in request.headers
-        base = config.anthropic_upstream.rstrip("/") + "/v1" if anthropic else config.upstream.rstrip("/")
-        url = base + request.url.path.removeprefix("/v1")
-        try:
-            r = await proxy.send(proxy.request("GET", url, headers=forward_headers(request.headers),
-                                               params=list(request.query_params.multi_items())))
-            try:
-                content = await r.aread()
-            finally:
-                await r.aclose()
-        except httpx.HTTPError as exc:
-            return _openai_error(ClientError(unreachable_message(url, exc, timeout=config.timeout), "upstream", 502))
-        return Response(content, r.status_code, response_headers(r.headers))
-
-    from historygraph.server.responses import add_routes
-
-    add_routes(app)  # /v1/responses, /v1/messages/count_tokens, provider-shaped 404s
+    chat.add_routes(app)  # /v1/chat/completions, /v1/models
+    messages.add_routes(app)  # /v1/messages, /v1/messages/count_tokens
+    responses.add_routes(app)  # /v1/responses
+    app.add_exception_handler(HTTPException, not_found)  # provider-shaped 404s and 405s under /v1/
     app.include_router(api_router)
     app.include_router(ops_router)
+    app.add_middleware(EncodedSegments)  # session ids holding "/" (sent as %2F) stay one path segment
     app.add_middleware(SizeLimit, limit=config.max_body_bytes)
     app.add_middleware(CountRequests, metrics=proxy.metrics)
     app.add_middleware(Arrival)  # added last: outermost
     return app
-
-
-ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
 
 
 class Arrival:
@@ -728,8 +122,8 @@ class SizeLimit:
         if scope["type"] == "http":
             length = dict(scope["headers"]).get(b"content-length", b"")
             if length.isdigit() and int(length) > self.limit:
-                err = ClientError(_too_large(self.limit), "body", 413)
-                response = _anthropic_error(err) if scope["path"].startswith("/v1/messages") else _openai_error(err)
+                err = ClientError(too_large(self.limit), "body", 413)
+                response = anthropic_error(err) if scope["path"].startswith("/v1/messages") else openai_error(err)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -4,8 +4,8 @@
 ``historygraph.server`` record ``"request"`` with ``session``, ``api``, ``policy``, ``budget``,
 ``status``, ``history_tokens_in``/``_out`` and ``render_ms`` as fields. Request headers are never
 logged; :class:`RedactKeys` also masks anything shaped like a credential (``sk-…``,
-``Bearer …``, ``x-api-key: …``) in every message and field, in case an upstream error text
-quotes one.
+``Bearer …``, ``x-api-key: …``, the credentials of a URL ``https://user:password@host``) in every
+message and field, in case an upstream error text quotes one.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from typing import Any, TextIO
 from pythonjsonlogger.json import JsonFormatter
 
 _SECRET = re.compile(r"(?i)(sk-[a-z0-9_\-]{6,}|bearer\s+[a-z0-9._\-]{6,}|(x-api-key|api[_-]key)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]+)")
+_USERINFO = re.compile(r"(?<=://)[^/\s@]+@")  # user:password@ of a URL
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
 def redact(text: str) -> str:
     """``text`` with every credential-shaped substring replaced by ``[redacted]``."""
-    return _SECRET.sub("[redacted]", text)
+    return _USERINFO.sub("[redacted]@", _SECRET.sub("[redacted]", text))
 
 
 class RedactKeys(logging.Filter):

@@ -21,7 +21,9 @@ units, ``_total`` counters):
 * ``historygraph_over_budget_total{policy}``: requests forwarded over B because the part every
   rendering must keep exceeded it (the smallest valid rendering is sent; docs/proxy.md);
 * ``historygraph_upstream_errors_total{api, kind}``: upstream answers with status ≥ 400 (kind =
-  the status code), unreachable upstreams (``unreachable``) and streams cut mid-way (``stream_cut``).
+  the status code), unreachable upstreams (``unreachable``), streams cut mid-way (``stream_cut``),
+  non-streamed bodies cut after the headers (``body_cut``), 2xx bodies that are not JSON
+  (``not_json``) and streams whose answer cannot be read (``malformed_stream``).
 """
 
 from __future__ import annotations

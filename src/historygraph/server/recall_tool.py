@@ -31,6 +31,8 @@ from historygraph.history.events import Message
 from historygraph.providers import anthropic as anth
 from historygraph.render import Rendering
 from historygraph.signals.calibration import anthropic_usage, openai_usage
+from historygraph.server.errors import RETRY, ClientError, not_json, stream_error, upstream_fault
+from historygraph.server.proxy import UNREADABLE, answer_of, unreadable
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
 TOOL_NAME = "historygraph_recall"
@@ -137,8 +139,6 @@ class _Round:
 
 
 async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:
-    from historygraph.server.app import ClientError, _answer_of
-
     acc_cls = OpenAIStreamAccumulator if api == "openai" else anth.StreamAccumulator
     req = proxy.request("POST", url, json=body, headers=headers)
     try:
@@ -148,12 +148,18 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
         raise ClientError(unreachable_message(url, exc, api, proxy.config.timeout), "upstream", 502) from None
     try:
         if up.status_code >= 400 or not body.get("stream"):
-            content = await up.aread()
+            content = await proxy.read_answer(url, up, api)  # a 502 when the body is cut
             if up.status_code >= 400:
                 proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
                 return _Round(up.status_code, up.headers, [content], None, None, True)
-            answer = _answer_of(content, acc_cls)
-            data = json.loads(content)
+            try:
+                data = json.loads(content)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                proxy.metrics.upstream_errors.labels(api, "not_json").inc()
+                raise upstream_fault(url, up.status_code, not_json(content, up.headers.get("content-type")))
+            answer = answer_of(data, acc_cls)
             if api == "openai":
                 m = data["choices"][0]["message"]
                 turn: dict[str, Any] | None = {"role": "assistant", "content": m.get("content"), **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
@@ -163,14 +169,19 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
         parser, acc, chunks, events = SSEParser(), acc_cls(), [], []
         cut = None
         try:
-            async for chunk in up.aiter_raw():
-                chunks.append(chunk)
-                for event in parser.feed(chunk):
-                    acc.feed(event)
-                    events.append(event)
-        except httpx.HTTPError as exc:
-            cut = str(exc)
-        answer = acc.message() if acc.complete else None
+            try:
+                async for chunk in up.aiter_raw():
+                    chunks.append(chunk)
+                    for event in parser.feed(chunk):
+                        acc.feed(event)
+                        events.append(event)
+            except httpx.HTTPError as exc:
+                cut = str(exc)
+            answer = acc.message() if acc.complete else None
+        except UNREADABLE as exc:  # relayed as a cut, without the chunk that made it unreadable: never stored
+            proxy.metrics.upstream_errors.labels(api, "malformed_stream").inc()
+            chunks.pop()
+            return _Round(up.status_code, up.headers, chunks, None, None, False, f"upstream stream unusable: {unreadable(exc)}; {RETRY}")
         if not acc.complete and cut is None:
             cut = "the upstream closed the stream before its final event"
         turn = None
@@ -178,7 +189,8 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
             turn = ({"role": "assistant", "content": answer.content or None,
                      **({"tool_calls": [c.to_openai() for c in answer.tool_calls]} if answer.tool_calls else {})}
                     if api == "openai" else {"role": "assistant", "content": _anthropic_blocks(events)})
-        return _Round(up.status_code, up.headers, chunks, answer, turn, acc.complete, None if acc.complete else cut)
+        return _Round(up.status_code, up.headers, chunks, answer, turn, acc.complete,
+                      None if acc.complete else f"upstream stream cut mid-way: {cut}")
     finally:
         await up.aclose()
 
@@ -228,8 +240,7 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
     if rnd.cut is not None:
         proxy.metrics.upstream_errors.labels(api, "stream_cut").inc()
         await run_in_threadpool(proxy.store_partial, session_id, b"".join(rnd.chunks), rnd.cut)
-        rnd.chunks.append(("data: " + json.dumps({"error": {"message": f"upstream stream cut mid-way: {rnd.cut}",
-                                                             "type": "upstream_stream_cut"}}) + "\n\n").encode())
+        rnd.chunks.append(stream_error(api, rnd.cut, "upstream_stream_cut"))
 
     async def relay():
         for chunk in rnd.chunks:

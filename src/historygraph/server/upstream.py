@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from historygraph.history.events import EventError, Message
+from historygraph.server.config import masked_url
 from historygraph.signals.calibration import Usage, openai_usage
 
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
@@ -37,7 +38,8 @@ def response_headers(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
 
 
-UPSTREAM_OPTION = {"openai": "historygraph serve --upstream", "anthropic": "historygraph serve --anthropic-upstream"}
+UPSTREAM_OPTION = {"openai": "historygraph serve --upstream", "responses": "historygraph serve --upstream",
+                   "anthropic": "historygraph serve --anthropic-upstream"}
 
 
 def unreachable_message(url: str, exc: BaseException, api: str = "openai", timeout: float | None = None) -> str:
@@ -45,10 +47,13 @@ def unreachable_message(url: str, exc: BaseException, api: str = "openai", timeo
     socket error at the root of ``exc``'s chain, e.g. aiohttp's ``ClientConnectorError`` under
     httpx's), and what to check: the ``historygraph serve`` option naming the upstream of ``api``
     (``"openai"`` or ``"anthropic"``), or for a timeout ``--timeout`` (``timeout``: its seconds).
+    Credentials in ``url`` are never shown (:func:`~historygraph.server.config.masked_url`).
     aiohttp's own text ("Cannot connect to host … ssl:default") names neither the URL nor whether
     TLS was used, so it is not quoted."""
     parts = urlsplit(url)
-    address = parts.netloc or url
+    address = parts.netloc.rpartition("@")[2] or url  # never the credentials a URL may carry
+    secrets = [s for s in (parts.password, parts.username) if s]
+    url = masked_url(url)
     root: BaseException = exc
     seen: set[int] = set()
     while id(root) not in seen:  # the innermost cause: the OS or TLS error when there is one
@@ -71,6 +76,8 @@ def unreachable_message(url: str, exc: BaseException, api: str = "openai", timeo
         why = f"{root.strerror} ({address})"
     else:
         why = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
+    for secret in secrets:  # an error text that quotes the URL
+        why = why.replace(secret, "***")
     return f"upstream {url} unreachable: {why}; check that the provider runs at that address and that {UPSTREAM_OPTION[api]} names it"
 
 

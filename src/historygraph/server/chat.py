@@ -1,0 +1,78 @@
+"""The OpenAI Chat Completions endpoint (``POST /v1/chat/completions``) and the model list
+(``GET /v1/models``, passed through to the upstream of the client's API).
+
+A chat request is handled as the module docstring of :mod:`historygraph.server.proxy` describes:
+its ``messages`` are parsed only as far as routing needs (:class:`RequestMessages`), routed,
+rendered under B and forwarded; a message rendered unchanged is sent as the client's original JSON.
+Errors are OpenAI's shape (:func:`~historygraph.server.errors.openai_error`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from historygraph.history.sessions import RequestMessages
+from historygraph.providers import jsonio
+from historygraph.server import recall_tool
+from historygraph.server.errors import ClientError, openai_error
+from historygraph.server.proxy import ARRIVAL, run_in_threadpool
+from historygraph.server.upstream import OpenAIStreamAccumulator, forward_headers, response_headers, unreachable_message
+
+
+def add_routes(app: FastAPI) -> None:
+    """Register this module's routes on the proxy's ``app`` (its ``app.state.proxy`` is the
+    :class:`~historygraph.server.proxy.Proxy`)."""
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], tags=["proxy"],
+                      summary="OpenAI Chat Completions, rendered and forwarded")
+    app.add_api_route("/v1/models", models, methods=["GET"], tags=["proxy"],
+                      summary="Passed through to the upstream (Anthropic's for an Anthropic client)")
+    app.add_api_route("/v1/models/{model_id:path}", models, methods=["GET"], tags=["proxy"],
+                      summary="Passed through to the upstream")
+
+
+async def chat_completions(request: Request) -> Response:
+    """``POST /v1/chat/completions``."""
+    proxy = request.app.state.proxy
+    config = proxy.config
+    started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
+    try:
+        body = await proxy.read_json(request, raw_messages=True)
+        raw = body["messages"]
+        sid, policy, budget = proxy.options(request)
+        # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
+        sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget)
+        out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
+               for m, p in zip(rendering.messages, rendering.positions)]
+        url = config.upstream.rstrip("/") + "/chat/completions"
+        if recall_tool.wanted(config.recall, request, rendering):  # it reads and extends the messages
+            answer = await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
+            answer.headers.update(proxy.notes(rendering))
+            return answer
+        return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
+                                   sent_tokens, policy, extra=proxy.notes(rendering))
+    except ClientError as exc:
+        return openai_error(exc)
+
+
+async def models(request: Request) -> Response:
+    """``GET /v1/models[/{id}]``: an Anthropic client (its ``anthropic-version`` header) lists the
+    Anthropic upstream's models, any other the OpenAI-compatible upstream's."""
+    proxy = request.app.state.proxy
+    config = proxy.config
+    anthropic = "anthropic-version" in request.headers
+    base = config.anthropic_upstream.rstrip("/") + "/v1" if anthropic else config.upstream.rstrip("/")
+    url = base + request.url.path.removeprefix("/v1")
+    try:
+        r = await proxy.send(proxy.request("GET", url, headers=forward_headers(request.headers),
+                                           params=list(request.query_params.multi_items())))
+        try:
+            content = await r.aread()
+        finally:
+            await r.aclose()
+    except httpx.HTTPError as exc:
+        return openai_error(ClientError(unreachable_message(url, exc, timeout=config.timeout), "upstream", 502))
+    return Response(content, r.status_code, response_headers(r.headers))

@@ -1,0 +1,95 @@
+"""The Anthropic Messages endpoints: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+* ``POST /v1/messages``: the request's ``system`` and ``messages`` are converted to canonical events
+  (:mod:`historygraph.providers.anthropic`; only the turns not seen last time, :class:`TurnCache`),
+  routed, rendered under B and forwarded as the module docstring of :mod:`historygraph.server.proxy`
+  describes; a turn rendered unchanged is sent as the client's original JSON.
+* ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` (Anthropic's shape), N = the
+  proxy's token counter (:class:`~historygraph.signals.tokens.TokenCounter`, the counter that
+  enforces B) over the messages as they would be forwarded after rendering, plus the tool schemas'
+  JSON text (:meth:`TokenCalibration.estimate_request`). Nothing is stored and the upstream is not
+  asked.
+
+Errors are Anthropic's shape (:func:`~historygraph.server.errors.anthropic_error`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from historygraph.history.events import EventError
+from historygraph.history.graph import ContextGraph
+from historygraph.history.sessions import TurnCache
+from historygraph.providers import anthropic as anth
+from historygraph.render import Rendering
+from historygraph.server import recall_tool
+from historygraph.server.errors import ClientError, anthropic_error
+from historygraph.server.proxy import ARRIVAL, run_in_threadpool
+
+
+def add_routes(app: FastAPI) -> None:
+    """Register this module's routes on the proxy's ``app`` (its ``app.state.proxy`` is the
+    :class:`~historygraph.server.proxy.Proxy`)."""
+    app.add_api_route("/v1/messages", messages_endpoint, methods=["POST"], tags=["proxy"],
+                      summary="Anthropic Messages, rendered and forwarded")
+    app.add_api_route("/v1/messages/count_tokens", count_tokens, methods=["POST"], tags=["proxy"],
+                      summary="Anthropic token count of the request as it would be forwarded")
+
+
+async def messages_endpoint(request: Request) -> Response:
+    """``POST /v1/messages`` (see the module docstring)."""
+    proxy = request.app.state.proxy
+    config = proxy.config
+    started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
+    try:
+        body = await proxy.read_json(request, raw_messages=True)
+        sid, policy, budget = proxy.options(request)
+        turns, system = body["messages"], body.get("system")
+
+        def convert_and_prepare() -> tuple[str, Rendering, int, list[Any]]:
+            # in the worker thread too: only turns not seen last time are parsed and converted
+            try:
+                messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
+            except EventError as exc:
+                raise ClientError(str(exc), "messages") from None
+            return (*proxy.prepare(messages, sid, policy, budget), pieces)
+
+        sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
+        out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
+                                                       for p in rendering.positions])
+        url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
+        if recall_tool.wanted(config.recall, request, rendering):
+            answer = await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
+            answer.headers.update(proxy.notes(rendering))
+            return answer
+        return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
+                                   sent_tokens, policy, extra=proxy.notes(rendering))
+    except ClientError as exc:
+        return anthropic_error(exc)
+
+
+async def count_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens`` (see the module docstring); the session header, policy
+    and budget headers are read as for ``/v1/messages``."""
+    proxy = request.app.state.proxy
+    try:
+        body = await proxy.read_json(request)
+        _, policy, budget = proxy.options(request)
+
+        def count() -> int:
+            try:
+                messages, _ = anth.to_canonical(body.get("system"), body["messages"])
+                graph = ContextGraph("count_tokens", messages)
+            except EventError as exc:
+                raise ClientError(str(exc), "messages") from None
+            b = proxy.calibration.adjusted_budget(budget) if proxy.config.calibrate else budget
+            rendering = proxy.render_or_smallest(graph, policy, max(1, b))
+            return proxy.calibration.estimate_request(rendering.messages, body.get("tools"))
+
+        return JSONResponse({"input_tokens": await run_in_threadpool(count)})
+    except ClientError as exc:
+        return anthropic_error(exc)
