@@ -120,9 +120,20 @@ def result_problems(body: dict[str, Any]) -> tuple[list[str], int]:
         steps = [int(k) for k in MARK.findall(call) if "STEP-" in call]
         for k in steps[:1]:
             checked += 1
-            if expected_output(k) not in result:
+            marker, numbers = expected_output(k).split("\n")  # each whole (a client may JSON-encode the output)
+            if marker not in result or numbers not in result:
                 problems.append(f"step {k}'s output is not complete in the forwarded result: {result[:200]!r}")
     return problems, checked
+
+
+def client_history_tokens(body: dict[str, Any]) -> int:
+    """About the tokens a client's request holds beyond its system prompt: its messages' (or
+    input items') JSON but the system ones, o200k_base."""
+    from historygraph import TokenCounter
+
+    items = body.get("messages") if "messages" in body else body.get("input")
+    items = [m for m in items if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))] if isinstance(items, list) else [items]
+    return TokenCounter().count(json.dumps(items))
 
 
 @dataclass
@@ -146,10 +157,12 @@ class Stack:
         r.raise_for_status()
         return {s["id"]: s["events"] for s in r.json()}
 
-    def check(self, min_results: int = 3, api: str | None = None) -> dict[str, Any]:
+    def check(self, min_results: int = 3, api: str | None = None, over_b: bool = True) -> dict[str, Any]:
         """The run's verdict: no request the fake rejected by the provider's rules, no 4xx/5xx from
         the proxy (any route), a session stored or grown, and in every forwarded request the newest
-        results complete; at least ``min_results`` of them checked (the script ran its steps)."""
+        results complete; at least ``min_results`` of them checked (the script ran its steps); at
+        B = 3000 (``over_b``) the client's last request held more history than B, so the proxy had
+        to leave something out."""
         rejected = httpx.get(self.fake + "/_rejections").json()
         assert rejected == [], f"the fake provider rejected {len(rejected)} forwarded request(s): {[r['error'] for r in rejected][:3]}"
         tapped = httpx.get(self.url + "/_tap").json()
@@ -166,10 +179,14 @@ class Stack:
             checked += c
         assert problems == [], "\n".join(problems[:5])
         assert checked >= min_results, f"only {checked} newest results checked in {len(forwarded)} forwarded requests (the agent stopped early?)"
+        sent = [t["request"] for t in tapped if t.get("request") and (api is None or t["path"] == api)]
+        history = client_history_tokens(sent[-1]) if sent else 0
+        if self.budget == 3000 and over_b:
+            assert history > self.budget, f"the client's last request holds {history} history tokens, not over B = {self.budget}"
         after = self.sessions()
         grown = {s: e for s, e in after.items() if e > self._before.get(s, 0)}
         assert grown, f"no session stored or grown (sessions: {after})"
-        return {"forwarded": len(forwarded), "checked": checked, "sessions": grown, "tapped": tapped}
+        return {"forwarded": len(forwarded), "checked": checked, "sessions": grown, "tapped": tapped, "history": history}
 
 
 @contextmanager

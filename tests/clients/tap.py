@@ -1,7 +1,7 @@
 """A recording pass-through in front of ``historygraph serve`` for the ``clients`` tests: every
 request an agent program makes (any method, any path, streamed or not) goes on to the proxy
 unchanged and the answer comes back unchanged, byte for byte as it streams; the method, path and
-status of each are kept at ``GET /_tap`` (cleared by ``POST /_tap/reset``), so a test sees every
+status of each (and the JSON body of each model call) are kept at ``GET /_tap`` (cleared by ``POST /_tap/reset``), so a test sees every
 4xx/5xx the proxy gave, on routes the proxy does not serve too. A test double, run as a process:
 ``python tests/clients/tap.py --port N --to http://127.0.0.1:M``.
 """
@@ -9,6 +9,7 @@ status of each are kept at ``GET /_tap`` (cleared by ``POST /_tap/reset``), so a
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+MODEL_CALLS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")  # their request bodies are kept too
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
 
 
@@ -31,9 +33,12 @@ def build_app(target: str) -> Starlette:
             seen.clear()
             return JSONResponse({"cleared": 1})
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
+        content = await request.body()
         upstream = await client.send(client.build_request(request.method, request.url.path, params=request.query_params,
-                                                           headers=headers, content=await request.body()), stream=True)
-        seen.append({"method": request.method, "path": request.url.path, "status": upstream.status_code})
+                                                           headers=headers, content=content), stream=True)
+        seen.append({"method": request.method, "path": request.url.path, "status": upstream.status_code, "bytes": len(content)})
+        if request.url.path in MODEL_CALLS:
+            seen[-1]["request"] = json.loads(content)
         out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
         if upstream.status_code >= 400:
             body = await upstream.aread()
