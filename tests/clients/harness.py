@@ -200,7 +200,7 @@ def known_bugs(stack: Stack, bugs: dict[str, str]) -> Iterator[None]:
         seen = json.dumps(httpx.get(stack.url + "/_tap").json()) + json.dumps([r["error"] for r in httpx.get(stack.fake + "/_rejections").json()])
         for pattern, reason in bugs.items():
             if pattern in seen:
-                pytest.xfail(f"proxy bug: {reason}")
+                pytest.xfail(reason)
         raise
 
 

@@ -12,7 +12,7 @@ CLAUDE = CLIENTS / "npm" / "node_modules" / ".bin" / "claude"
 # `messages` (after the first user message) in every request, with or without
 # CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS; the proxy refuses the whole request
 BUGS = {"role must be 'user' or 'assistant', got 'system'":
-        "POST /v1/messages with a {'role': 'system'} message inside `messages` (Claude Code 2.1.332 puts its environment "
+        "proxy bug: POST /v1/messages with a {'role': 'system'} message inside `messages` (Claude Code 2.1.332 puts its environment "
         "block there in every request) is answered 400 'messages[1].role must be 'user' or 'assistant', got 'system'' "
         "(providers/anthropic.py), so Claude Code exits at its first request"}
 
