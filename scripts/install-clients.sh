@@ -3,7 +3,7 @@
 # drives through `historygraph serve`, each at a pinned version, into .clients/ (gitignored):
 #   .clients/npm       Claude Code and the Codex CLI (npm install --prefix)
 #   .clients/aider     aider in a venv of its own (it pins many packages that clash with .venv)
-#   .clients/openhands the OpenHands SDK in a venv of its own (it needs Python 3.12 or newer)
+#   .clients/openhands the OpenHands SDK and its tools in a venv of its own (Python 3.12 or newer)
 # mini-swe-agent, LangChain and the OpenAI Agents SDK come with .venv (the test extra).
 # Idempotent: a client already at its pinned version is left as it is. Progress goes to stderr,
 # one line per step, on a terminal or not. A client that cannot be installed (no npm, no Python
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 CLAUDE_CODE=2.1.332     # npm @anthropic-ai/claude-code
 CODEX=0.171.0           # npm @openai/codex
 AIDER=0.86.2            # pip aider-chat
-OPENHANDS=1.58.2        # pip openhands-sdk
+OPENHANDS=1.58.2        # pip openhands-sdk and openhands-tools
 PY=${PYTHON:-python3}
 PY312=${PYTHON312:-}
 
@@ -33,14 +33,15 @@ else
   say "npm not found: Claude Code and Codex are not installed (their tests skip)"
 fi
 
-# a venv of its own per Python client: .clients/NAME, with PKG==VERSION, by the Python given
+# a venv of its own per Python client: .clients/NAME, with the packages PKGS (NAME==VERSION ...), by the Python given
 venv_client() {
   local name=$1 pkg=$2 py=$3
   if [ "$(cat ".clients/$name/.pinned" 2>/dev/null)" != "$pkg" ]; then
     say "$name: creating .clients/$name and installing $pkg (a few minutes, quiet)"
     rm -rf ".clients/$name"
     "$py" -m venv ".clients/$name"
-    ".clients/$name/bin/python" -m pip install -qq --disable-pip-version-check "$pkg" >&2
+    # shellcheck disable=SC2086  # PKGS is a list of requirements
+    ".clients/$name/bin/python" -m pip install -qq --disable-pip-version-check $pkg >&2
     echo "$pkg" > ".clients/$name/.pinned"
   fi
   say "$name: $(cat ".clients/$name/.pinned") in .clients/$name"
@@ -58,7 +59,7 @@ if [ -z "$PY312" ]; then
   done
 fi
 if [ -n "$PY312" ]; then
-  venv_client openhands "openhands-sdk==$OPENHANDS" "$PY312"
+  venv_client openhands "openhands-sdk==$OPENHANDS openhands-tools==$OPENHANDS" "$PY312"
 else
   say "no Python 3.12 or newer (set PYTHON312=...): the OpenHands SDK is not installed (its tests skip)"
 fi

@@ -62,13 +62,15 @@ def _tools(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _args(schema: dict[str, Any], cmd: str) -> dict[str, Any]:
-    """Arguments for a shell-like tool: the command in each required (or command-named) field."""
+    """Arguments for a shell-like tool: the command in each required (or command-named) string
+    field, a plain value of its type (an enum's first) in the others."""
     props = schema.get("properties") or {}
     names = list(schema.get("required") or []) + [n for n in ("command", "cmd") if n in props]
     if not names:
         names = [n for n, p in props.items() if isinstance(p, dict) and p.get("type") == "string"][:1]
     kinds = {"string": cmd, "array": ["bash", "-lc", cmd], "integer": 60000, "number": 60000, "boolean": False, "object": {}}
-    return {n: kinds.get((props.get(n) or {}).get("type", "string"), cmd) for n in dict.fromkeys(names)}
+    fill = lambda p: p["enum"][0] if p.get("enum") else kinds.get(p.get("type", "string"), cmd)  # an enum: its first value
+    return {n: fill(props.get(n) or {}) for n in dict.fromkeys(names)}
 
 
 def _turns(body: dict[str, Any]) -> list[dict[str, Any]]:
