@@ -21,7 +21,9 @@ cleared by ``POST /_reset``. Its answers are deterministic:
   ``slow-model`` streams with 0.4 s between events (to observe unbuffered relaying); model
   ``broken-model`` gets a 500; model ``cut-model`` drops the stream after two events; model
   ``short-model`` ends the stream cleanly after two events, without the final one; model
-  ``hang-model`` answers only after 4 s.
+  ``hang-model`` answers only after 4 s;
+* a model named ``script-<N>`` gets the scripted answers of ``tests/fake_scripts.py``, which make a
+  real agent program do ``N`` steps of work and finish (the ``clients`` tests).
 
 Upstream faults (issue 38, class 3), on either API: model ``truncated-model`` sends the headers of a
 non-streamed answer (its full ``Content-Length``) and half of its body, then drops the connection;
@@ -40,6 +42,8 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+
+import fake_scripts
 
 OPENAI_ERROR = {"error": {"message": "fake upstream: rate limit reached", "type": "rate_limit_error", "code": "rate_limited"}}
 ANTHROPIC_ERROR = {"type": "error", "error": {"type": "overloaded_error", "message": "fake upstream: overloaded"}}
@@ -255,6 +259,8 @@ def build_app() -> FastAPI:
             return fault
         if body.get("model") == "error-model":
             return JSONResponse(OPENAI_ERROR, 429, headers={"x-fake": "1"})
+        if fake_scripts.script_of(body.get("model")):
+            return _scripted(fake_scripts.openai_reply(body, len(seen)), body)
         if body.get("model") == "hang-model":
             await asyncio.sleep(4)  # longer than the proxy's --timeout 1 in the tests
         if body.get("model") == "broken-model":
@@ -293,6 +299,8 @@ def build_app() -> FastAPI:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": why}}, 400)
         if body.get("model") == "error-model":
             return JSONResponse(ANTHROPIC_ERROR, 529)
+        if fake_scripts.script_of(body.get("model")):
+            return _scripted(fake_scripts.anthropic_reply(body, len(seen), sign), body)
         n = len(seen)
         if (fault := faulty(body, lambda: {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": "m",
                                            "content": [{"type": "text", "text": f"answer {n}"}], "stop_reason": "end_turn",
@@ -357,6 +365,10 @@ def faulty(body: dict[str, Any], answer: Any) -> Any:
 
         return StreamingResponse(half(), 200, {"content-length": str(len(data))}, media_type="application/json")
     return None
+
+
+def _scripted(reply: dict[str, Any] | list[str], body: dict[str, Any]) -> Any:
+    return StreamingResponse(_paced(reply, body), media_type="text/event-stream") if isinstance(reply, list) else reply
 
 
 async def _paced(events: list[str], body: dict[str, Any]) -> AsyncIterator[bytes]:
