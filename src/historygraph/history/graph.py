@@ -21,8 +21,9 @@ The graph is append-only: nothing here modifies or removes a node.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Hashable, Iterable, Iterator, TypeVar
 
 import msgspec
 import numpy as np
@@ -30,6 +31,8 @@ import numpy as np
 from historygraph.history.derived import Derived, DerivedKind, pack_array, snapshot_due, unpack_array
 from historygraph.history.events import EventError, Message
 from historygraph.signals.reuse import ReuseIndex, ReuseMatch, extract_values
+
+T = TypeVar("T")
 
 TFA_VALUES = DerivedKind("tfa.values", ("historygraph.signals.reuse", "historygraph.history.graph"))
 """Derived rows of the TFA values (ContextRender A.2) of each message: a tool result's sorted
@@ -104,8 +107,22 @@ class ContextGraph:
         self.result_of: dict[str, int] = {}    # tool_call_id -> position of its latest result
         self.superseded: dict[int, int] = {}   # position of an earlier result -> position of the later one
         self.owner_of: dict[int, int] = {}     # position of a tool result -> call_owner of its call
+        self._memos: dict[Hashable, Any] = {}
+        self._memo_lock = threading.RLock()
         for m in messages:
             self.append(m)
+
+    def memo(self, key: Hashable, factory: Callable[[], T]) -> T:
+        """The per-graph state stored under ``key`` (made by ``factory()`` on first use, under this
+        graph's lock), kept as long as the graph: what a policy or the renderer remembers about
+        this session between renders. Reentrant (a factory may read another memo); the object's own
+        updates are its owner's to guard."""
+        with self._memo_lock:
+            try:
+                return self._memos[key]
+            except KeyError:
+                value = self._memos[key] = factory()
+                return value
 
     def __len__(self) -> int:
         return len(self.messages)

@@ -7,6 +7,7 @@ from historygraph.policies.baselines import condensers, full_prune, handoff, lin
 from historygraph.policies.contextweaver import policy as _contextweaver  # noqa: F401
 from historygraph.policies.learned import policy as _learned  # noqa: F401
 from historygraph.policies.recap import baselines as _recap_baselines, policy as _recap  # noqa: F401
+from historygraph.policies import cache_stable  # noqa: F401  (wraps the policies above)
 from historygraph.policies.base import Policy, PolicyError, Signals
 from historygraph.policies.registry import DEFAULT_POLICY, REGISTRY, check_production, config_fields, create, get_spec, load_plugins, names
 

@@ -1,0 +1,153 @@
+"""Cache-stable rendering: between re-selections a rendering only appends, so that the previous
+request is a byte-identical prefix of the next and a provider's prompt cache serves it.
+
+Providers bill a repeated prompt prefix at a tenth to a quarter of the input price (OpenAI's
+automatic prompt caching, Anthropic's ``cache_control`` breakpoints, DeepSeek's context caching;
+``eval/prices.toml`` cites each rule). A policy that re-selects at every call rewrites the middle
+of the prompt, so almost nothing after the system prompt is ever read from the cache: measured
+with the evaluator's cache simulation (docs/evaluator.md, "Price models") on the 14 mini-swe-agent
+trajectories at B = 6000, ``learned`` costs 0.73 of Full with OpenAI-style caching and 2.6 with
+Anthropic-style caching, where every rewrite is a cache write at 1.25×.
+
+:class:`CacheStable` wraps any registered policy (our decision: the three papers do not price a
+cache):
+
+* **Re-selection with hysteresis.** When the history no longer fits, the wrapped policy renders it
+  at ``low_mark·B`` (default 0.6·B) instead of B; later calls append what arrived (complete, as
+  stored) to that rendering until the history would pass B again, then it re-selects. With
+  ``low_mark`` = 0.6 and results of ~500 tokens a call, a re-selection comes about every five
+  calls instead of every call. ``low_mark`` trades recall (less history right after a
+  re-selection) for cache reads; the default was chosen on the price models' measured cost and
+  recall (docs/evaluator.md, "Cache-stable rendering").
+* **Only appends in between.** A call extends the previous rendering when everything that arrived
+  since is a plain continuation: new messages in order, each tool result right after the call that
+  asked for it (or answering the previous rendering's in-flight call), no system message, no second
+  result for an old call. Anything else re-selects. The newest results are therefore always
+  complete (invariant §5.9), the in-flight call is last (§5.4), and a new user message makes the
+  previous one ordinary history, charged to B.
+* **Under B nothing changes**: a history that fits in B is rendered by the wrapped policy, which
+  returns it unchanged (§5.5), and it is extended as long as it fits.
+
+The state (the previous rendering and the graph length it rendered) is kept per graph, per
+wrapper and per budget (:meth:`~historygraph.history.graph.ContextGraph.memo`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from historygraph.history.graph import ContextGraph
+from historygraph.policies.base import Policy, Signals
+from historygraph.policies.registry import create, register
+from historygraph.render import BudgetTooSmallError, Rendering
+from historygraph.signals.tokens import TokenCounter
+
+SOURCE = "historygraph (issue 37): prompt-cache-stable rendering over any policy"
+
+
+@dataclass(frozen=True)
+class CacheStableConfig:
+    """``low_mark``: the share of B a re-selection renders to (0 < low_mark ≤ 1; 1 re-selects at every
+    call that does not fit, as the wrapped policy alone does)."""
+
+    low_mark: float = 0.6
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.low_mark <= 1.0:
+            raise ValueError(f"cache-stable config: low_mark must be in (0, 1], got {self.low_mark}")
+
+
+class CacheStable:
+    """A policy that renders as ``base`` at re-selections and appends in between (module docstring)."""
+
+    Config = CacheStableConfig
+    base_name: ClassVar[str] = ""
+
+    def __init__(self, name: str = "", config: CacheStableConfig | None = None, base: Policy | None = None) -> None:
+        self.config = config or CacheStableConfig()
+        self.base: Policy = base if base is not None else create(self.base_name)
+        self.name = name or f"{self.base.name}-stable"
+        self._key = object()  # this wrapper's state in each graph's memo
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        if budget is None:
+            return self.base.render(graph, budget, signals)
+        state: dict[str, Any] = graph.memo(("cache-stable", self._key, budget), dict)
+        prev, length = state.get("rendering"), state.get("length", 0)
+        r = extend(prev, length, graph, budget, signals.counter, self.name) if prev is not None else None
+        if r is None:
+            r = self.reselect(graph, budget, signals)
+        state["rendering"], state["length"] = r, len(graph)
+        return r
+
+    def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:
+        """The wrapped policy's rendering: at B when the history fits (it comes back unchanged),
+        else at ``low_mark·B`` (at B when the protected history needs more than that)."""
+        r = self.base.render(graph, budget, signals)
+        low = int(self.config.low_mark * budget)
+        if (r.omitted or r.dropped) and low < budget:
+            try:
+                r = self.base.render(graph, max(1, low), signals)
+            except BudgetTooSmallError:
+                pass
+        r.policy, r.budget = self.name, budget
+        r.stats["cache_stable"] = "reselected"
+        return r
+
+
+def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter,
+           name: str) -> Rendering | None:
+    """``prev`` (the rendering of the graph's first ``length`` messages) with the messages since
+    appended as stored, or ``None`` when they are not a plain continuation or the history would
+    pass ``budget`` tokens (module docstring)."""
+    msgs, n = graph.messages, len(graph)
+    if n == length:
+        return prev
+    if n < length or not prev.positions or prev.positions[-1] != length - 1:
+        return None
+    last = msgs[length - 1]
+    pending = {c.id for c in last.tool_calls} if last.role == "assistant" else set()
+    for p in range(length, n):
+        m = msgs[p]
+        if m.role == "tool":
+            if m.tool_call_id not in pending or graph.result_of.get(m.tool_call_id) != p:
+                return None
+            pending.discard(m.tool_call_id)
+        elif pending or m.role == "system":
+            return None  # a message between a call and its results, or a new system message: re-select
+        elif m.role == "assistant":
+            pending = {c.id for c in m.tool_calls}
+    if pending and msgs[n - 1].role != "assistant":
+        return None  # some results of the last calls arrived, not all: the wrapped policy answers the rest
+    users = [p for p in range(n) if msgs[p].role == "user"]
+    current = users[-1] if users else None
+    before = max((p for p in users if p < length), default=None)
+    count = counter.count_message
+    history = prev.history_tokens + sum(count(msgs[p]) for p in range(length, n) if p != current)
+    if before is not None and before != current:
+        history += count(msgs[before])  # the previous current user message is ordinary history now
+    if history > budget:
+        return None
+    new = list(range(length, n))
+    r = Rendering(policy=name, budget=budget, messages=prev.messages + [msgs[p] for p in new],
+                  positions=prev.positions + new, full=prev.full + [p for p in new if msgs[p].role == "tool"],
+                  omitted=list(prev.omitted), dropped=list(prev.dropped), history_tokens=history,
+                  input_tokens=prev.input_tokens + sum(count(msgs[p]) for p in new), stats={"cache_stable": "appended"})
+    kept = prev.reasons
+
+    def reasons() -> dict[int, str]:
+        out = dict(kept)
+        out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in new})
+        return out
+    r.defer_reasons(reasons)
+    return r
+
+
+def _variant(base: str) -> type[CacheStable]:
+    return type(f"CacheStable_{base.replace('-', '_')}", (CacheStable,), {"base_name": base, "__doc__": CacheStable.__doc__})
+
+
+for _base in ("learned", "contextrender", "prune"):
+    register(f"{_base}-stable", SOURCE, f"{_base} at re-selections, only appending in between, so a provider's prompt "
+             f"cache serves the previous request as a prefix (cost with the cache, docs/evaluator.md)")(_variant(_base))

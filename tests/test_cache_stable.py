@@ -1,0 +1,98 @@
+"""Cache-stable rendering (policies/cache_stable.py, issue 37): between re-selections the rendering
+only appends, so the previous request is a byte-identical prefix of the next; every rendering
+holds the invariants; a re-selection renders to the low mark."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from historygraph import ContextGraph, Message, Signals, ToolCall, check_invariants, create
+from historygraph.policies.cache_stable import CacheStable, CacheStableConfig
+from historygraph.traces import read_traces
+
+
+def _wire(r) -> str:
+    return json.dumps(r.to_openai(), ensure_ascii=False)
+
+
+def _steps(n: int, size: int) -> list[Message]:
+    msgs = [Message("system", "You are a shell agent."), Message("user", "Find the bug.")]
+    for i in range(n):
+        msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),)))
+        msgs.append(Message("tool", f"def f{i}(x):\n" + "    return x + 1\n" * size, tool_call_id=f"c{i}"))
+    return msgs
+
+
+def test_appends_between_reselections_and_reselects_to_the_low_mark():
+    """Twelve steps of ~110-token results at B = 1000: the first renders fit and come back
+    unchanged; once the history passes B, prune re-selects to 600 tokens; the calls after that
+    only append (each request a byte-identical prefix of the next) until B is reached again."""
+    sig = Signals()
+    policy = create("prune-stable")
+    msgs = _steps(12, 30)
+    g = ContextGraph("s")
+    kinds, prev = [], None
+    g.extend(msgs[:2])
+    for i in range(12):
+        g.extend(msgs[2 + 2 * i: 4 + 2 * i])
+        r = policy.render(g, 1000, sig)
+        check_invariants(r, g, sig.counter)
+        assert r.history_tokens <= 1000
+        kinds.append(r.stats["cache_stable"])
+        if r.stats["cache_stable"] == "appended":
+            assert _wire(r).startswith(_wire(prev)[:-1])  # the previous list, with its closing bracket open
+            assert r.messages[:len(prev.messages)] == prev.messages
+            step = sum(sig.counter.count_message(m) for m in msgs[2 + 2 * i: 4 + 2 * i])
+            assert r.history_tokens == prev.history_tokens + step  # exactly the new step, nothing rewritten
+        else:
+            assert not r.omitted or r.history_tokens <= 600  # a re-selection that left something out is at the low mark
+        prev = r
+    # every step costs the same (234 tokens): from the low mark (600) one append fits under B = 1000,
+    # from the start three do; so re-selections are a third of the calls at most
+    assert kinds[:4] == ["reselected", "appended", "appended", "appended"] and kinds[4] == "reselected"
+    assert kinds.count("appended") >= 2 * kinds.count("reselected")
+
+
+def test_a_message_between_a_call_and_its_result_reselects():
+    sig = Signals()
+    policy = CacheStable("prune-stable", CacheStableConfig(low_mark=0.6), base=create("prune"))
+    msgs = _steps(3, 5)
+    g = ContextGraph("s", msgs)
+    policy.render(g, 5000, sig)
+    g.append(Message("assistant", "", (ToolCall("late", "bash", "{}"),)))
+    g.append(Message("user", "note while it runs"))
+    g.append(Message("tool", "done", tool_call_id="late"))
+    r = policy.render(g, 5000, sig)
+    assert r.stats["cache_stable"] == "reselected"
+    check_invariants(r, g, sig.counter)
+
+
+def test_low_mark_is_checked():
+    with pytest.raises(ValueError, match="low_mark must be in"):
+        CacheStableConfig(low_mark=0.0)
+
+
+def test_byte_identical_prefix_between_reselections_on_a_real_trace(traces_dir):
+    """learned-stable on a real mini-swe-agent trajectory at B = 6000: every rendering holds the
+    invariants, and every appended request starts with the previous request, byte for byte."""
+    path = sorted((traces_dir / "mini-swe-agent-deepseek").glob("*"))[0]
+    trace = next(iter(read_traces(path)))
+    sig = Signals()
+    policy = create("learned-stable")
+    g = ContextGraph(trace.trace_id)
+    prev = None
+    appended = reselected = 0
+    for m in trace.messages:
+        if m.role == "assistant" and len(g):
+            r = policy.render(g, 6000, sig)
+            check_invariants(r, g, sig.counter)
+            if r.stats.get("cache_stable") == "appended":
+                appended += 1
+                assert _wire(r).startswith(_wire(prev)[:-1])
+            elif r.stats.get("cache_stable") == "reselected":
+                reselected += 1
+            prev = r
+        g.append(m)
+    assert appended > reselected > 0
