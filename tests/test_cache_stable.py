@@ -30,7 +30,7 @@ def test_appends_between_reselections_and_reselects_to_the_low_mark():
     unchanged; once the history passes B, prune re-selects to 600 tokens; the calls after that
     only append (each request a byte-identical prefix of the next) until B is reached again."""
     sig = Signals()
-    policy = create("prune-stable")
+    policy = create("prune-stable", low_mark=0.6)
     msgs = _steps(12, 30)
     g = ContextGraph("s")
     kinds, prev = [], None

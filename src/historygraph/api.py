@@ -35,6 +35,7 @@ from typing import Any, Literal, NamedTuple, Sequence, overload
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
+from historygraph.policies.cache_stable import cache_stable
 from historygraph.render import Rendering, check_invariants
 from historygraph.store import MemoryStore, Store
 
@@ -57,7 +58,7 @@ class Rendered(NamedTuple):
 _lock = threading.Lock()
 _default_store: MemoryStore | None = None
 _signals: dict[int, tuple[Any, Signals]] = {}  # id(store) -> (store, its signals); 0 = no store
-_policies: dict[str, Policy] = {}
+_policies: dict[tuple[str, bool], Policy] = {}
 _routers: dict[int, tuple[Store, Any]] = {}
 
 
@@ -80,13 +81,18 @@ def _signals_for(store: Store | None) -> Signals:
         return hit[1]
 
 
-def _policy(policy: str | Policy) -> Policy:
+def _policy(policy: str | Policy, stable: bool = False) -> Policy:
+    """The shared instance of a named policy; with ``stable`` (a stored session) wrapped for
+    cache-stable rendering (:mod:`historygraph.policies.cache_stable`): between re-selections the
+    rendering only appends, so a provider's prompt cache serves the previous request."""
     if not isinstance(policy, str):
         return policy
     with _lock:
-        if policy not in _policies:
-            _policies[policy] = create(policy)
-        return _policies[policy]
+        key = (policy, stable)
+        if key not in _policies:
+            base = create(policy)
+            _policies[key] = cache_stable(base) if stable else base
+        return _policies[key]
 
 
 def _router(store: Store) -> Any:

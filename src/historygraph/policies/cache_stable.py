@@ -51,7 +51,7 @@ class CacheStableConfig:
     """``low_mark``: the share of B a re-selection renders to (0 < low_mark ≤ 1; 1 re-selects at every
     call that does not fit, as the wrapped policy alone does)."""
 
-    low_mark: float = 0.6
+    low_mark: float = 0.75
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_mark <= 1.0:
@@ -142,6 +142,14 @@ def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, count
         return out
     r.defer_reasons(reasons)
     return r
+
+
+def cache_stable(policy: Policy) -> Policy:
+    """``policy`` wrapped for cache-stable rendering (the proxy's and a stored session's default);
+    ``full`` (nothing to re-select) and a wrapper come back as they are."""
+    if isinstance(policy, CacheStable) or policy.name == "full":
+        return policy
+    return CacheStable(f"{policy.name}-stable", base=policy)
 
 
 def _variant(base: str) -> type[CacheStable]:

@@ -37,6 +37,7 @@ class ServeDefaults:
     recall_rounds: int = 3
     recall_max_tokens: int = 8000
     calibrate: bool = True
+    cache_stable: bool = False
     workers: int = 1
     session_cache: int = 256
     embedder: str = SERVE_EMBEDDER
@@ -79,6 +80,10 @@ class ServerConfig:
             offered by default, answered calls per request at most, tokens per recalled result at most.
         calibrate: render proxied requests at the calibrated budget ``floor(B / max(1, ratio))``,
             ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
+        cache_stable: wrap every policy but ``full`` for cache-stable rendering
+            (:mod:`historygraph.policies.cache_stable`: between re-selections a session's rendering only
+            appends, so the provider's prompt cache serves the previous request); off by default
+            until the hostile gate passes with it (docs/proxy.md).
         session_cache: open sessions kept warm per process, least recently used dropped first:
             their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state), the
             client messages last stored and the Anthropic wire turns last converted, so that a
@@ -108,6 +113,7 @@ class ServerConfig:
     recall_rounds: int = DEFAULTS.recall_rounds
     recall_max_tokens: int = DEFAULTS.recall_max_tokens
     calibrate: bool = DEFAULTS.calibrate
+    cache_stable: bool = DEFAULTS.cache_stable
     session_cache: int = DEFAULTS.session_cache
     embed_threads: int | None = None
     embedder: str = DEFAULTS.embedder

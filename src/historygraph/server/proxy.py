@@ -40,6 +40,7 @@ from starlette.background import BackgroundTask
 from historygraph.history.events import EventError, Message
 from historygraph.history.sessions import (SESSION_HEADER, MessageError, SessionRouter, TurnCache, derived_session_id,
                                           session_id_problem)
+from historygraph.policies.cache_stable import cache_stable
 from historygraph.policies import PolicyError, Signals, check_production, create
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
@@ -175,7 +176,8 @@ class Proxy:
 
     def policy(self, name: str) -> Any:
         if name not in self._policies:
-            self._policies[name] = create(name, **self.config.policy_params.get(name, {}))
+            base = create(name, **self.config.policy_params.get(name, {}))
+            self._policies[name] = cache_stable(base) if self.config.cache_stable else base
         return self._policies[name]
 
     def render(self, session_id: str, policy: str, budget: int) -> Rendering:
