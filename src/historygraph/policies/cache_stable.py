@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Policy, Signals
 from historygraph.policies.registry import create, register
-from historygraph.render import BudgetTooSmallError, Rendering
+from historygraph.render import BudgetTooSmallError, Layout, Rendering
 from historygraph.signals.tokens import TokenCounter
 
 SOURCE = "historygraph (issue 37): prompt-cache-stable rendering over any policy"
@@ -84,13 +84,16 @@ class CacheStable:
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:
         """The wrapped policy's rendering: at B when the history fits (it comes back unchanged),
         else at ``low_mark·B`` (at B when the protected history needs more than that)."""
-        r = self.base.render(graph, budget, signals)
         low = int(self.config.low_mark * budget)
-        if (r.omitted or r.dropped) and low < budget:
+        fits = Layout(graph, signals.counter, budget).fits_in_full  # then the wrapped policy returns it unchanged (§5.5)
+        r = None
+        if not fits and low < budget:
             try:
                 r = self.base.render(graph, max(1, low), signals)
             except BudgetTooSmallError:
                 pass
+        if r is None:
+            r = self.base.render(graph, budget, signals)
         r.policy, r.budget = self.name, budget
         r.stats["cache_stable"] = "reselected"
         return r

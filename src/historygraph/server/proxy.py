@@ -38,7 +38,7 @@ from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
 
 from historygraph.history.events import EventError, Message
-from historygraph.history.sessions import (SESSION_HEADER, MessageError, SessionRouter, TurnCache, derived_session_id,
+from historygraph.history.sessions import (SESSION_HEADER, Ingest, MessageError, SessionRouter, TurnCache, derived_session_id,
                                           session_id_problem)
 from historygraph.policies.cache_stable import cache_stable
 from historygraph.policies import PolicyError, Signals, check_production, create
@@ -239,7 +239,10 @@ class Proxy:
 
     def notes(self, rendering: Rendering) -> dict[str, str]:
         """Response headers describing ``rendering``: ``X-HistoryGraph-Over-Budget: <history
-        tokens sent>`` when it exceeds B (:meth:`render_or_smallest`)."""
+        tokens sent>`` when it exceeds B (:meth:`render_or_smallest`); ``X-HistoryGraph-Context:
+        client-curated`` when the client's own context was forwarded as sent (:func:`client_curated`)."""
+        if "client_curated" in rendering.stats:
+            return {"x-historygraph-context": "client-curated"}
         if "over_budget" not in rendering.stats:
             return {}
         return {"x-historygraph-over-budget": str(rendering.history_tokens)}
@@ -263,8 +266,20 @@ class Proxy:
                 raise ClientError(f"messages: {exc}", "messages") from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
                 budget = self.calibration.adjusted_budget(budget)
+            if client_curated(messages, ingest):
+                return (ingest.session_id, *self._curated(ingest, budget))
             # the graph routing has just brought up to the request's messages: no second look-up
             return (ingest.session_id, *self._render(ingest.session_id, policy, budget, ingest.graph))
+
+    def _curated(self, ingest: Ingest, budget: int) -> tuple[Rendering, int]:
+        """A request whose client curates its own context (:func:`client_curated`): its messages are
+        the context the client chose for this call, stored and forwarded as they are."""
+        graph = ingest.graph if ingest.graph is not None else self.store.graph(ingest.session_id)
+        rendering = self.policy("full").render(graph, None, self.signals)
+        rendering.stats["client_curated"] = budget
+        log.info("client-curated context forwarded as sent", extra={"session": ingest.session_id, "budget": budget,
+                                                                     "history_tokens_out": rendering.history_tokens})
+        return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
 
     def store_answer(self, session_id: str, answer: Message) -> None:
         """Append the upstream answer. The client already has it, so a failure (a concurrent
@@ -480,6 +495,20 @@ class Proxy:
 
         after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if self.prefetches(policy) else None
         return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
+
+
+def client_curated(messages: Sequence[Message], ingest: Ingest) -> bool:
+    """Whether the request comes from a client that curates its own context (aider and any chat
+    client without tool calls that restates files, a repository map or summaries in every
+    request): no tool call or tool result anywhere in it, and a branch of a stored session (the
+    client rewrote earlier messages: aider re-sends its repository map and the files it edits, as
+    they are now, before the new turn). Such a request's messages are what the client chose to
+    show for this call, so the proxy stores them and forwards them as sent instead of rendering
+    them under B (docs/proxy.md, "Clients that curate their own context"). An agent's tool loop,
+    and a conversation that only grows, continue their session and are rendered."""
+    if ingest.forked_from is None:
+        return False  # a new session, or a continuation of what is stored: rendered as usual
+    return not any(m.role == "tool" or m.tool_calls for m in messages)
 
 
 def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:
