@@ -219,6 +219,39 @@ def test_proxy_with_both_clients_never_5xx_never_rejected_within_budget(servers,
         print("gate figures:", json.dumps(FIGURES))
 
 
+
+def test_a_marker_after_tool_results_is_forwarded_as_the_user_message_it_was_counted_as():
+    """The gate's falsifying example (503 > B = 496): a dropped-step marker rendered right after a tool
+    result was sent inside the results' user turn, where ``to_canonical`` reads text after the last
+    result as the tool loop's tail (charged as provider-block JSON, 7 tokens more than the marker).
+    It is its own user turn, so the wire recounts to the rendering's ``history_tokens``."""
+    def use(i):
+        return {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "search", "input": {"q": ""}}]}
+
+    def result(i):
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": f"out {i} "}]}
+
+    turns = [{"role": "user", "content": "task fix it"},
+             {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan 1", "signature": sign("plan 1")},
+                                               *use(1)["content"]]},
+             result(1), use(2), result(2), use(3), result(3), use(4),
+             {"role": "user", "content": [{"type": "text", "text": "note: still running"}]}, result(4),
+             {"role": "user", "content": [{"type": "text", "text": "see the picture"},
+                                          {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]},
+             use(6), result(6)]
+    msgs, pieces = to_canonical("be brief", turns)
+    g = ContextGraph("gate-marker-after-results", msgs)
+    r = create("recap-noattn").render(g, 100, SIGNALS)
+    check_invariants(r, g, SIGNALS.counter)
+    wire = from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
+    assert anthropic_violation({"messages": wire, "thinking": {"type": "enabled", "budget_tokens": 1024}}) is None
+    assert _wire_history_tokens("anthropic", {"system": "be brief", "messages": wire}) == r.history_tokens <= 100
+    # whatever the policy: a synthetic user message after results is a user turn of its own
+    marker = Message("user", "[omitted: messages #4-#10]", rendered_as="marker")
+    wire = from_canonical([msgs[1], msgs[2], msgs[3], marker], [pieces[1], pieces[2], pieces[3], None])
+    assert wire[-2:] == [turns[2], {"role": "user", "content": marker.content}]
+
+
 MALFORMED_BODIES = [  # (body with {F} for the messages field): each parses, none can be forwarded or stored
     '{"model":"m","max_tokens":20,"{F}":[{"role":"user","content":' + "[" * 2000 + "]" * 2000 + '}]}',
     '{"model":"m","max_tokens":20,"{F}":[{"role":"user","content":"a\\udc00"}]}',

@@ -175,9 +175,13 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
     """Build the Messages API ``messages`` list for a rendering (system messages are skipped).
 
     ``pieces[i]`` is the wire original for ``messages[i]`` or ``None``; an original is used when
-    the message is shown unchanged (``rendered_as is None``). Tool results and user text keep the
-    user turns they came in (tool results first, as the API requires); synthetic results join the
-    turn being built.
+    the message is shown unchanged (``rendered_as is None``). Tool results keep the user turns they
+    came in, with their :attr:`Piece.tail`; synthetic results join the turn being built. A user
+    message (the client's text, a marker, a summary) is its own user turn, after any pending
+    results: in the results' turn its text would come after them and :func:`to_canonical` would
+    read it back as their tail, charged as provider blocks rather than as the user message the
+    rendering counted (the forwarded history then exceeds B). The API merges consecutive user
+    turns, so the model sees the same content.
     """
     out: list[dict[str, Any]] = []
     pending: list[Any] = []
@@ -186,13 +190,10 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
 
     def flush(extra: Any = None) -> None:
         nonlocal pending, pending_turn
-        if extra is None and not pending:
-            return
-        if not pending:
+        if pending:
+            out.append({"role": "user", "content": pending + tails})
+        if extra is not None:
             out.append({"role": "user", "content": extra})
-        else:
-            tail = [] if extra is None else ([{"type": "text", "text": extra}] if isinstance(extra, str) else list(extra))
-            out.append({"role": "user", "content": pending + tails + tail})
         pending, pending_turn = [], None
         tails.clear()
 
