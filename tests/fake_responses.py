@@ -20,7 +20,9 @@ Answers (request count ``n``): a ``reasoning`` item (summary ``thinking <n>``, s
 ``tools`` are offered and the last input item is the user's, a call of the first tool
 (``function_call`` with arguments ``{"q": "<n>"}``, or for a ``custom`` tool a ``custom_tool_call``
 with input ``q <n>``; call id ``call_<n>``), else a message ``answer <n>``. Usage: 3 input tokens,
-2 of them cached, 1 output token.
+2 of them cached, 1 output token. A model named ``script-<N>`` gets the scripted output items of
+``tests/fake_scripts.py`` instead (a real agent program's ``N`` steps; the ``clients`` tests),
+streamed with the same events.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+import fake_scripts
 from fake_upstream import faulty, sign
 
 CALLS = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
@@ -187,7 +190,8 @@ def add_routes(app: FastAPI, record: Callable[[Request], Any], rejected: list[di
             return JSONResponse({"error": {"message": "fake upstream: rate limit reached", "type": "rate_limit_error",
                                            "param": None, "code": "rate_limited"}}, 429)
         n = len(seen)
-        output = responses_output(body, n)
+        scripted = fake_scripts.script_of(body.get("model"))
+        output = fake_scripts.responses_output(body, n) if scripted else responses_output(body, n)
         if (fault := faulty(body, lambda: response_object(body, n, output))) is not None:  # fake_upstream's fault models
             return fault
         if not body.get("stream"):

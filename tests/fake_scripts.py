@@ -14,7 +14,8 @@ the proxy must always forward, decides it.
   :func:`expected_output`). Step ``N + 1`` finishes: the agent's own submit command when its
   prompt names one (mini-swe-agent's ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), else a text.
 * ``script-<N>-load`` (Claude Code's deferred tools): step 1 calls ``ToolSearch`` with
-  ``select:CronList``, step 2 calls the loaded ``CronList``, the rest as above.
+  ``select:CronList``, step 2 calls the loaded ``CronList``, then ``N`` steps as above (steps 3
+  to ``N + 2``).
 * Without tools, step ``k <= N`` answers in the client's text protocol: a ``mswea_bash_command``
   block for mini-swe-agent's text mode, a SEARCH/REPLACE edit of ``notes.txt`` (``v<k-1>`` to
   ``v<k>``) for aider, else a text.
@@ -90,6 +91,7 @@ def action(body: dict[str, Any], n: int) -> dict[str, Any]:
     (``n``: the fake's request count, which keeps call ids unique)."""
     steps, load = script_of(body.get("model")) or (0, False)
     k, text = step(body), json.dumps(body)
+    last = steps + 2 if load else steps  # the load's two steps come first
     tools = dict(_tools(body))
     if tools:
         shell = next((t for t in tools if t.lower() in SHELLS), next((t for t in tools if "bash" in t.lower()), next(iter(tools))))
@@ -98,9 +100,9 @@ def action(body: dict[str, Any], n: int) -> dict[str, Any]:
             return call("ToolSearch", {"query": "select:CronList", "max_results": 1})
         if load and k == 2 and "CronList" in tools:
             return call("CronList", {})
-        if k <= steps:
+        if k <= last:
             return call(shell, _args(tools[shell], command(k)))
-        if k == steps + 1 and SUBMIT in text:
+        if k == last + 1 and SUBMIT in text:
             return call(shell, _args(tools[shell], f"echo {SUBMIT}"))
         return {"text": f"Done: {steps} steps."}
     if "mswea_bash_command" in text and k <= steps + 1:

@@ -8,7 +8,8 @@ provider's error shape, recording it at ``GET /_rejections`` (:func:`openai_viol
 :func:`anthropic_violation`): pairing and order of calls and results, ``tool_result`` blocks
 first in their user turn, server-tool pairs, the extended-thinking rule and thinking signatures
 (the fake signs what it emits with :func:`sign`; a block whose signature does not match is
-rejected, as the provider rejects a modified thinking block).
+rejected, as the provider rejects a modified thinking block), and where a mid-conversation system
+message (``{"role": "system"}`` inside ``messages``) may stand (:func:`system_turn_violation`).
 
 It keeps every request it receives (path, headers, JSON body), readable at ``GET /_requests`` and
 cleared by ``POST /_reset``. Its answers are deterministic:
@@ -94,8 +95,42 @@ def _merged(turns: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def system_turn_violation(turns: list[dict[str, Any]]) -> str | None:
+    """The first placement rule a mid-conversation system message of ``turns`` (the raw
+    ``messages``) breaks, or ``None``. As the Messages API documents them ("Mid-conversation
+    system messages"): never ``messages[0]``; its content a string or text blocks; a run of
+    system messages comes right after a user turn (or an assistant turn that ends with a
+    ``server_tool_use`` block) and is followed by an assistant turn or ends the list."""
+    roles = [t.get("role") for t in turns]
+    for k, t in enumerate(turns):
+        if roles[k] not in ("user", "assistant", "system"):
+            return f"messages.{k}.role: Input should be 'user', 'assistant' or 'system'"
+        if roles[k] != "system":
+            continue
+        content = t.get("content")
+        if not isinstance(content, str) and not (isinstance(content, list) and content
+                                                 and all(isinstance(b, dict) and b.get("type") == "text" for b in content)):
+            return f"messages.{k}.content: a system message holds a string or text blocks"
+        start = k
+        while start and roles[start - 1] == "system":
+            start -= 1
+        before = turns[start - 1] if start else None
+        end = k
+        while end + 1 < len(turns) and roles[end + 1] == "system":
+            end += 1
+        after = roles[end + 1] if end + 1 < len(turns) else None
+        ends_server_tool = before is not None and before.get("role") == "assistant" and isinstance(before.get("content"), list) \
+            and bool(before["content"]) and isinstance(before["content"][-1], dict) and before["content"][-1].get("type") == "server_tool_use"
+        if before is None or not (before.get("role") == "user" or ends_server_tool):
+            return f"messages.{k}: a system message must follow a user message"
+        if after not in (None, "assistant"):
+            return f"messages.{k}: a system message must be followed by an assistant message or be the last message"
+    return None
+
+
 def anthropic_violation(body: dict[str, Any]) -> str | None:
-    """The first Messages API rule ``body`` breaks, or ``None`` (turns of one role are merged first):
+    """The first Messages API rule ``body`` breaks, or ``None`` (where system messages stand
+    (:func:`system_turn_violation`), then, without them, turns of one role merged):
     every ``tool_use`` is answered by a ``tool_result`` in the next user turn, all ``tool_result``
     blocks come first in that turn and answer a ``tool_use`` of the turn before; each
     ``server_tool_use`` is followed in its turn by its result block; with ``thinking`` enabled the
@@ -104,7 +139,9 @@ def anthropic_violation(body: dict[str, Any]) -> str | None:
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
         return "messages: a non-empty list of objects is required"
-    turns = _merged(turns)
+    if (why := system_turn_violation(turns)) is not None:
+        return why
+    turns = _merged([t for t in turns if t.get("role") != "system"])
     if turns[0]["role"] != "user":
         return "messages: the first message must use the user role"
     for k, t in enumerate(turns):

@@ -226,6 +226,31 @@ def test_tool_loaded_text_after_a_result_is_no_new_user_turn(servers):
     assert history[2]["provider_blocks"] == '[{"text":"Tool loaded.","type":"text"}]'
 
 
+def test_a_system_turn_inside_messages_is_kept_at_its_place_outside_b(servers):
+    """Claude Code 2.1's environment block: a ``{"role": "system"}`` turn after the first user
+    message, in every request. Converted to a system message (outside B, never dropped) and
+    forwarded as the client sent it, at its place, while older results are left out for B."""
+    import anthropic
+
+    env = {"role": "system", "content": [{"type": "text", "text": "<env>\n" + "Working directory: /work/repo\n" * 60 + "</env>",
+                                          "cache_control": {"type": "ephemeral"}}]}
+    turns: list[dict] = [{"role": "user", "content": "task: system turn"}, env]
+    for i in range(3):
+        turns += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"st{i}", "name": "search", "input": {"i": i}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"st{i}", "content": f"out{i} " * WORDS}]}]
+    a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
+                            default_headers={"X-HistoryGraph-Session": "system-turn"})
+    raw = a.messages.with_raw_response.create(model="m", max_tokens=20, messages=turns, tools=A_TOOLS)
+    assert raw.http_response.status_code == 200 and "x-historygraph-over-budget" not in raw.headers
+    sent = received(servers)["body"]["messages"]
+    assert sent[:3] == turns[:3] and rejections(servers) == []
+    results = [b for m in sent if isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"]
+    assert results[0]["content"].startswith("[tool result st0 omitted") and results[2]["content"] == "out2 " * WORDS
+    history = stored(servers, "system-turn")
+    assert [m["role"] for m in history][:4] == ["user", "system", "assistant", "tool"]
+    assert history[1]["content"] == env["content"][0]["text"]
+
+
 def test_a_responses_stream_cut_mid_way_ends_with_an_error_event(servers):
     with httpx.stream("POST", servers["px"] + "/v1/responses", headers={"X-HistoryGraph-Session": "resp-cut"},
                       json={"model": "cut-model", "input": "go", "stream": True}) as r:

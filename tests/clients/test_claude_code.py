@@ -4,17 +4,9 @@ run that first loads a deferred tool (``ToolSearch`` with ``select:CronList``, t
 
 from __future__ import annotations
 
-
-from harness import CLIENTS, known_bugs, need, run
+from harness import CLIENTS, need, run
 
 CLAUDE = CLIENTS / "npm" / "node_modules" / ".bin" / "claude"
-# Claude Code 2.1.332 sends its environment block as a {"role": "system"} message inside
-# `messages` (after the first user message) in every request, with or without
-# CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS; the proxy refuses the whole request
-BUGS = {"role must be 'user' or 'assistant', got 'system'":
-        "proxy bug: POST /v1/messages with a {'role': 'system'} message inside `messages` (Claude Code 2.1.332 puts its environment "
-        "block there in every request) is answered 400 'messages[1].role must be 'user' or 'assistant', got 'system'' "
-        "(providers/anthropic.py), so Claude Code exits at its first request"}
 
 
 def claude(stack, tmp_path, model: str, tools: str):
@@ -24,11 +16,10 @@ def claude(stack, tmp_path, model: str, tools: str):
     env = {"HOME": str(home), "ANTHROPIC_BASE_URL": stack.url, "ANTHROPIC_API_KEY": "sk-ant-dummy", "ANTHROPIC_SMALL_FAST_MODEL": model,
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
-    with known_bugs(stack, BUGS):
-        out = run([str(exe), "-p", "Run the numbered steps, then say done.", "--model", model, "--allowedTools", *tools.split()],
-                  tmp_path, env, timeout=240)
-        assert "Done:" in out.stdout, out.stdout[-2000:]
-        return stack.check(min_results=5, api="/v1/messages")
+    out = run([str(exe), "-p", "Run the numbered steps, then say done.", "--model", model, "--allowedTools", *tools.split()],
+              tmp_path, env, timeout=240)
+    assert "Done:" in out.stdout, out.stdout[-2000:]
+    return stack.check(min_results=5, api="/v1/messages")
 
 
 def test_claude_code_print_mode_runs_six_bash_steps(stack, tmp_path):

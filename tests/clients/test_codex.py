@@ -4,10 +4,9 @@ six shell steps of about 450 tokens of output, then its answer."""
 
 from __future__ import annotations
 
-from harness import CLIENTS, known_bugs, need, run
+from harness import CLIENTS, need, run
 
 CODEX = CLIENTS / "npm" / "node_modules" / ".bin" / "codex"
-RESPONSES_404 = {'"path": "/v1/responses", "status": 404': "needs POST /v1/responses (404 from the proxy)"}
 
 
 def test_codex_exec_runs_six_shell_steps(stack, tmp_path):
@@ -16,9 +15,8 @@ def test_codex_exec_runs_six_shell_steps(stack, tmp_path):
     home.mkdir()
     provider = f'{{name="historygraph", base_url="{stack.url}/v1", env_key="OPENAI_API_KEY", wire_api="responses"}}'
     env = {"CODEX_HOME": str(home), "HOME": str(tmp_path), "OPENAI_API_KEY": "sk-dummy"}
-    with known_bugs(stack, RESPONSES_404):
-        out = run([str(exe), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-m", "script-6",
-                   "-c", "model_provider=historygraph", "-c", f"model_providers.historygraph={provider}",
-                   "Run the numbered steps."], tmp_path, env, timeout=240)
-        assert "Done: 6 steps." in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
-        stack.check(min_results=6, api="/v1/responses")
+    out = run([str(exe), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-m", "script-6",
+               "-c", "model_provider=historygraph", "-c", f"model_providers.historygraph={provider}",
+               "Run the numbered steps."], tmp_path, env, timeout=240)
+    assert "Done: 6 steps." in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+    stack.check(min_results=6, api="/v1/responses")

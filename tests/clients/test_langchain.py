@@ -8,9 +8,7 @@ import subprocess
 
 import pytest
 
-from harness import known_bugs, need_module
-
-RESPONSES_404 = {'"path": "/v1/responses", "status": 404': "needs POST /v1/responses (404 from the proxy)"}
+from harness import need_module
 
 
 @pytest.mark.parametrize("responses", [False, True], ids=["chat", "responses"])
@@ -27,10 +25,9 @@ def test_langchain_agent_runs_six_shell_steps(stack, tmp_path, responses):
 
     model = ChatOpenAI(model="script-6", base_url=stack.url + "/v1", api_key="sk-dummy", max_retries=0, use_responses_api=responses)
     agent = create_agent(model, tools=[run_shell], system_prompt="You run the numbered steps with run_shell.")
-    with known_bugs(stack, RESPONSES_404):
-        try:
-            out = agent.invoke({"messages": [{"role": "user", "content": "Run the numbered steps."}]}, {"recursion_limit": 40})
-        except Exception as exc:  # the client's own error for a proxy 4xx/5xx
-            raise AssertionError(f"the agent failed: {exc}") from exc
-        assert "Done: 6 steps." in str(out["messages"][-1].content)
-        stack.check(min_results=6, api="/v1/responses" if responses else "/v1/chat/completions")
+    try:
+        out = agent.invoke({"messages": [{"role": "user", "content": "Run the numbered steps."}]}, {"recursion_limit": 40})
+    except Exception as exc:  # the client's own error for a proxy 4xx/5xx
+        raise AssertionError(f"the agent failed: {exc}") from exc
+    assert "Done: 6 steps." in str(out["messages"][-1].content)
+    stack.check(min_results=6, api="/v1/responses" if responses else "/v1/chat/completions")

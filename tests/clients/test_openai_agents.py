@@ -8,9 +8,7 @@ import subprocess
 
 import pytest
 
-from harness import known_bugs, need_module
-
-RESPONSES_404 = {'"path": "/v1/responses", "status": 404': "needs POST /v1/responses (404 from the proxy)"}
+from harness import need_module
 
 
 @pytest.mark.parametrize("responses", [False, True], ids=["chat", "default-responses"])
@@ -30,10 +28,9 @@ def test_agents_sdk_runs_six_shell_steps(stack, tmp_path, responses):
     kind = OpenAIResponsesModel if responses else OpenAIChatCompletionsModel
     agent = Agent(name="stepper", instructions="You run the numbered steps with run_shell.", tools=[run_shell],
                   model=kind(model="script-6", openai_client=client))
-    with known_bugs(stack, RESPONSES_404):
-        try:
-            result = Runner.run_sync(agent, "Run the numbered steps.", max_turns=20)
-        except Exception as exc:  # the SDK's own error for a proxy 4xx/5xx
-            raise AssertionError(f"the agent failed: {exc}") from exc
-        assert result.final_output == "Done: 6 steps."
-        stack.check(min_results=6, api="/v1/responses" if responses else "/v1/chat/completions")
+    try:
+        result = Runner.run_sync(agent, "Run the numbered steps.", max_turns=20)
+    except Exception as exc:  # the SDK's own error for a proxy 4xx/5xx
+        raise AssertionError(f"the agent failed: {exc}") from exc
+    assert result.final_output == "Done: 6 steps."
+    stack.check(min_results=6, api="/v1/responses" if responses else "/v1/chat/completions")

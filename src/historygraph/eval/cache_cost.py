@@ -81,9 +81,9 @@ def add_cache_costs(per_trace: list[dict[str, Any]], per_source: list[dict[str, 
                     s[2] += 1
     for r in per_source:
         for name in models:
-            s = sums.get((r.get("budget"), r["source"], r["policy"], name))
-            r[f"cost_cache_usd_{name}"] = round(s[0] / s[2], 6) if s else None
-            r[f"cost_cache_{name}"] = round(s[0] / s[1], 4) if s and s[1] else None
+            tot = sums.get((r.get("budget"), r["source"], r["policy"], name))
+            r[f"cost_cache_usd_{name}"] = round(tot[0] / tot[2], 6) if tot else None
+            r[f"cost_cache_{name}"] = round(tot[0] / tot[1], 4) if tot and tot[1] else None
 
 
 def reprice(run_models: dict[str, dict[str, Any]], per_trace: list[dict[str, Any]], per_source: list[dict[str, Any]],

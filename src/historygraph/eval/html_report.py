@@ -271,14 +271,14 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
     cols[4:4] = [(f"cost_cache_{m}", f"cost {m}") for m in run.price_models]  # cost with each prompt cache, after recall
     sources = list(dict.fromkeys(r["source"] for r in summary))
-    prices = run.meta.get("prices") or {}
+    unit_prices = run.meta.get("prices") or {}
     note = ("Recall: ContextRender B.4 Later-Used Result Recall (a reused result counts only when shown complete). "
             "Value recall: the reused values appear anywhere in the rendering (full result, excerpt, summary, marker). "
             "Prefix reuse: share of prompt tokens equal to a prefix of the previous call's prompt. "
             "Cost M: the cost with price model M's simulated prompt cache (" +
             "; ".join(f"{m}: {(run.meta['price_models'][m].get('description') or '')}" for m in run.price_models) +
             "), Full history = 1 (ratio of mean costs over the traces whose Full history exceeds B). "
-            "Cost (Full ρ / own ρ): ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in prices.items()) +
+            "Cost (Full ρ / own ρ): ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in unit_prices.items()) +
             " USD per million tokens, normalised as the ratio of mean costs over the traces whose Full history exceeds B "
             "(Full history = 1); 'Full ρ' prices every policy with Full history's cache fraction (C.2), 'own ρ' with its own prefix reuse.")
     cmd = run.meta.get("command", "")

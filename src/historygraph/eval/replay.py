@@ -93,8 +93,8 @@ class PolicyStats:
         self.output_tokens += other.output_tokens
         self.embedding_tokens += other.embedding_tokens
         self.cached_tokens += other.cached_tokens
-        for k, v in other.prompt_cache.items():
-            self.prompt_cache[k] = self.prompt_cache.get(k, CacheTokens()) + v
+        for model, tokens in other.prompt_cache.items():
+            self.prompt_cache[model] = self.prompt_cache.get(model, CacheTokens()) + tokens
 
     @property
     def usage(self) -> Usage:

@@ -268,7 +268,8 @@ class ContextRender:
         age, c, s, score = scores(graph, cands, V, q, qn, deps, cfg)
         sel = layout.selection()
         selected = greedy_select(cands, None, sel, None, cfg.similarity_penalty, arrays=(score, V))
-        left = budget - sel.used  # budget is set here: with None the history always fits (above)
+        assert budget is not None  # with None the history always fits (above)
+        left = budget - sel.used
         # fill reaches the selection weakly and the layout not at all: the layout keeps fill until its
         # reasons are read, and a strong reference back made every render a cycle for the collector
         # (the rendering's reasons builder keeps the selection alive meanwhile)

@@ -60,6 +60,7 @@ class Oracle:
         layout = Layout(graph, signals.counter, budget)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
+        assert budget is not None  # with no budget the history always fits (above)
         if self.config.omit_unused:
             keep = {layout.unit_of[p] for p in reused if p in layout.unit_of}
             omit = [u.positions[0] for i, u in enumerate(layout.units)

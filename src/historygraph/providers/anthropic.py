@@ -7,6 +7,10 @@ content is a string or a list of blocks: ``text``, ``image``, ``tool_use``, ``to
 Conversion to canonical form (:func:`to_canonical`):
 
 * ``system`` (string or text blocks) → one ``system`` message first;
+* a ``system`` turn inside ``messages`` (a mid-conversation system message; Claude Code puts its
+  environment block there, after the first user message) → one ``system`` message at its place:
+  outside B like every system message, never dropped, and sent back as the client sent it, at
+  the same place;
 * a user turn → one ``tool`` message per ``tool_result`` block (in block order), then one ``user``
   message with the remaining blocks flattened to text, if there are any. In a turn that holds
   tool results, blocks after the last result belong to the tool loop, not to a new user turn:
@@ -80,7 +84,8 @@ def to_canonical(system: Any, messages: Any) -> tuple[list[Message], list[Piece 
 
     Returns:
         ``(canonical, pieces)``: canonical messages and, index for index, their wire originals
-        (``None`` for the system message, which the proxy passes on in the ``system`` field).
+        (``None`` for the system message of the ``system`` field, which the proxy passes on in
+        that field).
 
     Raises:
         EventError: naming the field that is wrong (``messages[3].content[1].tool_use_id`` …).
@@ -116,8 +121,10 @@ def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
     if not isinstance(turn, dict):
         raise EventError(f"{where} must be an object")
     role, content = turn.get("role"), turn.get("content")
-    if role not in ("user", "assistant"):
-        raise EventError(f"{where}.role must be 'user' or 'assistant', got {role!r}")
+    if role not in ("user", "assistant", "system"):
+        raise EventError(f"{where}.role must be 'user', 'assistant' or 'system', got {role!r}")
+    if role == "system":
+        return [(Message("system", _text(content, f"{where}.content")), Piece(turn, i))]
     blocks = content if isinstance(content, list) else None
     if role == "assistant":
         return [(_assistant(content, blocks, where), Piece(turn, i))]
@@ -172,7 +179,9 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
 
 
 def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[dict[str, Any]]:
-    """Build the Messages API ``messages`` list for a rendering (system messages are skipped).
+    """Build the Messages API ``messages`` list for a rendering (the system message of the
+    ``system`` field, which has no piece, is skipped; a system turn of ``messages`` is sent at its
+    place).
 
     ``pieces[i]`` is the wire original for ``messages[i]`` or ``None``; an original is used when
     the message is shown unchanged (``rendered_as is None``). Tool results keep the user turns they
@@ -200,11 +209,14 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
     for m, piece in zip(messages, pieces):
         original = piece.value if piece is not None and m.rendered_as is None else None
         turn = piece.turn if piece is not None else pending_turn
-        if m.role == "system":
+        if m.role == "system" and piece is None:
             continue
         if pending and turn != pending_turn:
             flush()
-        if m.role == "assistant":
+        if m.role == "system":
+            flush()
+            out.append(original if original is not None else {"role": "system", "content": m.content})
+        elif m.role == "assistant":
             flush()
             out.append(original if original is not None else
                        {"role": "assistant", "content": (json.loads(m.provider_blocks) if m.provider_blocks else [])

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import Request
 from fastapi.exception_handlers import http_exception_handler
@@ -83,6 +84,7 @@ def stream_error(api: str, message: str, code: str) -> bytes:
     ``{"type": "error", "code", "message", "param", "sequence_number"}``, and for Chat Completions
     a ``data:`` line holding ``{"error": {"message", "type"}}`` (``api``: ``anthropic``,
     ``responses`` or ``openai``; ``code``: the error's type or code, e.g. ``upstream_stream_cut``)."""
+    data: dict[str, Any]
     if api == "anthropic":
         data = {"type": "error", "error": {"type": "api_error", "message": message}}
         return ("event: error\ndata: " + json.dumps(data) + "\n\n").encode()

@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeGuard
 
 import aiohttp
 import httpx
@@ -290,7 +290,7 @@ class Proxy:
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
 
-    def prefetches(self, policy: str | None) -> bool:
+    def prefetches(self, policy: str | None) -> TypeGuard[str]:
         """Whether ``policy`` has a :meth:`prefetch` hook (else no background task is scheduled:
         each one is a hand-off to the thread pool)."""
         return policy is not None and getattr(self.policy(policy), "prefetch", None) is not None

@@ -256,6 +256,8 @@ class _Weave:
     def __init__(self, layout: Layout, sel: Selection, signals: Signals, cfg: ContextWeaverConfig,
                  summarizer: Summarizer | None) -> None:
         self.layout, self.sel, self.signals, self.cfg, self.summarizer = layout, sel, signals, cfg, summarizer
+        assert layout.budget is not None  # with no budget the history always fits: the render returned it whole
+        self.budget: int = layout.budget
         self.summaries_closed = False
         self.missed: list[tuple[Step, int, str]] = []  # full results that did not fit, in tier order
         self.short: set[int] = set()  # other steps' results short enough to be their own summary
@@ -314,7 +316,7 @@ class _Weave:
                     self.short.add(p)
                     if not self._try(p, lay.graph.messages[p], "full: short result is its own summary"):
                         lay.reasons[p] = (f"placeholder: short, but its {self.sel.cost(p)} tokens exceed the "
-                                          f"{lay.budget - self.sel.used} left of B after the recent window and ancestors")
+                                          f"{self.budget - self.sel.used} left of B after the recent window and ancestors")
 
     def fallback_summaries(self) -> None:
         """Summaries of the recent and ancestor results that did not fit in full, in tier order."""

@@ -371,7 +371,7 @@ def _alone(sel: Selection, p: int, revived: set[int]) -> int:
 
 
 def _explain(reasons: dict[int, str], layout: Layout, sel: Selection, value: dict[int, float], taken: list[int],
-             budget: int | None, min_probability: float) -> None:
+             budget: int, min_probability: float) -> None:
     """The reason of every candidate: its rank and probability when taken, else why it stayed out
     (costs as of the finished selection, all priced at once)."""
     msgs = layout.graph.messages
@@ -418,6 +418,7 @@ class Learned:
                         excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
+        assert budget is not None  # with no budget the history always fits (above)
         cands = layout.candidates
         # scores kept per result across this graph's renders (TreeReuseModel.score; the same bits)
         prob = self.model.predict(feature_matrix(graph, cands, signals.counter), np.asarray(cands, dtype=np.intp),
