@@ -148,6 +148,8 @@ def test_a_plugin_policy_is_registered_and_renders(tmp_path, monkeypatch):
                                {"role": "assistant", "content": "", "tool_calls": [
                                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                                {"role": "tool", "tool_call_id": "c1", "content": "result " * 500},
+                               # (a later reply: c1 is not the newest result, which every policy shows, invariant §5.9)
+                               {"role": "assistant", "content": "done"},
                                {"role": "user", "content": "next"}], budget=100, policy=create("keep-none", label="x"))
         assert out[2]["content"].startswith("[tool result c1 omitted")
         with pytest.raises(PolicyError, match=r"policy 'keep-none' parameter 'label': expected str, got int 1"):

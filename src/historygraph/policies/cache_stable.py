@@ -35,7 +35,7 @@ wrapper and per budget (:meth:`~historygraph.history.graph.ContextGraph.memo`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Policy, Signals
@@ -132,16 +132,17 @@ def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, count
         history += count(msgs[before])  # the previous current user message is ordinary history now
     if history > budget:
         return None
-    new = list(range(length, n))
-    r = Rendering(policy=name, budget=budget, messages=prev.messages + [msgs[p] for p in new],
-                  positions=prev.positions + new, full=prev.full + [p for p in new if msgs[p].role == "tool"],
+    new: list[int | None] = list(range(length, n))
+    added = range(length, n)
+    r = Rendering(policy=name, budget=budget, messages=prev.messages + [msgs[p] for p in added],
+                  positions=prev.positions + new, full=prev.full + [p for p in added if msgs[p].role == "tool"],
                   omitted=list(prev.omitted), dropped=list(prev.dropped), history_tokens=history,
-                  input_tokens=prev.input_tokens + sum(count(msgs[p]) for p in new), stats={"cache_stable": "appended"})
+                  input_tokens=prev.input_tokens + sum(count(msgs[p]) for p in added), stats={"cache_stable": "appended"})
     kept = prev.reasons
 
     def reasons() -> dict[int, str]:
         out = dict(kept)
-        out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in new})
+        out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in added})
         return out
     r.defer_reasons(reasons)
     return r
@@ -152,7 +153,7 @@ def cache_stable(policy: Policy) -> Policy:
     ``full`` (nothing to re-select) and a wrapper come back as they are."""
     if isinstance(policy, CacheStable) or policy.name == "full":
         return policy
-    return CacheStable(f"{policy.name}-stable", base=policy)
+    return cast(Policy, CacheStable(f"{policy.name}-stable", base=policy))
 
 
 def _variant(base: str) -> type[CacheStable]:
