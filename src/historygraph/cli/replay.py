@@ -99,6 +99,7 @@ def replay(
     Unreadable trace files are skipped with a warning naming each (exit status 1 at the end). On
     Ctrl-C, or when a summarising policy's model fails, the traces finished so far are written
     (``meta.interrupted`` in replay.json) before the command exits."""
+    # (over 80 lines: its typer signature declares every option, one per line; the work is in the helpers below)
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
     for n in names:
         if n not in REGISTRY:

@@ -220,6 +220,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     """Replay one trace through ``policies`` (name -> policy instance) under ``budget`` tokens.
     ``reference``: Full history's figures on this trace when already computed (else computed here);
     ``price_models``: the prompt caches to simulate (default: the shipped price models)."""
+    # (over 80 lines: one walk over the trace with every policy's accumulators in locals; split, each piece would take them all as arguments)
     sid = record_trace(store, trace) if store is not None else session_id_for(trace)
     events_at: dict[int, list] = defaultdict(list)
     for e in reuse_events(trace.messages):

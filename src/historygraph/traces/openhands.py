@@ -215,6 +215,7 @@ def _editor_call(code: Any) -> dict | None:
 
 
 def _new(b: Builder, events: list, where: str) -> dict:
+    # (over 80 lines: one pass over the event list; the pending calls, parallel-call groups and counts tie its branches together)
     calls_of: dict[Any, str] = {}  # action event id -> call id
     groups: dict[str, Draft] = {}  # model_response id -> assistant message holding parallel calls
     counts: dict[str, Any] = {"recall_messages": 0, "error_observations": 0}  # (and "tools": names)

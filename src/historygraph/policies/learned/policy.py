@@ -135,6 +135,7 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     Raises:
         ValueError: a position of ``candidates`` that is not a candidate of the layout.
     """
+    # (over 80 lines: one priority-queue loop whose re-pricing after a revival needs its queue, costs and runs in locals; tested against a plain loop, tests/test_learned.py)
     lay = sel.layout
     a = cost_exponent
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
@@ -285,6 +286,7 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
     is. Cost: one bulk pricing (:meth:`~historygraph.render.Selection.candidate_costs`) per tried
     removal that passes a screen on lower bounds of the costs, one selection per exchange tried.
     """
+    # (over 80 lines: one search over exchanges sharing the screened bounds and the priced selections in locals)
     lay = sel.layout
     if pairs <= 0 or lay.budget is None or not taken:
         return taken
