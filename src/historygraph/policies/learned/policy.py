@@ -135,7 +135,7 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     Raises:
         ValueError: a position of ``candidates`` that is not a candidate of the layout.
     """
-    # (over 80 lines: one priority-queue loop whose re-pricing after a revival needs its queue, costs and runs in locals; tested against a plain loop, tests/test_learned.py)
+    # (over 80 lines: one priority-queue loop whose re-pricing after a revival needs its queue, costs and runs in locals; tested against a reference loop, tests/test_equivalence.py)
     lay = sel.layout
     a = cost_exponent
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)
