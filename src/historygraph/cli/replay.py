@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from functools import partial
@@ -266,7 +267,9 @@ def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str
                  params: dict[str, dict] | None = None, threads: int = 1, embedder: str = DEFAULT_EMBEDDER,
                  models: dict | None = None) -> None:
     """Per worker process: its store connection and signals; its embedder gets ``threads``
-    intra-op threads (the cores divided among the workers, so that they do not compete)."""
+    intra-op threads (the cores divided among the workers, so that they do not compete). Ctrl-C
+    is the parent's to handle (it ends the workers, :func:`_replay_parallel`): a worker ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _worker
     db = open_store(store)
     signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder, threads))
@@ -289,8 +292,9 @@ def _replay_parallel(traces: list, names: list[str], budgets: list[int], encodin
                      embedder: str = DEFAULT_EMBEDDER, models: dict | None = None) -> None:  # noqa: ANN001
     """Replay whole traces in ``jobs`` processes (largest first), putting each finished trace's
     results (one per budget) into ``done`` (trace index -> results) and adding the texts the workers
-    embedded to ``embedded[0]``, so that an interrupt keeps what is finished. Pending traces are
-    cancelled on any exception."""
+    embedded to ``embedded[0]``, so that an interrupt keeps what is finished. On any exception
+    (Ctrl-C among them) pending traces are cancelled and the workers ended at once, not waited for
+    (a long trace takes tens of seconds): the command stops within a second or two."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     order = sorted(range(len(traces)), key=lambda i: -len(traces[i].messages))
@@ -302,8 +306,16 @@ def _replay_parallel(traces: list, names: list[str], budgets: list[int], encodin
             done[futures[fut]], n = fut.result()
             embedded[0] += n
             advance()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # (no public API ends a busy worker)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join(2)
+        pool.shutdown(wait=True)  # the workers are gone: the pool's own thread ends at once
+        raise
+    pool.shutdown(wait=True)
 
 
 def _fmt(v: object, digits: int = 1) -> str:
