@@ -370,7 +370,7 @@ def test_a_reopened_view_starts_from_its_snapshot(tmp_path, monkeypatch):
     key = f"lowcost:{steps_parents.ParentScoring()}"
     view = steps_view._view(g, steps_parents.lowcost_selector(steps_parents.ParentScoring()), key)
     assert type(view).__name__ == "_LazySteps" and view.raw == 3 and not view.built  # no step built before it is read
-    assert type(steps_mod.GRAPH_CACHE[g]["index"].get("files")).__name__ == "Raw"  # the inverted index not decoded
+    assert type(steps_mod.graph_cache(g)["index"].get("files")).__name__ == "Raw"  # the inverted index not decoded
     assert view[-1].position == 5 and view.raw == 2
     assert [type(x).__name__ for x in view] == ["_StoredStep"] * 3
     assert all("_load" in x.__dict__ for x in view)  # nothing read yet
@@ -613,7 +613,7 @@ def test_brief_savings_start_from_their_snapshot(monkeypatch):
     equal a fresh graph's; one that saves tokens at a message without a brief view (forged), or
     holds more messages than the graph, is not used."""
     from historygraph.history.derived import pack_array
-    from historygraph.render._memo import SAVINGS_KEPT, brief_rows, brief_savings, brief_snapshot
+    from historygraph.render._memo import brief_rows, brief_savings, brief_snapshot, savings_kept
 
     monkeypatch.setattr(derived_mod, "SNAPSHOT_MIN", 4)
     c = TokenCounter()
@@ -626,12 +626,12 @@ def test_brief_savings_start_from_their_snapshot(monkeypatch):
     (snap,) = [r for r in rows if r[0] == snap_kind.name]
     rows = [r for r in rows if not r[0].startswith("render.brief:")]  # no per-message rows: computed when not read
     g2 = ContextGraph("s", events, derived=Derived(rows, persist=True))
-    assert brief_savings(g2, c).tolist() == want and SAVINGS_KEPT[g2][c.encoding_name] == (len(events), True)
+    assert brief_savings(g2, c).tolist() == want and savings_kept(g2)[c.encoding_name] == (len(events), True)
     data = json.loads(snap[3])
     for change in ({"saved": pack_array(np.array([5] + want[1:]))}, {"upto": 99}, {"saved": "x"}):
         forged = [(*r[:3], json.dumps({**data, **change})) if r is snap else r for r in rows]
         g3 = ContextGraph("s", events, derived=Derived(forged, persist=True))
-        assert brief_savings(g3, c).tolist() == want and not SAVINGS_KEPT[g3][c.encoding_name][1], change
+        assert brief_savings(g3, c).tolist() == want and not savings_kept(g3)[c.encoding_name][1], change
 
 
 def test_results_embedding_keys_are_read_instead_of_hashing_the_results(tmp_path, monkeypatch):

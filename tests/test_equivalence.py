@@ -312,7 +312,7 @@ def reference_build_steps(graph, selector, selector_key):
     from historygraph.signals.steps import features as st
     from historygraph.signals.test_output import supersedes
 
-    pcache = st.GRAPH_CACHE.setdefault(graph, {"features": {}, "parents": {}})["parents"]
+    pcache = st.graph_cache(graph)["parents"]
     out = []
     for pos, m in enumerate(graph.messages):
         if m.role != "assistant":

@@ -344,10 +344,14 @@ class _VectorCache:
     and their vectors are one ``np.take`` of the embedder's memo."""
 
     def __init__(self, embedder: CachedEmbedder) -> None:
+        self.lock = threading.Lock()
+        self.reset(embedder)
+
+    def reset(self, embedder: CachedEmbedder) -> None:
+        """Empty, for ``embedder`` (as new)."""
         self.embedder = weakref.ref(embedder)
         self.have = np.zeros(0, dtype=bool)
         self.row = np.zeros(0, dtype=np.int64)  # position -> its memo row (where ``have``)
-        self.lock = threading.Lock()
         # the vectors of the positions ``seq_pos[:seq_n]`` (ascending), one after the other: a
         # request for a prefix of them is answered by a view (see result_vectors's ``ordered``)
         self.seq_pos = np.zeros(0, dtype=np.int64)
@@ -382,8 +386,7 @@ class _VectorCache:
         return view
 
 
-_VECTORS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, int], _VectorCache]]" = weakref.WeakKeyDictionary()
-_VECTORS_LOCK = threading.Lock()
+_VECTORS = "contextrender.vectors"  # graph.memo key, with id(embedder) and clip
 
 
 def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedder, clip: int,
@@ -406,12 +409,10 @@ def result_vectors(graph: ContextGraph, cands: list[int], embedder: CachedEmbedd
             out[:] = vecs[:len(cands)]
             return out, vecs[len(cands):]
         return vecs[:len(cands)], vecs[len(cands):]
-    with _VECTORS_LOCK:
-        per = _VECTORS.setdefault(graph, {})
-        cache = per.get((id(embedder), clip))
-        if cache is None or cache.embedder() is not embedder:
-            cache = per[(id(embedder), clip)] = _VectorCache(embedder)
+    cache = graph.memo((_VECTORS, id(embedder), clip), lambda: _VectorCache(embedder))
     with cache.lock:
+        if cache.embedder() is not embedder:  # made for an earlier embedder, gone, whose id this one has
+            cache.reset(embedder)
         cand = np.asarray(cands, dtype=np.int64)
         if len(cache.have) < len(msgs):
             size = max(len(msgs), 2 * len(cache.have))

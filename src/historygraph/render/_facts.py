@@ -7,7 +7,6 @@ and each position's index in it, ``counter.count_message`` of each rendered mess
 from __future__ import annotations
 
 import threading
-import weakref
 
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
@@ -99,14 +98,9 @@ class StoredFacts:
         return n
 
 
-_FACTS: "weakref.WeakKeyDictionary[ContextGraph, dict[TokenCounter, StoredFacts]]" = weakref.WeakKeyDictionary()
-_FACTS_LOCK = threading.Lock()
+_FACTS = "render.stored_facts"  # graph.memo key, with the counter
 
 
 def stored_facts(graph: ContextGraph, counter: TokenCounter) -> StoredFacts:
-    with _FACTS_LOCK:
-        per = _FACTS.setdefault(graph, {})
-        facts = per.get(counter)
-        if facts is None:
-            facts = per[counter] = StoredFacts(counter)
-    return facts
+    """The graph's :class:`StoredFacts` for ``counter`` (made on first use, kept with the graph)."""
+    return graph.memo((_FACTS, counter), lambda: StoredFacts(counter))

@@ -10,7 +10,6 @@ ReCAP reads its counts too (:func:`token_memo`)."""
 from __future__ import annotations
 
 import threading
-import weakref
 from functools import cache
 from typing import Any, Callable
 
@@ -292,8 +291,7 @@ class _RowsAfter(dict):
         return default if v is None else v
 
 
-_MEMOS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple, TokenMemo]]" = weakref.WeakKeyDictionary()
-_MEMOS_LOCK = threading.Lock()
+_TOKEN_MEMOS = "render.token_memo"  # graph.memo key, with the counter's type and encoding and the placeholder builder
 
 
 def token_memo(graph: ContextGraph, counter: TokenCounter,
@@ -301,17 +299,13 @@ def token_memo(graph: ContextGraph, counter: TokenCounter,
     """The graph's :class:`TokenMemo` for the counter's type and encoding and the placeholder
     builder ``placeholder`` (made on first use, shared by every layout of the graph), filled up to
     the graph's length."""
-    key = (type(counter), counter.encoding_name, placeholder)
-    with _MEMOS_LOCK:
-        memos = _MEMOS.setdefault(graph, {})
-        memo = memos.get(key)
-        if memo is None:
-            memo = memos[key] = TokenMemo(counter, placeholder)
+    memo = graph.memo((_TOKEN_MEMOS, type(counter), counter.encoding_name, placeholder),
+                      lambda: TokenMemo(counter, placeholder))
     memo.update(graph)
     return memo
 
 
-_SAVINGS: "weakref.WeakKeyDictionary[ContextGraph, dict[str, Grow]]" = weakref.WeakKeyDictionary()
+_SAVINGS = "render.brief_savings"  # graph.memo key: {encoding: Grow of the savings by position}
 
 
 @cache
@@ -333,7 +327,7 @@ def brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
     grows, so the revival costs of every dropped step are one array operation. A graph from a
     store reads and keeps them as derived rows (:func:`brief_rows`); the brief messages
     themselves are built only for the units a render revives."""
-    per = _SAVINGS.setdefault(graph, {})
+    per: dict[str, Grow] = graph.memo(_SAVINGS, dict)
     enc = counter.encoding_name
     saved = per.setdefault(enc, Grow())
     msgs = graph.messages
@@ -343,7 +337,7 @@ def brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
         return saved.view()
     derived = graph.derived
     kind = brief_rows(type(counter) is TokenCounter, enc) if derived.persist else None
-    kept = SAVINGS_KEPT.setdefault(graph, {})
+    kept = savings_kept(graph)
     stored: dict[int, Any] = {}
     if kind is not None:
         snap = brief_snapshot(kind)
@@ -372,9 +366,13 @@ def brief_savings(graph: ContextGraph, counter: TokenCounter) -> np.ndarray:
     return saved.view()
 
 
-SAVINGS_KEPT: "weakref.WeakKeyDictionary[ContextGraph, dict[str, tuple[int, bool]]]" = weakref.WeakKeyDictionary()
-"""Per graph and encoding: (messages of the last brief-savings snapshot read or put, whether the
-savings started from one)."""
+_SAVINGS_KEPT = "render.brief_savings_kept"  # graph.memo key of savings_kept
+
+
+def savings_kept(graph: ContextGraph) -> dict[str, tuple[int, bool]]:
+    """Per encoding: (messages of the last brief-savings snapshot read or put, whether the
+    savings started from one); kept per graph."""
+    return graph.memo(_SAVINGS_KEPT, dict)
 
 
 @cache

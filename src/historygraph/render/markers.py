@@ -8,7 +8,6 @@ Each names what it stands for and where it is stored (docs/architecture.md, inva
 from __future__ import annotations
 
 import operator
-import weakref
 from collections.abc import Sequence
 from string import Formatter
 
@@ -256,7 +255,7 @@ def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> M
 
 
 
-_BRIEFS: "weakref.WeakKeyDictionary[ContextGraph, dict[tuple[int, str], tuple[int, Message]]]" = weakref.WeakKeyDictionary()
+_BRIEFS = "render.brief_views"  # graph.memo key: {(position, encoding): (tokens saved, brief message)}
 
 
 def brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
@@ -266,7 +265,7 @@ def brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[in
     m = graph.messages[pos]
     if not (m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content):
         return None
-    memo = _BRIEFS.setdefault(graph, {})
+    memo: dict[tuple[int, str], tuple[int, Message]] = graph.memo(_BRIEFS, dict)
     key = (pos, counter.encoding_name)
     if key not in memo:
         b = m.with_content(BRIEF.format(tokens=counter.count(m.content), position=pos), "brief")

@@ -28,9 +28,6 @@ units, ``_total`` counters):
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
@@ -43,8 +40,7 @@ from historygraph.signals.tokens import TokenCounter
 RENDER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-_running: "weakref.WeakKeyDictionary[ContextGraph, tuple[TokenCounter, int, int, int | None]]" = weakref.WeakKeyDictionary()
-_running_lock = threading.Lock()
+_RUNNING = "metrics.history_tokens"  # graph.memo key: {"sum": (counter, messages counted, their tokens, latest user)}
 
 
 def full_history_tokens(graph: ContextGraph, counter: TokenCounter) -> int:
@@ -53,8 +49,8 @@ def full_history_tokens(graph: ContextGraph, counter: TokenCounter) -> int:
 
     Kept as a running sum per graph (graphs are append-only), so each call counts only the
     messages appended since the last: O(new messages), not O(history), per proxied request."""
-    with _running_lock:
-        hit = _running.get(graph)
+    running: dict[str, tuple[TokenCounter, int, int, int | None]] = graph.memo(_RUNNING, dict)
+    hit = running.get("sum")
     done, total, last_user = (hit[1], hit[2], hit[3]) if hit is not None and hit[0] is counter else (0, 0, None)
     msgs = graph.messages
     for p in range(done, len(msgs)):
@@ -63,8 +59,7 @@ def full_history_tokens(graph: ContextGraph, counter: TokenCounter) -> int:
             total += counter.count_message(m)
         if m.role == "user":
             last_user = p
-    with _running_lock:
-        _running[graph] = (counter, len(msgs), total, last_user)
+    running["sum"] = (counter, len(msgs), total, last_user)
     return total - (counter.count_message(msgs[last_user]) if last_user is not None else 0)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 from dataclasses import dataclass
 
 import msgspec
@@ -469,17 +468,12 @@ class BM25Index:
             return np.asarray(out, dtype=float)
 
 
-_BM25_INDEXES: "weakref.WeakKeyDictionary[ContextGraph, BM25Index]" = weakref.WeakKeyDictionary()
-_BM25_LOCK = threading.Lock()
+_BM25_INDEX = "baselines.bm25_index"  # graph.memo key
 
 
 def bm25_index(graph: ContextGraph) -> BM25Index:
     """The :class:`BM25Index` of ``graph`` (one per graph object, kept while the graph lives)."""
-    with _BM25_LOCK:
-        idx = _BM25_INDEXES.get(graph)
-        if idx is None:
-            idx = _BM25_INDEXES[graph] = BM25Index()
-        return idx
+    return graph.memo(_BM25_INDEX, BM25Index)
 
 
 @register("cw-bm25", "ContextWeaver §4 Baselines (retrieval; BM25 as in SWE-bench)",

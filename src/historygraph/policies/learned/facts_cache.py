@@ -15,7 +15,6 @@ quarter, so a reopened session's first render starts from it and extends it.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,16 +29,17 @@ from historygraph.signals.reuse import extract_values
 from historygraph.signals.steps.features import identifiers_in
 from historygraph.signals.tokens import TokenCounter
 
-_CACHE: "weakref.WeakKeyDictionary[ContextGraph, GraphFacts]" = weakref.WeakKeyDictionary()
+_FACTS = "learned.graph_facts"  # graph.memo key: {"facts": the GraphFacts}
 
 
 def graph_facts(graph: ContextGraph, counter: TokenCounter) -> GraphFacts:
     """The per-graph state of ``graph`` (kept per graph, weakly), extended with the messages added
     since it was last asked for; a graph not seen before starts from its stored snapshot when
     there is a valid one."""
-    gf = _CACHE.get(graph)
+    kept: dict[str, GraphFacts] = graph.memo(_FACTS, dict)
+    gf = kept.get("facts")
     if gf is None or gf.encoding != counter.encoding_name or gf.upto > len(graph):
-        gf = _CACHE[graph] = new_facts(graph, counter)
+        gf = kept["facts"] = new_facts(graph, counter)
     msgs = graph.messages
     if gf.upto == len(msgs):
         return gf

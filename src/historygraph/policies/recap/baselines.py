@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import random
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -51,17 +50,14 @@ def block_chars(graph: ContextGraph, positions: list[int]) -> int:
     return total
 
 
-_CHARS: "weakref.WeakKeyDictionary[ContextGraph, Grow]" = weakref.WeakKeyDictionary()
-_CHARS_LOCK = threading.Lock()
+_CHARS = "recap.message_chars"  # graph.memo key: (the chars by position, the lock held while they grow)
 
 
 def message_chars(graph: ContextGraph) -> np.ndarray:
     """:func:`block_chars` of every single message, by position (int64, a read-only view); kept
     per graph and extended on append (a stored message never changes)."""
-    with _CHARS_LOCK:
-        chars = _CHARS.get(graph)
-        if chars is None:
-            chars = _CHARS[graph] = Grow()
+    chars, lock = graph.memo(_CHARS, lambda: (Grow(), threading.Lock()))
+    with lock:
         if chars.n < len(graph.messages):
             chars.extend([block_chars(graph, [p]) for p in range(chars.n, len(graph.messages))])
         return chars.view()

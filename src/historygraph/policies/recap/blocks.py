@@ -10,7 +10,6 @@ import bisect
 import functools
 import re
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +92,7 @@ class _BlockIndex:
 
     def __init__(self, segment: str) -> None:
         self.segment, self.n = segment, 0
+        self.lock = threading.Lock()  # held while it is extended and read for a render
         self.blocks: list[Block] = []
         self.firsts: list[int] = []           # blocks[k].positions[0], ascending
         self.calls_at: dict[int, int] = {}    # position of an assistant message with calls -> its block
@@ -193,8 +193,7 @@ class _BlockIndex:
         return list(costs)
 
 
-_BLOCKS: "weakref.WeakKeyDictionary[ContextGraph, dict[str, _BlockIndex]]" = weakref.WeakKeyDictionary()
-_BLOCKS_LOCK = threading.Lock()
+_BLOCKS = "recap.block_index"  # graph.memo key, with the segment mode
 
 
 @dataclass
@@ -220,10 +219,8 @@ def indexed_blocks(graph: ContextGraph, segment: str, budget: int | None, signal
     token counts are the per-graph memo's, as :func:`block_costs` reads them)."""
     memo = token_memo(graph, signals.counter, placeholder_for)
     tokens = memo.tokens
-    with _BLOCKS_LOCK:
-        index = _BLOCKS.setdefault(graph, {}).get(segment)
-        if index is None:
-            index = _BLOCKS[graph][segment] = _BlockIndex(segment)
+    index = graph.memo((_BLOCKS, segment), lambda: _BlockIndex(segment))
+    with index.lock:
         index.update(graph)
         snap = IndexedBlocks(list(index.blocks), list(index.firsts), list(index.users), list(index.systems),
                        list(index.tools), [], {}, index.steps)

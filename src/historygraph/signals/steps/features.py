@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-import weakref
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -145,10 +145,15 @@ class Step:
     summary: str | None = None
 
 
-GRAPH_CACHE: "weakref.WeakKeyDictionary[ContextGraph, dict]" = weakref.WeakKeyDictionary()
-"""Per graph: ``features`` (a step's, by position and results), ``parents`` (by selector, step and
-results) and, kept by :mod:`~historygraph.signals.steps.view`, its views, their inverted index
-and lock."""
+_GRAPH_CACHE = "signals.steps"  # graph.memo key of graph_cache
+
+
+def graph_cache(graph: ContextGraph) -> dict:
+    """Per graph: ``features`` (a step's, by position and results), ``parents`` (by selector, step
+    and results), ``lock`` (held by :mod:`~historygraph.signals.steps.view` while it reads or extends
+    them, as renders of one graph in two threads share them) and, kept by that module, its views
+    and their inverted index."""
+    return graph.memo(_GRAPH_CACHE, lambda: {"features": {}, "parents": {}, "lock": threading.RLock()})
 
 
 def run_data(run: TestRun | None) -> list | None:
@@ -200,7 +205,7 @@ def _head_pieces(contents: list[str], obs: str) -> list[str]:
 
 def step_features(graph: ContextGraph, index: int, position: int, results: tuple[int, ...], cache: dict | None = None) -> Step:
     if cache is None:
-        cache = GRAPH_CACHE.setdefault(graph, {"features": {}, "parents": {}})["features"]
+        cache = graph_cache(graph)["features"]
     key = (position, results)
     if key not in cache:
         row = graph.derived.take_value(STEP_FEATURES, position)

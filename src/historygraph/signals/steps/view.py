@@ -6,7 +6,6 @@ whole view kept with a stored session; and the ancestry of a step, breadth-first
 from __future__ import annotations
 
 import bisect
-import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
@@ -15,7 +14,7 @@ import numpy as np
 
 from historygraph.history.derived import DerivedKind, snapshot_due
 from historygraph.history.graph import ContextGraph
-from historygraph.signals.steps.features import GRAPH_CACHE, STEP_FEATURES, STEP_MODULES, Step, step_features
+from historygraph.signals.steps.features import STEP_FEATURES, STEP_MODULES, Step, graph_cache, step_features
 from historygraph.signals.steps.parents import ParentScoring, Selector, lowcost_selector
 from historygraph.signals.steps.stored import (DECODE, INDEX_KEYS, VIEW_PARTS, LazyIndex, StepIndex, StoredColumns,
                                                fresh_step, lazy_steps, same_results)
@@ -86,8 +85,8 @@ def build_steps(graph: ContextGraph, selector: Selector, selector_key: str) -> l
 
 
 def _view(graph: ContextGraph, selector: Selector, selector_key: str) -> list[Step]:
-    cache = GRAPH_CACHE.setdefault(graph, {"features": {}, "parents": {}})
-    with cache.setdefault("lock", threading.RLock()):  # renders of one graph in two threads share the index
+    cache = graph_cache(graph)
+    with cache["lock"]:  # renders of one graph in two threads share the index
         views = cache.setdefault("views", {})
         view = views.get(selector_key)
         if view is None or view.upto > len(graph.messages):
@@ -300,8 +299,8 @@ def latest_ancestry_results(graph: ContextGraph, max_ancestors: int, scoring: Pa
     """Graph positions of the results of the ancestors of the latest step (:func:`ancestry` over
     :func:`lowcost_steps`, ``max_ancestors`` counted), read from the kept view without copying it;
     ``[]`` for a graph without steps."""
-    cache = GRAPH_CACHE.setdefault(graph, {"features": {}, "parents": {}})
-    with cache.setdefault("lock", threading.RLock()):
+    cache = graph_cache(graph)
+    with cache["lock"]:
         steps = _view(graph, lowcost_selector(scoring), f"lowcost:{scoring}")
         if not steps:
             return []
