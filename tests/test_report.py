@@ -111,7 +111,7 @@ def test_report_loads_in_headless_chromium_every_image_renders_and_the_table_sor
     m = re.search(r"<pre id=\"out\">(.*?)</pre>", out.stdout, re.DOTALL)
     assert m and m.group(1) != "pending", out.stdout[-2000:] + out.stderr[-2000:]
     got = json.loads(m.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"'))
-    assert len(got["images"]) == 5 and all(i["complete"] and i["width"] > 100 for i in got["images"])
+    assert len(got["images"]) == 6 and all(i["complete"] and i["width"] > 100 for i in got["images"])
     up = [v for v in got["up"] if v is not None]
     assert len(up) >= 3 and up == sorted(up) and [v for v in got["down"] if v is not None] == sorted(up, reverse=True)
     assert got["names"] == sorted(got["names"])
