@@ -132,3 +132,32 @@ def test_report_announces_only_the_figures_it_draws(tmp_path):
     n = len(drawn)
     assert [s.split(":")[0] for s in drawn] == [f"drawing figure {i} of {n}" for i in range(1, n + 1)]
     assert len(list((out / "report-files").glob("*.png"))) == n
+
+
+def test_a_full_disk_leaves_no_truncated_output_and_the_previous_files(tmp_path, monkeypatch):
+    """Issue 38, class 6: the evaluator wrote replay.json, then died on ENOSPC with a traceback and
+    an empty timelines.json.gz. Now every file is written under a temporary name and renamed only
+    when all were written: a full disk leaves the previous outputs byte for byte, no partial file,
+    and the command says "disk full"."""
+    import errno
+    import gzip as gzip_mod
+
+    from typer.testing import CliRunner
+
+    from historygraph.cli import app
+    from historygraph.eval import report as report_mod
+
+    out = tmp_path / "out"
+    runner = CliRunner()
+    assert runner.invoke(app, ["replay", "-p", "prune", "-b", "3000", "--store", ":memory:", "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report_mod.gzip, "open", full_disk)
+    res = runner.invoke(app, ["replay", "-p", "prune", "-p", "full", "-b", "3000", "--store", ":memory:", "--out", str(out)])
+    monkeypatch.setattr(report_mod.gzip, "open", gzip_mod.open)
+    assert res.exit_code == 2 and "disk full while writing the replay's outputs" in res.output
+    assert "Traceback" not in res.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous run's files, nothing partial

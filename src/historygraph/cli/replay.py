@@ -3,6 +3,7 @@ summary table) and ``historygraph report`` (the HTML and Markdown report of a re
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -153,7 +154,12 @@ def replay(
             "texts_embedded": embedded + _embedded(signals), "embedder": embedder, "skipped_files": skipped,
             "interrupted": stopped is not None, "trajectories_done": len(done),
             "models": {n: p.model_info for n, p in policies.items() if hasattr(p, "model_info")}}
-    written = write_outputs(out, results, meta, prices, models)
+    try:
+        written = write_outputs(out, results, meta, prices, models)
+    except OSError as exc:  # nothing was renamed into place: the previous outputs are as they were
+        what = "disk full" if exc.errno == errno.ENOSPC else f"cannot write ({exc.strerror or exc})"
+        fail(f"{what} while writing the replay's outputs to {out}: no output there was replaced; free some space "
+             f"or give --out another folder, and run the replay again")
     db.close()
     if stopped:
         fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "

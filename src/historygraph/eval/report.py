@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,36 @@ def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
                   prices: Prices = Prices(), price_models: dict[str, PriceModel] | None = None) -> dict[str, Path]:
     """Write ``replay.json``, ``replay.csv``, ``timelines.json.gz`` and (when matplotlib is installed)
     ``recall_by_age.png`` (at the first budget): everything ``historygraph report`` reads.
-    ``price_models``: those the replay simulated (default: the shipped ones)."""
+    ``price_models``: those the replay simulated (default: the shipped ones).
+
+    Each file is written under a temporary name beside it and the set renamed into place only
+    when every file was written, so a failure (a full disk) leaves no truncated file and the
+    previous outputs as they were.
+
+    Raises:
+        OSError: a file could not be written (``errno.ENOSPC`` for a full disk); nothing was renamed.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        paths = _write_staged(out_dir, results, meta, prices, price_models, staged)
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, final in staged:
+        os.replace(tmp, final)
+    return paths
+
+
+def _write_staged(out_dir: Path, results: list[TraceResult], meta: dict[str, Any], prices: Prices,
+                  price_models: dict[str, PriceModel] | None, staged: list[tuple[Path, Path]]) -> dict[str, Path]:
+    """:func:`write_outputs`' files, each at a temporary name added to ``staged`` (temporary, final)."""
+    def tmp(final: Path) -> Path:
+        path = final.with_name(f".{final.name}.partial")
+        staged.append((path, final))
+        return path
+
     models = default_price_models() if price_models is None else price_models
     per_trace, per_source = summarize(results, prices, models)
     paths = {"json": out_dir / "replay.json", "csv": out_dir / "replay.csv", "timelines": out_dir / "timelines.json.gz"}
@@ -200,13 +229,13 @@ def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
     meta = {**meta, "prices": {"input": prices.input, "cached_input": prices.cached_input, "output": prices.output,
                                "embedding": prices.embedding},
             "price_models": {n: m.to_json() for n, m in models.items()}}
-    paths["json"].write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
-                                         "references": references(results), "invariant_violations": violations}, indent=2))
-    with paths["csv"].open("w", newline="") as fh:
+    tmp(paths["json"]).write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
+                                              "references": references(results), "invariant_violations": violations}, indent=2))
+    with tmp(paths["csv"]).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS + cache_cost.columns(models))
         w.writeheader()
         w.writerows(per_source + per_trace)
-    with gzip.open(paths["timelines"], "wt", encoding="utf-8") as fh:
+    with gzip.open(tmp(paths["timelines"]), "wt", encoding="utf-8") as fh:
         json.dump(timelines(results), fh)
     first = per_source[0]["budget"] if per_source else None
     try:
@@ -216,7 +245,7 @@ def write_outputs(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
         png = None
     if png:
         paths["plot"] = out_dir / "recall_by_age.png"
-        paths["plot"].write_bytes(png)
+        tmp(paths["plot"]).write_bytes(png)
     return paths
 
 
