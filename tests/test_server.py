@@ -44,15 +44,17 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _start(args: list[str], port: int, log: Path) -> subprocess.Popen:
+def _start(args: list[str], port: int, log: Path, probe: str = "/openapi.json", timeout: float = 60) -> subprocess.Popen:
+    """``python ARGS`` with this checkout's source first on the path, once ``GET probe`` answers on
+    ``port`` (within ``timeout`` seconds); its output goes to ``log``."""
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 60
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{args} exited: {log.read_text()}")
         try:
-            httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=1)
+            httpx.get(f"http://127.0.0.1:{port}{probe}", timeout=1)
             return proc
         except httpx.HTTPError:
             time.sleep(0.1)

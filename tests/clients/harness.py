@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +17,7 @@ import httpx
 import pytest
 
 from fake_scripts import MARK, expected_output
+from test_server import _port as port, _start
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = str(REPO / "src")
@@ -28,28 +26,6 @@ TAP = str(Path(__file__).resolve().parent / "tap.py")
 CLIENTS = REPO / ".clients"
 TOKEN = "clients-test-token"
 INSTALL = "bash scripts/install-clients.sh"
-
-
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: list[str], at: int, log: Path, probe: str = "/openapi.json") -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{args} exited: {log.read_text()}")
-        try:
-            httpx.get(f"http://127.0.0.1:{at}{probe}", timeout=1)
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{args} did not start: {log.read_text()}")
 
 
 def need(path: Path, what: str) -> Path:
@@ -206,12 +182,12 @@ def known_bugs(stack: Stack, bugs: dict[str, str]) -> Iterator[None]:
 
 def launch(budget: int, tmp: Path) -> Stack:
     fp, pp, tp = port(), port(), port()
-    procs = [start([FAKE, "--port", str(fp)], fp, tmp / "fake.log")]
+    procs = [_start([FAKE, "--port", str(fp)], fp, tmp / "fake.log", timeout=90)]
     try:
-        procs.append(start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{fp}/v1", "--anthropic-upstream",
-                            f"http://127.0.0.1:{fp}", "--port", str(pp), "--store", str(tmp / "proxy.sqlite"), "--budget", str(budget),
-                            "--auth-token", TOKEN, "--log-format", "text"], pp, tmp / "proxy.log"))
-        procs.append(start([TAP, "--port", str(tp), "--to", f"http://127.0.0.1:{pp}"], tp, tmp / "tap.log", probe="/_tap"))
+        procs.append(_start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{fp}/v1", "--anthropic-upstream",
+                             f"http://127.0.0.1:{fp}", "--port", str(pp), "--store", str(tmp / "proxy.sqlite"), "--budget", str(budget),
+                             "--auth-token", TOKEN, "--log-format", "text"], pp, tmp / "proxy.log", timeout=90))
+        procs.append(_start([TAP, "--port", str(tp), "--to", f"http://127.0.0.1:{pp}"], tp, tmp / "tap.log", probe="/_tap", timeout=90))
     except Exception:
         for p in procs:
             p.kill()
