@@ -48,12 +48,9 @@ async def chat_completions(request: Request) -> Response:
         out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                for m, p in zip(rendering.messages, rendering.positions)]
         url = config.upstream.rstrip("/") + "/chat/completions"
-        if recall_tool.wanted(config.recall, request, rendering):  # it reads and extends the messages
-            answer = await recall_tool.forward(proxy, url, {**body, "messages": jsonio.plain(out)}, request, sid, started, "openai")
-            answer.headers.update(proxy.notes(rendering))
-            return answer
-        return await proxy.forward(url, {**body, "messages": out}, request, sid, started, OpenAIStreamAccumulator,
-                                   sent_tokens, policy, extra=proxy.notes(rendering))
+        # the recall tool reads and extends the messages: plain values for it, raw JSON otherwise
+        return await recall_tool.send(proxy, url, {**body, "messages": out}, {**body, "messages": jsonio.plain(out)}, request,
+                                      sid, started, "openai", OpenAIStreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:
         return openai_error(exc)
 

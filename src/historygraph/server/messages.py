@@ -62,12 +62,9 @@ async def messages_endpoint(request: Request) -> Response:
         out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                        for p in rendering.positions])
         url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
-        if recall_tool.wanted(config.recall, request, rendering):
-            answer = await recall_tool.forward(proxy, url, {**body, "messages": out}, request, sid, started, "anthropic")
-            answer.headers.update(proxy.notes(rendering))
-            return answer
-        return await proxy.forward(url, {**body, "messages": out}, request, sid, started, anth.StreamAccumulator,
-                                   sent_tokens, policy, extra=proxy.notes(rendering))
+        forwarded = {**body, "messages": out}
+        return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
+                                      anth.StreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:
         return anthropic_error(exc)
 

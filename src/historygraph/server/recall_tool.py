@@ -54,6 +54,18 @@ def wanted(enabled: bool, request: Request, rendering: Rendering) -> bool:
     return on and bool(rendering.omitted)
 
 
+async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str, Any], request: Request, sid: str,
+               started: float, api: str, accumulator: Any, sent_tokens: int, policy: str, rendering: Rendering) -> Response:
+    """Forward a rendered request (``body``) as the proxy does, or, when the recall tool is wanted
+    for it (:func:`wanted`), ``recall_body`` through :func:`forward`; either way the rendering's
+    notes (:meth:`~historygraph.server.proxy.Proxy.notes`) become response headers."""
+    if wanted(proxy.config.recall, request, rendering):
+        answer = await forward(proxy, url, recall_body, request, sid, started, api)
+        answer.headers.update(proxy.notes(rendering))
+        return answer
+    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering))
+
+
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
     """``body`` with the recall tool appended to its ``tools``."""
     tool = ({"type": "function", "function": {"name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS}}
