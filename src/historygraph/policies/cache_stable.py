@@ -13,7 +13,7 @@ Anthropic-style caching, where every rewrite is a cache write at 1.25×.
 cache):
 
 * **Re-selection with hysteresis.** When the history no longer fits, the wrapped policy renders it
-  at ``low_mark·B`` (default 0.6·B) instead of B; later calls append what arrived (complete, as
+  at ``low_mark·B`` (default 0.75·B) instead of B; later calls append what arrived (complete, as
   stored) to that rendering until the history would pass B again, then it re-selects. With
   ``low_mark`` = 0.6 and results of ~500 tokens a call, a re-selection comes about every five
   calls instead of every call. ``low_mark`` trades recall (less history right after a
