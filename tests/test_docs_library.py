@@ -22,5 +22,10 @@ def test_library_page_blocks_run(capsys):
     assert "[3] " in printed  # r.rendering.omitted
     assert "Hello.\nok\n" in printed  # the LangChain agent and the LiteLLM call ran
     assert scope["model"].budget == 6000 and scope["run_config"].call_model_input_filter.budget == 6000
+    # "Letting the model recall": the omitted result comes back whole; each adapter's tool is built
+    assert "[tool result c1 omitted from th\n" in printed and scope["recalled"] == "line\n" * 200
+    assert [t.name for t in scope["lc_mw"].tools] == ["historygraph_recall"]
+    assert [t.name for t in scope["agent"].tools] == ["historygraph_recall"]
+    assert scope["RECALL_TOOL"]["function"]["name"] == "historygraph_recall" and scope["answers"] == []
     assert scope["to_send"][2]["content"][0]["tool_use_id"] == "t1"
     assert "t1" in scope["to_send"][2]["content"][0]["content"]

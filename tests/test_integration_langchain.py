@@ -3,6 +3,7 @@ a real tool, no network."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ from historygraph import MemoryStore
 # slow: importing LangChain costs about 2 CPU s in the process that runs these tests (docs/tests.md)
 pytestmark = pytest.mark.slow
 
+PLACEHOLDER_ID = re.compile(r"\[tool result (\S+) omitted from this context")
 FILES = {"big.txt": "line\n" * 200, "small.txt": "line\n" * 150}  # 400 and 300 tokens (o200k_base)
 
 
@@ -25,6 +27,7 @@ def lc() -> SimpleNamespace:
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
     from langchain_core.tools import tool
 
     from historygraph.integrations.langchain import HistoryGraphMiddleware
@@ -46,6 +49,30 @@ def lc() -> SimpleNamespace:
             self.seen.append(list(messages))
             return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
+    class RecallingModel(RecordingModel):
+        """Reads both files, then calls the recall tool with the id the first placeholder it sees
+        names (taken from its input, not from the script), then says how many lines it has seen in
+        full; records the tool names it was bound to."""
+
+        bound: list = []
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> "RecallingModel":
+            self.bound.append([t.name for t in tools])
+            return self
+
+        def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+            self.seen.append(list(messages))
+            n = len(self.seen)
+            if n <= 2:
+                path = "big.txt" if n == 1 else "small.txt"
+                reply = AIMessage("", tool_calls=[{"id": f"c{n}", "name": "read", "args": {"path": path}}])
+            elif n == 3:
+                ids = [m.group(1) for x in messages if (m := PLACEHOLDER_ID.match(str(x.content)))]
+                reply = AIMessage("", tool_calls=[{"id": "r1", "name": "historygraph_recall", "args": {"ids": ids[:1]}}])
+            else:
+                reply = AIMessage(f"lines seen in full: {str(messages[-1].content).count('line')}")
+            return ChatResult(generations=[ChatGeneration(message=reply)])
+
     def script() -> RecordingModel:
         return RecordingModel(seen=[], messages=iter([
             AIMessage("", tool_calls=[{"id": "c1", "name": "read", "args": {"path": "big.txt"}}]),
@@ -54,7 +81,8 @@ def lc() -> SimpleNamespace:
         ]))
 
     return SimpleNamespace(create_agent=create_agent, HumanMessage=HumanMessage, ToolMessage=ToolMessage,
-                           Middleware=HistoryGraphMiddleware, read=read, script=script)
+                           Middleware=HistoryGraphMiddleware, read=read, script=script,
+                           recalling=lambda: RecallingModel(seen=[], bound=[], messages=iter([])))
 
 
 def test_agent_model_sees_the_rendering_and_state_keeps_everything(lc):
@@ -100,3 +128,24 @@ def test_with_a_store_the_thread_id_names_the_session(lc):
     agent.invoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]},
                  config={"configurable": {"thread_id": "thread-7"}})
     assert store.sessions() == ["thread-7"] and len(store.messages("thread-7")) == 5  # user, 2 calls, 2 results
+
+
+def test_the_model_recalls_an_omitted_result_by_the_id_its_placeholder_names(lc):
+    model, store = lc.recalling(), MemoryStore()
+    mw = lc.Middleware(budget=500, policy="prune", store=store, recall=True)
+    agent = lc.create_agent(model, tools=[lc.read], middleware=[mw])
+    state = agent.invoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]},
+                         config={"configurable": {"thread_id": "t-recall"}})
+    assert sorted(model.bound[0]) == ["historygraph_recall", "read"]  # the middleware's tool reached the model
+    third = [m.content for m in model.seen[2] if isinstance(m, lc.ToolMessage)]
+    assert third[0].startswith("[tool result c1 omitted from this context (400 tokens)")
+    recalled = [m for m in model.seen[3] if isinstance(m, lc.ToolMessage) and m.tool_call_id == "r1"]
+    assert [m.content for m in recalled] == [FILES["big.txt"]]  # the complete result, byte for byte
+    assert state["messages"][-1].content == "lines seen in full: 200"
+    assert mw.last_session == "t-recall"
+
+
+def test_recall_needs_somewhere_stored(lc):
+    with pytest.raises(ValueError, match="recall=True needs session= or store="):
+        lc.Middleware(budget=500, recall=True)
+    assert lc.Middleware(budget=500).tools == []

@@ -4,6 +4,8 @@ mock_response (no network; the local cost map), and the proxy pre-call hook."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +15,7 @@ from historygraph import MemoryStore, PolicyError
 # slow: importing LiteLLM costs about 4 CPU s in the process that runs these tests (docs/tests.md)
 pytestmark = pytest.mark.slow
 
+PLACEHOLDER_ID = re.compile(r"\[tool result (\S+) omitted from this context")
 BIG, SMALL = "line\n" * 200, "line\n" * 150  # 400 and 300 tokens (o200k_base)
 MESSAGES = [
     {"role": "user", "content": "What is in big.txt and small.txt?"},
@@ -46,7 +49,32 @@ def ll():
         def log_pre_api_call(self, model, messages, kwargs):
             self.seen.append(messages)
 
-    return SimpleNamespace(litellm=litellm, Recorder=Recorder, completion=wrappers.completion,
+    class Recaller(litellm.CustomLLM):
+        """A scripted model behind LiteLLM's custom-provider route (``scripted/...``): it calls the
+        recall tool with the id the first placeholder in its input names (taken from the input, not
+        from a script) when it was offered the tool and has not recalled yet, else says how many
+        lines the latest tool message holds; records the messages and tool names of every call."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[list[dict]] = []
+            self.tools: list[list[str]] = []
+
+        def completion(self, model, messages, *args, **kwargs):
+            tools = [t["function"]["name"] for t in kwargs["optional_params"].get("tools") or []]
+            self.seen.append(messages)
+            self.tools.append(tools)
+            ids = [m.group(1) for x in messages if x["role"] == "tool" and (m := PLACEHOLDER_ID.match(x["content"]))]
+            if "historygraph_recall" in tools and messages[-1]["role"] != "tool":
+                call = {"id": "r1", "type": "function",
+                        "function": {"name": "historygraph_recall", "arguments": json.dumps({"ids": ids[:1]})}}
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            else:
+                message = {"role": "assistant", "content": f"lines seen in full: {messages[-1]['content'].count('line')}"}
+            return litellm.ModelResponse(choices=[{"message": message, "finish_reason": "stop"}])
+
+    return SimpleNamespace(litellm=litellm, Recorder=Recorder, Recaller=Recaller, completion=wrappers.completion,
+                           RECALL_TOOL=wrappers.RECALL_TOOL, recall_results=wrappers.recall_results,
                            acompletion=wrappers.acompletion, HistoryGraphHook=wrappers.HistoryGraphHook)
 
 
@@ -88,3 +116,38 @@ def test_proxy_hook_rewrites_chat_calls_only(ll):
     assert hook.store.sessions() == ["proxy-1"]
     emb = {"model": "text-embedding-3-small", "input": "x"}
     assert asyncio.run(hook.async_pre_call_hook(None, None, emb, "aembedding")) is emb
+
+
+@pytest.fixture
+def recaller(ll):
+    model, before = ll.Recaller(), ll.litellm.custom_provider_map
+    ll.litellm.custom_provider_map = [{"provider": "scripted", "custom_handler": model}]
+    yield model
+    ll.litellm.custom_provider_map = before
+
+
+def test_the_model_recalls_an_omitted_result_by_the_id_its_placeholder_names(ll, recaller):
+    store, messages = MemoryStore(), list(MESSAGES)
+    args = {"model": "scripted/recaller", "tools": [ll.RECALL_TOOL], "budget": 500, "policy": "prune",
+            "session": "ll-r", "store": store}
+    reply = ll.completion(messages=messages, **args)
+    assert recaller.seen[0][2]["content"].startswith("[tool result c1 omitted from this context (400 tokens)")
+    message = reply.choices[0].message
+    answers = ll.recall_results(message, session="ll-r", store=store)
+    assert answers == [{"role": "tool", "tool_call_id": "r1", "content": BIG}]  # the complete result
+    messages += [message.model_dump(), *answers]
+    reply = ll.completion(messages=messages, **args)
+    assert recaller.seen[1][-1]["content"] == BIG  # the model is sent the recalled result whole
+    assert reply.choices[0].message.content == "lines seen in full: 200"
+    assert recaller.tools == [["historygraph_recall"]] * 2
+
+
+def test_recall_results_answers_only_recall_calls(ll):
+    store = MemoryStore()
+    ll.completion(model="gpt-4o-mini", messages=MESSAGES, budget=500, policy="prune", session="ll-2", store=store,
+                  mock_response="ok")
+    calls = [{"id": "x", "type": "function", "function": {"name": "read", "arguments": "{}"}},
+             {"id": "y", "type": "function", "function": {"name": "historygraph_recall", "arguments": "oops"}}]
+    answers = ll.recall_results({"role": "assistant", "content": None, "tool_calls": calls}, session="ll-2", store=store)
+    assert [a["tool_call_id"] for a in answers] == ["y"] and answers[0]["content"].startswith('[historygraph_recall: pass {"ids"')
+    assert ll.recall_results({"role": "assistant", "content": "done"}, session="ll-2", store=store) == []

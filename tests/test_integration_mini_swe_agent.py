@@ -4,11 +4,14 @@ folder) and the package's own DeterministicToolcallModel, wrapped in HistoryGrap
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from historygraph import MemoryStore
 from historygraph.integrations.mini_swe_agent import HistoryGraphModel
+
+PLACEHOLDER_ID = re.compile(r"\[tool result (\S+) omitted from this context")
 
 
 def test_agent_queries_the_rendered_history_and_keeps_its_trajectory(tmp_path):
@@ -50,3 +53,70 @@ def test_agent_queries_the_rendered_history_and_keeps_its_trajectory(tmp_path):
     assert store.graph("msa-1").result_by_id("c1").content == "line\n" * 200
     assert model.serialize()["info"]["config"]["historygraph"] == {"budget": 500, "policy": "prune"}
     assert model.config is inner.config
+
+
+def test_the_model_recalls_an_omitted_result_by_the_id_its_placeholder_names(tmp_path):
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.environments.local import LocalEnvironment
+    from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output
+
+    from historygraph.integrations.mini_swe_agent import RECALL_HINT, HistoryGraphEnvironment
+
+    def bash(call_id: str, command: str) -> dict:
+        call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+        return make_toolcall_output(None, [call], [{"command": command, "tool_call_id": call_id}])
+
+    class Recalling(DeterministicToolcallModel):
+        """Reads both files, runs the recall command with the id the first placeholder in its input
+        names (taken from the input, not from a script), then submits how many lines the latest
+        output holds."""
+
+        def __init__(self, **kwargs):
+            super().__init__(outputs=[], **kwargs)
+            self.seen: list[list[dict]] = []
+
+        def query(self, messages, **kwargs):
+            self.seen.append(messages)
+            n = len(self.seen)
+            if n <= 2:
+                return bash(f"c{n}", "cat big.txt" if n == 1 else "cat small.txt")
+            if n == 3:
+                ids = [m.group(1) for x in messages if x["role"] == "tool" and (m := PLACEHOLDER_ID.match(x["content"]))]
+                return bash("r1", f"historygraph recall {ids[0]}")
+            lines = messages[-1]["content"].count("line")
+            return bash("c4", f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo lines seen in full: {lines}")
+
+    (tmp_path / "big.txt").write_text("line\n" * 200)
+    (tmp_path / "small.txt").write_text("line\n" * 150)
+    inner, store = Recalling(observation_template="{{output.output}}"), MemoryStore()
+    model = HistoryGraphModel(inner, budget=500, policy="prune", store=store)
+    env = HistoryGraphEnvironment(LocalEnvironment(cwd=str(tmp_path)), model)
+    agent = DefaultAgent(model, env, system_template="You are terse. " + RECALL_HINT,
+                         instance_template="Read big.txt and small.txt, then submit.", cost_limit=10)
+    info = agent.run("")
+    assert inner.seen[2][3]["content"].startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert inner.seen[3][-1]["content"] == "line\n" * 200 + "\n"  # the recall command's output: the whole result
+    assert info["exit_status"] == "Submitted" and info["submission"] == "lines seen in full: 200\n"
+    assert env.config is env.env.config  # everything else is the wrapped environment's
+
+
+def test_only_a_lone_recall_command_is_answered(tmp_path):
+    from historygraph.integrations.mini_swe_agent import HistoryGraphEnvironment, recall_ids
+
+    assert recall_ids("historygraph recall c1 'c 2'") == ["c1", "c 2"] and recall_ids("historygraph recall 3-5") == ["3-5"]
+    assert recall_ids("historygraph recall #3-#5") == []  # bash reads '#' as a comment: the usage is answered
+    for cmd in ("historygraph recall c1 && rm x", "historygraph recall c1 | head", "historygraph recall c1 > out",
+                "historygraph recall c1\nls", "echo historygraph recall c1", "historygraph recall 'c1"):
+        assert recall_ids(cmd) is None, cmd
+
+    class Env:
+        def execute(self, action, cwd="", *, timeout=None):
+            return {"output": "ran " + action["command"], "returncode": 0, "exception_info": ""}
+
+    with pytest.raises(ValueError, match="session= or store="):
+        HistoryGraphEnvironment(Env(), HistoryGraphModel(Env(), budget=500))
+    env = HistoryGraphEnvironment(Env(), HistoryGraphModel(Env(), budget=500, session="none-yet", store=MemoryStore()))
+    assert env.execute({"command": "ls"})["output"] == "ran ls"
+    assert env.execute({"command": "historygraph recall c1"})["output"] == "[historygraph_recall: nothing of this conversation is stored yet]\n"
+    assert env.execute({"command": "historygraph recall"})["returncode"] == 2

@@ -4,6 +4,8 @@ scripted Model, tracing off, no network."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +16,7 @@ from historygraph import EventError, MemoryStore
 # slow: importing the Agents SDK costs about 2.5 CPU s in the process that runs these tests (docs/tests.md)
 pytestmark = pytest.mark.slow
 
+PLACEHOLDER_ID = re.compile(r"\[tool result (\S+) omitted from this context")
 FILES = {"big.txt": "line\n" * 200, "small.txt": "line\n" * 150}  # 400 and 300 tokens (o200k_base)
 
 
@@ -57,8 +60,32 @@ def oa() -> SimpleNamespace:
         def stream_response(self, *args, **kwargs):
             raise NotImplementedError
 
+    class RecallingModel(ScriptedModel):
+        """Reads both files, then calls the recall tool with the id the first placeholder in its
+        input names (taken from the input, not from a script), then says how many lines the
+        latest output holds; records the tool names of every call."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self.tools: list[list[str]] = []
+
+        async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
+                               tracing, *, previous_response_id, conversation_id, prompt):
+            self.seen.append((system_instructions, input))
+            self.tools.append([t.name for t in tools])
+            n, outputs = len(self.seen), [i["output"] for i in input if i.get("type") == "function_call_output"]
+            if n <= 2:
+                out: list[Any] = [call(f"c{n}", "big.txt" if n == 1 else "small.txt")]
+            elif n == 3:
+                ids = [m.group(1) for o in outputs if (m := PLACEHOLDER_ID.match(o))]
+                out = [ResponseFunctionToolCall(type="function_call", call_id="r1", name="historygraph_recall",
+                                                arguments=json.dumps({"ids": ids[:1]}), id="fc_r1", status="completed")]
+            else:
+                out = [text(f"lines seen in full: {outputs[-1].count('line')}")]
+            return ModelResponse(output=out, usage=Usage(), response_id=None)
+
     return SimpleNamespace(Agent=Agent, RunConfig=RunConfig, Runner=Runner, read=read, call=call, text=text,
-                           ScriptedModel=ScriptedModel, InputFilter=HistoryGraphInputFilter,
+                           ScriptedModel=ScriptedModel, RecallingModel=RecallingModel, InputFilter=HistoryGraphInputFilter,
                            items_to_events=items_to_events)
 
 
@@ -102,3 +129,23 @@ def test_items_to_events_groups_calls_with_their_message_and_reasoning(oa):
 def test_a_bad_item_names_its_index(oa):
     with pytest.raises(EventError, match=r"input\[1\] \(function_call\): call_id is missing"):
         oa.items_to_events([{"role": "user", "content": "x"}, {"type": "function_call", "name": "read"}])
+
+
+def test_the_model_recalls_an_omitted_result_by_the_id_its_placeholder_names(oa):
+    model, store = oa.RecallingModel(), MemoryStore()
+    flt = oa.InputFilter(budget=500, policy="prune", store=store)
+    agent = oa.Agent(name="reader", tools=[oa.read, flt.recall_tool()], model=model)
+    result = asyncio.run(oa.Runner.run(agent, "What is in big.txt and small.txt?",
+                                       run_config=oa.RunConfig(call_model_input_filter=flt, tracing_disabled=True)))
+    assert model.tools[0] == ["read", "historygraph_recall"]
+    third = [i["output"] for i in model.seen[2][1] if i.get("type") == "function_call_output"]
+    assert third[0].startswith("[tool result c1 omitted from this context (400 tokens)")
+    fourth = {i["call_id"]: i["output"] for i in model.seen[3][1] if i.get("type") == "function_call_output"}
+    assert fourth["r1"] == FILES["big.txt"]  # the complete result, byte for byte
+    assert result.final_output == "lines seen in full: 200"
+    assert flt.last_session in store.sessions()
+
+
+def test_recall_tool_needs_somewhere_stored(oa):
+    with pytest.raises(ValueError, match="session= or store="):
+        oa.InputFilter(budget=500).recall_tool()

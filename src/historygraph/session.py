@@ -89,6 +89,16 @@ class Session:
         """The complete stored text of a tool result, e.g. one a rendering omitted (KeyError if unknown)."""
         return self.store.graph(self.session_id).result_by_id(tool_call_id).content
 
+    def recall(self, ref: str) -> str:
+        """What a rendering left out, by the reference its stand-in names: a tool call id (named by
+        a placeholder ``[tool result ID omitted ...]``) gives that result's complete stored text, as
+        :meth:`result`; a message number or span (``"#16"``, ``"#16–#23"``, named by a dropped-step
+        marker) gives those stored messages in full, each headed by its number and role
+        (:meth:`~historygraph.history.graph.ContextGraph.recall_text`). Raises KeyError naming
+        ``ref`` when it is neither. A model calls it through the recall tool
+        (:mod:`historygraph.render.recall`, docs/library.md)."""
+        return self.store.graph(self.session_id).recall_text(ref)
+
 
 def _check_budget(budget: object) -> None:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:

@@ -8,5 +8,7 @@
 * :mod:`.litellm`: ``completion``/``acompletion`` wrappers and a ``CustomLogger`` pre-call hook for the LiteLLM proxy;
 * :mod:`.mini_swe_agent`: ``HistoryGraphModel``, a mini-swe-agent model wrapper.
 
-All of them render through :func:`historygraph.api.render_events`; see docs/library.md.
+All of them render through :func:`historygraph.api.render_events`, and each has a recall tool in its
+framework's form that fetches an omitted result by the id its placeholder names
+(:mod:`historygraph.render.recall`); see docs/library.md.
 """

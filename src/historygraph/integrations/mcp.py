@@ -22,8 +22,9 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
+from historygraph.history.graph import ContextGraph
 from historygraph.policies.baselines.retrieval import bm25_scores
+from historygraph.render.recall import recall_text
 from historygraph.signals.tokens import TokenCounter
 from historygraph.store import Store
 
@@ -73,16 +74,7 @@ def build_server(store: Store, session: str | None = None, counter: TokenCounter
     def recall(ids: list[str], session: str | None = None) -> str:
         """The complete stored text of tool results, by the ids their placeholders name, or of the
         messages a dropped-step marker names (``"#A–#B"``)."""
-        g = graph(session)
-        parts = []
-        for i in ids:
-            try:
-                text = g.recall_text(i)
-            except KeyError as exc:
-                text = f"[{exc.args[0]}]"
-            what = f"messages {i}" if i not in g.result_of and MESSAGE_SPAN.fullmatch(i) else f"tool result {i}"
-            parts.append(text if len(ids) == 1 else f"{what}:\n{text}")
-        return "\n\n".join(parts)
+        return recall_text(graph(session), ids)
 
     @server.tool()
     def search(query: str, session: str | None = None, limit: int = 5) -> list[dict[str, Any]]:

@@ -10,16 +10,35 @@ drop, never replace by a placeholder) and queries the wrapped model with the res
 else (``config``, ``format_message``, ``format_observation_messages``, ``get_template_vars``) is the
 wrapped model's, so the agent's trajectory, costs and saved files are unchanged; ``serialize`` adds
 the historygraph settings under ``info.config.historygraph``.
+
+Recall: mini-swe-agent gives the model one tool, bash; every action is a command the environment
+runs. So the model recalls by a command, ``historygraph recall ID [ID ...]`` (a message span as
+``A-B``: bash reads an unquoted ``#`` as a comment), and :class:`HistoryGraphEnvironment`, wrapped
+around the agent's environment, answers it from the wrapped model's store instead of running it.
+Answering in the environment wrapper, not with a real command in the sandbox, is what works where
+mini-swe-agent usually runs commands (a Docker or Singularity container holding neither
+historygraph nor the store, which may be in memory). Tell the model the command exists:
+:data:`RECALL_HINT` is one sentence to add to the system template.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
-from historygraph.api import render_messages
+from historygraph.api import default_store, render_messages
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.render import Rendering
+from historygraph.render.recall import MAX_TOKENS, recall_stored
 from historygraph.store import Store
+
+#: The command the model runs to recall, as its first two words.
+RECALL_COMMAND = ("historygraph", "recall")
+#: A sentence for the system template telling the model about the command.
+RECALL_HINT = ("An output shown as '[tool result ID omitted from this context ...]' is stored in full: run "
+               "`historygraph recall ID` to see it again (several ids at once; for '[omitted: messages #A–#B ...]' "
+               "run `historygraph recall A-B`). Run it as a command of its own.")
+RECALL_USAGE = "usage: historygraph recall ID [ID ...]: the ids the placeholders name, or a message span A-B (no '#')"
 
 
 class HistoryGraphModel:
@@ -33,6 +52,8 @@ class HistoryGraphModel:
 
     Attributes:
         last_rendering: the rendering of the latest query.
+        last_session: the session id the latest query's messages were stored in (``None`` without
+            a store).
 
     Raises (from ``query``):
         EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
@@ -43,12 +64,13 @@ class HistoryGraphModel:
         self.model, self.budget, self.policy = model, budget, policy
         self.session, self.store, self.signals = session, store, signals
         self.last_rendering: Rendering | None = None
+        self.last_session: str | None = None
 
     def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict:
         history = [m for m in messages if m.get("role") != "exit"]
         r = render_messages(history, budget=self.budget, policy=self.policy, session=self.session,
                             store=self.store, signals=self.signals, explain=True)
-        self.last_rendering = r.rendering
+        self.last_rendering, self.last_session = r.rendering, r.session_id
         return self.model.query(r.messages, **kwargs)
 
     def serialize(self) -> dict:
@@ -59,3 +81,63 @@ class HistoryGraphModel:
 
     def __getattr__(self, name: str) -> Any:  # config, format_message, get_template_vars, …
         return getattr(self.__dict__["model"], name)
+
+
+class HistoryGraphEnvironment:
+    """Wraps a mini-swe-agent environment (anything with ``execute(action, ...) -> dict``) and
+    answers the recall command itself.
+
+    An action whose ``command`` is exactly ``historygraph recall`` followed by one or more ids
+    (split as a POSIX shell would; no ``&&``, ``;``, ``|`` or redirection) is not run: its output
+    is the complete stored results those ids name (each cut to ``max_tokens`` tokens, marked; an
+    unknown id is said so), read from ``model``'s store (the process's default in-memory store when
+    it has only a ``session``) in its ``session``, else in the session of its latest query, with
+    returncode 0. Every other action, and everything else (``get_template_vars``, ``serialize``,
+    ``config``, …), is the wrapped environment's.
+
+    Args:
+        env: the wrapped environment (``LocalEnvironment``, ``DockerEnvironment``, …).
+        model: the :class:`HistoryGraphModel` the agent queries.
+        max_tokens: tokens of one recalled result shown at most.
+
+    Raises:
+        ValueError: ``model`` has neither ``session`` nor ``store`` (nothing is stored to recall).
+    """
+
+    def __init__(self, env: Any, model: HistoryGraphModel, max_tokens: int = MAX_TOKENS) -> None:
+        if model.session is None and model.store is None:
+            raise ValueError("the recall command needs a HistoryGraphModel with session= or store=: it reads the stored session")
+        self.env, self.model, self.max_tokens = env, model, max_tokens
+        self.store = model.store if model.store is not None else default_store()  # where render_messages stores it
+
+    def execute(self, action: dict, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        ids = recall_ids(str(action.get("command", "")))
+        if ids is None:
+            return self.env.execute(action, *args, **kwargs)
+        if not ids:
+            return {"output": RECALL_USAGE + "\n", "returncode": 2, "exception_info": ""}
+        counter = self.model.signals.counter if self.model.signals else None
+        text = recall_stored(self.store, self.model.session or self.model.last_session, ids, counter, self.max_tokens)
+        return {"output": text + "\n", "returncode": 0, "exception_info": ""}
+
+    def __getattr__(self, name: str) -> Any:  # config, get_template_vars, serialize, …
+        return getattr(self.__dict__["env"], name)
+
+
+def recall_ids(command: str) -> list[str] | None:
+    """The ids of a recall command (``historygraph recall ID [ID ...]``, split as POSIX sh does,
+    ``#`` starting a comment; ``[]`` when it names none); ``None`` for any other command, one of
+    several lines, one with a shell operator or redirection, or one that does not parse."""
+    if "\n" in command.strip():
+        return None
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:  # an unclosed quote
+        return None
+    if tuple(words[:2]) != RECALL_COMMAND:
+        return None
+    if any(w and all(c in lexer.punctuation_chars for c in w) for w in words[2:]):
+        return None
+    return words[2:]

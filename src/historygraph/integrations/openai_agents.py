@@ -13,6 +13,11 @@ Items → canonical events: a user/system/developer message item is one message;
 ``function_call_output`` is one tool result. The instructions are the system message (outside B).
 A message shown unchanged is sent as its original items; a result a policy does not show whole as
 a copy of its ``function_call_output`` item with the placeholder text as ``output``.
+
+:meth:`HistoryGraphInputFilter.recall_tool` gives the model a way to fetch a result a placeholder
+names, by its id: a ``function_tool`` (the SDK's form of a Python tool) named ``historygraph_recall``
+to add to the agent's ``tools``, answered from the filter's store and session
+(:mod:`historygraph.render.recall`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents import FunctionTool, function_tool
 from agents.run_config import CallModelData, ModelInputData
 
 from historygraph.history.events import EventError, Message, ToolCall, content_text
-from historygraph.api import render_events
+from historygraph.api import default_store, render_events
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.render import Rendering
+from historygraph.render.recall import DESCRIPTION, MAX_TOKENS, TOOL_NAME, recall_stored
 from historygraph.store import Store
 
 
@@ -108,6 +115,8 @@ class HistoryGraphInputFilter:
 
     Attributes:
         last_rendering: the rendering of the latest model call.
+        last_session: the session id the latest model call's items were stored in (``None``
+            without a store).
 
     Raises (from the run, wrapped by the SDK in its ``UserError``):
         EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
@@ -117,12 +126,37 @@ class HistoryGraphInputFilter:
                  store: Store | None = None, signals: Signals | None = None) -> None:
         self.budget, self.policy, self.session, self.store, self.signals = budget, policy, session, store, signals
         self.last_rendering: Rendering | None = None
+        self.last_session: str | None = None
+
+    def recall_tool(self, max_tokens: int = MAX_TOKENS) -> FunctionTool:
+        """The recall tool for ``Agent(tools=[..., filter.recall_tool()])``: ``historygraph_recall(ids)``
+        answers with the complete stored results the ids name (each cut to ``max_tokens`` tokens,
+        marked), read from this filter's store (the process's default in-memory store when only
+        ``session`` is given) in ``session``, else in the session of the latest model call.
+
+        Raises:
+            ValueError: the filter has neither ``session`` nor ``store`` (nothing is stored to recall).
+        """
+        if self.session is None and self.store is None:
+            raise ValueError("the recall tool needs a filter with session= or store=: it reads the stored session")
+        store = self.store if self.store is not None else default_store()  # where render_events stores it
+
+        def historygraph_recall(ids: list[str]) -> str:
+            """Fetch what placeholders and markers left out.
+
+            Args:
+                ids: tool result ids named by placeholders, or message spans '#A–#B' named by markers.
+            """
+            return recall_stored(store, self.session or self.last_session, ids,
+                                 self.signals.counter if self.signals else None, max_tokens)
+
+        return function_tool(historygraph_recall, name_override=TOOL_NAME, description_override=DESCRIPTION)
 
     def render(self, items: list[Any], instructions: str | None = None) -> list[Any]:
         """The input items to send for ``items``."""
         events, owned = items_to_events(items, instructions)
-        rendering, _ = render_events(events, budget=self.budget, policy=self.policy, session=self.session,
-                                     store=self.store, signals=self.signals)
+        rendering, self.last_session = render_events(events, budget=self.budget, policy=self.policy,
+                                                     session=self.session, store=self.store, signals=self.signals)
         self.last_rendering = rendering
         out: list[Any] = []
         for m, p in zip(rendering.messages, rendering.positions):

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from historygraph.policies import DEFAULT_POLICY, check_production, create
+from historygraph.render.recall import MAX_TOKENS as RECALL_MAX_TOKENS
 from historygraph.signals.embeddings import EMBEDDERS, SERVE_EMBEDDER
 from historygraph.signals.tokens import DEFAULT_ENCODING
 
@@ -35,7 +36,7 @@ class ServeDefaults:
     log_level: str = "INFO"
     recall: bool = False
     recall_rounds: int = 3
-    recall_max_tokens: int = 8000
+    recall_max_tokens: int = RECALL_MAX_TOKENS
     calibrate: bool = True
     cache_stable: bool = False
     workers: int = 1

@@ -30,19 +30,12 @@ from starlette.concurrency import run_in_threadpool
 from historygraph.history.events import Message
 from historygraph.providers import anthropic as anth
 from historygraph.render import Rendering
+from historygraph.render.recall import DESCRIPTION, PARAMETERS, TOOL_NAME, ids_of, openai_tool, recall_text
 from historygraph.signals.calibration import anthropic_usage, openai_usage
 from historygraph.server.errors import RETRY, ClientError, not_json, stream_error, upstream_fault
 from historygraph.server.proxy import UNREADABLE, answer_of, unreadable
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 
-TOOL_NAME = "historygraph_recall"
-DESCRIPTION = ("Fetch the complete text of earlier tool results that this conversation shows only as a "
-               "placeholder ('[tool result ID omitted from this context ...]'), or of the messages an "
-               "'[omitted: messages #A–#B, ...]' marker stands for. Pass the result ids, or '#A–#B'.")
-PARAMETERS = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"},
-                                                        "description": "tool result ids named by placeholders, "
-                                                                       "or message spans '#A–#B' named by markers"}},
-              "required": ["ids"]}
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"
 HEADER = "x-historygraph-recall"
 
@@ -68,8 +61,7 @@ async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str
 
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
     """``body`` with the recall tool appended to its ``tools``."""
-    tool = ({"type": "function", "function": {"name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS}}
-            if api == "openai" else {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS})
+    tool = (openai_tool() if api == "openai" else {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS})
     return {**body, "tools": [*(body.get("tools") or []), tool]}
 
 
@@ -82,32 +74,12 @@ def without_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
 
 
 def recalled_text(proxy: Any, session_id: str, arguments: str) -> str:
-    """The answer to one recall call: each requested result's complete stored text, or the stored
-    messages of a span a marker names (:meth:`~historygraph.history.graph.ContextGraph.recall_text`), each
-    cut to ``recall_max_tokens`` tokens with a marker, or why it cannot be given."""
-    try:
-        ids = json.loads(arguments or "{}").get("ids")
-    except (json.JSONDecodeError, AttributeError):
-        ids = None
-    if isinstance(ids, str):
-        ids = [ids]
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
-        return f'[{TOOL_NAME}: pass {{"ids": ["<tool result id>", ...]}} with the ids the placeholders name]'
-    graph = proxy.store.graph(session_id)
-    limit, counter = proxy.config.recall_max_tokens, proxy.signals.counter
-    parts = []
-    for i in ids:
-        try:
-            text = graph.recall_text(i)
-        except KeyError as exc:
-            parts.append(f"[{exc.args[0]}]")
-            continue
-        n = counter.count(text)
-        what = f"tool result {i}" if i in graph.result_of else f"messages {i}"
-        if n > limit:
-            text = counter.truncate(text, limit) + f"\n[... cut: {limit} of {n} tokens of {what} shown]"
-        parts.append(text if len(ids) == 1 else f"{what}:\n{text}")
-    return "\n\n".join(parts)
+    """The answer to one recall call (``arguments``: the call's JSON text): each requested result's
+    complete stored text, or the stored messages of a span a marker names, each cut to
+    ``recall_max_tokens`` tokens with a marker, or why it cannot be given
+    (:func:`historygraph.render.recall.recall_text`)."""
+    return recall_text(proxy.store.graph(session_id), ids_of(arguments), proxy.signals.counter,
+                       proxy.config.recall_max_tokens)
 
 
 def _anthropic_blocks(events: list[Any]) -> list[dict[str, Any]]:
