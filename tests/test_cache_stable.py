@@ -96,3 +96,65 @@ def test_byte_identical_prefix_between_reselections_on_a_real_trace(traces_dir):
             prev = r
         g.append(m)
     assert appended > reselected > 0
+
+
+def _valued_steps(n: int, size: int) -> list[Message]:
+    """Like :func:`_steps`, each result holding one TFA value of its own (``VAL_{i}_x``, ContextRender A.2)."""
+    msgs = [Message("system", "You are a shell agent."), Message("user", "Find the bug.")]
+    for i in range(n):
+        msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),)))
+        msgs.append(Message("tool", f"VAL_{i}_x\n" + "    return x + 1\n" * size, tool_call_id=f"c{i}"))
+    return msgs
+
+
+def _grow_until_omitted(policy, g: ContextGraph, msgs: list[Message], budget: int, sig: Signals) -> tuple[int, object]:
+    """Append steps of ``msgs`` and render after each until the first result (position 3) is left out."""
+    g.extend(msgs[:2])
+    for i in range(0, len(msgs) - 2, 2):
+        g.extend(msgs[2 + i: 4 + i])
+        r = policy.render(g, budget, sig)
+        if 3 in r.omitted:
+            return i // 2, r
+    raise AssertionError("the first result was never left out")
+
+
+def test_a_result_the_latest_call_used_is_appended_again_in_full():
+    """Once prune-stable has left the first result out, a tool call that uses its value
+    (``VAL_0_x``, TFA's attribution) gets a complete copy of it appended after the new result: the
+    previous request stays a byte-identical prefix, the copy names the result's id, B holds, and
+    the result counts as shown complete."""
+    sig = Signals()
+    policy = create("prune-stable", low_mark=0.6)
+    g = ContextGraph("s")
+    _, prev = _grow_until_omitted(policy, g, _valued_steps(12, 30), 1000, sig)
+    g.extend([Message("assistant", "look again", (ToolCall("u1", "bash", '{"cmd": "grep VAL_0_x f0.py"}'),)),
+              Message("tool", "VAL_0_x", tool_call_id="u1")])
+    r = policy.render(g, 1000, sig)
+    check_invariants(r, g, sig.counter)
+    assert r.stats["cache_stable"] == "appended"
+    assert r.messages[:len(prev.messages)] == prev.messages
+    copy = r.messages[-1]
+    assert copy.role == "user" and copy.rendered_as == "recalled" and r.positions[-1] is None
+    assert "tool result c0" in copy.content and copy.content.endswith(g.messages[3].content)
+    assert 3 in r.full and r.history_tokens <= 1000
+    # the next call appends after the copy, which stays where it is
+    g.extend([Message("assistant", "next", (ToolCall("u2", "bash", '{"cmd": "ls"}'),)), Message("tool", "a.py", tool_call_id="u2")])
+    r2 = policy.render(g, 1000, sig)
+    check_invariants(r2, g, sig.counter)
+    assert r2.stats["cache_stable"] == "appended" and r2.messages[:len(r.messages)] == r.messages
+
+
+def test_no_copy_when_it_would_pass_the_budget_or_is_switched_off():
+    """At the low mark 0.9 the new step still fits under B = 1000 but its copy would
+    not (816 + ~230 tokens): the call only appends; with ``recall_tail`` off no copy is made either."""
+    sig = Signals()
+    for low, tail in ((0.9, True), (0.6, False)):
+        policy = create("prune-stable", low_mark=low, recall_tail=tail)
+        g = ContextGraph("s")
+        _, prev = _grow_until_omitted(policy, g, _valued_steps(12, 30), 1000, sig)
+        g.extend([Message("assistant", "look again", (ToolCall("u1", "bash", '{"cmd": "grep VAL_0_x f0.py"}'),)),
+                  Message("tool", "VAL_0_x", tool_call_id="u1")])
+        r = policy.render(g, 1000, sig)
+        check_invariants(r, g, sig.counter)
+        assert r.stats["cache_stable"] == "appended", (low, prev.history_tokens)
+        assert all(m.rendered_as != "recalled" for m in r.messages) and 3 not in r.full

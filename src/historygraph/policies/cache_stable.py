@@ -25,6 +25,13 @@ cache):
   result for an old call. Anything else re-selects. The newest results are therefore always
   complete (invariant §5.9), the in-flight call is last (§5.4), and a new user message makes the
   previous one ordinary history, charged to B.
+* **A result needed between re-selections is shown again at the end** (``recall_tail``, on by
+  default): when the latest assistant message used values of a result the rendering does not show
+  complete (Tool-Flow Analysis' observed reuse, ContextRender §3.2 / A.2: each value is attributed
+  to the first result that held it), a complete copy of that result, headed with its id
+  (:data:`~historygraph.render.markers.RECALLED`), is appended after the new results as a user
+  message, if the history stays within B. Appending keeps the prefix; the alternatives were
+  measured with the evaluator (docs/evaluator.md, "Cache-stable rendering").
 * **Under B nothing changes**: a history that fits in B is rendered by the wrapped policy, which
   returns it unchanged (§5.5), and it is extended as long as it fits.
 
@@ -40,7 +47,9 @@ from typing import Any, ClassVar, cast
 from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Policy, Signals
 from historygraph.policies.registry import create, register
+from historygraph.history.events import Message
 from historygraph.render import BudgetTooSmallError, Layout, Rendering
+from historygraph.render.markers import RECALLED
 from historygraph.signals.tokens import TokenCounter
 
 SOURCE = "historygraph: prompt-cache-stable rendering over any policy"
@@ -49,9 +58,11 @@ SOURCE = "historygraph: prompt-cache-stable rendering over any policy"
 @dataclass(frozen=True)
 class CacheStableConfig:
     """``low_mark``: the share of B a re-selection renders to (0 < low_mark ≤ 1; 1 re-selects at every
-    call that does not fit, as the wrapped policy alone does)."""
+    call that does not fit, as the wrapped policy alone does); ``recall_tail``: append a complete
+    copy of a result the latest tool call used and the rendering does not show (module docstring)."""
 
     low_mark: float = 0.75
+    recall_tail: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_mark <= 1.0:
@@ -75,7 +86,7 @@ class CacheStable:
             return self.base.render(graph, budget, signals)
         state: dict[str, Any] = graph.memo(("cache-stable", self._key, budget), dict)
         prev, length = state.get("rendering"), state.get("length", 0)
-        r = extend(prev, length, graph, budget, signals.counter, self.name) if prev is not None else None
+        r = extend(prev, length, graph, budget, signals.counter, self.name, self.config.recall_tail) if prev is not None else None
         if r is None:
             r = self.reselect(graph, budget, signals)
         state["rendering"], state["length"] = r, len(graph)
@@ -100,14 +111,14 @@ class CacheStable:
 
 
 def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter,
-           name: str) -> Rendering | None:
+           name: str, recall_tail: bool = False) -> Rendering | None:
     """``prev`` (the rendering of the graph's first ``length`` messages) with the messages since
     appended as stored, or ``None`` when they are not a plain continuation or the history would
     pass ``budget`` tokens (module docstring)."""
     msgs, n = graph.messages, len(graph)
     if n == length:
         return prev
-    if n < length or not prev.positions or prev.positions[-1] != length - 1:
+    if n < length or next((p for p in reversed(prev.positions) if p is not None), None) != length - 1:
         return None
     last = msgs[length - 1]
     pending = {c.id for c in last.tool_calls} if last.role == "assistant" else set()
@@ -138,14 +149,50 @@ def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, count
                   positions=prev.positions + new, full=prev.full + [p for p in added if msgs[p].role == "tool"],
                   omitted=list(prev.omitted), dropped=list(prev.dropped), history_tokens=history,
                   input_tokens=prev.input_tokens + sum(count(msgs[p]) for p in added), stats={"cache_stable": "appended"})
+    copies = recalled_copies(graph, r, length, budget, counter) if recall_tail else []
     kept = prev.reasons
 
     def reasons() -> dict[int, str]:
         out = dict(kept)
         out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in added})
+        out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
         return out
     r.defer_reasons(reasons)
     return r
+
+
+def recalled_copies(graph: ContextGraph, r: Rendering, length: int, budget: int, counter: TokenCounter) -> list[int]:
+    """Append to ``r`` (in place) a complete copy of each result not shown complete whose values
+    the latest assistant message used (TFA's attribution, ContextRender §3.2 / A.2: each value to
+    the first result that held it), while the history stays within ``budget``; returns their
+    positions. Only when that message arrived since the previous rendering (position ≥ ``length``)
+    and the rendering ends with a tool result (a copy never follows a call in flight or the
+    current user message)."""
+    msgs = graph.messages
+    latest = graph.latest_operations
+    if latest is None or latest[0] < length or msgs[-1].role != "tool":
+        return []
+    shown = set(r.full)
+    sources: list[int] = []
+    for values in latest[1]:
+        for v in values:
+            s = graph.reuse.first_holder(v)
+            if s is not None and s < latest[0] and s not in shown and s not in sources:
+                sources.append(s)
+    out = []
+    for s in sorted(sources):
+        m = msgs[s]
+        copy = Message("user", RECALLED.format(id=m.tool_call_id, content=m.content), rendered_as="recalled")
+        t = counter.count_message(copy)
+        if r.history_tokens + t > budget:
+            continue
+        r.messages.append(copy)
+        r.positions.append(None)
+        r.full.append(s)
+        r.history_tokens += t
+        r.input_tokens += t
+        out.append(s)
+    return out
 
 
 def cache_stable(policy: Policy) -> Policy:

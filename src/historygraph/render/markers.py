@@ -18,6 +18,8 @@ from historygraph.history.graph import ContextGraph
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
 PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
+#: A copy of an omitted result appended at the end of a cache-stable rendering (policies/cache_stable.py).
+RECALLED = "[tool result {id}, omitted above, shown again in full: the latest tool call used its values]\n{content}"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
 SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant message (ReCAP ablations)
 #: The text of an assistant message shown in brief view (its tool calls kept): what was left out and

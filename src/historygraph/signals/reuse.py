@@ -122,6 +122,11 @@ class ReuseIndex:
             if p not in changed:
                 self._scores.setdefault(p, c)
 
+    def first_holder(self, value: str) -> int | None:
+        """The position of the first result that holds ``value`` (where TFA attributes its uses), or ``None``."""
+        holders = self._holders.get(value)
+        return holders[0] if holders else None
+
     def holders(self, value: str) -> int:
         """``n_t(m)``: how many results so far contain ``value``."""
         return len(self._holders.get(value, ()))
