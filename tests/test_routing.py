@@ -310,8 +310,8 @@ def aider_request(task: str, file: str, done: list[tuple[str, str]] = ()) -> lis
 def test_two_chats_that_share_only_their_opening_get_their_own_sessions():
     router = SessionRouter(MemoryStore())
     a1 = router.ingest(aider_request("bump the version", "v0"))
-    router.store.append(a1.session_id, Message("assistant", "edit v0 to v1"))  # what the proxy's store_answer does
-    router.note_answer(a1.session_id, Message("assistant", "edit v0 to v1"))
+    router.store.append(a1.session_id, Message("assistant", "edit v0 to v1\n"))  # what the proxy's store_answer does
+    router.note_answer(a1.session_id, Message("assistant", "edit v0 to v1\n"))  # aider echoes it stripped
     # chat A's next request restates the file, as it is now, after the chat so far: a branch of chat A
     a2 = router.ingest(aider_request("the test failed", "v1", [("bump the version", "edit v0 to v1")]))
     assert (a2.session_id, a2.forked_from, a2.created) == (a1.session_id + "~1", a1.session_id, True)

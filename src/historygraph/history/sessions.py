@@ -96,8 +96,9 @@ def opening_of(session_id: str) -> str | None:
 
 def answer_key(opening: str, answer: Message) -> str:
     """Key of ``answer`` in the answer index of ``opening``: 32 hex digits of the SHA-256 of the
-    JSON of its text and its tool calls' ids and names (ids are the provider's, unique per call)."""
-    value = json.dumps([answer.content, [[c.id, c.name] for c in answer.tool_calls]], ensure_ascii=False)
+    JSON of its text, stripped of leading and trailing white space (aider echoes an answer
+    stripped), and its tool calls' ids and names (ids are the provider's, unique per call)."""
+    value = json.dumps([answer.content.strip(), [[c.id, c.name] for c in answer.tool_calls]], ensure_ascii=False)
     return f"{opening}:{hashlib.sha256(value.encode()).hexdigest()[:32]}"
 
 
