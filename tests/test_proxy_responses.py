@@ -271,3 +271,31 @@ def test_responses_errors_upstream_unchanged_and_bad_input_named(servers):
     assert r.status_code == 400
     assert r.json()["error"] == {"message": "input[0].call_id is missing", "type": "invalid_request_error",
                                  "param": "input", "code": None}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_recall_tool_is_offered_and_answered_on_responses(servers, stream):
+    """``X-HistoryGraph-Recall: on``: the rendering omitted outputs, so the proxy offers its tool in
+    the Responses function-tool shape; the fake calls it (the only tool offered), the proxy answers
+    the call with a ``function_call_output`` after the model's reasoning and call items (the fake
+    enforces the API's pairing and reasoning rules), and the client gets only the final answer."""
+    sid = f"resp-recall-{stream}"
+    before = len(httpx.get(servers["up"] + "/_requests").json())
+    kw = dict(model="fake-model", input=items(sid), store=False)
+    c = client(servers, sid, **{"X-HistoryGraph-Recall": "on"})
+    if stream:
+        events = list(c.responses.create(**kw, stream=True))
+        assert events[-1].type == "response.completed"
+        output = events[-1].response.output
+    else:
+        output = c.responses.create(**kw).output
+    sent = httpx.get(servers["up"] + "/_requests").json()[before:]
+    assert rejections(servers) == [] and len(sent) == 2
+    first, second = sent[0]["body"], sent[1]["body"]
+    assert [(t["type"], t["name"], sorted(t)) for t in first["tools"]] == [
+        ("function", "historygraph_recall", ["description", "name", "parameters", "type"])]
+    call = [it for it in second["input"] if it.get("name") == "historygraph_recall"]
+    assert len(call) == 1 and second["input"][-1]["type"] == "function_call_output"
+    assert second["input"][-1]["call_id"] == call[0]["call_id"] and second["input"][-2] == call[0]
+    assert [o.type for o in output] == ["reasoning", "message"] and "historygraph_recall" not in json.dumps([o.model_dump() for o in output])
+    assert stored(servers, sid)[-1]["content"] == output[-1].content[0].text

@@ -253,3 +253,97 @@ def test_unknown_ids_and_bad_arguments_are_answered_not_raised():
     g = store.graph("r-1")
     p = g.result_of["c1"]
     assert recalled_text(px, "r-1", f'{{"ids": ["#{p}–#{p}"]}}') == f"message #{p} (tool, tool result c1):\n{BIG}"
+
+
+def held_upstream(release: asyncio.Event, log: list[str]):
+    """Chat Completions upstream (httpx MockTransport, whose streams reach the proxy as they are
+    made): the first request calls the recall tool for the omitted ``c1``; the second answers in a
+    stream that sends its first text and then holds until ``release`` is set (at most 5 s)."""
+    seen: list[dict] = []
+
+    class Held(httpx.AsyncByteStream):
+        def __init__(self, parts):
+            self.parts = parts
+
+        async def __aiter__(self):
+            for p in self.parts:
+                if p is None:
+                    log.append("upstream holds")
+                    try:
+                        await asyncio.wait_for(release.wait(), 5)
+                    except asyncio.TimeoutError:
+                        log.append("upstream gave up waiting")
+                    continue
+                yield p
+            log.append("upstream finished")
+
+    def chunk(delta, finish=None):
+        return ("data: " + json.dumps({"id": "s", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n").encode()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        if len(seen) == 1:
+            call = {"index": 0, "id": "rc1", "type": "function", "function": {"name": TOOL_NAME, "arguments": '{"ids": ["c1"]}'}}
+            parts = [chunk({"role": "assistant", "tool_calls": [call]}), chunk({}, "tool_calls"), b"data: [DONE]\n\n"]
+        else:
+            parts = [chunk({"role": "assistant", "content": "saw: "}), None, chunk({"content": body["messages"][-1]["content"][:8]}),
+                     chunk({}, "stop"), b"data: [DONE]\n\n"]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Held(parts))
+
+    return handler, seen
+
+
+async def asgi_post(app, path: str, body: dict, headers: dict, on_body) -> list[bytes]:
+    """POST through the raw ASGI interface (httpx's ASGITransport would wait for the whole body);
+    ``on_body(chunk)`` is called as each response body chunk is sent."""
+    raw = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http", "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("proxy", 80),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in {"content-type": "application/json", **headers}.items()]}
+    sent = iter([{"type": "http.request", "body": raw, "more_body": False}])
+    chunks: list[bytes] = []
+
+    async def receive():
+        return next(sent, None) or await asyncio.sleep(3600)
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            chunks.append(message["body"])
+            on_body(message["body"])
+
+    await app(scope, receive, send)
+    return chunks
+
+
+def test_a_streamed_answer_after_a_recall_round_reaches_the_client_while_the_upstream_still_streams():
+    """--recall with ``stream: true``: the recall round is answered before the client sees anything,
+    then the final round is relayed event by event: the client has the answer's first text while
+    the upstream holds its stream open (before issue 36.6 the proxy read each round whole, so the
+    first chunk came only after the upstream finished)."""
+    log: list[str] = []
+
+    async def go():
+        release = asyncio.Event()
+        handler, seen = held_upstream(release, log)
+        app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="prune", budget=700, recall=True))
+        app.state.proxy.transport = httpx.MockTransport(handler)
+
+        def on_body(chunk: bytes) -> None:
+            if b"saw: " in chunk and not release.is_set():
+                log.append("client has the first text")
+                release.set()
+
+        chunks = await asgi_post(app, "/v1/chat/completions", {"model": "m", "messages": HISTORY, "tools": [READ], "stream": True},
+                                 {"X-HistoryGraph-Session": "held"}, on_body)
+        return chunks, seen, app.state.proxy.store
+
+    chunks, seen, store = asyncio.run(go())
+    # round 1 read whole; round 2: the client has its first text before the upstream sends the rest
+    assert log == ["upstream finished", "client has the first text", "upstream holds", "upstream finished"], log
+    assert len(seen) == 2 and seen[1]["messages"][-1] == {"role": "tool", "tool_call_id": "rc1", "content": BIG}
+    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                   for c in chunks for line in c.decode().splitlines() if line.startswith("data: {"))
+    assert text == "saw: big line" and TOOL_NAME not in b"".join(chunks).decode()
+    assert store.messages("held")[-1].content == "saw: big line"

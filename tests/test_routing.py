@@ -293,3 +293,103 @@ def test_ingest_gives_the_graph_holding_exactly_the_request(tmp_path):
     edited[1]["content"] = "Fix the lexer."
     got = router.ingest(RequestMessages(edited), "s")
     assert got.forked_from == "s" and [m.content for m in got.graph.messages] == [m["content"] for m in edited]
+
+
+def aider_request(task: str, file: str, done: list[tuple[str, str]] = ()) -> list[Message]:
+    """An aider-shaped request (aider 0.86.2, as stored by tests/clients/test_aider.py): its system
+    prompt and fixed example exchange, the chat so far, the file as it is now, the new turn."""
+    opening = [Message("system", "Act as an expert software developer."), Message("user", "Change get_factorial() to use math.factorial"),
+               Message("assistant", "To make this change we need to modify `mathweb/flask/app.py`"),
+               Message("user", "I switched to a new code base."), Message("assistant", "Ok.")]
+    chat = [m for u, a in done for m in (Message("user", u), Message("assistant", a))]
+    files = [Message("user", f"I have *added these files to the chat*\nnotes.txt\n{file}"),
+             Message("assistant", "Ok, any changes I propose will be to those files.")]
+    return opening + chat + files + [Message("user", task)]
+
+
+def test_two_chats_that_share_only_their_opening_get_their_own_sessions():
+    router = SessionRouter(MemoryStore())
+    a1 = router.ingest(aider_request("bump the version", "v0"))
+    router.store.append(a1.session_id, Message("assistant", "edit v0 to v1\n"))  # what the proxy's store_answer does
+    router.note_answer(a1.session_id, Message("assistant", "edit v0 to v1\n"))  # aider echoes it stripped
+    # chat A's next request restates the file, as it is now, after the chat so far: a branch of chat A
+    a2 = router.ingest(aider_request("the test failed", "v1", [("bump the version", "edit v0 to v1")]))
+    assert (a2.session_id, a2.forked_from, a2.created) == (a1.session_id + "~1", a1.session_id, True)
+    router.store.append(a2.session_id, Message("assistant", "edit v1 to v2"))
+    router.note_answer(a2.session_id, Message("assistant", "edit v1 to v2"))
+    # a second chat in the same repository: the same opening, and even the same file, but none of
+    # chat A's answers: a chat of its own, not a branch of A
+    b1 = router.ingest(aider_request("rename the file", "v2"))
+    assert (b1.session_id, b1.forked_from, b1.created) == (a1.session_id + ".2", None, True)
+    assert router.store.session_meta(b1.session_id) == {"opening": a1.session_id}
+    router.store.append(b1.session_id, Message("assistant", "renamed"))
+    router.note_answer(b1.session_id, Message("assistant", "renamed"))
+    b2 = router.ingest(aider_request("thanks", "v2", [("rename the file", "renamed")]))
+    assert (b2.session_id, b2.forked_from) == (b1.session_id + "~1", b1.session_id)
+    # chat A goes on where it was: its newest answer routes it to its own branch
+    a3 = router.ingest(aider_request("still failing", "v2", [("bump the version", "edit v0 to v1"), ("the test failed", "edit v1 to v2")]))
+    assert (a3.session_id, a3.forked_from) == (a1.session_id + "~2", a2.session_id)
+    # a request that continues a stored session by prefix is no new chat, whichever chat holds it
+    b3 = router.ingest([*router.store.messages(b1.session_id), Message("user", "and?")])
+    assert (b3.session_id, b3.appended, b3.created) == (b1.session_id, 1, False)
+    # the header still wins: two requests named alike share their session whatever they hold
+    h1 = router.ingest(aider_request("bump the version", "v0"), "named")
+    h2 = router.ingest(aider_request("rename the file", "v0"), "named")
+    assert (h1.session_id, h2.session_id, h2.forked_from) == ("named", "named~1", "named")
+    # every chat of an opening is routed under one lock
+    assert router.lock(b2.session_id) is router.lock(a1.session_id)
+
+
+def test_answers_a_library_loop_appended_route_its_edits_to_its_chat():
+    router = SessionRouter(MemoryStore())
+    first = [Message("system", "s"), Message("user", "task")]
+    s = router.ingest(first).session_id
+    router.ingest([*first, Message("assistant", "answer one"), Message("user", "more")])  # appended by the client
+    edited = router.ingest([*first, Message("assistant", "answer one"), Message("user", "more, edited")])
+    assert (edited.session_id, edited.forked_from) == (s + "~1", s)
+    other = router.ingest([*first, Message("assistant", "another answer"), Message("user", "more")])
+    assert (other.session_id, other.forked_from) == (s + ".2", None)
+
+
+def test_a_self_curating_clients_first_request_is_forwarded_as_sent_and_a_growing_chat_is_rendered():
+    """At B = 60 (prune) an aider-shaped request's history (its example exchange and the file, about
+    90 tokens) does not fit; it is what aider chose to send, forwarded as sent from the first
+    request of a chat on, and marked so. A tool-free chat continuing its stored session by prefix
+    is rendered under B as before."""
+    import asyncio
+
+    import httpx
+
+    from historygraph.server.app import create_app
+    from historygraph.server.config import ServerConfig
+
+    forwarded: list[dict] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        forwarded.append(json.loads(request.content))
+        answer = f"edit {len(forwarded)} " + "word " * 40
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": "m", "created": 0,
+                                         "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
+                                                      "finish_reason": "stop"}]})
+
+    app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="prune", budget=60, calibrate=False))
+    app.state.proxy.transport = httpx.MockTransport(upstream)
+    wire = lambda msgs: [m.to_openai() for m in msgs]  # noqa: E731
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as c:
+            first = wire(aider_request("bump the version", "v0 " * 30))
+            r1 = await c.post("/v1/chat/completions", json={"model": "m", "messages": first})
+            answer = r1.json()["choices"][0]["message"]
+            other = await c.post("/v1/chat/completions", json={"model": "m", "messages": wire(aider_request("rename it", "v0 " * 30))})
+            grown = first + [answer] + [{"role": "user", "content": "and?"}]
+            r3 = await c.post("/v1/chat/completions", json={"model": "m", "messages": grown})
+            return [r1, other, r3]
+
+    r1, other, r3 = asyncio.run(go())
+    assert r1.headers["x-historygraph-context"] == "client-curated"
+    assert forwarded[0]["messages"] == wire(aider_request("bump the version", "v0 " * 30))
+    assert other.headers["x-historygraph-context"] == "client-curated"
+    assert other.headers["x-historygraph-session"] == r1.headers["x-historygraph-session"] + ".2"
+    assert "x-historygraph-context" not in r3.headers and r3.headers["x-historygraph-session"] == r1.headers["x-historygraph-session"]
+    assert len(forwarded[2]["messages"]) < 10  # rendered under B: earlier turns dropped behind a marker

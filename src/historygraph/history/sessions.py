@@ -3,11 +3,11 @@
 Chat APIs are stateless: every request carries the whole conversation. The proxy keeps one
 append-only graph per conversation and, per request:
 
-1. **Root id.** The ``X-HistoryGraph-Session`` header if given, else ``auto-`` followed by the
-   first 16 hex digits of the SHA-256 of the canonical JSON (sorted keys) of the conversation's
-   system messages and its first user message, i.e. every message up to and including the first
-   ``user`` message (:func:`derived_session_id`). Two requests that start the same way therefore
-   share a root.
+1. **Root id.** The ``X-HistoryGraph-Session`` header if given, else the conversation's
+   *opening* ``auto-`` followed by the first 16 hex digits of the SHA-256 of the canonical JSON
+   (sorted keys) of the conversation's system messages and its first user message, i.e. every
+   message up to and including the first ``user`` message (:func:`derived_session_id`). Requests
+   that start the same way share an opening, which may hold several chats (see 4.).
 2. **Diff.** The root and its branches (``<root>~1``, ``<root>~2`` … created in that order) are
    compared with the incoming messages (role, text, tool calls, tool-call id) as the provider
    reads them, not byte for byte (:func:`same_event`): a client that echoes an answer back with
@@ -19,11 +19,21 @@ append-only graph per conversation and, per request:
    or retried a request whose answer was already stored), a new branch is created holding the
    request's messages; its meta names the parent and the position where they part. Nothing stored
    is overwritten.
+4. **New chats** (derived ids only; the header names one conversation whatever it holds). Clients
+   open every chat the same way (aider: its system prompt and a fixed example exchange), so a
+   request that no stored session continues is not taken for an edit of another chat unless it
+   repeats one of that chat's answers: an assistant message the proxy stored as an answer there
+   (:meth:`SessionRouter.note_answer`), or that a request appended to it, indexed by its content
+   and tool-call ids (store texts of kind :data:`ANSWER_KIND`, key :func:`answer_key`). It is
+   then a branch of that chat (3.); otherwise a new chat ``<opening>.<k>`` (k = 2, 3 …; meta
+   ``opening``) is created holding the request, and its own answers route its later requests to
+   it. Two chats whose model answers are identical cannot be told apart this way: name them with
+   the header.
 
 **Session ids** (:func:`session_id_problem`): a client names a session with any text of 1 to
 :data:`MAX_SESSION_ID` characters without control characters (U+0000–U+001F, U+007F), ``/``,
 spaces and any other Unicode included; the session API reads it with the id percent-encoded as
-one path segment. Branch ids append ``~<n>``.
+one path segment. Branch ids append ``~<n>``, further chats of one opening ``.<k>``.
 
 After :meth:`SessionRouter.ingest` the session's graph equals the request's messages, so graph
 position ``i`` is incoming message ``i``.
@@ -47,6 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -60,6 +71,11 @@ from historygraph.providers import jsonio
 
 SESSION_HEADER = "x-historygraph-session"
 
+ANSWER_KIND = "answer"
+"""Store text kind of the answer index (module docstring, 4.): key :func:`answer_key`, value the
+chat's root id."""
+_DERIVED = re.compile(r"(auto-[0-9a-f]{16})(?:\.[0-9]+)?")
+
 
 def derived_session_id(messages: Sequence[Message]) -> str:
     """``auto-`` + 16 hex digits of SHA-256 over the messages up to the first user message."""
@@ -70,6 +86,20 @@ def derived_session_id(messages: Sequence[Message]) -> str:
             break
     digest = hashlib.sha256(json.dumps(head, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
     return f"auto-{digest[:16]}"
+
+
+def opening_of(session_id: str) -> str | None:
+    """The opening (``auto-<16 hex>``) of a derived session id, chat or branch, else ``None``."""
+    m = _DERIVED.fullmatch(session_id.split("~", 1)[0])
+    return m.group(1) if m else None
+
+
+def answer_key(opening: str, answer: Message) -> str:
+    """Key of ``answer`` in the answer index of ``opening``: 32 hex digits of the SHA-256 of the
+    JSON of its text, stripped of leading and trailing white space (aider echoes an answer
+    stripped), and its tool calls' ids and names (ids are the provider's, unique per call)."""
+    value = json.dumps([answer.content.strip(), [[c.id, c.name] for c in answer.tool_calls]], ensure_ascii=False)
+    return f"{opening}:{hashlib.sha256(value.encode()).hexdigest()[:32]}"
 
 
 MAX_SESSION_ID = 512
@@ -197,13 +227,15 @@ def known_prefix(cached: list[Any] | None, raw: list[Any]) -> int:
 @dataclass
 class Ingest:
     """Result of routing one request: the session used, events appended, whether a branch was
-    created (``forked_from`` names its parent), and the session's graph as this request left it
-    (its events are the request's messages)."""
+    created (``forked_from`` names its parent), whether the session was created for this request
+    (``created``: a new session or chat, or a branch; it holds the whole request), and the
+    session's graph as this request left it (its events are the request's messages)."""
 
     session_id: str
     appended: int
     forked_from: str | None = None
     graph: ContextGraph | None = None
+    created: bool = False
 
 
 class SessionRouter:
@@ -245,12 +277,34 @@ class SessionRouter:
         return False
 
     def lock(self, session_id: str) -> threading.RLock:
-        root = session_id.split("~", 1)[0]
+        """The lock of ``session_id``'s root (of its opening, for a derived id: every chat of an
+        opening is routed under one lock)."""
+        root = opening_of(session_id) or session_id.split("~", 1)[0]
         with self._guard:
             return self._locks.setdefault(root, threading.RLock())
 
     def branches(self, root: str) -> list[str]:
         return self.store.sessions_with_prefix(root + "~")
+
+    def family(self, opening: str) -> list[str]:
+        """Every chat of a derived ``opening`` and their branches, the opening's own first."""
+        return [opening] + [s for s in self.store.sessions_with_prefix(opening) if len(s) > len(opening) and s[len(opening)] in "~."]
+
+    def note_answer(self, session_id: str, answer: Message) -> None:
+        """Index ``answer``, stored in ``session_id``, as an answer of its chat (module docstring,
+        4.); nothing for a session the header named, or for a message that is no assistant's."""
+        opening = opening_of(session_id)
+        if opening is not None and answer.role == "assistant":
+            self.store.put_text(ANSWER_KIND, answer_key(opening, answer), session_id.split("~", 1)[0])
+
+    def _chat(self, opening: str, messages: Sequence[Message]) -> str | None:
+        """The chat of ``opening`` one of whose answers ``messages`` repeats (the newest first)."""
+        for i in range(len(messages) - 1, -1, -1):
+            m = messages[i]
+            if m.role == "assistant" and (chat := self.store.get_text(ANSWER_KIND, answer_key(opening, m))) is not None:
+                if self._exists(chat):
+                    return chat
+        return None
 
     def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None) -> Ingest:
         """Store what is new in ``messages`` (see module docstring). With a
@@ -261,25 +315,27 @@ class SessionRouter:
             EventError/GraphError: the new events are invalid (nothing is written).
         """
         raw = messages.raw if isinstance(messages, RequestMessages) else None
-        root = session_id or derived_session_id(messages)
+        opening = None if session_id else derived_session_id(messages)
+        root = session_id or opening
+        assert root is not None
         with self.lock(root):
-            if not self._exists(root):
+            created = not self._exists(root)
+            if created:
                 ContextGraph(root).validate(messages)  # invalid events raise before anything is created
                 try:
                     self.store.create_session(root, dict(meta or {}))
                 except StoreError:  # another instance created it meanwhile
                     pass
                 self._known.add(root)
-            best, best_len, best_graph, parent, parent_len = None, -1, None, root, -1
-            for sid in [root] + self.branches(root):
+            best, best_len, best_graph = None, -1, None
+            shared: dict[str, int] = {}  # session -> events it shares with the request
+            for sid in [root] + self.branches(root) if opening is None else self.family(opening):
                 graph = self.store.graph(sid)
                 stored = graph.messages
                 start = min(known_prefix(self._cached_raw(sid), raw), len(stored)) if raw is not None else 0
-                n = common_prefix(stored, messages, start)
+                n = shared[sid] = common_prefix(stored, messages, start)
                 if n == len(stored) and n > best_len:
                     best, best_len, best_graph = sid, n, graph
-                if n > parent_len:
-                    parent, parent_len = sid, n
             if best is not None:
                 new = list(messages[best_len:])
                 if new:
@@ -291,8 +347,33 @@ class SessionRouter:
                     self._remember(best, list(raw))
                 if best_graph is None or len(best_graph) != best_len + len(new):  # dropped from the store's cache meanwhile
                     best_graph = self.store.graph(best)
-                return Ingest(best, len(new), graph=best_graph)
-            return self._branch(root, parent, parent_len, messages, meta)
+                if best_len > 0:  # answers a client appended (the library's agent loops store them so)
+                    for m in new:
+                        self.note_answer(best, m)
+                return Ingest(best, len(new), graph=best_graph, created=created)
+            chat = root if opening is None else self._chat(opening, messages)
+            if chat is None:
+                assert opening is not None
+                return self._new_chat(opening, messages, meta)
+            parent = max((s for s in shared if s == chat or s.startswith(chat + "~")), key=lambda s: shared[s])
+            return self._branch(chat, parent, shared[parent], messages, meta)
+
+    def _new_chat(self, opening: str, messages: Sequence[Message], meta: dict | None) -> Ingest:
+        """A new chat ``<opening>.<k>`` holding ``messages`` (module docstring, 4.)."""
+        ContextGraph(opening).validate(messages)
+        k = 1 + sum(1 for s in self.family(opening) if "~" not in s)
+        while True:
+            sid = f"{opening}.{k}"
+            try:
+                self.store.create_session(sid, {**(meta or {}), "opening": opening})
+                break
+            except StoreError:
+                k += 1
+        self._known.add(sid)
+        self.store.append(sid, list(messages))
+        if isinstance(messages, RequestMessages):
+            self._remember(sid, list(messages.raw))
+        return Ingest(sid, len(messages), graph=self.store.graph(sid), created=True)
 
     def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
         ContextGraph(root).validate(messages)  # invalid events raise before the branch is created
@@ -307,7 +388,7 @@ class SessionRouter:
         self.store.append(sid, list(messages))
         if isinstance(messages, RequestMessages):
             self._remember(sid, list(messages.raw))
-        return Ingest(sid, len(messages), forked_from=parent, graph=self.store.graph(sid))
+        return Ingest(sid, len(messages), forked_from=parent, graph=self.store.graph(sid), created=True)
 
 
 class TurnCache:

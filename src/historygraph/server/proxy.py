@@ -259,7 +259,7 @@ class Proxy:
             raise ClientError(str(exc), f"messages[{exc.index}]") from None
         with self.router.lock(root):  # no other request of this conversation between ingest and render
             try:
-                ingest = self.router.ingest(messages, root)
+                ingest = self.router.ingest(messages, session_id)
             except MessageError as exc:
                 raise ClientError(str(exc), f"messages[{exc.index}]") from None
             except EventError as exc:
@@ -289,6 +289,8 @@ class Proxy:
                 self.store.append(session_id, answer)
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
+                return
+            self.router.note_answer(session_id, answer)
 
     def prefetches(self, policy: str | None) -> TypeGuard[str]:
         """Whether ``policy`` has a :meth:`prefetch` hook (else no background task is scheduled:
@@ -500,15 +502,20 @@ class Proxy:
 def client_curated(messages: Sequence[Message], ingest: Ingest) -> bool:
     """Whether the request comes from a client that curates its own context (aider and any chat
     client without tool calls that restates files, a repository map or summaries in every
-    request): no tool call or tool result anywhere in it, and a branch of a stored session (the
-    client rewrote earlier messages: aider re-sends its repository map and the files it edits, as
-    they are now, before the new turn). Such a request's messages are what the client chose to
-    show for this call, so the proxy stores them and forwards them as sent instead of rendering
-    them under B (docs/proxy.md, "Clients that curate their own context"). An agent's tool loop,
-    and a conversation that only grows, continue their session and are rendered."""
-    if ingest.forked_from is None:
-        return False  # a new session, or a continuation of what is stored: rendered as usual
-    return not any(m.role == "tool" or m.tool_calls for m in messages)
+    request): no tool call, tool result or provider block (a server tool's call and result, a
+    thinking block: what a model made, not what such a client writes) anywhere in it, and it continues no stored session (a
+    new session or chat, or a branch: the client rewrote earlier messages, as aider re-sends its
+    repository map and the files it edits, as they are now, before the new turn; aider's first
+    request already holds them, after a fixed example exchange: a new session counts when it
+    holds an assistant message). Such a request's messages are what the client chose to show for
+    this call, so the proxy stores them and forwards them as sent instead of rendering them under
+    B (docs/proxy.md, "Clients that curate their own context"). An agent's tool loop, and a
+    conversation that only grows, continue their session and are rendered."""
+    if not ingest.created:
+        return False  # a continuation of what is stored: rendered as usual
+    if ingest.forked_from is None and not any(m.role == "assistant" for m in messages):
+        return False  # a conversation's opening (system and user messages): nothing the client curated
+    return not any(m.role == "tool" or m.tool_calls or m.provider_blocks for m in messages)
 
 
 def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:

@@ -1,9 +1,10 @@
 """The recall tool: the model fetches tool results that a rendering omitted, and the proxy answers.
 
 Opt-in (``historygraph serve --recall``, or ``X-HistoryGraph-Recall: on`` per request; ``off``
-turns it off for one request). When the rendering of a request omitted tool results (their
-placeholders name the ids), the proxy adds one tool to the request, :data:`TOOL_NAME`, taking
-``{"ids": [...]}``. When the model's answer calls it, the proxy answers the call itself: it appends
+turns it off for one request), on the three APIs (Chat Completions, Messages, Responses: a
+``function`` tool of each API's shape). When the rendering of a request omitted tool results
+(their placeholders name the ids), the proxy adds one tool to the request, :data:`TOOL_NAME`,
+taking ``{"ids": [...]}``. When the model's answer calls it, the proxy answers the call itself: it appends
 the model's turn and, for each call, the complete stored results (each cut to ``recall_max_tokens``
 tokens, marked), and calls the upstream again, up to ``recall_rounds`` times; the last of those
 calls is sent without the tool, so the model answers. Calls to the client's own tools made in the
@@ -11,9 +12,13 @@ same turn are answered ``not run`` (the model sees its recalled results and call
 still needs them). The client receives only the final answer and never sees the tool; only that
 answer is stored, so the client's next request still continues the stored session.
 
-Streams: each round is streamed from the upstream and buffered; the final round's stream is then
-relayed as received (the client sees it once the upstream has finished it, not chunk by chunk).
-Usage figures in the answer are those of the final round.
+Streams (:func:`_stream`): each round is streamed from the upstream and read until it shows what
+it starts. A round that starts by calling the recall tool is read whole and answered before the
+client sees anything; the first round that starts an answer (text, a call of the client's tools)
+is relayed as it arrives, event by event. When that round calls the recall tool after it began its
+answer, its call is not relayed: the proxy answers it and the next round continues the same answer
+in the same stream (:class:`_Splice`); the answer stored is the one the client received. Usage
+figures in the answer are those of the final round.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from historygraph.history.events import Message
 from historygraph.providers import anthropic as anth
+from historygraph.providers import openai_responses as resp
 from historygraph.render import Rendering
 from historygraph.render.recall import DESCRIPTION, PARAMETERS, TOOL_NAME, ids_of, openai_tool, recall_text
 from historygraph.signals.calibration import anthropic_usage, openai_usage
@@ -38,6 +44,8 @@ from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, for
 
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"
 HEADER = "x-historygraph-recall"
+_ACC: dict[str, Any] = {"openai": OpenAIStreamAccumulator, "anthropic": anth.StreamAccumulator, "responses": resp.StreamAccumulator}
+_USAGE = {"openai": openai_usage, "anthropic": anthropic_usage, "responses": resp.responses_usage}
 
 
 def wanted(enabled: bool, request: Request, rendering: Rendering) -> bool:
@@ -60,8 +68,14 @@ async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str
 
 
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
-    """``body`` with the recall tool appended to its ``tools``."""
-    tool = (openai_tool() if api == "openai" else {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS})
+    """``body`` with the recall tool appended to its ``tools``, in the API's tool shape (Responses:
+    https://platform.openai.com/docs/api-reference/responses/create, ``tools``, function tool)."""
+    if api == "openai":
+        tool = openai_tool()
+    elif api == "responses":
+        tool = {"type": "function", "name": TOOL_NAME, "description": DESCRIPTION, "parameters": PARAMETERS}
+    else:
+        tool = {"name": TOOL_NAME, "description": DESCRIPTION, "input_schema": PARAMETERS}
     return {**body, "tools": [*(body.get("tools") or []), tool]}
 
 
@@ -110,10 +124,11 @@ def _anthropic_blocks(events: list[Any]) -> list[dict[str, Any]]:
 
 
 class _Round:
-    """One upstream call: status, headers, raw bytes (chunks when streamed) and the answer."""
+    """One upstream call: status, headers, raw bytes (chunks when streamed), the answer, and the
+    model's turn in the API's form (Responses: its output items)."""
 
     def __init__(self, status: int, headers: Any, chunks: list[bytes], answer: Message | None,
-                 turn: dict[str, Any] | None, complete: bool, cut: str | None = None) -> None:
+                 turn: Any, complete: bool, cut: str | None = None) -> None:
         self.status, self.headers, self.chunks, self.answer = status, headers, chunks, answer
         self.turn, self.complete, self.cut = turn, complete, cut
 
@@ -122,64 +137,58 @@ class _Round:
         return [c for c in (self.answer.tool_calls if self.answer else ()) if c.name == TOOL_NAME]
 
 
-async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:
-    acc_cls = OpenAIStreamAccumulator if api == "openai" else anth.StreamAccumulator
-    req = proxy.request("POST", url, json=body, headers=headers)
+def _turn(answer: Message, events: list[Any], api: str) -> Any:
+    """The model's turn of a streamed round, to send back with the answers to its calls."""
+    if api == "openai":
+        return {"role": "assistant", "content": answer.content or None,
+                **({"tool_calls": [c.to_openai() for c in answer.tool_calls]} if answer.tool_calls else {})}
+    if api == "anthropic":
+        return {"role": "assistant", "content": _anthropic_blocks(events)}
+    done = [e for e in events if isinstance(e, dict) and e.get("type") in ("response.completed", "response.incomplete")]
+    output = (done[-1].get("response") or {}).get("output") if done else None
+    return output or [e["item"] for e in events if isinstance(e, dict) and e.get("type") == "response.output_item.done"]
+
+
+def _plain_headers(headers: Any) -> dict[str, str]:
+    return {k: v for k, v in response_headers(headers).items() if k.lower() != "content-encoding"}
+
+
+async def _open(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> httpx.Response:
+    """Send one round upstream, its answer streamed; a 502 :class:`ClientError` when unreachable."""
     try:
-        up = await proxy.send(req)
+        return await proxy.send(proxy.request("POST", url, json=body, headers=headers))
     except httpx.HTTPError as exc:
         proxy.metrics.upstream_errors.labels(api, "unreachable").inc()
         raise ClientError(unreachable_message(url, exc, api, proxy.config.timeout), "upstream", 502) from None
+
+
+async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:
+    """One round of a request that is not streamed."""
+    up = await _open(proxy, url, body, headers, api)
+    content = await proxy.read_answer(url, up, api)  # a 502 when the body is cut
+    if up.status_code >= 400:
+        proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
+        return _Round(up.status_code, up.headers, [content], None, None, True)
     try:
-        if up.status_code >= 400 or not body.get("stream"):
-            content = await proxy.read_answer(url, up, api)  # a 502 when the body is cut
-            if up.status_code >= 400:
-                proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
-                return _Round(up.status_code, up.headers, [content], None, None, True)
-            try:
-                data = json.loads(content)
-            except ValueError:
-                data = None
-            if not isinstance(data, dict):
-                proxy.metrics.upstream_errors.labels(api, "not_json").inc()
-                raise upstream_fault(url, up.status_code, not_json(content, up.headers.get("content-type")))
-            answer = answer_of(data, acc_cls)
-            if api == "openai":
-                m = data["choices"][0]["message"]
-                turn: dict[str, Any] | None = {"role": "assistant", "content": m.get("content"), **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
-            else:
-                turn = {"role": "assistant", "content": data.get("content") or []}
-            return _Round(up.status_code, up.headers, [content], answer, turn, True)
-        parser, acc, chunks, events = SSEParser(), acc_cls(), [], []
-        cut = None
-        try:
-            try:
-                async for chunk in up.aiter_raw():
-                    chunks.append(chunk)
-                    for event in parser.feed(chunk):
-                        acc.feed(event)
-                        events.append(event)
-            except httpx.HTTPError as exc:
-                cut = str(exc)
-            answer = acc.message() if acc.complete else None
-        except UNREADABLE as exc:  # relayed as a cut, without the chunk that made it unreadable: never stored
-            proxy.metrics.upstream_errors.labels(api, "malformed_stream").inc()
-            chunks.pop()
-            return _Round(up.status_code, up.headers, chunks, None, None, False, f"upstream stream unusable: {unreadable(exc)}; {RETRY}")
-        if not acc.complete and cut is None:
-            cut = "the upstream closed the stream before its final event"
-        turn = None
-        if answer is not None:
-            turn = ({"role": "assistant", "content": answer.content or None,
-                     **({"tool_calls": [c.to_openai() for c in answer.tool_calls]} if answer.tool_calls else {})}
-                    if api == "openai" else {"role": "assistant", "content": _anthropic_blocks(events)})
-        return _Round(up.status_code, up.headers, chunks, answer, turn, acc.complete,
-                      None if acc.complete else f"upstream stream cut mid-way: {cut}")
-    finally:
-        await up.aclose()
+        data = json.loads(content)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        proxy.metrics.upstream_errors.labels(api, "not_json").inc()
+        raise upstream_fault(url, up.status_code, not_json(content, up.headers.get("content-type")))
+    answer = answer_of(data, _ACC[api])
+    turn: Any
+    if api == "openai":
+        m = data["choices"][0]["message"]
+        turn = {"role": "assistant", "content": m.get("content"), **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
+    elif api == "anthropic":
+        turn = {"role": "assistant", "content": data.get("content") or []}
+    else:
+        turn = data.get("output") or []
+    return _Round(up.status_code, up.headers, [content], answer, turn, True)
 
 
-def _exchange(proxy: Any, session_id: str, rnd: _Round, api: str) -> list[dict[str, Any]]:
+def _exchange(proxy: Any, session_id: str, rnd: _Round, api: str) -> list[Any]:
     """The model's turn and the answers to its calls, in the API's form."""
     assert rnd.answer is not None and rnd.turn is not None
     answers = []
@@ -189,12 +198,26 @@ def _exchange(proxy: Any, session_id: str, rnd: _Round, api: str) -> list[dict[s
     proxy.metrics.recall_calls.labels(api).inc(len(rnd.recall_calls))
     if api == "openai":
         return [rnd.turn, *({"role": "tool", "tool_call_id": i, "content": t} for i, t in answers)]
+    if api == "responses":  # each output item as the model made it, each call answered by an output of its kind
+        kinds = {it.get("call_id"): it.get("type") for it in rnd.turn if isinstance(it, dict)}
+        return [*rnd.turn, *({"type": "custom_tool_call_output" if kinds.get(i) == "custom_tool_call" else "function_call_output",
+                              "call_id": i, "output": t} for i, t in answers)]
     return [rnd.turn, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": t} for i, t in answers]}]
+
+
+def _extended(body: dict[str, Any], exchange: list[Any], api: str) -> dict[str, Any]:
+    """``body`` with the model's turn and the answers to its calls appended to its conversation."""
+    if api != "responses":
+        return {**body, "messages": [*body["messages"], *exchange]}
+    items = body["input"]
+    return {**body, "input": [*([{"role": "user", "content": items}] if isinstance(items, str) else items), *exchange]}
 
 
 async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
                   api: str) -> Response:
     """Forward ``body`` with the recall tool, answering its calls (see the module docstring)."""
+    if body.get("stream"):
+        return await _stream(proxy, url, body, request, session_id, api)
     headers = forward_headers(request.headers)
     ours = {"x-historygraph-session": session_id}
     rounds = proxy.config.recall_rounds
@@ -205,29 +228,249 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
         t_up = time.perf_counter()
         rnd = await _call(proxy, url, without_tool(current, api) if last else current, headers, api)
         upstream_s += time.perf_counter() - t_up
-        if rnd.status < 400 and rnd.complete and rnd.recall_calls and not last:
-            current = {**current, "messages": [*current["messages"], *_exchange(proxy, session_id, rnd, api)]}
+        if rnd.status < 400 and rnd.recall_calls and not last:
+            current = _extended(current, _exchange(proxy, session_id, rnd, api), api)
             continue
         break
     if rnd.status < 400 and rnd.answer is not None:
-        if not body.get("stream"):  # (a streamed answer's usage is read by the stream relay)
-            try:
-                data = json.loads(b"".join(rnd.chunks))
-            except ValueError:
-                data = None
-            proxy.observe_usage(body, openai_usage(data) if api == "openai" else anthropic_usage(data), api=api)
+        try:
+            data = json.loads(b"".join(rnd.chunks))
+        except ValueError:
+            data = None
+        proxy.observe_usage(body, _USAGE[api](data), api=api)
         await run_in_threadpool(proxy.store_answer, session_id, rnd.answer)
-    out_headers = {k: v for k, v in response_headers(rnd.headers).items() if k.lower() != "content-encoding"}
-    if rnd.status >= 400 or not body.get("stream"):
-        proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
-        return Response(b"".join(rnd.chunks), rnd.status, {**out_headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"})
-    if rnd.cut is not None:
-        proxy.metrics.upstream_errors.labels(api, "stream_cut").inc()
-        await run_in_threadpool(proxy.store_partial, session_id, b"".join(rnd.chunks), rnd.cut)
-        rnd.chunks.append(stream_error(api, rnd.cut, "upstream_stream_cut"))
+    proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
+    return Response(b"".join(rnd.chunks), rnd.status, {**_plain_headers(rnd.headers), **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"})
+
+
+def _starts(event: Any, api: str) -> str | None:
+    """What an event of a streamed round starts: ``"recall"`` (a call of the recall tool),
+    ``"output"`` (text, a call of another tool, any other output the client is to see) or ``None``
+    (nothing yet: role deltas, thinking and reasoning, bookkeeping events)."""
+    if not isinstance(event, dict):
+        return None
+    if api == "openai":
+        delta = ((event.get("choices") or [{}])[0] or {}).get("delta") or {}
+        names = [(c.get("function") or {}).get("name") for c in delta.get("tool_calls") or [] if isinstance(c, dict)]
+        if TOOL_NAME in names:
+            return "recall"
+        return "output" if delta.get("content") or any(names) else None
+    if api == "anthropic":
+        block = event.get("content_block") if event.get("type") == "content_block_start" else None
+        if not isinstance(block, dict) or block.get("type") in ("thinking", "redacted_thinking"):
+            return None
+        return "recall" if block.get("name") == TOOL_NAME else "output"
+    item = event.get("item") if event.get("type") == "response.output_item.added" else None
+    if not isinstance(item, dict) or item.get("type") == "reasoning":
+        return None
+    return "recall" if item.get("name") == TOOL_NAME else "output"
+
+
+class _Splice:
+    """Turns the events of the rounds relayed to the client into one answer: a round that began
+    its answer and then called the recall tool is cut there (its call is never relayed), and the
+    next round continues the same answer (OpenAI: tool-call indexes shifted past those relayed;
+    Anthropic: its ``message_start`` and thinking blocks dropped, block indexes continued;
+    Responses: its opening events and reasoning items dropped, output indexes continued, the
+    final response's ``output`` holding every item relayed). ``acc``: the client's view,
+    accumulated from what was relayed (the answer stored)."""
+
+    def __init__(self, api: str, acc: Any) -> None:
+        self.api, self.acc, self.rounds = api, acc, 0
+        self.offset = 0  # calls (OpenAI), blocks (Anthropic) or output items (Responses) relayed in earlier rounds
+        self.index: dict[Any, int | None] = {}  # this round's upstream index -> the client's (None: dropped)
+        self.items: list[Any] = []  # Responses: output items relayed in earlier rounds
+        self.done: list[Any] = []  # Responses: this round's relayed items
+        self.seq = 0
+
+    def next_round(self) -> None:
+        self.offset += len([v for v in self.index.values() if v is not None])
+        self.items += self.done
+        self.index, self.done, self.rounds = {}, [], self.rounds + 1
+
+    def _mapped(self, idx: Any, keep: bool = True) -> int | None:
+        if idx not in self.index:
+            self.index[idx] = self.offset + len([v for v in self.index.values() if v is not None]) if keep else None
+        return self.index[idx]
+
+    def event(self, e: Any) -> bytes | None:
+        """The bytes to relay for upstream event ``e`` (``None``: dropped)."""
+        if e == "[DONE]":
+            return b"data: [DONE]\n\n"
+        if not isinstance(e, dict):
+            return None
+        if self.api == "openai":
+            calls = ((e.get("choices") or [{}])[0] or {}).get("delta", {}).get("tool_calls") if e.get("choices") else None
+            if calls and self.rounds:
+                e = json.loads(json.dumps(e))
+                for c in e["choices"][0]["delta"]["tool_calls"]:
+                    c["index"] = self._mapped(c.get("index"))
+            elif calls:
+                for c in calls:
+                    self._mapped(c.get("index"))
+            self.acc.feed(e)
+            return ("data: " + json.dumps(e) + "\n\n").encode()
+        kind = e.get("type")
+        if self.api == "anthropic":
+            if kind == "message_start" and self.rounds:
+                return None
+            if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+                block: dict[str, Any] = e.get("content_block") or {}
+                first = kind == "content_block_start"
+                keep = not (self.rounds and first and block.get("type") in ("thinking", "redacted_thinking"))
+                idx = self._mapped(e.get("index"), keep) if first else self.index.get(e.get("index"), e.get("index"))
+                if idx is None:
+                    return None
+                e = {**e, "index": idx}
+            self.acc.feed(e)
+            return (f"event: {kind}\ndata: " + json.dumps(e) + "\n\n").encode()
+        if self.rounds and kind in ("response.created", "response.in_progress"):
+            return None
+        if "output_index" in e:
+            item: dict[str, Any] = e["item"] if isinstance(e.get("item"), dict) else {}
+            first = kind == "response.output_item.added"
+            keep = not (self.rounds and first and item.get("type") == "reasoning")
+            idx = self._mapped(e.get("output_index"), keep) if first else self.index.get(e.get("output_index"), e.get("output_index"))
+            if idx is None:
+                return None
+            e = {**e, "output_index": idx}
+            if kind == "response.output_item.done":
+                self.done.append(e.get("item"))
+        if kind in ("response.completed", "response.incomplete") and self.rounds and isinstance(e.get("response"), dict):
+            e = {**e, "response": {**e["response"], "output": [*self.items, *self.done]}}
+        if "sequence_number" in e:
+            e = {**e, "sequence_number": self.seq}
+            self.seq += 1
+        self.acc.feed(e)
+        return (f"event: {kind}\ndata: " + json.dumps(e) + "\n\n").encode()
+
+
+class _Live:
+    """One streamed upstream round, read event by event."""
+
+    def __init__(self, up: httpx.Response, api: str) -> None:
+        self.up, self.api = up, api
+        self.parser, self.acc = SSEParser(), _ACC[api]()
+        self.events: list[Any] = []
+        self.chunks = up.aiter_raw().__aiter__()
+        self.cut: str | None = None
+
+    async def next(self) -> list[Any] | None:
+        """The events of the next chunk (``None`` at the end; ``self.cut`` says why when the
+        stream ended without its final event). An unreadable answer raises (:data:`UNREADABLE`)."""
+        if self.cut is not None:
+            return None
+        try:
+            chunk = await self.chunks.__anext__()
+        except StopAsyncIteration:
+            if not self.acc.complete:
+                self.cut = "upstream stream cut mid-way: the upstream closed the stream before its final event"
+            return None
+        except httpx.HTTPError as exc:
+            if not self.acc.complete:
+                self.cut = f"upstream stream cut mid-way: {exc}"
+            return None
+        events = list(self.parser.feed(chunk))
+        for e in events:
+            self.acc.feed(e)
+        self.events += events
+        return events
+
+    def round(self) -> _Round:
+        try:
+            answer = self.acc.message() if self.acc.complete else None
+        except UNREADABLE:  # a call whose arguments never became JSON: no answer to store or act on
+            answer = None
+        return _Round(self.up.status_code, self.up.headers, [], answer, _turn(answer, self.events, self.api) if answer else None,
+                      self.acc.complete, self.cut)
+
+
+async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, api: str) -> Response:
+    """:func:`forward` of a streamed request: each round is read until it shows what it starts
+    (:func:`_starts`); a round that starts with a recall call is read whole and answered before
+    anything reaches the client; the first round that starts an answer is relayed as it arrives,
+    and when it calls the recall tool after all, the call is answered and the next round continues
+    the same answer (:class:`_Splice`)."""
+    headers = forward_headers(request.headers)
+    ours = {"x-historygraph-session": session_id}
+    rounds, current, k = proxy.config.recall_rounds, with_tool(body, api), 0
+    held: list[Any] = []
+    while True:  # the rounds before anything is relayed
+        up = await _open(proxy, url, without_tool(current, api) if k == rounds else current, headers, api)
+        if up.status_code >= 400:
+            content = await proxy.read_answer(url, up, api)
+            proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
+            return Response(content, up.status_code, {**_plain_headers(up.headers), **ours})
+        live, held, fault, starts = _Live(up, api), [], None, None
+        try:
+            while starts is None and (events := await live.next()) is not None:
+                held += events
+                starts = next((s for e in events if (s := _starts(e, api)) is not None), None)
+            if starts == "recall" and k < rounds:
+                while await live.next() is not None:
+                    pass
+        except UNREADABLE as exc:
+            fault = f"upstream stream unusable: {unreadable(exc)}; {RETRY}"
+        rnd = live.round()
+        if fault is None and starts == "recall" and k < rounds and rnd.complete and rnd.recall_calls:
+            await live.up.aclose()
+            current = _extended(current, _exchange(proxy, session_id, rnd, api), api)
+            k += 1
+            continue
+        break
 
     async def relay():
-        for chunk in rnd.chunks:
-            yield chunk
+        nonlocal live, current, k, held, fault
+        splice, stored = _Splice(api, _ACC[api]()), False
+        try:
+            while True:
+                late = False
+                try:
+                    pending = held
+                    while not late:
+                        for e in pending:
+                            if k < rounds and _starts(e, api) == "recall":  # it began its answer, then recalls
+                                late = True
+                                break
+                            out = splice.event(e)
+                            if not stored and splice.acc.complete and (answer := splice.acc.message()) is not None:
+                                stored = True
+                                await run_in_threadpool(proxy.store_answer, session_id, answer)
+                            if out is not None:
+                                yield out
+                        if late or fault is not None:
+                            break
+                        nxt = await live.next()
+                        if nxt is None:
+                            break
+                        pending = nxt
+                    if late:
+                        while await live.next() is not None:
+                            pass
+                except UNREADABLE as exc:
+                    fault = f"upstream stream unusable: {unreadable(exc)}; {RETRY}"
+                rnd = live.round()
+                if late and fault is None and rnd.complete:
+                    await live.up.aclose()
+                    current = _extended(current, _exchange(proxy, session_id, rnd, api), api)
+                    k += 1
+                    splice.next_round()
+                    up = await _open(proxy, url, without_tool(current, api) if k == rounds else current, headers, api)
+                    if up.status_code >= 400:
+                        content = await proxy.read_answer(url, up, api)
+                        proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
+                        yield stream_error(api, f"upstream error {up.status_code} in a recall round: {content.decode('utf-8', 'replace')[:500]}",
+                                           "upstream_error")
+                        return
+                    live, held = _Live(up, api), []
+                    continue
+                why = fault or rnd.cut
+                if why is not None:
+                    proxy.metrics.upstream_errors.labels(api, "malformed_stream" if fault else "stream_cut").inc()
+                    await run_in_threadpool(proxy.store_partial, session_id, json.dumps(live.events).encode(), why)
+                    yield stream_error(api, why, "upstream_malformed_answer" if fault else "upstream_stream_cut")
+                return
+        finally:
+            await live.up.aclose()
 
-    return StreamingResponse(relay(), rnd.status, {**out_headers, **ours})
+    return StreamingResponse(relay(), live.up.status_code, {**_plain_headers(live.up.headers), **ours})

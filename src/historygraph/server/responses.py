@@ -3,7 +3,8 @@
 ``POST /v1/responses``: the request's ``instructions`` and ``input`` are converted to canonical
 events (:mod:`historygraph.providers.openai_responses`), routed to a session, rendered under B and
 forwarded with every other field unchanged (``tools``, ``tool_choice``, ``store``, ``include``,
-``reasoning`` …), streamed or not, exactly as the other two APIs (:meth:`Proxy.forward`). A request
+``reasoning`` …), streamed or not, exactly as the other two APIs (:meth:`Proxy.forward`; with the
+recall tool when it is on, :mod:`historygraph.server.recall_tool`). A request
 that names state the provider keeps (``previous_response_id``, ``conversation``) or sends no
 ``input`` is forwarded byte for byte, stores nothing, and is marked
 ``X-HistoryGraph-Passthrough: <field>`` and logged.
@@ -24,6 +25,7 @@ from starlette.background import BackgroundTask
 
 from historygraph.history.events import EventError
 from historygraph.providers import openai_responses as resp
+from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
 from historygraph.server.proxy import ARRIVAL, run_in_threadpool
 from historygraph.server.upstream import forward_headers, response_headers, unreachable_message
@@ -62,8 +64,9 @@ async def create_response(request: Request) -> Response:
         sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
         items = body["input"] if isinstance(body["input"], str) else resp.from_canonical(
             rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None for p in rendering.positions])
-        return await proxy.forward(url, {**body, "input": items}, request, sid, started, resp.StreamAccumulator,
-                                   sent_tokens, policy, extra=proxy.notes(rendering))
+        forwarded = {**body, "input": items}
+        return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "responses",
+                                      resp.StreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:
         return openai_error(exc)
 
