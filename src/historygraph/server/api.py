@@ -37,7 +37,7 @@ from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import session_id_problem
 from historygraph.policies import PolicyError, check_production
-from historygraph.store import KEPT_KEYS, AppendConflict, StoreError
+from historygraph.store import KEPT_KEYS, AppendConflict, StoreError, StoreFullError
 from historygraph.store.base import MAX_KEY_LENGTH
 from historygraph.server.errors import ClientError
 
@@ -212,6 +212,9 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
                                            expected_length=body.expected_length)
         except EventError as exc:
             raise HTTPException(400, f"messages: {exc}") from None
+        except StoreFullError as exc:
+            raise HTTPException(507, f"{exc.strerror}; nothing of this append was stored, send it again once "
+                                     f"there is space (GET /health reports the state)") from None
         except AppendConflict as exc:
             detail = (f"Idempotency-Key: {exc.key!r} was already used in session {session_id!r} with a different body"
                       if exc.key is not None else
