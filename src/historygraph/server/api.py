@@ -24,6 +24,7 @@ When the server has an auth token, every route here requires ``Authorization: Be
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Annotated, Any
 from urllib.parse import unquote
@@ -113,6 +114,8 @@ class ToolResultResponse(BaseModel):
     position: int
     name: str | None
     content: str
+    media: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "the result's images, documents, files and audio, whole (base64 data included), as the client sent them"))
 
 
 def _proxy(request: Request) -> Any:
@@ -259,4 +262,5 @@ def read_result(session_id: str, tool_call_id: str, request: Request) -> ToolRes
         raise HTTPException(404, f"tool_call_id: no stored result {tool_call_id!r} in session {session_id!r}")
     pos = graph.result_of[tool_call_id]
     m = graph.messages[pos]
-    return ToolResultResponse(id=tool_call_id, position=pos, name=m.name, content=m.content)
+    return ToolResultResponse(id=tool_call_id, position=pos, name=m.name, content=m.content,
+                              media=json.loads(m.media) if m.media else [])
