@@ -224,3 +224,24 @@ def test_the_fake_rejects_media_where_the_api_does_not_take_them():
         {"role": "user", "content": "hi"},
         {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_the_recall_tool_gives_an_anthropic_results_images_back():
+    from types import SimpleNamespace
+
+    from historygraph import MemoryStore
+    from historygraph.server.recall_tool import recalled_media
+
+    msgs, _ = anth.to_canonical(None, [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}},
+                                          {"type": "tool_use", "id": "t2", "name": "run", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "x"}, IMAGE]},
+                                     {"type": "tool_result", "tool_use_id": "t2", "content": "plain"}]}])
+    store = MemoryStore()
+    store.create_session("s")
+    store.append("s", msgs)
+    proxy = SimpleNamespace(store=store)
+    assert recalled_media(proxy, "s", json.dumps({"ids": ["t1", "t2"]})) == [IMAGE]
+    assert recalled_media(proxy, "s", json.dumps({"ids": ["t2", "nope"]})) == []
+    assert recalled_media(proxy, "s", "not json") == []
