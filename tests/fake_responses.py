@@ -14,7 +14,8 @@ answers a violation with 400 in OpenAI's error shape, recorded at ``GET /_reject
   last) and its ``encrypted_content`` is the one the fake made (:func:`seal`, checkable as
   ``sign()`` is for Anthropic thinking): a modified reasoning item is rejected;
 * assistant ``message`` content parts are ``output_text``/``refusal``, user/system/developer
-  parts ``input_*`` ("Invalid value: 'input_text'. Supported values are: 'output_text' and 'refusal'.").
+  parts ``input_*`` ("Invalid value: 'input_text'. Supported values are: 'output_text' and 'refusal'.");
+  an ``input_image`` names its image, an ``input_file`` its file (:func:`_media_violation`).
 
 Answers (request count ``n``): a ``reasoning`` item (summary ``thinking <n>``, sealed), then, when
 ``tools`` are offered and the last input item is the user's, a call of the first tool
@@ -73,6 +74,20 @@ def _message_violation(item: dict[str, Any], i: int) -> str | None:
         if isinstance(p, dict) and p.get("type") not in allowed:
             return (f"input[{i}].content[{j}]: Invalid value: '{p.get('type')}'. Supported values are: "
                     + " and ".join(f"'{a}'" for a in allowed) + ".")
+        if (why := _media_violation(p, f"input[{i}].content[{j}]")) is not None:
+            return why
+    return None
+
+
+def _media_violation(p: Any, where: str) -> str | None:
+    """An ``input_image`` needs ``image_url`` or ``file_id``, an ``input_file`` ``file_data``,
+    ``file_id`` or ``file_url`` (the reference's ``ResponseInputImage``, ``ResponseInputFile``)."""
+    if not isinstance(p, dict):
+        return None
+    if p.get("type") == "input_image" and not (isinstance(p.get("image_url"), str) or isinstance(p.get("file_id"), str)):
+        return f"{where}: an input_image needs image_url or file_id"
+    if p.get("type") == "input_file" and not {"file_data", "file_id", "file_url"} & set(p):
+        return f"{where}: an input_file needs file_data, file_id or file_url"
     return None
 
 
@@ -94,6 +109,10 @@ def responses_violation(body: dict[str, Any]) -> str | None:
             open_calls[it.get("call_id")] = (kind, i)
             seen_calls[it.get("call_id")] = kind
         elif kind in OUTPUTS:
+            output = it.get("output")
+            for j, p in enumerate(output if isinstance(output, list) else []):
+                if (why := _media_violation(p, f"input[{i}].output[{j}]")) is not None:
+                    return why
             if seen_calls.get(it.get("call_id")) != OUTPUTS[kind] and body.get("previous_response_id") is None:
                 return f"input[{i}]: No tool call found for {kind.replace('_', ' ')} with call_id {it.get('call_id')}."
             open_calls.pop(it.get("call_id"), None)

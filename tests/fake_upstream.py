@@ -6,7 +6,9 @@ A test double: it lives with the tests, never in the installed package.
 It enforces the providers' documented request rules and answers a violation with 400 in the
 provider's error shape, recording it at ``GET /_rejections`` (:func:`openai_violation`,
 :func:`anthropic_violation`): pairing and order of calls and results, ``tool_result`` blocks
-first in their user turn, server-tool pairs, the extended-thinking rule and thinking signatures
+first in their user turn, server-tool pairs, the extended-thinking rule and thinking signatures,
+images, documents, audio and files where each API takes them (:func:`anthropic_block_violation`,
+:func:`openai_part_violation`; ``is_error`` a boolean)
 (the fake signs what it emits with :func:`sign`; a block whose signature does not match is
 rejected, as the provider rejects a modified thinking block), and where a mid-conversation system
 message (``{"role": "system"}`` inside ``messages``) may stand (:func:`system_turn_violation`).
@@ -60,6 +62,8 @@ def openai_violation(messages: list[Any]) -> str | None:
     ``tool_calls`` must be followed directly by one ``tool`` message per call id, and a ``tool``
     message must answer a call of that assistant message (OpenAI: "An assistant message with
     'tool_calls' must be followed by tool messages responding to each 'tool_call_id'")."""
+    if (why := openai_part_violation(messages)) is not None:
+        return why
     i = 0
     while i < len(messages):
         m = messages[i]
@@ -80,6 +84,74 @@ def openai_violation(messages: list[Any]) -> str | None:
             i = j
             continue
         i += 1
+    return None
+
+
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def anthropic_block_violation(b: Any, where: str, role: str) -> str | None:
+    """The first Messages API rule one content block breaks, or ``None``: ``image`` blocks (in user
+    turns and ``tool_result`` content only) have a ``base64`` source with a supported
+    ``media_type`` and ``data``, or a ``url`` or ``file`` source; ``document`` blocks a
+    ``base64`` PDF, a ``text`` source with ``data``, a ``url``, ``content`` or ``file`` source;
+    a ``tool_result``'s ``is_error`` is a boolean and its ``content`` a string or a list of
+    ``text``, ``image``, ``document`` and ``search_result`` blocks, each valid (Anthropic "Vision",
+    "PDF support", "Tool use": "Handling tool results")."""
+    if not isinstance(b, dict):
+        return f"{where}: Input should be a valid dictionary"
+    kind = b.get("type")
+    if kind in ("image", "document"):
+        if role != "user":
+            return f"{where}: {kind} blocks are only allowed in user messages"
+        src = b.get("source")
+        stype = src.get("type") if isinstance(src, dict) else None
+        if kind == "image" and stype == "base64" and (src.get("media_type") not in IMAGE_TYPES or not isinstance(src.get("data"), str)):
+            return f"{where}.source: an image needs media_type one of {IMAGE_TYPES} and base64 data"
+        if kind == "document" and stype == "base64" and (src.get("media_type") != "application/pdf" or not isinstance(src.get("data"), str)):
+            return f"{where}.source: a base64 document must be application/pdf with data"
+        if kind == "document" and stype == "text" and not isinstance(src.get("data"), str):
+            return f"{where}.source.data: Field required"
+        allowed = ("base64", "url", "file") + (("text", "content") if kind == "document" else ())
+        if stype not in allowed:
+            return f"{where}.source.type: Input tag {stype!r} does not match any of the expected tags: {allowed}"
+    if kind == "tool_result":
+        if "is_error" in b and not isinstance(b["is_error"], bool):
+            return f"{where}.is_error: Input should be a valid boolean"
+        content = b.get("content")
+        if isinstance(content, list):
+            for n, c in enumerate(content):
+                if not isinstance(c, dict) or c.get("type") not in ("text", "image", "document", "search_result"):
+                    return f"{where}.content.{n}: tool_result content blocks are text, image, document or search_result"
+                if (why := anthropic_block_violation(c, f"{where}.content.{n}", role)) is not None:
+                    return why
+        elif content is not None and not isinstance(content, str):
+            return f"{where}.content: a string or a list of blocks"
+    return None
+
+
+def openai_part_violation(messages: list[Any]) -> str | None:
+    """The first Chat Completions content-part rule ``messages`` breaks, or ``None``: ``image_url``,
+    ``input_audio`` and ``file`` parts only in user messages, an ``image_url`` with a ``url``, an
+    ``input_audio`` with base64 ``data`` and ``format`` ``wav`` or ``mp3``, a ``file`` with
+    ``file_data`` or ``file_id`` (OpenAI API reference, "Create chat completion": the message
+    content parts of each role)."""
+    for i, m in enumerate(messages):
+        parts = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(parts, list):
+            continue
+        for j, p in enumerate(parts):
+            kind = p.get("type") if isinstance(p, dict) else None
+            where = f"messages[{i}].content[{j}]"
+            if kind in ("image_url", "input_audio", "file") and m.get("role") != "user":
+                return f"{where}: Invalid value: '{kind}'. Supported values for role {m.get('role')} are text parts"
+            if kind == "image_url" and not isinstance((p.get("image_url") or {}).get("url"), str):
+                return f"{where}.image_url.url: Missing required parameter"
+            if kind == "input_audio" and ((p.get("input_audio") or {}).get("format") not in ("wav", "mp3")
+                                          or not isinstance((p.get("input_audio") or {}).get("data"), str)):
+                return f"{where}.input_audio: data and a format of 'wav' or 'mp3' are required"
+            if kind == "file" and not ({"file_data", "file_id"} & set(p.get("file") or {})):
+                return f"{where}.file: file_data or file_id is required"
     return None
 
 
@@ -141,6 +213,10 @@ def anthropic_violation(body: dict[str, Any]) -> str | None:
         return "messages: a non-empty list of objects is required"
     if (why := system_turn_violation(turns)) is not None:
         return why
+    for k, t in enumerate(turns):
+        for n, b in enumerate(t.get("content") if isinstance(t.get("content"), list) else []):
+            if (why := anthropic_block_violation(b, f"messages.{k}.content.{n}", t.get("role"))) is not None:
+                return why
     turns = _merged([t for t in turns if t.get("role") != "system"])
     if turns[0]["role"] != "user":
         return "messages: the first message must use the user role"

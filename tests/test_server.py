@@ -284,7 +284,7 @@ def test_session_api_append_render_result_and_auth(servers):
     assert r["history_tokens"] == history_tokens(r["messages"]) <= BUDGET
     assert r["reasons"][str(r["selected"][0])].startswith("kept")
     assert api(servers, "GET", "/sessions/api-s/results/apic0").json() == {
-        "id": "apic0", "position": 3, "name": None, "content": "result0 " * WORDS}
+        "id": "apic0", "position": 3, "name": None, "content": "result0 " * WORDS, "media": []}
     assert api(servers, "GET", "/sessions/api-s/results/zzz").status_code == 404
     assert "policy" in api(servers, "POST", "/sessions/api-s/render", json={"policy": "nope"}).json()["detail"]
     assert api(servers, "POST", "/sessions/api-s/render", json={"budget": 0}).status_code == 422

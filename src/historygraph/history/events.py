@@ -77,6 +77,12 @@ class Message:
             (``server_tool_use``, ``web_search_tool_result`` …) and other non-text blocks; ``""``
             when none. They are forwarded byte for byte and counted against B with the message
             (docs/architecture.md, invariant §5.8).
+        media: compact JSON (sorted keys) of the message's non-text content parts (images,
+            documents, files, audio: :data:`MEDIA_TYPES`), each whole, base64 data included, in
+            order; ``""`` when none. ``content`` holds a ``[type]`` marker where each was. Stored
+            and restorable by id; charged to B by the provider's documented estimate, not by
+            their bytes (:mod:`historygraph.signals.media`). A stand-in (placeholder, excerpt,
+            brief view) does not carry them.
     """
 
     role: str
@@ -87,6 +93,7 @@ class Message:
     timestamp: float | None = None
     rendered_as: str | None = None
     provider_blocks: str = ""
+    media: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -114,7 +121,8 @@ class Message:
     def with_content(self, content: str, rendered_as: str) -> "Message":
         """A copy showing ``content`` instead of the stored text, marked ``rendered_as`` (the
         constructor called directly: ``dataclasses.replace`` costs several times more, and a
-        reopened session's first render builds its placeholders this way)."""
+        reopened session's first render builds its placeholders this way). The stand-in does not
+        carry :attr:`media`: what it shows is ``content``."""
         return Message(self.role, content, self.tool_calls, self.tool_call_id, self.name, self.timestamp,
                        rendered_as, self.provider_blocks)
 
@@ -139,6 +147,8 @@ class Message:
             out["rendered_as"] = self.rendered_as
         if self.provider_blocks:
             out["provider_blocks"] = self.provider_blocks
+        if self.media:
+            out["media"] = self.media
         return out
 
     @classmethod
@@ -168,6 +178,7 @@ class Message:
             timestamp=float(ts) if isinstance(ts, (int, float)) else None,
             rendered_as=data.get("rendered_as"),
             provider_blocks=pb if isinstance(pb := data.get("provider_blocks"), str) else "",
+            media=md if isinstance(md := data.get("media"), str) else media_of(data.get("content")),
         )
 
 
@@ -195,6 +206,21 @@ def content_text(content: Any) -> str:
     if isinstance(content, dict) and isinstance(content.get("text"), str):
         return content["text"]
     raise EventError(f"content must be text or a list of parts, got {type(content).__name__}")
+
+
+MEDIA_TYPES = ("image", "document", "image_url", "input_audio", "file", "input_image", "input_file")
+"""Content-part types kept whole in :attr:`Message.media`: Anthropic Messages ``image`` and
+``document`` blocks; OpenAI Chat Completions ``image_url``, ``input_audio`` and ``file`` parts;
+OpenAI Responses ``input_image`` and ``input_file`` parts."""
+
+
+def media_of(content: Any) -> str:
+    """:attr:`Message.media` of ``content`` (a string or a list of parts): compact JSON with sorted
+    keys of its parts of a :data:`MEDIA_TYPES` type, whole and in order; ``""`` for none."""
+    if not isinstance(content, list):
+        return ""
+    parts = [p for p in content if isinstance(p, dict) and p.get("type") in MEDIA_TYPES]
+    return json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if parts else ""
 
 
 @dataclass(slots=True)

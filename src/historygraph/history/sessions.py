@@ -125,6 +125,7 @@ def same_event(a: Message, b: Message) -> bool:
     order) and provider blocks with ``null`` fields counting as absent, at any depth (a client's
     SDK drops them when it echoes an answer back, as ``model_dump(exclude_none=True)`` does)."""
     return (a.role == b.role and a.content == b.content and a.tool_call_id == b.tool_call_id
+            and (a.media == b.media or _same_json(a.media, b.media, nulls=False))
             and (a.tool_calls == b.tool_calls or _same_calls(a, b))
             and (a.provider_blocks == b.provider_blocks or _same_json(a.provider_blocks, b.provider_blocks, nulls=False)))
 

@@ -21,9 +21,10 @@ Conversion to canonical form (:func:`to_canonical`):
   ``redacted_thinking``, ``server_tool_use``, ``web_search_tool_result`` and any other server-tool
   block) is kept, in order, in :attr:`Message.provider_blocks`: not scored, but counted against B
   because it is forwarded (docs/architecture.md, invariant §5.8). Non-text user blocks other than images and documents
-  are kept there too; images and documents are charged as their ``[image]``-style marker only,
-  because providers bill them by pixel area or pages, not by their bytes (Anthropic "Vision":
-  about width × height / 750 tokens), which a text tokenizer cannot count.
+  are kept there too; ``image`` and ``document`` blocks (of a user turn or inside a
+  ``tool_result``) are stored whole in :attr:`Message.media` (an ``[image]``-style marker in the
+  text where each was) and charged by the provider's estimate (Anthropic "Vision": about
+  width × height / 750 tokens; :mod:`historygraph.signals.media`), not by their bytes.
 
 Every canonical message keeps a pointer to its wire original (:class:`Piece`). The proxy sends a
 message that a policy rendered unchanged as that original, so thinking blocks (with their
@@ -37,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from historygraph.history.events import EventError, Message, ToolCall, content_text
+from historygraph.history.events import EventError, Message, ToolCall, content_text, media_of
 from historygraph.signals.calibration import Usage, anthropic_usage
 
 
@@ -139,7 +140,8 @@ def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
                 raise EventError(f"{where}.content[{j}].tool_use_id is missing")
             tail = tuple(blocks[j + 1:]) if j == last else ()
             out.append((Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
-                                tool_call_id=str(b["tool_use_id"]), provider_blocks=provider_blocks_of(list(tail))),
+                                tool_call_id=str(b["tool_use_id"]), provider_blocks=provider_blocks_of(list(tail)),
+                                media=media_of(b.get("content"))),
                         Piece(b, i, tail)))
         elif j > last >= 0:
             continue  # after the turn's last result: its tail
@@ -147,7 +149,8 @@ def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
             rest.append(b)
     if rest:
         extra = [b for b in rest if isinstance(b, dict) and b.get("type") not in UNCOUNTED_USER_BLOCKS]
-        out.append((Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra)),
+        out.append((Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra),
+                            media=media_of(rest)),
                     Piece(rest, i)))
     return out
 
@@ -176,6 +179,16 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
     except json.JSONDecodeError:
         tool_input = {"arguments": call.arguments}
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input}
+
+
+def _tool_result(m: Message, piece: Piece | None) -> dict[str, Any]:
+    """The ``tool_result`` block of a result shown changed (a placeholder, an excerpt): its text,
+    and ``is_error: true`` when the client marked the original so (the model is still told the
+    call failed)."""
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+    if piece is not None and isinstance(piece.value, dict) and piece.value.get("is_error") is True:
+        block["is_error"] = True
+    return block
 
 
 def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[dict[str, Any]]:
@@ -223,8 +236,7 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
                         + ([{"type": "text", "text": m.content}] if m.content else [])
                         + [_tool_use(c) for c in m.tool_calls]})
         elif m.role == "tool":
-            pending.append(original if original is not None else
-                           {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content})
+            pending.append(original if original is not None else _tool_result(m, piece))
             pending_turn = turn
             tails.extend(piece.tail if piece is not None else ())
         else:

@@ -10,8 +10,9 @@ Conversion of a request's ``instructions`` and ``input`` (:func:`to_canonical`):
 * ``input`` as a string → one ``user`` message;
 * a ``message`` item (``type`` may be left out) with role ``user`` → a ``user`` message, role
   ``system``/``developer`` → a ``system`` message; content parts are flattened to text
-  (``input_text``; an ``input_image``/``input_file`` part is charged as its ``[input_image]``
-  marker, as images are billed by area, not by their bytes);
+  (``input_text``; ``input_image``/``input_file`` parts, here and in a tool output's list, are
+  stored whole in :attr:`Message.media`, an ``[input_image]`` marker in the text where each was,
+  and charged by the provider's estimate, :mod:`historygraph.signals.media`, not by their bytes);
 * a ``function_call_output`` / ``custom_tool_call_output`` item → one ``tool`` message
   (``tool_call_id`` = its ``call_id``);
 * every other item is the model's (or answers a built-in tool inside one model turn): a maximal
@@ -40,7 +41,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from historygraph.history.events import EventError, Message, ToolCall, content_text
+from historygraph.history.events import EventError, Message, ToolCall, content_text, media_of
 from historygraph.signals.calibration import Usage
 
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
@@ -126,8 +127,9 @@ def _single(item: dict[str, Any], kind: str, where: str) -> Message:
         call_id = item.get("call_id")
         if not isinstance(call_id, str) or not call_id:
             raise EventError(f"{where}.call_id is missing")
-        return Message("tool", _text(item.get("output"), f"{where}.output"), tool_call_id=call_id)
-    return Message(USER_ROLES[item["role"]], _text(item.get("content"), f"{where}.content"))
+        return Message("tool", _text(item.get("output"), f"{where}.output"), tool_call_id=call_id,
+                       media=media_of(item.get("output")))
+    return Message(USER_ROLES[item["role"]], _text(item.get("content"), f"{where}.content"), media=media_of(item.get("content")))
 
 
 def _is_single(item: Any, kind: str, where: str) -> bool:

@@ -15,9 +15,10 @@ import numpy as np
 
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
+from historygraph.signals.media import describe
 from historygraph.signals.tokens import MESSAGE_OVERHEAD, TokenCounter
 
-PLACEHOLDER = "[tool result {id} omitted from this context ({tokens} tokens); it is stored in full and can be restored by id]"
+PLACEHOLDER = "[tool result {id} omitted from this context ({size}); it is stored in full and can be restored by id]"
 #: A copy of an omitted result appended at the end of a cache-stable rendering (policies/cache_stable.py).
 RECALLED = "[tool result {id}, omitted above, shown again in full: the latest tool call used its values]\n{content}"
 UNANSWERED = "[error: no result was recorded for tool call {id}]"
@@ -39,7 +40,12 @@ COMPRESSED_GAP = "…"
 
 
 def placeholder_for(message: Message, counter: TokenCounter) -> Message:
-    text = PLACEHOLDER.format(id=message.tool_call_id, tokens=counter.count(message.content))
+    """The placeholder of tool result ``message``: its id and size in tokens (text, and the
+    estimate of its images, documents or audio, :attr:`Message.media`, which it then names too:
+    "(1612 tokens, with 1 image)"; restored whole by the id)."""
+    n = counter.count(message.content)
+    size = f"{n + counter.count_media(message.media)} tokens, with {describe(message.media)}" if message.media else f"{n} tokens"
+    text = PLACEHOLDER.format(id=message.tool_call_id, size=size)
     return message.with_content(text, "placeholder")
 
 

@@ -24,6 +24,7 @@ When the server has an auth token, every route here requires ``Authorization: Be
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Annotated, Any
 from urllib.parse import unquote
@@ -37,7 +38,7 @@ from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import session_id_problem
 from historygraph.policies import PolicyError, check_production
-from historygraph.store import KEPT_KEYS, AppendConflict, StoreError
+from historygraph.store import KEPT_KEYS, AppendConflict, StoreError, StoreFullError
 from historygraph.store.base import MAX_KEY_LENGTH
 from historygraph.server.errors import ClientError
 
@@ -113,6 +114,8 @@ class ToolResultResponse(BaseModel):
     position: int
     name: str | None
     content: str
+    media: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "the result's images, documents, files and audio, whole (base64 data included), as the client sent them"))
 
 
 def _proxy(request: Request) -> Any:
@@ -212,6 +215,9 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
                                            expected_length=body.expected_length)
         except EventError as exc:
             raise HTTPException(400, f"messages: {exc}") from None
+        except StoreFullError as exc:
+            raise HTTPException(507, f"{exc.strerror}; nothing of this append was stored, send it again once "
+                                     f"there is space (GET /health reports the state)") from None
         except AppendConflict as exc:
             detail = (f"Idempotency-Key: {exc.key!r} was already used in session {session_id!r} with a different body"
                       if exc.key is not None else
@@ -256,4 +262,5 @@ def read_result(session_id: str, tool_call_id: str, request: Request) -> ToolRes
         raise HTTPException(404, f"tool_call_id: no stored result {tool_call_id!r} in session {session_id!r}")
     pos = graph.result_of[tool_call_id]
     m = graph.messages[pos]
-    return ToolResultResponse(id=tool_call_id, position=pos, name=m.name, content=m.content)
+    return ToolResultResponse(id=tool_call_id, position=pos, name=m.name, content=m.content,
+                              media=json.loads(m.media) if m.media else [])

@@ -11,6 +11,8 @@
   mid-way (:func:`stream_error`: the provider's own error event ends the stream). Nothing is
   stored as the answer; the request's messages are, so sending the request again continues the
   session.
+* A full disk under the store (issue 38, class 6; :func:`store_full`): 507 Insufficient Storage,
+  ``api_error``, saying so; the request was not forwarded and nothing of it was stored.
 * Routes the proxy does not serve: 404 (or 405) in the provider's error shape (:func:`not_found`):
   Anthropic's ``{"type": "error", "error": {"type": "not_found_error", "message"}}`` when the
   request looks like Anthropic's (an ``anthropic-version`` header, or a path under
@@ -69,6 +71,14 @@ RETRY = "nothing was stored as its answer; sending the request again continues t
 def upstream_fault(url: str, status: int, what: str) -> ClientError:
     """The 502 for an upstream at ``url`` that answered HTTP ``status`` unusably: ``what`` it did."""
     return ClientError(f"upstream {masked_url(url)} answered HTTP {status} but {what}; {RETRY}", "upstream", 502)
+
+
+def store_full(exc: BaseException) -> ClientError:
+    """The 507 for a request whose messages could not be stored because the store's disk is full
+    (``exc``: the :class:`~historygraph.store.StoreFullError`). The proxy forwards nothing it has
+    not stored, so the request was not sent upstream."""
+    return ClientError(f"historygraph proxy: {getattr(exc, 'strerror', None) or exc}; the request was not forwarded and nothing of it was stored. "
+                       f"Free space on the store's disk and send it again (GET /health reports the state)", "store", 507)
 
 
 def not_json(content: bytes, content_type: str | None) -> str:

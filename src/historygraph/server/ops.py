@@ -2,7 +2,9 @@
 middleware that counts and logs every proxied request.
 
 * ``/health``: 200 ``{"status": "ok", "version", "store"}`` when the store answers a query, else
-  503 with ``"status": "error"`` and the store's error (for load balancers and orchestrators);
+  503 with ``"status": "error"`` and the store's error (for load balancers and orchestrators),
+  also while the store's disk is full (``"store": "disk full: <the backend's error>"``, from the
+  last write that failed for lack of space until a write succeeds again, :attr:`Store.full`);
 * ``/metrics``: the Prometheus text exposition of :class:`~historygraph.server.metrics.ProxyMetrics`.
 
 Neither needs the session API's bearer token (a scraper or probe has none); neither shows stored
@@ -32,6 +34,8 @@ def health(request: Request) -> JSONResponse:
         proxy.store.has_session("health-check")
     except Exception as exc:  # any failure of the store is what this endpoint reports
         return JSONResponse({"status": "error", "version": __version__, "store": f"{type(exc).__name__}: {exc}"}, 503)
+    if proxy.store.full is not None:  # the last write failed for lack of space (until one succeeds)
+        return JSONResponse({"status": "error", "version": __version__, "store": f"disk full: {proxy.store.full}"}, 503)
     return JSONResponse({"status": "ok", "version": __version__, "store": "ok"})
 
 

@@ -46,13 +46,14 @@ from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
 from historygraph.server.config import ServerConfig
-from historygraph.server.errors import RETRY, ClientError, not_json, stream_error, too_large, upstream_fault
+from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
 from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from historygraph.signals.embeddings import create_embedder
 from historygraph.signals.tokens import TokenCounter
-from historygraph.store import Store, open_store
+from historygraph.store import Store, StoreFullError, open_store
+from historygraph.store.full import disk_full
 
 log = logging.getLogger("historygraph.server")
 
@@ -264,6 +265,9 @@ class Proxy:
                 raise ClientError(str(exc), f"messages[{exc.index}]") from None
             except EventError as exc:
                 raise ClientError(f"messages: {exc}", "messages") from None
+            except StoreFullError as exc:  # nothing is forwarded that is not stored
+                log.error("store disk full: request refused", extra={"session": root, "error": str(exc)})
+                raise store_full(exc) from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
                 budget = self.calibration.adjusted_budget(budget)
             if client_curated(messages, ingest):
@@ -283,12 +287,18 @@ class Proxy:
 
     def store_answer(self, session_id: str, answer: Message) -> None:
         """Append the upstream answer. The client already has it, so a failure (a concurrent
-        request of the same session stored a conflicting event) is logged, never raised."""
+        request of the same session stored a conflicting event, or a full disk) is logged, never
+        raised: the answer is relayed all the same (it was paid for), and nothing is lost because
+        the client sends it back in its next request, which stores it, or is refused with 507
+        while the disk is still full (docs/proxy.md, "A full disk")."""
         with self.router.lock(session_id):
             try:
                 self.store.append(session_id, answer)
             except EventError as exc:
                 log.warning("answer not stored in session %s: %s", session_id, exc)
+                return
+            except StoreFullError as exc:
+                log.error("answer not stored in session %s: %s", session_id, exc)
                 return
             self.router.note_answer(session_id, answer)
 
@@ -340,8 +350,14 @@ class Proxy:
         """Keep the relayed part of a stream that was cut, marked partial, outside the history:
         store text kind ``"partial_answer"``, key ``<session>:<n>`` (n = events stored so far)."""
         key = f"{session_id}:{len(self.store.messages(session_id))}"
-        self.store.put_text("partial_answer", key, json.dumps({"partial": True, "reason": reason,
-                                                                "stream": raw.decode("utf-8", "replace")}))
+        try:
+            self.store.put_text("partial_answer", key, json.dumps({"partial": True, "reason": reason,
+                                                                    "stream": raw.decode("utf-8", "replace")}))
+        except Exception as exc:  # the client gets its error event all the same
+            if not disk_full(exc):
+                raise
+            self.store.full = f"{type(exc).__name__}: {exc}"
+            log.error("partial answer not stored in session %s: %s", session_id, exc)
 
     async def read_json(self, request: Request, raw_messages: bool = False, require: str | None = "messages") -> dict[str, Any]:
         """The request body as a JSON object; 413 over the size limit, 400 when not JSON.

@@ -202,7 +202,27 @@ def _exchange(proxy: Any, session_id: str, rnd: _Round, api: str) -> list[Any]:
         kinds = {it.get("call_id"): it.get("type") for it in rnd.turn if isinstance(it, dict)}
         return [*rnd.turn, *({"type": "custom_tool_call_output" if kinds.get(i) == "custom_tool_call" else "function_call_output",
                               "call_id": i, "output": t} for i, t in answers)]
-    return [rnd.turn, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": i, "content": t} for i, t in answers]}]
+    results = []
+    for c, (i, t) in zip(rnd.answer.tool_calls, answers):
+        media = recalled_media(proxy, session_id, c.arguments) if c.name == TOOL_NAME else []
+        results.append({"type": "tool_result", "tool_use_id": i, "content": [{"type": "text", "text": t}, *media] if media else t})
+    return [rnd.turn, {"role": "user", "content": results}]
+
+
+def recalled_media(proxy: Any, session_id: str, arguments: str) -> list[dict[str, Any]]:
+    """The Anthropic ``image`` and ``document`` blocks of the tool results one recall call names
+    (:attr:`Message.media`, whole), which its ``tool_result`` carries after the text: the model
+    gets back what the placeholder stood for. (A Chat Completions tool message holds text only.)"""
+    try:
+        ids = json.loads(arguments or "{}").get("ids")
+    except (json.JSONDecodeError, AttributeError):
+        return []
+    graph = proxy.store.graph(session_id)
+    out: list[dict[str, Any]] = []
+    for i in [ids] if isinstance(ids, str) else ids if isinstance(ids, list) else []:
+        if isinstance(i, str) and i in graph.result_of and (media := graph.messages[graph.result_of[i]].media):
+            out += [p for p in json.loads(media) if p.get("type") in ("image", "document")]
+    return out
 
 
 def _extended(body: dict[str, Any], exchange: list[Any], api: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import tiktoken
 import tiktoken_ext.openai_public as openai_public
 
 from historygraph.history.events import Message
+from historygraph.signals.media import media_tokens
 
 ENCODINGS = ("o200k_base", "cl100k_base")
 DEFAULT_ENCODING = "o200k_base"
@@ -93,6 +94,7 @@ class TokenCounter:
         self.encoding_name = encoding
         self._enc = get_encoding(encoding)
         self._memo: dict[str, int] = {}
+        self._media_memo: dict[str, int] = {}
         self._memo_size = memo_size
 
     def count(self, text: str) -> int:
@@ -115,8 +117,20 @@ class TokenCounter:
         n = MESSAGE_OVERHEAD + self.count(message.content)
         if message.provider_blocks:  # forwarded with the message, so charged with it (docs/architecture.md, invariant §5.8)
             n += self.count(message.provider_blocks)
+        if message.media:  # images, documents, audio: the provider's estimate, not their bytes (signals/media.py)
+            n += self.count_media(message.media)
         for call in message.tool_calls:
             n += self.count(call.name) + self.count(call.arguments)
+        return n
+
+    def count_media(self, media: str) -> int:
+        """Tokens of a message's :attr:`~historygraph.history.events.Message.media`
+        (:func:`historygraph.signals.media.media_tokens`), memoised with the text counts."""
+        n = self._media_memo.get(media)
+        if n is None:
+            if len(self._media_memo) >= 1000:  # bounded: media strings can be megabytes each
+                self._media_memo.clear()
+            n = self._media_memo[media] = media_tokens(media, self.count)
         return n
 
     def count_messages(self, messages: Iterable[Message]) -> int:

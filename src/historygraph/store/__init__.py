@@ -4,11 +4,12 @@
 from pathlib import Path
 
 from historygraph.store.base import KEPT_KEYS, AppendConflict, SessionInfo, Store, StoreError
+from historygraph.store.full import StoreFullError
 from historygraph.store.memory import MemoryStore
 from historygraph.store.migrations import ForeignDatabaseError, SchemaVersionError
 from historygraph.store.sqlite import SQLiteStore, default_path
 
-__all__ = ["AppendConflict", "ForeignDatabaseError", "KEPT_KEYS", "MemoryStore", "SQLiteStore", "SchemaVersionError", "SessionInfo", "Store", "StoreError", "default_path", "open_store"]
+__all__ = ["AppendConflict", "ForeignDatabaseError", "KEPT_KEYS", "MemoryStore", "SQLiteStore", "SchemaVersionError", "SessionInfo", "Store", "StoreError", "StoreFullError", "default_path", "open_store"]
 
 
 def open_store(url: str | None = None, must_exist: bool = False) -> Store:

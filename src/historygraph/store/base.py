@@ -43,6 +43,7 @@ import numpy as np
 from historygraph.history.derived import Derived, Row
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
+from historygraph.store.full import StoreFullError, disk_full
 
 
 KEPT_KEYS = 1000
@@ -114,6 +115,9 @@ class Store(ABC):
     """Sessions whose graph this instance keeps built in memory, least recently used dropped
     first (a dropped graph is rebuilt from the stored events when next asked for); ``None`` =
     all (the library's and the evaluator's default; the proxy bounds it, ``serve --session-cache``)."""
+    full: str | None = None
+    """Why the last write failed for lack of disk space (:mod:`historygraph.store.full`), until a
+    write succeeds again; ``None`` otherwise (the proxy's ``/health`` reports it)."""
 
     def __init__(self) -> None:
         self._graphs: OrderedDict[str, ContextGraph] = OrderedDict()
@@ -192,7 +196,7 @@ class Store(ABC):
                     continue
                 rows, stale = g.derived.take()
                 if rows or stale:
-                    with self._write_transaction(sid):
+                    with self._space_checked(), self._write_transaction(sid):
                         self._write_derived(sid, rows, stale)
 
     def sessions_with_prefix(self, prefix: str) -> list[str]:
@@ -229,6 +233,19 @@ class Store(ABC):
         backend only one instance can use)."""
         yield
 
+    @contextmanager
+    def _space_checked(self) -> Iterator[None]:
+        """Around a write (already rolled back when it raises): a full disk becomes
+        :class:`StoreFullError` and is kept in :attr:`full`; a write that succeeds clears it."""
+        try:
+            yield
+        except Exception as exc:
+            if not disk_full(exc):
+                raise
+            self.full = f"{type(exc).__name__}: {exc}"
+            raise StoreFullError(str(getattr(self, "path", type(self).__name__)), exc) from exc
+        self.full = None
+
     # -- contract -------------------------------------------------------------------------
     def create_session(self, session_id: str, meta: dict[str, Any] | None = None) -> None:
         """Create an empty session, atomically: of several callers creating the same id at once
@@ -236,10 +253,13 @@ class Store(ABC):
 
         Raises:
             StoreError: the id exists (also when another caller created it a moment ago), or is empty.
+            StoreFullError: the store's disk is full (:mod:`historygraph.store.full`).
         """
         if not session_id:
             raise StoreError("session id must be a non-empty string")
-        if not self._insert_session(session_id, dict(meta or {})):
+        with self._space_checked():
+            inserted = self._insert_session(session_id, dict(meta or {}))
+        if not inserted:
             raise StoreError(f"session {session_id!r} already exists")
 
     def has_session(self, session_id: str) -> bool:
@@ -294,6 +314,8 @@ class Store(ABC):
                 ``expected_length``; nothing is written.
             ValueError: a key that is empty or too long, a negative ``expected_length``.
             EventError/GraphError: an event is invalid; nothing of the batch is written.
+            StoreFullError: the store's disk is full; nothing of the batch is written
+                (:mod:`historygraph.store.full`).
         """
         batch = [messages] if isinstance(messages, Message) else list(messages)
         for i, m in enumerate(batch):
@@ -308,7 +330,7 @@ class Store(ABC):
             fresh = not self.checks_start
             while True:
                 try:
-                    with self._write_transaction(session_id):
+                    with self._space_checked(), self._write_transaction(session_id):
                         g, answered = self._append_in_transaction(session_id, batch, idempotency_key, fingerprint,
                                                                   expected_length, fresh)
                 except StaleGraph as exc:  # rolled back; again on the graph caught up with what is stored

@@ -165,7 +165,12 @@ class SQLiteStore(Store):
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except BaseException:  # a COMMIT that failed (a full disk) may leave the transaction open
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
     def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
         """Called inside :meth:`_write_transaction`. Raises :class:`StaleGraph` when a position is

@@ -1,0 +1,247 @@
+"""Images, documents, files and audio (issue 38, class 10): stored whole (base64 data byte for byte)
+and restorable by id, forwarded unchanged when shown, named by the placeholder of a result left out,
+charged to B by the providers' documented estimates (historygraph.signals.media); a result the
+client marked ``is_error`` keeps the mark on its placeholder.
+
+Expected token figures are the providers' own worked examples: OpenAI "Images and vision",
+"Calculating costs" (1024 × 1024 at high detail: 765; 2048 × 4096: 1105; low detail: 85) and
+Anthropic "Vision" (about width × height / 750: 200 × 200 ≈ 54, 1092 × 1092 ≈ 1590). The proxy
+tests send hand-built requests at a small budget through the rule-enforcing fake provider
+(tests/fake_upstream.py), which rejects media where its API does not take them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import struct
+import wave
+import zlib
+
+import httpx
+import pytest
+
+from historygraph import Message, SQLiteStore, TokenCounter
+from historygraph.providers import anthropic as anth
+from historygraph.providers import openai_responses as resp
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
+from historygraph.signals.media import anthropic_image_tokens, image_size, media_tokens, openai_image_tokens
+
+from test_server import FAKE, _port, _start
+
+counter = TokenCounter()
+
+
+def png(width: int, height: int) -> bytes:
+    """A valid greyscale PNG of ``width`` × ``height`` pixels (all black)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + b"\x00" * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_image_sizes_are_read_from_their_headers():
+    assert image_size(png(200, 100)) == (200, 100)
+    assert image_size(b"GIF89a" + struct.pack("<HH", 640, 480) + b"\x00" * 8) == (640, 480)
+    # JPEG: SOI, an APP0 segment, then SOF0 with height 300, width 400
+    jpeg = b"\xff\xd8" + b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + b"\x00" * 9 \
+        + b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, 300, 400, 1) + b"\x01\x11\x00"
+    assert image_size(jpeg) == (400, 300)
+    assert image_size(b"not an image") is None
+
+
+def test_the_providers_worked_examples():
+    assert openai_image_tokens((1024, 1024)) == 765
+    assert openai_image_tokens((2048, 4096)) == 1105
+    assert openai_image_tokens((4096, 4096), "low") == 85
+    assert openai_image_tokens(None) == 85 + 170 * 8  # size unknown: the most an image can cost
+    assert anthropic_image_tokens((200, 200)) == 54  # 40,000 / 750 = 53.3
+    assert anthropic_image_tokens((1092, 1092)) == 1590  # 1,192,464 / 750 = 1589.95
+    assert anthropic_image_tokens((4000, 3000)) == 1600  # scaled down: at most about 1,600
+    assert anthropic_image_tokens(None) == 1600
+
+
+def test_audio_is_one_token_per_100_ms():
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\x00\x00" * 8000 * 3)  # 3 s
+    part = {"type": "input_audio", "input_audio": {"data": b64(buf.getvalue()), "format": "wav"}}
+    assert media_tokens(json.dumps([part]), counter.count) == 30
+
+
+def test_a_chat_image_is_stored_whole_and_charged_by_its_estimate():
+    url = "data:image/png;base64," + b64(png(1024, 1024))
+    raw = {"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                       {"type": "image_url", "image_url": {"url": url, "detail": "high"}}]}
+    m = Message.from_openai(raw)
+    assert m.content == "what is this?\n[image_url]"
+    assert json.loads(m.media) == [raw["content"][1]] and url in m.media  # byte for byte
+    assert Message.from_openai(json.loads(json.dumps(m.to_dict()))) == m  # stored and read back
+    assert counter.count_message(m) == 3 + counter.count(m.content) + 765
+    assert m.with_content("x", "placeholder").media == ""  # a stand-in does not carry it
+
+
+def test_anthropic_and_responses_media_are_kept_in_results_and_user_messages():
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png(200, 200))}}
+    msgs, _ = anth.to_canonical(None, [
+        {"role": "user", "content": [{"type": "text", "text": "look"}, image]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [image]}]}])
+    assert [json.loads(m.media) if m.media else [] for m in msgs] == [[image], [], [image]]
+    assert counter.count_message(msgs[2]) == 3 + counter.count("[image]") + 54
+    part = {"type": "input_image", "image_url": "data:image/png;base64," + b64(png(1024, 1024))}
+    msgs, _ = resp.to_canonical(None, [{"role": "user", "content": [{"type": "input_text", "text": "see"}, part]},
+                                       {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+                                       {"type": "function_call_output", "call_id": "c1", "output": [part]}])
+    assert [json.loads(m.media) if m.media else [] for m in msgs] == [[part], [], [part]]
+    assert counter.count_message(msgs[2]) == 3 + counter.count("[input_image]") + 765
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    port = _port()
+    proc = _start([FAKE, "--port", str(port)], port, tmp_path_factory.mktemp("fake") / "upstream.log")
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+LONG = "line of output\n" * 60  # 240 tokens: two such results do not fit in B = 400
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png(200, 200))}}
+PDF = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                      "data": b64(b"%PDF-1.4\n1 0 obj << /Type /Page >> endobj\n%%EOF")}}
+
+
+def through_proxy(fake: str, tmp_path, path: str, body: dict, sid: str):
+    """Send ``body`` through the proxy (B = 400, policy prune); returns (answer, forwarded body,
+    rejections, the stored messages, the session API's answers for each result id)."""
+    store = SQLiteStore(tmp_path / "media.sqlite")
+
+    async def main():
+        app = create_app(ServerConfig(store=":memory:", policy="prune", budget=400, upstream=fake + "/v1",
+                                      anthropic_upstream=fake, calibrate=False), store=store)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=30) as c, \
+                httpx.AsyncClient(base_url=fake, timeout=30) as up:
+            await up.post("/_reset")
+            r = await c.post(path, json=body, headers={"X-HistoryGraph-Session": sid})
+            seen = (await up.get("/_requests")).json()
+            rejected = (await up.get("/_rejections")).json()
+            stored = store.messages(sid)
+            results = {m.tool_call_id: (await c.get(f"/api/sessions/{sid}/results/{m.tool_call_id}")).json()
+                       for m in stored if m.role == "tool"}
+        await app.state.proxy.transport.aclose()
+        return r, seen[-1]["body"] if seen else None, rejected, stored, results
+
+    try:
+        return asyncio.run(main())
+    finally:
+        store.close()
+
+
+def test_anthropic_placeholders_keep_is_error_and_name_the_image_restorable_by_id(fake, tmp_path):
+    turns = [
+        {"role": "user", "content": [{"type": "text", "text": "what broke? here is the screen"}, IMAGE, PDF]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "run", "input": {"cmd": "make"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": "error: " + LONG}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2",
+                                      "content": [{"type": "text", "text": LONG}, IMAGE]}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t3", "name": "run", "input": {"cmd": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3", "content": LONG}]},
+    ]
+    r, sent, rejected, stored, results = through_proxy(fake, tmp_path, "/v1/messages",
+                                                       {"model": "m", "max_tokens": 20, "messages": turns}, "anth-media")
+    assert r.status_code == 200, r.text
+    assert rejected == []
+    out = sent["messages"]
+    assert out[0] == turns[0]  # the first user turn, its image and PDF forwarded unchanged
+    t1, t2 = out[2]["content"][0], out[4]["content"][0]
+    assert t1["tool_use_id"] == "t1" and t1["is_error"] is True and "omitted from this context" in t1["content"]
+    assert t2 == {"type": "tool_result", "tool_use_id": "t2", "content": (
+        f"[tool result t2 omitted from this context ({counter.count(LONG + chr(10) + '[image]') + 54} tokens, with 1 image); "
+        "it is stored in full and can be restored by id]")}
+    assert out[6] == turns[6]  # the newest result, shown unchanged
+    # stored whole: the user message's image and PDF, the result's image, restorable by id
+    assert json.loads(stored[0].media) == [IMAGE, PDF]
+    assert results["t2"]["media"] == [IMAGE] and results["t2"]["content"] == LONG + "\n[image]"
+    assert results["t1"]["media"] == []
+
+
+def test_chat_and_responses_images_are_forwarded_unchanged_and_results_restorable(fake, tmp_path):
+    url = "data:image/png;base64," + b64(png(1024, 1024))
+    image = {"type": "image_url", "image_url": {"url": url}}
+    chat = [
+        {"role": "user", "content": [{"type": "text", "text": "what is on screen?"}, image]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                               "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": LONG},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c2", "type": "function",
+                                                               "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": LONG},
+    ]
+    r, sent, rejected, stored, _ = through_proxy(fake, tmp_path, "/v1/chat/completions", {"model": "m", "messages": chat}, "chat")
+    assert r.status_code == 200 and rejected == []
+    assert sent["messages"][0] == chat[0] and "omitted" in sent["messages"][2]["content"]
+    assert json.loads(stored[0].media) == [image]
+
+    part = {"type": "input_image", "image_url": url, "detail": "low"}  # 85 tokens: the result fits B, two do not
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "what is on screen?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": LONG}, part]},
+        {"type": "function_call", "call_id": "c2", "name": "run", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c2", "output": LONG},
+    ]
+    r, sent, rejected, stored, results = through_proxy(fake, tmp_path, "/v1/responses", {"model": "m", "input": items}, "resp")
+    assert r.status_code == 200 and rejected == []
+    placeholder = sent["input"][2]
+    assert placeholder["call_id"] == "c1" and "with 1 image" in placeholder["output"]
+    assert sent["input"][4] == items[4]
+    assert results["c1"]["media"] == [part]  # restorable whole, base64 and all
+
+
+def test_the_fake_rejects_media_where_the_api_does_not_take_them():
+    from fake_upstream import anthropic_violation, openai_violation
+
+    assert "only allowed in user" in anthropic_violation({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [IMAGE]}]})
+    bad = {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "AA=="}}
+    assert "media_type" in anthropic_violation({"messages": [{"role": "user", "content": [bad]}]})
+    assert "is_error" in anthropic_violation({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes", "content": "x"}]}]})
+    assert "role tool" in openai_violation([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_the_recall_tool_gives_an_anthropic_results_images_back():
+    from types import SimpleNamespace
+
+    from historygraph import MemoryStore
+    from historygraph.server.recall_tool import recalled_media
+
+    msgs, _ = anth.to_canonical(None, [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}},
+                                          {"type": "tool_use", "id": "t2", "name": "run", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "x"}, IMAGE]},
+                                     {"type": "tool_result", "tool_use_id": "t2", "content": "plain"}]}])
+    store = MemoryStore()
+    store.create_session("s")
+    store.append("s", msgs)
+    proxy = SimpleNamespace(store=store)
+    assert recalled_media(proxy, "s", json.dumps({"ids": ["t1", "t2"]})) == [IMAGE]
+    assert recalled_media(proxy, "s", json.dumps({"ids": ["t2", "nope"]})) == []
+    assert recalled_media(proxy, "s", "not json") == []
