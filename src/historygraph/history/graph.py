@@ -230,14 +230,14 @@ class ContextGraph:
         return self.result_by_id(ref).content
 
     def position_of(self, ref: int | str) -> int:
-        """The stored position of the item ``ref`` names: a position (an ``int``), a message number
-        (``"#16"``) or a tool call id (its latest result, as :meth:`result_by_id`). Raises KeyError
-        naming ``ref`` when the session holds no such item."""
+        """The stored position of the item ``ref`` names: a tool call id (its latest result, as
+        :meth:`result_by_id`), else a message number (``"#16"``, or ``"16"``) or a position (an
+        ``int``). Raises KeyError naming ``ref`` when the session holds no such item."""
         if isinstance(ref, int) and not isinstance(ref, bool):
             p = ref
         elif isinstance(ref, str) and ref in self.result_of:
             return self.result_of[ref]
-        elif isinstance(ref, str) and (m := re.fullmatch(r"\s*#(\d+)\s*", ref)):
+        elif isinstance(ref, str) and (m := re.fullmatch(r"\s*#?(\d+)\s*", ref)):
             p = int(m.group(1))
         else:
             raise KeyError(f"no item {ref!r} in session {self.session_id!r}: name a tool call id with a stored "
