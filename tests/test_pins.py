@@ -13,6 +13,7 @@ from historygraph.render import BudgetTooSmallError, InvariantError, check_invar
 from historygraph.store import MemoryStore, SQLiteStore
 
 from doubles import ScriptedModel, TableScorer
+from test_store import pg_dsn  # noqa: F401 (fixture)
 
 
 def _uses_attention_model(name: str) -> bool:
@@ -168,3 +169,21 @@ def test_a_pin_made_between_two_renders_is_shown_at_the_second(name, signals):
     r = policy.render(g, 4000, signals)
     check_invariants(r, g, signals.counter)
     assert dict(zip(r.positions, r.messages))[c1].content == result_text(1)
+
+
+def test_pins_persist_in_postgres_and_another_instance_sees_them(pg_dsn, signals):  # noqa: F811
+    from historygraph.store.postgres import PostgresStore
+
+    a = PostgresStore(pg_dsn)
+    a.create_session("run")
+    a.append("run", history())
+    b = PostgresStore(pg_dsn)
+    assert a.pin("run", "c1") == 6 and a.pin("run", "#2") == 2 and a.pin("run", "c1") == 6
+    assert b.pins("run") == [2, 6] and b.graph("run").pins == {2, 6}
+    b.pin("run", "#2", pinned=False)
+    assert a.graph("run").pins == {6}
+    a.close()
+    b.close()
+    s = Session("run", store=PostgresStore(pg_dsn), policy="prune", budget=4000, signals=signals)
+    assert s.pins == ["c1"] and {"role": "tool", "content": result_text(1), "tool_call_id": "c1"} in s.render()
+    s.store.close()
