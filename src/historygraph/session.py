@@ -53,9 +53,10 @@ class Session:
         self.rendering: Rendering | None = None
         self._policies: dict[str, Any] = {}
 
-    def add(self, message: Message | dict[str, Any], *, idempotency_key: str | None = None,
+    def add(self, message: Message | dict[str, Any], *, pin: bool = False, idempotency_key: str | None = None,
             expected_length: int | None = None) -> int:
         """Append one event (a :class:`Message` or an OpenAI chat message dict); returns its position.
+        ``pin``: pin it as well (:meth:`pin`).
 
         ``idempotency_key`` and ``expected_length`` are those of :meth:`Store.append`
         (:mod:`historygraph.store.base`): an ``add`` that raised a connection error after the store
@@ -68,7 +69,34 @@ class Session:
                 session does not hold ``expected_length`` events (nothing is stored).
         """
         m = message if isinstance(message, Message) else Message.from_openai(message)
-        return self.store.append(self.session_id, m, idempotency_key=idempotency_key, expected_length=expected_length)[0]
+        position = self.store.append(self.session_id, m, idempotency_key=idempotency_key, expected_length=expected_length)[0]
+        if pin:
+            self.store.pin(self.session_id, position)
+        return position
+
+    def pin(self, item: int | str) -> int:
+        """Pin an item so that every rendering shows it whole, whatever the policy (docs/library.md,
+        "Pins"): ``item`` is a position (what :meth:`add` returned), a message number (``"#3"``) or a
+        tool call id (its result). Kept in the store: a reopened session has its pins. A budget
+        that cannot hold the pinned items with the rest of the protected history makes
+        :meth:`render` raise :class:`~historygraph.render.BudgetTooSmallError` naming them.
+        Returns the position; pinning twice changes nothing.
+
+        Raises:
+            KeyError: the session holds no such item (nothing is stored).
+        """
+        return self.store.pin(self.session_id, item)
+
+    def unpin(self, item: int | str) -> int:
+        """Undo :meth:`pin` (nothing when ``item`` is not pinned); returns the position.
+        Raises KeyError as :meth:`pin`."""
+        return self.store.pin(self.session_id, item, pinned=False)
+
+    @property
+    def pins(self) -> list[str]:
+        """The pinned items, oldest first: a tool result by its call id, a message by its number (``"#3"``)."""
+        graph = self.store.graph(self.session_id)
+        return [graph.item_id(p) for p in self.store.pins(self.session_id)]
 
     def render(self, budget: int | None = None, policy: str | None = None) -> list[dict[str, Any]]:
         """The model input for the next call: OpenAI chat messages, history within ``budget`` tokens

@@ -4,6 +4,11 @@ Nodes are the session's messages in chronological order, addressed by their posi
 An assistant node carries its tool calls; a tool-result node answers one call by id. Each node
 keeps its complete content, position, timestamp and turn. Edges:
 
+Pins (issue 40): ``pins`` holds the positions of the messages and tool results a user marked as
+never to be left out (:meth:`position_of` reads the reference they are named by); a store sets it
+from what it keeps (:meth:`historygraph.store.base.Store.pin`). It is the one mutable part of a graph: the
+nodes themselves never change.
+
 * ``reuse``: from a tool result to a later assistant message that reused one of its values
   (Tool-Flow Analysis, :mod:`historygraph.signals.reuse`). Edges are derived from the nodes and
   rebuilt when a stored session is reopened; the TFA values of each message, a pure function of
@@ -107,6 +112,8 @@ class ContextGraph:
         self.result_of: dict[str, int] = {}    # tool_call_id -> position of its latest result
         self.superseded: dict[int, int] = {}   # position of an earlier result -> position of the later one
         self.owner_of: dict[int, int] = {}     # position of a tool result -> call_owner of its call
+        #: positions of the pinned messages and results (see the module docstring); set by a store
+        self.pins: frozenset[int] = frozenset()
         self._memos: dict[Hashable, Any] = {}
         self._memo_lock = threading.RLock()
         for m in messages:
@@ -221,6 +228,39 @@ class ContextGraph:
                 parts.append(f"{head}:\n{msg.content}{calls}")
             return "\n\n".join(parts)
         return self.result_by_id(ref).content
+
+    def position_of(self, ref: int | str) -> int:
+        """The stored position of the item ``ref`` names: a tool call id (its latest result, as
+        :meth:`result_by_id`), else a message number (``"#16"``, or ``"16"``) or a position (an
+        ``int``). Raises KeyError naming ``ref`` when the session holds no such item."""
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            p = ref
+        elif isinstance(ref, str) and ref in self.result_of:
+            return self.result_of[ref]
+        elif isinstance(ref, str) and (m := re.fullmatch(r"\s*#?(\d+)\s*", ref)):
+            p = int(m.group(1))
+        else:
+            raise KeyError(f"no item {ref!r} in session {self.session_id!r}: name a tool call id with a stored "
+                           f"result, a message number such as '#3', or a position")
+        if not 0 <= p < len(self.messages):
+            raise KeyError(f"no item {ref!r} in session {self.session_id!r}: it holds messages #0–#{len(self.messages) - 1}")
+        return p
+
+    def item_id(self, position: int) -> str:
+        """The reference of the item at ``position`` as pins are listed: a tool result's call id,
+        else its message number (``"#16"``)."""
+        m = self.messages[position]
+        return m.tool_call_id if m.role == "tool" and m.tool_call_id else f"#{position}"
+
+    def pinned(self) -> list[int]:
+        """The pinned positions as rendered, ascending: a pinned result that a later result for the
+        same call replaced (:attr:`superseded`) stands for that later one."""
+        out = set()
+        for p in self.pins:
+            while p in self.superseded:
+                p = self.superseded[p]
+            out.add(p)
+        return sorted(out)
 
     def age(self, position: int) -> int:
         """Turns since the node at ``position`` was produced, at the next invocation."""

@@ -22,7 +22,8 @@ cache):
 * **Only appends in between.** A call extends the previous rendering when everything that arrived
   since is a plain continuation: new messages in order, each tool result right after the call that
   asked for it (or answering the previous rendering's in-flight call), no system message, no second
-  result for an old call. Anything else re-selects. The newest results are therefore always
+  result for an old call. Anything else re-selects, and so does a pin or unpin since the previous
+  call (docs/architecture.md, "Pins"). The newest results are therefore always
   complete (invariant §5.9), the in-flight call is last (§5.4), and a new user message makes the
   previous one ordinary history, charged to B.
 * **A result needed between re-selections is shown again at the end** (``recall_tail``, on by
@@ -86,10 +87,12 @@ class CacheStable:
             return self.base.render(graph, budget, signals)
         state: dict[str, Any] = graph.memo(("cache-stable", self._key, budget), dict)
         prev, length = state.get("rendering"), state.get("length", 0)
+        if state.get("pins") != graph.pins:  # pinned or unpinned since: the previous rendering may hide a pin
+            prev = None
         r = extend(prev, length, graph, budget, signals.counter, self.name, self.config.recall_tail) if prev is not None else None
         if r is None:
             r = self.reselect(graph, budget, signals)
-        state["rendering"], state["length"] = r, len(graph)
+        state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
         return r
 
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:

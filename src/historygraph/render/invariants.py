@@ -162,12 +162,29 @@ def check_newest_shown(rendering: Rendering, graph: ContextGraph, counter: Token
                                  f"was {how}, not complete or an excerpt naming its id")
 
 
-#: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5. §5.7's order
-#: (results directly after their call) is checked by §5.2 and §5.3; its protected loop opening and
-#: §5.8 (what B counts) are held by the layout (:mod:`historygraph.render`), not checked here.
+def check_pinned_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                       outside: set[int]) -> None:
+    """Pins (docs/architecture.md, "Pins"): every pinned item (:meth:`ContextGraph.pinned`) is
+    rendered whole: a pinned message as stored, a pinned tool result complete (not a placeholder,
+    excerpt, summary or compressed form)."""
+    if not graph.pins:
+        return
+    pinned = [p for p in graph.pinned() if p not in outside]
+    want = set(pinned)
+    seen = {p: m for m, p in zip(rendering.messages, rendering.positions) if p in want}
+    for p in pinned:
+        m, orig = seen.get(p), graph.messages[p]
+        if m is None or not (m is orig or (m.content == orig.content if orig.role == "tool" else m == orig)):
+            how = "left out" if m is None else f"shown as {m.rendered_as or 'altered text'}"
+            raise InvariantError(f"pins: pinned item {graph.item_id(p)} (position {p}) was {how}, not whole")
+
+
+#: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5, then the pins.
+#: §5.7's order (results directly after their call) is checked by §5.2 and §5.3; its protected loop
+#: opening and §5.8 (what B counts) are held by the layout (:mod:`historygraph.render`), not checked here.
 INVARIANTS: tuple[Callable[[Rendering, ContextGraph, TokenCounter, StoredFacts, set[int]], None], ...] = (
     check_budget, check_pairing, check_order_and_completeness, check_in_flight, check_unchanged_under_budget,
-    check_nothing_lost, check_newest_shown)
+    check_nothing_lost, check_newest_shown, check_pinned_shown)
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:

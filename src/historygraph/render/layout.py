@@ -59,9 +59,15 @@ class Layout(Assembly):
     an equal share of what B leaves; a result larger than B is its oversized excerpt). Steps are
     dropped (oldest first) to make room for them before anything is cut.
 
+    **Pins** (docs/architecture.md, "Pins"): an item pinned in the graph (:attr:`ContextGraph.pins`)
+    is protected like the latest assistant message: a pinned message's unit, and the unit of a
+    pinned result's call, are never dropped nor left out, and a pinned result is in ``required``
+    in its complete form (never cut to an excerpt), charged before the newest results share what
+    is left.
+
     Raises:
-        BudgetTooSmallError: when ``budget`` cannot hold the protected history and an excerpt of
-            each newest result.
+        BudgetTooSmallError: when ``budget`` cannot hold the protected history, the pinned results
+            whole and an excerpt of each newest result (naming the pins when there are any).
     """
 
     def __init__(self, graph: ContextGraph, counter: TokenCounter, budget: int | None,
@@ -77,6 +83,8 @@ class Layout(Assembly):
         memo = token_memo(graph, counter, placeholder or placeholder_for)
         sk = memo.skeleton(graph, budget)
         self._take_skeleton(memo, sk)
+        self.pinned: list[int] = graph.pinned() if graph.pins else []  # positions, as rendered
+        self.pin_names = [graph.item_id(p) for p in self.pinned]
         protected_units = self._protect(sk)
         left_out = self._leave_out(omit, omit_units, protected_units)
         self.inserts = dict(inserts or {})
@@ -96,7 +104,10 @@ class Layout(Assembly):
         self.base_tokens = sk["total_cost"] - (int(self._costs[self._dropped_mask].sum()) if left_out else 0) + \
             sum(counter.count_message(m) for m in self.inserts.values()) + self.runs.total()
         newest = self._newest_results(sk)
-        need = self._newest_need(newest, excerpt_fraction)
+        pinned = self._pinned_results(sk)
+        whole = set(pinned)
+        need = self._newest_need([p for p in newest if p not in whole], excerpt_fraction) + \
+            sum(self.full_cost[p] - self.placeholder_tokens[p] for p in pinned)
         if budget is not None and self.base_tokens + need > budget and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than
             # the short results they stand for, and the unchanged history is rendered instead)
@@ -104,8 +115,8 @@ class Layout(Assembly):
         self._offer_candidates(sk, left_mask, excerpt_fraction)
         self.required: dict[int, Message] = {}
         self.required_index = np.zeros(0, dtype=np.int64)  # their indices in ``candidates``
-        if newest and budget is not None:
-            self._require_newest(newest)
+        if (newest or pinned) and budget is not None:
+            self._require_newest([p for p in newest if p not in whole], pinned)
 
     def _newest_results(self, sk: dict[str, Any]) -> list[int]:
         """Positions of the latest results of the latest assistant message's calls (§5.9), ascending."""
@@ -114,6 +125,14 @@ class Layout(Assembly):
             return []
         cands = set(sk["candidates"])
         return sorted(p for c in graph.messages[last].tool_calls if (p := graph.result_of.get(c.id)) is not None and p in cands)
+
+    def _pinned_results(self, sk: dict[str, Any]) -> list[int]:
+        """Positions of the pinned tool results that are candidates, ascending."""
+        if not self.pinned:
+            return []
+        msgs, cands = self.graph.messages, sk["candidates"]
+        return [p for p in self.pinned if msgs[p].role == "tool"
+                and (i := bisect.bisect_left(cands, p)) < len(cands) and cands[i] == p]
 
     def _newest_need(self, newest: list[int], excerpt_fraction: float) -> int:
         """Tokens that showing the newest results adds to their placeholders (a result larger than
@@ -124,29 +143,41 @@ class Layout(Assembly):
         return sum(min(full[p], max(16, int(excerpt_fraction * budget))) - ph[p] if full[p] > budget else full[p] - ph[p]
                    for p in newest)
 
-    def _require_newest(self, newest: list[int]) -> None:
-        """Show the newest results whatever the policy selects and charge them in ``base_tokens``, each in
-        the largest form that fits (complete, else an excerpt of an equal share of what is left,
-        smallest results first). Raises BudgetTooSmallError when not even an excerpt of each fits."""
+    def _require_newest(self, newest: list[int], pinned: list[int]) -> None:
+        """Show the pinned results complete and the newest results (those not pinned) whatever the
+        policy selects and charge them in ``base_tokens``: the pinned first, then each newest in the
+        largest form that fits (complete, else an excerpt of an equal share of what is left,
+        smallest results first). Raises BudgetTooSmallError when the pinned results and an excerpt
+        of each newest one do not fit."""
         budget, counter, ph = self.budget, self.counter, self.placeholder_tokens
         assert budget is not None
         msgs = self.graph.messages
+        pin_cost = sum(self.full_cost[p] - ph[p] for p in pinned)
+        for p in pinned:
+            self.reasons[p] = "pinned: shown whole in every rendering"
+
+        def too_small() -> BudgetTooSmallError:
+            return BudgetTooSmallError(budget, self.base_tokens + pin_cost + sum(self._least_excerpt(q) - ph[q] for q in newest),
+                                       self.pin_names)
         forms = {p: self._excerpt_forms.get(p, msgs[p]) for p in newest}
         cost = {p: counter.count_message(forms[p]) if p in self._excerpt_forms else self.full_cost[p] for p in newest}
-        left = budget - self.base_tokens + sum(ph[p] for p in newest)  # tokens for the newest results themselves
+        left = budget - self.base_tokens - pin_cost + sum(ph[p] for p in newest)  # tokens for the newest results themselves
+        if left < 0:
+            raise too_small()
         for i, p in enumerate(sorted(newest, key=lambda q: (cost[q], q))):
             share = left // (len(newest) - i)
             if cost[p] > share or forms[p].rendered_as == "placeholder":  # (an oversized excerpt too small for any text)
                 forms[p] = excerpt_for(msgs[p], share, counter)
                 if forms[p].rendered_as != "excerpt":  # too small for the marker and some text
-                    raise BudgetTooSmallError(budget, self.base_tokens + sum(self._least_excerpt(q) - ph[q] for q in newest))
+                    raise too_small()
                 cost[p] = counter.count_message(forms[p])
                 self.reasons[p] = (f"newest result (the output the next call answers, invariant §5.9): {self.full_cost[p]} "
                                    f"tokens do not fit beside the protected history; shown as a marked excerpt")
             left -= cost[p]
-        self.base_tokens += sum(cost[p] - ph[p] for p in newest)
+        self.base_tokens += pin_cost + sum(cost[p] - ph[p] for p in newest)
+        forms.update((p, msgs[p]) for p in pinned)
         self.required = forms
-        self.required_index = np.asarray([self._index(p) for p in newest], dtype=np.int64)
+        self.required_index = np.asarray(sorted(self._index(p) for p in forms), dtype=np.int64)
 
     def _take_skeleton(self, memo: TokenMemo, sk: dict[str, Any]) -> None:
         """The layout's state from the graph's token memo and a snapshot ``sk`` of its skeleton
@@ -186,10 +217,13 @@ class Layout(Assembly):
         self.full_history_tokens = sk["full_tokens"]
 
     def _protect(self, sk: dict[str, Any]) -> set[int]:
-        """Mark the protected units (the first user message, the latest assistant message and the
-        ones that keep the active tool loop's opening on the wire, :func:`loop_guard`) and return
+        """Mark the protected units (the first user message, the latest assistant message, the
+        ones that keep the active tool loop's opening on the wire, :func:`loop_guard`, and those of
+        the pinned items) and return
         them; the skeleton's units are shared, so fresh copies."""
-        protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard)
+        owner = self.graph.owner_of
+        pinned = [owner.get(p, p) for p in self.pinned]  # a pinned result: its call's message
+        protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard, *pinned)
                            if p is not None and (u := self._unit_at(p)) is not None}
         for i in protected_units:
             u = self.units[i]

@@ -52,6 +52,7 @@ class StepPricing:
     _facts: tuple[list[int], list[int], list[int], list[int], list[int]] | None  # see _unit_facts
     _breaks: list[int]
     _protected: list[int]
+    pin_names: list[str]
     _dropped_mask: np.ndarray
     _brief: dict[int, tuple[int, Message | None]]
     _marks: dict[tuple[int, int], int]
@@ -85,7 +86,7 @@ class StepPricing:
         else:
             self._drop_oldest(max(target, protected))
         if self.base_tokens > budget:
-            raise BudgetTooSmallError(budget, self.base_tokens)
+            raise BudgetTooSmallError(budget, self.base_tokens, self.pin_names)
 
     def _drop_oldest(self, limit: int) -> None:
         """Drop the oldest unprotected units until ``base_tokens ≤ limit`` (no unit left out by

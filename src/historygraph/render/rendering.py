@@ -5,7 +5,7 @@ raised by :func:`~historygraph.render.invariants.check_invariants`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -18,15 +18,20 @@ class BudgetTooSmallError(ValueError):
         budget: the history budget B (tokens).
         required: tokens the protected history needs.
         shortfall: ``required − budget``.
+        pins: the ids of the session's pinned items (tool call ids, ``"#n"`` message numbers), part
+            of what every rendering shows whole (docs/architecture.md, "Pins"); ``()`` when none.
     """
 
-    def __init__(self, budget: int, required: int) -> None:
+    def __init__(self, budget: int, required: int, pins: Sequence[str] = ()) -> None:
         self.budget, self.required, self.shortfall = budget, required, required - budget
+        self.pins = tuple(pins)
+        pinned = (f"; the pinned items {', '.join(self.pins)} are shown whole and count in it (unpin one or raise "
+                  f"the budget)" if self.pins else "")
         super().__init__(
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history needs "
             f"{required} (what every rendering shows: the first user message and the latest assistant message, "
             f"and, where the history has them, the messages that open the active tool loop, their thinking "
-            f"blocks and the markers of steps left out; system and current user messages are outside B); "
+            f"blocks and the markers of steps left out; system and current user messages are outside B){pinned}; "
             f"use a budget of at least {required}")
 
 

@@ -9,7 +9,11 @@
 * ``POST /api/sessions/{id}/render``: a rendering for a policy and budget, with selected, omitted
   and dropped ids, tokens and per-item reasons;
 * ``GET  /api/sessions/{id}/results/{tool_call_id}``: one complete stored tool result, so that an
-  agent tool can restore a result a rendering omitted.
+  agent tool can restore a result a rendering omitted;
+* ``POST /api/sessions/{id}/pins`` (``{"id": <tool call id | "#n" | position>}``) and
+  ``DELETE /api/sessions/{id}/pins/{item}``: pin an item so that every rendering shows it whole, or
+  unpin it (docs/proxy.md, "Pins"); both answer the session's pins, which ``GET /api/sessions/{id}``
+  lists too; an item the session does not hold is a 404 naming it.
 
 Session ids (:func:`historygraph.history.sessions.session_id_problem`): any text of 1 to 512
 characters without control characters; in a path, the id is one segment, percent-encoded where
@@ -67,10 +71,25 @@ class SessionSummary(BaseModel):
     parent: str | None = None
 
 
+class Pin(BaseModel):
+    id: str = Field(description="The item: a tool result's call id, else its message number ('#3').")
+    position: int = Field(description="Its graph position.")
+
+
 class SessionDetail(BaseModel):
     id: str
     meta: dict[str, Any]
     messages: list[dict[str, Any]] = Field(description="Stored events, OpenAI chat form, oldest first.")
+    pins: list[Pin] = Field(description="Pinned items, oldest first: shown whole in every rendering.")
+
+
+class PinRequest(_Strict):
+    id: str | int = Field(description="The item to pin: a tool call id (its result), a message number such as "
+                                      "'#3', or a graph position.")
+
+
+class PinsResponse(BaseModel):
+    pins: list[Pin] = Field(description="The session's pinned items after the change, oldest first.")
 
 
 class AppendRequest(_Strict):
@@ -175,7 +194,38 @@ def read_session(session_id: str, request: Request) -> SessionDetail:
     session_id = segment(session_id)
     _known(proxy, session_id)
     return SessionDetail(id=session_id, meta=proxy.store.session_meta(session_id),
-                         messages=[m.to_dict() for m in proxy.store.messages(session_id)])
+                         messages=[m.to_dict() for m in proxy.store.messages(session_id)], pins=_pins(proxy, session_id))
+
+
+def _pins(proxy: Any, session_id: str) -> list[Pin]:
+    graph = proxy.store.graph(session_id)
+    return [Pin(id=graph.item_id(p), position=p) for p in proxy.store.pins(session_id)]
+
+
+def _pin(request: Request, session_id: str, item: str | int, pinned: bool) -> PinsResponse:
+    proxy = _proxy(request)
+    _known(proxy, session_id)
+    with proxy.router.lock(session_id):
+        try:
+            proxy.store.pin(session_id, item, pinned)
+        except KeyError as exc:
+            raise HTTPException(404, f"id: {exc.args[0]}") from None
+        return PinsResponse(pins=_pins(proxy, session_id))
+
+
+@router.post("/sessions/{session_id}/pins", response_model=PinsResponse)
+def pin_item(session_id: str, body: PinRequest, request: Request) -> PinsResponse:
+    """Pin an item: every later rendering of the session shows it whole, whatever the policy; a
+    budget that cannot hold it makes ``/render`` a 400 naming the pins, and a proxied request is
+    forwarded over B as for the rest of the protected history. Pinning twice changes nothing."""
+    return _pin(request, segment(session_id), body.id, True)
+
+
+@router.delete("/sessions/{session_id}/pins/{item}", response_model=PinsResponse)
+def unpin_item(session_id: str, item: str, request: Request) -> PinsResponse:
+    """Unpin an item (``item``: as for pinning, percent-encoded in the path: ``#3`` as ``%233``);
+    unpinning what is not pinned changes nothing."""
+    return _pin(request, segment(session_id), segment(item), False)
 
 
 @router.post("/sessions/{session_id}/events", response_model=AppendResponse,

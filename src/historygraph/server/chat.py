@@ -44,7 +44,8 @@ async def chat_completions(request: Request) -> Response:
         raw = body["messages"]
         sid, policy, budget = proxy.options(request)
         # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
-        sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget)
+        sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget,
+                                                              proxy.pin_refs(request))
         out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                for m, p in zip(rendering.messages, rendering.positions)]
         url = config.upstream.rstrip("/") + "/chat/completions"

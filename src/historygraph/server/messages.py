@@ -48,6 +48,7 @@ async def messages_endpoint(request: Request) -> Response:
     try:
         body = await proxy.read_json(request, raw_messages=True)
         sid, policy, budget = proxy.options(request)
+        pins = proxy.pin_refs(request)
         turns, system = body["messages"], body.get("system")
 
         def convert_and_prepare() -> tuple[str, Rendering, int, list[Any]]:
@@ -56,7 +57,7 @@ async def messages_endpoint(request: Request) -> Response:
                 messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
             except EventError as exc:
                 raise ClientError(str(exc), "messages") from None
-            return (*proxy.prepare(messages, sid, policy, budget), pieces)
+            return (*proxy.prepare(messages, sid, policy, budget, pins), pieces)
 
         sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
         out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None

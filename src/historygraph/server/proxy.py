@@ -14,6 +14,10 @@ Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 li
    arrives, before relaying that event). An upstream error is returned to
    the client unchanged (status, body, headers) and stores nothing.
 
+``X-HistoryGraph-Pin: <id>[,<id>…]`` pins items of the request's session (tool call ids, message
+numbers such as ``#3``) before step 3, for this and every later request (docs/proxy.md, "Pins");
+an id the session does not hold is a 400 naming the header, and nothing is pinned.
+
 Every response carries ``X-HistoryGraph-Session`` (the session used) and, for non-streamed
 answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
 Client errors are JSON in the API's own error shape and name the field at fault.
@@ -57,6 +61,7 @@ from historygraph.store.full import disk_full
 
 log = logging.getLogger("historygraph.server")
 
+PIN_HEADER = "x-historygraph-pin"  # items to pin in the request's session (Proxy.pin_refs)
 ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
 
 THREADS = 40
@@ -175,6 +180,26 @@ class Proxy:
             raise ClientError(f"X-HistoryGraph-Session: {problem}", "X-HistoryGraph-Session")
         return sid, policy, budget
 
+    def pin_refs(self, request: Request) -> tuple[str, ...]:
+        """The items the ``X-HistoryGraph-Pin`` header names (comma-separated tool call ids or
+        message numbers such as ``#3``), pinned in the request's session by :meth:`prepare`
+        for this and every later request; ``()`` without the header."""
+        raw = request.headers.get(PIN_HEADER)
+        return tuple(r for r in (x.strip() for x in raw.split(",")) if r) if raw else ()
+
+    def pin(self, session_id: str, refs: Sequence[str], graph: Any = None) -> None:
+        """Pin the items ``refs`` name in the stored session (all or none: each is looked up in
+        ``graph``, else the store's, before any is pinned). Raises :class:`ClientError` naming the
+        header and an unknown item."""
+        if graph is None:
+            graph = self.store.graph(session_id)
+        try:
+            positions = [graph.position_of(r) for r in refs]
+        except KeyError as exc:
+            raise ClientError(f"X-HistoryGraph-Pin: {exc.args[0]}", "X-HistoryGraph-Pin") from None
+        for p in positions:
+            self.store.pin(session_id, p)
+
     def policy(self, name: str) -> Any:
         if name not in self._policies:
             base = create(name, **self.config.policy_params.get(name, {}))
@@ -249,11 +274,12 @@ class Proxy:
         return {"x-historygraph-over-budget": str(rendering.history_tokens)}
 
     def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
-                budget: int) -> tuple[str, Rendering, int]:
+                budget: int, pins: Sequence[str] = ()) -> tuple[str, Rendering, int]:
         """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering
         and the rendered messages' tokens (:meth:`_render`). ``messages``: parsed events, or a
         :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
-        stored is recognised without parsing it)."""
+        stored is recognised without parsing it). ``pins``: items to pin in the session once the
+        request's messages are stored (:meth:`pin_refs`, :meth:`pin`)."""
         try:
             root = session_id or derived_session_id(messages)
         except MessageError as exc:
@@ -270,6 +296,8 @@ class Proxy:
                 raise store_full(exc) from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
                 budget = self.calibration.adjusted_budget(budget)
+            if pins:
+                self.pin(ingest.session_id, pins, ingest.graph)
             if client_curated(messages, ingest):
                 return (ingest.session_id, *self._curated(ingest, budget))
             # the graph routing has just brought up to the request's messages: no second look-up

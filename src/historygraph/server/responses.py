@@ -53,13 +53,14 @@ async def create_response(request: Request) -> Response:
         if reason is not None:
             return await passthrough(proxy, request, url, reason)
         sid, policy, budget = proxy.options(request)
+        pins = proxy.pin_refs(request)
 
         def convert_and_prepare() -> tuple[Any, ...]:
             try:
                 messages, pieces = resp.to_canonical(body.get("instructions"), body["input"])
             except EventError as exc:
                 raise ClientError(str(exc), "input") from None
-            return (*proxy.prepare(messages, sid, policy, budget), pieces)
+            return (*proxy.prepare(messages, sid, policy, budget, pins), pieces)
 
         sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
         items = body["input"] if isinstance(body["input"], str) else resp.from_canonical(

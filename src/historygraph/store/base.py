@@ -158,6 +158,15 @@ class Store(ABC):
         that one (inside :meth:`_write_transaction`)."""
 
     @abstractmethod
+    def _read_pins(self, session_id: str) -> list[int]:
+        """The session's pinned positions (:meth:`pin`), any order."""
+
+    @abstractmethod
+    def _write_pin(self, session_id: str, position: int, pinned: bool) -> None:
+        """Pin the session's item at ``position`` (nothing when it is pinned) or, with ``pinned``
+        false, unpin it (nothing when it is not)."""
+
+    @abstractmethod
     def sessions(self) -> list[str]:
         """All session ids, in creation order."""
 
@@ -288,7 +297,32 @@ class Store(ABC):
                         self._graphs.popitem(last=False)
             elif self._event_count(session_id) > len(g):  # another instance appended
                 g.extend(self._read_events_from(session_id, len(g)))
+            g.pins = frozenset(self._read_pins(session_id))  # (another instance may have pinned since)
             return g
+
+    def pin(self, session_id: str, ref: int | str, pinned: bool = True) -> int:
+        """Pin the item ``ref`` names (:meth:`ContextGraph.position_of`: a position, ``"#16"`` or a
+        tool call id) so that every rendering shows it whole (docs/architecture.md, "Pins"); with
+        ``pinned`` false, unpin it. Kept in the store beside the events (which stay as appended)
+        and set on the session's graph; pinning twice, or unpinning what is not pinned, changes
+        nothing. Returns the position.
+
+        Raises:
+            StoreError: unknown session.
+            KeyError: the session holds no such item (nothing is stored).
+        """
+        with self._session_lock(session_id):
+            g = self.graph(session_id)
+            p = g.position_of(ref)
+            with self._write_transaction(session_id):
+                self._write_pin(session_id, p, pinned)
+            g.pins = g.pins | {p} if pinned else g.pins - {p}
+            return p
+
+    def pins(self, session_id: str) -> list[int]:
+        """The session's pinned positions, ascending (raises StoreError for an unknown session)."""
+        self.session_meta(session_id)
+        return sorted(self._read_pins(session_id))
 
     def messages(self, session_id: str) -> list[Message]:
         """The stored events, exactly as appended."""

@@ -20,6 +20,7 @@ class MemoryStore(Store):
         self._texts: dict[tuple[str, str], str] = {}
         self._keys: dict[str, dict[str, tuple[str, int, int]]] = {}  # per session, oldest first
         self._derived: dict[str, dict[tuple[str, int], Row]] = {}  # per session, by (kind, position)
+        self._pins: dict[str, set[int]] = {}
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
         with self._graph_lock:
@@ -62,6 +63,16 @@ class MemoryStore(Store):
                 del table[key]
         for row in rows:
             table[(row[0], row[2])] = row
+
+    def _read_pins(self, session_id: str) -> list[int]:
+        return list(self._pins.get(session_id, ()))
+
+    def _write_pin(self, session_id: str, position: int, pinned: bool) -> None:
+        pins = self._pins.setdefault(session_id, set())
+        if pinned:
+            pins.add(position)
+        else:
+            pins.discard(position)
 
     def sessions(self) -> list[str]:
         return list(self._meta)

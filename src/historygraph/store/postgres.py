@@ -1,7 +1,7 @@
 """PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
-``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``pins``, :data:`PINS_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -61,10 +61,19 @@ CREATE TABLE derived (
 """Added by issue 13: migration 3, an empty table of derived rows (:mod:`historygraph.history.derived`),
 as SQLite's."""
 
+PINS_TABLE = """
+CREATE TABLE pins (
+    session_id TEXT NOT NULL REFERENCES sessions(id), position INTEGER NOT NULL, created DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (session_id, position));
+"""
+"""Added by issue 40 (pins, :meth:`Store.pin`): migration 4, an empty table of each session's pinned
+positions (a row while pinned, deleted by an unpin); changes nothing else."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
+    Migration(4, "pins: pinned items of each session", PINS_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -159,6 +168,16 @@ class PostgresStore(Store):
                 cur.executemany("INSERT INTO derived VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, kind, position) "
                                 "DO UPDATE SET version = excluded.version, data = excluded.data",
                                 [(session_id, kind, position, version, data) for kind, version, position, data in rows])
+
+    def _read_pins(self, session_id: str) -> list[int]:
+        return [r[0] for r in self._db.execute("SELECT position FROM pins WHERE session_id = %s", (session_id,)).fetchall()]
+
+    def _write_pin(self, session_id: str, position: int, pinned: bool) -> None:
+        """Called inside :meth:`_write_transaction` (the session row is locked)."""
+        if pinned:
+            self._db.execute("INSERT INTO pins VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (session_id, position, time.time()))
+        else:
+            self._db.execute("DELETE FROM pins WHERE session_id = %s AND position = %s", (session_id, position))
 
     def _event_count(self, session_id: str) -> int:
         # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows

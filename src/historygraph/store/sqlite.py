@@ -8,7 +8,8 @@ stored as the JSON of :meth:`Message.to_dict` (lossless), and ``embeddings(key, 
 content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived texts (summaries). A batch of events is written in one transaction.
 ``append_keys`` (:data:`APPEND_KEYS_TABLE`) holds the idempotency keys of appends, written in the
 transaction of their events. ``derived`` (:data:`DERIVED_TABLE`) holds each session's derived
-per-message rows (:mod:`historygraph.history.derived`). ``schema_version`` holds the schema's version; opening a store
+per-message rows (:mod:`historygraph.history.derived`). ``pins`` (:data:`PINS_TABLE`) holds each session's
+pinned positions (:meth:`Store.pin`). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -67,10 +68,19 @@ CREATE TABLE derived (
 rows (:mod:`historygraph.history.derived`), one per session, kind and message position; changes nothing
 else."""
 
+PINS_TABLE = """
+CREATE TABLE pins (
+    session_id TEXT NOT NULL REFERENCES sessions(id), position INTEGER NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (session_id, position)) WITHOUT ROWID;
+"""
+"""Added by issue 40 (pins, :meth:`Store.pin`): migration 4, an empty table of each session's pinned
+positions (a row while pinned, deleted by an unpin); changes nothing else."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
+    Migration(4, "pins: pinned items of each session", PINS_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -208,6 +218,18 @@ class SQLiteStore(Store):
                                  [(session_id, kind, version) for kind, version in stale])
             self._db.executemany("INSERT OR REPLACE INTO derived VALUES (?, ?, ?, ?, ?)",
                                  [(session_id, kind, position, version, data) for kind, version, position, data in rows])
+
+    def _read_pins(self, session_id: str) -> list[int]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT position FROM pins WHERE session_id = ?", (session_id,))]
+
+    def _write_pin(self, session_id: str, position: int, pinned: bool) -> None:
+        """Called inside :meth:`_write_transaction`."""
+        with self._lock:
+            if pinned:
+                self._db.execute("INSERT OR IGNORE INTO pins VALUES (?, ?, ?)", (session_id, position, time.time()))
+            else:
+                self._db.execute("DELETE FROM pins WHERE session_id = ? AND position = ?", (session_id, position))
 
     def _event_count(self, session_id: str) -> int:
         with self._lock:

@@ -205,12 +205,20 @@ class Recap:
         assistant message cannot be shown even as an excerpt with some text (docs/architecture.md §5.9)."""
         r = self._render(graph, budget, signals)
         shown = dict(zip(r.positions, r.messages))
+        pins = [graph.item_id(p) for p in graph.pinned()] if graph.pins else []
+        if budget is not None and pins:  # a pinned result in a mandatory block, cut to its excerpt (larger than B)
+            short = [p for p in graph.pinned() if p in shown and graph.messages[p].role == "tool"
+                     and shown[p].content != graph.messages[p].content]
+            if short:
+                count = signals.counter.count_message
+                raise BudgetTooSmallError(budget, max(budget + 1, r.history_tokens + sum(
+                    count(graph.messages[p]) - count(shown[p]) for p in short)), pins)
         bad = [p for p in newest_results(graph) if p in shown and shown[p].rendered_as == "placeholder"]
         if budget is not None and bad:
             count = signals.counter.count_message
             least = sum(count(graph.messages[p].with_content(EXCERPT_MARK.format(id=graph.messages[p].tool_call_id, kept=8, total=8),
                                                             "excerpt")) + 8 - count(shown[p]) for p in bad)
-            raise BudgetTooSmallError(budget, max(budget + 1, r.history_tokens + least))
+            raise BudgetTooSmallError(budget, max(budget + 1, r.history_tokens + least), pins)
         return r
 
     def _render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
@@ -240,8 +248,9 @@ class Recap:
             if budget is None or whole.history_tokens <= budget:
                 return whole
         stats: dict[str, Any] = {"compaction": 0}
-        if st.selection is not None and not (new_turn and not self._warm(graph, len(users))):
-            shown = served_ids(st, blocks, len(graph), ix.firsts)
+        if st.selection is not None and not (new_turn and not self._warm(graph, len(users))) \
+                and self.pinned_blocks(graph, hist).issubset(shown := served_ids(st, blocks, len(graph), ix.firsts)):
+            # (the fixed selection, unless an item pinned since is not in it)
             kept = assemble(self.name, graph, [blocks[i] for i in shown], budget, signals, stats, forms, plain, ix)
             if kept.history_tokens <= budget:
                 return kept
@@ -270,7 +279,7 @@ class Recap:
         while r.history_tokens > budget:  # the dropped-step markers are charged too: give up the oldest choice
             spare = sorted(chosen - mandatory)
             if not spare:
-                raise BudgetTooSmallError(budget, r.history_tokens)
+                raise BudgetTooSmallError(budget, r.history_tokens, [graph.item_id(p) for p in graph.pinned()])
             chosen.discard(spare[0])
             st.omitted.add(spare[0])
             st.selection = frozenset(chosen)
@@ -304,7 +313,7 @@ class Recap:
                 need += block_tokens(graph, b, signals, forms) - cost[b.id]
                 cost[b.id] = block_tokens(graph, b, signals, forms)
         if need > budget:
-            raise BudgetTooSmallError(budget, need)
+            raise BudgetTooSmallError(budget, need, [graph.item_id(p) for p in graph.pinned()])
         chosen, used_tok = set(mandatory), need
         used_chr = sum(chars[i] for i in chosen)
         for i in sorted(protected_set(graph, hist) - chosen, reverse=True):  # newest first
@@ -333,11 +342,21 @@ class Recap:
     @staticmethod
     def mandatory(graph: ContextGraph, hist: list[Block]) -> set[int]:
         """Blocks every selection keeps: the first user block, the latest assistant message's
-        blocks and the blocks that keep the active tool loop's opening thinking block on the wire
-        (:func:`~historygraph.render.loop_guard`, docs/architecture.md, invariant §5.7)."""
+        blocks, the blocks that keep the active tool loop's opening thinking block on the wire
+        (:func:`~historygraph.render.loop_guard`, docs/architecture.md, invariant §5.7) and the
+        blocks of the pinned items (a pinned result's: its call's, docs/architecture.md, "Pins")."""
         out = set([b.id for b in hist if b.role == "user"][:1])
         keep = {p for p in (last_assistant(hist), *loop_guard(graph)) if p is not None}
-        return out | {b.id for b in hist if b.role in ("assistant", "user") and b.positions[0] in keep}
+        return out | {b.id for b in hist if b.role in ("assistant", "user") and b.positions[0] in keep} | \
+            Recap.pinned_blocks(graph, hist)
+
+    @staticmethod
+    def pinned_blocks(graph: ContextGraph, hist: list[Block]) -> set[int]:
+        """The blocks of the pinned items (a pinned result's: its call's message's block)."""
+        if not graph.pins:
+            return set()
+        keep = {graph.owner_of.get(p, p) for p in graph.pinned()}
+        return {b.id for b in hist if b.positions[0] in keep}
 
     def scores(self, st: SessionState, graph: ContextGraph, hist: list[Block], turn: int) -> dict[int, float]:
         """``s(v)`` of §3.3 for every history block (the relevance alone without the graph)."""
