@@ -196,8 +196,9 @@ def response_events(body: dict[str, Any], n: int, output: list[dict[str, Any]]) 
 
 
 def add_routes(app: FastAPI, record: Callable[[Request], Any], rejected: list[dict[str, Any]], seen: list[Any],
-               paced: Callable[..., Any]) -> None:
-    """``POST /v1/responses`` on the fake ``app`` (``record`` keeps the request; ``paced`` streams)."""
+               paced: Callable[..., Any], usage: Callable[[str, dict[str, Any], Any], Any]) -> None:
+    """``POST /v1/responses`` on the fake ``app`` (``record`` keeps the request; ``paced`` streams;
+    ``usage(api, body, reply)``: the reply with the usage of the fake's prompt cache, when it has one)."""
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Any:
@@ -214,8 +215,9 @@ def add_routes(app: FastAPI, record: Callable[[Request], Any], rejected: list[di
         if (fault := faulty(body, lambda: response_object(body, n, output))) is not None:  # fake_upstream's fault models
             return fault
         if not body.get("stream"):
-            return response_object(body, n, output)
-        return StreamingResponse(paced(response_events(body, n, output), body), media_type="text/event-stream")
+            return usage("responses", body, response_object(body, n, output))
+        return StreamingResponse(paced(usage("responses", body, response_events(body, n, output)), body),
+                                 media_type="text/event-stream")
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:

@@ -13,6 +13,10 @@ images, documents, audio and files where each API takes them (:func:`anthropic_b
 rejected, as the provider rejects a modified thinking block), and where a mid-conversation system
 message (``{"role": "system"}`` inside ``messages``) may stand (:func:`system_turn_violation`).
 
+With ``--prompt-cache`` it simulates each API's prompt cache and reports every answer's usage as
+that provider does (``tests/fake_cache.py``); without it every answer reports a fixed small usage.
+The Anthropic limit of 4 ``cache_control`` breakpoints is enforced either way.
+
 It keeps every request it receives (path, headers, JSON body), readable at ``GET /_requests`` and
 cleared by ``POST /_reset``. Its answers are deterministic:
 
@@ -46,6 +50,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
+import fake_cache
 import fake_scripts
 
 OPENAI_ERROR = {"error": {"message": "fake upstream: rate limit reached", "type": "rate_limit_error", "code": "rate_limited"}}
@@ -200,8 +205,29 @@ def system_turn_violation(turns: list[dict[str, Any]]) -> str | None:
     return None
 
 
+MAX_CACHE_BREAKPOINTS = 4
+
+
+def cache_control_violation(body: dict[str, Any]) -> str | None:
+    """The first prompt-caching rule ``body`` breaks, or ``None``: at most
+    :data:`MAX_CACHE_BREAKPOINTS` blocks with ``cache_control`` (tools, system blocks, message
+    content blocks; a top-level ``cache_control`` counts as one), none on a thinking block
+    (docs.anthropic.com/en/docs/build-with-claude/prompt-caching)."""
+    blocks = list(body.get("tools") or []) + (body["system"] if isinstance(body.get("system"), list) else [])
+    for t in body.get("messages") or []:
+        blocks += t["content"] if isinstance(t, dict) and isinstance(t.get("content"), list) else []
+    marked = [b for b in blocks if isinstance(b, dict) and "cache_control" in b]
+    n = len(marked) + ("cache_control" in body)
+    if n > MAX_CACHE_BREAKPOINTS:
+        return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {n}."
+    if any(b.get("type") in ("thinking", "redacted_thinking") for b in marked):
+        return "messages: cache_control cannot be set on thinking blocks"
+    return None
+
+
 def anthropic_violation(body: dict[str, Any]) -> str | None:
-    """The first Messages API rule ``body`` breaks, or ``None`` (where system messages stand
+    """The first Messages API rule ``body`` breaks, or ``None`` (the prompt-caching limits
+    (:func:`cache_control_violation`), where system messages stand
     (:func:`system_turn_violation`), then, without them, turns of one role merged):
     every ``tool_use`` is answered by a ``tool_result`` in the next user turn, all ``tool_result``
     blocks come first in that turn and answer a ``tool_use`` of the turn before; each
@@ -211,6 +237,8 @@ def anthropic_violation(body: dict[str, Any]) -> str | None:
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
         return "messages: a non-empty list of objects is required"
+    if (why := cache_control_violation(body)) is not None:
+        return why
     if (why := system_turn_violation(turns)) is not None:
         return why
     for k, t in enumerate(turns):
@@ -330,10 +358,17 @@ def lean_app() -> Any:
     return app
 
 
-def build_app() -> FastAPI:
+def build_app(prompt_cache: bool = False) -> FastAPI:
+    """The fake; ``prompt_cache``: simulate each API's prompt cache and report usage from it
+    (``tests/fake_cache.py``), else every answer reports a fixed small usage."""
     app = FastAPI()
     seen: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
+    caches = fake_cache.PromptCaches() if prompt_cache else None
+
+    def usage(api: str, body: dict[str, Any], reply: Any) -> Any:
+        """``reply`` with the usage the simulated cache gives (unchanged without ``prompt_cache``)."""
+        return reply if caches is None else fake_cache.with_usage(reply, caches.usage(api, body))
 
     async def record(request: Request) -> dict[str, Any]:
         body = await request.json()
@@ -373,7 +408,7 @@ def build_app() -> FastAPI:
         if body.get("model") == "error-model":
             return JSONResponse(OPENAI_ERROR, 429, headers={"x-fake": "1"})
         if fake_scripts.script_of(body.get("model")):
-            return _scripted(fake_scripts.openai_reply(body, len(seen)), body)
+            return _scripted(usage("openai", body, fake_scripts.openai_reply(body, len(seen))), body)
         if body.get("model") == "hang-model":
             await asyncio.sleep(4)  # longer than the proxy's --timeout 1 in the tests
         if body.get("model") == "broken-model":
@@ -382,7 +417,7 @@ def build_app() -> FastAPI:
         call = openai_call(body, n)
         base = {"id": f"chatcmpl-{n}", "created": 0, "model": body.get("model", "fake-model")}
         if not body.get("stream"):
-            return openai_answer(body, n)
+            return usage("openai", body, openai_answer(body, n))
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
             return "data: " + json.dumps({**base, "object": "chat.completion.chunk",
@@ -402,7 +437,7 @@ def build_app() -> FastAPI:
             events.append("data: " + json.dumps({**base, "object": "chat.completion.chunk", "choices": [],
                                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}) + "\n\n")
         events.append("data: [DONE]\n\n")
-        return StreamingResponse(_paced(events, body), media_type="text/event-stream")
+        return StreamingResponse(_paced(usage("openai", body, events), body), media_type="text/event-stream")
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
@@ -413,7 +448,7 @@ def build_app() -> FastAPI:
         if body.get("model") == "error-model":
             return JSONResponse(ANTHROPIC_ERROR, 529)
         if fake_scripts.script_of(body.get("model")):
-            return _scripted(fake_scripts.anthropic_reply(body, len(seen), sign), body)
+            return _scripted(usage("anthropic", body, fake_scripts.anthropic_reply(body, len(seen), sign)), body)
         n = len(seen)
         if (fault := faulty(body, lambda: {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": "m",
                                            "content": [{"type": "text", "text": f"answer {n}"}], "stop_reason": "end_turn",
@@ -431,7 +466,7 @@ def build_app() -> FastAPI:
         msg = {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": body.get("model", "fake-model"),
                "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
         if not body.get("stream"):
-            return {**msg, "content": blocks, "stop_reason": stop}
+            return usage("anthropic", body, {**msg, "content": blocks, "stop_reason": stop})
 
         def ev(kind: str, **data: Any) -> str:
             return f"event: {kind}\ndata: " + json.dumps({"type": kind, **data}) + "\n\n"
@@ -455,11 +490,11 @@ def build_app() -> FastAPI:
             events.append(ev("content_block_stop", index=i))
         events += [ev("message_delta", delta={"stop_reason": stop, "stop_sequence": None}, usage={"output_tokens": 1}),
                    ev("message_stop")]
-        return StreamingResponse(_paced(events, body), media_type="text/event-stream")
+        return StreamingResponse(_paced(usage("anthropic", body, events), body), media_type="text/event-stream")
 
     from fake_responses import add_routes  # the Responses API (imported here: it imports sign from this module)
 
-    add_routes(app, record, rejected, seen, _paced)
+    add_routes(app, record, rejected, seen, _paced, usage)
     return app
 
 
@@ -501,8 +536,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--lean", action="store_true", help="the bare ASGI fake of the load benchmarks (lean_app)")
+    ap.add_argument("--prompt-cache", action="store_true",
+                    help="simulate each API's prompt cache and report usage as the provider does (tests/fake_cache.py)")
     args = ap.parse_args()
-    uvicorn.run(lean_app() if args.lean else build_app(), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(lean_app() if args.lean else build_app(args.prompt_cache), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -220,7 +220,11 @@ def test_tool_loaded_text_after_a_result_is_no_new_user_turn(servers):
     a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0,
                             default_headers={"X-HistoryGraph-Session": "tool-loaded"})
     a.messages.create(model="m", max_tokens=20, messages=turns, tools=A_TOOLS)
-    assert received(servers)["body"]["messages"] == turns and rejections(servers) == []
+    sent = received(servers)["body"]
+    # as sent, plus the proxy's cache breakpoints: the last block of the last message, the last tool
+    loaded = {"type": "text", "text": "Tool loaded.", "cache_control": {"type": "ephemeral"}}
+    assert sent["messages"] == turns[:2] + [{"role": "user", "content": [turns[2]["content"][0], loaded]}]
+    assert sent["tools"] == [{**A_TOOLS[-1], "cache_control": {"type": "ephemeral"}}] and rejections(servers) == []
     history = stored(servers, "tool-loaded")
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
     assert history[2]["provider_blocks"] == '[{"text":"Tool loaded.","type":"text"}]'

@@ -253,8 +253,12 @@ def test_anthropic_client_thinking_byte_exact_tools_paired_answer_stored(servers
     tool_use = final.content[-1]
     assert final.content[0].type == "thinking" and tool_use.type == "tool_use"
     body = received(servers)["body"]
-    assert body["system"] == "Be brief." and body["tools"] == A_TOOLS and body["metadata"] == {"user_id": "u1"}
+    # the proxy's two prompt-cache breakpoints: end of the system prompt, last block of the last message
+    mark = {"cache_control": {"type": "ephemeral"}}
+    assert body["system"] == [{"type": "text", "text": "Be brief.", **mark}]
+    assert body["tools"] == A_TOOLS and body["metadata"] == {"user_id": "u1"}
     sent = body["messages"]
+    assert sent[-1] == {"role": "user", "content": [{"type": "text", "text": "summarise", **mark}]}
     assert all(m["content"][0] == thinking for m in sent if m["role"] == "assistant")
     assert [m for m in sent if m["role"] == "assistant"] == [m for m in msgs if m["role"] == "assistant"]
     results = [b for m in sent if isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"]

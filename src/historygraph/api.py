@@ -201,12 +201,16 @@ def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int
     A user turn holding several ``tool_result`` blocks stays one turn; a result a policy does not
     show whole becomes a ``tool_result`` block whose text is a placeholder naming its id. Other
     arguments and errors as :func:`render_messages`; ``EventError`` names the wire field
-    (``messages[3].content[1].tool_use_id`` …).
+    (``messages[3].content[1].tool_use_id`` …). The client's ``cache_control`` breakpoints are
+    kept, on the placeholder of a block replaced and on the next message shown for one left out
+    (:mod:`historygraph.providers.anthropic_cache`, rule 1); none are added.
     """
     from historygraph.providers import anthropic as anth
+    from historygraph.providers.anthropic_cache import moved_breakpoints
 
     events, pieces = anth.to_canonical(system, list(messages) if isinstance(messages, tuple) else messages)
     rendering, sid = render_events(events, budget=budget, policy=policy, session=session, store=store, signals=signals)
     out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
-                                                   for p in rendering.positions])
+                                                   for p in rendering.positions],
+                              moved_breakpoints(rendering.positions, pieces))
     return Rendered(out, rendering, sid) if explain else out

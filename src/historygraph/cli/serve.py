@@ -38,6 +38,7 @@ def serve(
     recall: Annotated[bool, typer.Option("--recall", help="Offer the model a tool that fetches omitted results (answered by the proxy; header X-HistoryGraph-Recall: on/off overrides). Default: off.")] = DEFAULTS.recall,
     recall_rounds: Annotated[int, typer.Option(min=1, help="Recall calls answered per request at most.")] = DEFAULTS.recall_rounds,
     stable: Annotated[bool, typer.Option("--cache-stable/--no-cache-stable", help="Between re-selections a session's rendering only appends, so the provider's prompt cache serves the previous request (re-selects to 0.75·B once the history passes B; docs/proxy.md). Default: off.")] = DEFAULTS.cache_stable,
+    breakpoints: Annotated[bool, typer.Option("--cache-breakpoints/--no-cache-breakpoints", help="Add Anthropic prompt-cache breakpoints (cache_control) after the tools and system prompt and on the last message of each /v1/messages request, the client's own kept, at most 4 in all (docs/proxy.md, Prompt caches). Default: on.")] = DEFAULTS.cache_breakpoints,
     calibration: Annotated[bool, typer.Option("--calibration/--no-calibration", help="Render at B shrunk by the median provider-reported / estimated prompt tokens (GET /api/calibration shows it).")] = DEFAULTS.calibrate,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes sharing the store (a SQLite file or PostgreSQL, not ':memory:'); each accepts a new connection only while it holds no more open connections than the others, so connections spread evenly (on Windows uvicorn's multi-process mode). One per core uses every core. Each worker keeps its own warm sessions and catches a session up from the store by its length when another worker appended to it; appends are checked against the stored length inside the store's write transaction.")] = DEFAULTS.workers,
     embedder: Annotated[str, typer.Option(help=f"Sentence embedder of the policies that embed: {', '.join(EMBEDDERS)} (docs/proxy.md, docs/evaluator.md Embedders; the proxy's default is wordllama, the replays' minilm; 'static' needs historygraph\\[static], 'wordllama' historygraph\\[wordllama]).")] = DEFAULTS.embedder,
@@ -74,7 +75,7 @@ def serve(
         config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
                               timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds,
-                              calibrate=calibration, cache_stable=stable, session_cache=session_cache, embedder=embedder,
+                              calibrate=calibration, cache_stable=stable, cache_breakpoints=breakpoints, session_cache=session_cache, embedder=embedder,
                               # each worker's embedder gets its share of the cores (none competes for all of them)
                               embed_threads=max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None)
         application = create_app(config)

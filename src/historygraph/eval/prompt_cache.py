@@ -22,7 +22,9 @@ only prefixes that end at a ``cache_control`` breakpoint are cached, and a hit n
 entry that is an exact prefix of the request and ends at most ``lookback_blocks`` content blocks
 before a breakpoint. **Where the simulation puts breakpoints** (the documented rule, as clients such
 as Claude Code do): one after the tools and the leading system messages, one on the last message
-of each request: 2 of the at most 4 a request may carry. Content blocks are counted per message: its
+of each request: 2 of the at most 4 a request may carry. The proxy puts its own there too
+(:mod:`historygraph.providers.anthropic_cache`, ``serve --cache-breakpoints``); keep the two rules
+the same. Content blocks are counted per message: its
 text (when not empty) and each tool call. A request of at least ``min_tokens`` reads the longest
 matching entry and writes the rest up to its last breakpoint (``cache_write`` price); a shorter
 one is neither read nor written (uncached).

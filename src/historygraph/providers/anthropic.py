@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from historygraph.history.events import EventError, Message, ToolCall, content_text, media_of
+from historygraph.providers.anthropic_cache import cache_control_of, with_cache_control
 from historygraph.signals.calibration import Usage, anthropic_usage
 
 
@@ -191,7 +192,8 @@ def _tool_result(m: Message, piece: Piece | None) -> dict[str, Any]:
     return block
 
 
-def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[dict[str, Any]]:
+def from_canonical(messages: list[Message], pieces: list[Piece | None],
+                   moved: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Build the Messages API ``messages`` list for a rendering (the system message of the
     ``system`` field, which has no piece, is skipped; a system turn of ``messages`` is sent at its
     place).
@@ -204,7 +206,14 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
     read it back as their tail, charged as provider blocks rather than as the user message the
     rendering counted (the forwarded history then exceeds B). The API merges consecutive user
     turns, so the model sees the same content.
+
+    Prompt-cache breakpoints (:mod:`historygraph.providers.anthropic_cache`, rule 1): a message
+    rebuilt from its original (a placeholder, an excerpt) keeps the original's ``cache_control``
+    on its last block; ``moved`` (``{index in messages: cache_control}``,
+    :func:`~historygraph.providers.anthropic_cache.moved_breakpoints`) puts those of messages left
+    out on the message at that index. A message that already carries one gets no second.
     """
+    moved = moved or {}
     out: list[dict[str, Any]] = []
     pending: list[Any] = []
     tails: list[Any] = []  # blocks after the pending results (Piece.tail)
@@ -219,30 +228,37 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None]) -> list[
         pending, pending_turn = [], None
         tails.clear()
 
-    for m, piece in zip(messages, pieces):
+    for i, (m, piece) in enumerate(zip(messages, pieces)):
         original = piece.value if piece is not None and m.rendered_as is None else None
         turn = piece.turn if piece is not None else pending_turn
         if m.role == "system" and piece is None:
             continue
         if pending and turn != pending_turn:
             flush()
+        cc = moved.get(i) or (cache_control_of(piece.value) if piece is not None and original is None else None)
+
         if m.role == "system":
             flush()
-            out.append(original if original is not None else {"role": "system", "content": m.content})
+            out.append(_keep_breakpoint(cc, original if original is not None else {"role": "system", "content": m.content}))
         elif m.role == "assistant":
             flush()
-            out.append(original if original is not None else
-                       {"role": "assistant", "content": (json.loads(m.provider_blocks) if m.provider_blocks else [])
-                        + ([{"type": "text", "text": m.content}] if m.content else [])
-                        + [_tool_use(c) for c in m.tool_calls]})
+            out.append(_keep_breakpoint(cc, original if original is not None else
+                              {"role": "assistant", "content": (json.loads(m.provider_blocks) if m.provider_blocks else [])
+                               + ([{"type": "text", "text": m.content}] if m.content else [])
+                               + [_tool_use(c) for c in m.tool_calls]}))
         elif m.role == "tool":
-            pending.append(original if original is not None else _tool_result(m, piece))
+            pending.append(_keep_breakpoint(cc, original if original is not None else _tool_result(m, piece)))
             pending_turn = turn
             tails.extend(piece.tail if piece is not None else ())
         else:
-            flush(original if original is not None else m.content)
+            flush(_keep_breakpoint(cc, original if original is not None else m.content))
     flush()
     return out
+
+
+def _keep_breakpoint(cc: dict[str, Any] | None, wire: Any) -> Any:
+    """``wire`` with ``cc`` on its last block, unless ``cc`` is ``None`` or it carries one already."""
+    return wire if cc is None or cache_control_of(wire) is not None else with_cache_control(wire, cc)
 
 
 def answer_message(response: dict[str, Any]) -> Message:

@@ -39,6 +39,7 @@ class ServeDefaults:
     recall_max_tokens: int = RECALL_MAX_TOKENS
     calibrate: bool = True
     cache_stable: bool = False
+    cache_breakpoints: bool = True
     workers: int = 1
     session_cache: int = 256
     embedder: str = SERVE_EMBEDDER
@@ -85,6 +86,12 @@ class ServerConfig:
             (:mod:`historygraph.policies.cache_stable`: between re-selections a session's rendering only
             appends, so the provider's prompt cache serves the previous request); off by default
             until the hostile gate passes with it (docs/proxy.md).
+        cache_breakpoints: add the proxy's Anthropic prompt-cache breakpoints (``cache_control``
+            after the tools and system prompt and on the last message, the client's own kept,
+            at most 4 in all: :mod:`historygraph.providers.anthropic_cache`) to every rendered
+            ``/v1/messages`` request; on by default: without a breakpoint Anthropic caches nothing,
+            and with them a 25-call agent run's uncached input falls to a fraction (docs/proxy.md,
+            "Prompt caches").
         session_cache: open sessions kept warm per process, least recently used dropped first:
             their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state), the
             client messages last stored and the Anthropic wire turns last converted, so that a
@@ -115,6 +122,7 @@ class ServerConfig:
     recall_max_tokens: int = DEFAULTS.recall_max_tokens
     calibrate: bool = DEFAULTS.calibrate
     cache_stable: bool = DEFAULTS.cache_stable
+    cache_breakpoints: bool = DEFAULTS.cache_breakpoints
     session_cache: int = DEFAULTS.session_cache
     embed_threads: int | None = None
     embedder: str = DEFAULTS.embedder

@@ -3,7 +3,11 @@
 * ``POST /v1/messages``: the request's ``system`` and ``messages`` are converted to canonical events
   (:mod:`historygraph.providers.anthropic`; only the turns not seen last time, :class:`TurnCache`),
   routed, rendered under B and forwarded as the module docstring of :mod:`historygraph.server.proxy`
-  describes; a turn rendered unchanged is sent as the client's original JSON.
+  describes; a turn rendered unchanged is sent as the client's original JSON. The client's
+  ``cache_control`` breakpoints are kept (on a placeholder for a block it replaces) and, with
+  ``serve --cache-breakpoints`` (the default), the proxy adds its own after the tools and system
+  prompt and on the last message, never more than 4 in all
+  (:mod:`historygraph.providers.anthropic_cache`).
 * ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` (Anthropic's shape), N = the
   proxy's token counter (:class:`~historygraph.signals.tokens.TokenCounter`, the counter that
   enforces B) over the messages as they would be forwarded after rendering, plus the tool schemas'
@@ -25,6 +29,7 @@ from historygraph.history.events import EventError
 from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import TurnCache
 from historygraph.providers import anthropic as anth
+from historygraph.providers.anthropic_cache import moved_breakpoints, place_breakpoints
 from historygraph.render import Rendering
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, anthropic_error
@@ -61,9 +66,12 @@ async def messages_endpoint(request: Request) -> Response:
 
         sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
         out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
-                                                       for p in rendering.positions])
+                                                       for p in rendering.positions],
+                                  moved_breakpoints(rendering.positions, pieces))
         url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
         forwarded = {**body, "messages": out}
+        if config.cache_breakpoints:
+            forwarded = place_breakpoints(forwarded)
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
                                       anth.StreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:

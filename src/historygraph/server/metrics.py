@@ -16,6 +16,15 @@ units, ``_total`` counters):
 * ``historygraph_calibration_ratio``: median of provider-reported / our-estimated prompt tokens
   over the recent window (:class:`~historygraph.signals.calibration.TokenCalibration`; 1.0 before
   any observation), ``historygraph_calibration_observations``;
+* ``historygraph_input_tokens_total{api, kind}``: prompt tokens the upstream reported for the
+  answers (``usage``, streamed or not), by how the provider billed them: ``cache_read`` (read from
+  its prompt cache: Anthropic ``cache_read_input_tokens``, Chat Completions
+  ``prompt_tokens_details.cached_tokens``, Responses ``input_tokens_details.cached_tokens``),
+  ``cache_write`` (Anthropic ``cache_creation_input_tokens``; OpenAI reports none) and
+  ``uncached`` (the rest: Anthropic ``input_tokens``, OpenAI the prompt tokens less the cached);
+  provider tokens, not the proxy's. Totals per API, not per session: a session label would add
+  series without bound (Prometheus, "Naming": "do not use labels to store dimensions with high
+  cardinality"); the session API's ``GET /api/calibration`` sums the same parts over its window;
 * ``historygraph_recall_calls_total{api}``: calls of the recall tool the proxy answered
   (:mod:`historygraph.server.recall_tool`);
 * ``historygraph_over_budget_total{policy}``: requests forwarded over B because the part every
@@ -33,7 +42,7 @@ from prometheus_client.exposition import choose_encoder
 
 from historygraph.history.graph import ContextGraph
 from historygraph.render import Rendering
-from historygraph.signals.calibration import TokenCalibration
+from historygraph.signals.calibration import TokenCalibration, Usage
 from historygraph.signals.tokens import TokenCounter
 
 # render times seen on 2 cores range from ~1 ms (short sessions) to seconds (summarising policies)
@@ -79,6 +88,8 @@ class ProxyMetrics:
                                   ["policy"], registry=r)
         self.tokens_saved = Counter("historygraph_tokens_saved", "History tokens not sent (in - out)",
                                     ["policy"], registry=r)
+        self.input_tokens = Counter("historygraph_input_tokens", "Prompt tokens the upstream reported, by cache kind",
+                                    ["api", "kind"], registry=r)
         self.recall_calls = Counter("historygraph_recall_calls", "Recall tool calls the proxy answered", ["api"], registry=r)
         self.over_budget = Counter("historygraph_over_budget", "Requests forwarded over B: the protected history alone exceeded it",
                                    ["policy"], registry=r)
@@ -100,6 +111,11 @@ class ProxyMetrics:
         self.tokens_out.labels(policy).inc(tokens_out)
         self.tokens_saved.labels(policy).inc(max(0, tokens_in - tokens_out))
         return tokens_in, tokens_out
+
+    def observe_usage(self, api: str, usage: Usage) -> None:
+        """Add one answer's reported prompt tokens to ``historygraph_input_tokens_total``."""
+        for kind, n in (("cache_read", usage.cache_read), ("cache_write", usage.cache_write), ("uncached", usage.fresh)):
+            self.input_tokens.labels(api, kind).inc(n)
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """Every metric in the format the scraper's ``Accept`` header asks for (prometheus_client's

@@ -355,13 +355,15 @@ class Proxy:
 
     def observe_usage(self, body: dict[str, Any], usage: Usage | None, sent: Sequence[Message] | int | None = None,
                       api: str = "openai") -> None:
-        """Feed the calibration hook: our estimate of the forwarded request (messages + tool
+        """Count the reported prompt tokens by cache kind (``/metrics``,
+        ``historygraph_input_tokens_total``) and feed the calibration hook: our estimate of the forwarded request (messages + tool
         schemas) against the prompt tokens the provider reported for it (fresh, cache read and
         cache write kept apart; both APIs, streamed or not). ``sent``: the forwarded messages as
         parsed events (the rendering), so that the request body is not parsed again, or their
         tokens already counted (:meth:`prepare`)."""
         if usage is None:
             return
+        self.metrics.observe_usage(api, usage)
         try:
             if sent is None:
                 sent = ([Message.from_openai(m) for m in body["messages"]] if api == "openai"

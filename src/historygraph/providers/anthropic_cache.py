@@ -1,0 +1,179 @@
+"""Anthropic prompt-cache breakpoints (``cache_control``) on the Messages requests the proxy forwards.
+
+Source: docs.anthropic.com/en/docs/build-with-claude/prompt-caching: a request carries at most
+:data:`MAX_BREAKPOINTS` blocks with ``cache_control`` (tools, ``system`` blocks and message content
+blocks; more is a 400); only a prefix that ends at a breakpoint is cached, and a later request reads
+it when it repeats that prefix exactly and a breakpoint of its own lies at most 20 blocks after its
+end; thinking blocks and empty text blocks cannot carry one; a ``"ttl": "1h"`` breakpoint must not
+follow a shorter-lived one.
+
+**Where the proxy puts breakpoints** (:func:`place_breakpoints`, our decision; the same rule as the
+evaluator's simulation of that cache, :mod:`historygraph.eval.prompt_cache`, so that the replay's
+cost with the cache and the proxy's requests agree):
+
+1. The client's own breakpoints stay where the client put them, on every block still forwarded. A
+   block the rendering replaced (a placeholder, an excerpt, a marker) keeps the client's
+   ``cache_control`` on its replacement; one on a message the rendering left out entirely moves to
+   the next forwarded message (the dropped-step marker that stands for it, when there is one), on
+   its last block (:func:`moved_breakpoints`, applied by
+   :func:`historygraph.providers.anthropic.from_canonical`). Two landing on one block are one.
+2. Ours: one on the last block of the stable head (the last ``system`` block, else the last tool),
+   so that a re-selection still reads the tools and system prompt from the cache; one on the last
+   block of the last message that can carry one, so that the whole request is written and the next
+   request, which with cache-stable rendering (:mod:`historygraph.policies.cache_stable`) only
+   appends, reads it. A block that already carries the client's breakpoint gets no second one; a
+   top-level ``cache_control`` (the client asks for automatic placement on the last block) stands in
+   for ours on the last message.
+3. Never more than :data:`MAX_BREAKPOINTS` in all: ours are dropped first (the head's before the
+   last message's); when the client's own alone are more (a request Anthropic would reject as
+   sent), the earliest of them are removed.
+
+Ours carry ``{"type": "ephemeral"}`` (the 5-minute TTL), or the ``ttl`` of the nearest client
+breakpoint after them, so that TTLs never increase along the request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_BREAKPOINTS = 4
+"""Blocks with ``cache_control`` one request may carry (Anthropic, "Prompt caching")."""
+
+EPHEMERAL: dict[str, Any] = {"type": "ephemeral"}
+UNCACHEABLE = ("thinking", "redacted_thinking")  # "thinking blocks cannot be explicitly marked with cache_control"
+
+Where = tuple[int, int, int]
+"""A block's place in the request, in request order: (0, tool index, 0), (1, system block, 0) or
+(2, message index, content block index)."""
+
+
+def cacheable(block: Any) -> bool:
+    """Whether a content block may carry ``cache_control`` (not thinking, not an empty text)."""
+    return isinstance(block, dict) and block.get("type") not in UNCACHEABLE and not (
+        block.get("type") == "text" and not block.get("text"))
+
+
+def cache_control_of(value: Any) -> dict[str, Any] | None:
+    """The ``cache_control`` a wire original carries (a block, a list of blocks, a turn object with
+    ``content``): the last one found, else ``None``."""
+    if isinstance(value, dict) and "role" in value:
+        value = value.get("content")
+    if isinstance(value, dict):
+        cc = value.get("cache_control")
+        return cc if isinstance(cc, dict) else None
+    if isinstance(value, list):
+        return next((cc for b in reversed(value) if (cc := cache_control_of(b)) is not None), None)
+    return None
+
+
+def with_cache_control(content: Any, cc: dict[str, Any]) -> Any:
+    """``content`` (a string or a list of blocks; never changed in place) with ``cc`` on its last
+    block that may carry one (a string becomes one text block); unchanged when no block may."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content, "cache_control": cc}] if content else content
+    if isinstance(content, dict) and "role" in content:
+        return {**content, "content": with_cache_control(content.get("content"), cc)}
+    if isinstance(content, dict):
+        return {**content, "cache_control": cc} if cacheable(content) else content
+    if isinstance(content, list):
+        for j in range(len(content) - 1, -1, -1):
+            if cacheable(content[j]):
+                return [*content[:j], {**content[j], "cache_control": cc}, *content[j + 1:]]
+    return content
+
+
+def moved_breakpoints(positions: list[int | None], pieces: list[Any]) -> dict[int, dict[str, Any]]:
+    """Rule 1 for messages left out entirely: ``{rendered index: cache_control}`` for each client
+    breakpoint on a wire original (``pieces``, indexed by graph position, ``.value`` the original)
+    whose position is not rendered (``positions``: the rendering's graph positions, ``None`` for
+    synthetic messages and markers): it goes to the first rendered message after the last one from
+    an earlier position (the last rendered message when none follows)."""
+    shown = {p for p in positions if p is not None}
+    out: dict[int, dict[str, Any]] = {}
+    for p, piece in enumerate(pieces):
+        if p in shown or piece is None or (cc := cache_control_of(piece.value)) is None or not positions:
+            continue
+        before = max((i for i, q in enumerate(positions) if q is not None and q < p), default=-1)
+        out.setdefault(min(before + 1, len(positions) - 1), cc)
+    return out
+
+
+def _blocks(body: dict[str, Any]) -> list[tuple[Where, Any]]:
+    """Every block of the request that may hold ``cache_control``, in request order."""
+    out: list[tuple[Where, Any]] = [((0, i, 0), t) for i, t in enumerate(body.get("tools") or [])]
+    system = body.get("system")
+    if isinstance(system, list):
+        out += [((1, j, 0), b) for j, b in enumerate(system)]
+    elif isinstance(system, str) and system:
+        out.append(((1, 0, 0), {"type": "text", "text": system}))
+    for k, turn in enumerate(body.get("messages") or []):
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if isinstance(content, list):
+            out += [((2, k, j), b) for j, b in enumerate(content)]
+        elif isinstance(content, str) and content:
+            out.append(((2, k, 0), {"type": "text", "text": content}))
+    return out
+
+
+def breakpoints(body: dict[str, Any]) -> list[Where]:
+    """Where the request's blocks carry ``cache_control``, in request order."""
+    return [w for w, b in _blocks(body) if isinstance(b, dict) and isinstance(b.get("cache_control"), dict)]
+
+
+def count_breakpoints(body: dict[str, Any]) -> int:
+    """Breakpoints of a request: its blocks with ``cache_control``, plus one for a top-level
+    ``cache_control`` (automatic placement)."""
+    return len(breakpoints(body)) + isinstance(body.get("cache_control"), dict)
+
+
+def place_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (a Messages request as it will be forwarded; never changed in place) with the
+    proxy's breakpoints added and at most :data:`MAX_BREAKPOINTS` in all (module docstring, rules
+    2 and 3)."""
+    blocks = _blocks(body)
+    client = breakpoints(body)
+    top = isinstance(body.get("cache_control"), dict)
+    head = next((w for w, b in reversed(blocks) if w[0] < 2 and cacheable(b)), None)
+    last = next((w for w, b in reversed(blocks) if w[0] == 2 and cacheable(b)
+                 and body["messages"][w[1]].get("role") != "system"), None)
+    ours = [w for w in (last, head) if w is not None and w not in client and not (w == last and top)]
+    ours = ours[:max(0, MAX_BREAKPOINTS - len(client) - top)]
+    excess = len(client) + top - MAX_BREAKPOINTS
+    removed = client[:excess] if excess > 0 else []
+    if not ours and not removed:
+        return body
+    marks: dict[Where, dict[str, Any] | None] = {w: None for w in removed}
+    kept = [(w, b["cache_control"]) for w, b in blocks if w in client and w not in removed]
+    for w in ours:
+        later = next((cc for v, cc in kept if v > w), None)
+        marks[w] = {**EPHEMERAL, "ttl": later["ttl"]} if later is not None and "ttl" in later else dict(EPHEMERAL)
+    return _marked(body, marks)
+
+
+def _mark(block: Any, cc: dict[str, Any] | None) -> Any:
+    if cc is None:
+        return {k: v for k, v in block.items() if k != "cache_control"}
+    return {**block, "cache_control": cc}
+
+
+def _marked(body: dict[str, Any], marks: dict[Where, dict[str, Any] | None]) -> dict[str, Any]:
+    """``body`` with ``cache_control`` set (a dict) or removed (``None``) at each place of ``marks``."""
+    out = dict(body)
+    if any(w[0] == 0 for w in marks):
+        out["tools"] = [_mark(t, marks[(0, i, 0)]) if (0, i, 0) in marks else t for i, t in enumerate(body["tools"])]
+    if any(w[0] == 1 for w in marks):
+        system = body["system"]
+        if isinstance(system, str):
+            system = [{"type": "text", "text": system}]
+        out["system"] = [_mark(b, marks[(1, j, 0)]) if (1, j, 0) in marks else b for j, b in enumerate(system)]
+    turns = {w[1] for w in marks if w[0] == 2}
+    if turns:
+        messages = list(body["messages"])
+        for k in turns:
+            content = messages[k]["content"]
+            if isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            messages[k] = {**messages[k], "content": [_mark(b, marks[(2, k, j)]) if (2, k, j) in marks else b
+                                                      for j, b in enumerate(content)]}
+        out["messages"] = messages
+    return out
