@@ -170,7 +170,9 @@ def test_anthropic_placeholders_keep_is_error_and_name_the_image_restorable_by_i
     assert t2 == {"type": "tool_result", "tool_use_id": "t2", "content": (
         f"[tool result t2 omitted from this context ({counter.count(LONG + chr(10) + '[image]') + 54} tokens, with 1 image); "
         "it is stored in full and can be restored by id]")}
-    assert out[6] == turns[6]  # the newest result, shown unchanged
+    newest = {**out[6], "content": [dict(out[6]["content"][0])]}
+    assert newest["content"][0].pop("cache_control") == {"type": "ephemeral"}  # the proxy's breakpoint on the last message
+    assert newest == turns[6]  # the newest result, otherwise shown unchanged
     # stored whole: the user message's image and PDF, the result's image, restorable by id
     assert json.loads(stored[0].media) == [IMAGE, PDF]
     assert results["t2"]["media"] == [IMAGE] and results["t2"]["content"] == LONG + "\n[image]"
