@@ -11,7 +11,8 @@ Each :meth:`Session.add` appends one event to the session's append-only graph in
 in-memory store unless one is given); :meth:`Session.render` renders the whole graph with a
 registered policy under a history budget (tokens), checks the invariants of docs/architecture.md, invariant §5 and
 returns OpenAI chat messages. The last :class:`~historygraph.render.Rendering` (selected and
-omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`.
+omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`; what every render left out and
+why is kept in the store as the session's omission stream (:meth:`Session.omitted`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from historygraph.history.events import Message
 from historygraph.policies import DEFAULT_POLICY, Signals, create
 from historygraph.render import Rendering, check_invariants
+from historygraph.render.omissions import omission_record
 from historygraph.store import MemoryStore, Store, StoreError
 
 
@@ -83,7 +85,14 @@ class Session:
         graph = self.store.graph(self.session_id)
         self.rendering = self._policies[name].render(graph, self.budget if budget is None else budget, self.signals)
         check_invariants(self.rendering, graph, self.signals.counter)
+        self.store.record_omitted(self.session_id, omission_record(self.rendering, len(graph)))
         return self.rendering.to_openai()
+
+    def omitted(self) -> list[dict[str, Any]]:
+        """What each :meth:`render` of this session left out and why, oldest first: the records of
+        :mod:`historygraph.render.omissions` (:meth:`Store.omitted`; expand one into rows with ids
+        and tokens with :func:`historygraph.render.omissions.expand`)."""
+        return self.store.omitted(self.session_id)
 
     def result(self, tool_call_id: str) -> str:
         """The complete stored text of a tool result, e.g. one a rendering omitted (KeyError if unknown)."""

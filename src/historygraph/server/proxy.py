@@ -14,8 +14,10 @@ Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 li
    arrives, before relaying that event). An upstream error is returned to
    the client unchanged (status, body, headers) and stores nothing.
 
-Every response carries ``X-HistoryGraph-Session`` (the session used) and, for non-streamed
-answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
+Every response carries ``X-HistoryGraph-Session`` (the session used), ``X-HistoryGraph-Omitted``
+and ``X-HistoryGraph-Omitted-Record`` (how many tool results the rendering did not show complete,
+and the session API path of the record saying which and why: :meth:`Proxy.notes`) and, for
+non-streamed answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
 Client errors are JSON in the API's own error shape and name the field at fault.
 """
 
@@ -29,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, partial
 from typing import Any, Callable, Sequence, TypeGuard
+from urllib.parse import quote
 
 import aiohttp
 import httpx
@@ -45,6 +48,7 @@ from historygraph.policies import PolicyError, Signals, check_production, create
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
+from historygraph.render.omissions import omission_record
 from historygraph.server.config import ServerConfig
 from historygraph.server.errors import RETRY, ClientError, not_json, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
@@ -55,6 +59,9 @@ from historygraph.signals.tokens import TokenCounter
 from historygraph.store import Store, open_store
 
 log = logging.getLogger("historygraph.server")
+
+OMITTED_HEADER = "x-historygraph-omitted"
+OMITTED_RECORD_HEADER = "x-historygraph-omitted-record"
 
 ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
 
@@ -185,17 +192,19 @@ class Proxy:
         raises :class:`ClientError` when the budget cannot hold the protected history; a proxied
         request is forwarded over B instead, :meth:`render_or_smallest`)."""
         try:
-            return self._render(session_id, policy, budget, smallest=False)[0]
+            return self._render(session_id, policy, budget, smallest=False, record=False)[0]
         except BudgetTooSmallError as exc:
             raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
 
     def _render(self, session_id: str, policy: str, budget: int, graph: Any = None,
-                smallest: bool = True) -> tuple[Rendering, int]:
+                smallest: bool = True, record: bool = True) -> tuple[Rendering, int]:
         """:meth:`render`, and the tokens of every rendered message (what
         :meth:`TokenCounter.count_messages` gives them): the history's, just recounted by
         ``check_invariants`` and equal to ``rendering.history_tokens``, plus the messages outside
         the history (system messages and the latest user message), counted here. ``graph``: the
-        session's graph as the request's routing left it (:attr:`Ingest.graph`), else the store's."""
+        session's graph as the request's routing left it (:attr:`Ingest.graph`), else the store's.
+        ``record``: queue the rendering's omission record (a model call's rendering; not the
+        session API's inspection renders)."""
         if graph is None:
             graph = self.store.graph(session_id)
         t0 = time.perf_counter()
@@ -204,6 +213,8 @@ class Proxy:
             self.metrics.over_budget.labels(policy).inc()
             log.warning("over budget", extra={"session": session_id, "policy": policy, "budget": budget,
                                               "history_tokens_out": rendering.history_tokens})
+        if record:
+            self.store.record_omitted(session_id, omission_record(rendering, len(graph)))
         seconds = time.perf_counter() - t0
         tokens_in, tokens_out = self.metrics.observe_render(policy, seconds, rendering, graph, self.signals.counter)
         log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
@@ -237,15 +248,21 @@ class Proxy:
         check_invariants(rendering, graph, self.signals.counter)
         return rendering
 
-    def notes(self, rendering: Rendering) -> dict[str, str]:
-        """Response headers describing ``rendering``: ``X-HistoryGraph-Over-Budget: <history
-        tokens sent>`` when it exceeds B (:meth:`render_or_smallest`); ``X-HistoryGraph-Context:
-        client-curated`` when the client's own context was forwarded as sent (:func:`client_curated`)."""
+    def notes(self, rendering: Rendering, session_id: str) -> dict[str, str]:
+        """Response headers describing ``rendering`` of ``session_id``: ``X-HistoryGraph-Omitted:
+        <tool results not shown complete>`` and ``X-HistoryGraph-Omitted-Record: <session API path
+        of the session's omission records>`` (the last record is this request's, unless requests
+        of the session ran concurrently; :mod:`historygraph.render.omissions`);
+        ``X-HistoryGraph-Over-Budget: <history tokens sent>`` when it exceeds B
+        (:meth:`render_or_smallest`); ``X-HistoryGraph-Context: client-curated`` when the client's
+        own context was forwarded as sent (:func:`client_curated`)."""
+        out = {OMITTED_HEADER: str(rendering.position_arrays()[0].size),
+               OMITTED_RECORD_HEADER: f"/api/sessions/{quote(session_id, safe='')}/omitted"}
         if "client_curated" in rendering.stats:
-            return {"x-historygraph-context": "client-curated"}
-        if "over_budget" not in rendering.stats:
-            return {}
-        return {"x-historygraph-over-budget": str(rendering.history_tokens)}
+            out["x-historygraph-context"] = "client-curated"
+        elif "over_budget" in rendering.stats:
+            out["x-historygraph-over-budget"] = str(rendering.history_tokens)
+        return out
 
     def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
                 budget: int) -> tuple[str, Rendering, int]:
@@ -277,6 +294,7 @@ class Proxy:
         graph = ingest.graph if ingest.graph is not None else self.store.graph(ingest.session_id)
         rendering = self.policy("full").render(graph, None, self.signals)
         rendering.stats["client_curated"] = budget
+        self.store.record_omitted(ingest.session_id, omission_record(rendering, len(graph)))
         log.info("client-curated context forwarded as sent", extra={"session": ingest.session_id, "budget": budget,
                                                                      "history_tokens_out": rendering.history_tokens})
         return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)

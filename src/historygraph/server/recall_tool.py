@@ -61,9 +61,9 @@ async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str
     notes (:meth:`~historygraph.server.proxy.Proxy.notes`) become response headers."""
     if wanted(proxy.config.recall, request, rendering):
         answer = await forward(proxy, url, recall_body, request, sid, started, api)
-        answer.headers.update(proxy.notes(rendering))
+        answer.headers.update(proxy.notes(rendering, sid))
         return answer
-    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering))
+    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering, sid))
 
 
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:

@@ -63,7 +63,7 @@ async def create_response(request: Request) -> Response:
         items = body["input"] if isinstance(body["input"], str) else resp.from_canonical(
             rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None for p in rendering.positions])
         return await proxy.forward(url, {**body, "input": items}, request, sid, started, resp.StreamAccumulator,
-                                   sent_tokens, policy, extra=proxy.notes(rendering))
+                                   sent_tokens, policy, extra=proxy.notes(rendering, sid))
     except ClientError as exc:
         return openai_error(exc)
 

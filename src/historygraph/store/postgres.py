@@ -1,7 +1,8 @@
 """PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
-``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``omitted``,
+:data:`OMITTED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -61,10 +62,18 @@ CREATE TABLE derived (
 """Added by issue 13: migration 3, an empty table of derived rows (:mod:`historygraph.history.derived`),
 as SQLite's."""
 
+OMITTED_TABLE = """
+CREATE TABLE omitted (id BIGSERIAL PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), data TEXT NOT NULL);
+CREATE INDEX omitted_order ON omitted (session_id, id);
+"""
+"""Added by issue 40: migration 4, an empty append-only table of omission records
+(:mod:`historygraph.render.omissions`), as SQLite's."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
+    Migration(4, "omitted: what each rendering of a session left out", OMITTED_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -159,6 +168,15 @@ class PostgresStore(Store):
                 cur.executemany("INSERT INTO derived VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, kind, position) "
                                 "DO UPDATE SET version = excluded.version, data = excluded.data",
                                 [(session_id, kind, position, version, data) for kind, version, position, data in rows])
+
+    def _read_omitted(self, session_id: str) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT data FROM omitted WHERE session_id = %s ORDER BY id",
+                                               (session_id,)).fetchall()]
+
+    def _write_omitted(self, session_id: str, records: Sequence[str]) -> None:
+        """Called inside :meth:`_write_transaction` (the session row is locked)."""
+        with self._db.cursor() as cur:
+            cur.executemany("INSERT INTO omitted (session_id, data) VALUES (%s, %s)", [(session_id, r) for r in records])
 
     def _event_count(self, session_id: str) -> int:
         # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows
