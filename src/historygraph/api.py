@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Literal, NamedTuple, Sequence, overload
 
+from historygraph import telemetry
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
@@ -134,8 +135,10 @@ def render_events(events: Sequence[Message], *, budget: int, policy: str | Polic
         sid = _router(store).ingest(list(events), session).session_id
         graph = store.graph(sid)
     sig = signals if signals is not None else _signals_for(store)
-    rendering = chosen.render(graph, budget, sig)
-    check_invariants(rendering, graph, sig.counter)
+    with telemetry.render_span(sid, budget) as span:
+        rendering = chosen.render(graph, budget, sig)
+        check_invariants(rendering, graph, sig.counter)
+        telemetry.rendered(span, rendering, len(graph))
     if store is not None and sid is not None:
         store.record_omitted(sid, omission_record(rendering, len(graph)))
     return rendering, sid

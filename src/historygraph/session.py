@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from historygraph import telemetry
 from historygraph.history.events import Message
 from historygraph.policies import DEFAULT_POLICY, Signals, create
 from historygraph.render import Rendering, check_invariants
@@ -83,8 +84,11 @@ class Session:
         if name not in self._policies:
             self._policies[name] = create(name)
         graph = self.store.graph(self.session_id)
-        self.rendering = self._policies[name].render(graph, self.budget if budget is None else budget, self.signals)
-        check_invariants(self.rendering, graph, self.signals.counter)
+        budget = self.budget if budget is None else budget
+        with telemetry.render_span(self.session_id, budget) as span:
+            self.rendering = self._policies[name].render(graph, budget, self.signals)
+            check_invariants(self.rendering, graph, self.signals.counter)
+            telemetry.rendered(span, self.rendering, len(graph))
         self.store.record_omitted(self.session_id, omission_record(self.rendering, len(graph)))
         return self.rendering.to_openai()
 
