@@ -24,7 +24,9 @@ conversation's start as the proxy does.
 
 ``explain=True`` returns a :class:`Rendered`: the messages, the
 :class:`~historygraph.render.Rendering` (selected and omitted positions, tokens, per-position
-reasons) and the session id.
+reasons) and the session id. A rendering of a stored session also appends a compact record of
+what it left out and why to the session's omission stream (:mod:`historygraph.render.omissions`;
+read with ``store.omitted(session_id)``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from __future__ import annotations
 import threading
 from typing import Any, Literal, NamedTuple, Sequence, overload
 
+from historygraph import telemetry
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
 from historygraph.policies.cache_stable import cache_stable
 from historygraph.render import Rendering, check_invariants
+from historygraph.render.omissions import omission_record
 from historygraph.store import MemoryStore, Store
 
 
@@ -131,8 +135,12 @@ def render_events(events: Sequence[Message], *, budget: int, policy: str | Polic
         sid = _router(store).ingest(list(events), session).session_id
         graph = store.graph(sid)
     sig = signals if signals is not None else _signals_for(store)
-    rendering = chosen.render(graph, budget, sig)
-    check_invariants(rendering, graph, sig.counter)
+    with telemetry.render_span(sid, budget) as span:
+        rendering = chosen.render(graph, budget, sig)
+        check_invariants(rendering, graph, sig.counter)
+        telemetry.rendered(span, rendering, len(graph))
+    if store is not None and sid is not None:
+        store.record_omitted(sid, omission_record(rendering, len(graph)))
     return rendering, sid
 
 

@@ -11,16 +11,19 @@ Each :meth:`Session.add` appends one event to the session's append-only graph in
 in-memory store unless one is given); :meth:`Session.render` renders the whole graph with a
 registered policy under a history budget (tokens), checks the invariants of docs/architecture.md, invariant §5 and
 returns OpenAI chat messages. The last :class:`~historygraph.render.Rendering` (selected and
-omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`.
+omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`; what every render left out and
+why is kept in the store as the session's omission stream (:meth:`Session.omitted`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from historygraph import telemetry
 from historygraph.history.events import Message
 from historygraph.policies import DEFAULT_POLICY, Signals, create
 from historygraph.render import Rendering, check_invariants
+from historygraph.render.omissions import omission_record
 from historygraph.store import MemoryStore, Store, StoreError
 
 
@@ -109,9 +112,19 @@ class Session:
         if name not in self._policies:
             self._policies[name] = create(name)
         graph = self.store.graph(self.session_id)
-        self.rendering = self._policies[name].render(graph, self.budget if budget is None else budget, self.signals)
-        check_invariants(self.rendering, graph, self.signals.counter)
+        budget = self.budget if budget is None else budget
+        with telemetry.render_span(self.session_id, budget) as span:
+            self.rendering = self._policies[name].render(graph, budget, self.signals)
+            check_invariants(self.rendering, graph, self.signals.counter)
+            telemetry.rendered(span, self.rendering, len(graph))
+        self.store.record_omitted(self.session_id, omission_record(self.rendering, len(graph)))
         return self.rendering.to_openai()
+
+    def omitted(self) -> list[dict[str, Any]]:
+        """What each :meth:`render` of this session left out and why, oldest first: the records of
+        :mod:`historygraph.render.omissions` (:meth:`Store.omitted`; expand one into rows with ids
+        and tokens with :func:`historygraph.render.omissions.expand`)."""
+        return self.store.omitted(self.session_id)
 
     def result(self, tool_call_id: str) -> str:
         """The complete stored text of a tool result, e.g. one a rendering omitted (KeyError if unknown)."""

@@ -1,5 +1,6 @@
 """The commands that read a store: ``historygraph sessions`` (list them), ``show`` (a session's
-messages, one tool result, the messages a dropped-step marker stands for) and ``render`` (what a
+messages, one tool result, the messages a dropped-step marker stands for, what each rendering left
+out: ``--omitted``) and ``render`` (what a
 policy keeps of a stored session under B, message by message)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
 from historygraph.models.chat import ModelError
 from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, create
 from historygraph.render import BudgetTooSmallError
+from historygraph.render.omissions import NOTES, REASONS, calls
 from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from historygraph.store import StoreError
 
@@ -54,12 +56,19 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or po
 def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option(help="Print one stored tool result by its id.")] = None,
          message: Annotated[Optional[str], typer.Option(help="Print stored messages by number or span, as a "
                                                              "dropped-step marker names them: '16' or '16-23'.")] = None,
+         omitted: Annotated[bool, typer.Option("--omitted", help="Print what each rendering for a model call left out "
+                                                                  "and why, per call (ids, tokens, reason).")] = False,
+         as_json: Annotated[bool, typer.Option("--json", help="With --omitted: print the calls as JSON.")] = False,
          store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
-    """Print a stored session as OpenAI messages, one complete tool result by id, or the messages a
-    dropped-step marker stands for."""
+    """Print a stored session as OpenAI messages, one complete tool result by id, the messages a
+    dropped-step marker stands for, or what each rendering left out (--omitted)."""
+    if as_json and not omitted:
+        fail("--json goes with --omitted (the session itself is printed as JSON already)")
     db = existing_store(store)
     session, g = _session_graph(db, session)
-    if message:
+    if omitted:
+        _show_omitted(db, session, g, as_json)
+    elif message:
         if not MESSAGE_SPAN.fullmatch(message):
             fail(f"--message {message!r}: give a message number or span, e.g. 16 or 16-23")
         try:
@@ -73,6 +82,34 @@ def show(session: SessionArgument, result: Annotated[Optional[str], typer.Option
             fail(f"{exc.args[0]}; 'historygraph render {session} --store {store_name(db)}' lists its tool call ids")
     else:
         console.print_json(json.dumps([m.to_openai() for m in g.messages]))
+
+
+def _show_omitted(db, session: str, g: ContextGraph, as_json: bool) -> None:  # noqa: ANN001
+    """``show --omitted``: a table per call (or JSON: :func:`historygraph.render.omissions.calls`)."""
+    try:
+        per_call = calls(db.omitted(session), g, TokenCounter(DEFAULT_ENCODING))
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        console.print_json(json.dumps({"session_id": session, "calls": per_call, "reasons": REASONS}))
+        return
+    if not per_call:
+        console.print(f"no renderings recorded for session {session} in {store_name(db)} (records are kept for "
+                      f"Session.render, render_messages with a session and proxied requests)", markup=False)
+        return
+    for c in per_call:
+        note = "".join(f", {k.replace('_', ' ')} (B asked {c[k]})" for k in NOTES if k in c)
+        t = Table(title=f"call {c['call']}: {c['policy']} at B = {c['budget']}, history {c['history_tokens']} tokens, "
+                        f"{c['omitted']} tool results omitted of {c['events']} messages{note}", header_style="bold")
+        for col in ("pos", "kind", "tool call id", "tokens", "reason"):
+            t.add_column(col, justify="right" if col in ("pos", "tokens") else "left")
+        for o in c["items"]:
+            pos = str(o["position"]) if o["last"] == o["position"] else f"{o['position']}-{o['last']}"
+            t.add_row(pos, o["kind"], Text(o["id"] or ""), str(o["tokens"]), o["reason"])
+        console.print(t)
+    used = sorted({o["reason"] for c in per_call for o in c["items"]})
+    for code in used:
+        console.print(f"{code}: {REASONS[code]}", markup=False, highlight=False)
 
 
 def render(

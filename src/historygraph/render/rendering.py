@@ -83,6 +83,14 @@ class Rendering:
         d = self.__dict__
         d["_omitted_build"], d["_dropped_build"] = omitted.tolist, dropped.tolist
 
+    def position_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """:attr:`omitted` and :attr:`dropped` as int64 arrays of ascending distinct positions,
+        without making the lists when they are still put off (:meth:`defer_positions`, whose
+        arrays are ascending already); read only."""
+        d = self.__dict__
+        return tuple(build.__self__ if (build := d.get(f"_{name}_build")) is not None  # type: ignore[return-value]
+                     else np.unique(np.asarray(d[f"_{name}"], dtype=np.int64)) for name in ("omitted", "dropped"))
+
     def __getstate__(self) -> dict[str, Any]:
         for name in _DEFERRED:  # materialise: the builders are closures and bound methods
             getattr(self, name)

@@ -14,6 +14,8 @@
   ``DELETE /api/sessions/{id}/pins/{item}``: pin an item so that every rendering shows it whole, or
   unpin it (docs/proxy.md, "Pins"); both answer the session's pins, which ``GET /api/sessions/{id}``
   lists too; an item the session does not hold is a 404 naming it.
+* ``GET  /api/sessions/{id}/omitted``: what each proxied request's rendering left out and why
+  (:mod:`historygraph.render.omissions`), one entry per call, oldest first.
 
 Session ids (:func:`historygraph.history.sessions.session_id_problem`): any text of 1 to 512
 characters without control characters; in a path, the id is one segment, percent-encoded where
@@ -42,6 +44,7 @@ from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import session_id_problem
 from historygraph.policies import PolicyError, check_production
+from historygraph.render.omissions import REASONS, calls
 from historygraph.store import KEPT_KEYS, AppendConflict, StoreError, StoreFullError
 from historygraph.store.base import MAX_KEY_LENGTH
 from historygraph.server.errors import ClientError
@@ -126,6 +129,33 @@ class RenderResponse(BaseModel):
     history_tokens: int = Field(description="Tokens charged to the budget.")
     input_tokens: int = Field(description="Tokens of the whole rendered message list.")
     reasons: dict[int, str] = Field(description="Per-position explanation of the decision.")
+
+
+class OmittedItem(BaseModel):
+    position: int = Field(description="First stored position (message number) of the item.")
+    last: int = Field(description="Last stored position (a span of dropped messages), else = position.")
+    kind: str = Field(description="tool_result, the role of one message, or 'messages' for a span.")
+    id: str | None = Field(description="Tool call id of a tool result.")
+    tokens: int = Field(description="Tokens of the stored item(s): what showing it complete would cost.")
+    reason: str = Field(description="Reason code (see 'reasons').")
+
+
+class OmittedCall(BaseModel):
+    call: int = Field(description="1 for the session's first recorded rendering, 2 for the next, ...")
+    events: int = Field(description="Messages of the session the rendering was made from.")
+    policy: str
+    budget: int | None = Field(description="History budget B in tokens.")
+    history_tokens: int = Field(description="Tokens charged to B.")
+    omitted: int = Field(description="Tool results not rendered complete.")
+    over_budget: int | None = Field(None, description="B asked for, when the smallest valid rendering was sent over it.")
+    client_curated: int | None = Field(None, description="B asked for, when the client's own context was forwarded as sent.")
+    items: list[OmittedItem]
+
+
+class OmittedResponse(BaseModel):
+    session_id: str
+    calls: list[OmittedCall]
+    reasons: dict[str, str] = Field(description="What each reason code means.")
 
 
 class ToolResultResponse(BaseModel):
@@ -300,6 +330,20 @@ async def render_session(session_id: str, body: RenderRequest, request: Request)
     return RenderResponse(policy=policy, budget=budget, messages=r.to_openai(), positions=r.positions, selected=r.full,
                           selected_ids=[ids[p] for p in r.full], omitted=r.omitted, omitted_ids=[ids[p] for p in r.omitted],
                           dropped=r.dropped, history_tokens=r.history_tokens, input_tokens=r.input_tokens, reasons=r.reasons)
+
+
+@router.get("/sessions/{session_id}/omitted", response_model=OmittedResponse)
+def read_omitted(session_id: str, request: Request) -> OmittedResponse:
+    """What each rendering of the session for a model call left out and why (items by position;
+    tokens of the proxy's tokenizer)."""
+    proxy = _proxy(request)
+    session_id = segment(session_id)
+    _known(proxy, session_id)
+    with proxy.router.lock(session_id):
+        graph = proxy.store.graph(session_id)
+        records = proxy.store.omitted(session_id)
+    return OmittedResponse(session_id=session_id, reasons=REASONS,
+                           calls=[OmittedCall(**c) for c in calls(records, graph, proxy.signals.counter)])
 
 
 @router.get("/sessions/{session_id}/results/{tool_call_id}", response_model=ToolResultResponse)

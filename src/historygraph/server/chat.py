@@ -15,6 +15,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from historygraph import telemetry
 from historygraph.history.sessions import RequestMessages
 from historygraph.providers import jsonio
 from historygraph.server import recall_tool
@@ -39,13 +40,16 @@ async def chat_completions(request: Request) -> Response:
     proxy = request.app.state.proxy
     config = proxy.config
     started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
+    span = None
     try:
         body = await proxy.read_json(request, raw_messages=True)
         raw = body["messages"]
+        span = telemetry.request_span("openai", body.get("model"), started)
+        setattr(request.state, telemetry.SPAN_STATE, span)
         sid, policy, budget = proxy.options(request)
         # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
         sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget,
-                                                              proxy.pin_refs(request))
+                                                              proxy.pin_refs(request), span)
         out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                for m, p in zip(rendering.messages, rendering.positions)]
         url = config.upstream.rstrip("/") + "/chat/completions"
@@ -53,6 +57,7 @@ async def chat_completions(request: Request) -> Response:
         return await recall_tool.send(proxy, url, {**body, "messages": out}, {**body, "messages": jsonio.plain(out)}, request,
                                       sid, started, "openai", OpenAIStreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:
+        telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return openai_error(exc)
 
 

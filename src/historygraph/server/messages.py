@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from historygraph import telemetry
 from historygraph.history.events import EventError
 from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import TurnCache
@@ -50,8 +51,11 @@ async def messages_endpoint(request: Request) -> Response:
     proxy = request.app.state.proxy
     config = proxy.config
     started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
+    span = None
     try:
         body = await proxy.read_json(request, raw_messages=True)
+        span = telemetry.request_span("anthropic", body.get("model"), started)
+        setattr(request.state, telemetry.SPAN_STATE, span)
         sid, policy, budget = proxy.options(request)
         pins = proxy.pin_refs(request)
         turns, system = body["messages"], body.get("system")
@@ -62,7 +66,7 @@ async def messages_endpoint(request: Request) -> Response:
                 messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
             except EventError as exc:
                 raise ClientError(str(exc), "messages") from None
-            return (*proxy.prepare(messages, sid, policy, budget, pins), pieces)
+            return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
 
         sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
         out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
@@ -75,6 +79,7 @@ async def messages_endpoint(request: Request) -> Response:
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
                                       anth.StreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:
+        telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return anthropic_error(exc)
 
 

@@ -18,8 +18,10 @@ Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 li
 numbers such as ``#3``) before step 3, for this and every later request (docs/proxy.md, "Pins");
 an id the session does not hold is a 400 naming the header, and nothing is pinned.
 
-Every response carries ``X-HistoryGraph-Session`` (the session used) and, for non-streamed
-answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
+Every response carries ``X-HistoryGraph-Session`` (the session used), ``X-HistoryGraph-Omitted``
+and ``X-HistoryGraph-Omitted-Record`` (how many tool results the rendering did not show complete,
+and the session API path of the record saying which and why: :meth:`Proxy.notes`) and, for
+non-streamed answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
 Client errors are JSON in the API's own error shape and name the field at fault.
 """
 
@@ -33,6 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, partial
 from typing import Any, Callable, Sequence, TypeGuard
+from urllib.parse import quote
 
 import aiohttp
 import httpx
@@ -41,6 +44,7 @@ from fastapi.responses import Response, StreamingResponse
 from httpx_aiohttp import AiohttpTransport
 from starlette.background import BackgroundTask
 
+from historygraph import telemetry
 from historygraph.history.events import EventError, Message
 from historygraph.history.sessions import (SESSION_HEADER, Ingest, MessageError, SessionRouter, TurnCache, derived_session_id,
                                           session_id_problem)
@@ -49,6 +53,7 @@ from historygraph.policies import PolicyError, Signals, check_production, create
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
+from historygraph.render.omissions import omission_record
 from historygraph.server.config import ServerConfig
 from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
@@ -62,6 +67,9 @@ from historygraph.store.full import disk_full
 log = logging.getLogger("historygraph.server")
 
 PIN_HEADER = "x-historygraph-pin"  # items to pin in the request's session (Proxy.pin_refs)
+OMITTED_HEADER = "x-historygraph-omitted"
+OMITTED_RECORD_HEADER = "x-historygraph-omitted-record"
+
 ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
 
 THREADS = 40
@@ -211,25 +219,32 @@ class Proxy:
         raises :class:`ClientError` when the budget cannot hold the protected history; a proxied
         request is forwarded over B instead, :meth:`render_or_smallest`)."""
         try:
-            return self._render(session_id, policy, budget, smallest=False)[0]
+            return self._render(session_id, policy, budget, smallest=False, record=False)[0]
         except BudgetTooSmallError as exc:
             raise ClientError(f"X-HistoryGraph-Budget: {exc}", "X-HistoryGraph-Budget") from None
 
     def _render(self, session_id: str, policy: str, budget: int, graph: Any = None,
-                smallest: bool = True) -> tuple[Rendering, int]:
+                smallest: bool = True, record: bool = True, span: Any = None) -> tuple[Rendering, int]:
         """:meth:`render`, and the tokens of every rendered message (what
         :meth:`TokenCounter.count_messages` gives them): the history's, just recounted by
         ``check_invariants`` and equal to ``rendering.history_tokens``, plus the messages outside
         the history (system messages and the latest user message), counted here. ``graph``: the
-        session's graph as the request's routing left it (:attr:`Ingest.graph`), else the store's."""
+        session's graph as the request's routing left it (:attr:`Ingest.graph`), else the store's.
+        ``record``: queue the rendering's omission record (a model call's rendering; not the
+        session API's inspection renders). ``span``: the request's span (:mod:`historygraph.telemetry`),
+        parent of the rendering's."""
         if graph is None:
             graph = self.store.graph(session_id)
         t0 = time.perf_counter()
-        rendering = self.render_or_smallest(graph, policy, budget, smallest)
+        with telemetry.render_span(session_id, budget, span) as render_span:
+            rendering = self.render_or_smallest(graph, policy, budget, smallest)
+            telemetry.rendered(render_span, rendering, len(graph))
         if "over_budget" in rendering.stats:
             self.metrics.over_budget.labels(policy).inc()
             log.warning("over budget", extra={"session": session_id, "policy": policy, "budget": budget,
                                               "history_tokens_out": rendering.history_tokens})
+        if record:
+            self.store.record_omitted(session_id, omission_record(rendering, len(graph)))
         seconds = time.perf_counter() - t0
         tokens_in, tokens_out = self.metrics.observe_render(policy, seconds, rendering, graph, self.signals.counter)
         log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
@@ -263,18 +278,24 @@ class Proxy:
         check_invariants(rendering, graph, self.signals.counter)
         return rendering
 
-    def notes(self, rendering: Rendering) -> dict[str, str]:
-        """Response headers describing ``rendering``: ``X-HistoryGraph-Over-Budget: <history
-        tokens sent>`` when it exceeds B (:meth:`render_or_smallest`); ``X-HistoryGraph-Context:
-        client-curated`` when the client's own context was forwarded as sent (:func:`client_curated`)."""
+    def notes(self, rendering: Rendering, session_id: str) -> dict[str, str]:
+        """Response headers describing ``rendering`` of ``session_id``: ``X-HistoryGraph-Omitted:
+        <tool results not shown complete>`` and ``X-HistoryGraph-Omitted-Record: <session API path
+        of the session's omission records>`` (the last record is this request's, unless requests
+        of the session ran concurrently; :mod:`historygraph.render.omissions`);
+        ``X-HistoryGraph-Over-Budget: <history tokens sent>`` when it exceeds B
+        (:meth:`render_or_smallest`); ``X-HistoryGraph-Context: client-curated`` when the client's
+        own context was forwarded as sent (:func:`client_curated`)."""
+        out = {OMITTED_HEADER: str(rendering.position_arrays()[0].size),
+               OMITTED_RECORD_HEADER: f"/api/sessions/{quote(session_id, safe='')}/omitted"}
         if "client_curated" in rendering.stats:
-            return {"x-historygraph-context": "client-curated"}
-        if "over_budget" not in rendering.stats:
-            return {}
-        return {"x-historygraph-over-budget": str(rendering.history_tokens)}
+            out["x-historygraph-context"] = "client-curated"
+        elif "over_budget" in rendering.stats:
+            out["x-historygraph-over-budget"] = str(rendering.history_tokens)
+        return out
 
     def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
-                budget: int, pins: Sequence[str] = ()) -> tuple[str, Rendering, int]:
+                budget: int, pins: Sequence[str] = (), span: Any = None) -> tuple[str, Rendering, int]:
         """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering
         and the rendered messages' tokens (:meth:`_render`). ``messages``: parsed events, or a
         :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
@@ -299,16 +320,21 @@ class Proxy:
             if pins:
                 self.pin(ingest.session_id, pins, ingest.graph)
             if client_curated(messages, ingest):
-                return (ingest.session_id, *self._curated(ingest, budget))
-            # the graph routing has just brought up to the request's messages: no second look-up
-            return (ingest.session_id, *self._render(ingest.session_id, policy, budget, ingest.graph))
+                rendering, tokens = self._curated(ingest, budget, span)
+            else:  # the graph routing has just brought up to the request's messages: no second look-up
+                rendering, tokens = self._render(ingest.session_id, policy, budget, ingest.graph, span=span)
+            telemetry.request_rendered(span, ingest.session_id, rendering, tokens)
+            return ingest.session_id, rendering, tokens
 
-    def _curated(self, ingest: Ingest, budget: int) -> tuple[Rendering, int]:
+    def _curated(self, ingest: Ingest, budget: int, span: Any = None) -> tuple[Rendering, int]:
         """A request whose client curates its own context (:func:`client_curated`): its messages are
         the context the client chose for this call, stored and forwarded as they are."""
         graph = ingest.graph if ingest.graph is not None else self.store.graph(ingest.session_id)
-        rendering = self.policy("full").render(graph, None, self.signals)
+        with telemetry.render_span(ingest.session_id, budget, span) as render_span:
+            rendering = self.policy("full").render(graph, None, self.signals)
+            telemetry.rendered(render_span, rendering, len(graph))
         rendering.stats["client_curated"] = budget
+        self.store.record_omitted(ingest.session_id, omission_record(rendering, len(graph)))
         log.info("client-curated context forwarded as sent", extra={"session": ingest.session_id, "budget": budget,
                                                                      "history_tokens_out": rendering.history_tokens})
         return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
@@ -436,30 +462,45 @@ class Proxy:
             upstream = await self.send(request_up)
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(api, "unreachable").inc()
+            telemetry.finish(getattr(request.state, telemetry.SPAN_STATE, None), 502, error="upstream_unreachable")
             raise ClientError(unreachable_message(url, exc, api, self.config.timeout), "upstream", 502) from None
         if upstream.status_code >= 400:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not body.get("stream"):
-            return await self.answer_whole(url, upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours)
-        return self.relay_stream(upstream, body, session_id, accumulator, api, sent, policy, ours)
+            return await self.answer_whole(url, upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours,
+                                           getattr(request.state, telemetry.SPAN_STATE, None))
+        return self.relay_stream(upstream, body, session_id, accumulator, api, sent, policy, ours,
+                                 getattr(request.state, telemetry.SPAN_STATE, None))
 
     async def answer_whole(self, url: str, upstream: httpx.Response, body: dict[str, Any], session_id: str,
                            started: float, t_up: float, accumulator: Callable[[], Any], api: str,
-                           sent: Sequence[Message] | int | None, policy: str | None, ours: dict[str, str]) -> Response:
+                           sent: Sequence[Message] | int | None, policy: str | None, ours: dict[str, str],
+                           span: Any = None) -> Response:
         """:meth:`forward` for an answer that is not a stream (or an upstream error): read it
         whole, store its message, relay it with ``X-HistoryGraph-Proxy-Ms`` (``t_up``: when the
-        upstream call began). A body cut after the headers, or a 2xx body that is not a JSON
+        upstream call began); ``span``: the request's (:mod:`historygraph.telemetry`), ended here. A body cut after the headers, or a 2xx body that is not a JSON
         object, is a 502 saying so (:func:`~historygraph.server.errors.upstream_fault`)."""
-        content = await self.read_answer(url, upstream, api)
+        try:
+            content = await self.read_answer(url, upstream, api)
+        except ClientError:
+            telemetry.finish(span, 502, error="upstream_body_cut")
+            raise
         upstream_s = time.perf_counter() - t_up
         answer = None
-        if upstream.status_code < 400:
+        if upstream.status_code >= 400:
+            telemetry.finish(span, upstream.status_code)
+        else:
             data = _json_or_none(content)
             if not isinstance(data, dict):
                 self.metrics.upstream_errors.labels(api, "not_json").inc()
+                telemetry.finish(span, 502, error="upstream_not_json")
                 raise upstream_fault(url, upstream.status_code, not_json(content, upstream.headers.get("content-type")))
             usage_of = getattr(accumulator, "usage_of", None) or (openai_usage if api == "openai" else anthropic_usage)
-            self.observe_usage(body, None if data is None else usage_of(data), sent, api)
+            usage = usage_of(data)
+            self.observe_usage(body, usage, sent, api)
+            if span is not None:
+                telemetry.finish(span, upstream.status_code, None if usage is None else usage.total,
+                                 telemetry.output_tokens(data), data.get("model"))
             answer = answer_of(data, accumulator)
             if answer is not None:
                 await run_in_threadpool(self.store_answer, session_id, answer)
@@ -484,7 +525,7 @@ class Proxy:
 
     def relay_stream(self, upstream: httpx.Response, body: dict[str, Any], session_id: str,
                      accumulator: Callable[[], Any], api: str, sent: Sequence[Message] | int | None,
-                     policy: str | None, ours: dict[str, str]) -> Response:
+                     policy: str | None, ours: dict[str, str], span: Any = None) -> Response:
         """:meth:`forward` for a streamed answer: relayed chunk by chunk as it arrives while a copy
         is parsed; the answer is stored once complete. A stream cut mid-way, or one whose answer
         cannot be read (a tool call's input that never became complete JSON), ends in the
@@ -500,6 +541,7 @@ class Proxy:
             # so that a client's next request or a read of /calibration sees it.
             nonlocal answer
             parser, acc, stored, observed = SSEParser(), accumulator(), False, False
+            output: int | None = None  # the provider's output tokens, for the request's span
             relayed: list[bytes] = []
             cut: str | None = None
             fault: str | None = None
@@ -510,6 +552,8 @@ class Proxy:
                         try:
                             for event in parser.feed(chunk):
                                 acc.feed(event)
+                                if span is not None:
+                                    output = telemetry.output_tokens(event) or output
                             if not stored and acc.complete:
                                 stored, completed, answer = True, True, acc.message()
                         except UNREADABLE as exc:  # the chunk that made it unreadable is not relayed
@@ -540,6 +584,9 @@ class Proxy:
                     yield stream_error(api, f"upstream stream cut mid-way: {cut}", "upstream_stream_cut")
             finally:
                 await upstream.aclose()
+                telemetry.finish(span, upstream.status_code, None if acc.usage is None else acc.usage.total, output,
+                                 error="upstream_malformed_stream" if fault is not None else
+                                 "upstream_stream_cut" if cut is not None else None)
 
         after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if self.prefetches(policy) else None
         return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)

@@ -32,6 +32,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from historygraph import telemetry
 from historygraph.history.events import Message
 from historygraph.providers import anthropic as anth
 from historygraph.providers import openai_responses as resp
@@ -62,9 +63,10 @@ async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str
     notes (:meth:`~historygraph.server.proxy.Proxy.notes`) become response headers."""
     if wanted(proxy.config.recall, request, rendering):
         answer = await forward(proxy, url, recall_body, request, sid, started, api)
-        answer.headers.update(proxy.notes(rendering))
+        answer.headers.update(proxy.notes(rendering, sid))
+        telemetry.finish(getattr(request.state, telemetry.SPAN_STATE, None), answer.status_code)
         return answer
-    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering))
+    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering, sid))
 
 
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from historygraph import telemetry
 from historygraph.history.events import EventError
 from historygraph.providers import openai_responses as resp
 from historygraph.server import recall_tool
@@ -47,11 +48,14 @@ async def create_response(request: Request) -> Response:
     proxy = request.app.state.proxy
     started = getattr(request.state, ARRIVAL, None) or time.perf_counter()
     url = proxy.config.upstream.rstrip("/") + "/responses"
+    span = None
     try:
         body = await proxy.read_json(request, require=None)
         reason = resp.passthrough_reason(body) or (None if body.get("input") else "input")
         if reason is not None:
             return await passthrough(proxy, request, url, reason)
+        span = telemetry.request_span("openai", body.get("model"), started)
+        setattr(request.state, telemetry.SPAN_STATE, span)
         sid, policy, budget = proxy.options(request)
         pins = proxy.pin_refs(request)
 
@@ -60,7 +64,7 @@ async def create_response(request: Request) -> Response:
                 messages, pieces = resp.to_canonical(body.get("instructions"), body["input"])
             except EventError as exc:
                 raise ClientError(str(exc), "input") from None
-            return (*proxy.prepare(messages, sid, policy, budget, pins), pieces)
+            return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
 
         sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
         items = body["input"] if isinstance(body["input"], str) else resp.from_canonical(
@@ -69,6 +73,7 @@ async def create_response(request: Request) -> Response:
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "responses",
                                       resp.StreamAccumulator, sent_tokens, policy, rendering)
     except ClientError as exc:
+        telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return openai_error(exc)
 
 

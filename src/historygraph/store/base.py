@@ -25,6 +25,13 @@ Retries (issue 17): an append may carry an idempotency key and an expected lengt
 transaction as the events, so an append whose answer was lost after the commit can be re-sent
 with its key and is answered from the stored record instead of being stored twice. Each
 session keeps the records of its last :data:`KEPT_KEYS` keyed appends.
+
+Omission records (issue 40, :mod:`historygraph.render.omissions`): what each rendering of a
+session left out, an append-only stream per session beside its events. :meth:`Store.record_omitted`
+only queues a record in memory (the request path pays no write); the queue is written in the
+session's next append transaction (with the events: in the proxy, the upstream's answer), by
+:meth:`Store.flush` and on close. :meth:`Store.omitted` reads the stored records and this
+instance's queued ones, in the order they were recorded.
 """
 
 from __future__ import annotations
@@ -123,6 +130,7 @@ class Store(ABC):
         self._graphs: OrderedDict[str, ContextGraph] = OrderedDict()
         self._graph_lock = threading.Lock()  # guards the two dicts; each session has its own lock
         self._session_locks: dict[str, threading.RLock] = {}
+        self._omitted_queue: dict[str, list[dict[str, Any]]] = {}  # per session, records not yet written
 
     # -- primitives -----------------------------------------------------------------------
     @abstractmethod
@@ -167,6 +175,15 @@ class Store(ABC):
         false, unpin it (nothing when it is not)."""
 
     @abstractmethod
+    def _read_omitted(self, session_id: str) -> list[str]:
+        """The session's stored omission records (JSON texts), oldest first."""
+
+    @abstractmethod
+    def _write_omitted(self, session_id: str, records: Sequence[str]) -> None:
+        """Append omission records (JSON texts) after the session's stored ones (inside
+        :meth:`_write_transaction`)."""
+
+    @abstractmethod
     def sessions(self) -> list[str]:
         """All session ids, in creation order."""
 
@@ -196,17 +213,55 @@ class Store(ABC):
         session) computed since they were last written (:mod:`historygraph.history.derived`), one write
         transaction per session that has any."""
         with self._graph_lock:
-            ids = [session_id] if session_id is not None else list(self._graphs)
+            ids = [session_id] if session_id is not None else list({**self._graphs, **self._omitted_queue})
         for sid in ids:
             with self._session_lock(sid):
                 with self._graph_lock:
                     g = self._graphs.get(sid)
-                if g is None:
-                    continue
-                rows, stale = g.derived.take()
-                if rows or stale:
-                    with self._space_checked(), self._write_transaction(sid):
-                        self._write_derived(sid, rows, stale)
+                rows, stale = g.derived.take() if g is not None else ([], [])
+                queued = self._take_omitted(sid)
+                if rows or stale or queued:
+                    try:
+                        with self._space_checked(), self._write_transaction(sid):
+                            if rows or stale:
+                                self._write_derived(sid, rows, stale)
+                            self._write_queued(sid, queued)
+                    except BaseException:
+                        self._requeue_omitted(sid, queued)
+                        raise
+
+    def record_omitted(self, session_id: str, record: dict[str, Any]) -> None:
+        """Queue one omission record of ``session_id`` (:func:`~historygraph.render.omissions.
+        omission_record`, a JSON-serialisable dict); written with the session's next append, by
+        :meth:`flush` or on close. O(1), no I/O."""
+        with self._graph_lock:
+            self._omitted_queue.setdefault(session_id, []).append(record)
+
+    def omitted(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's omission records, oldest first: those stored (by any instance) and then
+        those this instance has queued.
+
+        Raises:
+            StoreError: unknown session.
+        """
+        self.session_meta(session_id)
+        stored = [json.loads(r) for r in self._read_omitted(session_id)]
+        with self._graph_lock:
+            return stored + list(self._omitted_queue.get(session_id, ()))
+
+    def _take_omitted(self, session_id: str) -> list[dict[str, Any]]:
+        with self._graph_lock:
+            return self._omitted_queue.pop(session_id, [])
+
+    def _requeue_omitted(self, session_id: str, records: list[dict[str, Any]]) -> None:
+        """Put back records whose write was rolled back, before any queued since."""
+        if records:
+            with self._graph_lock:
+                self._omitted_queue[session_id] = records + self._omitted_queue.get(session_id, [])
+
+    def _write_queued(self, session_id: str, records: list[dict[str, Any]]) -> None:
+        if records:
+            self._write_omitted(session_id, [json.dumps(r, separators=(",", ":")) for r in records])
 
     def sessions_with_prefix(self, prefix: str) -> list[str]:
         """Session ids starting with ``prefix``, in creation order (backends override with an
@@ -362,16 +417,22 @@ class Store(ABC):
         fingerprint = batch_fingerprint(batch, expected_length) if idempotency_key is not None else ""
         with self._session_lock(session_id):
             fresh = not self.checks_start
+            queued = self._take_omitted(session_id)  # written in this transaction, put back if it fails
             while True:
                 try:
                     with self._space_checked(), self._write_transaction(session_id):
                         g, answered = self._append_in_transaction(session_id, batch, idempotency_key, fingerprint,
                                                                   expected_length, fresh)
+                        self._write_queued(session_id, queued)
                 except StaleGraph as exc:  # rolled back; again on the graph caught up with what is stored
                     if fresh:  # the start of a caught-up graph taken: the stored positions are not 0..n−1
+                        self._requeue_omitted(session_id, queued)
                         raise (exc.__cause__ or exc) from None
                     fresh = True
                     continue
+                except BaseException:
+                    self._requeue_omitted(session_id, queued)
+                    raise
                 if answered is not None:
                     return answered
                 return [g.append(m) for m in batch]  # committed

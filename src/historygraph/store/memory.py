@@ -21,6 +21,7 @@ class MemoryStore(Store):
         self._keys: dict[str, dict[str, tuple[str, int, int]]] = {}  # per session, oldest first
         self._derived: dict[str, dict[tuple[str, int], Row]] = {}  # per session, by (kind, position)
         self._pins: dict[str, set[int]] = {}
+        self._omitted: dict[str, list[str]] = {}  # per session, oldest first
 
     def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
         with self._graph_lock:
@@ -73,6 +74,11 @@ class MemoryStore(Store):
             pins.add(position)
         else:
             pins.discard(position)
+    def _read_omitted(self, session_id: str) -> list[str]:
+        return list(self._omitted.get(session_id, ()))
+
+    def _write_omitted(self, session_id: str, records: Sequence[str]) -> None:
+        self._omitted.setdefault(session_id, []).extend(records)
 
     def sessions(self) -> list[str]:
         return list(self._meta)

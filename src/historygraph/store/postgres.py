@@ -1,7 +1,8 @@
 """PostgreSQL store (psycopg 3), for several proxy instances sharing one database.
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
-``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``pins``, :data:`PINS_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``pins``, :data:`PINS_TABLE`, ``omitted``,
+:data:`OMITTED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -68,12 +69,19 @@ CREATE TABLE pins (
 """
 """Added by issue 40 (pins, :meth:`Store.pin`): migration 4, an empty table of each session's pinned
 positions (a row while pinned, deleted by an unpin); changes nothing else."""
+OMITTED_TABLE = """
+CREATE TABLE omitted (id BIGSERIAL PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), data TEXT NOT NULL);
+CREATE INDEX omitted_order ON omitted (session_id, id);
+"""
+"""Added by issue 40: migration 5, an empty append-only table of omission records
+(:mod:`historygraph.render.omissions`), as SQLite's."""
 
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
+    Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -178,6 +186,14 @@ class PostgresStore(Store):
             self._db.execute("INSERT INTO pins VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (session_id, position, time.time()))
         else:
             self._db.execute("DELETE FROM pins WHERE session_id = %s AND position = %s", (session_id, position))
+    def _read_omitted(self, session_id: str) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT data FROM omitted WHERE session_id = %s ORDER BY id",
+                                               (session_id,)).fetchall()]
+
+    def _write_omitted(self, session_id: str, records: Sequence[str]) -> None:
+        """Called inside :meth:`_write_transaction` (the session row is locked)."""
+        with self._db.cursor() as cur:
+            cur.executemany("INSERT INTO omitted (session_id, data) VALUES (%s, %s)", [(session_id, r) for r in records])
 
     def _event_count(self, session_id: str) -> int:
         # positions are 0..n−1, so n is max + 1: one primary-key lookup, not a count over n rows

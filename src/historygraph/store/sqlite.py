@@ -9,7 +9,8 @@ content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived text
 ``append_keys`` (:data:`APPEND_KEYS_TABLE`) holds the idempotency keys of appends, written in the
 transaction of their events. ``derived`` (:data:`DERIVED_TABLE`) holds each session's derived
 per-message rows (:mod:`historygraph.history.derived`). ``pins`` (:data:`PINS_TABLE`) holds each session's
-pinned positions (:meth:`Store.pin`). ``schema_version`` holds the schema's version; opening a store
+pinned positions (:meth:`Store.pin`). ``omitted`` (:data:`OMITTED_TABLE`) holds each session's
+omission records (:mod:`historygraph.render.omissions`). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -75,12 +76,19 @@ CREATE TABLE pins (
 """
 """Added by issue 40 (pins, :meth:`Store.pin`): migration 4, an empty table of each session's pinned
 positions (a row while pinned, deleted by an unpin); changes nothing else."""
+OMITTED_TABLE = """
+CREATE TABLE omitted (id INTEGER PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), data TEXT NOT NULL);
+CREATE INDEX omitted_order ON omitted (session_id, id);
+"""
+"""Added by issue 40 (what each rendering left out): migration 5, an empty append-only table of
+omission records (:mod:`historygraph.render.omissions`), ordered by ``id``; changes nothing else."""
 
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
+    Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -230,6 +238,14 @@ class SQLiteStore(Store):
                 self._db.execute("INSERT OR IGNORE INTO pins VALUES (?, ?, ?)", (session_id, position, time.time()))
             else:
                 self._db.execute("DELETE FROM pins WHERE session_id = ? AND position = ?", (session_id, position))
+    def _read_omitted(self, session_id: str) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT data FROM omitted WHERE session_id = ? ORDER BY id", (session_id,))]
+
+    def _write_omitted(self, session_id: str, records: Sequence[str]) -> None:
+        """Called inside :meth:`_write_transaction`."""
+        with self._lock:
+            self._db.executemany("INSERT INTO omitted (session_id, data) VALUES (?, ?)", [(session_id, r) for r in records])
 
     def _event_count(self, session_id: str) -> int:
         with self._lock:
