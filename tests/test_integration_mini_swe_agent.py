@@ -120,3 +120,92 @@ def test_only_a_lone_recall_command_is_answered(tmp_path):
     assert env.execute({"command": "ls"})["output"] == "ran ls"
     assert env.execute({"command": "historygraph recall c1"})["output"] == "[historygraph_recall: nothing of this conversation is stored yet]\n"
     assert env.execute({"command": "historygraph recall"})["returncode"] == 2
+
+
+MODEL_CLASS = "historygraph.integrations.mini_swe_agent.HistoryGraphModel"
+
+
+def _scripted_config(tmp_path) -> dict:
+    """A mini-swe-agent config whose ``model`` section selects HistoryGraphModel by import path and
+    names the wrapped class (the package's DeterministicToolcallModel) and its scripted outputs."""
+    def bash(call_id: str, command: str) -> dict:
+        call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
+        return {"role": "assistant", "content": None, "tool_calls": [call],
+                "extra": {"actions": [{"command": command, "tool_call_id": call_id}], "cost": 1.0}}
+
+    (tmp_path / "big.txt").write_text("line\n" * 200)
+    (tmp_path / "small.txt").write_text("line\n" * 150)
+    return {
+        "agent": {"system_template": "You are terse.", "instance_template": "Read big.txt and small.txt, then submit."},
+        "environment": {"environment_class": "local", "cwd": str(tmp_path)},
+        "model": {"model_class": MODEL_CLASS, "model_name": "scripted", "history_budget": 500, "policy": "prune",
+                  "store": ":memory:", "session": "yaml-1",
+                  "wrapped_model_class": "minisweagent.models.test_models.DeterministicToolcallModel",
+                  "observation_template": "{{output.output}}",
+                  "outputs": [bash("c1", "cat big.txt"), bash("c2", "cat small.txt"),
+                              bash("c3", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo done")]},
+    }
+
+
+def test_a_yaml_config_selects_the_wrapper_through_mini_swe_agents_own_loader(tmp_path):
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    import yaml
+    from minisweagent.agents import get_agent
+    from minisweagent.config import get_config_from_spec
+    from minisweagent.environments import get_environment
+    from minisweagent.models import get_model
+    from minisweagent.models.test_models import DeterministicToolcallModel
+
+    path = tmp_path / "hg.yaml"
+    path.write_text(yaml.safe_dump(_scripted_config(tmp_path)))
+    config = get_config_from_spec(str(path))
+    model = get_model(config=config["model"])
+    assert isinstance(model, HistoryGraphModel) and isinstance(model.model, DeterministicToolcallModel)
+    assert (model.budget, model.policy, model.session, type(model.store)) == (500, "prune", "yaml-1", MemoryStore)
+    assert model.config is model.model.config and model.config.model_name == "scripted"
+    seen, query = [], model.model.query
+    model.model.query = lambda messages, **kw: (seen.append(messages), query(messages, **kw))[1]
+    agent = get_agent(model, get_environment(config["environment"]), config["agent"], default_type="default")
+    info = agent.run("")
+    assert info["exit_status"] == "Submitted" and info["submission"] == "done\n"
+    assert [m["role"] for m in seen[2]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert seen[2][3]["content"].startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert seen[2][5]["content"] == "line\n" * 150 and agent.messages[3]["content"] == "line\n" * 200
+    assert model.store.graph("yaml-1").result_by_id("c1").content == "line\n" * 200
+    assert model.serialize()["info"]["config"]["historygraph"] == {"budget": 500, "policy": "prune"}
+
+
+def test_the_mini_command_line_selects_the_wrapper_with_model_class(tmp_path, monkeypatch):
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    import yaml
+    from minisweagent.run.mini import main
+
+    config = _scripted_config(tmp_path)
+    del config["model"]["model_class"]  # chosen on the command line instead
+    path = tmp_path / "hg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("MSWEA_CONFIGURED", "1")  # no first-run setup prompt
+    agent = main(model_name=None, model_class=MODEL_CLASS, agent_class=None, environment_class=None,
+                 task="go", yolo=True, cost_limit=0, config_spec=[str(path), "model.history_budget=500"],
+                 output=tmp_path / "traj.json", exit_immediately=True)
+    assert isinstance(agent.model, HistoryGraphModel) and agent.model.budget == 500
+    shown = agent.model.last_rendering.messages  # the third query's rendering
+    assert shown[3].content.startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert json.loads((tmp_path / "traj.json").read_text())["info"]["config"]["historygraph"] == {"budget": 500, "policy": "prune"}
+
+
+def test_a_config_with_a_bad_key_is_refused_by_name():
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    from minisweagent.models import get_model
+
+    from historygraph import PolicyError
+
+    base = {"model_class": MODEL_CLASS, "model_name": "x", "wrapped_model_class": "deterministic", "outputs": []}
+    with pytest.raises(ValueError, match="history_budget"):
+        get_model(config=base)
+    with pytest.raises(ValueError, match="history_budget must be a positive integer"):
+        get_model(config={**base, "history_budget": "6000 tokens"})
+    with pytest.raises(PolicyError, match="unknown policy 'nope'"):
+        get_model(config={**base, "history_budget": 500, "policy": "nope"})
+    with pytest.raises(TypeError, match="not both"):
+        HistoryGraphModel(object(), budget=500, model_name="x")

@@ -3,6 +3,25 @@
 >>> from minisweagent.agents.default import DefaultAgent                          # doctest: +SKIP
 >>> agent = DefaultAgent(HistoryGraphModel(get_model(...), budget=6000), env, **agent_config)  # doctest: +SKIP
 
+Or chosen the way mini-swe-agent chooses any model class, by its import path, in the ``model``
+section of a YAML config or on the command line (``mini --model-class
+historygraph.integrations.mini_swe_agent.HistoryGraphModel -c mini.yaml -c model.history_budget=6000``):
+
+.. code-block:: yaml
+
+    model:
+      model_class: historygraph.integrations.mini_swe_agent.HistoryGraphModel
+      model_name: anthropic/claude-sonnet-4-5-20250929
+      history_budget: 6000          # B, tokens (required)
+      policy: contextrender         # optional, default learned
+      store: runs.sqlite            # optional: a path, ":memory:" or postgresql://… (historygraph.open_store)
+      wrapped_model_class: litellm  # optional: the model class wrapped, as mini-swe-agent's model_class
+      model_kwargs: {temperature: 0}  # every other key is the wrapped model's
+
+``minisweagent.models.get_model`` then calls ``HistoryGraphModel(**model_config)``, which builds
+the wrapped model with ``get_model`` from the same section minus the historygraph keys
+(``history_budget``, ``policy``, ``session``, ``store``, ``wrapped_model_class``).
+
 mini-swe-agent keeps the whole trajectory in ``agent.messages`` and passes it to
 ``model.query(messages)``; :class:`HistoryGraphModel` renders it (OpenAI chat form: tool-call mode
 gives ``tool`` results; in text mode observations are ``user`` messages, which policies can only
@@ -27,10 +46,10 @@ import shlex
 from typing import Any
 
 from historygraph.api import default_store, render_messages
-from historygraph.policies import DEFAULT_POLICY, Policy, Signals
+from historygraph.policies import DEFAULT_POLICY, Policy, Signals, check_production
 from historygraph.render import Rendering
 from historygraph.render.recall import MAX_TOKENS, recall_stored
-from historygraph.store import Store
+from historygraph.store import Store, open_store
 
 #: The command the model runs to recall, as its first two words.
 RECALL_COMMAND = ("historygraph", "recall")
@@ -44,25 +63,60 @@ RECALL_USAGE = "usage: historygraph recall ID [ID ...]: the ids the placeholders
 class HistoryGraphModel:
     """Wraps a mini-swe-agent model (anything with ``query(messages, **kwargs) -> dict``).
 
+    Two ways to build it: with the model object (``HistoryGraphModel(model, budget)``), or, as
+    ``minisweagent.models.get_model`` builds a model class named in a config, with keywords only:
+    the historygraph keys below plus the wrapped model's own config (``model_name``,
+    ``model_kwargs``, …), from which the wrapped model is built by ``get_model``.
+
     Args:
-        model: the wrapped model (``minisweagent.models.get_model(...)``, a test model, …).
+        model: the wrapped model (``minisweagent.models.get_model(...)``, a test model, …); leave
+            it out to build it from ``model_config``.
         budget: history budget B in tokens (system and current user messages are outside B).
         policy: a registered policy name or an instance from :func:`historygraph.create`.
-        session, store, signals: as :func:`historygraph.render_messages`.
+        session, signals: as :func:`historygraph.render_messages`.
+        store: a :class:`~historygraph.store.Store`, or where one is
+            (:func:`historygraph.open_store`: a SQLite path, ``":memory:"``, ``postgresql://…``).
+        history_budget: B under its config name (the ``model`` section of a mini-swe-agent
+            config, where a bare ``budget`` would read as a cost); give it or ``budget``.
+        wrapped_model_class: the wrapped model's class, as mini-swe-agent's ``model_class`` (a
+            short name such as ``litellm`` or an import path; empty: mini-swe-agent's default).
+        model_config: the wrapped model's config (must hold ``model_name``).
 
     Attributes:
         last_rendering: the rendering of the latest query.
         last_session: the session id the latest query's messages were stored in (``None`` without
             a store).
 
-    Raises (from ``query``):
-        EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
+    Raises:
+        TypeError: both a model object and a config for one, or neither.
+        ValueError: neither ``budget`` nor ``history_budget``, both, or not a positive integer.
+        PolicyError: an unknown (or replay-only) policy name given with a config.
+        EventError, PolicyError, BudgetTooSmallError: from ``query``, as :func:`historygraph.render_messages`.
     """
 
-    def __init__(self, model: Any, budget: int, policy: str | Policy = DEFAULT_POLICY, *,
-                 session: str | None = None, store: Store | None = None, signals: Signals | None = None) -> None:
-        self.model, self.budget, self.policy = model, budget, policy
-        self.session, self.store, self.signals = session, store, signals
+    def __init__(self, model: Any = None, budget: int | None = None, policy: str | Policy = DEFAULT_POLICY, *,
+                 session: str | None = None, store: Store | str | None = None, signals: Signals | None = None,
+                 history_budget: int | None = None, wrapped_model_class: str = "", **model_config: Any) -> None:
+        if model is None:
+            if "model_name" not in model_config:
+                raise TypeError("HistoryGraphModel needs the model to wrap, or its mini-swe-agent config (model_name, …)")
+            if isinstance(policy, str):
+                check_production(policy)
+            from minisweagent.models import get_model
+
+            model = get_model(config={**model_config, "model_class": wrapped_model_class})
+        elif model_config or wrapped_model_class:
+            raise TypeError("HistoryGraphModel takes a model object or the config of one, not both; "
+                            f"got a model and {', '.join(sorted(model_config)) or 'wrapped_model_class'}")
+        if (budget is None) == (history_budget is None):
+            raise ValueError("give the history budget B (tokens) once: budget=, or history_budget in a config"
+                             + ("" if budget is None else f"; got budget={budget!r} and history_budget={history_budget!r}"))
+        b = budget if budget is not None else history_budget
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"{'budget' if budget is not None else 'history_budget'} must be a positive integer (tokens), got {b!r}")
+        self.model, self.budget, self.policy = model, b, policy
+        self.session, self.signals = session, signals
+        self.store = open_store(store) if isinstance(store, str) else store
         self.last_rendering: Rendering | None = None
         self.last_session: str | None = None
 
