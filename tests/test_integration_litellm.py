@@ -71,7 +71,11 @@ def ll():
                 message = {"role": "assistant", "content": None, "tool_calls": [call]}
             else:
                 message = {"role": "assistant", "content": f"lines seen in full: {messages[-1]['content'].count('line')}"}
-            return litellm.ModelResponse(choices=[{"message": message, "finish_reason": "stop"}])
+            return litellm.ModelResponse(choices=[{"message": message, "finish_reason": "stop"}],
+                                         usage=litellm.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2))
+
+        async def acompletion(self, model, messages, *args, **kwargs):
+            return self.completion(model, messages, *args, **kwargs)
 
     return SimpleNamespace(litellm=litellm, Recorder=Recorder, Recaller=Recaller, completion=wrappers.completion,
                            RECALL_TOOL=wrappers.RECALL_TOOL, recall_results=wrappers.recall_results,
@@ -116,6 +120,101 @@ def test_proxy_hook_rewrites_chat_calls_only(ll):
     assert hook.store.sessions() == ["proxy-1"]
     emb = {"model": "text-embedding-3-small", "input": "x"}
     assert asyncio.run(hook.async_pre_call_hook(None, None, emb, "aembedding")) is emb
+
+
+TURNS = [  # MESSAGES as Anthropic Messages API turns
+    {"role": "user", "content": "What is in big.txt and small.txt?"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "read", "input": {"path": "big.txt"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": BIG}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "c2", "name": "read", "input": {"path": "small.txt"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c2", "content": SMALL}]},
+    {"role": "user", "content": "Summarise both."},
+]
+ITEMS = [  # MESSAGES as Responses API input items
+    {"role": "user", "content": "What is in big.txt and small.txt?"},
+    {"type": "function_call", "call_id": "c1", "name": "read", "arguments": '{"path": "big.txt"}'},
+    {"type": "function_call_output", "call_id": "c1", "output": BIG},
+    {"type": "function_call", "call_id": "c2", "name": "read", "arguments": '{"path": "small.txt"}'},
+    {"type": "function_call_output", "call_id": "c2", "output": SMALL},
+    {"role": "user", "content": "Summarise both."},
+]
+
+
+def test_proxy_hook_renders_anthropic_messages_calls(ll):
+    """The LiteLLM proxy's /v1/messages route calls the hook with call type anthropic_messages and
+    the Anthropic request body (system, messages, metadata)."""
+    hook = ll.HistoryGraphHook(budget=500, policy="prune", store=MemoryStore())
+    data = {"model": "claude-x", "max_tokens": 100, "system": "You are terse.", "messages": TURNS,
+            "metadata": {"user_id": "u1", "historygraph_session": "proxy-a"}}
+    out = asyncio.run(hook.async_pre_call_hook(None, None, data, "anthropic_messages"))
+    placeholder = out["messages"][2]["content"][0]
+    assert placeholder["type"] == "tool_result" and placeholder["tool_use_id"] == "c1"
+    assert str(placeholder["content"]).startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert out["messages"][4] == TURNS[4] and out["system"] == "You are terse."
+    assert out["metadata"] == {"user_id": "u1"}  # Anthropic accepts only user_id there
+    assert hook.store.sessions() == ["proxy-a"] and hook.store.graph("proxy-a").result_by_id("c1").content == BIG
+
+
+def test_proxy_hook_renders_responses_calls_but_not_provider_kept_state(ll):
+    hook = ll.HistoryGraphHook(budget=500, policy="prune", store=MemoryStore())
+    data = {"model": "gpt-4o-mini", "instructions": "You are terse.", "input": ITEMS,
+            "litellm_metadata": {"historygraph_session": "proxy-r"}}
+    out = asyncio.run(hook.async_pre_call_hook(None, None, data, "aresponses"))
+    assert out["input"][2] == {"type": "function_call_output", "call_id": "c1", "output": out["input"][2]["output"]}
+    assert out["input"][2]["output"].startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert out["input"][4] is ITEMS[4] and out["instructions"] == "You are terse."
+    assert hook.store.sessions() == ["proxy-r"]
+    chained = {"model": "gpt-4o-mini", "input": ITEMS, "previous_response_id": "resp_1"}
+    assert asyncio.run(hook.async_pre_call_hook(None, None, chained, "aresponses")) is chained
+
+
+def test_a_call_the_proxy_made_is_not_rendered_again_before_it_is_sent(ll):
+    hook = ll.HistoryGraphHook(budget=500, policy="prune", store=MemoryStore())
+    kwargs = {"model": "gpt-4o-mini", "messages": MESSAGES, "proxy_server_request": {"url": "/v1/chat/completions"}}
+    assert asyncio.run(hook.async_pre_call_deployment_hook(kwargs, ll.litellm.types.utils.CallTypes.acompletion)) is None
+    assert hook.store.sessions() == []
+
+
+@pytest.fixture
+def registered(ll):
+    """A HistoryGraphHook in litellm.callbacks (the SDK's callback list) and a scripted model."""
+    hook, model = ll.HistoryGraphHook(budget=500, policy="prune", store=MemoryStore()), ll.Recaller()
+    before = ll.litellm.callbacks, ll.litellm.custom_provider_map
+    ll.litellm.callbacks = [hook]
+    ll.litellm.custom_provider_map = [{"provider": "scripted", "custom_handler": model}]
+    yield hook, model
+    ll.litellm.callbacks, ll.litellm.custom_provider_map = before
+
+
+def test_registered_in_litellm_callbacks_it_renders_sdk_chat_calls(ll, registered):
+    hook, model = registered
+    reply = asyncio.run(ll.litellm.acompletion(model="scripted/m", messages=MESSAGES, metadata={"historygraph_session": "sdk-c"}))
+    assert reply.choices[0].message.content == "lines seen in full: 0"  # the latest message is the user's
+    sent = model.seen[-1]
+    assert sent[2]["content"].startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert sent[4]["content"] == SMALL
+    assert hook.store.sessions() == ["sdk-c"] and hook.store.graph("sdk-c").result_by_id("c1").content == BIG
+
+
+def test_registered_in_litellm_callbacks_it_renders_sdk_responses_and_messages_calls_once(ll, registered):
+    """aresponses and anthropic.messages.acreate to a chat-only provider are carried out by an
+    inner chat call, which the hook must not render again (that would store the placeholders as
+    the conversation: a second, branched session)."""
+    hook, model = registered
+    asyncio.run(ll.litellm.aresponses(model="scripted/m", input=ITEMS, instructions="You are terse.",
+                                      metadata={"historygraph_session": "sdk-r"}))
+    sent = model.seen[-1]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "assistant", "tool", "user"]
+    assert sent[3]["content"].startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert sent[5]["content"] == SMALL
+    asyncio.run(ll.litellm.anthropic.messages.acreate(model="scripted/m", messages=TURNS, max_tokens=100,
+                                                      metadata={"historygraph_session": "sdk-a"}))
+    sent = model.seen[-1]
+    tool = [m for m in sent if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool] == ["c1", "c2"]
+    assert str(tool[0]["content"]).startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert sorted(hook.store.sessions()) == ["sdk-a", "sdk-r"]  # nothing rendered twice: no third session
+    assert hook.store.graph("sdk-r").result_by_id("c1").content == BIG == hook.store.graph("sdk-a").result_by_id("c1").content
 
 
 @pytest.fixture

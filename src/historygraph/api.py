@@ -48,13 +48,14 @@ class Rendered(NamedTuple):
     """What ``explain=True`` returns.
 
     Attributes:
-        messages: the messages to send, in the caller's provider form.
+        messages: the messages to send, in the caller's provider form (for the Responses API its
+            ``input``: a list of items, or the caller's string when it sent one).
         rendering: the policy's rendering (``rendering.reasons`` per graph position,
             ``rendering.omitted`` positions of results not shown whole, ``history_tokens``).
         session_id: the stored session used (``None`` when nothing was stored).
     """
 
-    messages: list[Any]
+    messages: list[Any] | str
     rendering: Rendering
     session_id: str | None
 
@@ -221,4 +222,38 @@ def render_anthropic_messages(messages: Sequence[dict[str, Any]], *, budget: int
     out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                    for p in rendering.positions],
                               moved_breakpoints(rendering.positions, pieces))
+    return Rendered(out, rendering, sid) if explain else out
+
+
+@overload
+def render_responses_input(input: str | Sequence[Any], *, budget: int, instructions: Any = ...,
+                           policy: str | Policy = ..., session: str | None = ..., store: Store | None = ...,
+                           signals: Signals | None = ..., explain: Literal[False] = ...) -> str | list[Any]: ...
+@overload
+def render_responses_input(input: str | Sequence[Any], *, budget: int, instructions: Any = ...,
+                           policy: str | Policy = ..., session: str | None = ..., store: Store | None = ...,
+                           signals: Signals | None = ..., explain: Literal[True]) -> Rendered: ...
+def render_responses_input(input: str | Sequence[Any], *, budget: int, instructions: Any = None,
+                           policy: str | Policy = DEFAULT_POLICY, session: str | None = None,
+                           store: Store | None = None, signals: Signals | None = None,
+                           explain: bool = False) -> str | list[Any] | Rendered:
+    """OpenAI Responses API ``input`` (a string or a list of items) → the ``input`` to send
+    (``instructions`` is not returned: it is outside B and sent unchanged).
+
+    An item a policy shows unchanged is returned as the caller's own object (a reasoning item's
+    ``encrypted_content`` untouched); a result not shown whole becomes a ``function_call_output``
+    (``custom_tool_call_output`` for a custom call) whose ``output`` is a placeholder naming its
+    ``call_id`` (:mod:`historygraph.providers.openai_responses`). A string ``input`` is one user
+    message, returned unchanged. The caller forwards a request naming provider-kept state
+    (``previous_response_id``, ``conversation``) unrendered: its history is not in ``input``.
+    Other arguments and errors as :func:`render_messages`; ``EventError`` names the item
+    (``input[3].call_id is missing`` …).
+    """
+    from historygraph.providers import openai_responses as resp
+
+    items = list(input) if isinstance(input, tuple) else input
+    events, pieces = resp.to_canonical(instructions, items)
+    rendering, sid = render_events(events, budget=budget, policy=policy, session=session, store=store, signals=signals)
+    out = items if isinstance(items, str) else resp.from_canonical(
+        rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None for p in rendering.positions])
     return Rendered(out, rendering, sid) if explain else out

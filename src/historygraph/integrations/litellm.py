@@ -7,9 +7,11 @@ pre-call hook for the LiteLLM proxy.
 The wrappers take LiteLLM's own arguments plus ``budget``, ``policy``, ``session``, ``store`` and
 ``signals`` (as :func:`historygraph.render_messages`), render ``messages`` (OpenAI form, LiteLLM's
 input format) and call ``litellm.completion``/``litellm.acompletion`` with the rendered messages and
-every other argument unchanged. :class:`HistoryGraphHook` does the same inside a LiteLLM proxy
-(``litellm_settings: callbacks: your_module.hook`` in its config), where the session id comes from
-the request's ``metadata.historygraph_session`` when given.
+every other argument unchanged. :class:`HistoryGraphHook` does the same as a LiteLLM callback, for
+the three APIs LiteLLM serves (Chat Completions, Anthropic Messages, Responses): in a LiteLLM
+proxy (``litellm_settings: callbacks: your_module.hook`` in its config) and in the SDK
+(``litellm.callbacks = [hook]``), where the session id comes from the request's
+``metadata.historygraph_session`` when given.
 
 Recall: LiteLLM leaves running tools to the caller, so the recall tool is a definition and a helper
 in that form: :data:`RECALL_TOOL` (a Chat Completions ``tools`` entry, ``historygraph_recall``) to
@@ -24,7 +26,8 @@ from typing import Any
 import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
-from historygraph.api import default_store, render_messages
+from historygraph.api import default_store, render_anthropic_messages, render_messages, render_responses_input
+from historygraph.providers.openai_responses import passthrough_reason
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals
 from historygraph.render.recall import MAX_TOKENS, TOOL_NAME, ids_of, openai_tool, recall_stored
 from historygraph.store import Store
@@ -55,12 +58,47 @@ async def acompletion(model: str, messages: list[dict[str, Any]], *, budget: int
     return await litellm.acompletion(model=model, messages=out, **kwargs)
 
 
+#: LiteLLM's call types (``litellm.types.utils.CallTypes`` values) of each API the hook renders.
+CHAT_CALLS = frozenset({"completion", "acompletion"})
+ANTHROPIC_CALLS = frozenset({"anthropic_messages", "aanthropic_messages"})
+RESPONSES_CALLS = frozenset({"responses", "aresponses"})
+SESSION_KEY = "historygraph_session"
+
+
 class HistoryGraphHook(CustomLogger):
-    """A LiteLLM proxy pre-call hook: renders ``data["messages"]`` of chat completion calls.
+    """A LiteLLM callback that renders the history of every Chat Completions, Anthropic Messages
+    and Responses call, in the LiteLLM proxy and in the SDK.
+
+    What it rewrites, by LiteLLM call type: ``completion``/``acompletion``: ``messages`` (OpenAI
+    form, :func:`historygraph.render_messages`); ``anthropic_messages`` (the proxy's
+    ``/v1/messages``, ``litellm.anthropic.messages.acreate``): ``messages`` with ``system``
+    outside B (:func:`historygraph.render_anthropic_messages`); ``responses``/``aresponses``:
+    ``input`` with ``instructions`` outside B (:func:`historygraph.render_responses_input`),
+    except a request naming provider-kept state (``previous_response_id``, ``conversation``),
+    which is left as it is, as the historygraph proxy does. Every other call and field is
+    unchanged.
+
+    Where LiteLLM calls it (the installed LiteLLM's ``CustomLogger``):
+
+    * :meth:`async_pre_call_hook`: the proxy's pre-call hook, per request on every route
+      (https://docs.litellm.ai/docs/proxy/call_hooks);
+    * :meth:`async_pre_call_deployment_hook`: LiteLLM's hook for changing a request just before it
+      is sent, run for every async SDK call (``acompletion``, ``aresponses``,
+      ``anthropic.messages.acreate``) and for ``responses``. It skips a call the proxy made (its
+      ``proxy_server_request``, which the proxy sets and strips from clients: the pre-call hook
+      rendered that one) and a call LiteLLM made to carry out another (a Responses or Anthropic
+      call bridged to a chat completion: its logging object keeps the outer call type), so no
+      request is rendered twice. LiteLLM runs no such hook for the synchronous
+      ``litellm.completion``: use :func:`completion` there.
 
     Args: as :func:`completion` (``budget``, ``policy``, ``store``, ``signals``); the session id is
-    ``data["metadata"]["historygraph_session"]`` when present (otherwise, with a ``store``, derived
-    from the conversation's start as the historygraph proxy does).
+    ``historygraph_session`` in the request's ``metadata`` (or the proxy's ``litellm_metadata``)
+    when present (otherwise, with a ``store``, derived from the conversation's start as the
+    historygraph proxy does). The key is removed from the ``metadata`` of an Anthropic Messages
+    request, whose ``metadata`` the provider accepts only ``user_id`` in.
+
+    Raises (from the hooks, before anything is sent):
+        EventError, PolicyError, BudgetTooSmallError: as :func:`historygraph.render_messages`.
     """
 
     def __init__(self, budget: int, policy: str | Policy = DEFAULT_POLICY, *, store: Store | None = None,
@@ -69,12 +107,43 @@ class HistoryGraphHook(CustomLogger):
         self.budget, self.policy, self.store, self.signals = budget, policy, store, signals
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
-        if call_type not in ("completion", "acompletion") or not isinstance(data.get("messages"), list):
-            return data
-        session = (data.get("metadata") or {}).get("historygraph_session")
-        out = render_messages(data["messages"], budget=self.budget, policy=self.policy, session=session,
-                              store=self.store, signals=self.signals)
-        return {**data, "messages": out}
+        return self.rendered(data, str(getattr(call_type, "value", call_type)))
+
+    async def async_pre_call_deployment_hook(self, kwargs: dict, call_type: Any) -> dict | None:
+        kind = getattr(call_type, "value", call_type)
+        if kwargs.get("proxy_server_request") is not None:
+            return None  # made by the LiteLLM proxy: async_pre_call_hook rendered it
+        if getattr(kwargs.get("litellm_logging_obj"), "call_type", kind) != kind:
+            return None  # LiteLLM carrying out another call, rendered as that one
+        out = self.rendered(kwargs, str(kind))
+        return None if out is kwargs else out
+
+    def rendered(self, data: dict, call_type: str) -> dict:
+        """``data`` (a LiteLLM request) with its history rendered; ``data`` itself when its call
+        type or shape is not one the hook renders (see the class docstring)."""
+        common: dict[str, Any] = {"budget": self.budget, "policy": self.policy, "store": self.store, "signals": self.signals}
+        if call_type in CHAT_CALLS and isinstance(data.get("messages"), list):
+            return {**data, "messages": render_messages(data["messages"], session=_session(data), **common)}
+        if call_type in ANTHROPIC_CALLS and isinstance(data.get("messages"), list):
+            out = {**data, "messages": render_anthropic_messages(data["messages"], system=data.get("system"),
+                                                                 session=_session(data), **common)}
+            if isinstance(data.get("metadata"), dict) and SESSION_KEY in data["metadata"]:
+                out["metadata"] = {k: v for k, v in data["metadata"].items() if k != SESSION_KEY}
+            return out
+        if call_type in RESPONSES_CALLS and data.get("input") and passthrough_reason(data) is None:
+            return {**data, "input": render_responses_input(data["input"], instructions=data.get("instructions"),
+                                                            session=_session(data), **common)}
+        return data
+
+
+def _session(data: dict) -> str | None:
+    """``historygraph_session`` from the request's ``metadata``, else from ``litellm_metadata`` (the
+    proxy's own metadata on its ``/v1/messages`` and Responses routes)."""
+    for key in ("metadata", "litellm_metadata"):
+        meta = data.get(key)
+        if isinstance(meta, dict) and meta.get(SESSION_KEY) is not None:
+            return str(meta[SESSION_KEY])
+    return None
 
 
 def recall_results(message: Any, *, session: str, store: Store | None = None, max_tokens: int = MAX_TOKENS,
