@@ -348,7 +348,7 @@ def test_budget_and_price_errors_are_named_before_any_work(tmp_path):
     assert res.exit_code == 2 and "--price" in res.output and "KEY one of" in res.output
 
 
-@pytest.mark.parametrize(("command", "text"), [("replay", "one [policy-name] table"), ("fit", "historygraph[fit]")])
+@pytest.mark.parametrize(("command", "text"), [("replay", "one [policy-name] table"), ("fit", "pip install -e '.[fit]'")])
 def test_help_prints_bracketed_words(command, text):
     # rich reads "[fit]" as a style tag and drops it unless escaped (the help said "pip install 'historygraph'")
     res = runner.invoke(app, [command, "--help"], env={"COLUMNS": "250"})
