@@ -417,8 +417,9 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) ->
         notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
     if any(c in cols for c in cache):
         notes.append("cost M: cost with price model M's simulated prompt cache (cache reads, writes, uncached input, output), "
-                     "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars; "
-                     "CR-eq3: ContextRender eq. 3's reference prices, the price model 'contextrender' (docs/evaluator.md, Price models)")
+                     "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars"
+                     + ("; CR-eq3: ContextRender eq. 3's reference prices, the price model 'contextrender'"
+                        if "cost_cache_contextrender" in cols else "") + " (docs/evaluator.md, Price models)")
     if "norm_cost" in cols:
         notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
                      "(C.2); a ratio, not dollars")
