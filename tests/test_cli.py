@@ -348,7 +348,7 @@ def test_budget_and_price_errors_are_named_before_any_work(tmp_path):
     assert res.exit_code == 2 and "--price" in res.output and "KEY one of" in res.output
 
 
-@pytest.mark.parametrize(("command", "text"), [("replay", "one [policy-name] table"), ("fit", "historygraph[fit]")])
+@pytest.mark.parametrize(("command", "text"), [("replay", "one [policy-name] table"), ("fit", "pip install -e '.[fit]'")])
 def test_help_prints_bracketed_words(command, text):
     # rich reads "[fit]" as a style tag and drops it unless escaped (the help said "pip install 'historygraph'")
     res = runner.invoke(app, [command, "--help"], env={"COLUMNS": "250"})
@@ -437,14 +437,18 @@ def test_replay_time_left_weighs_renders_and_texts_and_falls_while_a_trajectory_
     assert lefts == [10.0, 6.0, 5.0, 5.0]
 
 
-def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path):
+def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path, monkeypatch):
     """The default table is the dozen columns a reader compares policies by (it was ~22 columns,
-    wider than any terminal); --wide prints every column; replay.csv keeps all of them either way."""
+    wider than any terminal); --wide prints every column; replay.csv keeps all of them either way.
+    (On a 250-column terminal, where the main columns fit with one-line headers.)"""
+    from rich.console import Console
+
+    monkeypatch.setattr(historygraph.cli.replay, "console", Console(width=250))
     base = ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500", "--store", ":memory:"]
     res = runner.invoke(app, base + ["--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     header = next(line for line in res.output.splitlines() if "recall %" in line)
-    assert "history tokens mean" in header and "reuse events" in header and "prefix reuse %" not in header and "render ms p95" not in header
+    assert "history tokens" in header and "reuse events" in header and "prefix reuse %" not in header and "render ms p95" not in header
     assert "more columns" in res.output and "--wide" in res.output
     wide = runner.invoke(app, base + ["--out", str(tmp_path / "b"), "--wide"])
     assert wide.exit_code == 0, wide.output
@@ -571,3 +575,65 @@ def test_one_ctrl_c_stops_a_parallel_replay_within_seconds_keeping_what_finished
     assert took < 8, (took, out[-2000:])
     assert "interrupted (Ctrl-C): wrote the" in out and "trajectories finished so far" in out
     assert "Traceback" not in out
+
+
+def test_boolean_flags_show_as_flags_without_a_value():
+    # the help showed "--json <bool>", and "--json true" is an error: a flag takes no value
+    res = runner.invoke(app, ["policies", "--help"], env={"COLUMNS": "100"})
+    assert res.exit_code == 0
+    line = next(x for x in res.output.splitlines() if "--json" in x)
+    assert "<bool>" not in res.output and line.split("--json")[1].split() == ["Machine-readable", "output.", "│"]
+    res = runner.invoke(app, ["replay", "--help"], env={"COLUMNS": "100"})
+    assert "<bool>" not in res.output and "<int range>" in res.output  # options with a value keep their type
+
+
+def _summary_rows():
+    """Summary rows as a replay of mini-swe-agent traces with the four default policies gives them."""
+    rows = []
+    for source in ("mini-swe-agent", "ALL"):
+        for policy, recall in (("learned", 92.3), ("contextrender", 82.0), ("prune", 82.0), ("full", 100.0)):
+            rows.append({"source": source, "policy": policy, "traces": 90, "invocations": 4321, "events": 12345, "recall": recall,
+                         "mean_history_tokens": 5998.4, "render_ms_median": 12.5, "budget_errors": 0, "model_calls": 0,
+                         **{f"cost_cache_{m}": 0.812 for m in ("contextrender", "openai-style", "anthropic-style", "deepseek-style")}})
+    return rows
+
+
+@pytest.mark.parametrize("columns", [100, 250])
+def test_the_default_replay_table_fits_the_terminal(monkeypatch, capsys, columns):
+    """The default table was 155 columns wide and wrapped on a 100-column terminal: now it leaves out
+    its less telling columns (and says which) until it fits; a wide terminal gets them all."""
+    from rich.console import Console
+
+    monkeypatch.setattr(historygraph.cli.replay, "console", Console(width=columns))
+    models = ["contextrender", "openai-style", "anthropic-style", "deepseek-style"]
+    historygraph.cli.replay._print_table(_summary_rows(), "at B = 6000", cache_models=models)
+    out = capsys.readouterr().out
+    widest = max(len(line) for line in out.splitlines())
+    assert widest <= columns
+    header = " ".join(out.split("┡")[0].split())
+    assert all(w in header for w in ("policy", "recall", "CR-eq3", "openai-", "anthropic-", "deepseek-", "history"))
+    assert "contextrender" not in header  # the price model's header no longer reads like the policy
+    if columns == 100:
+        assert "left out to fit 100 columns: render ms p50, traces, calls, reuse events" in " ".join(out.split())
+    else:
+        assert "left out" not in out and "render" in header and "traces" in header
+    historygraph.cli.replay._print_table(_summary_rows(), "at B = 6000", cache_models=models, wide=True)
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) > 100  # --wide: every column, however wide
+
+
+@pytest.mark.slow  # a replay of the example trace in a process of its own with COLUMNS=100: about 4 CPU s
+def test_replay_under_columns_100_prints_table_and_recommendation_within_100_columns(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "100"}
+    out = subprocess.run([sys.executable, "-m", "historygraph", "replay", "-p", "prune", "-p", "full", "-p", "oracle",
+                          "-b", "1500", "--store", ":memory:", "--out", str(tmp_path / "o")],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    table = out[out.index("Later-Used"):out.index("recommended")]
+    assert max(len(line) for line in table.splitlines()) <= 100
+    # at B = 1500 on the dinner-bill trace prune costs 0.88 of Full with ContextRender eq. 3's prices and
+    # 1.44 with Anthropic's (replay.json of this run); the oracle is cheaper still but never recommended
+    line = next(x for x in out.splitlines() if x.strip().startswith("B = 1500:"))
+    assert "prune (recall 56.4 %) for CR-eq3, openai-style" in line and "full (recall 100.0 %) for anthropic-style" in line

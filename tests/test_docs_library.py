@@ -20,6 +20,7 @@ def test_library_page_blocks_run(capsys):
     printed = capsys.readouterr().out
     assert "[tool result c1 omitted from this context (400 tokens)" in printed
     assert "[3] " in printed  # r.rendering.omitted
+    assert "wordllama-l2-supercat-256\n" in printed and len(scope["shown"]) == 4  # "Choosing the sentence embedder"
     assert scope["record"]["forms"] == {"placeholder": [3]} and scope["record"]["omitted"] == 1  # what was left out
     assert "Hello.\nok\n" in printed  # the LangChain agent and the LiteLLM call ran
     assert scope["model"].budget == 6000 and scope["run_config"].call_model_input_filter.budget == 6000

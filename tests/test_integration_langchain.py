@@ -23,7 +23,7 @@ def lc() -> SimpleNamespace:
     """LangChain's agent loop, a file-reading tool and the scripted model. Imported here, not at
     module level: every test process collects this file, and importing LangChain costs about 2 CPU s
     (docs/tests.md)."""
-    pytest.importorskip("langchain.agents", reason="langchain not installed (pip install 'historygraph[langchain]')")
+    pytest.importorskip("langchain.agents", reason="langchain not installed (pip install -e '.[langchain]' in the clone)")
     from langchain.agents import create_agent
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage

@@ -34,7 +34,7 @@ def ll():
     """LiteLLM and the wrappers around it. Imported here, not at module level: every test process
     collects this file, and importing LiteLLM costs about 4 CPU s (docs/tests.md). Its offline
     settings are in tests/conftest.py."""
-    litellm = pytest.importorskip("litellm", reason="litellm not installed (pip install 'historygraph[litellm]')")
+    litellm = pytest.importorskip("litellm", reason="litellm not installed (pip install -e '.[litellm]' in the clone)")
     from litellm.integrations.custom_logger import CustomLogger
 
     from historygraph.integrations import litellm as wrappers

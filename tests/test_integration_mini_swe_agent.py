@@ -16,7 +16,7 @@ PLACEHOLDER_ID = re.compile(r"\[tool result (\S+) omitted from this context")
 
 def test_agent_queries_the_rendered_history_and_keeps_its_trajectory(tmp_path):
     # mini-swe-agent is imported here, not at module level, like the other frameworks (docs/tests.md)
-    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install -e '.[mini-swe-agent]' in the clone)")
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output
@@ -56,7 +56,7 @@ def test_agent_queries_the_rendered_history_and_keeps_its_trajectory(tmp_path):
 
 
 def test_the_model_recalls_an_omitted_result_by_the_id_its_placeholder_names(tmp_path):
-    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install 'historygraph[mini-swe-agent]')")
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install -e '.[mini-swe-agent]' in the clone)")
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models.test_models import DeterministicToolcallModel, make_toolcall_output

@@ -25,7 +25,7 @@ def oa() -> SimpleNamespace:
     """The Agents SDK, a file-reading function tool, the scripted model and the response items it
     returns. Imported here, not at module level: every test process collects this file, and importing
     the SDK costs about 2.5 CPU s (docs/tests.md)."""
-    pytest.importorskip("agents", reason="openai-agents not installed (pip install 'historygraph[openai-agents]')")
+    pytest.importorskip("agents", reason="openai-agents not installed (pip install -e '.[openai-agents]' in the clone)")
     from agents import Agent, RunConfig, Runner, Usage, function_tool
     from agents.items import ModelResponse
     from agents.models.interface import Model

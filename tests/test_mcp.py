@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def mcp_sdk() -> SimpleNamespace:
     """The official MCP client and our server. Imported here, not at module level: every test
     process collects this file, and importing the MCP SDK costs about 1.3 CPU s (docs/tests.md)."""
-    pytest.importorskip("mcp", reason="mcp not installed (pip install 'historygraph[mcp]')")
+    pytest.importorskip("mcp", reason="mcp not installed (pip install -e '.[mcp]' in the clone)")
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 

@@ -125,6 +125,25 @@ def test_an_unreachable_upstream_is_counted():
     assert samples(app)[("historygraph_upstream_errors_total", (("api", "openai"), ("kind", "unreachable")))] == 1
 
 
+def test_an_unreachable_upstream_is_a_warning_with_the_reason_and_the_request_record_names_the_session():
+    """Walkthrough finding: a refused upstream showed only as an INFO "request" record with status
+    502 and ``session: null``. Port 9 (discard) has no listener on the test machine: the connection
+    is refused, as the reason says; the client's key is never logged."""
+    out = io.StringIO()
+    handler = logs.configure("INFO", stream=out)
+    try:
+        app = proxy(upstream="http://127.0.0.1:9/v1")
+        assert chat(app, session="down-1").status_code == 502
+    finally:
+        logs.logging.getLogger("historygraph").removeHandler(handler)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    [warning] = [r for r in records if r["message"] == "upstream unreachable"]
+    assert warning["level"] == "WARNING" and warning["session"] == "down-1" and warning["api"] == "openai"
+    assert "connection refused at 127.0.0.1:9" in warning["reason"] and KEY not in out.getvalue()
+    [request] = [r for r in records if r["message"] == "request"]
+    assert (request["status"], request["session"]) == (502, "down-1")
+
+
 def test_logs_are_json_with_the_session_and_never_the_key():
     out = io.StringIO()
     handler = logs.configure("INFO", stream=out)

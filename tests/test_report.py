@@ -60,6 +60,22 @@ def test_report_is_self_contained_html_plus_markdown(run_dir):
     assert "## ALL at B = 3000" in md and "Per trace at B = 1500" in page and "Per trace at B = 3000" not in page
 
 
+def test_report_opens_with_the_recommended_policy_per_budget(run_dir):
+    """Issue 40: the first screen said nothing about which policy to use. It now opens with the rule
+    and one row per budget and price model, before every figure and table. On the example trace at
+    B = 1500 prune (recall 56.4) and cw-sliding-window (41.0) cost less than Full with eq. 3's and
+    OpenAI's caches and neither with Anthropic's (replay.json of this run: prune 0.88, 0.94, 1.44);
+    the oracle, cheaper still, is never recommended. At B = 3000 nothing costs less than Full."""
+    md = (run_dir / "report.md").read_text()
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Recommended policy"
+    assert "| 1500 | CR-eq3 | prune | 56.4 | 0.882 | – |" in md and "| 1500 | openai-style | prune | 56.4 |" in md
+    assert "| 1500 | anthropic-style | full (none cheaper) | 100.0 | 1.000 |" in md
+    assert "| 3000 | CR-eq3 | full (none cheaper) |" in md and "oracle |" not in md.split("## ")[1]
+    page = (run_dir / "report.html").read_text()
+    assert page.index("<h2>") == page.index("<h2>Recommended policy</h2>")  # the first section of the page too
+
+
 def test_report_errors_name_what_to_run(tmp_path):
     res = runner.invoke(app, ["report", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "no such folder" in res.output and "reading" not in res.output  # the error alone

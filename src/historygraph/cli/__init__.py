@@ -16,20 +16,20 @@ import typer
 
 from historygraph import __version__
 from historygraph.cli import fit, policies, replay, serve, sessions
-from historygraph.cli.common import console
+from historygraph.cli.common import Command, Group, console
 
-app = typer.Typer(help="historygraph: render agent histories under a token budget, chosen by evidence.",
+app = typer.Typer(cls=Group, help="historygraph: render agent histories under a token budget, chosen by evidence.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]})
-app.command()(replay.replay)
-app.command()(replay.report)
-app.command()(policies.policies)
-app.command()(sessions.sessions)
-app.command()(sessions.show)
-app.command()(sessions.render)
-app.command()(serve.serve)
-app.command()(fit.fit)
-app.command("mcp")(serve.mcp_command)
+app.command(cls=Command)(replay.replay)
+app.command(cls=Command)(replay.report)
+app.command(cls=Command)(policies.policies)
+app.command(cls=Command)(sessions.sessions)
+app.command(cls=Command)(sessions.show)
+app.command(cls=Command)(sessions.render)
+app.command(cls=Command)(serve.serve)
+app.command(cls=Command)(fit.fit)
+app.command("mcp", cls=Command)(serve.mcp_command)
 
 
 def _version(value: bool) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
 import typer
+import typer.core
 import typer.rich_utils
 from rich.console import Console
 
@@ -35,6 +36,26 @@ if not Console().is_terminal and "COLUMNS" not in os.environ and typer.rich_util
 err = Console(stderr=True)
 
 EXAMPLE = "dinner_bill.json"
+
+
+class _BareFlags:
+    """Help that shows a boolean flag as a flag: no ``<bool>`` type after it (typer's rich help
+    prints one for every option, which read as if ``--json true`` were the syntax, an error)."""
+
+    def get_params(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        params = super().get_params(ctx)
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""  # (the rich help prints the metavar in place of the type when one is set)
+        return params
+
+
+class Command(_BareFlags, typer.core.TyperCommand):
+    """Every ``historygraph`` command: typer's, with boolean flags shown bare (:class:`_BareFlags`)."""
+
+
+class Group(_BareFlags, typer.core.TyperGroup):
+    """The ``historygraph`` group: typer's, with boolean flags shown bare (:class:`_BareFlags`)."""
 
 
 def example_trace_path() -> Path:

@@ -43,7 +43,7 @@ def fit(
     Label: observed reuse (Tool-Flow Analysis, ContextRender §3.2, and code identifiers,
     ContextWeaver §3.1) at the next model call (--label); features: render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
     parameter model=FILE) and replay to measure it. Needs scikit-learn and, for
-    --objective lambdarank, LightGBM (pip install 'historygraph\\[fit]')."""
+    --objective lambdarank, LightGBM (pip install -e '.\\[fit]' in the historygraph clone)."""
     from historygraph.policies.learned.train import LABELS, OBJECTIVES, fit_traces
 
     if label not in LABELS:
@@ -71,7 +71,7 @@ def fit(
             import lightgbm  # noqa: F401
     except ImportError as exc:
         fail(f"historygraph fit needs scikit-learn{' and LightGBM' if objective != 'logistic' else ''} ({exc}): "
-             f"pip install 'historygraph[fit]'")
+             f"pip install -e '.[fit]' in the historygraph clone")
     traces, _ = read_all(paths, fmt, strict)
     if not traces:
         fail(f"no readable traces in {', '.join(map(str, paths))}")

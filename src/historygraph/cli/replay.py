@@ -23,8 +23,9 @@ from historygraph.cli.common import (ParamOption, ParamsFileOption, console, err
                                      load_policy_params, parse_budgets, read_all, store_name, unknown_policy, warn)
 from historygraph.cli.progress import TimeLeftColumn, advance, heartbeat
 from historygraph.eval.cost import Prices
-from historygraph.eval.prices import PriceModelError, load_price_models, select
+from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
+from historygraph.eval.recommend import one_line, recommend
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -234,6 +235,12 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
         if per_trace:
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
+    recs = recommend(per_source_rows, shown)
+    if recs:
+        console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",
+                      markup=False, highlight=False, soft_wrap=True)
+        for b in budgets:
+            console.print("  " + one_line([r for r in recs if r.budget == b]), markup=False, highlight=False, soft_wrap=True)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
     for r in per_source_rows:
         if r["source"] == "ALL" and r["budget_errors"]:
@@ -333,31 +340,75 @@ def _fmt(v: object, digits: int = 1) -> str:
 # the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
 COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
                    "recall_age_>25", "mean_history_tokens", "render_ms_median", "budget_errors", "model_calls")
+# what the default table leaves out, in this order, when it is wider than the terminal (then the cost
+# with each price model's cache, the last model first); source, trace, policy and recall always stay
+NARROW_DROPS = ("render_ms_median", "traces", "invocations", "events", "model_calls", "budget_errors", "recall_age_>25",
+                "pct_of_oracle", "mean_history_tokens")
+HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "prefix_reuse_pct": "prefix\nreuse %",
+         "norm_cost": "cost\n(Full ρ)", "norm_cost_own": "cost\n(own ρ)", "cost_traces": "cost\ntraces",
+         "selection_ms_mean": "selection\nms", "attention_s_mean": "attention\ns", "graph_kb_session": "graph\nKB",
+         "revival_pct": "revival\n%", "recall": "recall\n%", "mean_history_tokens": "history\ntokens", "max_history_tokens": "history\ntok max",
+         "render_ms_median": "render\nms p50", "render_ms_p95": "render\nms p95", "invocations": "calls", "events": "reuse\nevents",
+         "read_repeats_exposed": "re-reads\nexposed", "old_full_share": "old\nfull %",
+         "model_calls": "model\ncalls", "model_input_tokens": "model\ntok in", "model_output_tokens": "model\ntok out",
+         "model_seconds": "model\ns", "budget_errors": "budget\nerrors"}
+HEADS.update({f"recall_age_{b}": f"age\n{b}" for b in AGE_BINS})
 
 
 def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False, cache_models: Sequence[str] = ()) -> None:
+    """One summary table of a replay. By default the main columns (:data:`COMPACT_COLUMNS` and the cost
+    with each price model's cache) with one-line headers; when that is wider than the console, headers
+    on two or three lines, then fewer columns (:data:`NARROW_DROPS` in order, then cost columns, named
+    under the table) until it fits. With ``wide`` every column with one-line headers. Numbers are never
+    cut: a table that cannot fit prints wider than the console."""
     cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + cache + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
-    heads = {"pct_of_oracle": "% of oracle", "value_recall": "value recall %", "prefix_reuse_pct": "prefix reuse %", "norm_cost": "cost (Full ρ)",
-             "norm_cost_own": "cost (own ρ)", "cost_traces": "cost traces",
-             "selection_ms_mean": "selection ms", "attention_s_mean": "attention s", "graph_kb_session": "graph KB",
-             "revival_pct": "revival %","recall": "recall %", "mean_history_tokens": "history tokens mean", "max_history_tokens": "history tokens max",
-             "render_ms_median": "render ms p50", "render_ms_p95": "render ms p95", "invocations": "calls", "events": "reuse events",
-             "read_repeats_exposed": "re-reads exposed", "old_full_share": "old full %",
-             "model_calls": "model calls", "model_input_tokens": "model tok in", "model_output_tokens": "model tok out",
-             "model_seconds": "model s", "budget_errors": "budget errors"}
-    heads.update({f"recall_age_{b}": f"age {b}" for b in AGE_BINS})
-    heads.update({f"cost_cache_{m}": f"cost {m}" for m in cache_models})
+    heads = {**HEADS, **{f"cost_cache_{m}": "cost\n" + (label(m) if len(label(m)) <= 8 else label(m).replace("-", "-\n")) for m in cache_models}}
     # columns that say nothing for these rows (all empty, or all zero like model calls of policies
     # that call no model) are left out of the printed table; JSON and CSV keep every column
     # recall 0.0 is a result, not an empty column: recall and its age bins stay whenever they have a value
     always = ("source", "trace_id", "policy", "recall")
     cols = [c for c in cols if (wide or c in COMPACT_COLUMNS or c in cache) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
                                                   for r in rows))]
+    dropped: list[str] = []
+    flat = {c: _flat(h) for c, h in heads.items()}
+    t = _table(rows, cols, flat, title, _notes(cols, cache, wide, dropped))  # headers on one line when that fits
+    if not wide and _width(t) > console.width:
+        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped))
+    for c in () if wide else [c for c in NARROW_DROPS + tuple(reversed(cache)) if c in cols]:
+        if _width(t) <= console.width:
+            break
+        cols.remove(c)
+        dropped.append(flat.get(c, c))
+        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped))
+    # never cut numbers: print at the table's natural width even when the terminal is narrower
+    Console(width=max(console.width, _width(t)), force_terminal=console.is_terminal).print(t)
+
+
+def _flat(head: str) -> str:
+    """A header of several lines (:data:`HEADS`) on one line."""
+    return head.replace("-\n", "-").replace("\n", " ")
+
+
+def _width(t: Table) -> int:
+    return Console(width=10_000).measure(t).maximum
+
+
+def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str, notes: list[str]) -> Table:
+    t = Table(title=title, header_style="bold", caption="\n".join(notes) or None)
+    for c in cols:
+        t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
+    return t
+
+
+def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) -> list[str]:
+    """The table's caption: what its less obvious columns mean, and where the others are."""
     notes = []
     if "pct_of_oracle" in cols:
         notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B); "
@@ -366,21 +417,17 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
         notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
     if any(c in cols for c in cache):
         notes.append("cost M: cost with price model M's simulated prompt cache (cache reads, writes, uncached input, output), "
-                     "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars "
-                     "(docs/evaluator.md, Price models)")
+                     "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars"
+                     + ("; CR-eq3: ContextRender eq. 3's reference prices, the price model 'contextrender'"
+                        if "cost_cache_contextrender" in cols else "") + " (docs/evaluator.md, Price models)")
     if "norm_cost" in cols:
         notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
                      "(C.2); a ratio, not dollars")
+    if dropped:
+        notes.append(f"left out to fit {console.width} columns: {', '.join(dropped)} (a wider terminal or COLUMNS shows them)")
     if not wide:
         notes.append("more columns (value recall, every age bin, prefix reuse, costs, p95, model use): --wide, replay.csv, historygraph report")
-    t = Table(title=title, header_style="bold", caption="\n".join(notes) or None)
-    for c in cols:
-        t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
-    for r in rows:
-        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
-    # never cut numbers: print at the table's natural width even when the terminal is narrower
-    width = max(console.width, Console(width=10_000).measure(t).maximum)
-    Console(width=width, force_terminal=console.is_terminal).print(t)
+    return notes
 
 
 def report(

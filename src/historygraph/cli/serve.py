@@ -61,7 +61,7 @@ def serve(
         from historygraph.server.config import ServerConfig
         from historygraph.server.logs import configure as configure_logs
     except ImportError as exc:
-        fail(f"the server needs the 'server' extra (pip install 'historygraph[server]'): {exc}")
+        fail(f"the server needs the 'server' extra (pip install -e '.[server]' in the historygraph clone): {exc}")
     if encoding not in ENCODINGS:
         fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     if log_format not in ("json", "text"):
@@ -146,7 +146,7 @@ def mcp_command(
     try:
         from historygraph.integrations.mcp import build_server
     except ImportError as exc:
-        fail(f"the MCP server needs the 'mcp' extra (pip install 'historygraph[mcp]'): {exc}")
+        fail(f"the MCP server needs the 'mcp' extra (pip install -e '.[mcp]' in the historygraph clone): {exc}")
     db = existing_store(store)
     if session is not None and not db.has_session(session):  # served as empty until its first request is stored
         warn(f"no session {session!r} in {store_name(db)} yet: the tools answer for it once its first request is "

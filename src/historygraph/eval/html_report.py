@@ -5,7 +5,8 @@ and writes ``report.html`` (every figure embedded as a PNG data URI, a small inl
 sorts and filters the per-trace table; nothing is fetched at view time) and ``report.md`` with its
 figures as PNG files in ``report-files/``.
 
-Contents: first the plot that decides, recall against the cost with each price model's prompt cache
+Contents: first the recommended policy per budget and price model (:mod:`.recommend`: how it was
+chosen, in a paragraph, and a small table), then the plot that decides, recall against the cost with each price model's prompt cache
 (:mod:`.cache_cost`; ``report --prices FILE`` reprices the run with a user's models of the same
 cache rules), then recall against normalised cost per source (ContextRender Figure 4), recall by result age
 (Table 2), recall, tokens and cost against B when several budgets ran (Figure 5; the summary
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from historygraph.eval import cache_cost, plots
-from historygraph.eval.prices import PriceModelError, read_price_file
+from historygraph.eval.prices import PriceModelError, label, read_price_file
+from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.report import recall_by_age_title, trace_set
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
@@ -205,6 +207,12 @@ def _html_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]], table_i
     return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def _text_table(head: list[str], rows: list[list[str]]) -> str:
+    """A small HTML table of text cells (not sortable), e.g. the recommendation."""
+    cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr></thead><tbody>{cells}</tbody></table>"
+
+
 def _md_table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
     lines = ["| " + " | ".join(lab for _, lab in cols) + " |", "|" + "|".join("---" if k == "policy" else "---:" for k, _ in cols) + "|"]
     lines += ["| " + " | ".join(_fmt(r.get(k), k) for k, _ in cols) + " |" for r in rows]
@@ -269,14 +277,14 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     ts = trace_set(run.meta)
     summary = [r for r in run.per_source if r.get("budget") == b]  # pct_of_oracle comes from the replay's summary
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
-    cols[4:4] = [(f"cost_cache_{m}", f"cost {m}") for m in run.price_models]  # cost with each prompt cache, after recall
+    cols[4:4] = [(f"cost_cache_{m}", f"cost {label(m)}") for m in run.price_models]  # cost with each prompt cache, after recall
     sources = list(dict.fromkeys(r["source"] for r in summary))
     unit_prices = run.meta.get("prices") or {}
     note = ("Recall: ContextRender B.4 Later-Used Result Recall (a reused result counts only when shown complete). "
             "Value recall: the reused values appear anywhere in the rendering (full result, excerpt, summary, marker). "
             "Prefix reuse: share of prompt tokens equal to a prefix of the previous call's prompt. "
             "Cost M: the cost with price model M's simulated prompt cache (" +
-            "; ".join(f"{m}: {(run.meta['price_models'][m].get('description') or '')}" for m in run.price_models) +
+            "; ".join(f"{label(m)}: {(run.meta['price_models'][m].get('description') or '')}" for m in run.price_models) +
             "), Full history = 1 (ratio of mean costs over the traces whose Full history exceeds B). "
             "Cost (Full ρ / own ρ): ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in unit_prices.items()) +
             " USD per million tokens, normalised as the ratio of mean costs over the traces whose Full history exceeds B "
@@ -286,8 +294,17 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
              f"<style>{STYLE}</style></head><body>",
              f"<h1>historygraph replay report</h1><p class=note>{html.escape(ts)}; policies: {html.escape(', '.join(run.policies))}; "
              f"B = {', '.join(map(str, run.budgets))} tokens ({html.escape(str(run.meta.get('encoding', '')))}); "
-             f"command: <code>{html.escape(cmd)}</code></p><p class=note>{html.escape(note)}</p>"]
-    md = ["# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", "", note, ""]
+             f"command: <code>{html.escape(cmd)}</code></p>"]
+    md = ["# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", ""]
+    recs = recommend(run.per_source, run.price_models)
+    if recs:  # the first screen: which policy to use, and how that was chosen
+        rec_head, rec_rows = table_rows(recs)
+        parts.append(f"<h2>Recommended policy</h2><p class=note>{html.escape(explanation())}</p>" + _text_table(rec_head, rec_rows))
+        md += ["## Recommended policy", "", explanation(), "", "| " + " | ".join(rec_head) + " |",
+               "|" + "|".join("---:" if h in ("B", "recall %", "cost") else "---" for h in rec_head) + "|"]
+        md += ["| " + " | ".join(r) + " |" for r in rec_rows] + [""]
+    parts.append(f"<p class=note>{html.escape(note)}</p>")
+    md += [note, ""]
     if run.meta.get("interrupted"):
         warn = f"Interrupted run: {run.meta.get('trajectories_done')} of {run.meta.get('trajectories')} trajectories."
         parts.append(f"<p><b>{html.escape(warn)}</b></p>")

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from historygraph.eval.recall import AGE_BINS
+from historygraph.eval.prices import label
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -24,7 +25,7 @@ def _plt():  # noqa: ANN202
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - matplotlib is in the test extra
-        raise RuntimeError("the report needs matplotlib: pip install 'historygraph[plots]'") from exc
+        raise RuntimeError("the report needs matplotlib: pip install -e '.[plots]' in the historygraph clone") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -87,7 +88,7 @@ def recall_vs_cache_cost(rows: list[dict[str, Any]], policies: Sequence[str], mo
             n = r.get("cost_traces") or n
             s = st[p]
             ax.plot([r[f"cost_cache_{m}"]], [r["recall"]], linestyle="none", marker=s["marker"], color=s["color"], label=p, ms=8)
-        ax.set_title(f"{m} ({n} trace{'' if n == 1 else 's'} with Full history > B)", fontsize=9)
+        ax.set_title(f"{label(m)} ({n} trace{'' if n == 1 else 's'} with Full history > B)", fontsize=9)
         ax.set_xlabel("cost with the prompt cache (Full history = 1)", fontsize=8)
         ax.set_ylabel("Later-Used Result Recall (%)", fontsize=8)
         ax.axvline(1.0, color="#999", lw=0.5)

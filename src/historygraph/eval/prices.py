@@ -162,3 +162,13 @@ def select(models: dict[str, PriceModel], names: list[str]) -> dict[str, PriceMo
         if n not in models:
             raise PriceModelError(f"unknown price model {n!r}; loaded: {', '.join(models)}")
     return {n: models[n] for n in names} if names else dict(models)
+
+
+LABELS = {"contextrender": "CR-eq3"}  # the eq. 3 reference model, whose name alone reads like the policy
+
+
+def label(name: str) -> str:
+    """A price model's name as table headers and recommendations print it: ``CR-eq3`` for the shipped
+    ``contextrender`` model (ContextRender eq. 3's reference prices; its name in prices.toml, replay.json
+    and ``--price-model`` is unchanged), every other name as it is."""
+    return LABELS.get(name, name)

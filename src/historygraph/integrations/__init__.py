@@ -1,5 +1,5 @@
 """Adapters for agent frameworks. Each module imports its framework, which is an optional extra
-(``pip install "historygraph[langchain]"``, ``[openai-agents]``, ``[litellm]``, ``[mini-swe-agent]``);
+(from a clone: ``pip install -e ".[langchain]"``, ``[openai-agents]``, ``[litellm]``, ``[mini-swe-agent]``);
 ``import historygraph`` never imports them.
 
 * :mod:`.langchain`: ``HistoryGraphMiddleware`` for LangChain v1 ``create_agent`` (``wrap_model_call``);

@@ -21,7 +21,7 @@ from historygraph.providers import jsonio
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
 from historygraph.server.proxy import ARRIVAL, run_in_threadpool
-from historygraph.server.upstream import OpenAIStreamAccumulator, forward_headers, response_headers, unreachable_message
+from historygraph.server.upstream import OpenAIStreamAccumulator, forward_headers, response_headers, unreachable_error
 
 
 def add_routes(app: FastAPI) -> None:
@@ -77,5 +77,5 @@ async def models(request: Request) -> Response:
         finally:
             await r.aclose()
     except httpx.HTTPError as exc:
-        return openai_error(ClientError(unreachable_message(url, exc, timeout=config.timeout), "upstream", 502))
+        return openai_error(unreachable_error(url, exc, "anthropic" if anthropic else "openai", timeout=config.timeout))
     return Response(content, r.status_code, response_headers(r.headers))

@@ -2,7 +2,9 @@
 
 :func:`configure` installs a handler on the ``historygraph`` logger. Every request logs one
 ``historygraph.server`` record ``"request"`` with ``session``, ``api``, ``policy``, ``budget``,
-``status``, ``history_tokens_in``/``_out`` and ``render_ms`` as fields. Request headers are never
+``status``, ``history_tokens_in``/``_out`` and ``render_ms`` as fields; an upstream that gave no
+answer adds a WARNING ``"upstream unreachable"`` record with the reason
+(:func:`~historygraph.server.upstream.unreachable_error`). Request headers are never
 logged; :class:`RedactKeys` also masks anything shaped like a credential (``sk-…``,
 ``Bearer …``, ``x-api-key: …``, the credentials of a URL ``https://user:password@host``) in every
 message and field, in case an upstream error text quotes one.

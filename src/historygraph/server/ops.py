@@ -65,7 +65,8 @@ class CountRequests:
                 status = int(message["status"])
                 self.metrics.requests.labels(api, str(status)).inc()
                 headers = dict(message.get("headers") or [])
-                session = headers.get(b"x-historygraph-session", b"").decode("latin-1") or None
+                session = (headers.get(b"x-historygraph-session", b"").decode("latin-1")  # the session the proxy routed to
+                           or scope.get("state", {}).get("historygraph_session"))  # (set by Proxy.forward: a 502 has no header)
                 log.info("request", extra={"api": api, "status": status, "session": session,
                                            "duration_ms": round((time.perf_counter() - started) * 1000, 2)})
             await send(message)

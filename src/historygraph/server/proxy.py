@@ -57,7 +57,7 @@ from historygraph.render.omissions import omission_record
 from historygraph.server.config import ServerConfig
 from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
-from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
+from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_error
 from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from historygraph.signals.embeddings import create_embedder
 from historygraph.signals.tokens import TokenCounter
@@ -451,6 +451,7 @@ class Proxy:
         response headers of ours (:meth:`notes`). An accumulator class may name its ``api`` and
         bring ``usage_of``, ``answer_of`` and ``cut_event`` (the Responses API's does)."""
         headers = forward_headers(request.headers)
+        request.state.historygraph_session = session_id  # the request log's session, also when no response carries it (a 502)
         ours = {"x-historygraph-session": session_id, **(extra or {})}
         api = getattr(accumulator, "api", None) or ("openai" if accumulator is OpenAIStreamAccumulator else "anthropic")
         if not any(k.lower() == "content-type" for k in headers):
@@ -463,7 +464,7 @@ class Proxy:
         except httpx.HTTPError as exc:
             self.metrics.upstream_errors.labels(api, "unreachable").inc()
             telemetry.finish(getattr(request.state, telemetry.SPAN_STATE, None), 502, error="upstream_unreachable")
-            raise ClientError(unreachable_message(url, exc, api, self.config.timeout), "upstream", 502) from None
+            raise unreachable_error(url, exc, api, self.config.timeout, session_id) from None
         if upstream.status_code >= 400:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not body.get("stream"):

