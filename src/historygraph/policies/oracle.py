@@ -87,7 +87,7 @@ class Oracle(_Clairvoyant):
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         reused = self._future()
         layout = Layout(graph, signals.counter, budget, result_reserve=1.0, brief_revivals=True,
-                        placeholder=shortest_placeholder)
+                        placeholder=shortest_placeholder, drop_all=True)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         assert budget is not None  # with no budget the history always fits (above)
