@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from functools import partial
 
 import pytest
 
@@ -15,6 +16,7 @@ from historygraph.history.events import Message, ToolCall
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
 from historygraph.render import check_invariants
+from historygraph.signals.embeddings import EmbeddingError, create_embedder
 from historygraph.traces import read_traces
 
 
@@ -77,11 +79,22 @@ def test_exact_oracle_shows_every_reused_result_when_room_allows():
 
 
 # the policies that need no language model (docs/evaluator.md), the exact bound's competitors
-MODEL_FREE = ("contextrender", "contextrender-dep", "contextrender-reserve", "contextrender-stable", "contextweaver",
-              "contextweaver-placeholder", "contextweaver-random", "contextweaver-recency", "cr-recency",
-              "cr-recency-relevance", "cr-relevance", "cw-bm25", "cw-hybrid", "cw-sliding-window", "learned",
-              "learned-stable", "observation-masking", "oracle-greedy", "oracle-omit", "prune", "prune-stable",
-              "recap-noattn", "recap-random", "recap-recency", "semantic")
+# (contextweaver, -random and -recency have the local model write summaries)
+MODEL_FREE = ("contextrender", "contextrender-dep", "contextrender-reserve", "contextrender-stable",
+              "contextweaver-placeholder", "cr-recency", "cr-recency-relevance", "cr-relevance", "cw-bm25", "cw-hybrid",
+              "cw-sliding-window", "learned", "learned-stable", "observation-masking", "oracle-greedy", "oracle-omit",
+              "prune", "prune-stable", "recap-noattn", "recap-random", "recap-recency", "semantic")
+SOURCES = ("mini-swe-agent-deepseek", "openhands", "swe-agent", "tau-bench", "tau2-bench")
+
+
+def _signals() -> Signals:
+    """The fast static embedder when installed (the bound holds whatever the embedder ranks), else
+    the default one."""
+    try:
+        create_embedder("static")
+    except EmbeddingError:
+        return Signals()
+    return Signals(embedder_factory=partial(create_embedder, "static"))
 
 
 def _hits_per_call(result, name: str) -> dict[int, int]:
@@ -94,15 +107,17 @@ def _hits_per_call(result, name: str) -> dict[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("budget", [3000, 6000])
-def test_no_policy_shows_more_reused_results_than_the_exact_oracle_at_any_call(traces_dir, budget):
+def test_no_policy_shows_more_reused_results_than_the_exact_oracle_at_any_call(traces_dir, budget, source):
     """Every call of every trace of ../shared/traces: ``oracle``'s hits ≥ each policy's; the
-    program's price is the renderer's at every call; no invariant is broken."""
-    sig = Signals()
+    program's price is the renderer's at every call; no invariant is broken. (Before the exact
+    bound, learned beat the greedy oracle on 25 mini-swe-agent calls at B = 3000.)"""
+    sig = _signals()
     names = ("oracle",) + MODEL_FREE
     above: list[str] = []
     calls = 0
-    for trace in read_traces(traces_dir):
+    for trace in read_traces(traces_dir / source):
         if not reuse_events(trace.messages):
             continue
         res = replay_trace(trace, {n: create(n, replay=True) for n in names}, budget, sig,
@@ -115,5 +130,5 @@ def test_no_policy_shows_more_reused_results_than_the_exact_oracle_at_any_call(t
             for call, h in _hits_per_call(res, n).items():
                 if h > best[call]:
                     above.append(f"{trace.trace_id} call {call}: {n} {h} > oracle {best[call]}")
-    assert calls > 1000
+    assert calls > 30
     assert above == []
