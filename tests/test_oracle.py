@@ -132,3 +132,24 @@ def test_no_policy_shows_more_reused_results_than_the_exact_oracle_at_any_call(t
                     above.append(f"{trace.trace_id} call {call}: {n} {h} > oracle {best[call]}")
     assert calls > 30
     assert above == []
+
+
+def test_revive_brings_a_dropped_user_message_back_at_the_price_the_rendering_has():
+    """A short user message between two steps, all dropped (``drop_all``): bringing it back alone
+    adds its own tokens and changes the markers; the selection's price is the rendering's."""
+    from historygraph.render import Layout
+
+    msgs = [Message("user", "task")]
+    for i in range(3):
+        msgs += [Message("assistant", THOUGHT, (bash(f"c{i}", "ls"),)), Message("tool", "data " * 50, tool_call_id=f"c{i}")]
+        msgs.append(Message("user", f"go on {i}"))
+    msgs.append(Message("assistant", "done"))
+    g, sig = ContextGraph("revive", msgs), Signals()
+    lay = Layout(g, sig.counter, 1000, result_reserve=1.0, drop_all=True)
+    assert not lay.fits_in_full
+    u = next(i for i, unit in enumerate(lay.units) if unit.positions == [6])  # "go on 1", between steps
+    sel = lay.selection()
+    assert sel.revive(u) > 0 and sel.revive(u) == 0  # the second time: back already
+    r = lay.assemble("t", sel)
+    check_invariants(r, g, sig.counter)
+    assert r.history_tokens == sel.used and 6 in r.positions and 4 not in r.positions
