@@ -1,62 +1,139 @@
 """Clairvoyant selectors: the limit a selector can reach under the same budget (evaluator only).
 
-Ours, beyond the papers. Both read the recorded future, so they are registered ``replay_only``:
+Ours, beyond the papers. They read the recorded future, so they are registered ``replay_only``:
 :func:`~historygraph.policies.registry.create` builds them only for the evaluator, which sets
 ``upcoming`` before each rendering to the tool results that the recorded turn about to be
 rendered for reuses, by the evaluator's own labelling rule (Later-Used Result Recall,
 "ContextRender: From Execution Dependencies to Agent Context", arXiv:2609.37743, Appendix B.4).
-Their recall is therefore the ceiling of that metric for a given layout.
 
-* ``oracle`` renders under the standard :class:`~historygraph.render.Layout` (same budget scope,
-  placeholders, step dropping and revival, token counts as every policy) and shows the upcoming
-  reused results smallest cost first, skipping any that no longer fits, then the marked excerpts of
-  reused results larger than B while room is left; nothing else is shown.
-* ``oracle-omit`` may also leave out every unprotected step (an assistant message with its results)
-  that holds no upcoming reused result, so the retained history is smaller and the dropping rule
-  of :class:`~historygraph.render.Layout` rarely has to drop a step that holds one.
-
-Comparing the two shows what the standard dropping rule costs; comparing ``oracle`` with a policy
-shows how far that policy's choice is from the best choice under the same layout.
+* ``oracle``, the exact bound: at each call, the most of those results that any rendering our
+  layouts allow can show complete within B, found by an integer program
+  (:mod:`~historygraph.policies.oracle_program`). Its layout is the most permissive one of
+  :class:`~historygraph.render.Layout`: every unprotected step dropped and free to come back
+  (``result_reserve=1``), in brief view (``brief_revivals``), a step or user message brought back
+  on its own when that costs less than its marker, each unshown result as the shorter of the
+  standard placeholder and the observation-masking one
+  (:func:`~historygraph.policies.baselines.windows.mask_placeholder`). Every policy on
+  :class:`~historygraph.render.Layout` renders a history its program can price no lower (fewer
+  steps kept, cheaper views, shorter placeholders), so no such policy shows more of a call's reused
+  results; its recall is the ceiling of that metric, and "% of oracle" stays at or under 100.
+* ``oracle-greedy`` renders under the standard layout (``result_reserve`` 0.5, full revivals,
+  standard placeholders) and shows the upcoming reused results smallest cost first, skipping any
+  that no longer fits: what a perfect ranking reaches with the shared greedy pass. Not a bound:
+  ``learned``'s layout (brief revivals, 95 % of B for results) beats it on some calls.
+* ``oracle-omit``: as ``oracle-greedy``, and leaves out every unprotected step that holds no
+  upcoming reused result, so the dropping rule rarely drops a step that holds one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
-from historygraph.render import Layout, Rendering
+from historygraph.render import Layout, Rendering, placeholder_for
 from historygraph.policies.base import PolicyError, Signals
+from historygraph.policies.baselines.windows import mask_placeholder
+from historygraph.policies.oracle_program import best_selection
 from historygraph.policies.registry import register
+from historygraph.signals.tokens import TokenCounter
 
 SOURCE = "ours: clairvoyant bound under the shared Layout (ContextRender B.4 events)"
 
 
+def shortest_placeholder(message: Message, counter: TokenCounter) -> Message:
+    """The shorter (in tokens) of the standard placeholder and the observation-masking one of
+    ``message``; the standard one on a tie. Both name the result id (invariant §5.3)."""
+    standard, masked = placeholder_for(message, counter), mask_placeholder(message, counter)
+    return masked if counter.count_message(masked) < counter.count_message(standard) else standard
+
+
+class _Clairvoyant:
+    """The future the evaluator gives: ``upcoming`` must be set before each render."""
+
+    reads_future = True
+    name: str
+    upcoming: frozenset[int] | None
+
+    def _future(self) -> frozenset[int]:
+        if self.upcoming is None:
+            raise PolicyError(f"policy {self.name!r} needs the recorded future, which only `historygraph replay` has")
+        return self.upcoming
+
+
 @dataclass(frozen=True)
 class OracleConfig:
+    """No parameters: the layout is the most permissive one (module docstring)."""
+
+
+class Oracle(_Clairvoyant):
+    """The exact bound (see the module docstring). ``upcoming`` must be set (by the evaluator)
+    before each render. The rendering's ``stats`` carry ``solve_seconds`` (the program's CPU
+    time, 0 when none was needed) and ``priced_gap_tokens`` (rendered history tokens less the
+    program's price: 0 when its costs are the renderer's).
+
+    Raises:
+        PolicyError: on render when no future was given (outside the evaluator).
+        BudgetTooSmallError: as :class:`~historygraph.render.Layout`.
+    """
+
+    Config = OracleConfig
+
+    def __init__(self, name: str = "oracle", config: OracleConfig | None = None) -> None:
+        self.name = name
+        self.config = config or OracleConfig()
+        self.upcoming = None
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        reused = self._future()
+        layout = Layout(graph, signals.counter, budget, result_reserve=1.0, brief_revivals=True,
+                        placeholder=shortest_placeholder, drop_all=True)
+        if layout.fits_in_full:
+            return layout.assemble_full(self.name)
+        assert budget is not None  # with no budget the history always fits (above)
+        choice = best_selection(layout, reused)
+        sel = layout.selection()
+        for p in choice.shown:
+            sel.take(p)
+            if p in reused:
+                layout.reasons[p] = "selected: reused at this turn (clairvoyant, exact)"
+        for u in choice.revived:
+            sel.revive(u)
+        if sel.used > budget:  # the program's price was below the renderer's (see oracle_program)
+            raise AssertionError(f"oracle: the program priced {choice.tokens} tokens, the rendering has {sel.used} > B {budget}")
+        for p in reused:
+            if p in layout.unit_of and p not in sel.shown:
+                layout.reasons[p] = (f"omitted: reused at this turn, but no rendering within B shows it beside the "
+                                     f"{choice.hits} reused results shown")
+        r = layout.assemble(self.name, sel)
+        r.stats.update(solve_seconds=choice.seconds, priced_gap_tokens=r.history_tokens - choice.tokens)
+        return r
+
+
+@dataclass(frozen=True)
+class GreedyOracleConfig:
     """``omit_unused``: leave out unprotected steps that hold no upcoming reused result."""
 
     omit_unused: bool = False
 
 
-class Oracle:
-    """See the module docstring. ``upcoming`` must be set (by the evaluator) before each render.
+class GreedyOracle(_Clairvoyant):
+    """``oracle-greedy`` and ``oracle-omit`` (see the module docstring). ``upcoming`` must be set
+    (by the evaluator) before each render.
 
     Raises:
         PolicyError: on render when no future was given (outside the evaluator).
     """
 
-    Config = OracleConfig
-    reads_future = True
+    Config = GreedyOracleConfig
 
-    def __init__(self, name: str = "oracle", config: OracleConfig | None = None) -> None:
+    def __init__(self, name: str = "oracle-greedy", config: GreedyOracleConfig | None = None) -> None:
         self.name = name
-        self.config = config or OracleConfig()
-        self.upcoming: frozenset[int] | None = None
+        self.config = config or GreedyOracleConfig()
+        self.upcoming = None
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
-        if self.upcoming is None:
-            raise PolicyError(f"policy {self.name!r} needs the recorded future, which only `historygraph replay` has")
-        reused = self.upcoming
+        reused = self._future()
         layout = Layout(graph, signals.counter, budget)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
@@ -83,7 +160,9 @@ class Oracle:
         return layout.assemble(self.name, sel)
 
 
-register("oracle", SOURCE, "Clairvoyant bound (replay only): shows the results the next turn reuses, smallest first, "
-         "under the standard layout.", replay_only=True)(Oracle)
-register("oracle-omit", SOURCE, "Clairvoyant bound (replay only): as oracle, and leaves out steps holding no reused "
-         "result.", replay_only=True, omit_unused=True)(Oracle)
+register("oracle", SOURCE, "Exact clairvoyant bound (replay only): the most results the next turn reuses that any "
+         "rendering of our layouts shows within B (an integer program per call).", replay_only=True)(Oracle)
+register("oracle-greedy", SOURCE, "Clairvoyant, greedy (replay only): shows the results the next turn reuses, smallest "
+         "first, under the standard layout.", replay_only=True)(GreedyOracle)
+register("oracle-omit", SOURCE, "Clairvoyant, greedy (replay only): as oracle-greedy, and leaves out steps holding no "
+         "reused result.", replay_only=True, omit_unused=True)(GreedyOracle)

@@ -51,6 +51,10 @@ class Layout(Assembly):
     ``rendered_as="summary"``), charged to B first, like the non-tool history; ``placeholder``
     builds the stand-in of an unshown result (it must name the result id, docs/architecture.md, invariant §5.3).
 
+    ``drop_all`` drops the unprotected units (to ``(1 − result_reserve)·B``, so every one with
+    ``result_reserve=1``) even when the retained history fits in B: a selection then brings back
+    exactly the steps it wants (the exact bound, :mod:`historygraph.policies.oracle`).
+
     **The newest results** (docs/architecture.md, invariant §5.9): the results of the latest
     assistant message, the output the coming call answers, are shown whatever the policy selects:
     ``required`` maps each to the form it is shown in, charged in ``base_tokens`` (they stay
@@ -74,7 +78,7 @@ class Layout(Assembly):
                  result_reserve: float = 0.5, excerpt_fraction: float = 0.25, omit: Iterable[int] = (),
                  inserts: dict[int, Message] | None = None,
                  placeholder: Callable[[Message, TokenCounter], Message] | None = None,
-                 brief_revivals: bool = False, omit_units: Iterable[int] = ()) -> None:
+                 brief_revivals: bool = False, omit_units: Iterable[int] = (), drop_all: bool = False) -> None:
         self.graph, self.counter, self.budget = graph, counter, budget
         self.brief_revivals = brief_revivals
         self._brief: dict[int, tuple[int, Message | None]] = {}
@@ -108,7 +112,7 @@ class Layout(Assembly):
         whole = set(pinned)
         need = self._newest_need([p for p in newest if p not in whole], excerpt_fraction) + \
             sum(self.full_cost[p] - self.placeholder_tokens[p] for p in pinned)
-        if budget is not None and self.base_tokens + need > budget and not self.fits_in_full:
+        if budget is not None and (self.base_tokens + need > budget or drop_all) and not self.fits_in_full:
             # (when the complete history fits, nothing is dropped: placeholders can cost more than
             # the short results they stand for, and the unchanged history is rendered instead)
             self._drop_for_budget(result_reserve, protected_units, dropped_units, need)

@@ -146,6 +146,23 @@ class Selection:
                 return False
         return self.used + self.cost(p, form) <= lay.budget
 
+    def revive(self, u: int) -> int:
+        """Bring back dropped unit ``u`` without showing any of its results (they stay placeholders):
+        a step or user message cheaper than the dropped-step marker change its absence causes.
+        Returns the tokens added (:meth:`exact_cost`'s revival term; 0 when ``u`` is not dropped or
+        is back already)."""
+        lay, revived = self.layout, self._revived
+        if u not in lay.dropped_units or u in revived:
+            return 0
+        in_run = self.runs.run_of(u) is not None
+        cost = lay.revival_cost(u) + (self.runs.remove_delta(u) if in_run else 0)
+        if in_run:
+            self.runs.remove(u)
+        self.used += cost
+        self._table, self._asked = None, 0
+        revived.add(u)
+        return cost
+
     def take(self, p: int, form: Message | None = None, cost: int | None = None, *,
              index: int | None = None, unit: int | None = None) -> None:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt
