@@ -68,9 +68,10 @@ SOURCE = "ContextRender §3.3, A.1–A.4"
 class ContextRenderConfig:
     """Parameters of eq. 2, eq. 4 and eq. 7; defaults from ContextRender A.3 and A.4.
 
-    ``result_reserve`` (share of B, in [0, 1)) and ``brief_revivals`` are the
-    :class:`~historygraph.render.Layout` options; their defaults (0.5, off) are the shared layout
-    the paper's policy uses. Raises ``ValueError`` for a negative weight or an out-of-range share.
+    ``result_reserve`` (share of B, in [0, 1)), ``brief_revivals`` and ``excerpt_focus`` (excerpts
+    keep the lines holding the values of this many latest assistant messages; 0: head and tail,
+    docs/policies.md "Focused excerpts") are the :class:`~historygraph.render.Layout` options; their
+    defaults (0.5, off, 3) are the shared layout the paper's policy uses. Raises ``ValueError`` for a negative weight or an out-of-range share.
     """
 
     w_rec: float = 1.0
@@ -88,6 +89,7 @@ class ContextRenderConfig:
     dep_ancestors: int = 3
     result_reserve: float = 0.5
     brief_revivals: bool = False
+    excerpt_focus: int = 3
 
     def __post_init__(self) -> None:
         for name in ("w_rec", "w_reuse", "w_rel", "lam", "gamma", "similarity_penalty", "w_dep", "dep_ancestors"):
@@ -95,6 +97,8 @@ class ContextRenderConfig:
                 raise ValueError(f"ContextRender config: {name} must be ≥ 0, got {getattr(self, name)}")
         if not 0 < self.oversized_excerpt_fraction <= 1:
             raise ValueError("ContextRender config: oversized_excerpt_fraction must be in (0, 1]")
+        if not (isinstance(self.excerpt_focus, int) and self.excerpt_focus >= 0):
+            raise ValueError(f"ContextRender config: excerpt_focus must be a whole number ≥ 0, got {self.excerpt_focus}")
         if not 0 <= self.result_reserve < 1:
             raise ValueError(f"ContextRender config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
@@ -256,7 +260,7 @@ class ContextRender:
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
         layout = Layout(graph, signals.counter, budget, excerpt_fraction=cfg.oversized_excerpt_fraction,
-                        result_reserve=cfg.result_reserve, brief_revivals=cfg.brief_revivals)
+                        result_reserve=cfg.result_reserve, brief_revivals=cfg.brief_revivals, excerpt_focus=cfg.excerpt_focus)
         msgs = graph.messages
         if layout.fits_in_full:
             return layout.assemble_full(self.name)

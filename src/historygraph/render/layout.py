@@ -20,6 +20,7 @@ from historygraph.history.graph import ContextGraph
 from historygraph.render._memo import TokenMemo, token_memo
 from historygraph.render._units import Runs, Unit, weakly
 from historygraph.render.assemble import Assembly
+from historygraph.render.focus import FOCUS_MESSAGES, focus_values
 from historygraph.render.markers import EXCERPT_MARK, excerpt_for, oversized_excerpt, placeholder_for
 from historygraph.render.order import loop_guard
 from historygraph.render.rendering import BudgetTooSmallError, Rendering
@@ -32,8 +33,10 @@ class Layout(Assembly):
 
     After construction: ``candidates`` lists every stored tool result a policy may show,
     ``form[p]`` is how it is shown (the original, or for a result whose own cost exceeds B a
-    head-and-tail excerpt of ``excerpt_fraction·B`` tokens: the oversized-result fallback of
-    ContextRender A.4 with no LLM configured, applied for every policy), ``delta[p]`` is the extra
+    marked excerpt of ``excerpt_fraction·B`` tokens: the oversized-result fallback of
+    ContextRender A.4 with no LLM configured, applied for every policy; focused on the lines that
+    hold the values of :attr:`focus`, the last ``excerpt_focus`` assistant messages' and the
+    current user message's, else head and tail: :func:`~historygraph.render.markers.excerpt_for`), ``delta[p]`` is the extra
     cost of showing ``form[p]`` instead of the placeholder, and ``base_tokens`` the cost of the
     retained history with every result as a placeholder; ``excerpts`` lists the candidates whose
     ``form`` is that excerpt (ascending).
@@ -70,6 +73,7 @@ class Layout(Assembly):
     is left.
 
     Raises:
+        ValueError: when ``excerpt_focus`` is negative.
         BudgetTooSmallError: when ``budget`` cannot hold the protected history, the pinned results
             whole and an excerpt of each newest result (naming the pins when there are any).
     """
@@ -78,8 +82,12 @@ class Layout(Assembly):
                  result_reserve: float = 0.5, excerpt_fraction: float = 0.25, omit: Iterable[int] = (),
                  inserts: dict[int, Message] | None = None,
                  placeholder: Callable[[Message, TokenCounter], Message] | None = None,
-                 brief_revivals: bool = False, omit_units: Iterable[int] = (), drop_all: bool = False) -> None:
+                 brief_revivals: bool = False, omit_units: Iterable[int] = (), drop_all: bool = False,
+                 excerpt_focus: int = FOCUS_MESSAGES) -> None:
+        if excerpt_focus < 0:
+            raise ValueError(f"Layout: excerpt_focus must be >= 0, got {excerpt_focus}")
         self.graph, self.counter, self.budget = graph, counter, budget
+        self.excerpt_focus = excerpt_focus
         self.brief_revivals = brief_revivals
         self._brief: dict[int, tuple[int, Message | None]] = {}
         self._reasons: dict[int, str] = {}
@@ -171,7 +179,7 @@ class Layout(Assembly):
         for i, p in enumerate(sorted(newest, key=lambda q: (cost[q], q))):
             share = left // (len(newest) - i)
             if cost[p] > share or forms[p].rendered_as == "placeholder":  # (an oversized excerpt too small for any text)
-                forms[p] = excerpt_for(msgs[p], share, counter)
+                forms[p] = excerpt_for(msgs[p], share, counter, self.focus)
                 if forms[p].rendered_as != "excerpt":  # too small for the marker and some text
                     raise too_small()
                 cost[p] = counter.count_message(forms[p])
@@ -271,7 +279,7 @@ class Layout(Assembly):
         for p in over:  # a result whose own cost exceeds B is offered as an excerpt (ContextRender A.4)
             if left_mask is not None and p not in self.form:
                 continue
-            excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction)
+            excerpt = oversized_excerpt(msgs[p], self.full_cost[p], budget, counter, excerpt_fraction, self.focus)
             if excerpt is not None:  # always one for a candidate here: its cost exceeds B
                 bisect.insort(self.excerpts, p)
                 self._excerpt_forms[p] = excerpt
@@ -284,6 +292,13 @@ class Layout(Assembly):
                     if self._cand[0] is arr["cand_delta"]:  # shared with the skeleton: a copy of our own
                         self._cand = (self._cand[0].copy(), self._cand[1])
                     self._cand[0][bisect.bisect_left(self.candidates, p)] = delta
+
+    @cached_property
+    def focus(self) -> frozenset[str]:
+        """The values the agent is working on (:func:`~historygraph.render.focus.focus_values` of the
+        last ``excerpt_focus`` assistant messages and the current user message) that the excerpts of
+        this layout keep the lines of; empty when ``excerpt_focus`` is 0 (head-and-tail excerpts)."""
+        return focus_values(self.graph, self.current_user, self.excerpt_focus)
 
     def _least_excerpt(self, p: int) -> int:
         """Tokens of about the smallest excerpt of result ``p``: its marker and 8 tokens of text."""

@@ -7,8 +7,11 @@ Each names what it stands for and where it is stored (docs/architecture.md, inva
 
 from __future__ import annotations
 
+import bisect
 import operator
+import re
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from string import Formatter
 
 import numpy as np
@@ -33,6 +36,12 @@ BRIEF = "[text omitted ({tokens} tokens); stored in full, restore by message num
 #: history over B may hold dozens of runs.
 DROPPED_MARK = "[omitted: messages #{first}–#{last}, tool calls: {n}; stored in full, restore by message number]"
 EXCERPT_MARK = "\n[... tool result {id} truncated: {kept} of {total} tokens shown (head and tail); the full result is stored and can be restored by id ...]\n"
+#: The first gap of a focused excerpt (:func:`excerpt_for` with a focus): it names the result id, as
+#: :data:`EXCERPT_MARK` does, and the lines it leaves out (1-based, as ``sed -n`` takes them).
+FOCUS_MARK = ("\n[... tool result {id} truncated: {kept} of {total} tokens shown (head, tail and the lines with values "
+              "in use); lines {first}–{last} left out here; the full result is stored and can be restored by id ...]\n")
+#: Every later gap of a focused excerpt: the lines it leaves out (1-based).
+GAP_MARK = "\n[... lines {first}–{last} left out ...]\n"
 #: The first line of a compressed tool result (the prompt-compression policies, policies/baselines/lingua.py).
 COMPRESSED_PREFIX = "[tool result {id} compressed by "
 #: Where the middle of a long result was left out of a compressed form.
@@ -214,21 +223,28 @@ def marker_plan(counter: TokenCounter) -> "MarkerPlan | None":
     return _PLANS[key]
 
 
-_excerpts: dict[tuple[str, int, str | None, int], Message] = {}
+_excerpts: dict[tuple[str, int, str | None, int, frozenset[str]], Message] = {}
 
 
-def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Message:
-    """Head-and-tail truncation of a tool result to at most ``max_tokens`` tokens (whole message,
-    overhead included). The marker in the middle says it is truncated and names the result id
-    (ContextRender A.4 oversized-result fallback when no LLM is configured). When ``max_tokens``
-    cannot hold the marker and some of the text, the result's placeholder is returned instead
-    (``rendered_as="placeholder"``). The stored original is unchanged. Excerpts are memoised per
-    (encoding, size, id, content hash)."""
-    key = (counter.encoding_name, max_tokens, message.tool_call_id, hash(message.content))
+def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter, focus: AbstractSet[str] = frozenset()) -> Message:
+    """A marked excerpt of tool result ``message`` of at most ``max_tokens`` tokens (whole message,
+    overhead included), naming the result id (ContextRender A.4 oversized-result fallback when no
+    LLM is configured). Without ``focus`` (or when none of its values is in the result's text, or
+    the text is not cut into lines that :func:`focused_text` can use) it is the head and the tail
+    with :data:`EXCERPT_MARK` between them; with ``focus`` (values the agent is working on,
+    :func:`historygraph.render.focus.focus_values`) it is the focused excerpt of
+    :func:`focused_text`. Either way the text is pieces of the original, in order, and marks. When
+    ``max_tokens`` cannot hold the marker and some of the text, the result's placeholder is
+    returned instead (``rendered_as="placeholder"``). The stored original is unchanged. Excerpts are
+    memoised per (encoding, size, id, content hash, focus values found in the text)."""
+    content = message.content
+    found = frozenset(v for v in focus if v in content)
+    key = (counter.encoding_name, max_tokens, message.tool_call_id, hash(content), found)
     hit = _excerpts.get(key)
     if hit is None:
         overhead = counter.count_message(message.with_content("", "excerpt"))
-        hit = _make_excerpt(message, max_tokens - overhead, counter)
+        text = focused_text(message, max_tokens - overhead, counter, found) if found else None
+        hit = message.with_content(text, "excerpt") if text is not None else _make_excerpt(message, max_tokens - overhead, counter)
         if len(_excerpts) > 256:
             _excerpts.clear()
         _excerpts[key] = hit
@@ -236,13 +252,155 @@ def excerpt_for(message: Message, max_tokens: int, counter: TokenCounter) -> Mes
 
 
 def oversized_excerpt(message: Message, cost: int, budget: int | None, counter: TokenCounter,
-                      excerpt_fraction: float = 0.25) -> Message | None:
+                      excerpt_fraction: float = 0.25, focus: AbstractSet[str] = frozenset()) -> Message | None:
     """The stand-in of a tool result whose own ``cost`` (tokens) exceeds ``budget``: its marked
-    head-and-tail excerpt of ``excerpt_fraction·budget`` tokens (at least 16); ``None`` when the
-    result fits. The oversized-result fallback every policy shares (ContextRender A.4, no LLM)."""
+    excerpt (:func:`excerpt_for`, focused on ``focus``) of ``excerpt_fraction·budget`` tokens (at
+    least 16); ``None`` when the result fits. The oversized-result fallback every policy shares
+    (ContextRender A.4, no LLM)."""
     if budget is None or cost <= budget:
         return None
-    return excerpt_for(message, max(16, int(excerpt_fraction * budget)), counter)
+    return excerpt_for(message, max(16, int(excerpt_fraction * budget)), counter, focus)
+
+
+#: Lines of context kept on each side of a line that holds a focus value (our choice, docs/policies.md).
+FOCUS_CONTEXT = 2
+#: The share of a focused excerpt's text first offered to the focus lines (the rest, and what they
+#: leave, goes to the head and the tail, two to one as in the head-and-tail excerpt; our choice).
+FOCUS_SHARE = 0.6
+_WORD = re.compile(r"[A-Za-z0-9_]")
+
+
+def focused_text(message: Message, max_tokens: int, counter: TokenCounter, focus: AbstractSet[str]) -> str | None:
+    """The text of a focused excerpt of ``message`` in at most ``max_tokens`` tokens (text only), or
+    ``None`` when it cannot make one (no line holds a focus value as a whole word, every such line
+    alone is longer than an eighth of ``max_tokens``, or the marks leave no room).
+
+    Lines are scored by the focus values they hold, each value weighing ``1 / (lines holding it)``
+    (a rare value marks a line more than one on every line, like TFA's ``1 / n_t`` in ContextRender
+    eq. 1). Taking lines best first, each with :data:`FOCUS_CONTEXT` lines around it, it fills
+    :data:`FOCUS_SHARE` of the tokens; the head and the tail (whole lines, the first one cut when it
+    alone is too long) get the rest, two to one. The kept lines are shown in their original order,
+    the first gap marked by :data:`FOCUS_MARK` (naming the id and the token counts), every other by
+    :data:`GAP_MARK`, each naming the 1-based lines it leaves out. Shrinks until the exact count
+    fits (seams can add a token)."""
+    lines = message.content.split("\n")
+    n = len(lines)
+    if n < 3:
+        return None
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    text = message.content
+    holders: dict[str, list[int]] = {}
+    for v in focus:
+        at: list[int] = []
+        i = text.find(v)
+        while i >= 0:
+            end = i + len(v)
+            if not (i and _WORD.match(text[i - 1])) and not (end < len(text) and _WORD.match(text[end])):
+                row = bisect.bisect_right(starts, i) - 1
+                if not at or at[-1] != row:
+                    at.append(row)
+            i = text.find(v, end)
+        if at:
+            holders[v] = at
+    if not holders:
+        return None
+    score: dict[int, float] = {}
+    for at in holders.values():
+        for row in at:
+            score[row] = score.get(row, 0.0) + 1.0 / len(at)
+    ranked = sorted(score, key=lambda i: (-score[i], i))
+    cost = _line_costs(counter, text, lines)
+    total = counter.count(text)
+    mark_cost = counter.count(FOCUS_MARK.format(id=message.tool_call_id, kept=total, total=total, first=n, last=n))
+    gap_cost = counter.count(GAP_MARK.format(first=n, last=n))
+    keep = max_tokens - mark_cost
+    while keep > 0:
+        out = _focused_once(message, lines, cost, ranked, keep, gap_cost, counter, total)
+        if out is None:
+            return None
+        if counter.count(out) <= max_tokens:
+            return out
+        keep -= max(4, keep // 20)
+    return None
+
+
+_LINE_COSTS: dict[tuple[str, int], list[int]] = {}  # (encoding, content hash) -> tokens per line
+
+
+def _line_costs(counter: TokenCounter, text: str, lines: list[str]) -> list[int]:
+    """Tokens of each line of ``text`` plus one for its line break, kept per text (not in the
+    counter's memo: a long result's lines would crowd out the messages' counts)."""
+    key = (counter.encoding_name, hash(text))
+    hit = _LINE_COSTS.get(key)
+    if hit is None:
+        if len(_LINE_COSTS) > 64:
+            _LINE_COSTS.clear()
+        hit = _LINE_COSTS[key] = [len(counter.encode(line)) + 1 for line in lines]
+    return hit
+
+
+def _focused_once(message: Message, lines: list[str], cost: list[int], ranked: list[int], keep: int, gap_cost: int,
+                  counter: TokenCounter, total: int) -> str | None:
+    """One try of :func:`focused_text` with ``keep`` tokens for the text and the later gap marks."""
+    n = len(lines)
+    chosen = [False] * n
+    room = int(FOCUS_SHARE * keep)
+    longest = keep // 8
+    for i in ranked:
+        lo, hi = max(0, i - FOCUS_CONTEXT), min(n, i + FOCUS_CONTEXT + 1)
+        new = [j for j in range(lo, hi) if not chosen[j] and cost[j] <= longest]
+        if i not in new:
+            continue
+        need = sum(cost[j] for j in new) + gap_cost
+        if need <= room:
+            room -= need
+            for j in new:
+                chosen[j] = True
+    if not any(chosen):
+        return None
+    left = keep - (int(FOCUS_SHARE * keep) - room)
+    head_room, tail_room = left - left // 3, left // 3
+    clip = ""  # the first line cut to the head's room, when it alone is longer
+    j = 0
+    while j < n and (chosen[j] or cost[j] <= head_room):
+        if not chosen[j]:
+            head_room -= cost[j]
+            chosen[j] = True
+        j += 1
+    if j == 0 and head_room > 0:
+        clip = counter.truncate(lines[0], head_room)
+    j = n - 1
+    while j >= 0 and (chosen[j] or cost[j] <= tail_room):
+        if not chosen[j]:
+            tail_room -= cost[j]
+            chosen[j] = True
+        j -= 1
+    if all(chosen):
+        return None  # (the result fits whole: not an excerpt)
+    runs: list[tuple[int, int, str]] = []  # (first line, last line, text) of each run of kept lines, 0-based
+    for j in range(n):
+        if chosen[j]:
+            if runs and runs[-1][1] == j - 1:
+                runs[-1] = (runs[-1][0], j, "")
+            else:
+                runs.append((j, j, ""))
+    runs = [(a, b, "\n".join(lines[a:b + 1])) for a, b, _ in runs]
+    if clip:
+        runs.insert(0, (0, 0, clip))
+    kept = sum(counter.count(t) for _, _, t in runs)
+    out: list[str] = []
+    shown, partial, marked = 0, False, False  # next line not yet placed; the last piece a cut line; FOCUS_MARK used
+    for k, (a, b, t) in enumerate(runs + [(n, n, "")]):
+        if a > shown or partial:  # lines left out before this piece (1-based, the cut line among them)
+            first = shown if partial else shown + 1
+            out.append(GAP_MARK.format(first=first, last=a) if marked else
+                       FOCUS_MARK.format(id=message.tool_call_id, kept=kept, total=total, first=first, last=a))
+            marked = True
+        out.append(t)
+        shown, partial = b + 1, bool(clip) and k == 0
+    return "".join(out)
 
 
 def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> Message:

@@ -39,7 +39,7 @@ from historygraph.signals.tokens import TokenCounter
 
 REASONS = {
     "placeholder": "not selected within B: a placeholder naming its id is shown instead",
-    "excerpt": "larger than it can be shown: a marked head-and-tail excerpt naming its id is shown",
+    "excerpt": "larger than it can be shown: a marked excerpt naming its id is shown (its head, its tail and the lines with the values in use)",
     "summary": "shown as a summary naming its id",
     "compressed": "shown compressed (pieces of the original, naming its id)",
     "brief": "its step was brought back for a result: the tool calls are shown, the text left out",

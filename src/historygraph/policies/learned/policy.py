@@ -57,7 +57,9 @@ class LearnedConfig:
     was chosen by grouped cross-validation on the 90 training trajectories (docs/learned.md, "Mean
     history tokens"): the smallest threshold whose mean history tokens are no higher than
     ContextRender's on the same trajectories at B = 6000 and 3000 (recall −0.3 / −0.1 points). ``excerpt_value``: the
-    value of an oversized result's excerpt relative to the whole result. ``result_reserve``: share of
+    value of an oversized result's excerpt relative to the whole result. ``excerpt_focus``: excerpts
+    keep the lines holding the values of this many latest assistant messages (0: head and tail;
+    :class:`~historygraph.render.Layout`, docs/policies.md "Focused excerpts"). ``result_reserve``: share of
     B not given to retained non-tool history (:class:`~historygraph.render.Layout`; older steps come
     back only with a result). ``brief_revivals``: such a step shows its calls, not its text.
     ``cost_exponent``: rank by ``p / cost^α``. The defaults of the last three were chosen by grouped
@@ -72,6 +74,7 @@ class LearnedConfig:
     min_probability: float = 0.002
     excerpt_value: float = 0.5
     oversized_excerpt_fraction: float = 0.25
+    excerpt_focus: int = 3
     result_reserve: float = 0.95
     brief_revivals: bool = True
     cost_exponent: float = 0.5
@@ -84,6 +87,8 @@ class LearnedConfig:
             raise ValueError(f"learned config: excerpt_value must be in [0, 1], got {self.excerpt_value}")
         if not 0 < self.oversized_excerpt_fraction <= 1:
             raise ValueError("learned config: oversized_excerpt_fraction must be in (0, 1]")
+        if not (isinstance(self.excerpt_focus, int) and self.excerpt_focus >= 0):
+            raise ValueError(f"learned config: excerpt_focus must be a whole number ≥ 0, got {self.excerpt_focus}")
         if not 0.0 <= self.cost_exponent <= 1.0:
             raise ValueError(f"learned config: cost_exponent must be in [0, 1], got {self.cost_exponent}")
         if not (isinstance(self.swap_pairs, int) and self.swap_pairs >= 0):
@@ -417,7 +422,8 @@ class Learned:
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
         layout = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
-                        excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals)
+                        excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
+                        excerpt_focus=cfg.excerpt_focus)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         assert budget is not None  # with no budget the history always fits (above)
