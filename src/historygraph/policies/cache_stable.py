@@ -97,15 +97,20 @@ class CacheStable:
 
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:
         """The wrapped policy's rendering: at B when the history fits (it comes back unchanged),
-        else at ``low_mark·B`` (at B when the protected history needs more than that)."""
+        else at ``low_mark·B`` (at B when the protected history needs more than that, or when
+        ``low_mark·B`` would cut a newest result to an excerpt that B shows complete)."""
         low = int(self.config.low_mark * budget)
-        fits = Layout(graph, signals.counter, budget).fits_in_full  # then the wrapped policy returns it unchanged (§5.5)
+        layout = Layout(graph, signals.counter, budget)
+        fits = layout.fits_in_full  # then the wrapped policy returns it unchanged (§5.5)
         r = None
         if not fits and low < budget:
             try:
                 r = self.base.render(graph, max(1, low), signals)
             except BudgetTooSmallError:
                 pass
+            whole = [p for p, m in layout.required.items() if m.rendered_as is None]  # complete at B (§5.9)
+            if r is not None and not set(whole) <= set(r.full):
+                r = None
         if r is None:
             r = self.base.render(graph, budget, signals)
         r.policy, r.budget = self.name, budget
