@@ -17,8 +17,10 @@ cache):
   stored) to that rendering until the history would pass B again, then it re-selects. With
   ``low_mark`` = 0.6 and results of ~500 tokens a call, a re-selection comes about every five
   calls instead of every call. ``low_mark`` trades recall (less history right after a
-  re-selection) for cache reads; the default was chosen on the price models' measured cost and
-  recall (docs/evaluator.md, "Cache-stable rendering").
+  re-selection) for cost: under a simple price model the cost per call, w·g/(1−L) + r·B·(1+L)/2
+  (g tokens appended a call, w and r the cache write and read prices), rises with the mark L for
+  every price, so the mark is chosen for recall; the default was chosen on the price models'
+  measured cost and recall (docs/evaluator.md, "Cache-stable rendering: the low mark").
 * **Only appends in between.** A call extends the previous rendering when everything that arrived
   since is a plain continuation: new messages in order, each tool result right after the call that
   asked for it (or answering the previous rendering's in-flight call), no system message, no second
