@@ -128,7 +128,7 @@ def main() -> None:
     calls, budget = int(sys.argv[1]) if len(sys.argv) > 1 else 25, 6000
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, args in (("plain", ("--no-cache-breakpoints",)), ("breakpoints", ()), ("stable", ("--cache-stable",))):
+        for name, args in (("plain", ("--no-cache-breakpoints", "--no-cache-stable")), ("breakpoints", ("--no-cache-stable",)), ("stable", ())):
             d = Path(tmp) / name
             d.mkdir()
             with stack(d, *args) as (url, _):

@@ -158,3 +158,49 @@ def test_no_copy_when_it_would_pass_the_budget_or_is_switched_off():
         check_invariants(r, g, sig.counter)
         assert r.stats["cache_stable"] == "appended", (low, prev.history_tokens)
         assert all(m.rendered_as != "recalled" for m in r.messages) and 3 not in r.full
+
+
+def test_the_recalled_copy_is_a_valid_request_in_each_api():
+    """The copy is a user message (position None) after the tool results: Chat Completions and
+    Responses accept a user message after tool results, Anthropic merges it, its own user turn,
+    with the results' turn; the fake provider, which enforces each API's documented rules, accepts
+    all three conversions."""
+    from fake_responses import responses_violation
+    from fake_upstream import anthropic_violation, openai_violation
+
+    from historygraph.providers import anthropic, openai_responses
+
+    sig = Signals()
+    policy = create("prune-stable", low_mark=0.6)
+    g = ContextGraph("s")
+    _grow_until_omitted(policy, g, _valued_steps(12, 30), 1000, sig)
+    g.extend([Message("assistant", "look again", (ToolCall("u1", "bash", '{"cmd": "grep VAL_0_x f0.py"}'),)),
+              Message("tool", "VAL_0_x", tool_call_id="u1")])
+    r = policy.render(g, 1000, sig)
+    assert r.messages[-1].rendered_as == "recalled" and r.messages[-2].role == "tool"
+    chat = r.to_openai()
+    assert chat[-1]["role"] == "user" and openai_violation(chat) is None
+    body = {"model": "m", "max_tokens": 10, "system": "You are a shell agent.",
+            "messages": anthropic.from_canonical(r.messages, [None] * len(r.messages))}
+    assert body["messages"][-2]["content"][0]["type"] == "tool_result" and body["messages"][-1]["role"] == "user"
+    assert anthropic_violation(body) is None
+    items = openai_responses.from_canonical(r.messages, [None] * len(r.messages))
+    assert items[-2]["type"] == "function_call_output" and items[-1]["role"] == "user"
+    assert responses_violation({"model": "m", "input": items}) is None
+
+
+def test_a_reselection_never_cuts_a_newest_result_that_b_shows_complete():
+    """Four steps of 234 tokens, then a newest result of 707 tokens, at B = 1000 with the low mark
+    0.6: 600 tokens cannot hold it beside the protected history (prune at 600 shows it as an
+    excerpt) but B can, so the re-selection renders at B and shows it complete (§5.9), as prune does."""
+    sig = Signals()
+    msgs = _steps(4, 30)
+    msgs.append(Message("assistant", "step big", (ToolCall("big", "bash", '{"cmd": "cat big.py"}'),)))
+    msgs.append(Message("tool", "def big(x):\n" + "    return x + 1\n" * 100, tool_call_id="big"))
+    g = ContextGraph("s", msgs)
+    assert sig.counter.count_message(msgs[-1]) == 707
+    assert create("prune").render(g, 600, sig).messages[-1].rendered_as == "excerpt"
+    r = create("prune-stable", low_mark=0.6).render(g, 1000, sig)
+    check_invariants(r, g, sig.counter)
+    assert r.stats["cache_stable"] == "reselected" and len(msgs) - 1 in r.full and r.messages[-1] is msgs[-1]
+    assert r.history_tokens == create("prune").render(g, 1000, sig).history_tokens

@@ -58,8 +58,9 @@ def test_spans_are_runs_of_consecutive_positions():
 def test_a_window_policy_records_its_placeholders_with_ids_and_stored_tokens():
     # observation-masking shows the 5 newest of 8 results (SWE-agent's window, n = 5); each result is
     # ~200 tokens, so the 5 fit in B = 1500 beside the rest and the whole history (~1,800) does not:
-    # c0, c1, c2 (positions 2, 4, 6) are placeholders.
-    s = session_of(steps(), policy="observation-masking", budget=1500)
+    # c0, c1, c2 (positions 2, 4, 6) are placeholders. (cache_stable=False: the window itself; cache-stable
+    # rendering, the default, re-selects at 0.75·B and leaves out more, tests/test_cache_stable.py)
+    s = session_of(steps(), policy="observation-masking", budget=1500, cache_stable=False)
     s.render()
     shown = {p: m.rendered_as for m, p in zip(s.rendering.messages, s.rendering.positions)}
     assert [p for p, f in shown.items() if f == "placeholder"] == [2, 4, 6]  # the hand-derived window
@@ -159,7 +160,7 @@ def test_every_omitted_result_of_a_real_trace_is_in_its_record(policy):
 
 def test_show_omitted_prints_a_table_per_call_and_json(tmp_path):
     path = tmp_path / "hg.sqlite"
-    s = Session("run", store=SQLiteStore(path), policy="observation-masking", budget=1500)
+    s = Session("run", store=SQLiteStore(path), policy="observation-masking", budget=1500, cache_stable=False)  # the window above
     for m in steps():
         s.add(m)
     s.render()
@@ -184,7 +185,7 @@ def test_the_proxy_names_the_omitted_count_and_the_record_in_headers():
     from fake_upstream import build_app
 
     app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="observation-masking",
-                                  budget=1500, calibrate=False))
+                                  budget=1500, calibrate=False, cache_stable=False))  # the window of the first test
     up = build_app()
     app.state.proxy.transport = httpx.ASGITransport(app=up)
     msgs = steps()

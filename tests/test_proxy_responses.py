@@ -94,11 +94,14 @@ def test_responses_rendered_under_budget_reasoning_byte_exact_answer_stored(serv
     body = received(servers)["body"]
     assert body["instructions"] == "Be brief." and body["tools"] == FN_TOOLS and body["store"] is False
     forwarded = body["input"]
-    assert [it for it in forwarded if it.get("type") == "reasoning"] == [it for it in sent_items if it.get("type") == "reasoning"]
+    # cache-stable rendering (the proxy's default) re-selects at 0.75·B = 600 tokens: prune drops step 0
+    # (messages #2–#3) behind a dropped-step marker and keeps step 1 behind a placeholder
+    assert forwarded[1] == {"role": "user", "content": "[omitted: messages #2\u2013#3, tool calls: 1; stored in full, restore by message number]"}
+    assert [it for it in forwarded if it.get("type") == "reasoning"] == [sent_items[4], sent_items[7]]
     outputs = [it for it in forwarded if it.get("type") == "function_call_output"]
-    assert [o["call_id"] for o in outputs] == [f"{sid}c0", f"{sid}c1", f"{sid}c2"]
-    assert outputs[2]["output"] == "result2 " * WORDS  # the newest, complete
-    assert outputs[0]["output"].startswith(f"[tool result {sid}c0 omitted")
+    assert [o["call_id"] for o in outputs] == [f"{sid}c1", f"{sid}c2"]
+    assert outputs[1]["output"] == "result2 " * WORDS  # the newest, complete
+    assert outputs[0]["output"].startswith(f"[tool result {sid}c1 omitted")
     assert rejections(servers) == []
     history = stored(servers, sid)
     assert history[0] == {"role": "system", "content": "Be brief."}

@@ -20,7 +20,10 @@ request that rewrote earlier messages continues in a branch (``<id>~1``, …; th
 :attr:`Rendered.session_id`). Sessions live in ``store`` (default: one in-memory store per process,
 so repeated calls in one process share their sessions; pass :func:`historygraph.open_store` for a
 persistent one). With ``store`` but no ``session`` the session id is derived from the
-conversation's start as the proxy does.
+conversation's start as the proxy does. A stored session's policy, given by name, is wrapped for
+cache-stable rendering as in the proxy (:mod:`historygraph.policies.cache_stable`: between
+re-selections the rendering only appends, so a provider's prompt cache serves the previous
+request); pass an instance (``policy=historygraph.create("learned")``) to re-select at every call.
 
 ``explain=True`` returns a :class:`Rendered`: the messages, the
 :class:`~historygraph.render.Rendering` (selected and omitted positions, tokens, per-position
@@ -127,7 +130,7 @@ def render_events(events: Sequence[Message], *, budget: int, policy: str | Polic
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be a positive integer (tokens), got {budget!r}")
-    chosen = _policy(policy)
+    chosen = _policy(policy, stable=session is not None or store is not None)
     if session is None and store is None:
         graph = ContextGraph("messages", events)
         sid = None

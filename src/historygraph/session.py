@@ -10,9 +10,12 @@
 Each :meth:`Session.add` appends one event to the session's append-only graph in a store (an
 in-memory store unless one is given); :meth:`Session.render` renders the whole graph with a
 registered policy under a history budget (tokens), checks the invariants of docs/architecture.md, invariant §5 and
-returns OpenAI chat messages. The last :class:`~historygraph.render.Rendering` (selected and
-omitted ids, tokens, reasons) is kept in :attr:`Session.rendering`; what every render left out and
-why is kept in the store as the session's omission stream (:meth:`Session.omitted`).
+returns OpenAI chat messages. The policy is wrapped for cache-stable rendering by default
+(:mod:`historygraph.policies.cache_stable`: between re-selections a rendering only appends, so a
+provider's prompt cache serves the previous request; ``cache_stable=False`` re-selects at every
+call). The last :class:`~historygraph.render.Rendering` (selected and omitted ids, tokens,
+reasons) is kept in :attr:`Session.rendering`; what every render left out and why is kept in the
+store as the session's omission stream (:meth:`Session.omitted`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from historygraph import telemetry
 from historygraph.history.events import Message
 from historygraph.policies import DEFAULT_POLICY, Signals, create
+from historygraph.policies.cache_stable import cache_stable
 from historygraph.render import Rendering, check_invariants
 from historygraph.render.omissions import omission_record
 from historygraph.store import MemoryStore, Store, StoreError
@@ -34,6 +38,7 @@ class Session:
         session_id: the session in ``store`` (created when missing, reopened otherwise).
         store: where events are kept; default a fresh :class:`~historygraph.store.MemoryStore`.
         policy, budget: defaults for :meth:`render` (a registered policy name; tokens).
+        cache_stable: wrap every policy but ``full`` for cache-stable rendering (module docstring).
         signals: shared signal providers; default one with the store's caches.
 
     Raises:
@@ -42,7 +47,7 @@ class Session:
     """
 
     def __init__(self, session_id: str = "session", store: Store | None = None, policy: str = DEFAULT_POLICY,
-                 budget: int = 6000, signals: Signals | None = None) -> None:
+                 budget: int = 6000, signals: Signals | None = None, cache_stable: bool = True) -> None:
         self.session_id = session_id
         self.store = store if store is not None else MemoryStore()
         _check_budget(budget)
@@ -55,6 +60,7 @@ class Session:
         self.signals = signals or Signals(store=self.store)
         self.rendering: Rendering | None = None
         self._policies: dict[str, Any] = {}
+        self.cache_stable = cache_stable
 
     def add(self, message: Message | dict[str, Any], *, pin: bool = False, idempotency_key: str | None = None,
             expected_length: int | None = None) -> int:
@@ -110,7 +116,7 @@ class Session:
             _check_budget(budget)
         name = policy or self.policy
         if name not in self._policies:
-            self._policies[name] = create(name)
+            self._policies[name] = cache_stable(create(name)) if self.cache_stable else create(name)
         graph = self.store.graph(self.session_id)
         budget = self.budget if budget is None else budget
         with telemetry.render_span(self.session_id, budget) as span:

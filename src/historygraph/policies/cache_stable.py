@@ -17,8 +17,10 @@ cache):
   stored) to that rendering until the history would pass B again, then it re-selects. With
   ``low_mark`` = 0.6 and results of ~500 tokens a call, a re-selection comes about every five
   calls instead of every call. ``low_mark`` trades recall (less history right after a
-  re-selection) for cache reads; the default was chosen on the price models' measured cost and
-  recall (docs/evaluator.md, "Cache-stable rendering").
+  re-selection) for cost: under a simple price model the cost per call, w·g/(1−L) + r·B·(1+L)/2
+  (g tokens appended a call, w and r the cache write and read prices), rises with the mark L for
+  every price, so the mark is chosen for recall; the default was chosen on the price models'
+  measured cost and recall (docs/evaluator.md, "Cache-stable rendering: the low mark").
 * **Only appends in between.** A call extends the previous rendering when everything that arrived
   since is a plain continuation: new messages in order, each tool result right after the call that
   asked for it (or answering the previous rendering's in-flight call), no system message, no second
@@ -97,15 +99,20 @@ class CacheStable:
 
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:
         """The wrapped policy's rendering: at B when the history fits (it comes back unchanged),
-        else at ``low_mark·B`` (at B when the protected history needs more than that)."""
+        else at ``low_mark·B`` (at B when the protected history needs more than that, or when
+        ``low_mark·B`` would cut a newest result to an excerpt that B shows complete)."""
         low = int(self.config.low_mark * budget)
-        fits = Layout(graph, signals.counter, budget).fits_in_full  # then the wrapped policy returns it unchanged (§5.5)
+        layout = Layout(graph, signals.counter, budget)
+        fits = layout.fits_in_full  # then the wrapped policy returns it unchanged (§5.5)
         r = None
         if not fits and low < budget:
             try:
                 r = self.base.render(graph, max(1, low), signals)
             except BudgetTooSmallError:
                 pass
+            whole = [p for p, m in layout.required.items() if m.rendered_as is None]  # complete at B (§5.9)
+            if r is not None and not set(whole) <= set(r.full):
+                r = None
         if r is None:
             r = self.base.render(graph, budget, signals)
         r.policy, r.budget = self.name, budget

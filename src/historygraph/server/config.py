@@ -38,7 +38,7 @@ class ServeDefaults:
     recall_rounds: int = 3
     recall_max_tokens: int = RECALL_MAX_TOKENS
     calibrate: bool = True
-    cache_stable: bool = False
+    cache_stable: bool = True
     cache_breakpoints: bool = True
     workers: int = 1
     session_cache: int = 256
@@ -84,8 +84,8 @@ class ServerConfig:
             ratio = median provider-reported / estimated prompt tokens (``--no-calibration``: B as given).
         cache_stable: wrap every policy but ``full`` for cache-stable rendering
             (:mod:`historygraph.policies.cache_stable`: between re-selections a session's rendering only
-            appends, so the provider's prompt cache serves the previous request); off by default
-            until the hostile gate passes with it (docs/proxy.md).
+            appends, so the provider's prompt cache serves the previous request); on by default,
+            ``--no-cache-stable`` re-selects at every request (docs/proxy.md, "Cache-stable rendering").
         cache_breakpoints: add the proxy's Anthropic prompt-cache breakpoints (``cache_control``
             after the tools and system prompt and on the last message, the client's own kept,
             at most 4 in all: :mod:`historygraph.providers.anthropic_cache`) to every rendered
