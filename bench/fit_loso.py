@@ -11,7 +11,8 @@ Result Recall (ContextRender B.4) as ``historygraph replay`` reports it.
 ``--curve SOURCES``: per source, ``k`` of its trajectories (drawn ``--draws`` times) are fitted
 together with the shipped model's training data (the traces-train mini-swe-agent trajectories)
 with the own rows repeated ``w`` times (``--weights``), and alone; each model is scored on the
-source's trajectories not drawn. For mini-swe-agent, whose own data is the shipped training data,
+source's trajectories not drawn, next to the shipped model and the model fitted on the (capped)
+base alone. For mini-swe-agent, whose own data is the shipped training data,
 ``k`` trajectories of traces-train alone are fitted and scored on ``../shared/traces``.
 
 Bounded for a shared 2-core machine: at most ``--cap`` trajectories per source are fitted on
@@ -220,6 +221,7 @@ def curve(a, src, rows, signals, budgets) -> None:
     t0 = time.process_time()
     base_traces = every(src["mini-swe-agent-deepseek"][ROOTS[1]], a.cap)
     base = [rows(t, i) for i, t in enumerate(base_traces)]
+    base_model = fit(base)
     ks = [int(x) for x in a.ks.split(",")]
     weights = [int(x) for x in a.weights.split(",")]
     rng = np.random.default_rng(0)
@@ -242,6 +244,7 @@ def curve(a, src, rows, signals, budgets) -> None:
                 if any((e.reused.max(initial=0) or e.named.max(initial=0)) for e in own):
                     models["own alone"] = fit(own)
                 if s != "mini-swe-agent-deepseek":
+                    models["base alone"] = base_model
                     for w in weights:
                         models[f"base + own x{w}"] = fit(base + own * w)
                 res = score(test, {n: learned_with(m) for n, m in models.items()}, budgets, signals)
