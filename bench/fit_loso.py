@@ -13,7 +13,9 @@ together with the shipped model's training data (the traces-train mini-swe-agent
 with the own rows repeated ``w`` times (``--weights``), and alone; each model is scored on the
 source's trajectories not drawn, next to the shipped model and the model fitted on the (capped)
 base alone. For mini-swe-agent, whose own data is the shipped training data,
-``k`` trajectories of traces-train alone are fitted and scored on ``../shared/traces``.
+``k`` trajectories of traces-train alone are fitted and scored on ``../shared/traces``. With
+``--base others`` the own rows are added to the other sources' trajectories instead (the LOSO
+model's data: an agent the shipped model was not fitted on, starting from what it was).
 
 Bounded for a shared 2-core machine: at most ``--cap`` trajectories per source are fitted on
 (every k-th, in file order), and at most ``--test-cap`` are scored per source. CPU time
@@ -233,6 +235,10 @@ def curve(a, src, rows, signals, budgets) -> None:
             pool, fixed_test = src[s][ROOTS[1]], src[s][ROOTS[0]]
         else:
             pool, fixed_test = [t for ts in src[s].values() for t in ts], None
+        if a.base == "others":  # the base: the other sources' trajectories (a new agent's starting point)
+            base = [rows(t, i) for i, t in enumerate(t for o, r in src.items() if o != s
+                                                     for t in every([t for ts in r.values() for t in ts], a.cap))]
+            base_model = fit(base)
         results: dict[tuple[int, str], list[list[float]]] = {}
         for k in ks:
             for _ in range(a.draws):
@@ -241,9 +247,9 @@ def curve(a, src, rows, signals, budgets) -> None:
                     [t for i, t in enumerate(pool) if i not in set(pick)], a.test_cap)
                 own = [rows(pool[i], len(base) + n) for n, i in enumerate(pick)]
                 models: dict[str, object] = {"shipped": None}
-                if any((e.reused.max(initial=0) or e.named.max(initial=0)) for e in own):
+                if a.base != "others" and any((e.reused.max(initial=0) or e.named.max(initial=0)) for e in own):
                     models["own alone"] = fit(own)
-                if s != "mini-swe-agent-deepseek":
+                if s != "mini-swe-agent-deepseek" or a.base == "others":
                     models["base alone"] = base_model
                     for w in weights:
                         models[f"base + own x{w}"] = fit(base + own * w)
@@ -269,6 +275,9 @@ def main() -> None:
     ap.add_argument("--test-cap", type=int, default=0, help="at most N trajectories per source to score (every k-th)")
     ap.add_argument("--ks", default="2,5,10,20", help="--curve: numbers of own trajectories")
     ap.add_argument("--weights", default="1,10", help="--curve: repetitions of the own rows next to the base")
+    ap.add_argument("--base", default="shipped", choices=("shipped", "others"),
+                    help="--curve: the data own rows are added to: the shipped model's training data, or the other "
+                    "sources' trajectories (at most --cap each; a new agent starting from a model not fitted on it)")
     ap.add_argument("--draws", type=int, default=2, help="--curve: random draws per k")
     ap.add_argument("--contextrender", action="store_true", help="--loso: also replay contextrender (embeds)")
     ap.add_argument("--variant", default="shipped", help="features: shipped, or shape (the call kind read from "
