@@ -95,14 +95,19 @@ def openai_violation(messages: list[Any]) -> str | None:
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
+TOOL_RESULT_BLOCKS = ("text", "image", "document", "search_result", "tool_reference", "browser_state")
+
+
 def anthropic_block_violation(b: Any, where: str, role: str) -> str | None:
     """The first Messages API rule one content block breaks, or ``None``: ``image`` blocks (in user
     turns and ``tool_result`` content only) have a ``base64`` source with a supported
     ``media_type`` and ``data``, or a ``url`` or ``file`` source; ``document`` blocks a
     ``base64`` PDF, a ``text`` source with ``data``, a ``url``, ``content`` or ``file`` source;
     a ``tool_result``'s ``is_error`` is a boolean and its ``content`` a string or a list of
-    ``text``, ``image``, ``document`` and ``search_result`` blocks, each valid (Anthropic "Vision",
-    "PDF support", "Tool use": "Handling tool results")."""
+    ``text``, ``image``, ``document``, ``search_result``, ``tool_reference`` and ``browser_state``
+    blocks, each valid (Anthropic "Vision", "PDF support", "Tool use": "Handling tool results"; the
+    SDK's ``ToolResultBlockParam.content``: Claude Code's tool search answers with
+    ``tool_reference`` blocks)."""
     if not isinstance(b, dict):
         return f"{where}: Input should be a valid dictionary"
     kind = b.get("type")
@@ -126,8 +131,8 @@ def anthropic_block_violation(b: Any, where: str, role: str) -> str | None:
         content = b.get("content")
         if isinstance(content, list):
             for n, c in enumerate(content):
-                if not isinstance(c, dict) or c.get("type") not in ("text", "image", "document", "search_result"):
-                    return f"{where}.content.{n}: tool_result content blocks are text, image, document or search_result"
+                if not isinstance(c, dict) or c.get("type") not in TOOL_RESULT_BLOCKS:
+                    return f"{where}.content.{n}: tool_result content blocks are one of {TOOL_RESULT_BLOCKS}"
                 if (why := anthropic_block_violation(c, f"{where}.content.{n}", role)) is not None:
                     return why
         elif content is not None and not isinstance(content, str):
