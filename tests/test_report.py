@@ -106,7 +106,11 @@ document.getElementById('f').onload = () => {
   th.click(); const down = column(d, 'recall');
   const src = d.querySelector('#per-trace th[data-key=policy]'); src.click();
   const names = [...d.getElementById('per-trace').tBodies[0].rows].map(r => r.cells[2].textContent);
-  document.getElementById('out').textContent = JSON.stringify({images, up, down, names});
+  const h2 = d.querySelector('h2'), table = d.querySelector('table');
+  const first = {heading: h2.textContent, top: h2.getBoundingClientRect().top,
+                 tableTop: table.getBoundingClientRect().top, tableText: table.textContent,
+                 tableFollows: !!(h2.compareDocumentPosition(table) & Node.DOCUMENT_POSITION_FOLLOWING)};
+  document.getElementById('out').textContent = JSON.stringify({images, up, down, names, first});
 };
 </script></body></html>"""
 
@@ -131,6 +135,14 @@ def test_report_loads_in_headless_chromium_every_image_renders_and_the_table_sor
     up = [v for v in got["up"] if v is not None]
     assert len(up) >= 3 and up == sorted(up) and [v for v in got["down"] if v is not None] == sorted(up, reverse=True)
     assert got["names"] == sorted(got["names"])
+    # issue 40: the first screen (1400×900) opens with the recommendation, whose table is the page's first
+    first = got["first"]
+    assert first["heading"] == "Recommended policy" and first["tableFollows"] and 0 <= first["top"] < first["tableTop"] < 900
+    assert "prune" in first["tableText"] and "anthropic-style" in first["tableText"]
+    shot = run_dir / "first-screen.png"  # the test artefact: what a user sees first
+    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
+                    f"--screenshot={shot}", (run_dir / "report.html").as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
 
 
 def test_report_announces_only_the_figures_it_draws(tmp_path):
