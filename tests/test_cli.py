@@ -25,7 +25,7 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     assert "contextrender" in res.output and "invariant violations: 0" in res.output
     data = json.loads((out / "replay.json").read_text())
     rows = {r["policy"]: r for r in data["per_source"] if r["source"] == "ALL"}
-    assert set(rows) == {"learned", "contextrender", "prune", "full"}  # the default policies
+    assert set(rows) == {"learned", "learned-stable", "contextrender", "prune", "full"}  # the default policies
     assert rows["contextrender"]["max_history_tokens"] <= 3000
     assert rows["full"]["recall"] == 100.0
     assert (out / "replay.csv").read_text().startswith("scope,budget,source,trace_id,session,policy")

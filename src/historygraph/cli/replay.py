@@ -80,7 +80,7 @@ def _replay_work(trace) -> float:  # noqa: ANN001
 
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "contextrender", "prune", "full"],
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "learned-stable", "contextrender", "prune", "full"],
     budget: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (ContextRender B.1 uses 6000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000.")] = "6000",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,

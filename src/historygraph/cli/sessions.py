@@ -95,7 +95,9 @@ def _show_omitted(db, session: str, g: ContextGraph, as_json: bool) -> None:  # 
         return
     if not per_call:
         console.print(f"no renderings recorded for session {session} in {store_name(db)} (records are kept for "
-                      f"Session.render, render_messages with a session and proxied requests)", markup=False)
+                      f"Session.render, render_messages with a session and proxied requests, not for a replay); to see "
+                      f"what a policy leaves out of it now: historygraph render {session} -p POLICY -b BUDGET "
+                      f"--store {store_name(db)}", markup=False)
         return
     for c in per_call:
         note = "".join(f", {k.replace('_', ' ')} (B asked {c[k]})" for k in NOTES if k in c)

@@ -298,7 +298,7 @@ class ContextRender:
             for p in cands:
                 if p not in chosen:
                     reasons[p] = (f"omitted: {part(p)}; not selected within B (showing it would add {final[p]} "
-                                  f"tokens, {left} were left when selection ended)")
+                                  f"tokens, {left} of B unused when selection ended)")
         layout.defer_reasons(fill)
         return layout.assemble(self.name, sel)
 
