@@ -169,13 +169,17 @@ def test_replay_rejects_a_bad_price_file_and_an_unknown_price_model(tmp_path):
 
 
 @pytest.mark.slow  # replays the example trace twice (prune, full) and writes a report: about 10 CPU s
-def test_replay_table_shows_the_cost_with_each_cache_and_report_reprices(tmp_path):
+def test_replay_table_shows_the_cost_with_each_cache_and_report_reprices(tmp_path, monkeypatch):
+    import historygraph.cli.replay
+    from rich.console import Console
+
+    monkeypatch.setattr(historygraph.cli.replay, "console", Console(width=250))  # where the main columns fit on one line
     mine = write(tmp_path, "[gpt-cheap]\n" + OK.replace("ttl_calls = 5", "ttl_calls = 20") + "min_tokens = 1024\nstep = 128\n")
     base = ["replay", "-p", "prune", "-p", "full", "--budget", "1500", "--store", ":memory:"]
     res = runner.invoke(app, base + ["--out", str(tmp_path / "a"), "--prices", str(mine)])
     assert res.exit_code == 0, res.output
     header = next(line for line in res.output.splitlines() if "recall %" in line)
-    for m in ("contextrender", "openai-style", "anthropic-style", "deepseek-style", "gpt-cheap"):
+    for m in ("CR-eq3", "openai-style", "anthropic-style", "deepseek-style", "gpt-cheap"):  # CR-eq3: the price model contextrender
         assert f"cost {m}" in header
     assert "cost (Full ρ)" not in header and "cost M: cost with price model M's simulated prompt cache" in res.output
     data = json.loads((tmp_path / "a" / "replay.json").read_text())
@@ -194,7 +198,10 @@ def test_replay_table_shows_the_cost_with_each_cache_and_report_reprices(tmp_pat
     res = runner.invoke(app, ["report", str(tmp_path / "b"), "--prices", str(same_rule)])
     assert res.exit_code == 0, res.output
     page = (tmp_path / "b" / "report.html").read_text()
-    assert page.index("Recall against the cost with each provider") < page.index("<table") < page.index("Recall against normalised inference cost")
+    # after the recommendation (its own small table), the decisive plot, then the data tables
+    rec, plot = page.index("<h2>Recommended policy</h2>"), page.index("Recall against the cost with each provider")
+    second_table = page.index("<table", page.index("</table>"))
+    assert rec < page.index("<table") < plot < second_table < page.index("Recall against normalised inference cost")
     assert "cost gpt-dear" in page
     other = write(tmp_path, "[slow]\n" + OK.replace("ttl_calls = 5", "ttl_calls = 7"))
     res = runner.invoke(app, ["report", str(tmp_path / "b"), "--prices", str(other)])

@@ -83,6 +83,9 @@ class CacheStable:
         self.base: Policy = base if base is not None else create(self.base_name)
         self.name = name or f"{self.base.name}-stable"
         self._key = object()  # this wrapper's state in each graph's memo
+        hook = getattr(self.base, "prefetch", None)  # the proxy's hook after an answer (ContextRender's query texts)
+        if hook is not None:
+            self.prefetch = hook
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         if budget is None:
