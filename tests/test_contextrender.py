@@ -138,7 +138,7 @@ def test_a_result_dropped_with_its_step_says_so():
     assert r.reasons[2].startswith("dropped with its step: retained non-tool history")
     # showing it would revive its 600-token step, which does not fit: the usefulness reason follows
     assert "; the policy had decided: omitted: U=" in r.reasons[2] and "not selected within B" in r.reasons[2]
-    cost, left = map(int, re.search(r"would add (\d+) tokens, (\d+) were left", r.reasons[2]).groups())
+    cost, left = map(int, re.search(r"would add (\d+) tokens, (\d+) of B unused", r.reasons[2]).groups())
     assert cost > 600 and cost > left and left == 2000 - r.history_tokens  # the step's thought is charged too
     # the revived-or-kept steps and the current user message say why they are there
     assert r.reasons[0] == "outside B: current user message"

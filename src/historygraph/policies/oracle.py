@@ -156,7 +156,7 @@ class GreedyOracle(_Clairvoyant):
                 layout.reasons[p] = "selected: reused at this turn (clairvoyant)"
             else:
                 layout.reasons[p] = f"omitted: reused at this turn but showing it would add {sel.cost(p)} tokens, " \
-                                    f"{budget - sel.used} were left"
+                                    f"{budget - sel.used} of B unused"
         return layout.assemble(self.name, sel)
 
 
