@@ -33,11 +33,10 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Callable, Sequence, TypeGuard
 from urllib.parse import quote
 
-import aiohttp
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -55,9 +54,12 @@ from historygraph.providers import jsonio
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
 from historygraph.render.omissions import omission_record
 from historygraph.server.config import ServerConfig
+from historygraph.server.curated import client_curated
 from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
-from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_error
+from historygraph.server.answers import UNREADABLE, answer_of, json_or_none, unreadable
+from historygraph.server.upstream import (OpenAIStreamAccumulator, SSEParser, forward_headers, parsed_url, response_headers,
+                                         unreachable_error, upstream_session)
 from historygraph.signals.calibration import TokenCalibration, Usage, anthropic_usage, openai_usage
 from historygraph.signals.embeddings import create_embedder
 from historygraph.signals.tokens import TokenCounter
@@ -95,32 +97,9 @@ async def run_in_threadpool(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
     return await asyncio.get_running_loop().run_in_executor(_pool, partial(fn, *args, **kwargs))
 
 
-@lru_cache(maxsize=64)
-def _parsed_url(url: str) -> httpx.URL:
-    """``httpx.URL(url)``, parsed once per URL: a request goes to one of a handful (the configured
-    upstreams' endpoints), and parsing took half of building an ``httpx.Request``."""
-    return httpx.URL(url)
-
-
 UPSTREAM_RETRIES = 2
 """Retries of an upstream request whose connection failed before any answer (:meth:`Proxy.send`;
 what httpx's own transport did with ``retries=2``, plus the keep-alive race)."""
-
-
-UPSTREAM_MAX_CONNECTIONS = 1000
-UPSTREAM_KEEPALIVE_S = 4.0
-"""Idle upstream connections are dropped after this many seconds, before the 5 s keep-alive
-timeout of uvicorn and similar servers closes one just as it is reused (a ReadError: 502)."""
-
-
-def upstream_session() -> aiohttp.ClientSession:
-    """The aiohttp session of the upstream transport (opened on the first upstream request, in the
-    event loop): at most :data:`UPSTREAM_MAX_CONNECTIONS` connections, idle ones closed after
-    :data:`UPSTREAM_KEEPALIVE_S`, TLS verified as httpx verifies it, and no cookie jar (a cookie
-    one client's answer set is never sent with another client's request)."""
-    connector = aiohttp.TCPConnector(limit=UPSTREAM_MAX_CONNECTIONS, keepalive_timeout=UPSTREAM_KEEPALIVE_S,
-                                     ssl=httpx.create_ssl_context())
-    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
 
 class Proxy:
@@ -153,7 +132,7 @@ class Proxy:
     def request(self, method: str, url: str, **kwargs: Any) -> httpx.Request:
         """An upstream request (``httpx.Request``'s arguments: ``content``, ``json``, ``headers``,
         ``params``) carrying the configured timeouts."""
-        return httpx.Request(method, _parsed_url(url), extensions={"timeout": self._timeouts}, **kwargs)
+        return httpx.Request(method, parsed_url(url), extensions={"timeout": self._timeouts}, **kwargs)
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` upstream, its answer streamed. A connection that failed before any
@@ -491,7 +470,7 @@ class Proxy:
         if upstream.status_code >= 400:
             telemetry.finish(span, upstream.status_code)
         else:
-            data = _json_or_none(content)
+            data = json_or_none(content)
             if not isinstance(data, dict):
                 self.metrics.upstream_errors.labels(api, "not_json").inc()
                 telemetry.finish(span, 502, error="upstream_not_json")
@@ -593,25 +572,6 @@ class Proxy:
         return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
 
 
-def client_curated(messages: Sequence[Message], ingest: Ingest) -> bool:
-    """Whether the request comes from a client that curates its own context (aider and any chat
-    client without tool calls that restates files, a repository map or summaries in every
-    request): no tool call, tool result or provider block (a server tool's call and result, a
-    thinking block: what a model made, not what such a client writes) anywhere in it, and it continues no stored session (a
-    new session or chat, or a branch: the client rewrote earlier messages, as aider re-sends its
-    repository map and the files it edits, as they are now, before the new turn; aider's first
-    request already holds them, after a fixed example exchange: a new session counts when it
-    holds an assistant message). Such a request's messages are what the client chose to show for
-    this call, so the proxy stores them and forwards them as sent instead of rendering them under
-    B (docs/proxy.md, "Clients that curate their own context"). An agent's tool loop, and a
-    conversation that only grows, continue their session and are rendered."""
-    if not ingest.created:
-        return False  # a continuation of what is stored: rendered as usual
-    if ingest.forked_from is None and not any(m.role == "assistant" for m in messages):
-        return False  # a conversation's opening (system and user messages): nothing the client curated
-    return not any(m.role == "tool" or m.tool_calls or m.provider_blocks for m in messages)
-
-
 def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:
     """Tokens of the rendered messages outside the history (docs/architecture.md, invariant
     §5.1): those at the positions of the graph's system messages and of its latest user
@@ -621,40 +581,3 @@ def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> i
     last_user = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "user"), None)
     return sum(counter.count_message(m) for m, p in zip(rendering.messages, rendering.positions)
                if p is not None and (p == last_user or msgs[p].role == "system"))
-
-
-UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError)
-"""What reading an upstream's answer raises when the answer is malformed (``json.JSONDecodeError``
-and :class:`EventError` are both ``ValueError`` subclasses)."""
-
-
-def unreadable(exc: BaseException) -> str:
-    """What an upstream did whose answer raised ``exc`` when read."""
-    if isinstance(exc, json.JSONDecodeError):
-        return f"it ended its answer with a tool call whose input is not complete JSON ({exc})"
-    return f"its answer cannot be read ({type(exc).__name__}: {exc})"
-
-
-def _json_or_none(content: bytes) -> Any:
-    """A non-streamed answer's JSON, parsed once for its usage and its message (``None``: not JSON)."""
-    try:
-        return jsonio.loads(content)[0]
-    except ValueError:
-        return None
-
-
-def answer_of(data: Any, accumulator: Callable[[], Any]) -> Message | None:
-    """The assistant message of a non-streamed response's JSON (``None`` when it has none;
-    ``data`` may also be the response's bytes)."""
-    try:
-        if isinstance(data, (bytes, str)):
-            data = jsonio.loads(data)[0]
-        if hasattr(accumulator, "answer_of"):
-            return accumulator.answer_of(data)
-        if accumulator is OpenAIStreamAccumulator:
-            return Message.from_openai({**data["choices"][0]["message"], "role": "assistant"})
-        return anth.answer_message(data)
-    except UNREADABLE:
-        return None
-
-

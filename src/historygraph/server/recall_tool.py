@@ -40,7 +40,7 @@ from historygraph.render import Rendering
 from historygraph.render.recall import DESCRIPTION, PARAMETERS, TOOL_NAME, ids_of, openai_tool, recall_text
 from historygraph.signals.calibration import anthropic_usage, openai_usage
 from historygraph.server.errors import RETRY, not_json, stream_error, upstream_fault
-from historygraph.server.proxy import UNREADABLE, answer_of, unreadable
+from historygraph.server.answers import UNREADABLE, answer_of, unreadable
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_error
 
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"

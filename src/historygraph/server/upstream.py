@@ -13,9 +13,11 @@ import json
 import logging
 import socket
 import ssl
+from functools import lru_cache
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
 
 from historygraph.history.events import EventError, Message
@@ -169,3 +171,26 @@ class OpenAIStreamAccumulator:
             return Message.from_openai({"role": "assistant", "content": "".join(self.content), "tool_calls": calls})
         except EventError:
             return None
+
+
+@lru_cache(maxsize=64)
+def parsed_url(url: str) -> httpx.URL:
+    """``httpx.URL(url)``, parsed once per URL: a request goes to one of a handful (the configured
+    upstreams' endpoints), and parsing took half of building an ``httpx.Request``."""
+    return httpx.URL(url)
+
+
+UPSTREAM_MAX_CONNECTIONS = 1000
+UPSTREAM_KEEPALIVE_S = 4.0
+"""Idle upstream connections are dropped after this many seconds, before the 5 s keep-alive
+timeout of uvicorn and similar servers closes one just as it is reused (a ReadError: 502)."""
+
+
+def upstream_session() -> aiohttp.ClientSession:
+    """The aiohttp session of the upstream transport (opened on the first upstream request, in the
+    event loop): at most :data:`UPSTREAM_MAX_CONNECTIONS` connections, idle ones closed after
+    :data:`UPSTREAM_KEEPALIVE_S`, TLS verified as httpx verifies it, and no cookie jar (a cookie
+    one client's answer set is never sent with another client's request)."""
+    connector = aiohttp.TCPConnector(limit=UPSTREAM_MAX_CONNECTIONS, keepalive_timeout=UPSTREAM_KEEPALIVE_S,
+                                     ssl=httpx.create_ssl_context())
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
