@@ -96,3 +96,16 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("tests that load SmolLM2-135M without the lm mark (add @pytest.mark.lm):")
         for nodeid in _UNMARKED_LM:
             terminalreporter.write_line(f"  {nodeid}")
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    """The fake provider (tests/fake_upstream.py) as a process of its own: its base URL, for the tests
+    that build the proxy in-process in front of it (test_disk_full, test_media, test_proxy_robustness)."""
+    from test_server import FAKE, _port, _start
+
+    port = _port()
+    proc = _start([FAKE, "--port", str(port)], port, tmp_path_factory.mktemp("fake") / "upstream.log")
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)

@@ -23,7 +23,6 @@ from historygraph.server.config import ServerConfig
 from historygraph.store import MemoryStore, SQLiteStore, StoreFullError
 from historygraph.store.full import disk_full
 
-from test_server import FAKE, _port, _start
 
 WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "COMMIT")
 
@@ -48,15 +47,6 @@ class FullDisk:
 
     def __getattr__(self, name: str):
         return getattr(self.db, name)
-
-
-@pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    port = _port()
-    proc = _start([FAKE, "--port", str(port)], port, tmp_path_factory.mktemp("fake") / "upstream.log")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
 
 
 TURN1 = {"openai": [{"role": "user", "content": "first question"}],

@@ -20,7 +20,6 @@ import wave
 import zlib
 
 import httpx
-import pytest
 
 from historygraph import Message, SQLiteStore, TokenCounter
 from historygraph.providers import anthropic as anth
@@ -29,7 +28,6 @@ from historygraph.server.app import create_app
 from historygraph.server.config import ServerConfig
 from historygraph.signals.media import anthropic_image_tokens, image_size, media_tokens, openai_image_tokens
 
-from test_server import FAKE, _port, _start
 
 counter = TokenCounter()
 
@@ -105,15 +103,6 @@ def test_anthropic_and_responses_media_are_kept_in_results_and_user_messages():
                                        {"type": "function_call_output", "call_id": "c1", "output": [part]}])
     assert [json.loads(m.media) if m.media else [] for m in msgs] == [[part], [], [part]]
     assert counter.count_message(msgs[2]) == 3 + counter.count("[input_image]") + 765
-
-
-@pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    port = _port()
-    proc = _start([FAKE, "--port", str(port)], port, tmp_path_factory.mktemp("fake") / "upstream.log")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
 
 
 LONG = "line of output\n" * 60  # 240 tokens: two such results do not fit in B = 400

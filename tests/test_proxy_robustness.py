@@ -22,7 +22,7 @@ import pytest
 from historygraph.server.app import create_app
 from historygraph.server.config import ServerConfig
 
-from test_server import A_TOOLS, FAKE, TOOLS, _port, _start
+from test_server import A_TOOLS, FAKE, TOOLS, _port
 from test_store import pg_dsn  # noqa: F401  (a fresh PostgreSQL schema)
 
 APIS = {  # path, how a message list is sent, the error shape's message
@@ -37,15 +37,6 @@ def store_url(request, tmp_path):
     if request.param == "postgres":
         return request.getfixturevalue("pg_dsn")
     return str(tmp_path / "robust.sqlite")
-
-
-@pytest.fixture(scope="module")
-def fake(tmp_path_factory):
-    port = _port()
-    proc = _start([FAKE, "--port", str(port)], port, tmp_path_factory.mktemp("fake") / "upstream.log")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
 
 
 def run(store: str, upstream: str | None, scenario, transport: httpx.AsyncBaseTransport | None = None, **config):
