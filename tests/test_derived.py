@@ -192,15 +192,11 @@ def test_source_version_follows_the_source_and_python():
 
 
 def test_a_version_2_sqlite_store_gains_the_derived_table_and_keeps_everything(tmp_path):
-    from historygraph.store import sqlite as sqlite_mod
+
+    from test_migrations import sqlite_at_version
 
     path = tmp_path / "v2.sqlite"
-    with sqlite3.connect(path) as db:
-        for step in sqlite_mod.MIGRATIONS[:2]:
-            for statement in step.statements():
-                db.execute(statement)
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO schema_version VALUES (2)")
+    with sqlite_at_version(path, 2) as db:
         db.execute("INSERT INTO sessions VALUES ('s', 0, '{\"k\": 1}')")
         for i, m in enumerate(EVENTS):
             db.execute("INSERT INTO events VALUES ('s', ?, ?)", (i, json.dumps(m.to_dict())))

@@ -61,16 +61,23 @@ def test_a_version_1_store_gains_the_append_keys_table(tmp_path):
     s.close()
 
 
+def sqlite_at_version(path, version: int) -> sqlite3.Connection:
+    """A connection to a new SQLite file holding the schema of an earlier release: the first
+    ``version`` migrations and their schema version (use it as ``with``, then close it)."""
+    db = sqlite3.connect(path)
+    for step in sqlite_mod.MIGRATIONS[:version]:
+        for statement in step.statements():
+            db.execute(statement)
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    return db
+
+
 def test_a_version_3_store_gains_pins_and_keeps_its_sessions(tmp_path):
     """Issue 40: a store of the release before pins (version 3) opens at the current version (5, pins and omission records) with its events
     and derived rows as they were and no pin; a pin then survives reopening."""
     path = tmp_path / "v3.sqlite"
-    with sqlite3.connect(path) as db:
-        for step in sqlite_mod.MIGRATIONS[:3]:
-            for statement in step.statements():
-                db.execute(statement)
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO schema_version VALUES (3)")
+    with sqlite_at_version(path, 3) as db:
         db.execute("INSERT INTO sessions VALUES ('s', 0, '{}')")
         db.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
         db.execute("INSERT INTO derived VALUES ('s', 'k', 0, 'v1', '[1]')")

@@ -231,15 +231,11 @@ def test_every_store_keeps_the_records_in_order_and_shares_them_once_written(mak
 
 
 def test_a_version_3_sqlite_store_gains_an_empty_omitted_table(tmp_path):
-    from historygraph.store import sqlite as sqlite_mod
+
+    from test_migrations import sqlite_at_version
 
     path = tmp_path / "v3.sqlite"
-    with sqlite3.connect(path) as db:
-        for step in sqlite_mod.MIGRATIONS[:3]:
-            for statement in step.statements():
-                db.execute(statement)
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        db.execute("INSERT INTO schema_version VALUES (3)")
+    with sqlite_at_version(path, 3) as db:
         db.execute("INSERT INTO sessions VALUES ('s', 0, '{}')")
         db.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
     s = SQLiteStore(path)
