@@ -17,11 +17,11 @@ def _wire(r) -> str:
     return json.dumps(r.to_openai(), ensure_ascii=False)
 
 
-def _steps(n: int, size: int) -> list[Message]:
+def _steps(n: int, size: int, head: str = "def f{i}(x):") -> list[Message]:
     msgs = [Message("system", "You are a shell agent."), Message("user", "Find the bug.")]
     for i in range(n):
         msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),)))
-        msgs.append(Message("tool", f"def f{i}(x):\n" + "    return x + 1\n" * size, tool_call_id=f"c{i}"))
+        msgs.append(Message("tool", head.format(i=i) + "\n" + "    return x + 1\n" * size, tool_call_id=f"c{i}"))
     return msgs
 
 
@@ -100,11 +100,7 @@ def test_byte_identical_prefix_between_reselections_on_a_real_trace(traces_dir):
 
 def _valued_steps(n: int, size: int) -> list[Message]:
     """Like :func:`_steps`, each result holding one TFA value of its own (``VAL_{i}_x``, ContextRender A.2)."""
-    msgs = [Message("system", "You are a shell agent."), Message("user", "Find the bug.")]
-    for i in range(n):
-        msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),)))
-        msgs.append(Message("tool", f"VAL_{i}_x\n" + "    return x + 1\n" * size, tool_call_id=f"c{i}"))
-    return msgs
+    return _steps(n, size, head="VAL_{i}_x")
 
 
 def _grow_until_omitted(policy, g: ContextGraph, msgs: list[Message], budget: int, sig: Signals) -> tuple[int, object]:
