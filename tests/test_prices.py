@@ -81,13 +81,25 @@ def test_anthropic_rule_writes_then_reads_at_breakpoints():
     assert bill(model, cache.total, output=100) == pytest.approx((2200 * 0.30 + 2054 * 3.75 + 100 * 15.0) / 1e6)
 
 
+def test_anthropic_rule_reads_the_opening_after_a_re_selection_rewrites_what_follows_it():
+    model = MODELS["anthropic-style"]
+    # request 2 re-selected: A1 T1 replaced by A2 T2 (1,000 + 100 + 100 + 100 = 1,300 tokens). Request 1
+    # wrote two prefixes, S U1 at the opening's breakpoint and S U1 A1 T1 at the last message's: the
+    # first is an exact prefix of request 2, 2 blocks before its last breakpoint: 1,100 read, 200 written.
+    # Without the opening's breakpoint nothing of request 1 would be a prefix of request 2: 1,300 written.
+    billed, _ = send(model, [REQ2, [S, U1, A2, T2]])
+    assert billed[0] == CacheTokens(write=1600)
+    assert billed[1] == CacheTokens(read=1100, write=200)
+
+
 def test_anthropic_rule_looks_back_20_blocks_only_and_ignores_short_prompts():
     model = MODELS["anthropic-style"]
     many = [Message("user" if i % 2 else "assistant", "y") for i in range(21)]  # 21 one-block messages
-    billed, _ = send(model, [REQ1, REQ1 + many])
-    assert billed[1].read == 0 and billed[1].write == C.count_messages(REQ1 + many)  # 21 blocks back: no hit
-    billed, _ = send(model, [REQ1, REQ1 + many[:20]])
-    assert billed[1].read == 1100  # 20 blocks back: a hit
+    billed, _ = send(model, [REQ2, REQ2 + many])
+    # request 1 (S U1 A1 T1) is 21 blocks back: no hit; only S U1, at the opening's breakpoint, is read
+    assert billed[1].read == 1100 and billed[1].write == C.count_messages(REQ2 + many) - 1100
+    billed, _ = send(model, [REQ2, REQ2 + many[:20]])
+    assert billed[1].read == 1600  # 20 blocks back: a hit
     billed, _ = send(model, [[U1, A1], [U1, A1, T1]])  # 300 and 600 tokens: below 1,024, neither read nor written
     assert billed == [CacheTokens(uncached=300), CacheTokens(uncached=600)]
 

@@ -48,6 +48,15 @@ def test_breakpoints_go_after_the_system_prompt_and_on_the_last_message_beside_t
     assert anthropic_violation(out) is None
 
 
+def test_ours_also_mark_the_opening_so_a_re_selection_reads_the_task_from_the_cache():
+    out = place_breakpoints(request())
+    # the last system block, the task (the first message: its only block), the tool_result
+    assert breakpoints(out) == [(1, 1, 0), (2, 0, 0), (2, 2, 0)]
+    assert anthropic_violation(out) is None
+    one = place_breakpoints({"system": "s", "messages": [{"role": "user", "content": "task"}]})
+    assert breakpoints(one) == [(1, 0, 0), (2, 0, 0)]  # the opening is the last message: one breakpoint there
+
+
 def test_ours_are_dropped_first_then_the_clients_earliest_never_more_than_four():
     three = place_breakpoints(request(system_marks=(True, False), message_marks=[(0, 0), (1, 1)]))
     assert breakpoints(three) == [(1, 0, 0), (2, 0, 0), (2, 1, 1), (2, 2, 0)]  # only ours on the last message
@@ -62,7 +71,7 @@ def test_ours_are_dropped_first_then_the_clients_earliest_never_more_than_four()
 
 def test_a_top_level_cache_control_stands_for_ours_on_the_last_message():
     out = place_breakpoints({**request(), "cache_control": CC})
-    assert breakpoints(out) == [(1, 1, 0)] and count_breakpoints(out) == 2
+    assert breakpoints(out) == [(1, 1, 0), (2, 0, 0)] and count_breakpoints(out) == 3
 
 
 def test_ours_take_the_ttl_of_a_later_client_breakpoint_so_ttls_never_increase():

@@ -21,11 +21,14 @@ cost with the cache and the proxy's requests agree):
    so that a re-selection still reads the tools and system prompt from the cache; one on the last
    block of the last message that can carry one, so that the whole request is written and the next
    request, which with cache-stable rendering (:mod:`historygraph.policies.cache_stable`) only
-   appends, reads it. A block that already carries the client's breakpoint gets no second one; a
+   appends, reads it; and one on the last block of the opening, the first message, when more
+   follow: a re-selection keeps the task and rewrites what comes after it, so the task is read
+   from the cache too (on the 14 mini-swe-agent trajectories at B = 6000 the replay's
+   Anthropic-style cost of ``learned-stable`` falls from 1.01 to 0.91 of Full history's). A block that already carries the client's breakpoint gets no second one; a
    top-level ``cache_control`` (the client asks for automatic placement on the last block) stands in
    for ours on the last message.
-3. Never more than :data:`MAX_BREAKPOINTS` in all: ours are dropped first (the head's before the
-   last message's); when the client's own alone are more (a request Anthropic would reject as
+3. Never more than :data:`MAX_BREAKPOINTS` in all: ours are dropped first (the opening's, then the
+   head's, before the last message's); when the client's own alone are more (a request Anthropic would reject as
    sent), the earliest of them are removed.
 
 Ours carry ``{"type": "ephemeral"}`` (the 5-minute TTL), or the ``ttl`` of the nearest client
@@ -136,7 +139,11 @@ def place_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
     head = next((w for w, b in reversed(blocks) if w[0] < 2 and cacheable(b)), None)
     last = next((w for w, b in reversed(blocks) if w[0] == 2 and cacheable(b)
                  and body["messages"][w[1]].get("role") != "system"), None)
-    ours = [w for w in (last, head) if w is not None and w not in client and not (w == last and top)]
+    opening = next((w for w, b in reversed(blocks) if w[0] == 2 and w[1] == 0 and cacheable(b)), None)
+    if opening is not None and (len(body["messages"]) < 2 or body["messages"][0].get("role") == "system"):
+        opening = None  # the opening is the last message, or a system turn that is not the task
+    ours = [w for w in (last, head, opening) if w is not None and w not in client and not (w == last and top)]
+    ours = list(dict.fromkeys(ours))
     ours = ours[:max(0, MAX_BREAKPOINTS - len(client) - top)]
     excess = len(client) + top - MAX_BREAKPOINTS
     removed = client[:excess] if excess > 0 else []

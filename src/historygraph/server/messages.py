@@ -6,7 +6,7 @@
   describes; a turn rendered unchanged is sent as the client's original JSON. The client's
   ``cache_control`` breakpoints are kept (on a placeholder for a block it replaces) and, with
   ``serve --cache-breakpoints`` (the default), the proxy adds its own after the tools and system
-  prompt and on the last message, never more than 4 in all
+  prompt, on the opening (the first message) and on the last message, never more than 4 in all
   (:mod:`historygraph.providers.anthropic_cache`).
 * ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` (Anthropic's shape), N = the
   proxy's token counter (:class:`~historygraph.signals.tokens.TokenCounter`, the counter that
