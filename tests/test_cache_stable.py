@@ -200,3 +200,49 @@ def test_a_reselection_never_cuts_a_newest_result_that_b_shows_complete():
     check_invariants(r, g, sig.counter)
     assert r.stats["cache_stable"] == "reselected" and len(msgs) - 1 in r.full and r.messages[-1] is msgs[-1]
     assert r.history_tokens == create("prune").render(g, 1000, sig).history_tokens
+
+
+class _Prune:
+    """prune, with fixed reuse probabilities for three results (positions 3, 5, 7: the first three)."""
+
+    name = "prune"
+
+    def __init__(self, prob: dict[int, float]) -> None:
+        self.inner, self.prob = create("prune"), prob
+
+    def render(self, graph, budget, signals):
+        return self.inner.render(graph, budget, signals)
+
+    def reuse_probabilities(self, graph, positions, signals):
+        return [self.prob.get(p, 0.0) for p in positions]
+
+
+def test_results_the_wrapped_policy_finds_likely_are_appended_most_probable_first():
+    """After a re-selection left the first results out, the next call appends a complete copy of
+    each result with reuse probability >= predicted_tail (0.1), most probable first, while B holds:
+    position 5 (0.4) fits, 3 (0.15) would pass B = 1000, 7 (0.05) is below the threshold."""
+    sig = Signals()
+    policy = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.1),
+                         base=_Prune({3: 0.15, 5: 0.4, 7: 0.05}))
+    g = ContextGraph("s")
+    _, prev = _grow_until_omitted(policy, g, _steps(12, 30), 1000, sig)
+    assert {3, 5, 7} <= set(prev.omitted) and prev.stats["cache_stable"] == "reselected"
+    g.extend([Message("assistant", "next", (ToolCall("u1", "bash", '{"cmd": "ls"}'),)), Message("tool", "a.py", tool_call_id="u1")])
+    r = policy.render(g, 1000, sig)
+    check_invariants(r, g, sig.counter)
+    assert r.stats["cache_stable"] == "appended" and r.messages[:len(prev.messages)] == prev.messages
+    copies = [m for m in r.messages[len(prev.messages):] if m.rendered_as == "recalled"]
+    assert len(copies) == 1 and "tool result c1" in copies[0].content and copies[0].content.endswith(g.messages[5].content)
+    assert 5 in r.full and 3 not in r.full and 7 not in r.full and r.history_tokens <= 1000
+    assert r.reasons[5].startswith("shown again at the end: reuse probability 0.400")
+    # the same run with the threshold at 0 (off): no copy
+    off = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.0), base=_Prune({5: 0.4}))
+    g2 = ContextGraph("s")
+    _grow_until_omitted(off, g2, _steps(12, 30), 1000, sig)
+    g2.extend(g.messages[len(g2):])
+    assert all(m.rendered_as != "recalled" for m in off.render(g2, 1000, sig).messages)
+
+
+def test_predicted_tail_is_checked():
+    with pytest.raises(ValueError, match="predicted_tail must be in"):
+        CacheStableConfig(predicted_tail=1.5)

@@ -419,6 +419,13 @@ class Learned:
         #: which model renders (recorded in replay.json): its file and what it was fitted on
         self.model_info = {"file": path or "shipped historygraph/policies/learned/default_model.json", **self.model.meta}
 
+    def reuse_probabilities(self, graph: ContextGraph, positions: list[int], signals: Signals) -> np.ndarray:
+        """The fitted probability that the next invocation reuses each stored tool result at
+        ``positions`` (shape ``(len(positions),)``), as :meth:`render` ranks them."""
+        if not positions:
+            return np.zeros(0)
+        return self.model.predict(feature_matrix(graph, positions, signals.counter), np.asarray(positions, dtype=np.intp), graph)
+
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         cfg = self.config
         layout = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
