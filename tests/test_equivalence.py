@@ -908,7 +908,7 @@ def reference_knapsack(candidates, value, sel, cost_exponent=1.0):
     items = [p for p in candidates if value[p] > 0]
 
     def ratio(p, c):
-        return -value[p] / max(1, c) ** cost_exponent
+        return -value[p] / max(1, c) ** cost_exponent if c > 0 else -float("inf")
 
     lay = sel.layout
     base_used, base_revived, base_shown = sel.used, set(sel.revived), dict(sel.shown)

@@ -172,6 +172,18 @@ def test_knapsack_prefers_value_per_token_over_the_largest_value():
     assert sorted(knapsack_select([a, b, c, d], value, sel)) == [b, c, d]
 
 
+def test_knapsack_first_takes_results_smaller_than_their_placeholders():
+    """A one-word result B costs fewer tokens shown than as its placeholder (Δb < 0). With room for
+    A only once B is shown, taking B first (it frees |Δb| tokens) lets A in; by ratio alone A would
+    be met first, not fit, and be left out (as a τ-bench rendering at B = 3000 did)."""
+    lay, (a, b) = layout_with_results([300, 1])
+    assert lay.delta[b] < 0 < lay.delta[a]
+    lay, _ = layout_with_results([300, 1], budget=lay.base_tokens + lay.delta[a] + lay.delta[b])
+    sel = lay.selection()
+    assert knapsack_select([a, b], {a: 0.5, b: 0.01}, sel, 0.5) == [b, a]
+    assert sel.used == lay.base_tokens + lay.delta[a] + lay.delta[b]
+
+
 def test_knapsack_swaps_in_a_single_item_worth_more_than_the_greedy_set():
     lay, (a, b) = layout_with_results([900, 60])
     room = lay.delta[a] + lay.delta[b] - 1  # both do not fit

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -124,7 +125,9 @@ _POP_CHUNK = 64  # pop-order entries converted to Python numbers at a time (doub
 def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndarray", sel: Selection,
                     cost_exponent: float = 1.0) -> list[int]:
     """Greedy 0/1 knapsack on ``value[p] / sel.cost(p)`` with the best-single-item swap (see module
-    docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. Costs are
+    docstring, step 3); fills ``sel`` and returns the positions taken, in selection order. A result
+    that costs no more than its placeholder (cost ≤ 0: a short output) is taken before any other,
+    since it frees room. Costs are
     re-read when a revival lowers them (the other results of a revived step become cheaper: they are
     queued again at their new ratio). Items with value ≤ 0 are never taken; costs below one token
     count as one. ``cost_exponent`` ``α`` ranks by ``value / cost^α`` instead (``α = 1``: the knapsack
@@ -165,6 +168,7 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
     revivals = 0
     items = np.flatnonzero(item_mask)
     ratios = -vals[items] / _powers(costs0[items], a)
+    ratios[costs0[items] <= 0] = -np.inf  # no dearer than its placeholder: taken first, it frees room for the rest
     order = np.lexsort((items, ratios))  # pop order of the heap of (ratio, candidate index, cost)
     # the pop order as Python numbers, converted a chunk at a time (a render pops few dozen)
     sorted_arrays = (ratios[order], items[order], costs0[items][order])
@@ -176,7 +180,7 @@ def knapsack_select(candidates: list[int], value: "Mapping[int, float] | np.ndar
         return float(vals[i])
 
     def ratio(i: int, c: int) -> float:  # as the initial ratios (``**`` on Python numbers)
-        return -value_of(i) / max(1, c) ** a
+        return -value_of(i) / max(1, c) ** a if c > 0 else -math.inf
 
     heap: list[tuple[float, int, int]] = []  # entries queued again at a new ratio
     unit_of, units, dropped = lay.unit_of, lay.units, lay.dropped_units
