@@ -48,7 +48,7 @@ from historygraph.policies.learned.train import C, OBJECTIVES, fit_examples, lab
 from historygraph.traces import read_traces
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned.policy import LearnedConfig, knapsack_select, reuse_values, swap_pass
+from historygraph.policies.learned.policy import LearnedConfig, _worth, knapsack_select, reuse_values, swap_pass
 from historygraph.render import BudgetTooSmallError, Layout
 
 KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent",
@@ -113,8 +113,12 @@ class Scorer:
                         lay = Layout(g, self.counter, budget, result_reserve=reserve, brief_revivals=brief)
                     except BudgetTooSmallError:
                         lay = None
+                    alt = None  # learned's reserve_always: the same history with the steps dropped to the reserve
+                    if lay is not None and not lay.fits_in_full and not lay.dropped_units and lay.candidates:
+                        alt = Layout(g, self.counter, budget, result_reserve=reserve, brief_revivals=brief, drop_all=True)
+                        alt = alt if alt.candidates == lay.candidates else None
                     lo, hi = (rows[inv], rows[inv + 1]) if inv + 1 < len(rows) else (0, 0)
-                    out.append((j, lay, lo, hi))
+                    out.append((j, lay, alt, lo, hi))
                     inv += 1
                 g.append(m)
             self._layouts[key] = out
@@ -129,7 +133,7 @@ class Scorer:
         hits = events = 0
         tokens = []
         msgs = self.trace.messages
-        for j, lay, lo, hi in self.layouts(budget, reserve, brief):
+        for j, lay, alt, lo, hi in self.layouts(budget, reserve, brief):
             ev = self.events.get(j, set())
             events += len(ev)
             if lay is None:
@@ -141,7 +145,13 @@ class Scorer:
             cands = lay.candidates
             value = reuse_values(lay, prob[lo:hi], c)
             sel = lay.selection()
-            swap_pass(sel, knapsack_select(cands, value, sel, alpha), value, c.swap_pairs)
+            taken = swap_pass(sel, knapsack_select(cands, value, sel, alpha), value, c.swap_pairs)
+            if alt is not None and c.reserve_always:
+                alt_value = reuse_values(alt, prob[lo:hi], c)
+                alt_sel = alt.selection()
+                alt_taken = swap_pass(alt_sel, knapsack_select(cands, alt_value, alt_sel, alpha), alt_value, c.swap_pairs)
+                if _worth(alt_taken, cands, alt_value) > _worth(taken, cands, value):
+                    sel = alt_sel
             shown = {p for p, f in sel.shown.items() if f is msgs[p]}
             hits += len(ev & shown)
             tokens.append(sel.used)

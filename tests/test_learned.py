@@ -795,3 +795,57 @@ def test_error_flag_is_the_error_pattern_searched_whole(traces_dir):
         texts += [m.content[:fx.TEXT_CHARS] for m in tr.messages if m.role == "tool"]
     assert [fx.has_error(t) for t in texts] == [fx._ERROR.search(t) is not None for t in texts]
     assert fx.has_error("ValueError: x") and not fx.has_error("Errors") and not fx.has_error("xerror: y")
+
+
+class _FixedModel:
+    """Reuse probabilities by position (a test double for the fitted model)."""
+
+    def __init__(self, prob: dict[int, float]) -> None:
+        self.prob = prob
+
+    def predict(self, X, keys=None, owner=None):
+        return np.array([self.prob.get(int(p), 0.0) for p in keys])
+
+
+def _talkative_history() -> list[Message]:
+    """A task, four steps whose reasoning is ~300 tokens and whose results ~400, then a call whose
+    small result is the newest (positions of the four results: 2, 4, 6, 8)."""
+    msgs = [Message("user", "task")]
+    for i in range(4):
+        msgs += [Message("assistant", "plan " * 300, (bash(f"c{i}", f"cat f{i}.py"),)),
+                 Message("tool", f"line{i} " + "word " * 400, tool_call_id=f"c{i}")]
+    msgs += [Message("assistant", "", (bash("c9", "ls"),)), Message("tool", "a.py", tool_call_id="c9")]
+    return msgs
+
+
+@pytest.mark.parametrize("reserve_always", [True, False])
+def test_reserve_always_drops_fitting_steps_when_their_room_shows_more_likely_results(reserve_always):
+    """B = 2,400: every step fits with its result as a placeholder (about 1,500 tokens), leaving room
+    for about two of the four 400-token results. Each has reuse probability 0.5: keeping the steps
+    shows two (worth 1.0); dropping them to the reserve (5 % of B) and bringing back the steps of the
+    results shown, in brief, shows all four (worth 2.0), so that layout is rendered. Off, the steps stay."""
+    g = ContextGraph("r", _talkative_history())
+    sig = Signals()
+    pol = create("learned", reserve_always=reserve_always)
+    pol.model = _FixedModel({2: 0.5, 4: 0.5, 6: 0.5, 8: 0.5})
+    lay = Layout(g, sig.counter, 2400, result_reserve=0.95)
+    assert not lay.fits_in_full and not lay.dropped_units  # the steps fit: the layout alone drops none
+    r = pol.render(g, 2400, sig)
+    check_invariants(r, g, sig.counter)
+    shown = {2, 4, 6, 8} & set(r.full)
+    if reserve_always:
+        assert shown == {2, 4, 6, 8} and any(m.rendered_as == "brief" for m in r.messages)
+    else:
+        assert len(shown) == 2 and sum(m.content == "plan " * 300 for m in r.messages) == 4  # every step's reasoning kept
+
+
+def test_reserve_always_keeps_the_steps_when_dropping_them_shows_nothing_more():
+    """Only the first result is likely (0.5; the others below min_probability): both layouts show it
+    alone, worth the same, and the steps stay."""
+    g = ContextGraph("r", _talkative_history())
+    sig = Signals()
+    pol = create("learned")
+    pol.model = _FixedModel({2: 0.5})
+    r = pol.render(g, 2400, sig)
+    check_invariants(r, g, sig.counter)
+    assert {2, 4, 6, 8} & set(r.full) == {2} and sum(m.content == "plan " * 300 for m in r.messages) == 4

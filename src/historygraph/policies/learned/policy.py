@@ -69,7 +69,10 @@ class LearnedConfig:
     greedy fill (:func:`swap_pass`) tries this many most valuable results for the freed room (0: no
     exchange); 3 was chosen by the same cross-validation (79.6 / 62.3 against 79.5 / 62.1 without,
     at 9 / 6 fewer history tokens a call; 5 and 10 gave the same at 3000; docs/learned.md, "One
-    exchange after the greedy fill")."""
+    exchange after the greedy fill"). ``reserve_always``: when the retained history fits in B, so
+    that the layout drops no step, also select under the layout that keeps only the newest steps
+    within ``(1 − result_reserve)·B`` (as it does once the history passes B) and render the one
+    whose selection is worth more (docs/learned.md, "Layout")."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -80,6 +83,7 @@ class LearnedConfig:
     brief_revivals: bool = True
     cost_exponent: float = 0.5
     swap_pairs: int = 3
+    reserve_always: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -372,6 +376,12 @@ def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.nda
     return value
 
 
+def _worth(taken: list[int], cands: list[int], value: np.ndarray) -> float:
+    """Summed value of the positions ``taken`` (``value`` in the order of ``cands``)."""
+    at = np.searchsorted(np.asarray(cands, dtype=np.intp), np.asarray(taken, dtype=np.intp))
+    return float(value[at].sum()) if len(taken) else 0.0
+
+
 def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     """Cost of ``p`` when nothing else is shown (its step's revival included)."""
     lay = sel.layout
@@ -445,6 +455,18 @@ class Learned:
         value = reuse_values(layout, prob, cfg)
         sel = layout.selection()
         taken = swap_pass(sel, knapsack_select(cands, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
+        if cfg.reserve_always and not layout.dropped_units and cands:
+            # the layout kept every step because they fit: select again with the steps dropped to the reserve
+            alt = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
+                         excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
+                         excerpt_focus=cfg.excerpt_focus, drop_all=True)
+            if alt.candidates == cands:
+                alt_value = reuse_values(alt, prob, cfg)
+                alt_sel = alt.selection()
+                alt_taken = swap_pass(alt_sel, knapsack_select(cands, alt_value, alt_sel, cfg.cost_exponent),
+                                      alt_value, cfg.swap_pairs)
+                if _worth(alt_taken, cands, alt_value) > _worth(taken, cands, value):
+                    layout, value, sel, taken = alt, alt_value, alt_sel, alt_taken
         layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, dict(zip(cands, value.tolist())), taken,
                                                       budget, cfg.min_probability))
         return layout.assemble(self.name, sel)
