@@ -558,16 +558,27 @@ def test_one_ctrl_c_stops_a_parallel_replay_within_seconds_keeping_what_finished
     import sys
     import time
 
+    import threading
+
     proc = subprocess.Popen([sys.executable, "-m", "historygraph", "replay", str(traces_dir), "-p", "learned", "-p", "prune",
                              "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
     try:
-        time.sleep(6)  # the workers are replaying (the whole replay takes a minute or more)
+        # interrupt once the workers are replaying: after the first progress line (a fixed wait could
+        # fall in the start-up of a loaded machine, before the parallel replay began)
+        deadline = time.monotonic() + 120
+        while not any(x.startswith("replay ") for x in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert proc.poll() is None, "the replay ended before the interrupt"
         t0 = time.monotonic()
         os.killpg(proc.pid, sig.SIGINT)  # what a terminal's Ctrl-C sends: the whole process group
-        out, _ = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
         took = time.monotonic() - t0
+        reader.join(10)
+        out = "".join(lines)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, sig.SIGKILL)

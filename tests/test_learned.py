@@ -574,10 +574,17 @@ def test_learned_renders_with_a_tree_model_and_keeps_the_invariants(tmp_path):
     msgs.append(Message("assistant", "next", (bash("c9", "ls"),)))
     g = ContextGraph("l", msgs)
     sig = Signals()
+    r = create("learned", model=str(tmp_path / "t.json"), reserve_always=False).render(g, 2000, sig)
+    check_invariants(r, g, sig.counter)
+    # with every step kept (they fit), two of the three results at most 3 turns old fit (ties go to
+    # the older), none of the older three
+    assert sorted(r.full) == [8, 10]
     r = create("learned", model=str(tmp_path / "t.json")).render(g, 2000, sig)
     check_invariants(r, g, sig.counter)
-    # two of the three results at most 3 turns old fit (ties go to the older), none of the older three
-    assert sorted(r.full) == [8, 10]
+    # reserve_always: with the steps dropped to the reserve all three fit (worth 3 × 0.6 > 2 × 0.6);
+    # the older three steps stand under one marker
+    assert sorted(r.full) == [8, 10, 12]
+    assert sum(m.rendered_as == "marker" for m in r.messages) == 1
 
 
 def test_learned_keeps_the_invariants_and_prefers_the_reused_result():

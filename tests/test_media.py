@@ -155,7 +155,8 @@ def test_anthropic_placeholders_keep_is_error_and_name_the_image_restorable_by_i
     assert r.status_code == 200, r.text
     assert rejected == []
     out = sent["messages"]
-    assert out[0] == turns[0]  # the first user turn, its image and PDF forwarded unchanged
+    # the first user turn, its image and PDF forwarded unchanged, with the proxy's breakpoint on the opening's last block
+    assert out[0] == {"role": "user", "content": [*turns[0]["content"][:2], {**PDF, "cache_control": {"type": "ephemeral"}}]}
     t1, t2 = out[2]["content"][0], out[4]["content"][0]
     assert t1["tool_use_id"] == "t1" and t1["is_error"] is True and "omitted from this context" in t1["content"]
     assert t2 == {"type": "tool_result", "tool_use_id": "t2", "content": (

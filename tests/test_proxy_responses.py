@@ -224,9 +224,10 @@ def test_tool_loaded_text_after_a_result_is_no_new_user_turn(servers):
                             default_headers={"X-HistoryGraph-Session": "tool-loaded"})
     a.messages.create(model="m", max_tokens=20, messages=turns, tools=A_TOOLS)
     sent = received(servers)["body"]
-    # as sent, plus the proxy's cache breakpoints: the last block of the last message, the last tool
+    # as sent, plus the proxy's cache breakpoints: the last block of the last message, the opening, the last tool
     loaded = {"type": "text", "text": "Tool loaded.", "cache_control": {"type": "ephemeral"}}
-    assert sent["messages"] == turns[:2] + [{"role": "user", "content": [turns[2]["content"][0], loaded]}]
+    opening = {"role": "user", "content": [{"type": "text", "text": "task: load the tool", "cache_control": {"type": "ephemeral"}}]}
+    assert sent["messages"] == [opening, turns[1], {"role": "user", "content": [turns[2]["content"][0], loaded]}]
     assert sent["tools"] == [{**A_TOOLS[-1], "cache_control": {"type": "ephemeral"}}] and rejections(servers) == []
     history = stored(servers, "tool-loaded")
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
@@ -250,7 +251,8 @@ def test_a_system_turn_inside_messages_is_kept_at_its_place_outside_b(servers):
     raw = a.messages.with_raw_response.create(model="m", max_tokens=20, messages=turns, tools=A_TOOLS)
     assert raw.http_response.status_code == 200 and "x-historygraph-over-budget" not in raw.headers
     sent = received(servers)["body"]["messages"]
-    assert sent[:3] == turns[:3] and rejections(servers) == []
+    opening = {"role": "user", "content": [{"type": "text", "text": "task: system turn", "cache_control": {"type": "ephemeral"}}]}
+    assert sent[:3] == [opening, *turns[1:3]] and rejections(servers) == []  # with the proxy's breakpoint on the opening
     results = [b for m in sent if isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"]
     assert results[0]["content"].startswith("[tool result st0 omitted") and results[2]["content"] == "out2 " * WORDS
     history = stored(servers, "system-turn")
