@@ -222,8 +222,8 @@ def test_a_client_with_five_breakpoints_is_forwarded_with_four(cached):
 def test_a_25_call_run_through_the_proxy_sends_at_most_half_the_uncached_input(tmp_path):
     """Issue 37's target: mini-swe-agent-like client (no breakpoints of its own) on Anthropic, 25
     calls, B = 6000, the proxy's defaults (learned, cache-stable, breakpoints on) against the
-    client's own requests sent to the same fake. Measured (tests/cache_run.py): 31,183 against
-    212,050 uncached tokens (0.15); 85,258 (0.40) with --no-cache-stable."""
+    client's own requests sent to the same fake. Measured (tests/cache_run.py): 33,166 against
+    212,050 uncached tokens (0.16); 86,737 (0.41) with --no-cache-stable."""
     with stack(tmp_path) as (proxy, fake):
         own = anthropic_run(fake, "own", 25, "full", 6000)
         ours = anthropic_run(proxy, "ours", 25, "learned", 6000)
