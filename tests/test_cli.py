@@ -36,6 +36,23 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     assert res.exit_code == 0 and "nan_ritt@gmail.com" in res.output
 
 
+def test_a_replay_into_a_folder_removes_the_earlier_replays_report_saying_so(tmp_path):
+    """A report left from an earlier replay in --out would contradict the new replay.json beside it
+    (a newcomer replayed one trace into replay-results and found the old 287-trace report there)."""
+    out = tmp_path / "out"
+    args = ["replay", "--budget", "3000", "-p", "prune", "-p", "full", "--store", str(tmp_path / "s.sqlite"), "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    assert (out / "report.html").exists() and (out / "report.md").exists() and (out / "report-files").is_dir()
+    (out / "notes.txt").write_text("mine")
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "removed the earlier replay's report from" in res.output and "report.html, report.md, report-files" in res.output
+    assert not (out / "report.html").exists() and not (out / "report.md").exists() and not (out / "report-files").exists()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "replay.json").exists()  # nothing else is touched
+    assert "removed the earlier" not in runner.invoke(app, args).output  # nothing to remove: nothing said
+
+
 def test_recall_by_age_title_names_the_budget_and_the_trace_set():
     from historygraph.eval.report import recall_by_age_title
     meta = {"paths": ["../shared/traces"], "trajectories": 287, "trajectories_done": 287}

@@ -161,11 +161,23 @@ def replay(
         what = "disk full" if exc.errno == errno.ENOSPC else f"cannot write ({exc.strerror or exc})"
         fail(f"{what} while writing the replay's outputs to {out}: no output there was replaced; free some space "
              f"or give --out another folder, and run the replay again")
+    _remove_stale_report(out)
     db.close()
     if stopped:
         fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "
              + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
     _print_results(results, prices, models, shown, budgets, meta, written, out, skipped, wall, peak_mb, per_trace=per_trace, wide=wide)
+
+
+def _remove_stale_report(out: Path) -> None:
+    """Remove the report of an earlier replay from ``out`` (``historygraph report`` wrote it from the
+    files just replaced, so it would contradict them), saying so."""
+    stale = [p for p in (out / "report.html", out / "report.md", out / "report-files") if p.exists()]
+    for p in stale:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if stale:
+        err.print(f"removed the earlier replay's report from {out} ({', '.join(p.name for p in stale)}): "
+                  f"'historygraph report {out}' writes this replay's", markup=False, highlight=False, soft_wrap=True)
 
 
 def _read_into(paths: list[Path], fmt: str | None, strict: bool, out: Path) -> tuple[list, list[dict[str, str]]]:

@@ -83,7 +83,8 @@ def serve(
         fail(str(exc))
     except Exception as exc:  # an unreachable database, an unwritable path
         fail(f"cannot open store {store or 'default'}: {type(exc).__name__}: {exc}")
-    err.print(f"historygraph proxy on http://{host}:{port} → {masked_url(upstream)} | {masked_url(anthropic_upstream)}; policy {policy}, "
+    err.print(f"historygraph proxy on http://{host}:{port} → {masked_url(upstream)} | {masked_url(anthropic_upstream)}; policy {policy}"
+              f"{' (cache-stable: sessions record it as ' + policy + '-stable)' if config.cache_stable and policy != 'full' else ''}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
     if workers == 1:
         from historygraph.server.app import tune_gc
