@@ -577,9 +577,12 @@ def test_one_ctrl_c_stops_a_parallel_replay_within_seconds_keeping_what_finished
 
     import threading
 
+    # Ctrl-C as at a terminal: a test run started in the background of a non-interactive shell (`.ci/run &`)
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler; restore the default
     proc = subprocess.Popen([sys.executable, "-m", "historygraph", "replay", str(traces_dir), "-p", "learned", "-p", "prune",
-                             "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                             "--budget", "6000,3000,2000", "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: sig.signal(sig.SIGINT, sig.SIG_DFL))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
