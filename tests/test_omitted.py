@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from historygraph import Session, render_messages
+from historygraph import Message, Session, render_messages
 from historygraph.cli import app as cli_app
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
@@ -156,6 +156,20 @@ def test_every_omitted_result_of_a_real_trace_is_in_its_record(policy):
         assert all(o.reason in REASONS for o in items)
         seen_forms |= {o.reason for o in items}
     assert seen_forms  # the trace does exceed B
+
+
+def test_show_omitted_heading_stays_on_one_line_and_a_call_that_left_nothing_out_has_no_table(tmp_path):
+    """A newcomer's narrow terminal showed the heading of a call with nothing omitted wrapped to
+    the width of its empty table ("history 0 / tokens")."""
+    path = tmp_path / "hg.sqlite"
+    s = Session("small", store=SQLiteStore(path), policy="learned", budget=1000)
+    s.add(Message("user", "hello"))
+    s.render()
+    s.store.close()
+    out = CliRunner().invoke(cli_app, ["show", "small", "--omitted", "--store", str(path)], env={"COLUMNS": "60"})
+    assert out.exit_code == 0, out.output
+    assert "call 1: learned-stable at B = 1000, history 0 tokens, 0 tool results omitted of 1 messages" in out.output
+    assert "┏" not in out.output  # no empty table
 
 
 def test_show_omitted_prints_a_table_per_call_and_json(tmp_path):

@@ -101,8 +101,13 @@ def _show_omitted(db, session: str, g: ContextGraph, as_json: bool) -> None:  # 
         return
     for c in per_call:
         note = "".join(f", {k.replace('_', ' ')} (B asked {c[k]})" for k in NOTES if k in c)
-        t = Table(title=f"call {c['call']}: {c['policy']} at B = {c['budget']}, history {c['history_tokens']} tokens, "
-                        f"{c['omitted']} tool results omitted of {c['events']} messages{note}", header_style="bold")
+        # the heading on its own line: as a table's title it wrapped to the width of a narrow (or empty) table
+        console.print(f"call {c['call']}: {c['policy']} at B = {c['budget']}, history {c['history_tokens']} tokens, "
+                      f"{c['omitted']} tool results omitted of {c['events']} messages{note}",
+                      markup=False, highlight=False, soft_wrap=True, style="italic")
+        if not c["items"]:
+            continue
+        t = Table(header_style="bold")
         for col in ("pos", "kind", "tool call id", "tokens", "reason"):
             t.add_column(col, justify="right" if col in ("pos", "tokens") else "left")
         for o in c["items"]:
