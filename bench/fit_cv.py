@@ -48,7 +48,7 @@ from historygraph.policies.learned.train import C, OBJECTIVES, fit_examples, lab
 from historygraph.traces import read_traces
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned.policy import LearnedConfig, _worth, knapsack_select, reuse_values, swap_pass
+from historygraph.policies.learned.policy import LearnedConfig, select_results
 from historygraph.render import BudgetTooSmallError, Layout
 
 KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent",
@@ -116,7 +116,6 @@ class Scorer:
                     alt = None  # learned's reserve_always: the same history with the steps dropped to the reserve
                     if lay is not None and not lay.fits_in_full and not lay.dropped_units and lay.candidates:
                         alt = Layout(g, self.counter, budget, result_reserve=reserve, brief_revivals=brief, drop_all=True)
-                        alt = alt if alt.candidates == lay.candidates else None
                     lo, hi = (rows[inv], rows[inv + 1]) if inv + 1 < len(rows) else (0, 0)
                     out.append((j, lay, alt, lo, hi))
                     inv += 1
@@ -127,7 +126,7 @@ class Scorer:
     def hits(self, model, budget: int, cfg: dict, prob: np.ndarray | None = None) -> tuple[int, int, list[int]]:
         """Hits, events and history tokens of ``model`` (or of the given per-row values ``prob``)."""
         c = LearnedConfig(**cfg)  # the policy's defaults for what cfg does not set
-        reserve, brief, alpha = c.result_reserve, c.brief_revivals, c.cost_exponent
+        reserve, brief = c.result_reserve, c.brief_revivals
         if prob is None:
             prob = model.predict(self.ex.X) if len(self.ex.X) else np.zeros(0)
         hits = events = 0
@@ -142,16 +141,7 @@ class Scorer:
                 hits += len(ev)
                 tokens.append(lay.full_history_tokens)
                 continue
-            cands = lay.candidates
-            value = reuse_values(lay, prob[lo:hi], c)
-            sel = lay.selection()
-            taken = swap_pass(sel, knapsack_select(cands, value, sel, alpha), value, c.swap_pairs)
-            if alt is not None and c.reserve_always:
-                alt_value = reuse_values(alt, prob[lo:hi], c)
-                alt_sel = alt.selection()
-                alt_taken = swap_pass(alt_sel, knapsack_select(cands, alt_value, alt_sel, alpha), alt_value, c.swap_pairs)
-                if _worth(alt_taken, cands, alt_value) > _worth(taken, cands, value):
-                    sel = alt_sel
+            _, _, sel, _ = select_results(lay, prob[lo:hi], c, alt if c.reserve_always else None)
             shown = {p for p, f in sel.shown.items() if f is msgs[p]}
             hits += len(ev & shown)
             tokens.append(sel.used)

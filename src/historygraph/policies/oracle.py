@@ -28,6 +28,7 @@ rendered for reuses, by the evaluator's own labelling rule (Later-Used Result Re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
@@ -52,8 +53,13 @@ class _Clairvoyant:
     """The future the evaluator gives: ``upcoming`` must be set before each render."""
 
     reads_future = True
-    name: str
-    upcoming: frozenset[int] | None
+    Config: ClassVar[type]
+    default_name: ClassVar[str]
+
+    def __init__(self, name: str = "", config: Any = None) -> None:
+        self.name = name or self.default_name
+        self.config = config or self.Config()
+        self.upcoming: frozenset[int] | None = None
 
     def _future(self) -> frozenset[int]:
         if self.upcoming is None:
@@ -78,11 +84,7 @@ class Oracle(_Clairvoyant):
     """
 
     Config = OracleConfig
-
-    def __init__(self, name: str = "oracle", config: OracleConfig | None = None) -> None:
-        self.name = name
-        self.config = config or OracleConfig()
-        self.upcoming = None
+    default_name = "oracle"
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         reused = self._future()
@@ -126,11 +128,8 @@ class GreedyOracle(_Clairvoyant):
     """
 
     Config = GreedyOracleConfig
-
-    def __init__(self, name: str = "oracle-greedy", config: GreedyOracleConfig | None = None) -> None:
-        self.name = name
-        self.config = config or GreedyOracleConfig()
-        self.upcoming = None
+    default_name = "oracle-greedy"
+    config: GreedyOracleConfig
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         reused = self._future()

@@ -376,6 +376,26 @@ def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.nda
     return value
 
 
+def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
+                   alt: Layout | None = None) -> tuple[Layout, np.ndarray, Selection, list[int]]:
+    """The knapsack and the exchange on ``layout`` (``prob``: reuse probabilities in candidate
+    order); with ``alt`` (the same candidates, the steps dropped to the reserve: ``reserve_always``)
+    the selection of the two worth more, a tie to ``layout``. Returns the layout, its knapsack
+    values, the filled selection and the positions shown. Shared by :class:`Learned` and the
+    cross-validation benchmark, so both score the same rule."""
+    value = reuse_values(layout, prob, cfg)
+    sel = layout.selection()
+    taken = swap_pass(sel, knapsack_select(layout.candidates, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
+    if alt is not None and alt.candidates == layout.candidates:
+        alt_value = reuse_values(alt, prob, cfg)
+        alt_sel = alt.selection()
+        alt_taken = swap_pass(alt_sel, knapsack_select(alt.candidates, alt_value, alt_sel, cfg.cost_exponent),
+                              alt_value, cfg.swap_pairs)
+        if _worth(alt_taken, alt.candidates, alt_value) > _worth(taken, layout.candidates, value):
+            return alt, alt_value, alt_sel, alt_taken
+    return layout, value, sel, taken
+
+
 def _worth(taken: list[int], cands: list[int], value: np.ndarray) -> float:
     """Summed value of the positions ``taken`` (``value`` in the order of ``cands``)."""
     at = np.searchsorted(np.asarray(cands, dtype=np.intp), np.asarray(taken, dtype=np.intp))
@@ -452,21 +472,13 @@ class Learned:
         # scores kept per result across this graph's renders (TreeReuseModel.score; the same bits)
         prob = self.model.predict(feature_matrix(graph, cands, signals.counter), np.asarray(cands, dtype=np.intp),
                                   graph) if cands else np.zeros(0)
-        value = reuse_values(layout, prob, cfg)
-        sel = layout.selection()
-        taken = swap_pass(sel, knapsack_select(cands, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
+        alt = None
         if cfg.reserve_always and not layout.dropped_units and cands:
             # the layout kept every step because they fit: select again with the steps dropped to the reserve
             alt = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
                          excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
                          excerpt_focus=cfg.excerpt_focus, drop_all=True)
-            if alt.candidates == cands:
-                alt_value = reuse_values(alt, prob, cfg)
-                alt_sel = alt.selection()
-                alt_taken = swap_pass(alt_sel, knapsack_select(cands, alt_value, alt_sel, cfg.cost_exponent),
-                                      alt_value, cfg.swap_pairs)
-                if _worth(alt_taken, cands, alt_value) > _worth(taken, cands, value):
-                    layout, value, sel, taken = alt, alt_value, alt_sel, alt_taken
+        layout, value, sel, taken = select_results(layout, prob, cfg, alt)
         layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, dict(zip(cands, value.tolist())), taken,
                                                       budget, cfg.min_probability))
         return layout.assemble(self.name, sel)
