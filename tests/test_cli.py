@@ -23,6 +23,7 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     res = runner.invoke(app, ["replay", "--budget", "3000", "--store", str(tmp_path / "s.sqlite"), "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "contextrender" in res.output and "invariant violations: 0" in res.output
+    assert "no PATH given: replaying the example trace shipped with the package (dinner_bill.json)" in res.output
     data = json.loads((out / "replay.json").read_text())
     rows = {r["policy"]: r for r in data["per_source"] if r["source"] == "ALL"}
     assert set(rows) == {"learned", "learned-stable", "contextrender", "prune", "full"}  # the default policies

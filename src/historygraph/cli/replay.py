@@ -124,6 +124,7 @@ def replay(
         shown = list(select(models, price_model))
     except PriceModelError as exc:
         fail(f"--prices: {exc}" if prices_file else str(exc))
+    example = not paths
     paths = paths or [example_trace_path()]
     for p in paths:
         if not p.exists():
@@ -142,6 +143,9 @@ def replay(
     console.print(f"Replaying {len(traces)} {'trajectory' if len(traces) == 1 else 'trajectories'} from {len(paths)} path(s) through {', '.join(names)} "
                   f"at B = {', '.join(map(str, budgets))} tokens ({encoding}); store: {store_name(db)}",
                   markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length: scripts grep it
+    if example:
+        console.print(f"no PATH given: replaying the example trace shipped with the package ({paths[0].name}) into "
+                      f"{out}; name your traces' files or folders to replay them", markup=False, highlight=False, soft_wrap=True)
     _print_models(policies)
     jobs = min(jobs, len(traces))  # (a worker process for no trace would only load the models)
     done, embedded, stopped = _run(traces, names, budgets, policies, signals, db, encoding, store, jobs, params, embedder, models)
