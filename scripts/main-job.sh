@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 TRACES=${HISTORYGRAPH_TRACES:-../shared/traces}
-# one replay process per core, up to 4 (the same figures; on 2 cores a cold replay 65 -> 57 s, warm 9 -> 8 s);
+# one replay process per core, up to 4 (the same figures; on 2 cores about 1.15x faster than one process);
 # a --jobs among the extra arguments comes later and wins
 JOBS=$(.venv/bin/python -c 'import os; print(max(1, min(4, os.cpu_count() or 1)))')
 if [ -d "$TRACES" ]; then
