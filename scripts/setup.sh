@@ -15,7 +15,7 @@ summarise() {
   while IFS= read -r line; do
     case $line in
       Collecting*) n=$((n + 1)); if (( n % 10 == 1 )); then say "$1: collecting packages ($n so far: ${line#Collecting })"; fi ;;
-      "Installing collected packages:"*) say "$1: $n packages collected; installing them" ;;
+      "Installing collected packages:"*) say "$1: installing the packages it resolved" ;;
       "Successfully installed"*) say "$1: installed $(( $(wc -w <<<"$line") - 2 )) packages" ;;
     esac
   done
