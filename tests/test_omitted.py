@@ -115,6 +115,32 @@ def test_one_record_per_render_kept_across_reopening_a_sqlite_store(tmp_path):
     again.close()
 
 
+def test_a_program_that_never_closes_its_store_keeps_its_records_at_exit(tmp_path):
+    """The walkthrough's case: render_messages with a session on an SQLite store the program never
+    closes. The record of its one render is only queued (it is written with the next append), so
+    it must be written at interpreter exit; a closed store is no longer flushed then."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "hg.sqlite"
+    script = (
+        "import json, sys\n"
+        "from historygraph import render_messages\n"
+        "from historygraph.store import SQLiteStore\n"
+        "msgs = json.loads(sys.argv[2])\n"
+        "render_messages(msgs, budget=900, policy='observation-masking', session='lib', store=SQLiteStore(sys.argv[1]))\n"
+        "closed = SQLiteStore(sys.argv[1] + '.closed')\n"
+        "closed.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(path), json.dumps(steps(n=6, result_lines=150))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    store = SQLiteStore(path)
+    [record] = store.omitted("lib")
+    assert record["events"] == 13 and record["omitted"] > 0
+    store.close()
+
+
 def test_render_messages_with_a_session_records_and_without_one_does_not():
     store = MemoryStore()
     msgs = steps(n=6, result_lines=150)

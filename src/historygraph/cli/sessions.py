@@ -96,7 +96,7 @@ def _show_omitted(db, session: str, g: ContextGraph, as_json: bool) -> None:  # 
     if not per_call:
         console.print(f"no renderings recorded for session {session} in {store_name(db)} (records are kept for "
                       f"Session.render, render_messages with a session and proxied requests, not for a replay; a store "
-                      f"opened in your own process writes them at store.flush() or store.close()); to see "
+                      f"open in a running program writes them at its next append, flush() or close()); to see "
                       f"what a policy leaves out of it now: historygraph render {session} -p POLICY -b BUDGET "
                       f"--store {store_name(db)}", markup=False)
         return

@@ -36,9 +36,12 @@ instance's queued ones, in the order they were recorded.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import sys
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -52,6 +55,23 @@ from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.store.full import StoreFullError, disk_full
 
+
+_OPEN: "weakref.WeakSet[Store]" = weakref.WeakSet()  # stores not closed yet, flushed at interpreter exit
+
+
+def _flush_open_stores() -> None:
+    """At interpreter exit, write what every store still open has queued (omission records,
+    derived rows; :meth:`Store.flush`), so a program that never closes its store loses nothing it
+    recorded. A store that cannot be written is named on stderr; the others are still flushed."""
+    for store in list(_OPEN):
+        try:
+            store.flush()
+        except Exception as exc:  # noqa: BLE001  (exit: report and go on with the next store)
+            print(f"historygraph: a {type(store).__name__} not closed could not write its queued records at exit: "
+                  f"{exc}", file=sys.stderr)
+
+
+atexit.register(_flush_open_stores)
 
 KEPT_KEYS = 1000
 """Idempotency keys kept per session: the most recent keyed appends (older keys are forgotten, and
@@ -127,6 +147,7 @@ class Store(ABC):
     write succeeds again; ``None`` otherwise (the proxy's ``/health`` reports it)."""
 
     def __init__(self) -> None:
+        _OPEN.add(self)
         self._graphs: OrderedDict[str, ContextGraph] = OrderedDict()
         self._graph_lock = threading.Lock()  # guards the two dicts; each session has its own lock
         self._session_locks: dict[str, threading.RLock] = {}
@@ -205,8 +226,10 @@ class Store(ABC):
         """Cache a derived text; an existing entry is kept (first writer wins)."""
 
     def close(self) -> None:
-        """Write what the cached graphs derived (:meth:`flush`), then release resources."""
+        """Write what the cached graphs derived (:meth:`flush`), then release resources. A store
+        still open at interpreter exit is flushed then (not closed)."""
         self.flush()
+        _OPEN.discard(self)
 
     def flush(self, session_id: str | None = None) -> None:
         """Write the derived rows that the cached graph of ``session_id`` (``None``: of every
