@@ -151,6 +151,8 @@ def test_library_session_add_uses_the_same_keys(db):
     again = Session("lib", store=open_store(db))  # a new process with the same store
     assert again.add({"role": "user", "content": "hi"}, idempotency_key="t1") == 0
     assert [m["content"] for m in again.render()] == ["hi", "bye"]
+    again.store.close()  # writes the render's queued record while the database is there
+    s.store.close()
 
 
 def _cut_after_next_commit(store) -> None:
@@ -186,3 +188,4 @@ def test_library_calls_cut_after_the_commit_are_retried_without_duplicates(db):
     assert render_messages(messages, budget=500, policy="prune", session="one-call", store=store) == messages
     assert [m.content for m in open_store(db).messages("one-call")] == ["q", "a", "q2"]
     assert store.sessions_with_prefix("one-call~") == []  # no branch either
+    store.close()  # writes the renders' queued records while the database is there
