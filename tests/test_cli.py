@@ -27,6 +27,9 @@ def test_replay_example_writes_table_json_csv_and_plot(tmp_path):
     data = json.loads((out / "replay.json").read_text())
     rows = {r["policy"]: r for r in data["per_source"] if r["source"] == "ALL"}
     assert set(rows) == {"learned", "learned-stable", "contextrender", "prune", "full"}  # the default policies
+    table = [x for x in res.output.splitlines() if x.startswith("│")]
+    assert any(x.split("│")[1].strip() == "openai-chat" for x in table), table  # the example's source (its format)
+    assert not any(x.split("│")[1].strip() == "ALL" for x in table)  # one source: its ALL rows are not repeated
     assert rows["contextrender"]["max_history_tokens"] <= 3000
     assert rows["full"]["recall"] == 100.0
     assert (out / "replay.csv").read_text().startswith("scope,budget,source,trace_id,session,policy")

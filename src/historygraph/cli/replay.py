@@ -245,9 +245,11 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
     """The tables of a finished replay (per source, and per trace with ``per_trace``), its warnings and
     closing lines; exits with status 1 on an invariant violation or a skipped file."""
     per_trace_rows, per_source_rows = summarize(results, prices, models)
+    # with one source the ALL rows repeat its rows: the printed table leaves them out (replay.json and .csv keep them)
+    one_source = len({r["source"] for r in per_source_rows} - {"ALL"}) == 1
     for b in budgets:
-        _print_table([r for r in per_source_rows if r["budget"] == b], f"Later-Used Result Recall and history tokens at B = {b}", wide=wide,
-                     cache_models=shown)
+        _print_table([r for r in per_source_rows if r["budget"] == b and not (one_source and r["source"] == "ALL")],
+                     f"Later-Used Result Recall and history tokens at B = {b}", wide=wide, cache_models=shown)
         if per_trace:
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
