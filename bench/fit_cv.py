@@ -48,7 +48,7 @@ from historygraph.policies.learned.train import C, OBJECTIVES, fit_examples, lab
 from historygraph.traces import read_traces
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import Signals, create
-from historygraph.policies.learned.policy import LearnedConfig, select_results
+from historygraph.policies.learned.policy import LearnedConfig, reserve_layout, select_results
 from historygraph.render import BudgetTooSmallError, Layout
 
 KEYS = {"reserve": "result_reserve", "brief": "brief_revivals", "minp": "min_probability", "alpha": "cost_exponent",
@@ -113,9 +113,9 @@ class Scorer:
                         lay = Layout(g, self.counter, budget, result_reserve=reserve, brief_revivals=brief)
                     except BudgetTooSmallError:
                         lay = None
-                    alt = None  # learned's reserve_always: the same history with the steps dropped to the reserve
-                    if lay is not None and not lay.fits_in_full and not lay.dropped_units and lay.candidates:
-                        alt = Layout(g, self.counter, budget, result_reserve=reserve, brief_revivals=brief, drop_all=True)
+                    # learned's reserve_always: the same history with the steps dropped to the reserve (used when set)
+                    alt = reserve_layout(lay, LearnedConfig(result_reserve=reserve, brief_revivals=brief)) \
+                        if lay is not None else None
                     lo, hi = (rows[inv], rows[inv + 1]) if inv + 1 < len(rows) else (0, 0)
                     out.append((j, lay, alt, lo, hi))
                     inv += 1

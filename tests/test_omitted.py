@@ -252,8 +252,6 @@ def test_the_proxy_names_the_omitted_count_and_the_record_in_headers():
 
 
 def test_every_store_keeps_the_records_in_order_and_shares_them_once_written(make_store):  # noqa: F811
-    from historygraph.history.events import Message
-
     a = make_store()
     a.create_session("s")
     a.append("s", Message("user", "hi"))

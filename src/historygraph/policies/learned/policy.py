@@ -376,6 +376,18 @@ def reuse_values(layout: Layout, prob: np.ndarray, cfg: LearnedConfig) -> np.nda
     return value
 
 
+def reserve_layout(layout: Layout, cfg: LearnedConfig) -> Layout | None:
+    """``reserve_always``'s second layout of the same history: the steps dropped to the reserve
+    (``drop_all``), built only when ``layout`` needs a selection and dropped no step (otherwise the
+    two would be the same); ``None`` when there is none to build. Shared by :class:`Learned` and
+    the cross-validation benchmark."""
+    if not cfg.reserve_always or layout.fits_in_full or layout.dropped_units or not layout.candidates:
+        return None
+    return Layout(layout.graph, layout.counter, layout.budget, result_reserve=cfg.result_reserve,
+                  excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
+                  excerpt_focus=cfg.excerpt_focus, drop_all=True)
+
+
 def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
                    alt: Layout | None = None) -> tuple[Layout, np.ndarray, Selection, list[int]]:
     """The knapsack and the exchange on ``layout`` (``prob``: reuse probabilities in candidate
@@ -472,13 +484,7 @@ class Learned:
         # scores kept per result across this graph's renders (TreeReuseModel.score; the same bits)
         prob = self.model.predict(feature_matrix(graph, cands, signals.counter), np.asarray(cands, dtype=np.intp),
                                   graph) if cands else np.zeros(0)
-        alt = None
-        if cfg.reserve_always and not layout.dropped_units and cands:
-            # the layout kept every step because they fit: select again with the steps dropped to the reserve
-            alt = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
-                         excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
-                         excerpt_focus=cfg.excerpt_focus, drop_all=True)
-        layout, value, sel, taken = select_results(layout, prob, cfg, alt)
+        layout, value, sel, taken = select_results(layout, prob, cfg, reserve_layout(layout, cfg))
         layout.defer_reasons(lambda reasons: _explain(reasons, layout, sel, dict(zip(cands, value.tolist())), taken,
                                                       budget, cfg.min_probability))
         return layout.assemble(self.name, sel)
