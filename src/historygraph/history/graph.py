@@ -143,13 +143,15 @@ class ContextGraph:
         if message.role == "assistant":
             for call in message.tool_calls:
                 if call.id in self.call_owner:
-                    raise GraphError(f"tool call id {call.id!r} appears twice (first at position {self.call_owner[call.id]})")
+                    raise GraphError(f"message #{pos}: tool call id {call.id!r} appears twice (first in message "
+                                     f"#{self.call_owner[call.id]})")
             self.turns += 1
         elif message.role == "tool":
             cid = message.tool_call_id
             owner = self.call_owner.get(cid) if cid is not None else None
             if owner is None:
-                raise GraphError(f"tool result at position {pos} answers unknown tool_call_id {cid!r}")
+                raise GraphError(f"message #{pos}: tool result answers unknown tool_call_id {cid!r} (no earlier "
+                                 f"assistant message has a tool call with that id)")
             self.owner_of[pos] = owner  # (nothing below refuses the message)
         self.messages.append(message)
         self.turn_of.append(self.turns)
