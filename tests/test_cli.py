@@ -672,3 +672,25 @@ def test_replay_under_columns_100_prints_table_and_recommendation_within_100_col
     # 1.44 with Anthropic's (replay.json of this run); the oracle is cheaper still but never recommended
     line = next(x for x in out.splitlines() if x.strip().startswith("B = 1500:"))
     assert "prune (recall 56.4 %) for CR-eq3, openai-style" in line and "full (recall 100.0 %) for anthropic-style" in line
+
+
+def test_sessions_of_same_named_trace_files_show_the_file_each_was_read_from(tmp_path):
+    from historygraph.eval.replay import record_trace
+    from historygraph.history.events import Trace
+
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    ids = []
+    for folder in ("run-a", "run-b"):  # same file name and trace id, different contents
+        msgs = [Message("user", f"task of {folder}"), Message("assistant", "done")]
+        ids.append(record_trace(db, Trace("openai-chat", "t1", f"/data/{folder}/trace.json", msgs)))
+    db.create_session("proxy-session")  # not read from a file: no path
+    db.close()
+    assert ids == ["openai-chat:trace.json:t1", "openai-chat:trace.json:t1#2"]
+    res = runner.invoke(app, ["sessions", "--store", path], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): line for line in res.output.splitlines() if line.count("│") >= 4}
+    assert "trace file" in res.output
+    assert "/data/run-a/trace.json" in rows["openai-chat:trace.json:t1"]
+    assert "/data/run-b/trace.json" in rows["openai-chat:trace.json:t1#2"]
+    assert "/data/" not in rows["proxy-session"]

@@ -43,13 +43,15 @@ def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN00
 
 
 def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
-    """List the sessions in a store with their event counts."""
+    """List the sessions in a store with their event counts, and the trace file a replayed one was read from."""
     db = existing_store(store)
+    infos = db.session_infos()
+    paths = [str(info.meta.get("path") or "") for info in infos]
     t = Table(title=f"Sessions in {store_name(db)}", header_style="bold")
-    for c in ("session", "events", "tool results"):
+    for c in ("session", "events", "tool results") + (("trace file",) if any(paths) else ()):
         t.add_column(c)
-    for info in db.session_infos():
-        t.add_row(info.id, str(info.events), str(info.tool_results))
+    for info, path in zip(infos, paths):
+        t.add_row(info.id, str(info.events), str(info.tool_results), *((path,) if any(paths) else ()))
     console.print(t)
 
 
