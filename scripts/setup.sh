@@ -2,7 +2,8 @@
 # Creates .venv (Python 3.11+) and installs historygraph with its test, llm and server extras. Idempotent.
 # Prints one line per step on stderr with the seconds since the start, terminal or not (a log, CI):
 # pip's own output is summarised (a line per 10 packages collected, the install, the result);
-# pip's warnings and errors are printed as they come.
+# pip's warnings and errors are printed as they come, except its warning for each lookup in a configured
+# index location that does not exist, which is counted and said once per step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,10 +21,20 @@ summarise() {
     esac
   done
 }
+# pip's warning for each configured index location that does not exist (one per package looked up):
+# counted, and said once per step, instead of hundreds of identical lines
+MISSING_INDEX="^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$"
 pip_step() {  # pip_step LABEL ARGS...: pip install ARGS with its output summarised
-  local label=$1; shift
+  local label=$1 err rc=0 n; shift
   say "$label …"
-  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off "$@" | summarise "$label"
+  err=$(mktemp)
+  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off "$@" 2> >(tee "$err" | grep -v -E "$MISSING_INDEX" >&2) \
+    | summarise "$label" || rc=$?
+  wait  # the stderr filter
+  n=$(grep -c -E "$MISSING_INDEX" "$err" || true)
+  if (( n )); then say "$label: pip ignored $n lookups in index locations of its configuration that do not exist ('pip config list' shows them)"; fi
+  rm -f "$err"
+  return "$rc"
 }
 
 if [ ! -x .venv/bin/python ]; then
