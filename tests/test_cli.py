@@ -694,3 +694,33 @@ def test_sessions_of_same_named_trace_files_show_the_file_each_was_read_from(tmp
     assert "/data/run-a/trace.json" in rows["openai-chat:trace.json:t1"]
     assert "/data/run-b/trace.json" in rows["openai-chat:trace.json:t1#2"]
     assert "/data/" not in rows["proxy-session"]
+
+
+def test_a_bad_line_of_a_json_lines_file_skips_that_line_only(tmp_path):
+    """Line 2 of three is cut short: lines 1 and 3 are replayed, the warning names line 2, exit 1."""
+    def run(n):
+        return {"instance_id": f"run-{n}", "history": [
+            {"id": 0, "source": "user", "action": "message", "args": {"content": f"task {n}"}},
+            {"id": 1, "source": "agent", "action": "run", "tool_call_metadata": {"tool_call_id": "c1", "function_name": "bash"},
+             "args": {"command": "ls"}},
+            {"id": 2, "source": "environment", "observation": "run", "cause": 1,
+             "tool_call_metadata": {"tool_call_id": "c1", "function_name": "bash"}, "content": "a.py"}]}
+    lines = [json.dumps(run(n)) for n in (1, 2, 3)]
+    lines[1] = lines[1][:40]
+    f = tmp_path / "output.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["replay", str(f), "-p", "full", "-b", "6000", "--out", str(out)], env={"COLUMNS": "200"})
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1, res.output
+    assert f"skipped line 2 of {f}: not valid JSON" in text and "the file's other 2 line(s) were read" in text
+    assert f"1 trace file(s) not read in full: {f} (line 2 skipped, its other lines replayed)" in text
+    doc = json.loads((out / "replay.json").read_text())
+    assert {r["trace_id"] for r in doc["per_trace"]} == {"run-1", "run-3"}
+    assert [(s["path"], s["line"]) for s in doc["meta"]["skipped_files"]] == [(str(f), "line 2")]
+
+
+def test_a_folder_without_trace_files_says_which_files_it_looked_for(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    res = runner.invoke(app, ["replay", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2 and "no *.json, *.jsonl, *.traj or *.traj.json file there" in " ".join(res.output.split())

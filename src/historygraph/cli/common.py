@@ -102,8 +102,9 @@ def warn(msg: str) -> None:
 
 
 def read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, list[dict[str, str]]]:
-    """Every readable trace under ``paths`` and the files skipped (``{"path", "error"}``), each
-    named in a warning; with ``strict`` the first unreadable file ends the command."""
+    """Every readable trace under ``paths`` and the files skipped (``{"path", "error"}``, and
+    ``"line"`` where a JSON Lines file's other lines were read), each named in a warning; with
+    ``strict`` the first unreadable file ends the command."""
     traces: list[Trace] = []
     skipped: list[dict[str, str]] = []
     for p in paths:
@@ -115,9 +116,15 @@ def read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, li
                 if strict:
                     fail(f"{exc if isinstance(exc, TraceFormatError) else f'{f}: {why}'} (--strict stops at the "
                          "first unreadable file)")
-                where = f" (field {exc.field})" if isinstance(exc, TraceFormatError) and exc.field is not None else ""
-                warn(f"skipped {f}{where}: {why}")
-                skipped.append({"path": str(f), "error": f"{why}{where}"})
+                field = exc.field if isinstance(exc, TraceFormatError) else None
+                where = f" (field {field})" if field is not None else ""
+                entry = {"path": str(f), "error": f"{why}{where}"}
+                if field is not None and field.startswith("line "):  # JSON Lines: the readable lines were kept
+                    entry["line"] = field.split(".")[0]
+                    warn(f"skipped {entry['line']} of {f}{where if '.' in field else ''}: {why}")
+                else:
+                    warn(f"skipped {f}{where}: {why}")
+                skipped.append(entry)
     return traces, skipped
 
 

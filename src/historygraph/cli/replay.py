@@ -192,7 +192,8 @@ def _read_into(paths: list[Path], fmt: str | None, strict: bool, out: Path) -> t
     try:
         traces, skipped = read_all(paths, fmt, strict)
         if not traces:
-            fail(f"no readable traces in {', '.join(map(str, paths))}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+            fail(f"no readable traces in {', '.join(map(str, paths))}" + (f" ({len(skipped)} file(s) skipped)" if skipped else
+                 " (no *.json, *.jsonl, *.traj or *.traj.json file there; docs/usage.md lists the trace formats)"))
     except typer.Exit:  # nothing was replayed: leave no empty --out folder behind
         if created and not any(out.iterdir()):
             out.rmdir()
@@ -270,7 +271,9 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
     console.print("wrote " + ", ".join(str(p) for p in written.values()), markup=False, highlight=False, soft_wrap=True)
     console.print(f"report (HTML and Markdown): {_this_command()} report {out}", markup=False, highlight=False, soft_wrap=True)
     if skipped:
-        warn(f"{len(skipped)} unreadable file(s) skipped: " + ", ".join(s["path"] for s in skipped))
+        warn(f"{len(skipped)} trace file(s) not read in full: "
+             + ", ".join(s["path"] + (f" ({s['line']} skipped, its other lines replayed)" if "line" in s else " (skipped)")
+                         for s in skipped))
     if bad or skipped:
         raise typer.Exit(1)
 

@@ -154,15 +154,27 @@ def load_json(path: str | Path, fmt: str) -> Any:
         raise TraceFormatError(path, fmt, None, f"not valid JSON: {e}") from None
 
 
-def iter_jsonl(path: str | Path, fmt: str) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, parsed_object)`` for each non-blank line of a JSONL file."""
+def iter_jsonl(path: str | Path, fmt: str, errors: list[TraceFormatError]) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, parsed_object)`` for each non-blank line of a JSONL file; a line that is
+    not valid JSON is appended to ``errors`` (a TraceFormatError naming it) and skipped."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield n, json.loads(line)
+                    obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise TraceFormatError(path, fmt, f"line {n}", f"not valid JSON: {e}") from None
+                    errors.append(TraceFormatError(path, fmt, f"line {n}", f"not valid JSON: {e}"))
+                    continue
+                yield n, obj
+
+
+def lines_error(errors: list[TraceFormatError], read: int) -> TraceFormatError:
+    """One TraceFormatError for the unreadable lines of a JSONL file (``errors``, in file order), raised
+    once its ``read`` readable lines were yielded: the first one's field, and how many were read."""
+    first = errors[0]
+    more = f"; also {', '.join(e.field or '' for e in errors[1:])}" if len(errors) > 1 else ""
+    return TraceFormatError(first.path, first.format, first.field,
+                            f"{first.what}{more} (the file's other {read} line(s) were read)")
 
 
 def req(obj: Any, key: str, types: type | tuple[type, ...], where: str, b: Builder | None = None,

@@ -57,7 +57,8 @@ from typing import Any, Iterator
 
 from historygraph.history.events import ToolCall, Trace
 
-from historygraph.traces._common import Builder, Draft, TraceFormatError, dig, dumps, epoch, iter_jsonl, load_json, req, text
+from historygraph.traces._common import (Builder, Draft, TraceFormatError, dig, dumps, epoch, iter_jsonl, lines_error,
+                                          load_json, req, text)
 
 NAME = "openhands"
 
@@ -110,11 +111,23 @@ def sniff(obj: Any) -> bool:
 
 
 def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
-    """Yield one trace per JSONL line, or the one trace of a bare-list/record JSON file."""
+    """Yield one trace per JSONL line, or the one trace of a bare-list/record JSON file. A JSONL
+    line that cannot be read is skipped; once the others are yielded, one TraceFormatError names
+    every such line."""
     path = Path(path)
     if obj is None and path.suffix == ".jsonl":
-        for n, rec in iter_jsonl(path, NAME):
-            yield _record(path, rec, f"line {n}", f"{path.stem}-line{n}")
+        errors: list[TraceFormatError] = []
+        read = 0
+        for n, rec in iter_jsonl(path, NAME, errors):
+            try:
+                trace = _record(path, rec, f"line {n}", f"{path.stem}-line{n}")
+            except TraceFormatError as e:
+                errors.append(e)
+                continue
+            read += 1
+            yield trace
+        if errors:
+            raise lines_error(errors, read)  # in file order: a line's error is added before the next line is read
         return
     if obj is None:
         obj = load_json(path, NAME)
