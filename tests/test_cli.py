@@ -724,3 +724,21 @@ def test_a_folder_without_trace_files_says_which_files_it_looked_for(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     res = runner.invoke(app, ["replay", str(tmp_path), "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "no *.json, *.jsonl, *.traj or *.traj.json file there" in " ".join(res.output.split())
+
+
+def test_replay_says_what_the_reader_repaired(tmp_path):
+    """An OpenAI chat file with a tool result for no call: replayed (exit 0), with one warning saying it
+    was kept as a user message, in which file."""
+    f = tmp_path / "orphan.json"
+    f.write_text(json.dumps({"format": "openai-chat", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                             "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c9", "content": "hello"},
+        {"role": "assistant", "content": "done"}]}))
+    res = runner.invoke(app, ["replay", str(f), "-p", "full", "-b", "3000", "--out", str(tmp_path / "out")],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert ("read with a repair: 1 tool result(s) without a recorded call kept as user messages (in 1 trace(s) of "
+            "orphan.json") in " ".join(res.output.split())

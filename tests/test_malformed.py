@@ -43,6 +43,23 @@ def test_unknown_call_id_and_duplicates_are_named():
     assert len(g) == 2  # nothing was added
 
 
+def test_an_orphan_result_is_named_by_its_message_number_with_or_without_a_session(tmp_path):
+    """render_messages, alone or with a stored session: the same words, the message number the
+    session would give it (markers and `show --message` use it), and what to do; nothing stored."""
+    from historygraph import open_store, render_messages
+
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+            {"role": "tool", "tool_call_id": "c9", "content": "r"}]
+    store = open_store(str(tmp_path / "s.sqlite"))
+    for kw in ({}, {"session": "s1", "store": store}):
+        with pytest.raises(GraphError) as exc:
+            render_messages(msgs, budget=3000, **kw)
+        assert str(exc.value).startswith("message #2: tool result answers unknown tool_call_id 'c9' (no earlier "
+                                         "assistant message has a tool call with that id: send the assistant message")
+    assert not store.has_session("s1")
+    store.close()
+
+
 def test_readers_repair_unknown_and_duplicate_ids(tmp_path):
     doc = {"format": "openai-chat", "messages": [
         {"role": "user", "content": "u"},

@@ -125,7 +125,19 @@ def read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, li
                 else:
                     warn(f"skipped {f}{where}: {why}")
                 skipped.append(entry)
+    for key, what in REPAIRS.items():
+        repaired = [t for t in traces if t.meta.get(key)]
+        if repaired:
+            names = sorted({Path(t.path).name for t in repaired})
+            warn(f"read with a repair: {sum(int(t.meta[key]) for t in repaired)} {what} (in {len(repaired)} trace(s) "
+                 f"of {', '.join(names[:3])}{', …' if len(names) > 3 else ''}; docs/robustness.md)")
     return traces, skipped
+
+
+# the trace readers' repairs counted in Trace.meta (historygraph.traces), as said when read
+REPAIRS = {"orphan_results": "tool result(s) without a recorded call kept as user messages",
+           "synthetic_results": "tool call(s) without a recorded result answered by '[no result was recorded for this call]'",
+           "renamed_call_ids": "repeated tool call id(s) renamed id#2, id#3, …"}
 
 
 def parse_budgets(text: str, hint: str = " (give one, or a comma-separated list)") -> list[int]:

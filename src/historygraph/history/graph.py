@@ -59,6 +59,11 @@ class GraphError(EventError):
     """An event that would corrupt the graph (duplicate call id, result for an unknown call)."""
 
 
+# what a GraphError for a tool result without its call says to do
+ORPHAN_HINT = ("no earlier assistant message has a tool call with that id: send the assistant message that "
+               "made the call before its result, or leave the result out")
+
+
 @dataclass(frozen=True, slots=True)
 class Edge:
     kind: str  # "reuse"
@@ -150,8 +155,7 @@ class ContextGraph:
             cid = message.tool_call_id
             owner = self.call_owner.get(cid) if cid is not None else None
             if owner is None:
-                raise GraphError(f"message #{pos}: tool result answers unknown tool_call_id {cid!r} (no earlier "
-                                 f"assistant message has a tool call with that id)")
+                raise GraphError(f"message #{pos}: tool result answers unknown tool_call_id {cid!r} ({ORPHAN_HINT})")
             self.owner_of[pos] = owner  # (nothing below refuses the message)
         self.messages.append(message)
         self.turn_of.append(self.turns)
@@ -178,8 +182,10 @@ class ContextGraph:
             self._scores_mark = len(self.reuse.touched)
         return pos
 
-    def validate(self, batch: Iterable[Message]) -> None:
-        """Raise :class:`GraphError` if appending ``batch`` would fail; changes nothing.
+    def validate(self, batch: Iterable[Message], name: Callable[[int], str] = "event {}".format) -> None:
+        """Raise :class:`GraphError` if appending ``batch`` would fail; changes nothing. The error
+        names the item as ``name(i)`` (``i`` its index in ``batch``): ``event 3`` by default, or
+        e.g. ``message #3``, the number a new session's graph gives it.
 
         Cost: O(len(batch)); the graph's own id maps are read, never copied."""
         calls: set[str] = set()      # call ids the batch adds
@@ -187,12 +193,12 @@ class ContextGraph:
             if m.role == "assistant":
                 for c in m.tool_calls:
                     if c.id in self.call_owner or c.id in calls:
-                        raise GraphError(f"event {i}: tool call id {c.id!r} appears twice")
+                        raise GraphError(f"{name(i)}: tool call id {c.id!r} appears twice")
                     calls.add(c.id)
             elif m.role == "tool":
                 cid = m.tool_call_id
                 if cid not in self.call_owner and cid not in calls:
-                    raise GraphError(f"event {i}: tool result answers unknown tool_call_id {cid!r}")
+                    raise GraphError(f"{name(i)}: tool result answers unknown tool_call_id {cid!r} ({ORPHAN_HINT})")
 
     def extend(self, messages: Iterable[Message]) -> None:
         for m in messages:

@@ -322,7 +322,7 @@ class SessionRouter:
         with self.lock(root):
             created = not self._exists(root)
             if created:
-                ContextGraph(root).validate(messages)  # invalid events raise before anything is created
+                ContextGraph(root).validate(messages, "message #{}".format)  # invalid events raise before anything is created
                 try:
                     self.store.create_session(root, dict(meta or {}))
                 except StoreError:  # another instance created it meanwhile
@@ -361,7 +361,7 @@ class SessionRouter:
 
     def _new_chat(self, opening: str, messages: Sequence[Message], meta: dict | None) -> Ingest:
         """A new chat ``<opening>.<k>`` holding ``messages`` (module docstring, 4.)."""
-        ContextGraph(opening).validate(messages)
+        ContextGraph(opening).validate(messages, "message #{}".format)
         k = 1 + sum(1 for s in self.family(opening) if "~" not in s)
         while True:
             sid = f"{opening}.{k}"
@@ -377,7 +377,7 @@ class SessionRouter:
         return Ingest(sid, len(messages), graph=self.store.graph(sid), created=True)
 
     def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
-        ContextGraph(root).validate(messages)  # invalid events raise before the branch is created
+        ContextGraph(root).validate(messages, "message #{}".format)  # invalid events raise before the branch is created
         k = len(self.branches(root)) + 1
         while True:
             sid = f"{root}~{k}"
