@@ -612,6 +612,40 @@ def test_one_ctrl_c_stops_a_parallel_replay_within_seconds_keeping_what_finished
     assert "Traceback" not in out
 
 
+@pytest.mark.slow
+def test_sigterm_stops_a_replay_keeping_what_finished(tmp_path, traces_dir):
+    """SIGTERM to the replay's own process (what `timeout` and `kill` send): the same as Ctrl-C, the
+    traces finished so far are written, exit status 143 (the walkthrough's `timeout` left `--out` empty)."""
+    import signal as sig
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "historygraph", "replay", str(traces_dir), "-p", "learned", "-p", "prune",
+                             "--budget", "6000,3000", "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(x.startswith("replay ") for x in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the replay ended before the signal"
+        proc.send_signal(sig.SIGTERM)
+        proc.wait(timeout=30)
+        reader.join(10)
+        out = "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-2000:]
+    assert "terminated (SIGTERM): wrote the" in out and "Traceback" not in out
+    data = json.loads((tmp_path / "out" / "replay.json").read_text())
+    assert data["meta"]["interrupted"] is True
+
+
 def test_boolean_flags_show_as_flags_without_a_value():
     # the help showed "--json <bool>", and "--json true" is an error: a flag takes no value
     res = runner.invoke(app, ["policies", "--help"], env={"COLUMNS": "100"})

@@ -100,8 +100,8 @@ def replay(
     """Replay recorded traces through policies and report recall, tokens and render time.
 
     Unreadable trace files are skipped with a warning naming each (exit status 1 at the end). On
-    Ctrl-C, or when a summarising policy's model fails, the traces finished so far are written
-    (``meta.interrupted`` in replay.json) before the command exits."""
+    Ctrl-C or SIGTERM (``timeout``, ``kill``), or when a summarising policy's model fails, the traces
+    finished so far are written (``meta.interrupted`` in replay.json) before the command exits."""
     # (over 80 lines: its typer signature declares every option, one per line; the work is in the helpers below)
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
     for n in names:
@@ -169,7 +169,8 @@ def replay(
     db.close()
     if stopped:
         fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "
-             + ", ".join(str(p) for p in written.values()), code=130 if stopped.startswith("interrupted") else 2)
+             + ", ".join(str(p) for p in written.values()),
+             code=130 if stopped.startswith("interrupted") else 143 if stopped.startswith("terminated") else 2)
     _print_results(results, prices, models, shown, budgets, meta, written, out, skipped, wall, peak_mb, per_trace=per_trace, wide=wide)
 
 
@@ -218,6 +219,7 @@ def _run(traces: list, names: list[str], budgets: list[int], policies: dict, sig
     done: dict[int, list] = {}
     embedded = [0]
     stopped: str | None = None
+    previous = signal.signal(signal.SIGTERM, _terminated)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeLeftColumn(), console=err, transient=False,
                   disable=not err.is_terminal) as bar:  # not a terminal: the plain lines of advance only
@@ -236,9 +238,22 @@ def _run(traces: list, names: list[str], budgets: list[int], policies: dict, sig
                     advance(bar, task, "replay")
             except KeyboardInterrupt:
                 stopped = "interrupted (Ctrl-C)"
+            except Terminated:
+                stopped = "terminated (SIGTERM)"
             except ModelError as exc:  # a summarising policy whose model is unavailable after its retries
                 stopped = f"{exc} (needed by a summarising policy; configure an endpoint or drop those policies)"
+            finally:
+                signal.signal(signal.SIGTERM, previous)
     return done, embedded[0], stopped
+
+
+class Terminated(BaseException):
+    """SIGTERM during a replay (``timeout``, ``kill``, a job scheduler): handled as Ctrl-C is, the
+    traces finished so far are written. A BaseException, so that no ``except Exception`` swallows it."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def _print_results(results: list, prices: Prices, models: dict, shown: list[str], budgets: list[int], meta: dict, written: dict, out: Path,
