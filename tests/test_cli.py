@@ -776,3 +776,18 @@ def test_replay_says_what_the_reader_repaired(tmp_path):
     assert res.exit_code == 0, res.output
     assert ("read with a repair: 1 tool result(s) without a recorded call kept as user messages (in 1 trace(s) of "
             "orphan.json") in " ".join(res.output.split())
+
+
+def test_render_at_a_message_no_model_call_produced_names_the_nearest_calls(tmp_path):
+    path = str(tmp_path / "s.sqlite")
+    db = open_store(path)
+    db.create_session("s")
+    db.append("s", [Message("user", "task"), Message("assistant", "", (ToolCall("c1", "bash", "{}"),)),
+                    Message("tool", "out", tool_call_id="c1"), Message("assistant", "done")])
+    db.close()
+    res = runner.invoke(app, ["render", "s", "--at", "2", "--store", path], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and ("--at 2: message #2 is a tool message, not one a model call produced; give the number "
+                                   "of an assistant message (the call's input is every message before it): the nearest "
+                                   "are #1 and #3") in " ".join(res.output.split()), res.output
+    res = runner.invoke(app, ["render", "s", "--at", "3", "--store", path, "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)[-1] == {"role": "tool", "tool_call_id": "c1", "content": "out"}

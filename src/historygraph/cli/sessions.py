@@ -126,8 +126,8 @@ def render(
     session: SessionArgument,
     policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = DEFAULT_POLICY,
     budget_text: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (a whole number >= 1).")] = "6000",
-    at: Annotated[Optional[int], typer.Option(min=1, help="Render messages 0..AT-1 only (for an assistant message AT: the "
-                                                          "input of the call that produced it). Default: all, the next call.")] = None,
+    at: Annotated[Optional[int], typer.Option(min=1, help="Render the input of the model call that produced assistant "
+                                                          "message #AT (messages #0..#AT-1). Default: all, the next call.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rendered OpenAI messages instead of the table.")] = False,
@@ -146,6 +146,14 @@ def render(
     session, full = _session_graph(db, session)
     if at is not None and at > len(full):
         fail(f"--at {at}: session {session!r} has only {len(full)} messages")
+    if at is not None and at < len(full) and full.messages[at].role != "assistant":
+        # messages[:at] is the input of no model call: it would end inside a step (a call without its result)
+        calls = [p for p, m in enumerate(full.messages) if m.role == "assistant" and p > 0]
+        near = [f"#{p}" for p in ([max((p for p in calls if p < at), default=None)] + [min((p for p in calls if p > at), default=None)])
+                if p is not None]
+        fail(f"--at {at}: message #{at} is a {full.messages[at].role} message, not one a model call produced; give the "
+             f"number of an assistant message (the call's input is every message before it)"
+             + (f": the nearest are {' and '.join(near)}" if near else ""))
     graph = ContextGraph(session, full.messages[:at]) if at is not None else full
     signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
