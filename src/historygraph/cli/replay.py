@@ -317,8 +317,11 @@ def _worker_init(names: list[str], budgets: list[int], encoding: str, store: str
                  models: dict | None = None) -> None:
     """Per worker process: its store connection and signals; its embedder gets ``threads``
     intra-op threads (the cores divided among the workers, so that they do not compete). Ctrl-C
-    is the parent's to handle (it ends the workers, :func:`_replay_parallel`): a worker ignores it."""
+    is the parent's to handle (it ends the workers, :func:`_replay_parallel`): a worker ignores it,
+    and dies of the SIGTERM the parent ends it with (a forked worker would otherwise inherit the
+    parent's handler, :func:`_terminated`, and go on to its next trace)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     global _worker
     db = open_store(store)
     signals = Signals(counter=TokenCounter(encoding), store=db, embedder_factory=partial(create_embedder, embedder, threads))

@@ -373,13 +373,16 @@ class Recap:
                 for k, i in enumerate(ids)}
 
 
+# what the proxy model costs, said where a user chooses the policy (docs/recap.md: 2.3 s per 512-token update on
+# 2 idle cores, 8-14 s under load)
+SLOW = " Slow on CPU: a SmolLM2 forward pass per user turn's compaction, seconds each (docs/recap.md)."
 register("recap", SOURCE, "Blocks scored by attention importance (SmolLM2 proxy) + IDF identifier relevance; "
-         "protected set, packing, one-hop dependency expansion; fixed within a user turn.")(Recap)
+         "protected set, packing, one-hop dependency expansion; fixed within a user turn." + SLOW)(Recap)
 register("recap-paragraph", "ReCAP §4.4 (paragraph segmentation)",
-         "ReCAP ablation: plain assistant messages split into paragraph blocks (fenced code kept whole).",
+         "ReCAP ablation: plain assistant messages split into paragraph blocks (fenced code kept whole)." + SLOW,
          segment="paragraph")(Recap)
 register("recap-line", "ReCAP §4.4 (line segmentation)",
-         "ReCAP ablation: plain assistant messages split into line blocks (fenced code kept whole).",
+         "ReCAP ablation: plain assistant messages split into line blocks (fenced code kept whole)." + SLOW,
          segment="line")(Recap)
 register("recap-noattn", "ReCAP §4.4 (without the attention graph)",
          "ReCAP ablation: protected set, then blocks by IDF identifier overlap with the request; no model.",
