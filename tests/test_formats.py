@@ -414,3 +414,14 @@ def test_tau2_bench_submission_without_task_ids(tmp_path: Path) -> None:
     bare = tmp_path / "bare.json"  # a bare list of such simulations is detected too
     bare.write_text(json.dumps(sims))
     assert detect_format(bare) == "tau2-bench" and len(list(read_traces(bare))) == 2
+
+
+def test_a_forced_format_that_does_not_fit_names_the_one_the_file_reads_as(tmp_path: Path) -> None:
+    p = tmp_path / "output.jsonl"
+    run = {"instance_id": "i", "history": [{"id": 0, "source": "user", "action": "message", "args": {"content": "t"}}]}
+    p.write_text(json.dumps(run) + "\n" + json.dumps(run) + "\n")
+    with pytest.raises(TraceFormatError) as exc:
+        list(read_traces(p, format="tau-bench"))
+    assert "not valid JSON" in str(exc.value) and str(exc.value).endswith(
+        "(the file reads as format openhands: leave the format out, or give openhands)")
+    assert [t.trace_id for t in read_traces(p, format="openhands")] == ["i", "i"]

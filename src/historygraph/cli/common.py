@@ -117,7 +117,7 @@ def read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, li
                     fail(f"{exc if isinstance(exc, TraceFormatError) else f'{f}: {why}'} (--strict stops at the "
                          "first unreadable file)")
                 field = exc.field if isinstance(exc, TraceFormatError) else None
-                where = f" (field {field})" if field is not None else ""
+                where = "" if field is None else f" {field}" if field.startswith("(") else f" (field {field})"
                 entry = {"path": str(f), "error": f"{why}{where}"}
                 if field is not None and field.startswith("line "):  # JSON Lines: the readable lines were kept
                     entry["line"] = field.split(".")[0]

@@ -75,7 +75,8 @@ def _detect(path: Path, probe: Any) -> str:
         if mod.sniff(probe):
             return name
     raise TraceFormatError(path, "unknown", "(top level)",
-                           f"does not match any known trace format (tried: {', '.join(READERS)})")
+                           f"does not match any known trace format (tried: {', '.join(READERS)}); a chat "
+                           f"transcript of your own is read as {{\"format\": \"openai-chat\", \"messages\": [...]}}")
 
 
 def detect_format(path: str | Path) -> str:
@@ -88,7 +89,17 @@ def _read_file(path: Path, format: str | None) -> Iterator[Trace]:
     if format is not None:
         if format not in READERS:
             raise TraceFormatError(path, format, "(format)", f"unknown format name; known: {', '.join(READERS)}")
-        yield from READERS[format].read(path)
+        try:
+            yield from READERS[format].read(path)
+        except TraceFormatError as e:  # say so when the file is of another format than the one forced
+            try:
+                other = detect_format(path)
+            except TraceFormatError:
+                raise e from None
+            if other == format:
+                raise
+            raise TraceFormatError(e.path, e.format, e.field, f"{e.what} (the file reads as format {other}: "
+                                   f"leave the format out, or give {other})") from None
         return
     probe = _probe(path)
     name = _detect(path, probe)
