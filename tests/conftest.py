@@ -24,6 +24,14 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", _threads)
     os.environ.setdefault("HISTORYGRAPH_LLM_THREADS", _threads)
 
+# The default store (a command without --store, a library call without store=) is a throwaway file
+# per test process, never the user's (~/.local/share/historygraph): a test that forgot --store
+# would otherwise leave its sessions in the store the main job and the user's commands read.
+if "HISTORYGRAPH_DB" not in os.environ:
+    import tempfile
+
+    os.environ["HISTORYGRAPH_DB"] = str(Path(tempfile.mkdtemp(prefix="historygraph-tests-")) / "default.sqlite")
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("HISTORYGRAPH_TRACES", REPO.parent / "shared" / "traces"))
 

@@ -198,6 +198,9 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
     assert res.exit_code == 2 and "ends 2 session ids" in res.output and "swe-agent:a.traj:issue-2" in res.output
     res = runner.invoke(app, ["show", "issue-9", "--store", path])
     assert res.exit_code == 2 and f"historygraph sessions --store {path}" in " ".join(res.output.split())
+    assert "did you mean" not in res.output
+    res = runner.invoke(app, ["show", "a.traj", "--store", path])  # a piece of one id: suggested, not guessed
+    assert res.exit_code == 2 and "did you mean swe-agent:a.traj:issue-2?" in " ".join(res.output.split()), res.output
     res = runner.invoke(app, ["show", "issue-1", "--result", "c9", "--store", path])
     assert res.exit_code == 2 and "no tool result with id 'c9'" in res.output and "lists its tool call ids" in res.output
     # the messages a dropped-step marker names, by number
@@ -744,7 +747,8 @@ def test_a_bad_line_of_a_json_lines_file_skips_that_line_only(tmp_path):
     f = tmp_path / "output.jsonl"
     f.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
-    res = runner.invoke(app, ["replay", str(f), "-p", "full", "-b", "6000", "--out", str(out)], env={"COLUMNS": "200"})
+    res = runner.invoke(app, ["replay", str(f), "-p", "full", "-b", "6000", "--store", ":memory:", "--out", str(out)],
+                        env={"COLUMNS": "200"})
     text = " ".join(res.output.split())
     assert res.exit_code == 1, res.output
     assert f"skipped line 2 of {f}: not valid JSON" in text and "the file's other 2 line(s) were read" in text
@@ -756,7 +760,7 @@ def test_a_bad_line_of_a_json_lines_file_skips_that_line_only(tmp_path):
 
 def test_a_folder_without_trace_files_says_which_files_it_looked_for(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    res = runner.invoke(app, ["replay", str(tmp_path), "--out", str(tmp_path / "out")])
+    res = runner.invoke(app, ["replay", str(tmp_path), "--store", ":memory:", "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "no *.json, *.jsonl, *.traj or *.traj.json file there" in " ".join(res.output.split())
 
 
@@ -771,7 +775,7 @@ def test_replay_says_what_the_reader_repaired(tmp_path):
         {"role": "tool", "tool_call_id": "c1", "content": "ok"},
         {"role": "tool", "tool_call_id": "c9", "content": "hello"},
         {"role": "assistant", "content": "done"}]}))
-    res = runner.invoke(app, ["replay", str(f), "-p", "full", "-b", "3000", "--out", str(tmp_path / "out")],
+    res = runner.invoke(app, ["replay", str(f), "-p", "full", "-b", "3000", "--store", ":memory:", "--out", str(tmp_path / "out")],
                         env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert ("read with a repair: 1 tool result(s) without a recorded call kept as user messages (in 1 trace(s) of "

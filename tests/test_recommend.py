@@ -56,6 +56,13 @@ def test_the_console_line_and_the_report_table_say_the_same():
     assert one_line([r for r in recs if r.budget == 3000]) == (
         "B = 3000: full (recall 100.0 %) for every price model (no policy is cheaper than Full history with the cache)")
     assert one_line([r for r in recs if r.budget == 12000]).startswith("B = 12000: no trace's Full history exceeds B")
+    # B = 2000: Full history exceeds B, but every policy had budget errors there, so none is priced: say that
+    errors = [{**_row(2000, "learned", 60.0, None, None), "budget_errors": 1}, {**_row(2000, "full", 100.0, None, None),
+                                                                               "budget_errors": 0}]
+    line = one_line(recommend(errors, ["a"]))
+    assert line.startswith("B = 2000: no policy is priced: on every trace whose Full history exceeds B, each policy had "
+                           "calls whose protected history B could not hold") and line.endswith("raise B")
+    assert table_rows(recommend(errors, ["a"]))[1][0][2] == "– (no policy is priced: on every trace whose Full history exceeds B, each policy had calls whose protected history B could not hold (budget errors, which leave a trace out of the cost))"
     head, rows = table_rows(recs)
     assert head[:3] == ["B", "price model", "recommended"]
     assert rows[2] == ["6000", "a", "learned", "80.0", "0.700", "prune", "79.0", "0.500"]

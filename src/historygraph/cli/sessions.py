@@ -5,6 +5,7 @@ policy keeps of a stored session under B, message by message)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from typing import Annotated, Optional, cast
@@ -29,9 +30,13 @@ def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN00
     (``openhands:output.jsonl:ISSUE`` can be named ``ISSUE``). Exits with a message naming the store."""
     sid = session
     if not db.has_session(session):
-        matches = [s for s in db.sessions() if s.endswith(":" + session)]
+        ids = db.sessions()
+        matches = [s for s in ids if s.endswith(":" + session)]
         if len(matches) != 1:
+            near = [s for s in ids if session in s] or difflib.get_close_matches(session, ids, n=3, cutoff=0.6)
             hint = (f"it ends {len(matches)} session ids: {', '.join(matches[:5])}" if matches else
+                    (f"did you mean {' or '.join(near[:3])}{' (or another of ' + str(len(near)) + ')' if len(near) > 3 else ''}? "
+                     if near else "") +
                     f"give a session id or its whole trace id (the part after its last ':'); "
                     f"list them with: historygraph sessions --store {store_name(db)}")
             fail(f"no session {session!r} in store {store_name(db)}; {hint}")
@@ -48,8 +53,12 @@ def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or po
     infos = db.session_infos()
     paths = [str(info.meta.get("path") or "") for info in infos]
     t = Table(title=f"Sessions in {store_name(db)}", header_style="bold")
-    for c in ("session", "events", "tool results") + (("trace file",) if any(paths) else ()):
-        t.add_column(c)
+    # ids whole on one line where the terminal allows (they are what render and show take), the
+    # trace file wrapped; a narrower terminal wraps both, never cuts one short
+    longest = max((len(info.id) for info in infos), default=7)
+    t.add_column("session", overflow="fold", min_width=min(longest, max(20, console.width - 60)))
+    for c in ("events", "tool results") + (("trace file",) if any(paths) else ()):
+        t.add_column(c, overflow="fold")
     for info, path in zip(infos, paths):
         t.add_row(info.id, str(info.events), str(info.tool_results), *((path,) if any(paths) else ()))
     console.print(t)

@@ -8,7 +8,8 @@ For every budget B and price model M it reads the all-sources summary rows (``so
   with the highest Later-Used Result Recall (ContextRender B.4), the cheaper on a tie. When no policy
   is cheaper than Full history the choice is ``full`` itself (sending the whole history costs least
   with that cache); when no trace's Full history exceeds B there is nothing to choose between
-  (every policy then shows the whole history) and the choice is ``None``;
+  (every policy then shows the whole history) and the choice is ``None``, as it is when budget errors
+  left every such trace out of every policy's cost (``Recommendation.unpriced`` says which);
 * the **thrifty** pick: among the same policies, the cheapest whose recall is within ``tolerance``
   percentage points of the choice's (:data:`TOLERANCE` by default), when that is another policy.
 
@@ -38,16 +39,24 @@ class Pick:
     cost: float
 
 
+# why a budget has no choice (Recommendation.unpriced)
+NOTHING_TO_SAVE = "no trace's Full history exceeds B; every policy shows the whole history"
+BUDGET_ERRORS = ("no policy is priced: on every trace whose Full history exceeds B, each policy had calls whose "
+                 "protected history B could not hold (budget errors, which leave a trace out of the cost); raise B")
+
+
 @dataclass(frozen=True)
 class Recommendation:
-    """What to use at ``budget`` when paying by ``price_model``: ``choice`` (``None`` when no trace's
-    Full history exceeds the budget: there is nothing to save) and ``thrifty`` (a cheaper policy
-    within the tolerance of the choice's recall, or ``None``)."""
+    """What to use at ``budget`` when paying by ``price_model``: ``choice`` (``None`` when no policy
+    is priced there, for the reason in ``unpriced``: no trace's Full history exceeds the budget, so
+    there is nothing to save, or budget errors left every such trace out of every policy's cost) and
+    ``thrifty`` (a cheaper policy within the tolerance of the choice's recall, or ``None``)."""
 
     budget: int
     price_model: str
     choice: Pick | None
     thrifty: Pick | None
+    unpriced: str = NOTHING_TO_SAVE
 
     @property
     def none_cheaper(self) -> bool:
@@ -72,7 +81,10 @@ def recommend(per_source: Iterable[dict[str, Any]], price_models: Sequence[str],
         at = [r for r in rows if r["budget"] == b]
         for m in price_models:
             priced = [Pick(r["policy"], r["recall"], r[f"cost_cache_{m}"]) for r in at if r.get(f"cost_cache_{m}") is not None]
-            out.append(_pick(b, m, priced, tolerance))
+            rec = _pick(b, m, priced, tolerance)
+            if not priced and any(r.get("budget_errors") for r in at):
+                rec = Recommendation(b, m, None, None, BUDGET_ERRORS)
+            out.append(rec)
     return out
 
 
@@ -111,7 +123,7 @@ def table_rows(recs: Iterable[Recommendation], tolerance: float = TOLERANCE) -> 
     for r in recs:
         c, t = r.choice, r.thrifty
         rows.append([str(r.budget), label(r.price_model),
-                     "– (no trace's Full history exceeds B)" if c is None else c.policy + (" (none cheaper)" if r.none_cheaper else ""),
+                     f"– ({r.unpriced.split(';')[0]})" if c is None else c.policy + (" (none cheaper)" if r.none_cheaper else ""),
                      _fig(None if c is None else c.recall, 1), _fig(None if c is None else c.cost, 3),
                      "–" if t is None else t.policy, _fig(None if t is None else t.recall, 1), _fig(None if t is None else t.cost, 3)])
     return head, rows
@@ -124,7 +136,7 @@ def one_line(recs: Sequence[Recommendation], tolerance: float = TOLERANCE) -> st
         return ""
     b = recs[0].budget
     if all(r.choice is None for r in recs):
-        return f"B = {b}: no trace's Full history exceeds B; every policy shows the whole history"
+        return f"B = {b}: {recs[0].unpriced}"
     parts = []
     for policy, group in _by_policy(recs, lambda r: r.choice).items():
         recall = group[0].choice.recall  # type: ignore[union-attr]  # (grouped by a choice that is set)

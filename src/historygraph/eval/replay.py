@@ -170,7 +170,8 @@ def record_trace(store: Store, trace: Trace) -> str:
             return sid
         k += 1
         sid = f"{base}#{k}"
-    store.create_session(sid, {"source": trace.source, "path": trace.path, "trace_id": trace.trace_id, **trace.meta})
+    store.create_session(sid, {"source": trace.source, "path": str(Path(trace.path).resolve()), "trace_id": trace.trace_id,
+                               **trace.meta})
     store.append(sid, trace.messages)
     return sid
 
