@@ -793,5 +793,8 @@ def test_render_at_a_message_no_model_call_produced_names_the_nearest_calls(tmp_
     assert res.exit_code == 2 and ("--at 2: message #2 is a tool message, not one a model call produced; give the number "
                                    "of an assistant message (the call's input is every message before it): the nearest "
                                    "are #1 and #3") in " ".join(res.output.split()), res.output
+    res = runner.invoke(app, ["render", "s", "--at", "9", "--store", path], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "--at 9: session 's' has only 4 messages (#0–#3); give the number of an assistant message" \
+        in " ".join(res.output.split()), res.output
     res = runner.invoke(app, ["render", "s", "--at", "3", "--store", path, "--json"])
     assert res.exit_code == 0 and json.loads(res.output)[-1] == {"role": "tool", "tool_call_id": "c1", "content": "out"}

@@ -154,7 +154,8 @@ def render(
     db = existing_store(store)
     session, full = _session_graph(db, session)
     if at is not None and at > len(full):
-        fail(f"--at {at}: session {session!r} has only {len(full)} messages")
+        fail(f"--at {at}: session {session!r} has only {len(full)} messages (#0–#{len(full) - 1}); give the number of "
+             f"an assistant message, or leave --at out for its next call")
     if at is not None and at < len(full) and full.messages[at].role != "assistant":
         # messages[:at] is the input of no model call: it would end inside a step (a call without its result)
         calls = [p for p, m in enumerate(full.messages) if m.role == "assistant" and p > 0]
