@@ -33,18 +33,25 @@ def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN00
         ids = db.sessions()
         matches = [s for s in ids if s.endswith(":" + session)]
         if len(matches) != 1:
-            near = [s for s in ids if session in s] or difflib.get_close_matches(session, ids, n=3, cutoff=0.6)
             hint = (f"it ends {len(matches)} session ids: {', '.join(matches[:5])}" if matches else
-                    (f"did you mean {' or '.join(near[:3])}{' (or another of ' + str(len(near)) + ')' if len(near) > 3 else ''}? "
-                     if near else "") +
-                    f"give a session id or its whole trace id (the part after its last ':'); "
-                    f"list them with: historygraph sessions --store {store_name(db)}")
+                    f"{_did_you_mean(session, ids)}give a session id or its whole trace id (the part after its last "
+                    f"':'); list them with: historygraph sessions --store {store_name(db)}")
             fail(f"no session {session!r} in store {store_name(db)}; {hint}")
         sid = matches[0]
     try:
         return sid, db.graph(sid)
     except (KeyError, StoreError) as exc:
         fail(exc.args[0] if exc.args else str(exc))
+
+
+def _did_you_mean(name: str, ids: list[str]) -> str:
+    """``"did you mean A or B? "`` for the session ids that contain ``name`` (else the closest
+    spellings), up to three; ``""`` when none is near."""
+    near = [s for s in ids if name in s] or difflib.get_close_matches(name, ids, n=3, cutoff=0.6)
+    if not near:
+        return ""
+    more = f" (or another of {len(near)})" if len(near) > 3 else ""
+    return f"did you mean {' or '.join(near[:3])}{more}? "
 
 
 def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
@@ -159,8 +166,8 @@ def render(
     if at is not None and at < len(full) and full.messages[at].role != "assistant":
         # messages[:at] is the input of no model call: it would end inside a step (a call without its result)
         calls = [p for p, m in enumerate(full.messages) if m.role == "assistant" and p > 0]
-        near = [f"#{p}" for p in ([max((p for p in calls if p < at), default=None)] + [min((p for p in calls if p > at), default=None)])
-                if p is not None]
+        before, after = [p for p in calls if p < at][-1:], [p for p in calls if p > at][:1]
+        near = [f"#{p}" for p in before + after]
         fail(f"--at {at}: message #{at} is a {full.messages[at].role} message, not one a model call produced; give the "
              f"number of an assistant message (the call's input is every message before it)"
              + (f": the nearest are {' and '.join(near)}" if near else ""))
