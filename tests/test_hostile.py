@@ -264,6 +264,8 @@ def test_12_6_marker_text_for_a_known_run():
     assert g.recall_text("k3") == "r"
     with pytest.raises(KeyError, match="holds messages #0–#14"):
         g.recall_text("#14–#15")
+    with pytest.raises(TypeError, match="give a tool call id or a message number or span as a string .* got NoneType None"):
+        g.recall_text(None)  # e.g. a model's tool call without its argument
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -222,7 +222,11 @@ class ContextGraph:
         call id gives that result's complete stored text (:meth:`result_by_id`); a message number
         or span (``"#16"``, ``"#16–#23"``, :data:`MESSAGE_SPAN`) gives each of those stored
         messages in full, headed by its number and role, an assistant message with its tool calls
-        (name and arguments). Raises KeyError naming ``ref`` when it is neither."""
+        (name and arguments). Raises KeyError naming ``ref`` when it is neither, TypeError when it is
+        not a string."""
+        if not isinstance(ref, str):
+            raise TypeError(f"recall: give a tool call id or a message number or span as a string ('call_7', '#16', "
+                            f"'#16–#23'), got {type(ref).__name__} {ref!r}")
         if ref not in self.result_of and (m := MESSAGE_SPAN.fullmatch(ref)):
             a = int(m.group(1))
             b = int(m.group(2)) if m.group(2) else a
