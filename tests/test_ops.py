@@ -194,3 +194,20 @@ def test_text_logs_carry_the_same_fields_as_the_json_lines():
                                                                     "note": "Bearer abcdefghijkl"})
     line = out.getvalue().strip()
     assert line.endswith("INFO historygraph.server request status=502 session=s1 note=[redacted]"), line
+
+
+def test_the_request_record_of_a_refused_request_names_the_session_the_client_sent():
+    """Walkthrough finding: a request the proxy refuses (400: a tool result answering no call) was
+    logged with ``session: null`` although the client sent its session header."""
+    out = io.StringIO()
+    handler = logs.configure("INFO", stream=out)
+    try:
+        app = proxy()
+        bad = [{"role": "user", "content": "u"}, {"role": "tool", "tool_call_id": "ghost", "content": "r"}]
+        r = call(app, "POST", "/v1/chat/completions", json={"model": "m", "messages": bad},
+                 headers={"Authorization": f"Bearer {KEY}", "X-HistoryGraph-Session": "refused-1"})
+        assert r.status_code == 400 and "unknown tool_call_id 'ghost'" in r.text
+    finally:
+        logs.logging.getLogger("historygraph").removeHandler(handler)
+    [request] = [json.loads(line) for line in out.getvalue().splitlines() if '"request"' in line]
+    assert (request["status"], request["session"]) == (400, "refused-1")

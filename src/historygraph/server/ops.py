@@ -48,7 +48,7 @@ def metrics(request: Request) -> Response:
 class CountRequests:
     """ASGI middleware: for the proxy endpoints, counts ``historygraph_requests_total{api,
     status}`` and logs one ``"request"`` record (api, status, session from the response header,
-    duration_ms) when the response starts."""
+    else the one the client sent for a request routed nowhere, duration_ms) when the response starts."""
 
     def __init__(self, app: Any, metrics: Any) -> None:
         self.app, self.metrics = app, metrics
@@ -66,7 +66,9 @@ class CountRequests:
                 self.metrics.requests.labels(api, str(status)).inc()
                 headers = dict(message.get("headers") or [])
                 session = (headers.get(b"x-historygraph-session", b"").decode("latin-1")  # the session the proxy routed to
-                           or scope.get("state", {}).get("historygraph_session"))  # (set by Proxy.forward: a 502 has no header)
+                           or scope.get("state", {}).get("historygraph_session")  # (set by Proxy.forward: a 502 has no header)
+                           or dict(scope.get("headers") or []).get(b"x-historygraph-session", b"").decode("latin-1")
+                           or None)  # a refused request (400) was routed nowhere: the session the client named
                 log.info("request", extra={"api": api, "status": status, "session": session,
                                            "duration_ms": round((time.perf_counter() - started) * 1000, 2)})
             await send(message)
