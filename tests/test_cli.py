@@ -570,6 +570,41 @@ def test_serve_on_a_public_address_without_a_token_is_refused_unless_intended(mo
     assert res.exit_code == 0 and started == ["0.0.0.0"] and "warning" not in res.output
 
 
+def _signal_a_running_replay(tmp_path, traces_dir, budgets: str, send, preexec_fn=None) -> tuple[int, str, float]:
+    """Start ``replay TRACES --jobs 2`` in its own process group, call ``send(proc)`` once the
+    workers are replaying (after the first progress line: a fixed wait could fall in the start-up of
+    a loaded machine, before the parallel replay began), and return its exit status, its output and
+    the seconds from the signal to its end."""
+    import os
+    import signal as sig
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "historygraph", "replay", str(traces_dir), "-p", "learned", "-p", "prune",
+                             "--budget", budgets, "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=preexec_fn)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(x.startswith("replay ") for x in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the replay ended before the signal"
+        t0 = time.monotonic()
+        send(proc)
+        proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig.SIGKILL)
+    return proc.returncode, "".join(lines), took
+
+
 @pytest.mark.slow
 def test_one_ctrl_c_stops_a_parallel_replay_within_seconds_keeping_what_finished(tmp_path, traces_dir):
     """Issue 38, class 9: Ctrl-C in ``replay --jobs 2`` (what the main job runs on 2 cores) took
@@ -578,38 +613,14 @@ def test_one_ctrl_c_stops_a_parallel_replay_within_seconds_keeping_what_finished
     (the target is 2 s; this test allows 8 on a loaded machine), saying what it wrote."""
     import os
     import signal as sig
-    import subprocess
-    import sys
-    import time
-
-    import threading
 
     # Ctrl-C as at a terminal: a test run started in the background of a non-interactive shell (`.ci/run &`)
     # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler; restore the default
-    proc = subprocess.Popen([sys.executable, "-m", "historygraph", "replay", str(traces_dir), "-p", "learned", "-p", "prune",
-                             "--budget", "6000,3000,2000", "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=lambda: sig.signal(sig.SIGINT, sig.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        # interrupt once the workers are replaying: after the first progress line (a fixed wait could
-        # fall in the start-up of a loaded machine, before the parallel replay began)
-        deadline = time.monotonic() + 120
-        while not any(x.startswith("replay ") for x in lines) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None, "the replay ended before the interrupt"
-        t0 = time.monotonic()
-        os.killpg(proc.pid, sig.SIGINT)  # what a terminal's Ctrl-C sends: the whole process group
-        proc.wait(timeout=30)
-        took = time.monotonic() - t0
-        reader.join(10)
-        out = "".join(lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig.SIGKILL)
-    assert proc.returncode == 130, out[-2000:]
+    rc, out, took = _signal_a_running_replay(
+        tmp_path, traces_dir, "6000,3000,2000",
+        lambda proc: os.killpg(proc.pid, sig.SIGINT),  # what a terminal's Ctrl-C sends: the whole process group
+        preexec_fn=lambda: sig.signal(sig.SIGINT, sig.SIG_DFL))
+    assert rc == 130, out[-2000:]
     assert took < 8, (took, out[-2000:])
     assert "interrupted (Ctrl-C): wrote the" in out and "trajectories finished so far" in out
     assert "Traceback" not in out
@@ -620,30 +631,9 @@ def test_sigterm_stops_a_replay_keeping_what_finished(tmp_path, traces_dir):
     """SIGTERM to the replay's own process (what `timeout` and `kill` send): the same as Ctrl-C, the
     traces finished so far are written, exit status 143 (the walkthrough's `timeout` left `--out` empty)."""
     import signal as sig
-    import subprocess
-    import sys
-    import threading
-    import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "historygraph", "replay", str(traces_dir), "-p", "learned", "-p", "prune",
-                             "--budget", "6000,3000", "--jobs", "2", "--store", str(tmp_path / "s.sqlite"), "--out", str(tmp_path / "out")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(x.startswith("replay ") for x in lines) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert proc.poll() is None, "the replay ended before the signal"
-        proc.send_signal(sig.SIGTERM)
-        proc.wait(timeout=30)
-        reader.join(10)
-        out = "".join(lines)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, out[-2000:]
+    rc, out, _ = _signal_a_running_replay(tmp_path, traces_dir, "6000,3000", lambda proc: proc.send_signal(sig.SIGTERM))
+    assert rc == 143, out[-2000:]
     assert "terminated (SIGTERM): wrote the" in out and "Traceback" not in out
     data = json.loads((tmp_path / "out" / "replay.json").read_text())
     assert data["meta"]["interrupted"] is True

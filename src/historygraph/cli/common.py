@@ -20,6 +20,7 @@ from historygraph.policies import REGISTRY, PolicyError
 from historygraph.policies import params as policy_params
 from historygraph.store import StoreError, open_store
 from historygraph.traces import TraceFormatError, list_trace_files, read_traces
+from historygraph.traces._common import NO_RESULT
 
 
 def _piped_width() -> int:
@@ -136,7 +137,7 @@ def read_all(paths: list[Path], fmt: str | None, strict: bool) -> tuple[list, li
 
 # the trace readers' repairs counted in Trace.meta (historygraph.traces), as said when read
 REPAIRS = {"orphan_results": "tool result(s) without a recorded call kept as user messages",
-           "synthetic_results": "tool call(s) without a recorded result answered by '[no result was recorded for this call]'",
+           "synthetic_results": f"tool call(s) without a recorded result answered by '{NO_RESULT}'",
            "renamed_call_ids": "repeated tool call id(s) renamed id#2, id#3, …"}
 
 
