@@ -195,7 +195,8 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
     res = runner.invoke(app, ["show", "issue-1", "--result", "c1", "--store", path])
     assert res.exit_code == 0 and res.output == "result of openhands:output.jsonl:issue-1", res.output
     res = runner.invoke(app, ["render", "issue-2", "--store", path])  # two sessions end with it
-    assert res.exit_code == 2 and "ends 2 session ids" in res.output and "swe-agent:a.traj:issue-2" in res.output
+    assert res.exit_code == 2 and "session 'issue-2' is ambiguous" in res.output and "2 session ids end with ':issue-2'" \
+        in " ".join(res.output.split()) and "swe-agent:a.traj:issue-2" in res.output and "give the full id" in res.output
     res = runner.invoke(app, ["show", "issue-9", "--store", path])
     assert res.exit_code == 2 and f"historygraph sessions --store {path}" in " ".join(res.output.split())
     assert "did you mean" not in res.output
@@ -209,6 +210,8 @@ def test_sessions_can_be_named_by_trace_id_and_wrong_ids_say_where_to_look(tmp_p
                                                  "message #2 (tool, tool result c1):\nresult of openhands:output.jsonl:issue-1\n")
     res = runner.invoke(app, ["show", "issue-1", "--message", "2-7", "--store", path])
     assert res.exit_code == 2 and "holds messages #0–#2" in res.output
+    res = runner.invoke(app, ["show", "issue-1", "--message", "2-1", "--store", path])
+    assert res.exit_code == 2 and "the span ends before it starts" in res.output
     res = runner.invoke(app, ["show", "issue-1", "--message", "last", "--store", path])
     assert res.exit_code == 2 and "give a message number or span" in res.output
 

@@ -101,3 +101,22 @@ def test_unknown_role_is_named():
     with pytest.raises(EventError, match="'narrator' is not one of system, user, assistant, tool"):
         Message.from_openai({"role": "narrator", "content": "x"})
     assert Message.from_openai({"role": "developer", "content": "x"}).role == "system"
+
+
+def test_adding_stored_messages_again_names_the_session_and_says_what_to_do(tmp_path):
+    """A script run twice against a saved store: Session.add of the same messages names the session,
+    the event, and that the session already holds the call (the walkthrough's bare 'event 0: … twice')."""
+    from historygraph import Session, open_store
+
+    msgs = [{"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "type": "function",
+                                                                 "function": {"name": "f", "arguments": "{}"}}]}]
+    store = open_store(str(tmp_path / "s.sqlite"))
+    s = Session("lib-1", store=store)
+    for m in msgs:
+        s.add(m)
+    with pytest.raises(GraphError, match=r"session 'lib-1', event 0 of the batch: tool call id 't1' appears twice "
+                                         r"\(the session already holds it: add only messages it does not hold yet\)"):
+        s.add(msgs[1])
+    assert len(store.messages("lib-1")) == 2
+    store.close()

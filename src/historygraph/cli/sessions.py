@@ -33,10 +33,12 @@ def _session_graph(db, session: str) -> tuple[str, ContextGraph]:  # noqa: ANN00
         ids = db.sessions()
         matches = [s for s in ids if s.endswith(":" + session)]
         if len(matches) != 1:
-            hint = (f"it ends {len(matches)} session ids: {', '.join(matches[:5])}" if matches else
-                    f"{_did_you_mean(session, ids)}give a session id or its whole trace id (the part after its last "
-                    f"':'); list them with: historygraph sessions --store {store_name(db)}")
-            fail(f"no session {session!r} in store {store_name(db)}; {hint}")
+            if matches:
+                fail(f"session {session!r} is ambiguous in store {store_name(db)}: {len(matches)} session ids end with "
+                     f"':{session}' ({', '.join(matches[:5])}{', …' if len(matches) > 5 else ''}); give the full id")
+            fail(f"no session {session!r} in store {store_name(db)}; {_did_you_mean(session, ids)}give a session id or "
+                 f"its whole trace id (the part after its last ':'); list them with: historygraph sessions --store "
+                 f"{store_name(db)}")
         sid = matches[0]
     try:
         return sid, db.graph(sid)

@@ -193,7 +193,9 @@ class ContextGraph:
             if m.role == "assistant":
                 for c in m.tool_calls:
                     if c.id in self.call_owner or c.id in calls:
-                        raise GraphError(f"{name(i)}: tool call id {c.id!r} appears twice")
+                        raise GraphError(f"{name(i)}: tool call id {c.id!r} appears twice"
+                                         + (" (the session already holds it: add only messages it does not hold yet)"
+                                            if c.id in self.call_owner else ""))
                     calls.add(c.id)
             elif m.role == "tool":
                 cid = m.tool_call_id
@@ -230,7 +232,9 @@ class ContextGraph:
         if ref not in self.result_of and (m := MESSAGE_SPAN.fullmatch(ref)):
             a = int(m.group(1))
             b = int(m.group(2)) if m.group(2) else a
-            if not 0 <= a <= b < len(self.messages):
+            if a > b:
+                raise KeyError(f"messages {ref!r}: the span ends before it starts; give #A–#B with A ≤ B")
+            if not b < len(self.messages):
                 raise KeyError(f"messages {ref!r}: session {self.session_id!r} holds messages #0–#{len(self.messages) - 1}")
             parts = []
             for p in range(a, b + 1):

@@ -487,7 +487,7 @@ class Store(ABC):
             raise AppendConflict(f"expected_length: session {session_id!r} has {len(g)} events, "
                                  f"not {expected_length}", None, len(g))
         try:
-            g.validate(batch)  # the whole batch, before anything is written
+            g.validate(batch, f"session {session_id!r}, event {{}} of the batch".format)  # the whole batch, before anything is written
         except EventError:
             if not fresh:  # e.g. a tool result whose call another instance stored
                 raise StaleGraph(session_id) from None
