@@ -44,6 +44,18 @@ def traces_dir() -> Path:
     return TRACES
 
 
+SESSIONS = Path(os.environ.get("HISTORYGRAPH_SESSIONS", REPO.parent / "shared" / "sessions"))
+
+
+@pytest.fixture(scope="session")
+def sessions_dir() -> Path:
+    """The shared real Claude Code / Codex session logs (``claude-code/``, ``codex/``, gzip); tests
+    that need them skip with a clear message when absent."""
+    if not SESSIONS.is_dir():
+        pytest.skip(f"real agent sessions not found at {SESSIONS} (set HISTORYGRAPH_SESSIONS to the shared/sessions folder)")
+    return SESSIONS
+
+
 # Hypothesis profiles: the default draws fresh random examples on every run; HYPOTHESIS_PROFILE=ci
 # (set by .ci/run) draws the same examples every time, so CI cannot turn red by chance (bugs found
 # by random runs become explicit tests); HYPOTHESIS_PROFILE=fuzz runs a long fuzzing pass;

@@ -63,6 +63,25 @@ def _check_out(out: Path) -> None:
         fail(f"--out {out}: folder is not writable")
 
 
+RESEARCH_BUDGETS = [6000]
+SESSION_BUDGETS = [16000, 32000, 64000]
+SESSION_SOURCES = ("claude-code", "codex")
+
+
+def default_budgets(traces: list) -> list[int]:
+    """The budgets of a replay without ``--budget``: 16k, 32k and 64k tokens for the session logs of
+    the agents people run (Claude Code, Codex: 100k+ token sessions), 6000 for research traces
+    (ContextRender B.1); a mix of both gets 6000 and a note (their scales differ by ten)."""
+    sessions = sum(1 for t in traces if t.source in SESSION_SOURCES)
+    if sessions == len(traces):
+        return list(SESSION_BUDGETS)
+    if sessions:
+        warn(f"{sessions} of the {len(traces)} traces are Claude Code or Codex session logs, replayed at B = 6000 like the "
+             f"research traces; replay them on their own for their default budgets ({', '.join(map(str, SESSION_BUDGETS))}), "
+             "or give --budget")
+    return list(RESEARCH_BUDGETS)
+
+
 WORK_EXPONENT = 1.2  # _replay_work: renders grow a little faster than calls × results
 
 
@@ -81,7 +100,7 @@ def _replay_work(trace) -> float:  # noqa: ANN001
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "learned-stable", "contextrender", "prune", "full"],
-    budget: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (ContextRender B.1 uses 6000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000.")] = "6000",
+    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="History budget B in tokens; a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000. Default: 16000,32000,64000 when every trace is a Claude Code or Codex session log, else 6000 (ContextRender B.1).")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
@@ -112,7 +131,7 @@ def replay(
     if fmt is not None and fmt not in READERS:
         fail(f"unknown --format {fmt!r}; choose one of {', '.join(READERS)}")
     params = load_policy_params(param, params_file, names)
-    budgets = parse_budgets(budget)
+    budgets = parse_budgets(budget) if budget is not None else []
     if embedder not in EMBEDDERS:
         fail(f"unknown --embedder {embedder!r}; choose one of {', '.join(EMBEDDERS)}")
     try:
@@ -131,6 +150,7 @@ def replay(
             fail(f"{p}: no such file or folder")
     t_start = time.perf_counter()
     traces, skipped = _read_into(paths, fmt, strict, out)
+    budgets = budgets or default_budgets(traces)
     try:
         db = open_store(store)
     except Exception as exc:  # an unwritable path, a corrupt database file
@@ -378,7 +398,7 @@ def _fmt(v: object, digits: int = 1) -> str:
 
 # the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
 COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
-                   "recall_age_>25", "mean_history_tokens", "render_ms_median", "budget_errors", "model_calls")
+                   "recall_age_>25", "mean_history_tokens", "bill_vs_recorded", "render_ms_median", "budget_errors", "model_calls")
 # what the default table leaves out, in this order, when it is wider than the terminal (then the cost
 # with each price model's cache, the last model first); source, trace, policy and recall always stay
 NARROW_DROPS = ("render_ms_median", "traces", "invocations", "events", "model_calls", "budget_errors", "recall_age_>25",
@@ -390,7 +410,7 @@ HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "pr
          "render_ms_median": "render\nms p50", "render_ms_p95": "render\nms p95", "invocations": "calls", "events": "reuse\nevents",
          "read_repeats_exposed": "re-reads\nexposed", "old_full_share": "old\nfull %",
          "model_calls": "model\ncalls", "model_input_tokens": "model\ntok in", "model_output_tokens": "model\ntok out",
-         "model_seconds": "model\ns", "budget_errors": "budget\nerrors"}
+         "model_seconds": "model\ns", "budget_errors": "budget\nerrors", "bill_vs_recorded": "bill ÷\nrecorded"}
 HEADS.update({f"recall_age_{b}": f"age\n{b}" for b in AGE_BINS})
 
 
@@ -402,7 +422,7 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     cut: a table that cannot fit prints wider than the console."""
     cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + cache + ["prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+        [f"recall_age_{b}" for b in AGE_BINS] + cache + ["bill_vs_recorded", "prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
@@ -459,6 +479,11 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) ->
                      "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars"
                      + ("; CR-eq3: ContextRender eq. 3's reference prices, the price model 'contextrender'"
                         if "cost_cache_contextrender" in cols else "") + " (docs/evaluator.md, Price models)")
+    if "bill_vs_recorded" in cols:
+        notes.append("bill ÷ recorded: the row's cost with the recorded model's prompt cache (Claude: anthropic-style, GPT: "
+                     "openai-style; system prompt and tools estimated from the first call) ÷ what the recorded calls were "
+                     "billed; recorded: the agent's own context management (its compactions), its ratio checks the cache "
+                     "simulation (docs/evaluator.md, Real sessions)")
     if "norm_cost" in cols:
         notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
                      "(C.2); a ratio, not dollars")

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 from historygraph.eval.prices import label
 
 TOLERANCE = 2.0  # percentage points of recall a cheaper policy may lose and still be named (the thrifty pick)
-NOT_DEPLOYABLE = ("oracle",)
+NOT_DEPLOYABLE = ("oracle", "recorded")  # the exact bound reads the future; recorded is the agent's own compaction
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from historygraph.eval.cost import Usage
 from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.prompt_cache import CacheTokens, PromptCache
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
+from historygraph.eval.recorded import RECORDED, RecordedContext, fixed_tokens, has_recorded, home_price_model, recorded_tokens
 from historygraph.eval.steps_metrics import StepsCounts
 
 
@@ -148,6 +149,8 @@ class TraceResult:
     budget: int | None = None
     reference: Reference | None = None
     timeline: Timeline | None = None
+    recorded: tuple[CacheTokens, int, int] | None = None  # the recorded calls' billed input, 1-hour writes, output
+    home_model: str | None = None  # the price model of the recorded model (eval.recorded.home_price_model)
 
     @property
     def compared(self) -> bool:
@@ -181,10 +184,26 @@ def _form(m) -> str:  # noqa: ANN001
 
 
 def tool_schema_tokens(trace: Trace, counter: TokenCounter) -> int:
-    """Tokens of the tool schemas a trace recorded (``meta["tool_schemas"]``, as JSON), else 0:
-    they lead every model input (C.2 counts the complete input)."""
+    """Tokens that lead every model input of ``trace`` besides its messages (C.2 counts the complete
+    input): the tool schemas a trace recorded (``meta["tool_schemas"]``, as JSON); for a session
+    log with recorded usage (Claude Code, Codex), the system prompt and tools estimated from its
+    first call (:func:`.recorded.fixed_tokens`); else 0."""
     schemas = trace.meta.get("tool_schemas")
-    return counter.count(json.dumps(schemas, ensure_ascii=False)) if schemas else 0
+    if schemas:
+        return counter.count(json.dumps(schemas, ensure_ascii=False))
+    return fixed_tokens(trace, counter) if has_recorded(trace) else 0
+
+
+def _score(st: PolicyStats, events: Sequence, visible: set[int], seen_tokens: set[str]) -> None:
+    """Score the B.4 reuse events of one call against the results shown complete (``visible``)."""
+    for e in events:
+        hit = e.result in visible
+        st.events += 1
+        st.hits += hit
+        st.value_hits += hit or value_hit(e, seen_tokens)
+        cell = st.by_age[age_bin(e.age)]
+        cell[0] += 1
+        cell[1] += hit
 
 
 def prompt_caches(models: dict[str, PriceModel] | None, counter: TokenCounter, fixed: int) -> dict[str, PromptCache]:
@@ -220,20 +239,24 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                  price_models: dict[str, PriceModel] | None = None) -> TraceResult:
     """Replay one trace through ``policies`` (name -> policy instance) under ``budget`` tokens.
     ``reference``: Full history's figures on this trace when already computed (else computed here);
-    ``price_models``: the prompt caches to simulate (default: the shipped price models)."""
+    ``price_models``: the prompt caches to simulate (default: the shipped price models). A trace
+    with recorded usage (a Claude Code or Codex log) also gets the ``recorded`` row: what the agent
+    itself sent at each call, after its own compactions (:mod:`.recorded`)."""
     # (over 80 lines: one walk over the trace with every policy's accumulators in locals; split, each piece would take them all as arguments)
     sid = record_trace(store, trace) if store is not None else session_id_for(trace)
     events_at: dict[int, list] = defaultdict(list)
     for e in reuse_events(trace.messages):
         events_at[e.turn].append(e)
-    stats = {name: PolicyStats() for name in policies}
+    rec = RecordedContext(trace) if has_recorded(trace) else None
+    rows = list(policies) + ([RECORDED] if rec is not None else [])
+    stats = {name: PolicyStats() for name in rows}
     counter = signals.counter
     fixed = tool_schema_tokens(trace, counter)
-    caches = {name: PrefixReuse(counter, fixed) for name in policies}
-    billed = {name: prompt_caches(price_models, counter, fixed) for name in policies}
+    caches = {name: PrefixReuse(counter, fixed) for name in rows}
+    billed = {name: prompt_caches(price_models, counter, fixed) for name in rows}
     embedded: dict[str, set[str]] = {name: set() for name in policies}
     log = signals.embedding_log()
-    timeline = Timeline(forms={name: [] for name in policies})
+    timeline = Timeline(forms={name: [] for name in rows})
     graph = ContextGraph(sid)
     invocations = 0
     for j, message in enumerate(trace.messages):
@@ -286,14 +309,22 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     timeline.forms[name].append("".join(forms.get(p, "D") for p in timeline.results))
                     seen_tokens = rendered_tokens(r.messages) if events_at.get(j) else set()
                 st.steps.observe(graph, visible, message)
-                for e in events_at.get(j, ()):
-                    hit = e.result in visible
-                    st.events += 1
-                    st.hits += hit
-                    st.value_hits += hit or value_hit(e, seen_tokens)
-                    cell = st.by_age[age_bin(e.age)]
-                    cell[0] += 1
-                    cell[1] += hit
+                _score(st, events_at.get(j, ()), visible, seen_tokens)
+            if rec is not None:  # what the agent itself sent (after its compactions)
+                sent, span = rec.at(j)
+                st = stats[RECORDED]
+                tokens = counter.count_messages(sent)
+                st.history_tokens.append(tokens)
+                st.input_tokens.append(tokens)
+                st.prompt_tokens += tokens + fixed
+                st.output_tokens += out_tokens
+                st.cached_tokens += caches[RECORDED].observe(sent, tokens)
+                for pc in billed[RECORDED].values():
+                    pc.observe(sent, tokens)
+                visible = {p for p in span if trace.messages[p].role == "tool"}
+                timeline.forms[RECORDED].append("".join("F" if p in visible else "D" for p in timeline.results))
+                st.steps.observe(graph, visible, message)
+                _score(st, events_at.get(j, ()), visible, rendered_tokens(sent) if events_at.get(j) else set())
         if message.role == "tool":
             timeline.results.append(len(graph))
         graph.append(message)
@@ -309,7 +340,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                      if full is not None and not full.budget_errors
                      else full_reference(trace, signals, price_models))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
-                       len(graph.results()), invocations, stats, budget, reference, timeline)
+                       len(graph.results()), invocations, stats, budget, reference, timeline,
+                       recorded_tokens(trace) if rec is not None else None, home_price_model(trace) if rec is not None else None)
 
 
 def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[int], signals: Signals,

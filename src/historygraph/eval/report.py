@@ -29,6 +29,7 @@ from historygraph.eval import cache_cost
 from historygraph.eval.cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.prices import PriceModel, default_price_models
+from historygraph.eval.recorded import recorded_bill_tokens
 from historygraph.eval.replay import PolicyStats, TraceResult
 from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
 
@@ -39,7 +40,7 @@ COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
      "budget_errors", "invariant_violations",
      "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct", "model_calls", "model_input_tokens", "model_output_tokens",
-     "model_seconds"] + STEPS_COLUMNS
+     "model_seconds"] + STEPS_COLUMNS + ["recorded_price_model", "recorded_bill_usd", "bill_vs_recorded"]
 
 
 def _pct(hits: int, events: int) -> float | None:
@@ -158,7 +159,42 @@ def summarize(results: list[TraceResult], prices: Prices = Prices(),
     _of_oracle(per_source, ("budget", "source"))
     models = default_price_models() if price_models is None else price_models
     cache_cost.add_cache_costs(per_trace, per_source, references(results), models)
+    add_recorded_bills(per_trace, per_source, results, models)
     return per_trace, per_source
+
+
+def add_recorded_bills(per_trace: list[dict[str, Any]], per_source: list[dict[str, Any]], results: list[TraceResult],
+                       models: dict[str, PriceModel]) -> None:
+    """On traces with recorded usage (Claude Code, Codex logs; :mod:`.recorded`): ``recorded_bill_usd``,
+    what the recorded calls cost under the price model of the recorded model
+    (``recorded_price_model``), and ``bill_vs_recorded``, each row's simulated cost with that model's
+    cache (``cost_cache_usd_M``) divided by it; per source, the ratio of the sums over the traces
+    where the row has a cost, and the mean recorded bill per trace. For the ``recorded`` row itself
+    the ratio checks the cache simulation against what was billed (docs/evaluator.md)."""
+    bills: dict[tuple, tuple[str, float]] = {}
+    for res in results:
+        if res.recorded is not None and res.home_model in models:
+            bills[(res.budget, res.session_id)] = (res.home_model, recorded_bill_tokens(res.recorded, models[res.home_model]))
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for r in per_trace:
+        got = bills.get((r.get("budget"), r.get("session")))
+        if got is None:
+            continue
+        home, paid = got
+        r["recorded_price_model"], r["recorded_bill_usd"] = home, round(paid, 6)
+        cost = r.get(f"cost_cache_usd_{home}")
+        if cost is not None and paid:
+            r["bill_vs_recorded"] = round(cost / paid, 4)
+            for src in (r["source"], "ALL"):
+                s = sums[(r.get("budget"), src, r["policy"])]
+                s[0] += cost
+                s[1] += paid
+                s[2] += 1
+    for r in per_source:
+        tot = sums.get((r.get("budget"), r["source"], r["policy"]))
+        if tot:
+            r["recorded_bill_usd"] = round(tot[1] / tot[2], 6)
+            r["bill_vs_recorded"] = round(tot[0] / tot[1], 4) if tot[1] else None
 
 
 def _of_oracle(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:

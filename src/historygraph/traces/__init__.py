@@ -26,17 +26,22 @@ from typing import Any, Iterator
 
 from historygraph.history.events import Trace
 
-from historygraph.traces import mini_swe_agent, openai_chat, openhands, swe_agent, tau2_bench, tau_bench
-from historygraph.traces._common import TraceFormatError, load_json
+from historygraph.traces import claude_code, codex, mini_swe_agent, openai_chat, openhands, swe_agent, tau2_bench, tau_bench
+from historygraph.traces._common import TraceFormatError, decode_line, load_json, open_text
 
 __all__ = ["READERS", "TraceFormatError", "detect_format", "list_trace_files", "read_traces"]
 
 #: format name -> reader module (``NAME``, ``sniff``, ``read``), in detection order.
 READERS: dict[str, ModuleType] = {
-    m.NAME: m for m in (mini_swe_agent, swe_agent, openhands, tau_bench, tau2_bench, openai_chat)
+    m.NAME: m for m in (mini_swe_agent, swe_agent, openhands, tau_bench, tau2_bench, codex, claude_code, openai_chat)
 }
 
-_SUFFIXES = (".json", ".jsonl", ".traj")  # ".traj.json" ends with ".json"
+_SUFFIXES = (".json", ".jsonl", ".traj", ".json.gz", ".jsonl.gz")  # ".traj.json" ends with ".json"
+
+
+def is_jsonl(path: Path) -> bool:
+    """A JSON Lines file: ``*.jsonl`` or ``*.jsonl.gz``."""
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
 
 
 def _is_trace_file(p: Path) -> bool:
@@ -45,7 +50,9 @@ def _is_trace_file(p: Path) -> bool:
 
 def list_trace_files(path: str | Path) -> list[Path]:
     """The trace files under ``path``: the file itself, or every ``*.json``, ``*.jsonl``,
-    ``*.traj`` and ``*.traj.json`` below a directory (recursively, sorted; others are skipped)."""
+    ``*.traj``, ``*.traj.json``, ``*.json.gz`` and ``*.jsonl.gz`` below a directory (recursively,
+    sorted; others are skipped). A folder laid out as ``~/.claude/projects`` or ``~/.codex/sessions``
+    is such a directory."""
     p = Path(path)
     if p.is_file():
         return [p]
@@ -57,16 +64,20 @@ def list_trace_files(path: str | Path) -> list[Path]:
 
 
 def _probe(path: Path) -> Any:
-    """What ``sniff`` looks at: the first non-blank line of a ``.jsonl`` file, else the whole JSON."""
-    if path.suffix != ".jsonl":
+    """What ``sniff`` looks at: the first JSON object of a ``.jsonl`` (or ``.jsonl.gz``) file, else
+    the whole JSON."""
+    if not is_jsonl(path):
         return load_json(path, "unknown")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    return json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise TraceFormatError(path, "unknown", f"line {n}", f"not valid JSON: {e}") from None
+    try:
+        with open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        return decode_line(line)[0]
+                    except json.JSONDecodeError as e:
+                        raise TraceFormatError(path, "unknown", f"line {n}", f"not valid JSON: {e}") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
+        raise TraceFormatError(path, "unknown", None, f"cannot be read: {e}") from None
     raise TraceFormatError(path, "unknown", None, "empty file")
 
 
@@ -104,7 +115,7 @@ def _read_file(path: Path, format: str | None) -> Iterator[Trace]:
     probe = _probe(path)
     name = _detect(path, probe)
     # A whole-file probe is the parsed file: hand it over instead of parsing it twice.
-    yield from READERS[name].read(path, None if path.suffix == ".jsonl" else probe)
+    yield from READERS[name].read(path, None if is_jsonl(path) else probe)
 
 
 def read_traces(path: str | Path, format: str | None = None) -> Iterator[Trace]:

@@ -18,6 +18,7 @@ The counts go into ``Trace.meta`` (``synthetic_results``, ``orphan_results``,
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -145,27 +146,57 @@ class Builder:
 
 # --------------------------------------------------------------------------- loading helpers
 
+def open_text(path: str | Path):  # noqa: ANN201 (a text file object)
+    """Open a trace file for reading as UTF-8 text; a name ending in ``.gz`` is read through gzip
+    (Claude Code and Codex logs are often kept compressed as ``.jsonl.gz``)."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def load_json(path: str | Path, fmt: str) -> Any:
-    """Parse a whole JSON file, or raise TraceFormatError naming the file."""
+    """Parse a whole JSON file (plain or ``.gz``), or raise TraceFormatError naming the file."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
         raise TraceFormatError(path, fmt, None, f"not valid JSON: {e}") from None
 
 
+_DECODER = json.JSONDecoder()
+
+
+def decode_line(line: str) -> list[Any]:
+    """The JSON values on one line, in order: usually one, but a writer that lost a newline leaves
+    two objects back to back (seen in a real Claude Code log), and both are kept. Raises
+    ``json.JSONDecodeError`` for text that is not a sequence of JSON values."""
+    out, i, n = [], 0, len(line)
+    while True:
+        while i < n and line[i].isspace():
+            i += 1
+        if i >= n:
+            return out
+        obj, i = _DECODER.raw_decode(line, i)
+        out.append(obj)
+
+
 def iter_jsonl(path: str | Path, fmt: str, errors: list[TraceFormatError]) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, parsed_object)`` for each non-blank line of a JSONL file; a line that is
-    not valid JSON is appended to ``errors`` (a TraceFormatError naming it) and skipped."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    errors.append(TraceFormatError(path, fmt, f"line {n}", f"not valid JSON: {e}"))
-                    continue
-                yield n, obj
+    """Yield ``(line_number, parsed_object)`` for each JSON object of a JSONL file (plain or ``.gz``;
+    a line holding several objects back to back yields each, with the same line number); a line
+    that is not valid JSON is appended to ``errors`` (a TraceFormatError naming it) and skipped."""
+    try:
+        with open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        objs = decode_line(line)
+                    except json.JSONDecodeError as e:
+                        errors.append(TraceFormatError(path, fmt, f"line {n}", f"not valid JSON: {e}"))
+                        continue
+                    for obj in objs:
+                        yield n, obj
+    except (gzip.BadGzipFile, EOFError, UnicodeDecodeError) as e:
+        errors.append(TraceFormatError(path, fmt, None, f"cannot be read: {e}"))
 
 
 def lines_error(errors: list[TraceFormatError], read: int) -> TraceFormatError:

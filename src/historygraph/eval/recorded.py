@@ -1,0 +1,146 @@
+"""The agent's own context management as a reference row, ``recorded``, and the bill its user paid.
+
+Claude Code and the Codex CLI manage their context themselves: when the window fills they
+*compact* (Claude Code writes a summary and continues from it; Codex replaces the history by a
+``replacement_history``), and every API call they make is billed with the provider's prompt cache.
+Their session logs keep both, and the readers (:mod:`historygraph.traces.claude_code`,
+:mod:`historygraph.traces.codex`) put them in the trace's ``meta``:
+
+* ``meta["compactions"]``: ``{"at", "kept", "trigger", "pre_tokens", "timestamp"}`` per compaction;
+  after it the agent sent ``kept`` (the summary, or the replacement history) and then
+  ``messages[at:]``;
+* ``meta["usage"]``: per recorded API call ``{"message", "input", "cache_read", "cache_write",
+  "cache_write_1h", "output", "model", "timestamp"}`` (tokens as the provider billed them;
+  ``message`` is the index of the assistant message the call produced).
+
+:func:`recorded_context` is what the agent really sent before call ``j``; the replay scores it as
+the ``recorded`` row (Later-Used Result Recall over the results it shows complete, history tokens,
+and its requests through each price model's simulated cache), so every policy is compared with
+the agent's own compaction on the same events. :func:`recorded_bill` prices the recorded usage:
+the bill the user really paid, up to the price model's per-token prices.
+
+What the log does not hold: the agent's system prompt and tool definitions. :func:`fixed_tokens`
+estimates them from the first recorded call (its billed input minus the messages before it, in
+our tokenizer) and the replay charges them to every request of every policy, so simulated and
+recorded bills cover the same prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from historygraph.eval.prices import PriceModel
+from historygraph.eval.prompt_cache import CacheTokens
+from historygraph.history.events import Message, Trace
+from historygraph.signals.tokens import TokenCounter
+
+RECORDED = "recorded"
+"""The row name of the agent's own context management in a replay (not a policy: it has no rendering)."""
+
+ONE_HOUR_WRITE = 2.0
+"""A 1-hour cache write costs 2× the base input price (Anthropic prompt caching: "1 hour cache write
+tokens are 2 times the base input tokens price"; docs.anthropic.com/en/docs/build-with-claude/prompt-caching)."""
+
+HOME_MODELS = (("claude", "anthropic-style"), ("gpt", "openai-style"), ("o1", "openai-style"), ("o3", "openai-style"),
+               ("o4", "openai-style"), ("codex", "openai-style"), ("deepseek", "deepseek-style"))
+"""Model-name prefix -> the shipped price model whose cache rule the provider has (the recorded bill
+of a Claude session is priced ``anthropic-style``, of a GPT session ``openai-style``)."""
+
+
+def has_recorded(trace: Trace) -> bool:
+    """Whether ``trace`` carries the recorded usage of its API calls (Claude Code, Codex logs)."""
+    return isinstance(trace.meta.get("usage"), list) and bool(trace.meta["usage"])
+
+
+def home_price_model(trace: Trace) -> str | None:
+    """The price model of the trace's recorded model (:data:`HOME_MODELS`), ``None`` when unknown."""
+    name = str(trace.meta.get("model") or "").lower()
+    if not name:
+        models = [u.get("model") for u in trace.meta.get("usage") or () if u.get("model")]
+        name = str(max(set(models), key=models.count)).lower() if models else ""
+    for prefix, model in HOME_MODELS:
+        if name.startswith(prefix):
+            return model
+    return None
+
+
+@dataclass(frozen=True)
+class Compaction:
+    at: int
+    kept: tuple[Message, ...]
+
+
+def compactions(trace: Trace) -> list[Compaction]:
+    """The trace's compactions in order (``meta["compactions"]``)."""
+    out = []
+    for c in trace.meta.get("compactions") or ():
+        out.append(Compaction(int(c["at"]), tuple(Message.from_openai(m) for m in c.get("kept") or ())))
+    return sorted(out, key=lambda c: c.at)
+
+
+class RecordedContext:
+    """What the agent sent at each call of one trace (module docstring)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.messages = trace.messages
+        self.compactions = compactions(trace)
+
+    def at(self, j: int) -> tuple[list[Message], range]:
+        """The messages the agent sent before call ``j`` (the assistant message at index ``j``) and
+        the range of trace positions among them: the latest compaction's ``kept`` messages, then
+        ``messages[at:j]``; without a compaction, ``messages[:j]``."""
+        start, kept = 0, ()
+        for c in self.compactions:
+            if c.at <= j:
+                start, kept = c.at, c.kept
+        return list(kept) + list(self.messages[start:j]), range(start, j)
+
+
+def recorded_context(trace: Trace, j: int) -> list[Message]:
+    """The context the agent sent before call ``j`` (:meth:`RecordedContext.at`)."""
+    return RecordedContext(trace).at(j)[0]
+
+
+def recorded_tokens(trace: Trace) -> tuple[CacheTokens, int, int]:
+    """Σ over the recorded calls: input tokens by how they were billed (read from the cache, written
+    to it at the 5-minute rate, uncached), the 1-hour cache writes, and the output tokens."""
+    read = write = write_1h = uncached = output = 0
+    for u in trace.meta.get("usage") or ():
+        read += int(u.get("cache_read") or 0)
+        w1 = int(u.get("cache_write_1h") or 0)
+        write += int(u.get("cache_write") or 0) - w1
+        write_1h += w1
+        uncached += int(u.get("input") or 0)
+        output += int(u.get("output") or 0)
+    return CacheTokens(read=read, write=write, uncached=uncached), write_1h, output
+
+
+def recorded_bill(trace: Trace, model: PriceModel) -> float:
+    """USD the recorded calls cost under ``model``'s prices: uncached input, cache reads, cache
+    writes (1-hour writes at :data:`ONE_HOUR_WRITE` × input) and output."""
+    return recorded_bill_tokens(recorded_tokens(trace), model)
+
+
+def recorded_bill_tokens(recorded: tuple[CacheTokens, int, int], model: PriceModel) -> float:
+    """:func:`recorded_bill` of the sums :func:`recorded_tokens` gave."""
+    t, write_1h, output = recorded
+    return (t.uncached * model.input + t.read * model.cached_input + t.write * model.write_price
+            + write_1h * model.input * ONE_HOUR_WRITE + output * model.output) / 1e6
+
+
+def billed_input(u: dict[str, Any]) -> int:
+    """All input tokens of one recorded call (uncached + cache read + cache write)."""
+    return int(u.get("input") or 0) + int(u.get("cache_read") or 0) + int(u.get("cache_write") or 0)
+
+
+def fixed_tokens(trace: Trace, counter: TokenCounter) -> int:
+    """Estimated tokens of the system prompt and tool definitions the agent sends with every call
+    but its log does not hold: the first recorded call's billed input minus the messages before it
+    (counted with ``counter``, which is not the provider's tokenizer: an estimate), at least 0."""
+    usage = trace.meta.get("usage") or ()
+    if not usage:
+        return 0
+    first = usage[0]
+    before = RecordedContext(trace).at(int(first["message"]))[0]
+    return max(0, billed_input(first) - counter.count_messages(before))

@@ -1,0 +1,87 @@
+"""The ``recorded`` row (the agent's own context management) and the recorded bill, by hand.
+
+A small session with one compaction: the figures below are worked out from the messages and the
+usage written here, not from the code."""
+
+from __future__ import annotations
+
+import pytest
+
+from historygraph.eval.prices import default_price_models
+from historygraph.eval.recorded import RECORDED, fixed_tokens, home_price_model, recorded_bill, recorded_context
+from historygraph.eval.replay import replay_trace
+from historygraph.eval.report import summarize
+from historygraph.history.events import Message, ToolCall, Trace
+from historygraph.policies import Signals, create
+
+
+def call(i: str, path: str) -> ToolCall:
+    return ToolCall(i, "Read", f'{{"file_path": "{path}"}}')
+
+
+def session() -> Trace:
+    msgs = [
+        Message("user", "fix the parser"),                                            # 0
+        Message("assistant", "reading", (call("c1", "a.go"),)),                        # 1  call 1
+        Message("tool", "func Parse_Alpha() {}", tool_call_id="c1"),                   # 2  first seen: Parse_Alpha
+        Message("assistant", "reading more", (call("c2", "b.go"),)),                   # 3  call 2
+        Message("tool", "func Parse_Bravo() {}", tool_call_id="c2"),                   # 4  first seen: Parse_Bravo
+        Message("user", "go on"),                                                      # 5  (after the compaction)
+        Message("assistant", "edit Parse_Alpha and Parse_Bravo", (call("c3", "c.go"),)),  # 6  call 3: reuses 2 and 4
+        Message("tool", "func Parse_Charlie() {}", tool_call_id="c3"),                 # 7
+        Message("assistant", "done with Parse_Charlie"),                               # 8  call 4: reuses 7
+    ]
+    usage = [  # tokens as an Anthropic bill gives them
+        {"message": 1, "input": 10, "cache_read": 0, "cache_write": 2000, "cache_write_1h": 0, "output": 50, "model": "claude-opus-4-6"},
+        {"message": 3, "input": 10, "cache_read": 2000, "cache_write": 100, "cache_write_1h": 0, "output": 40, "model": "claude-opus-4-6"},
+        {"message": 6, "input": 10, "cache_read": 0, "cache_write": 1500, "cache_write_1h": 1000, "output": 60, "model": "claude-opus-4-6"},
+        {"message": 8, "input": 10, "cache_read": 1500, "cache_write": 100, "cache_write_1h": 0, "output": 30, "model": "claude-opus-4-6"},
+    ]
+    compaction = {"at": 5, "kept": [{"role": "user", "content": "Summary: reading a.go and b.go"}], "trigger": "auto",
+                  "pre_tokens": 3000, "timestamp": None}
+    return Trace("claude-code", "s1", "s1.jsonl", msgs,
+                 {"model": "claude-opus-4-6", "usage": usage, "compactions": [compaction]})
+
+
+def test_recorded_context_is_the_summary_then_what_followed() -> None:
+    t = session()
+    assert recorded_context(t, 3) == t.messages[:3]
+    summary = Message("user", "Summary: reading a.go and b.go")
+    assert recorded_context(t, 6) == [summary, t.messages[5]]
+    assert recorded_context(t, 8) == [summary, *t.messages[5:8]]
+
+
+def test_recorded_row_recall_tokens_and_bill_by_hand() -> None:
+    t = session()
+    sig = Signals()
+    res = replay_trace(t, {"full": create("full", replay=True)}, 100_000, sig)
+    rec, full = res.stats[RECORDED], res.stats["full"]
+    # events: (6, 2), (6, 4) and (8, 7); the compaction left 2 and 4 out at call 6, 7 is shown at 8
+    assert (rec.events, rec.hits) == (3, 1)
+    assert (full.events, full.hits) == (3, 3)
+    c = sig.counter
+    summary = Message("user", "Summary: reading a.go and b.go")
+    m = t.messages
+    assert rec.history_tokens == [c.count_messages(m[:1]), c.count_messages(m[:3]), c.count_messages([summary, m[5]]),
+                                  c.count_messages([summary, m[5], m[6], m[7]])]
+    # Anthropic-style prices (USD per million): input 3, 5-minute write 3.75, 1-hour write 2 x 3 = 6, read 0.3, output 15
+    paid = (40 * 3 + 3500 * 0.3 + (2000 + 100 + 500 + 100) * 3.75 + 1000 * 6 + 180 * 15) / 1e6
+    assert home_price_model(t) == "anthropic-style"
+    assert recorded_bill(t, default_price_models()["anthropic-style"]) == pytest.approx(paid)
+    # the system prompt and tools: the first call's 2010 billed input tokens minus the task before it
+    assert fixed_tokens(t, c) == 2010 - c.count_messages(m[:1])
+    per_trace, per_source = summarize([res])
+    rows = {r["policy"]: r for r in per_source if r["source"] == "claude-code"}
+    traces = {r["policy"]: r for r in per_trace}
+    assert rows[RECORDED]["recorded_bill_usd"] == pytest.approx(paid, abs=1e-6)
+    for name in ("full", RECORDED):  # the simulated bill with Anthropic's cache over what was paid
+        assert traces[name]["cost_cache_usd_anthropic-style"] > 0
+        assert rows[name]["bill_vs_recorded"] == pytest.approx(traces[name]["cost_cache_usd_anthropic-style"] / paid, rel=1e-3)
+    assert rows[RECORDED]["recall"] == pytest.approx(100 / 3, abs=1e-3)
+
+
+def test_a_trace_without_recorded_usage_has_no_recorded_row() -> None:
+    t = session()
+    t.meta = {}
+    res = replay_trace(t, {"full": create("full", replay=True)}, 100_000, Signals())
+    assert RECORDED not in res.stats and res.recorded is None
