@@ -16,7 +16,7 @@ import pytest
 
 from historygraph.traces import READERS, TraceFormatError, detect_format, list_trace_files, read_traces
 
-FORMATS = ("mini-swe-agent", "swe-agent", "openhands", "tau-bench", "tau2-bench", "openai-chat")
+FORMATS = ("mini-swe-agent", "swe-agent", "openhands", "tau-bench", "tau2-bench", "claude-code", "codex", "openai-chat")
 
 
 def roles(trace) -> dict[str, int]:
