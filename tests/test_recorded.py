@@ -68,6 +68,9 @@ def test_recorded_row_recall_tokens_and_bill_by_hand() -> None:
     paid = (40 * 3 + 3500 * 0.3 + (2000 + 100 + 500 + 100) * 3.75 + 1000 * 6 + 180 * 15) / 1e6
     assert home_price_model(t) == "anthropic-style"
     assert recorded_bill(t, default_price_models()["anthropic-style"]) == pytest.approx(paid)
+    # the replay prices every row's output, the recorded one's too, as the assistant messages counted
+    # (Claude Code logs keep a partial output_tokens)
+    paid += (c.count_messages([m[1], m[3], m[6], m[8]]) - 180) * 15 / 1e6
     # the system prompt and tools: the first call's 2010 billed input tokens minus the task before it
     assert fixed_tokens(t, c) == 2010 - c.count_messages(m[:1])
     per_trace, per_source = summarize([res])

@@ -462,7 +462,7 @@ def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str,
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
+        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 2 if c == "bill_vs_recorded" else 1) for c in cols])
     return t
 
 

@@ -341,7 +341,16 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                      else full_reference(trace, signals, price_models))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats, budget, reference, timeline,
-                       recorded_tokens(trace) if rec is not None else None, home_price_model(trace) if rec is not None else None)
+                       _recorded(trace, stats) if rec is not None else None, home_price_model(trace) if rec is not None else None)
+
+
+def _recorded(trace: Trace, stats: dict[str, PolicyStats]) -> tuple[CacheTokens, int, int]:
+    """The recorded calls' billed input (:func:`.recorded.recorded_tokens`) with the output every row
+    is priced with, the recorded assistant messages as counted: Claude Code logs keep a partial
+    ``output_tokens`` (a value from the start of the stream in most calls), and output is the same
+    for every row, so the bills differ by their input alone."""
+    billed, write_1h, _ = recorded_tokens(trace)
+    return billed, write_1h, stats[RECORDED].output_tokens
 
 
 def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[int], signals: Signals,
