@@ -88,3 +88,33 @@ def test_a_trace_without_recorded_usage_has_no_recorded_row() -> None:
     t.meta = {}
     res = replay_trace(t, {"full": create("full", replay=True)}, 100_000, Signals())
     assert RECORDED not in res.stats and res.recorded is None
+
+
+def test_cache_check_by_hand() -> None:
+    from historygraph.eval.prompt_cache import CacheTokens
+    from historygraph.eval.recorded import CacheCall, cache_check
+
+    calls = [CacheCall(1, CacheTokens(0, 1000, 0), 0, 900, 100),       # read share: simulated 0, recorded 0
+             CacheCall(3, CacheTokens(900, 100, 0), 800, 200, 0),      # 90 % against 80 %: 10 points
+             CacheCall(5, CacheTokens(1000, 0, 0), 1000, 0, 0)]        # 100 % both
+    c = cache_check(calls)
+    assert c["simulated"] == {"read": 1900, "write": 1100, "uncached": 0}
+    assert c["recorded"] == {"read": 1800, "write": 1100, "uncached": 100}
+    assert c["read_share_simulated"] == pytest.approx(100 * 1900 / 3000, abs=0.01)
+    assert c["read_share_recorded"] == pytest.approx(60.0)
+    assert (c["read_share_error_median"], c["read_share_error_mean"]) == (0.0, pytest.approx(10 / 3, abs=0.01))
+    assert cache_check([]) == {}
+
+
+def test_cache_check_on_a_real_claude_code_session(sessions_dir) -> None:
+    """The recorded requests of a real session (78 calls, 5-minute and 1-hour cache writes) through the
+    anthropic-style simulation read from the cache about what Anthropic billed as read."""
+    from historygraph.eval.report import cache_checks
+    from historygraph.traces import read_traces
+
+    (t,) = read_traces(sessions_dir / "claude-code" / "entireio__cli__a1d04b39-c7d2-47c4-aec6-d0118b0f71c6.jsonl.gz")
+    res = replay_trace(t, {"full": create("full", replay=True)}, 32_000, Signals())
+    c = cache_checks([res])["claude-code (anthropic-style)"]
+    assert c["calls"] == 78
+    assert abs(c["read_share_simulated"] - c["read_share_recorded"]) < 2.0
+    assert c["read_share_error_median"] < 1.0

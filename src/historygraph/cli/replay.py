@@ -27,7 +27,7 @@ from historygraph.eval.prices import PriceModelError, label, load_price_models, 
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import one_line, recommend
 from historygraph.eval.replay import replay_budgets, replay_trace
-from historygraph.eval.report import summarize, write_outputs
+from historygraph.eval.report import cache_checks, summarize, write_outputs
 from historygraph.models.chat import ModelError
 from historygraph.policies import REGISTRY, PolicyError, Signals, create
 from historygraph.signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
@@ -289,6 +289,7 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
         if per_trace:
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
+    _print_cache_check(cache_checks(results))
     recs = recommend(per_source_rows, shown)
     if recs:
         console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",
@@ -311,6 +312,19 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
                          for s in skipped))
     if bad or skipped:
         raise typer.Exit(1)
+
+
+def _print_cache_check(checks: dict[str, dict]) -> None:
+    """One line per source of session logs: the cache simulation against the recorded bills."""
+    if not checks:
+        return
+    console.print("cache check: the recorded requests through the simulated prompt cache against their recorded usage "
+                  "(docs/evaluator.md, Real sessions):", markup=False, highlight=False, soft_wrap=True)
+    for src, c in checks.items():
+        console.print(f"  {src}: {c['calls']} calls; read from the cache {c['read_share_simulated']:.1f} % of the input simulated, "
+                      f"{c['read_share_recorded']:.1f} % recorded; simulated input ÷ recorded {c['input_ratio']}; "
+                      f"per call the read share differs by {c['read_share_error_median']:.1f} points (median), "
+                      f"{c['read_share_error_mean']:.1f} (mean)", markup=False, highlight=False, soft_wrap=True)
 
 
 def _this_command() -> str:

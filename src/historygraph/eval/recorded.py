@@ -129,6 +129,51 @@ def recorded_bill_tokens(recorded: tuple[CacheTokens, int, int], model: PriceMod
             + write_1h * model.input * ONE_HOUR_WRITE + output * model.output) / 1e6
 
 
+@dataclass(frozen=True)
+class CacheCall:
+    """One recorded request as the simulation billed it (``simulated``: the price model of the
+    recorded model, on what the agent sent) and as the provider did (``read``, ``write``, ``uncached``
+    tokens of its recorded usage): the cache check."""
+
+    message: int
+    simulated: CacheTokens
+    read: int
+    write: int
+    uncached: int
+
+    @property
+    def recorded(self) -> CacheTokens:
+        return CacheTokens(self.read, self.write, self.uncached)
+
+
+def recorded_call(u: dict[str, Any]) -> tuple[int, int, int]:
+    """``(read, write, uncached)`` input tokens of one recorded call."""
+    return int(u.get("cache_read") or 0), int(u.get("cache_write") or 0), int(u.get("input") or 0)
+
+
+def share(t: CacheTokens) -> float:
+    """The part of a request's input read from the cache (0 for an empty request)."""
+    return t.read / t.total if t.total else 0.0
+
+
+def cache_check(calls: list[CacheCall]) -> dict[str, Any]:
+    """How the simulated cache agrees with the recorded bills over ``calls``: Σ tokens read, written
+    and uncached on both sides, the read share of all input (simulated, recorded), and per call the
+    mean and median absolute difference of the read share (percentage points); ``{}`` for none."""
+    if not calls:
+        return {}
+    sim = sum((c.simulated for c in calls), CacheTokens())
+    rec = sum((c.recorded for c in calls), CacheTokens())
+    diffs = sorted(abs(share(c.simulated) - share(c.recorded)) * 100 for c in calls)
+    mid = len(diffs) // 2
+    median = diffs[mid] if len(diffs) % 2 else (diffs[mid - 1] + diffs[mid]) / 2
+    return {"calls": len(calls), "simulated": {"read": sim.read, "write": sim.write, "uncached": sim.uncached},
+            "recorded": {"read": rec.read, "write": rec.write, "uncached": rec.uncached},
+            "read_share_simulated": round(100 * share(sim), 2), "read_share_recorded": round(100 * share(rec), 2),
+            "input_ratio": round(sim.total / rec.total, 4) if rec.total else None,
+            "read_share_error_mean": round(sum(diffs) / len(diffs), 2), "read_share_error_median": round(median, 2)}
+
+
 def billed_input(u: dict[str, Any]) -> int:
     """All input tokens of one recorded call (uncached + cache read + cache write)."""
     return int(u.get("input") or 0) + int(u.get("cache_read") or 0) + int(u.get("cache_write") or 0)

@@ -42,7 +42,7 @@ from historygraph.eval.cost import Usage
 from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.prompt_cache import CacheTokens, PromptCache
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
-from historygraph.eval.recorded import RECORDED, RecordedContext, fixed_tokens, has_recorded, home_price_model, recorded_tokens
+from historygraph.eval.recorded import RECORDED, CacheCall, RecordedContext, recorded_call, fixed_tokens, has_recorded, home_price_model, recorded_tokens
 from historygraph.eval.steps_metrics import StepsCounts
 
 
@@ -151,6 +151,7 @@ class TraceResult:
     timeline: Timeline | None = None
     recorded: tuple[CacheTokens, int, int] | None = None  # the recorded calls' billed input, 1-hour writes, output
     home_model: str | None = None  # the price model of the recorded model (eval.recorded.home_price_model)
+    cache_calls: list[CacheCall] = field(default_factory=list)  # the cache check (eval.recorded.CacheCall)
 
     @property
     def compared(self) -> bool:
@@ -248,6 +249,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     for e in reuse_events(trace.messages):
         events_at[e.turn].append(e)
     rec = RecordedContext(trace) if has_recorded(trace) else None
+    home = home_price_model(trace) if rec is not None else None
+    usage_at = {int(u["message"]): u for u in trace.meta.get("usage") or ()} if rec is not None else {}
+    cache_calls: list[CacheCall] = []  # the recorded requests through the home model's simulated cache, against their bill
     rows = list(policies) + ([RECORDED] if rec is not None else [])
     stats = {name: PolicyStats() for name in rows}
     counter = signals.counter
@@ -319,8 +323,10 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                 st.prompt_tokens += tokens + fixed
                 st.output_tokens += out_tokens
                 st.cached_tokens += caches[RECORDED].observe(sent, tokens)
-                for pc in billed[RECORDED].values():
-                    pc.observe(sent, tokens)
+                for model_name, pc in billed[RECORDED].items():
+                    sim = pc.observe(sent, tokens)
+                    if model_name == home and j in usage_at:
+                        cache_calls.append(CacheCall(j, sim, *recorded_call(usage_at[j])))
                 visible = {p for p in span if trace.messages[p].role == "tool"}
                 timeline.forms[RECORDED].append("".join("F" if p in visible else "D" for p in timeline.results))
                 st.steps.observe(graph, visible, message)
@@ -341,7 +347,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                      else full_reference(trace, signals, price_models))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats, budget, reference, timeline,
-                       _recorded(trace, stats) if rec is not None else None, home_price_model(trace) if rec is not None else None)
+                       _recorded(trace, stats) if rec is not None else None, home, cache_calls)
 
 
 def _recorded(trace: Trace, stats: dict[str, PolicyStats]) -> tuple[CacheTokens, int, int]:

@@ -29,7 +29,7 @@ from historygraph.eval import cache_cost
 from historygraph.eval.cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.prices import PriceModel, default_price_models
-from historygraph.eval.recorded import recorded_bill_tokens
+from historygraph.eval.recorded import cache_check, recorded_bill_tokens
 from historygraph.eval.replay import PolicyStats, TraceResult
 from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
 
@@ -210,6 +210,23 @@ def _of_oracle(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
             r["pct_of_oracle"] = round(100.0 * r["recall"] / o, 1)
 
 
+def cache_checks(results: list[TraceResult]) -> dict[str, dict[str, Any]]:
+    """The cache check per source and ``ALL`` (:func:`.recorded.cache_check`): the recorded requests of
+    the session logs through the simulated cache of their model's price model against what they were
+    billed (the first budget's results: the recorded requests are the same at every budget)."""
+    if not results:
+        return {}
+    first = results[0].budget
+    calls: dict[str, list] = defaultdict(list)
+    for res in results:
+        if res.budget == first and res.cache_calls:
+            calls[f"{res.source} ({res.home_model})"] += res.cache_calls
+            calls["ALL"] += res.cache_calls
+    if len(calls) == 2:  # one source: ALL repeats it
+        calls.pop("ALL")
+    return {k: cache_check(v) for k, v in calls.items()}
+
+
 def _round(v: float | None, digits: int) -> float | None:
     return None if v is None else round(v, digits)
 
@@ -268,6 +285,7 @@ def _write_staged(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
                                "embedding": prices.embedding},
             "price_models": {n: m.to_json() for n, m in models.items()}}
     tmp(paths["json"]).write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
+                                              "cache_check": cache_checks(results),
                                               "references": references(results), "invariant_violations": violations}, indent=2))
     with tmp(paths["csv"]).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS + cache_cost.columns(models))
