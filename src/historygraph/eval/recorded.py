@@ -28,6 +28,7 @@ recorded bills cover the same prompt.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from historygraph.eval.prices import PriceModel
@@ -51,6 +52,19 @@ of a Claude session is priced ``anthropic-style``, of a GPT session ``openai-sty
 def has_recorded(trace: Trace) -> bool:
     """Whether ``trace`` carries the recorded usage of its API calls (Claude Code, Codex logs)."""
     return isinstance(trace.meta.get("usage"), list) and bool(trace.meta["usage"])
+
+
+def project_of(trace: Trace) -> str:
+    """The project a session log belongs to: the folder the agent ran in (``meta["cwd"]``, its last
+    two path parts), else the folder of the file (``~/.claude/projects/<project>/``); ``""`` for a
+    research trace (no recorded usage)."""
+    if not has_recorded(trace):
+        return ""
+    cwd = str(trace.meta.get("cwd") or "").rstrip("/\\")
+    if cwd:
+        parts = cwd.replace("\\", "/").split("/")
+        return "/".join(parts[-2:])
+    return Path(trace.path).parent.name
 
 
 def home_price_model(trace: Trace) -> str | None:

@@ -42,7 +42,7 @@ from historygraph.eval.cost import Usage
 from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.prompt_cache import CacheTokens, PromptCache
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
-from historygraph.eval.recorded import RECORDED, CacheCall, RecordedContext, recorded_call, fixed_tokens, has_recorded, home_price_model, recorded_tokens
+from historygraph.eval.recorded import RECORDED, CacheCall, RecordedContext, project_of, recorded_call, fixed_tokens, has_recorded, home_price_model, recorded_tokens
 from historygraph.eval.steps_metrics import StepsCounts
 
 
@@ -152,6 +152,7 @@ class TraceResult:
     recorded: tuple[CacheTokens, int, int] | None = None  # the recorded calls' billed input, 1-hour writes, output
     home_model: str | None = None  # the price model of the recorded model (eval.recorded.home_price_model)
     cache_calls: list[CacheCall] = field(default_factory=list)  # the cache check (eval.recorded.CacheCall)
+    project: str = ""  # the project of a session log (eval.recorded.project_of), "" for a research trace
 
     @property
     def compared(self) -> bool:
@@ -347,7 +348,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                      else full_reference(trace, signals, price_models))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats, budget, reference, timeline,
-                       _recorded(trace, stats) if rec is not None else None, home, cache_calls)
+                       _recorded(trace, stats) if rec is not None else None, home, cache_calls, project_of(trace))
 
 
 def _recorded(trace: Trace, stats: dict[str, PolicyStats]) -> tuple[CacheTokens, int, int]:

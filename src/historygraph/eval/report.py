@@ -210,6 +210,40 @@ def _of_oracle(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
             r["pct_of_oracle"] = round(100.0 * r["recall"] / o, 1)
 
 
+def project_rows(per_trace: list[dict[str, Any]], results: list[TraceResult]) -> list[dict[str, Any]]:
+    """Per budget, project of session logs (:func:`.recorded.project_of`; and ``ALL``) and row (every
+    policy and ``recorded``): sessions, model calls, reuse events, recall (%), what the recorded calls
+    were billed (``paid_usd``, Σ over the sessions, the recorded model's price model), the row's
+    simulated bill with that model's cache (``bill_usd``) and their ratio (``bill_vs_recorded``).
+    Needs :func:`add_recorded_bills` on ``per_trace`` first; ``[]`` without session logs."""
+    project = {(r.budget, r.session_id): r.project for r in results if r.project}
+    sums: dict[tuple, dict[str, Any]] = {}
+    for r in per_trace:
+        p = project.get((r.get("budget"), r.get("session")))
+        if p is None:
+            continue
+        for key in ((r.get("budget"), p, r["policy"]), (r.get("budget"), "ALL", r["policy"])):
+            s = sums.setdefault(key, {"sessions": 0, "calls": 0, "events": 0, "hits": 0.0, "paid": 0.0, "bill": 0.0, "priced": 0.0})
+            s["sessions"] += 1
+            s["calls"] += r.get("invocations") or 0
+            s["events"] += r.get("events") or 0
+            s["hits"] += (r.get("recall") or 0.0) * (r.get("events") or 0) / 100.0
+            paid = r.get("recorded_bill_usd") or 0.0
+            s["paid"] += paid
+            home = r.get("recorded_price_model")
+            cost = r.get(f"cost_cache_usd_{home}") if home else None
+            if cost is not None and paid:
+                s["bill"] += cost
+                s["priced"] += paid
+    rows = []
+    for (budget, proj, policy), s in sorted(sums.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] == "ALL", kv[0][1])):
+        rows.append({"budget": budget, "project": proj, "policy": policy, "sessions": s["sessions"], "calls": s["calls"],
+                     "events": s["events"], "recall": _pct(round(s["hits"]), s["events"]), "paid_usd": round(s["paid"], 4),
+                     "bill_usd": round(s["bill"], 4) if s["priced"] else None,
+                     "bill_vs_recorded": round(s["bill"] / s["priced"], 4) if s["priced"] else None})
+    return rows
+
+
 def cache_checks(results: list[TraceResult]) -> dict[str, dict[str, Any]]:
     """The cache check per source and ``ALL`` (:func:`.recorded.cache_check`): the recorded requests of
     the session logs through the simulated cache of their model's price model against what they were
@@ -285,7 +319,7 @@ def _write_staged(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
                                "embedding": prices.embedding},
             "price_models": {n: m.to_json() for n, m in models.items()}}
     tmp(paths["json"]).write_text(json.dumps({"meta": meta, "per_source": per_source, "per_trace": per_trace,
-                                              "cache_check": cache_checks(results),
+                                              "cache_check": cache_checks(results), "per_project": project_rows(per_trace, results),
                                               "references": references(results), "invariant_violations": violations}, indent=2))
     with tmp(paths["csv"]).open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS + cache_cost.columns(models))

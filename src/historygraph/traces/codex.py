@@ -4,7 +4,7 @@ Each line is ``{timestamp, type, payload}``; one file is one session, read as on
 the ``session_meta`` payload's ``id`` (else the file name without ``.jsonl``/``.jsonl.gz``).
 
 Line types:
-    ``session_meta`` (first line): ``cli_version`` → ``meta["cli_version"]``; ``base_instructions``
+    ``session_meta`` (first line): ``cli_version`` and ``cwd`` (the project folder) → ``meta``; ``base_instructions``
     (the system prompt Codex sends as the API's ``instructions``) is not a message: only its
     length goes to ``meta["system_prompt_chars"]``.
     ``turn_context`` (one per turn): the ``model`` of the calls that follow; ``meta["model"]`` is
@@ -187,6 +187,8 @@ class _Reader:
         if p.get("id"):
             self.b.trace_id = p["id"]
         self.meta["cli_version"] = p.get("cli_version")
+        if isinstance(p.get("cwd"), str):
+            self.meta["cwd"] = p["cwd"]
         base = p.get("base_instructions")
         body = base.get("text") if isinstance(base, dict) else base
         if body is not None and not isinstance(body, str):
