@@ -70,6 +70,26 @@ def test_exact_oracle_prices_its_choice_as_the_renderer():
     assert r.stats["priced_gap_tokens"] == 0 and r.stats["solve_seconds"] >= 0
 
 
+def test_the_solvers_time_limit_ends_a_call_with_its_gap_not_a_hang(monkeypatch):
+    """With no time for the solver the call still renders (the newest results only) and says that
+    its figure is a lower bound: gap 1, stopped."""
+    import historygraph.policies.oracle_program as program
+
+    g, R, reused = hand_history()
+    monkeypatch.setattr(program.best_selection, "__defaults__", (0.0,))  # the time_limit argument's default
+    oracle = create("oracle", replay=True)
+    oracle.upcoming = frozenset(reused)
+    sig = Signals()
+    r = oracle.render(g, 2 * R + 300, sig)
+    check_invariants(r, g, sig.counter)
+    assert r.stats["solver_stopped"] == 1 and r.stats["solver_gap"] > 0
+    assert not set(r.full) & set(reused)
+    # with the default limit the same call is solved exactly
+    monkeypatch.setattr(program.best_selection, "__defaults__", (program.TIME_LIMIT,))
+    r = oracle.render(g, 2 * R + 300, sig)
+    assert r.stats["solver_stopped"] == 0 and r.stats["solver_gap"] == 0 and len(set(r.full) & set(reused)) == 2
+
+
 def test_exact_oracle_shows_every_reused_result_when_room_allows():
     g, R, reused = hand_history()
     oracle = create("oracle", replay=True)

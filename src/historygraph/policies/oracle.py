@@ -75,8 +75,10 @@ class OracleConfig:
 class Oracle(_Clairvoyant):
     """The exact bound (see the module docstring). ``upcoming`` must be set (by the evaluator)
     before each render. The rendering's ``stats`` carry ``solve_seconds`` (the program's CPU
-    time, 0 when none was needed) and ``priced_gap_tokens`` (rendered history tokens less the
-    program's price: 0 when its costs are the renderer's).
+    time, 0 when none was needed), ``priced_gap_tokens`` (rendered history tokens less the
+    program's price: 0 when its costs are the renderer's), ``solver_gap`` and ``solver_stopped``
+    (the solver's relative gap and 1 when its time limit stopped it, ``oracle_program.TIME_LIMIT``:
+    then the call's figure is a lower bound of the exact one).
 
     Raises:
         PolicyError: on render when no future was given (outside the evaluator).
@@ -108,7 +110,8 @@ class Oracle(_Clairvoyant):
                 layout.reasons[p] = (f"omitted: reused at this turn, but no rendering within B shows it beside the "
                                      f"{choice.hits} reused results shown")
         r = layout.assemble(self.name, sel)
-        r.stats.update(solve_seconds=choice.seconds, priced_gap_tokens=r.history_tokens - choice.tokens)
+        r.stats.update(solve_seconds=choice.seconds, priced_gap_tokens=r.history_tokens - choice.tokens,
+                       solver_gap=choice.gap, solver_stopped=int(choice.gap > 0))
         return r
 
 

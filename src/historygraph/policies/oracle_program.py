@@ -45,16 +45,26 @@ class Choice:
     """What :func:`best_selection` chose: ``shown`` the candidate results to show (positions,
     ascending), ``revived`` the dropped units to bring back without a shown result (unit indices),
     ``tokens`` the history tokens the program priced, ``hits`` the reused results shown complete
-    (newest ones included), ``seconds`` the solver's CPU time (0 when no program was needed)."""
+    (newest ones included), ``seconds`` the solver's CPU time (0 when no program was needed),
+    ``gap`` the solver's relative gap between ``hits`` and the best it could still prove possible:
+    0 when solved to optimality, above 0 when :data:`TIME_LIMIT` stopped it (then ``hits`` is a
+    lower bound of the exact figure; 1 when it stopped before any solution, and nothing beyond the
+    newest results is shown)."""
 
     shown: list[int]
     revived: list[int]
     tokens: int
     hits: int
     seconds: float
+    gap: float = 0.0
 
 
-def best_selection(layout: Layout, reused: frozenset[int]) -> Choice:
+TIME_LIMIT = 30.0
+"""Seconds the solver may spend on one call's program before it returns the best selection found
+so far with its gap (:attr:`Choice.gap`): a long session's bound never hangs the replay."""
+
+
+def best_selection(layout: Layout, reused: frozenset[int], time_limit: float = TIME_LIMIT) -> Choice:
     """The selection on ``layout`` (every unprotected unit dropped, ``budget`` set) that shows the
     most results of ``reused`` (graph positions) complete within B, and among those the cheapest.
 
@@ -91,6 +101,13 @@ def best_selection(layout: Layout, reused: frozenset[int]) -> Choice:
     if not targets:  # nothing to decide but tokens: show what costs less than its placeholder
         return Choice(sorted(kept_extra), [], const + sum(lay._marker_tokens(a, b) for a, b in runs.items()),
                       base_hits, 0.0)
+    return _solve(lay, budget, targets, dropped, col_r, revive_cost, extra_shown, kept_extra, const, base_hits, runs, time_limit)
+
+
+def _solve(lay: Layout, budget: int, targets: list[int], dropped: list[int], col_r: dict[int, int], revive_cost: list[int],
+           extra_shown: dict[int, list[int]], kept_extra: list[int], const: int, base_hits: int, runs: dict[int, int],
+           time_limit: float) -> Choice:
+    """The program of :func:`best_selection` (module docstring), solved within ``time_limit`` seconds."""
     starts, ends = _marker_terms(lay, runs)
     n_t, n_r = len(targets), len(dropped)
     # columns: v (targets), r (dropped units), s, e (one per dropped unit each)
@@ -134,10 +151,14 @@ def best_selection(layout: Layout, reused: frozenset[int]) -> Choice:
     A = coo_array((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
     t0 = time.process_time()
     res = milp(objective, integrality=integrality, bounds=Bounds(0, 1),
-               constraints=LinearConstraint(A, lo, hi), options={"mip_rel_gap": 1e-9})
+               constraints=LinearConstraint(A, lo, hi), options={"mip_rel_gap": 1e-9, "time_limit": time_limit})
     seconds = time.process_time() - t0
     if res.x is None:
-        raise ValueError(f"the oracle's integer program found no solution: {res.message}")
+        if res.status != 1:  # 1: the time limit; anything else is a program that cannot be (showing nothing fits)
+            raise ValueError(f"the oracle's integer program found no solution: {res.message}")
+        return Choice(sorted(kept_extra), [], const + sum(lay._marker_tokens(a, b) for a, b in runs.items()),
+                      base_hits, seconds, 1.0)
+    gap = float(getattr(res, "mip_gap", 0.0) or 0.0) if res.status == 1 else 0.0
     x = np.round(res.x).astype(int)
     shown = [p for i, p in enumerate(targets) if x[i]]
     back = [u for u in dropped if x[n_t + col_r[u]]]
@@ -145,7 +166,7 @@ def best_selection(layout: Layout, reused: frozenset[int]) -> Choice:
     shown += kept_extra + [p for u in back for p in extra_shown[u]]
     tokens = const + int(cost[:n_t + n_r] @ x[:n_t + n_r]) + _markers(lay, runs, set(back))
     return Choice(sorted(shown), [u for u in back if u not in with_result and not extra_shown[u]], tokens,
-                  base_hits + int(x[:n_t].sum()), seconds)
+                  base_hits + int(x[:n_t].sum()), seconds, gap)
 
 
 def _marker_terms(lay: Layout, runs: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
