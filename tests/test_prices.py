@@ -127,6 +127,26 @@ def test_entries_expire_after_ttl_calls_and_a_budget_error_takes_a_call():
     assert cache.observe(REQ2, 1600).read == 0  # request 1 was last used 2 calls ago
 
 
+def test_with_the_calls_times_entries_expire_after_ttl_seconds_or_an_hour_with_one_hour():
+    """Session logs record when each call was made: Anthropic's 5-minute TTL (300 s unused) instead
+    of a count of calls, and the 1-hour TTL billed at 2x input where the session used it."""
+    model = MODELS["anthropic-style"]
+    assert model.ttl_seconds == 300
+    cache = PromptCache(model, C)
+    cache.observe(REQ1, 1100, at=1000.0)
+    assert cache.observe(REQ2, 1600, at=1200.0) == CacheTokens(read=1100, write=500)  # 200 s later: still cached
+    assert cache.observe(REQ2, 1600, at=1550.0) == CacheTokens(write=1600)  # 350 s after its last use: expired
+    hour = PromptCache(model, C, one_hour=True)
+    hour.observe(REQ1, 1100, at=1000.0)
+    t = hour.observe(REQ2, 1600, at=3000.0)  # 2000 s later: within the hour
+    assert t == CacheTokens(read=1100, write_1h=500)
+    assert bill(model, t, 0) == pytest.approx((1100 * 0.30 + 500 * 3.0 * 2) / 1e6)
+    assert hour.observe(REQ2, 1600, at=6700.0) == CacheTokens(write_1h=1600)  # 3700 s unused: expired
+    calls = PromptCache(model, C)  # without times, 20 calls as before
+    calls.observe(REQ1, 1100)
+    assert calls.observe(REQ2, 1600).read == 1100
+
+
 def test_the_contextrender_model_is_the_prefix_reuse_of_eval_cache():
     from historygraph.eval.cache import PrefixReuse
     reuse = PrefixReuse(C, 40)
@@ -206,7 +226,7 @@ def test_replay_table_shows_the_cost_with_each_cache_and_report_reprices(tmp_pat
     assert "cost anthropic-style" in header and "cost openai-style" not in header
     # report: the decisive plot first; --prices reprices with a model of a simulated rule, refuses another
     same_rule = write(tmp_path, "[gpt-dear]\n" + OK.replace("ttl_calls = 5", "ttl_calls = 20").replace("input = 1.0", "input = 9.0")
-                      + "min_tokens = 1024\nstep = 128\n")
+                      + "min_tokens = 1024\nstep = 128\nttl_seconds = 300\n")
     res = runner.invoke(app, ["report", str(tmp_path / "b"), "--prices", str(same_rule)])
     assert res.exit_code == 0, res.output
     page = (tmp_path / "b" / "report.html").read_text()

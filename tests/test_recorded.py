@@ -94,12 +94,12 @@ def test_cache_check_by_hand() -> None:
     from historygraph.eval.prompt_cache import CacheTokens
     from historygraph.eval.recorded import CacheCall, cache_check
 
-    calls = [CacheCall(1, CacheTokens(0, 1000, 0), 0, 900, 100),       # read share: simulated 0, recorded 0
-             CacheCall(3, CacheTokens(900, 100, 0), 800, 200, 0),      # 90 % against 80 %: 10 points
-             CacheCall(5, CacheTokens(1000, 0, 0), 1000, 0, 0)]        # 100 % both
+    calls = [CacheCall(1, CacheTokens(0, 1000, 0), CacheTokens(0, 900, 100)),       # read share: simulated 0, recorded 0
+             CacheCall(3, CacheTokens(900, 100, 0), CacheTokens(800, 0, 0, 200)),   # 90 % against 80 %: 10 points
+             CacheCall(5, CacheTokens(1000, 0, 0), CacheTokens(1000, 0, 0))]        # 100 % both
     c = cache_check(calls)
-    assert c["simulated"] == {"read": 1900, "write": 1100, "uncached": 0}
-    assert c["recorded"] == {"read": 1800, "write": 1100, "uncached": 100}
+    assert c["simulated"] == {"read": 1900, "write": 1100, "uncached": 0, "write_1h": 0}
+    assert c["recorded"] == {"read": 1800, "write": 900, "uncached": 100, "write_1h": 200}
     assert c["read_share_simulated"] == pytest.approx(100 * 1900 / 3000, abs=0.01)
     assert c["read_share_recorded"] == pytest.approx(60.0)
     assert (c["read_share_error_median"], c["read_share_error_mean"]) == (0.0, pytest.approx(10 / 3, abs=0.01))

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from historygraph.eval.prices import PriceModel, PriceModelError
 from historygraph.eval.prompt_cache import CacheTokens, bill
 
-KINDS = ("read", "write", "uncached")
+KINDS = ("read", "write", "uncached", "write_1h")
 
 
 def columns(models: Iterable[str]) -> list[str]:
@@ -41,7 +41,7 @@ def row_tokens(row: dict[str, Any], model: str) -> CacheTokens | None:
     """A row's tokens under ``model`` (``None`` when the row has none)."""
     if row.get(f"cache_read_{model}") is None:
         return None
-    return CacheTokens(*(int(row[f"cache_{k}_{model}"]) for k in KINDS))
+    return CacheTokens(*(int(row.get(f"cache_{k}_{model}") or 0) for k in KINDS))  # (write_1h: absent in older runs)
 
 
 def reference_entry(output: int, tokens: dict[str, CacheTokens]) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def reprice(run_models: dict[str, dict[str, Any]], per_trace: list[dict[str, Any
         source = simulated.get(model.rule)
         if source is None:
             raise PriceModelError(
-                f"price model [{name}]: its cache rule (caching, min_tokens, step, ttl_calls, max_breakpoints, lookback_blocks = "
+                f"price model [{name}]: its cache rule (caching, min_tokens, step, ttl_calls, max_breakpoints, lookback_blocks, ttl_seconds = "
                 f"{', '.join(map(str, model.rule))}) was not simulated in this run, which has {', '.join(run_models)}; "
                 "replay with --prices FILE to simulate it")
         if source != name:

@@ -3,7 +3,7 @@
 A :class:`PriceModel` is one table of such a file: the prices of uncached input, cache reads,
 cache writes, output and embedding tokens (USD per million tokens), and the rule of the provider's
 prompt cache that :mod:`historygraph.eval.prompt_cache` simulates on a policy's requests
-(``caching``, ``min_tokens``, ``step``, ``ttl_calls``, ``max_breakpoints``, ``lookback_blocks``).
+(``caching``, ``min_tokens``, ``step``, ``ttl_calls``, ``ttl_seconds``, ``max_breakpoints``, ``lookback_blocks``).
 The shipped file cites, next to each rule, the provider documentation it comes from (OpenAI prompt
 caching, Anthropic prompt caching, DeepSeek context caching) and keeps ContextRender eq. 3's
 reference prices as the ``contextrender`` model. A user's file (``historygraph replay --prices
@@ -52,6 +52,7 @@ class PriceModel:
     step: int = 1
     max_breakpoints: int = 4
     lookback_blocks: int = 20
+    ttl_seconds: float = 0.0
     description: str = ""
 
     @property
@@ -62,7 +63,7 @@ class PriceModel:
     def rule(self) -> tuple:
         """What the simulation depends on (not the prices): two models with the same rule cache the
         same tokens, so a run's token counts can be repriced for the other (``report --prices``)."""
-        return (self.caching, self.min_tokens, self.step, self.ttl_calls, self.max_breakpoints, self.lookback_blocks)
+        return (self.caching, self.min_tokens, self.step, self.ttl_calls, self.max_breakpoints, self.lookback_blocks, self.ttl_seconds)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -105,7 +106,7 @@ def parse_table(name: str, table: Any, source: str) -> PriceModel:
     elif "step" in table:
         raise PriceModelError(f"{where}: key 'step' applies to caching = \"automatic\" only (a breakpoint caches whole prefixes)")
     values: dict[str, Any] = {"name": name, "caching": table["caching"]}
-    for key in RATES:
+    for key in RATES + ("ttl_seconds",):
         if key in table:
             values[key] = float(_number(where, key, table[key]))
     for key, least in (("min_tokens", 0), ("step", 1), ("ttl_calls", 1), ("max_breakpoints", 2), ("lookback_blocks", 0)):

@@ -7,7 +7,13 @@ read from the cache, written to it, and uncached (:class:`CacheTokens`), under t
 :class:`~historygraph.eval.prices.PriceModel`. Time is the call index: each agent call is one unit,
 an entry unused for more than ``ttl_calls`` calls expires and a hit renews what it used (OpenAI keeps a prefix
 for some minutes of inactivity; Anthropic's TTL "is refreshed for no additional cost each time the
-cached content is used"). A budget error sends no request but still takes a unit of time.
+cached content is used"). Where the trace records when each call was made (Claude Code and Codex
+logs), time is in seconds instead: an entry unused for more than the model's ``ttl_seconds``
+expires (5 minutes), or for an hour with ``one_hour``, the TTL a session's recorded usage shows it
+used (its writes then billed at :data:`ONE_HOUR_WRITE` × input): on the 40 Claude Code sessions of
+the development set, 4.0 of the 7.7 million tokens Anthropic billed as cache writes came after
+pauses of more than 5 minutes, which a clock of calls cannot see (docs/evaluator.md, "Real
+sessions"). A budget error sends no request but still takes a unit of time.
 Prefixes are compared with :mod:`historygraph.eval.cache` (per message, then per token).
 
 ``caching = "automatic"`` (OpenAI, DeepSeek): every request of at least ``min_tokens`` tokens is
@@ -46,25 +52,35 @@ from historygraph.signals.tokens import TokenCounter
 ENCODE_MEMO = 512  # token ids of the contents compared most recently (the same few per call)
 
 
+ONE_HOUR_WRITE = 2.0
+"""A 1-hour cache write costs 2× the base input price (Anthropic prompt caching: 1-hour cache writes
+cost twice the base input price, 5-minute ones 1.25×; docs.anthropic.com/en/docs/build-with-claude/prompt-caching)."""
+ONE_HOUR = 3600.0  # seconds an entry written with the 1-hour TTL lives unused
+
+
 @dataclass
 class CacheTokens:
-    """Input tokens of one or more requests by how a provider bills them."""
+    """Input tokens of one or more requests by how a provider bills them (``write_1h``: written with
+    Anthropic's 1-hour TTL, at :data:`ONE_HOUR_WRITE` × input)."""
 
     read: int = 0
     write: int = 0
     uncached: int = 0
+    write_1h: int = 0
 
     def __add__(self, other: "CacheTokens") -> "CacheTokens":
-        return CacheTokens(self.read + other.read, self.write + other.write, self.uncached + other.uncached)
+        return CacheTokens(self.read + other.read, self.write + other.write, self.uncached + other.uncached,
+                           self.write_1h + other.write_1h)
 
     @property
     def total(self) -> int:
-        return self.read + self.write + self.uncached
+        return self.read + self.write + self.uncached + self.write_1h
 
 
 def input_cost(model: PriceModel, t: CacheTokens) -> float:
     """USD of the input tokens ``t`` under ``model``."""
-    return (t.read * model.cached_input + t.write * model.write_price + t.uncached * model.input) / 1e6
+    return (t.read * model.cached_input + t.write * model.write_price + t.uncached * model.input
+            + t.write_1h * model.input * ONE_HOUR_WRITE) / 1e6
 
 
 def bill(model: PriceModel, t: CacheTokens, output: int, embedding: int = 0, model_input: int = 0) -> float:
@@ -95,6 +111,7 @@ class Entry:
     messages: list[Message]
     tokens: int
     used: int
+    used_at: float | None = None  # seconds since the epoch of that call, when the trace records it
 
 
 @dataclass
@@ -105,10 +122,22 @@ class PromptCache:
     model: PriceModel
     counter: TokenCounter
     fixed: int = 0                 # tool-schema tokens leading every request
+    one_hour: bool = False         # breakpoints written with the 1-hour TTL (as the agent of a session did)
     total: CacheTokens = field(default_factory=CacheTokens)
     entries: list[Entry] = field(default_factory=list)
     now: int = 0
+    at: float | None = None        # the current call's time (seconds), when known
     _memo: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def ttl_seconds(self) -> float:
+        """Seconds an unused entry lives, 0 when time is counted in calls only."""
+        return ONE_HOUR if self.one_hour and self.model.caching == "breakpoints" else self.model.ttl_seconds
+
+    def _alive(self, e: Entry) -> bool:
+        if self.at is not None and e.used_at is not None and self.ttl_seconds:
+            return self.at - e.used_at <= self.ttl_seconds
+        return self.now - e.used <= self.model.ttl_calls
 
     def encode(self, text: str) -> list[int]:
         ids = self._memo.get(text)
@@ -118,10 +147,13 @@ class PromptCache:
             ids = self._memo[text] = self.counter.encode(text)
         return ids
 
-    def observe(self, messages: Sequence[Message], prompt_tokens: int) -> CacheTokens:
-        """Bill one request: ``messages`` of ``prompt_tokens`` tokens (without the tool schemas)."""
+    def observe(self, messages: Sequence[Message], prompt_tokens: int, at: float | None = None) -> CacheTokens:
+        """Bill one request: ``messages`` of ``prompt_tokens`` tokens (without the tool schemas), made
+        at ``at`` seconds since the epoch when known (then entries expire after the model's
+        ``ttl_seconds`` unused, or an hour with ``one_hour``; else after ``ttl_calls`` calls)."""
         self.now += 1
-        self.entries = [e for e in self.entries if self.now - e.used <= self.model.ttl_calls]
+        self.at = at
+        self.entries = [e for e in self.entries if self._alive(e)]
         size = prompt_tokens + self.fixed
         if self.model.caching == "automatic":
             t = self._automatic(list(messages), size)
@@ -130,9 +162,10 @@ class PromptCache:
         self.total = self.total + t
         return t
 
-    def skip(self) -> None:
+    def skip(self, at: float | None = None) -> None:
         """A call without a request (budget error): time passes, nothing is billed."""
         self.now += 1
+        self.at = at
 
     def _cumulative(self, messages: list[Message]) -> list[int]:
         out = [self.fixed]
@@ -156,7 +189,7 @@ class PromptCache:
                 match += differing_message_tokens(e.messages[k], messages[k], self.counter, self.encode)
             best = max(best, min(match, e.tokens, size))
         if size >= max(self.model.min_tokens, 1):
-            self.entries.append(Entry(messages, size, self.now))
+            self.entries.append(Entry(messages, size, self.now, self.at))
         read = round_hit(self.model, best)
         return CacheTokens(read=read, uncached=size - read)
 
@@ -186,9 +219,11 @@ class PromptCache:
                     best = e
         read = 0
         if best is not None:
-            best.used, read = self.now, best.tokens
+            best.used, best.used_at, read = self.now, self.at, best.tokens
         for p in sorted(points):
             self._write(messages[:p], cum[p])
+        if self.one_hour:
+            return CacheTokens(read=read, write_1h=size - read)
         return CacheTokens(read=read, write=size - read)
 
     def _write(self, prefix: list[Message], tokens: int) -> None:
@@ -197,6 +232,6 @@ class PromptCache:
             return
         for e in self.entries:
             if len(e.messages) == len(prefix) and e.tokens == tokens and equal_leading(e.messages, prefix) == len(prefix):
-                e.used = self.now
+                e.used, e.used_at = self.now, self.at
                 return
-        self.entries.append(Entry(prefix, tokens, self.now))
+        self.entries.append(Entry(prefix, tokens, self.now, self.at))

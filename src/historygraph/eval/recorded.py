@@ -27,21 +27,17 @@ recorded bills cover the same prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from historygraph.eval.prices import PriceModel
-from historygraph.eval.prompt_cache import CacheTokens
+from historygraph.eval.prompt_cache import CacheTokens, bill
 from historygraph.history.events import Message, Trace
 from historygraph.signals.tokens import TokenCounter
 
 RECORDED = "recorded"
 """The row name of the agent's own context management in a replay (not a policy: it has no rendering)."""
-
-ONE_HOUR_WRITE = 2.0
-"""A 1-hour cache write costs 2× the base input price (Anthropic prompt caching: "1 hour cache write
-tokens are 2 times the base input tokens price"; docs.anthropic.com/en/docs/build-with-claude/prompt-caching)."""
 
 HOME_MODELS = (("claude", "anthropic-style"), ("gpt", "openai-style"), ("o1", "openai-style"), ("o3", "openai-style"),
                ("o4", "openai-style"), ("codex", "openai-style"), ("deepseek", "deepseek-style"))
@@ -116,9 +112,16 @@ def recorded_context(trace: Trace, j: int) -> list[Message]:
     return RecordedContext(trace).at(j)[0]
 
 
-def recorded_tokens(trace: Trace) -> tuple[CacheTokens, int, int]:
+def uses_one_hour_cache(trace: Trace) -> bool:
+    """Whether the agent wrote its prompt cache with Anthropic's 1-hour TTL: at least half of the
+    recorded cache writes are 1-hour writes (Claude Code asks for it on some accounts)."""
+    usage = trace.meta.get("usage") or ()
+    return sum(int(u.get("cache_write_1h") or 0) for u in usage) * 2 >= max(1, sum(int(u.get("cache_write") or 0) for u in usage))
+
+
+def recorded_tokens(trace: Trace) -> tuple[CacheTokens, int]:
     """Σ over the recorded calls: input tokens by how they were billed (read from the cache, written
-    to it at the 5-minute rate, uncached), the 1-hour cache writes, and the output tokens."""
+    to it at the 5-minute and at the 1-hour rate, uncached), and the output tokens."""
     read = write = write_1h = uncached = output = 0
     for u in trace.meta.get("usage") or ():
         read += int(u.get("cache_read") or 0)
@@ -127,20 +130,19 @@ def recorded_tokens(trace: Trace) -> tuple[CacheTokens, int, int]:
         write_1h += w1
         uncached += int(u.get("input") or 0)
         output += int(u.get("output") or 0)
-    return CacheTokens(read=read, write=write, uncached=uncached), write_1h, output
+    return CacheTokens(read=read, write=write, uncached=uncached, write_1h=write_1h), output
 
 
 def recorded_bill(trace: Trace, model: PriceModel) -> float:
     """USD the recorded calls cost under ``model``'s prices: uncached input, cache reads, cache
-    writes (1-hour writes at :data:`ONE_HOUR_WRITE` × input) and output."""
+    writes (1-hour writes at ``ONE_HOUR_WRITE`` × input, :mod:`.prompt_cache`) and output."""
     return recorded_bill_tokens(recorded_tokens(trace), model)
 
 
-def recorded_bill_tokens(recorded: tuple[CacheTokens, int, int], model: PriceModel) -> float:
+def recorded_bill_tokens(recorded: tuple[CacheTokens, int], model: PriceModel) -> float:
     """:func:`recorded_bill` of the sums :func:`recorded_tokens` gave."""
-    t, write_1h, output = recorded
-    return (t.uncached * model.input + t.read * model.cached_input + t.write * model.write_price
-            + write_1h * model.input * ONE_HOUR_WRITE + output * model.output) / 1e6
+    t, output = recorded
+    return bill(model, t, output)
 
 
 @dataclass(frozen=True)
@@ -151,18 +153,13 @@ class CacheCall:
 
     message: int
     simulated: CacheTokens
-    read: int
-    write: int
-    uncached: int
-
-    @property
-    def recorded(self) -> CacheTokens:
-        return CacheTokens(self.read, self.write, self.uncached)
+    recorded: CacheTokens
 
 
-def recorded_call(u: dict[str, Any]) -> tuple[int, int, int]:
-    """``(read, write, uncached)`` input tokens of one recorded call."""
-    return int(u.get("cache_read") or 0), int(u.get("cache_write") or 0), int(u.get("input") or 0)
+def recorded_call(u: dict[str, Any]) -> CacheTokens:
+    """The input tokens of one recorded call by how they were billed."""
+    w1 = int(u.get("cache_write_1h") or 0)
+    return CacheTokens(int(u.get("cache_read") or 0), int(u.get("cache_write") or 0) - w1, int(u.get("input") or 0), w1)
 
 
 def share(t: CacheTokens) -> float:
@@ -181,8 +178,7 @@ def cache_check(calls: list[CacheCall]) -> dict[str, Any]:
     diffs = sorted(abs(share(c.simulated) - share(c.recorded)) * 100 for c in calls)
     mid = len(diffs) // 2
     median = diffs[mid] if len(diffs) % 2 else (diffs[mid - 1] + diffs[mid]) / 2
-    return {"calls": len(calls), "simulated": {"read": sim.read, "write": sim.write, "uncached": sim.uncached},
-            "recorded": {"read": rec.read, "write": rec.write, "uncached": rec.uncached},
+    return {"calls": len(calls), "simulated": asdict(sim), "recorded": asdict(rec),
             "read_share_simulated": round(100 * share(sim), 2), "read_share_recorded": round(100 * share(rec), 2),
             "input_ratio": round(sim.total / rec.total, 4) if rec.total else None,
             "read_share_error_mean": round(sum(diffs) / len(diffs), 2), "read_share_error_median": round(median, 2)}

@@ -42,7 +42,8 @@ from historygraph.eval.cost import Usage
 from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.prompt_cache import CacheTokens, PromptCache
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
-from historygraph.eval.recorded import RECORDED, CacheCall, RecordedContext, project_of, recorded_call, fixed_tokens, has_recorded, home_price_model, recorded_tokens
+from historygraph.eval.recorded import (RECORDED, CacheCall, RecordedContext, fixed_tokens, has_recorded, home_price_model,
+                                       project_of, recorded_call, recorded_tokens, uses_one_hour_cache)
 from historygraph.eval.steps_metrics import StepsCounts
 
 
@@ -149,7 +150,7 @@ class TraceResult:
     budget: int | None = None
     reference: Reference | None = None
     timeline: Timeline | None = None
-    recorded: tuple[CacheTokens, int, int] | None = None  # the recorded calls' billed input, 1-hour writes, output
+    recorded: tuple[CacheTokens, int] | None = None  # the recorded calls' billed input and the output priced
     home_model: str | None = None  # the price model of the recorded model (eval.recorded.home_price_model)
     cache_calls: list[CacheCall] = field(default_factory=list)  # the cache check (eval.recorded.CacheCall)
     project: str = ""  # the project of a session log (eval.recorded.project_of), "" for a research trace
@@ -208,10 +209,12 @@ def _score(st: PolicyStats, events: Sequence, visible: set[int], seen_tokens: se
         cell[1] += hit
 
 
-def prompt_caches(models: dict[str, PriceModel] | None, counter: TokenCounter, fixed: int) -> dict[str, PromptCache]:
-    """One fresh simulated prompt cache per price model (default: the shipped ones)."""
+def prompt_caches(models: dict[str, PriceModel] | None, counter: TokenCounter, fixed: int,
+                  one_hour: bool = False) -> dict[str, PromptCache]:
+    """One fresh simulated prompt cache per price model (default: the shipped ones); ``one_hour``:
+    breakpoints written with the 1-hour TTL (a session whose agent did, :func:`.recorded.uses_one_hour_cache`)."""
     models = default_price_models() if models is None else models
-    return {name: PromptCache(m, counter, fixed) for name, m in models.items()}
+    return {name: PromptCache(m, counter, fixed, one_hour) for name, m in models.items()}
 
 
 def full_reference(trace: Trace, signals: Signals, price_models: dict[str, PriceModel] | None = None) -> Reference:
@@ -220,7 +223,8 @@ def full_reference(trace: Trace, signals: Signals, price_models: dict[str, Price
     full = create("full")
     fixed = tool_schema_tokens(trace, signals.counter)
     cache = PrefixReuse(signals.counter, fixed)
-    billed = prompt_caches(price_models, signals.counter, fixed)
+    clock = has_recorded(trace)  # session logs: the cache's clock is the calls' recorded times
+    billed = prompt_caches(price_models, signals.counter, fixed, clock and uses_one_hour_cache(trace))
     graph = ContextGraph(session_id_for(trace))
     P = O = peak = 0
     for message in trace.messages:
@@ -228,7 +232,7 @@ def full_reference(trace: Trace, signals: Signals, price_models: dict[str, Price
             r = full.render(graph, None, signals)
             cache.observe(r.messages, r.input_tokens)
             for pc in billed.values():
-                pc.observe(r.messages, r.input_tokens)
+                pc.observe(r.messages, r.input_tokens, message.timestamp if clock else None)
             P += r.input_tokens + fixed
             O += signals.counter.count_message(message)
             peak = max(peak, r.history_tokens)
@@ -258,7 +262,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     counter = signals.counter
     fixed = tool_schema_tokens(trace, counter)
     caches = {name: PrefixReuse(counter, fixed) for name in rows}
-    billed = {name: prompt_caches(price_models, counter, fixed) for name in rows}
+    clock = rec is not None  # session logs: the cache's clock is the calls' recorded times (eval.prompt_cache)
+    one_hour = clock and uses_one_hour_cache(trace)
+    billed = {name: prompt_caches(price_models, counter, fixed, one_hour) for name in rows}
     embedded: dict[str, set[str]] = {name: set() for name in policies}
     log = signals.embedding_log()
     timeline = Timeline(forms={name: [] for name in rows})
@@ -286,7 +292,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     seen_tokens: set[str] = set()
                     caches[name].skip()
                     for pc in billed[name].values():
-                        pc.skip()
+                        pc.skip(message.timestamp if clock else None)
                     timeline.forms[name].append("X" * len(timeline.results))
                 else:
                     st.render_seconds.append(time.perf_counter() - t0)
@@ -297,7 +303,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     st.output_tokens += out_tokens
                     st.cached_tokens += caches[name].observe(r.messages, r.input_tokens)
                     for pc in billed[name].values():
-                        pc.observe(r.messages, r.input_tokens)
+                        pc.observe(r.messages, r.input_tokens, message.timestamp if clock else None)
                     for text in log:
                         if text not in embedded[name]:
                             embedded[name].add(text)
@@ -325,9 +331,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                 st.output_tokens += out_tokens
                 st.cached_tokens += caches[RECORDED].observe(sent, tokens)
                 for model_name, pc in billed[RECORDED].items():
-                    sim = pc.observe(sent, tokens)
+                    sim = pc.observe(sent, tokens, message.timestamp if clock else None)
                     if model_name == home and j in usage_at:
-                        cache_calls.append(CacheCall(j, sim, *recorded_call(usage_at[j])))
+                        cache_calls.append(CacheCall(j, sim, recorded_call(usage_at[j])))
                 visible = {p for p in span if trace.messages[p].role == "tool"}
                 timeline.forms[RECORDED].append("".join("F" if p in visible else "D" for p in timeline.results))
                 st.steps.observe(graph, visible, message)
@@ -351,13 +357,13 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                        _recorded(trace, stats) if rec is not None else None, home, cache_calls, project_of(trace))
 
 
-def _recorded(trace: Trace, stats: dict[str, PolicyStats]) -> tuple[CacheTokens, int, int]:
+def _recorded(trace: Trace, stats: dict[str, PolicyStats]) -> tuple[CacheTokens, int]:
     """The recorded calls' billed input (:func:`.recorded.recorded_tokens`) with the output every row
     is priced with, the recorded assistant messages as counted: Claude Code logs keep a partial
     ``output_tokens`` (a value from the start of the stream in most calls), and output is the same
     for every row, so the bills differ by their input alone."""
-    billed, write_1h, _ = recorded_tokens(trace)
-    return billed, write_1h, stats[RECORDED].output_tokens
+    billed, _ = recorded_tokens(trace)
+    return billed, stats[RECORDED].output_tokens
 
 
 def replay_budgets(trace: Trace, policy_names: Sequence[str], budgets: Sequence[int], signals: Signals,

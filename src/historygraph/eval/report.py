@@ -29,7 +29,7 @@ from historygraph.eval import cache_cost
 from historygraph.eval.cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.prices import PriceModel, default_price_models
-from historygraph.eval.recorded import cache_check, recorded_bill_tokens
+from historygraph.eval.recorded import RECORDED, cache_check, recorded_bill_tokens
 from historygraph.eval.replay import PolicyStats, TraceResult
 from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
 
@@ -40,7 +40,8 @@ COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
      "budget_errors", "invariant_violations",
      "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct", "model_calls", "model_input_tokens", "model_output_tokens",
-     "model_seconds"] + STEPS_COLUMNS + ["recorded_price_model", "recorded_bill_usd", "bill_vs_recorded"]
+     "model_seconds"] + STEPS_COLUMNS + ["recorded_price_model", "recorded_bill_usd", "bill_vs_recorded",
+                                                              "bill_vs_recorded_simulated"]
 
 
 def _pct(hits: int, events: int) -> float | None:
@@ -170,12 +171,15 @@ def add_recorded_bills(per_trace: list[dict[str, Any]], per_source: list[dict[st
     (``recorded_price_model``), and ``bill_vs_recorded``, each row's simulated cost with that model's
     cache (``cost_cache_usd_M``) divided by it; per source, the ratio of the sums over the traces
     where the row has a cost, and the mean recorded bill per trace. For the ``recorded`` row itself
-    the ratio checks the cache simulation against what was billed (docs/evaluator.md)."""
+    the ratio checks the cache simulation against what was billed (docs/evaluator.md).
+    ``bill_vs_recorded_simulated``: the row's cost over the ``recorded`` row's simulated cost, like for
+    like (the same tokenizer, estimate of the system prompt and cache simulation on both sides)."""
+    sim_recorded = {(r.get("budget"), r.get("session")): r for r in per_trace if r["policy"] == RECORDED}
     bills: dict[tuple, tuple[str, float]] = {}
     for res in results:
         if res.recorded is not None and res.home_model in models:
             bills[(res.budget, res.session_id)] = (res.home_model, recorded_bill_tokens(res.recorded, models[res.home_model]))
-    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0])  # Σ cost, Σ paid, n, Σ recorded simulated
     for r in per_trace:
         got = bills.get((r.get("budget"), r.get("session")))
         if got is None:
@@ -183,18 +187,22 @@ def add_recorded_bills(per_trace: list[dict[str, Any]], per_source: list[dict[st
         home, paid = got
         r["recorded_price_model"], r["recorded_bill_usd"] = home, round(paid, 6)
         cost = r.get(f"cost_cache_usd_{home}")
-        if cost is not None and paid:
+        sim = sim_recorded.get((r.get("budget"), r.get("session")), {}).get(f"cost_cache_usd_{home}")
+        if cost is not None and paid and sim:
             r["bill_vs_recorded"] = round(cost / paid, 4)
+            r["bill_vs_recorded_simulated"] = round(cost / sim, 4)
             for src in (r["source"], "ALL"):
                 s = sums[(r.get("budget"), src, r["policy"])]
                 s[0] += cost
                 s[1] += paid
                 s[2] += 1
+                s[3] += sim
     for r in per_source:
         tot = sums.get((r.get("budget"), r["source"], r["policy"]))
         if tot:
             r["recorded_bill_usd"] = round(tot[1] / tot[2], 6)
             r["bill_vs_recorded"] = round(tot[0] / tot[1], 4) if tot[1] else None
+            r["bill_vs_recorded_simulated"] = round(tot[0] / tot[3], 4) if tot[3] else None
 
 
 def _of_oracle(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
