@@ -10,7 +10,7 @@ for some minutes of inactivity; Anthropic's TTL "is refreshed for no additional 
 cached content is used"). Where the trace records when each call was made (Claude Code and Codex
 logs), time is in seconds instead: an entry unused for more than the model's ``ttl_seconds``
 expires (5 minutes), or for an hour with ``one_hour``, the TTL a session's recorded usage shows it
-used (its writes then billed at :data:`ONE_HOUR_WRITE` × input): on the 40 Claude Code sessions of
+used (its writes then billed at :data:`ONE_HOUR_WRITE` × input): on twelve Claude Code sessions of
 the development set, 4.0 of the 7.7 million tokens Anthropic billed as cache writes came after
 pauses of more than 5 minutes, which a clock of calls cannot see (docs/evaluator.md, "Real
 sessions"). A budget error sends no request but still takes a unit of time.
