@@ -118,3 +118,22 @@ def test_cache_check_on_a_real_claude_code_session(sessions_dir) -> None:
     assert c["calls"] == 78
     assert abs(c["read_share_simulated"] - c["read_share_recorded"]) < 2.0
     assert c["read_share_error_median"] < 1.0
+
+
+def test_equal_cost_interpolates_the_budget_where_the_bill_meets_the_recorded_one() -> None:
+    from historygraph.eval.sessions_view import equal_cost
+
+    def row(policy, budget, ratio, recall):
+        return {"source": "ALL", "policy": policy, "budget": budget, "bill_vs_recorded_simulated": ratio, "recall": recall}
+
+    rows = [row(RECORDED, b, 1.0, 70.0) for b in (16000, 32000, 64000)]
+    rows += [row("learned-stable", 16000, 0.6, 60.0), row("learned-stable", 32000, 0.8, 80.0), row("learned-stable", 64000, 1.2, 94.0)]
+    rows += [row("prune", b, 1.5, 20.0) for b in (16000, 32000, 64000)]
+    rows += [row("cheap", b, 0.5, r) for b, r in ((16000, 10.0), (32000, 20.0), (64000, 30.0))]
+    got = {e.policy: e for e in equal_cost(rows)}
+    # 0.8 at 32k, 1.2 at 64k: 1.0 halfway, B = 48000, recall (80 + 94) / 2 = 87
+    assert (got["learned-stable"].budget, got["learned-stable"].recall, got["learned-stable"].recorded_recall) == (48000, 87.0, 70.0)
+    assert (got["prune"].budget, got["prune"].side, got["prune"].recall) == (None, "above", 20.0)
+    assert (got["cheap"].budget, got["cheap"].side, got["cheap"].recall) == (None, "below", 30.0)
+    assert "B ≈ 48,000 tokens" in got["learned-stable"].line([16000, 32000, 64000])
+    assert equal_cost([r for r in rows if r["policy"] != RECORDED]) == []

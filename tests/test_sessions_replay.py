@@ -58,6 +58,11 @@ def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path
     assert all(r["recorded_bill_usd"] > 0 and r["bill_vs_recorded"] > 0 for r in rows)
     projects = {r["project"] for r in data["per_project"]}
     assert projects == {"EntityProcess/agentv", "ALL"}
+    # the report opens with the user's own sessions, then the recommendation
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    md = (out / "report.md").read_text()
+    assert md.index("## Your sessions") < md.index("## Recommended policy")
+    assert "| EntityProcess/agentv | 1 | 11 |" in md  # one session of 11 model calls
 
 
 def test_both_agents_in_one_replay_are_grouped_by_project(sessions_dir: Path, tmp_path: Path) -> None:

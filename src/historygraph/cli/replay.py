@@ -26,7 +26,7 @@ from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import one_line, recommend
-from historygraph.eval.recorded import RECORDED
+from historygraph.eval.sessions_view import default_policy, equal_cost, project_table
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -282,7 +282,7 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
     """The tables of a finished replay (per source, and per trace with ``per_trace``), its warnings and
     closing lines; exits with status 1 on an invariant violation or a skipped file."""
     per_trace_rows, per_source_rows = summarize(results, prices, models)
-    _print_projects(project_rows(per_trace_rows, results), budgets, meta["policies"])
+    _print_projects(project_rows(per_trace_rows, results), per_source_rows, budgets, meta["policies"])
     # with one source the ALL rows repeat its rows: the printed table leaves them out (replay.json and .csv keep them)
     one_source = len({r["source"] for r in per_source_rows} - {"ALL"}) == 1
     for b in budgets:
@@ -316,37 +316,30 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
         raise typer.Exit(1)
 
 
-DEFAULT_POLICY = "learned-stable"  # the default of the proxy and the library (docs/proxy.md)
-
-
-def _print_projects(rows: list[dict], budgets: list[int], names: list[str]) -> None:
-    """The user's own answer, for session logs: per project and overall, what the recorded calls
-    cost, how much of what the agent later reused its own compactions kept, and what the default
-    policy (else the first replayed) would have kept and cost at each budget."""
+def _print_projects(rows: list[dict], per_source: list[dict], budgets: list[int], names: list[str]) -> None:
+    """The user's own answer, for session logs (:mod:`historygraph.eval.sessions_view`): per project and
+    overall, what the recorded calls cost, how much of what the agent later reused its own compactions
+    kept, the default policy's recall and bill at each budget; then each policy at the recorded bill."""
     if not rows:
         return
-    policy = DEFAULT_POLICY if DEFAULT_POLICY in names else names[0]
-    at = {(r["budget"], r["project"], r["policy"]): r for r in rows}
-    projects = list(dict.fromkeys(r["project"] for r in rows))
+    policy = default_policy(names)
+    head, body = project_table(rows, budgets, policy)
     t = Table(title=f"Your sessions: what you paid, what your agent's compactions kept, and {policy} at each budget", header_style="bold",
-              caption=f"paid: the recorded usage priced by the recorded model's price model (Claude: anthropic-style, GPT: openai-style); "
-                      f"kept: Later-Used Result Recall of what the agent itself sent (after its compactions); {policy} B: its recall % and "
-                      f"its bill with the prompt cache ÷ paid (system prompt and tools estimated); every policy below")
-    for head in ("project", "sessions", "calls", "paid USD", "kept %"):
-        t.add_column(head, justify="left" if head == "project" else "right", no_wrap=True)
-    for b in budgets:
-        t.add_column(f"B={b // 1000}k\nrecall %" if b % 1000 == 0 else f"B={b}\nrecall %", justify="right", no_wrap=True)
-        t.add_column("bill ÷\npaid", justify="right", no_wrap=True)
-    for p in projects:
-        rec = at.get((budgets[0], p, RECORDED))
-        if rec is None:
-            continue
-        cells = [p, str(rec["sessions"]), str(rec["calls"]), f"{rec['paid_usd']:.2f}", _fmt(rec["recall"])]
-        for b in budgets:
-            r = at.get((b, p, policy), {})
-            cells += [_fmt(r.get("recall")), _fmt(r.get("bill_vs_recorded"), 2)]
+              caption="paid: the recorded usage priced by the recorded model's price model (Claude: anthropic-style, GPT: openai-style; "
+                      "--prices FILE for your model's prices); kept: Later-Used Result Recall of what the agent itself sent (after its "
+                      f"compactions); {policy} B: its recall % and its simulated bill with the prompt cache ÷ paid (system prompt and tools "
+                      "estimated from the first call); every policy below")
+    for h in head:
+        t.add_column(h.replace(" recall %", "\nrecall %").replace(" ÷ ", " ÷\n"), justify="left" if h == "project" else "right", no_wrap=True)
+    for cells in body:
         t.add_row(*cells)
     Console(width=max(console.width, _width(t)), force_terminal=console.is_terminal).print(t)
+    lines = equal_cost(per_source)
+    if lines:
+        console.print("at the recorded bill (like for like: both bills simulated; docs/evaluator.md, Real sessions):",
+                      markup=False, highlight=False, soft_wrap=True)
+        for e in lines:
+            console.print("  " + e.line(budgets), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_cache_check(checks: dict[str, dict]) -> None:

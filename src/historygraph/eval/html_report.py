@@ -32,6 +32,7 @@ from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.report import recall_by_age_title, trace_set
+from historygraph.eval.sessions_view import default_policy, equal_cost, project_table
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
@@ -56,6 +57,7 @@ class Run:
     per_trace: list[dict[str, Any]]
     timelines: dict[str, Any]
     references: dict[str, Any] = field(default_factory=dict)
+    per_project: list[dict[str, Any]] = field(default_factory=list)  # session logs (report.project_rows)
 
     @property
     def price_models(self) -> list[str]:
@@ -94,7 +96,8 @@ def load_run(run_dir: Path) -> Run:
     if tl_path.is_file():
         with gzip.open(tl_path, "rt", encoding="utf-8") as fh:
             timelines = json.load(fh)
-    return Run(data.get("meta") or {}, per_source, data.get("per_trace") or [], timelines, data.get("references") or {})
+    return Run(data.get("meta") or {}, per_source, data.get("per_trace") or [], timelines, data.get("references") or {},
+               data.get("per_project") or [])
 
 
 def reprice_run(run: Run, path: Path) -> None:
@@ -277,6 +280,8 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     ts = trace_set(run.meta)
     summary = [r for r in run.per_source if r.get("budget") == b]  # pct_of_oracle comes from the replay's summary
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
+    if any(r.get("bill_vs_recorded") is not None for r in summary):  # session logs: the bill against what was paid
+        cols[-2:-2] = [("bill_vs_recorded", "bill ÷ recorded"), ("bill_vs_recorded_simulated", "bill ÷ recorded (simulated)")]
     cols[4:4] = [(f"cost_cache_{m}", f"cost {label(m)}") for m in run.price_models]  # cost with each prompt cache, after recall
     sources = list(dict.fromkeys(r["source"] for r in summary))
     unit_prices = run.meta.get("prices") or {}
@@ -296,6 +301,20 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
              f"B = {', '.join(map(str, run.budgets))} tokens ({html.escape(str(run.meta.get('encoding', '')))}); "
              f"command: <code>{html.escape(cmd)}</code></p>"]
     md = ["# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", ""]
+    if run.per_project:  # session logs: the user's own sessions come first
+        policy = default_policy(run.policies)
+        head, rows = project_table(run.per_project, run.budgets, policy)
+        lines = [e.line(run.budgets) for e in equal_cost(run.per_source)]
+        intro = (f"What the recorded calls cost (paid: their recorded usage priced by the recorded model's price model), how much "
+                 f"of what the agent later reused its own compactions kept (kept %), and {policy}'s recall and simulated bill ÷ paid "
+                 f"at each budget (docs/evaluator.md, Real sessions).")
+        parts.append(f"<h2>Your sessions</h2><p class=note>{html.escape(intro)}</p>" + _text_table(head, rows)
+                     + ("<h3>At the recorded bill</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else ""))
+        md += ["## Your sessions", "", intro, "", "| " + " | ".join(head) + " |",
+               "|" + "|".join("---" if h == "project" else "---:" for h in head) + "|"]
+        md += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        if lines:
+            md += ["At the recorded bill (like for like: both bills simulated):", ""] + [f"- {x}" for x in lines] + [""]
     recs = recommend(run.per_source, run.price_models)
     if recs:  # the first screen: which policy to use, and how that was chosen
         rec_head, rec_rows = table_rows(recs)

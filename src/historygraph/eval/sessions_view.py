@@ -1,0 +1,106 @@
+"""What a replay of real session logs answers first (Claude Code, Codex): the user's own sessions.
+
+Two views built from a replay's rows (:mod:`.report`), shared by ``historygraph replay``'s printed
+summary and ``historygraph report``:
+
+* :func:`project_table`: per project and overall, what the recorded calls cost, how much of what
+  the agent later reused its own compactions kept (the ``recorded`` row's recall), and what the
+  default policy keeps and costs at each budget;
+* :func:`equal_cost`: each policy at the budget where its bill equals what the agent's own context
+  management cost, and the recall it has there, beside the ``recorded`` row's. The budget is
+  interpolated linearly between the replayed budgets on the like-for-like ratio
+  (``bill_vs_recorded_simulated``: both bills simulated with the same tokenizer, system-prompt
+  estimate and cache rule, so that the simulation's own error cancels, docs/evaluator.md, "Real
+  sessions"); recall is interpolated the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from historygraph.eval.recorded import RECORDED
+
+DEFAULT_POLICY = "learned-stable"  # the default of the proxy and the library (docs/proxy.md)
+RATIO = "bill_vs_recorded_simulated"
+
+
+def default_policy(policies: list[str]) -> str:
+    """The policy the per-project view shows: the proxy's and library's default when replayed, else
+    the first replayed."""
+    return DEFAULT_POLICY if DEFAULT_POLICY in policies else policies[0]
+
+
+def project_table(rows: list[dict[str, Any]], budgets: list[int], policy: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-project view from ``per_project`` rows (:func:`.report.project_rows`)."""
+    at = {(r["budget"], r["project"], r["policy"]): r for r in rows}
+    head = ["project", "sessions", "calls", "paid USD", "kept %"]
+    for b in budgets:
+        head += [f"{policy} B={_k(b)} recall %", "bill ÷ paid"]
+    out = []
+    for p in dict.fromkeys(r["project"] for r in rows):
+        rec = at.get((budgets[0], p, RECORDED))
+        if rec is None:
+            continue
+        cells = [p, str(rec["sessions"]), str(rec["calls"]), f"{rec['paid_usd']:.2f}", _num(rec["recall"])]
+        for b in budgets:
+            r = at.get((b, p, policy), {})
+            cells += [_num(r.get("recall")), _num(r.get("bill_vs_recorded"), 2)]
+        out.append(cells)
+    return head, out
+
+
+@dataclass(frozen=True)
+class EqualCost:
+    """``policy`` on ``source`` at the recorded bill: ``budget`` (tokens, interpolated; ``None`` when its
+    bill is below the recorded one at every replayed budget or above it at every one, ``side`` says
+    which), its ``recall`` there, and the ``recorded`` row's recall."""
+
+    source: str
+    policy: str
+    budget: int | None
+    recall: float | None
+    recorded_recall: float | None
+    side: str = ""  # "below" / "above" when no replayed budget brackets the recorded bill
+
+    def line(self, budgets: list[int]) -> str:
+        rec = f"the agent's own compaction keeps {_num(self.recorded_recall)} %"
+        if self.budget is not None:
+            return f"{self.policy}: at B ≈ {self.budget:,} tokens it costs what the agent's own context management cost and keeps {_num(self.recall)} % ({rec})"
+        edge = budgets[-1] if self.side == "below" else budgets[0]
+        word = "less" if self.side == "below" else "more"
+        return (f"{self.policy}: costs {word} than the agent's own context management at every budget replayed; at B = {edge:,} "
+                f"it keeps {_num(self.recall)} % ({rec})")
+
+
+def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[EqualCost]:
+    """Each policy of ``source`` at the budget where its bill equals the recorded one (module
+    docstring); ``[]`` when the rows have no ``recorded`` row."""
+    rows = [r for r in per_source if r.get("source") == source and r.get(RATIO) is not None and r.get("budget")]
+    rec = next((r for r in rows if r["policy"] == RECORDED), None)
+    if rec is None:
+        return []
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] not in (RECORDED, "full", "oracle")):
+        pts = sorted((r["budget"], r[RATIO], r.get("recall")) for r in rows if r["policy"] == policy)
+        found = None
+        for (b0, c0, r0), (b1, c1, r1) in zip(pts, pts[1:]):
+            if (c0 - 1.0) * (c1 - 1.0) <= 0 and c0 != c1:
+                f = (1.0 - c0) / (c1 - c0)
+                recall = r0 + f * (r1 - r0) if r0 is not None and r1 is not None else None
+                found = EqualCost(source, policy, int(round(b0 + f * (b1 - b0), -2)), recall, rec.get("recall"))
+                break
+        if found is None:
+            below = all(c < 1.0 for _, c, _ in pts)
+            b, _, r = pts[-1] if below else pts[0]
+            found = EqualCost(source, policy, None, r, rec.get("recall"), "below" if below else "above")
+        out.append(found)
+    return out
+
+
+def _k(b: int) -> str:
+    return f"{b // 1000}k" if b % 1000 == 0 else str(b)
+
+
+def _num(v: Any, digits: int = 1) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
