@@ -484,3 +484,17 @@ def test_a_file_with_no_readable_line_yields_no_trace(tmp_path: Path) -> None:
         for t in cc.read(p):
             got.append(t)
     assert got == [] and e.value.field is None and "cannot be read" in str(e.value)
+
+
+def test_a_gz_file_cut_short_is_read_up_to_where_it_ends(sessions_dir: Path, tmp_path: Path) -> None:
+    """A log copied while the agent was writing it: the lines before the cut are a trace, and the
+    error names where the file stops being readable."""
+    src = sessions_dir / "claude-code" / "entireio__cli__a1d04b39-c7d2-47c4-aec6-d0118b0f71c6.jsonl.gz"
+    p = tmp_path / "cut.jsonl.gz"
+    p.write_bytes(src.read_bytes()[:60_000])
+    got = []
+    with pytest.raises(TraceFormatError) as e:
+        for t in cc.read(p):
+            got.append(t)
+    assert len(got) == 1 and got[0].messages
+    assert e.value.field is not None and e.value.field.endswith("to the end") and "cut short" in str(e.value)

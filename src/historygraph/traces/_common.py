@@ -184,6 +184,7 @@ def iter_jsonl(path: str | Path, fmt: str, errors: list[TraceFormatError]) -> It
     """Yield ``(line_number, parsed_object)`` for each JSON object of a JSONL file (plain or ``.gz``;
     a line holding several objects back to back yields each, with the same line number); a line
     that is not valid JSON is appended to ``errors`` (a TraceFormatError naming it) and skipped."""
+    n = 0
     try:
         with open_text(path) as f:
             for n, line in enumerate(f, 1):
@@ -195,8 +196,12 @@ def iter_jsonl(path: str | Path, fmt: str, errors: list[TraceFormatError]) -> It
                         continue
                     for obj in objs:
                         yield n, obj
-    except (gzip.BadGzipFile, EOFError, UnicodeDecodeError) as e:
-        errors.append(TraceFormatError(path, fmt, None, f"cannot be read: {e}"))
+    except (gzip.BadGzipFile, EOFError, UnicodeDecodeError) as e:  # a truncated .gz, bytes that are not UTF-8
+        if n == 0:  # not a gzip file at all, or not text
+            errors.append(TraceFormatError(path, fmt, None, f"cannot be read: {e}"))
+        else:
+            errors.append(TraceFormatError(path, fmt, f"line {n + 1} to the end", f"cannot be read ({e}); a file cut short "
+                                           "(copied while the agent wrote it?) is read up to there"))
 
 
 def lines_error(errors: list[TraceFormatError], read: int) -> TraceFormatError:
