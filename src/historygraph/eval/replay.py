@@ -44,6 +44,7 @@ from historygraph.eval.prompt_cache import CacheTokens, PromptCache
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
 from historygraph.eval.recorded import (RECORDED, CacheCall, RecordedContext, fixed_tokens, has_recorded, home_price_model,
                                        project_of, recorded_call, recorded_tokens, uses_one_hour_cache)
+from historygraph.eval.recent import RecentCounts
 from historygraph.eval.steps_metrics import StepsCounts
 
 
@@ -60,6 +61,7 @@ class PolicyStats:
     budget_errors: int = 0
     violations: list[str] = field(default_factory=list)
     steps: StepsCounts = field(default_factory=StepsCounts)  # repeated reads, old full observations
+    recent: RecentCounts = field(default_factory=RecentCounts)  # the newest assistant messages shown (eval.recent)
     extra: dict[str, list[float]] = field(default_factory=dict)  # numeric Rendering.stats, one entry per call
     model_calls: int = 0            # summariser/analyser calls made while rendering (ContextRender C.2)
     model_input_tokens: int = 0     # their input tokens, in the model's own tokenizer
@@ -84,6 +86,7 @@ class PolicyStats:
         self.budget_errors += other.budget_errors
         self.violations += other.violations
         self.steps.merge(other.steps)
+        self.recent.merge(other.recent)
         for k, v in other.extra.items():
             self.extra.setdefault(k, []).extend(v)
         self.model_calls += other.model_calls
@@ -270,6 +273,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     timeline = Timeline(forms={name: [] for name in rows})
     graph = ContextGraph(sid)
     invocations = 0
+    assistants: list[int] = []  # positions of the assistant messages in the graph (eval.recent)
     for j, message in enumerate(trace.messages):
         if message.role == "assistant" and len(graph):
             invocations += 1
@@ -291,6 +295,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     visible: set[int] = set()
                     seen_tokens: set[str] = set()
                     caches[name].skip()
+                    st.recent.observe(assistants, trace.messages, (), ())
                     for pc in billed[name].values():
                         pc.skip(message.timestamp if clock else None)
                     timeline.forms[name].append("X" * len(timeline.results))
@@ -313,6 +318,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     except AssertionError as exc:
                         st.violations.append(f"{trace.trace_id}@{j}: {exc}")
                     visible = set(r.full)
+                    st.recent.observe(assistants, trace.messages, r.messages, r.positions)
                     for k, v in r.stats.items():
                         if isinstance(v, (int, float)):
                             st.extra.setdefault(k, []).append(float(v))
@@ -335,11 +341,14 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     if model_name == home and j in usage_at:
                         cache_calls.append(CacheCall(j, sim, recorded_call(usage_at[j])))
                 visible = {p for p in span if trace.messages[p].role == "tool"}
+                st.recent.observe(assistants, trace.messages, sent, [None] * (len(sent) - len(span)) + list(span))
                 timeline.forms[RECORDED].append("".join("F" if p in visible else "D" for p in timeline.results))
                 st.steps.observe(graph, visible, message)
                 _score(st, events_at.get(j, ()), visible, rendered_tokens(sent) if events_at.get(j) else set())
         if message.role == "tool":
             timeline.results.append(len(graph))
+        elif message.role == "assistant":
+            assistants.append(len(graph))
         graph.append(message)
     log.clear()
     for name, st in stats.items():

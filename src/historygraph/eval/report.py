@@ -31,6 +31,7 @@ from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.recorded import RECORDED, cache_check, recorded_bill_tokens
 from historygraph.eval.replay import PolicyStats, TraceResult
+from historygraph.eval.recent import COLUMNS as RECENT_COLUMNS
 from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
 
 COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
@@ -40,7 +41,7 @@ COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
      "budget_errors", "invariant_violations",
      "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct", "model_calls", "model_input_tokens", "model_output_tokens",
-     "model_seconds"] + STEPS_COLUMNS + ["recorded_price_model", "recorded_bill_usd", "bill_vs_recorded",
+     "model_seconds"] + STEPS_COLUMNS + RECENT_COLUMNS + ["recorded_price_model", "recorded_bill_usd", "bill_vs_recorded",
                                                               "bill_vs_recorded_simulated"]
 
 
@@ -74,6 +75,7 @@ def row(scope: str, source: str, trace_id: str, policy: str, st: PolicyStats, tr
     r.update(compaction_figures(st.extra))
     r["invariant_violations"] = len(st.violations)
     r.update(st.steps.columns())
+    r.update(st.recent.columns())
     r["model_calls"] = st.model_calls
     r["model_input_tokens"] = st.model_input_tokens
     r["model_output_tokens"] = st.model_output_tokens

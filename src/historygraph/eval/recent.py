@@ -1,0 +1,67 @@
+"""Does the agent still see what it just did? The newest assistant messages in each rendering.
+
+Recall scores the results a policy keeps; it does not see whether the agent can still read its own
+last steps. An agent that cannot see what it did three steps ago repeats itself. So for every
+rendering made before a recorded call, and for ``k`` in :data:`KS`, the replay counts how many of
+the ``k`` newest assistant messages of the history are *shown*: rendered with their text and tool
+calls as stored (their results may be placeholders or excerpts; a message left out, in a dropped-step
+marker or cut to a brief view is not shown). Only calls with at least ``k`` assistant messages
+before them are counted. Per policy the report gives the median and the worst call
+(``recent{k}_median``, ``recent{k}_min``); ours, beyond the papers (DESIGN.md §5, invariant 10 asks
+for the last 5 by default).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from historygraph.history.events import Message
+
+KS = (5, 10)
+
+
+def shown_newest(assistants: Sequence[int], stored: Sequence[Message], rendered: Sequence[Message],
+                 positions: Sequence[int | None], k: int) -> int | None:
+    """How many of the ``k`` newest assistant messages (``assistants``: their positions in
+    ``stored``, oldest first) the rendering (``rendered`` with their stored ``positions``) shows
+    with their text and tool calls as stored; ``None`` when fewer than ``k`` precede the call."""
+    if len(assistants) < k:
+        return None
+    at = {p: m for m, p in zip(rendered, positions) if p is not None}
+    n = 0
+    for p in assistants[-k:]:
+        m = at.get(p)
+        if m is not None and m.content == stored[p].content and m.tool_calls == stored[p].tool_calls:
+            n += 1
+    return n
+
+
+@dataclass
+class RecentCounts:
+    """Per ``k``, the count shown at each counted call (module docstring), summed over traces."""
+
+    shown: dict[int, list[int]] = field(default_factory=lambda: {k: [] for k in KS})
+
+    def observe(self, assistants: Sequence[int], stored: Sequence[Message], rendered: Sequence[Message],
+                positions: Sequence[int | None]) -> None:
+        for k in KS:
+            n = shown_newest(assistants, stored, rendered, positions, k)
+            if n is not None:
+                self.shown[k].append(n)
+
+    def merge(self, other: "RecentCounts") -> None:
+        for k in KS:
+            self.shown[k] += other.shown[k]
+
+    def columns(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in KS:
+            v = self.shown[k]
+            out[f"recent{k}_median"] = statistics.median(v) if v else None
+            out[f"recent{k}_min"] = min(v) if v else None
+        return out
+
+
+COLUMNS = [f"recent{k}_{s}" for k in KS for s in ("median", "min")]

@@ -1,0 +1,40 @@
+"""The newest assistant messages a rendering shows (eval.recent), counted by hand."""
+
+from __future__ import annotations
+
+from historygraph.eval.recent import RecentCounts, shown_newest
+from historygraph.eval.replay import replay_trace
+from historygraph.history.events import Message, ToolCall, Trace
+from historygraph.policies import Signals, create
+
+
+def history(steps: int) -> list[Message]:
+    msgs = [Message("user", "task")]
+    for i in range(steps):
+        msgs += [Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", '{"command": "ls"}'),)),
+                 Message("tool", f"out {i}", tool_call_id=f"c{i}")]
+    return msgs
+
+
+def test_shown_newest_counts_messages_kept_whole() -> None:
+    stored = history(6)  # assistant messages at 1, 3, 5, 7, 9, 11
+    assistants = [1, 3, 5, 7, 9, 11]
+    brief = stored[9].with_content("step", "excerpt")  # cut to a brief view: not shown
+    rendered = [stored[0], stored[5], stored[6], stored[7], stored[8], brief, stored[10], stored[11], stored[12]]
+    positions = [0, 5, 6, 7, 8, 9, 10, 11, 12]
+    # the five newest are 3, 5, 7, 9, 11: 5, 7 and 11 shown whole, 3 left out, 9 cut
+    assert shown_newest(assistants, stored, rendered, positions, 5) == 3
+    assert shown_newest(assistants, stored, rendered, positions, 10) is None  # only six before the call
+    c = RecentCounts()
+    c.observe(assistants, stored, rendered, positions)
+    c.observe(assistants, stored, (), ())  # a budget error shows nothing
+    assert c.columns() == {"recent5_median": 1.5, "recent5_min": 0, "recent10_median": None, "recent10_min": None}
+
+
+def test_full_history_shows_every_recent_step_in_a_replay() -> None:
+    t = Trace("openai-chat", "t", "t.json", history(12) + [Message("assistant", "done")])
+    res = replay_trace(t, {"full": create("full", replay=True)}, 100_000, Signals())
+    cols = res.stats["full"].recent.columns()
+    # calls 6..13 have at least 5 assistant messages before them, 11..13 at least 10: all shown
+    assert res.stats["full"].recent.shown == {5: [5] * 8, 10: [10] * 3}
+    assert (cols["recent5_min"], cols["recent10_min"]) == (5, 10)
