@@ -83,9 +83,12 @@ class Layout(Assembly):
                  inserts: dict[int, Message] | None = None,
                  placeholder: Callable[[Message, TokenCounter], Message] | None = None,
                  brief_revivals: bool = False, omit_units: Iterable[int] = (), drop_all: bool = False,
-                 excerpt_focus: int = FOCUS_MESSAGES) -> None:
+                 excerpt_focus: int = FOCUS_MESSAGES, recent_steps: int = 0) -> None:
         if excerpt_focus < 0:
             raise ValueError(f"Layout: excerpt_focus must be >= 0, got {excerpt_focus}")
+        if recent_steps < 0:
+            raise ValueError(f"Layout: recent_steps must be >= 0, got {recent_steps}")
+        self.recent_steps = recent_steps
         self.graph, self.counter, self.budget = graph, counter, budget
         self.excerpt_focus = excerpt_focus
         self.brief_revivals = brief_revivals
@@ -237,11 +240,37 @@ class Layout(Assembly):
         pinned = [owner.get(p, p) for p in self.pinned]  # a pinned result: its call's message
         protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard, *pinned)
                            if p is not None and (u := self._unit_at(p)) is not None}
+        protected_units |= self._recent_units(sk, protected_units)
         for i in protected_units:
             u = self.units[i]
             self.units[i] = Unit(u.positions, True, u.cost)
         self._protected = sorted(protected_units)
         return protected_units
+
+    def _recent_units(self, sk: dict[str, Any], protected: set[int]) -> set[int]:
+        """The units of the ``recent_steps`` newest assistant messages (the agent sees what it just
+        did: DESIGN.md §5, invariant 10), newest first, as long as the protected history stays
+        within half of B (a step too large for that, and those before it, may still be dropped:
+        the budget keeps room for results)."""
+        if not self.recent_steps or sk["last_assistant"] is None:
+            return set()
+        msgs = self.graph.messages
+        limit = None if self.budget is None else self.budget // 2
+        cost = sum(self.units[i].cost for i in protected)
+        out: set[int] = set()
+        found = 0
+        p = sk["last_assistant"]
+        while p >= 0 and found < self.recent_steps:
+            if msgs[p].role == "assistant":
+                found += 1
+                u = self._unit_at(p)
+                if u is not None and u not in protected and u not in out:
+                    if limit is not None and cost + self.units[u].cost > limit:
+                        break
+                    cost += self.units[u].cost
+                    out.add(u)
+            p -= 1
+        return out
 
     def _leave_out(self, omit: Iterable[int], omit_units: Iterable[int], protected_units: set[int]) -> set[int]:
         """The units the policy leaves out: those with a position in ``omit`` or listed in

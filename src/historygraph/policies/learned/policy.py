@@ -72,7 +72,13 @@ class LearnedConfig:
     exchange after the greedy fill"). ``reserve_always``: when the retained history fits in B, so
     that the layout drops no step, also select under the layout that keeps only the newest steps
     within ``(1 − result_reserve)·B`` (as it does once the history passes B) and render the one
-    whose selection is worth more (docs/learned.md, "Layout")."""
+    whose selection is worth more (docs/learned.md, "Layout"). ``recent_steps``: the steps of this many
+    newest assistant messages are never dropped, so the agent sees its text and calls (their results
+    may be placeholders; within half of B: :class:`~historygraph.render.Layout`; DESIGN.md §5,
+    invariant 10; 0: only the latest). Not yet the default: on the 14 mini-swe-agent traces at B = 6000,
+    5 lifts the median of the newest five shown from 2 to 5 but costs `learned` 3.5 points of recall
+    (86.1 → 82.6) and `learned-stable`, whose inner `learned` keeps the default, 5.9 (79.8 → 73.9)
+    (docs/evaluator.md, "What is measured")."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -84,6 +90,7 @@ class LearnedConfig:
     cost_exponent: float = 0.5
     swap_pairs: int = 3
     reserve_always: bool = True
+    recent_steps: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -385,7 +392,7 @@ def reserve_layout(layout: Layout, cfg: LearnedConfig) -> Layout | None:
         return None
     return Layout(layout.graph, layout.counter, layout.budget, result_reserve=cfg.result_reserve,
                   excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
-                  excerpt_focus=cfg.excerpt_focus, drop_all=True)
+                  excerpt_focus=cfg.excerpt_focus, drop_all=True, recent_steps=cfg.recent_steps)
 
 
 def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
@@ -476,7 +483,7 @@ class Learned:
         cfg = self.config
         layout = Layout(graph, signals.counter, budget, result_reserve=cfg.result_reserve,
                         excerpt_fraction=cfg.oversized_excerpt_fraction, brief_revivals=cfg.brief_revivals,
-                        excerpt_focus=cfg.excerpt_focus)
+                        excerpt_focus=cfg.excerpt_focus, recent_steps=cfg.recent_steps)
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         assert budget is not None  # with no budget the history always fits (above)
