@@ -383,6 +383,21 @@ def test_help_prints_bracketed_words(command, text):
     assert text in " ".join(res.output.split())
 
 
+def test_fit_help_states_the_shipped_recipe_and_what_it_needs():
+    """Issue 50: ``fit --help`` described a 0.25 / 0.75 blend while the shipped recipe is 0.1 / 0.9
+    (train.BLEND), and said LightGBM was needed only for lambdarank while the default blend needs it too."""
+    from historygraph.policies.learned.train import BLEND, OBJECTIVES
+
+    res = runner.invoke(app, ["fit", "--help"], env={"COLUMNS": "250"})
+    text = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 0 and OBJECTIVES[0] == "blend"
+    (_, lr_label, lr_w), (_, tree_label, tree_w) = BLEND
+    assert f"{lr_w} × a logistic regression on '{lr_label}' + {tree_w} × LightGBM LambdaRank trees on '{tree_label}'" in text
+    assert "0.25" not in text and "0.75" not in text
+    assert "for --objective lambdarank, LightGBM" not in text
+    assert "LightGBM for the default 'blend' and for 'lambdarank'" in text
+
+
 def test_plain_progress_keeps_beating_while_a_trajectory_runs(monkeypatch, capsys):
     # a log file got no line for minutes while one long trajectory replayed, and the time left
     # vanished once nothing had finished for half a minute (stderr is not a terminal under pytest)

@@ -211,3 +211,42 @@ def test_a_postgres_disk_full_error_becomes_store_full_error_and_clears_after_a_
     s.full_disk = False
     assert s.append("p", Message("user", "kept")) == [0]
     assert s.full is None
+
+
+def test_the_507_does_not_tell_the_client_the_stores_path_the_log_does(tmp_path, caplog):
+    """Issue 50: the 507's message named the store's absolute file path to any client."""
+    import logging
+
+    store = SQLiteStore(tmp_path / "secret-dir" / "hg.sqlite")
+    disk = store._db = FullDisk(store._db)
+    where = str(tmp_path / "secret-dir")
+
+    async def main():
+        app = create_app(ServerConfig(store=":memory:", policy="prune", upstream="http://upstream.invalid/v1"), store=store)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=30) as c:
+            disk.full = True
+            proxied = await c.post("/v1/chat/completions", json=body("openai", TURN1["openai"]),
+                                   headers={"X-HistoryGraph-Session": "p"})
+            appended = await c.post("/api/sessions/s/events", json={"messages": [{"role": "user", "content": "b"}], "create": True})
+            health = await c.get("/health")
+            disk.full = False
+        return proxied, appended, health
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="historygraph"):
+            proxied, appended, health = asyncio.run(main())
+    finally:
+        store._db = disk.db
+        store.close()
+    assert proxied.status_code == 507 and appended.status_code == 507 and health.status_code == 503
+    assert "disk is full" in proxied.json()["error"]["message"] and "disk is full" in appended.json()["detail"]
+    for r in (proxied, appended, health):
+        assert where not in r.text and "hg.sqlite" not in r.text, r.text
+    logged = [getattr(rec, "error", "") for rec in caplog.records if "disk full" in rec.getMessage()]
+    assert len(logged) == 2 and all(where in e for e in logged)  # the server's log names it, for each refusal
+
+
+def test_a_full_disk_error_keeps_its_file_name_from_clients():
+    exc = StoreFullError("/srv/hg/hg.sqlite", OSError(errno.ENOSPC, "No space left on device", "/srv/hg/hg.sqlite-wal"))
+    assert "/srv/hg" in str(exc) and "/srv/hg" not in exc.reason
+    assert exc.reason == "the store's disk is full: OSError: [Errno 28] No space left on device"

@@ -79,7 +79,8 @@ def ll():
 
     return SimpleNamespace(litellm=litellm, Recorder=Recorder, Recaller=Recaller, completion=wrappers.completion,
                            RECALL_TOOL=wrappers.RECALL_TOOL, recall_results=wrappers.recall_results,
-                           acompletion=wrappers.acompletion, HistoryGraphHook=wrappers.HistoryGraphHook)
+                           acompletion=wrappers.acompletion, HistoryGraphHook=wrappers.HistoryGraphHook,
+                           litellm_module=wrappers)
 
 
 @pytest.fixture
@@ -215,6 +216,40 @@ def test_registered_in_litellm_callbacks_it_renders_sdk_responses_and_messages_c
     assert str(tool[0]["content"]).startswith("[tool result c1 omitted from this context (400 tokens)")
     assert sorted(hook.store.sessions()) == ["sdk-a", "sdk-r"]  # nothing rendered twice: no third session
     assert hook.store.graph("sdk-r").result_by_id("c1").content == BIG == hook.store.graph("sdk-a").result_by_id("c1").content
+
+
+def test_a_sync_completion_the_hook_cannot_render_is_said_once(ll, registered):
+    """Issue 50: the hook silently did nothing for the synchronous litellm.completion (LiteLLM runs
+    no pre-call hook for it) and under mock_response. Now a sync call warns, once per hook, before it
+    is sent where LiteLLM logs a pre-call (mock_response here), else after it (a custom provider);
+    completion(), which renders first, does not warn; an async call under mock_response is rendered."""
+    import time
+    import warnings
+
+    hook, model = registered
+    with pytest.warns(RuntimeWarning, match="did not render a synchronous litellm.completion") as caught:
+        ll.litellm.completion(model="gpt-4o-mini", messages=MESSAGES, mock_response="ok")
+    assert "litellm.acompletion" in str(caught[0].message) and hook.warned_sync
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        ll.litellm.completion(model="gpt-4o-mini", messages=MESSAGES, mock_response="ok")
+        ll.completion(model="scripted/m", messages=MESSAGES, budget=500, policy="prune")  # renders itself: no warning
+        fresh = ll.HistoryGraphHook(budget=500, policy="prune", store=MemoryStore())
+        ll.litellm.callbacks = [fresh]
+        ll.completion(model="scripted/m", messages=MESSAGES, budget=500, policy="prune")
+        time.sleep(0.5)  # a custom provider's calls are reported after the call, from LiteLLM's logging thread
+        assert not fresh.warned_sync
+        ll.litellm.completion(model="scripted/m", messages=MESSAGES)
+        for _ in range(100):
+            if fresh.warned_sync:
+                break
+            time.sleep(0.05)
+    assert fresh.warned_sync and "omitted" not in model.seen[-1][2]["content"]  # sent whole, and said so
+    assert [str(w.message) for w in again if w.category is RuntimeWarning] == [ll.litellm_module.SYNC_WARNING]
+    ll.litellm.callbacks = [hook]
+    asyncio.run(ll.litellm.acompletion(model="gpt-4o-mini", messages=MESSAGES, mock_response="ok",
+                                       metadata={"historygraph_session": "mock-a"}))
+    assert hook.store.sessions() == ["mock-a"]  # rendered (and stored) under mock_response too
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def test_tools_over_the_in_process_client(mcp_sdk, tmp_path):
     rows = listed.structured_content["result"]
     assert [(r["id"], r["tool"]) for r in rows] == [("c1", "read_csv"), ("c2", "tail_log")]
     assert rows[0]["first_line"] == "row 0: invoice total 0"
-    assert missing.is_error and "no session 'other' in the store" in missing.content[0].text
+    assert missing.is_error and "confined to session 'run-1'" in missing.content[0].text
     store.close()
 
 
@@ -99,7 +99,7 @@ def test_the_command_names_a_missing_store(mcp_sdk, tmp_path):
 
     from historygraph.cli import app
 
-    r = CliRunner().invoke(app, ["mcp", "--store", str(tmp_path / "missing.sqlite")])
+    r = CliRunner().invoke(app, ["mcp", "--store", str(tmp_path / "missing.sqlite"), "--session", "run-1"])
     assert r.exit_code == 2 and "missing.sqlite" in r.output
 
 
@@ -129,3 +129,51 @@ def test_a_session_not_stored_yet_is_served_once_it_appears(mcp_sdk, tmp_path):
     assert "c2" in missing.content[0].text and "c2" not in (LOG,)
     assert not after.is_error and after.content[0].text == LOG
     assert "no session 'run-1'" in errlog.read_text() and "yet" in errlog.read_text()
+
+
+def test_the_server_is_confined_to_its_session(mcp_sdk, tmp_path):
+    """Issue 50: ``mcp --session pin-a`` answered ``recall``, ``search`` and ``results`` for
+    ``session="pin-b"`` with another session's data, so a prompt-injected agent could read every
+    session of the store. Confined by default; ``all_sessions=True`` (``--all-sessions``) allows it."""
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    fill(store)
+    store.create_session("pin-b")
+    store.append("pin-b", [Message("user", "secret"), Message("assistant", "", (ToolCall("b2", "cat", "{}"),)),
+                           Message("tool", "password=hunter2", tool_call_id="b2")])
+
+    async def calls(server):
+        async with mcp_sdk.Client(server) as c:
+            return [await c.call_tool("recall", {"ids": ["b2"], "session": "pin-b"}),
+                    await c.call_tool("search", {"query": "password", "session": "pin-b"}),
+                    await c.call_tool("results", {"session": "pin-b"}),
+                    await c.call_tool("results", {"session": "run-1"})]
+
+    *other, own = asyncio.run(calls(mcp_sdk.build_server(store, "run-1")))
+    for r in other:
+        assert r.is_error and "hunter2" not in r.content[0].text
+        assert "confined to session 'run-1'" in r.content[0].text and "--all-sessions" in r.content[0].text
+    assert not own.is_error and [x["id"] for x in own.structured_content["result"]] == ["c1", "c2"]
+    allowed = asyncio.run(calls(mcp_sdk.build_server(store, "run-1", all_sessions=True)))
+    assert not any(r.is_error for r in allowed) and "hunter2" in allowed[0].content[0].text
+
+    async def unknown():
+        async with mcp_sdk.Client(mcp_sdk.build_server(store, all_sessions=True)) as c:
+            return await c.call_tool("results", {"session": "other"}), await c.call_tool("results", {})
+
+    other_missing, none_named = asyncio.run(unknown())
+    assert other_missing.is_error and "no session 'other' in the store" in other_missing.content[0].text
+    assert none_named.is_error and "no session given" in none_named.content[0].text
+    with pytest.raises(ValueError, match="all_sessions"):
+        mcp_sdk.build_server(store)  # no session to confine it to, and other sessions not allowed
+    store.close()
+
+
+def test_the_command_needs_a_session_or_all_sessions(mcp_sdk, tmp_path):
+    from typer.testing import CliRunner
+
+    from historygraph.cli import app
+
+    path = tmp_path / "s.sqlite"
+    SQLiteStore(path).close()
+    r = CliRunner().invoke(app, ["mcp", "--store", str(path)])
+    assert r.exit_code == 2 and "--session" in r.output and "--all-sessions" in r.output

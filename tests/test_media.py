@@ -15,6 +15,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import struct
 import wave
 import zlib
@@ -22,11 +23,12 @@ import zlib
 import httpx
 
 from historygraph import Message, SQLiteStore, TokenCounter
+from historygraph.history.events import ToolCall
 from historygraph.providers import anthropic as anth
 from historygraph.providers import openai_responses as resp
 from historygraph.server.app import create_app
 from historygraph.server.config import ServerConfig
-from historygraph.signals.media import anthropic_image_tokens, image_size, media_tokens, openai_image_tokens
+from historygraph.signals.media import anthropic_image_tokens, describe, image_size, media_tokens, openai_image_tokens
 
 
 counter = TokenCounter()
@@ -239,3 +241,113 @@ def test_the_recall_tool_gives_an_anthropic_results_images_back():
     assert recalled_media(proxy, "s", json.dumps({"ids": ["t1", "t2"]})) == [IMAGE]
     assert recalled_media(proxy, "s", json.dumps({"ids": ["t2", "nope"]})) == []
     assert recalled_media(proxy, "s", "not json") == []
+
+
+# -- issue 50: a malformed media part is refused, never stored; one stored before still renders ----------
+
+def _call(cid: str) -> dict:
+    return {"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": "shot", "input": {}}]}
+
+
+BAD_MEDIA = {  # name: (path, request body, what the 400 must name)
+    "anthropic image, source a string": ("/v1/messages", {"model": "m", "max_tokens": 20, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image", "source": "aGk="}]}]},
+        "messages[0].content[1] (image): its source must be an object"),
+    "anthropic document, source a list": ("/v1/messages", {"model": "m", "max_tokens": 20, "messages": [
+        {"role": "user", "content": [{"type": "document", "source": ["aGk="]}, {"type": "text", "text": "read"}]}]},
+        "messages[0].content[0] (document): its source must be an object"),
+    "anthropic image inside a tool_result, source a list": ("/v1/messages", {"model": "m", "max_tokens": 20, "messages": [
+        {"role": "user", "content": "go"}, _call("t1"),
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "x"}, {"type": "image", "source": ["a", "b"]}]}]}]},
+        "messages[2].content[0].content[1] (image): its source must be an object"),
+    "chat input_audio a string": ("/v1/chat/completions", {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": "UklGRg=="}]}]},
+        "content[0] (input_audio): its input_audio must be an object"),
+    "chat input_audio a list": ("/v1/chat/completions", {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hear"}, {"type": "input_audio", "input_audio": ["UklGRg=="]}]}]},
+        "content[1] (input_audio): its input_audio must be an object"),
+}
+
+
+def test_a_malformed_media_part_is_a_400_naming_it_and_nothing_is_stored(tmp_path):
+    """Issue 50: the message was stored, then token counting raised AttributeError: the client got
+    500, and so did every later request of the session, its /render and count_tokens."""
+    store = SQLiteStore(tmp_path / "bad-media.sqlite")
+    forwarded: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        forwarded.append(request.url.path)
+        return httpx.Response(500)
+
+    async def main():
+        app = create_app(ServerConfig(store=":memory:", policy="prune", upstream="http://up/v1",
+                                      anthropic_upstream="http://up"), store=store)
+        app.state.proxy.transport = httpx.MockTransport(upstream)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=30) as c:
+            for n, (name, (path, body, where)) in enumerate(BAD_MEDIA.items()):
+                sid = f"bad-media-{n}"
+                r = await c.post(path, json=body, headers={"X-HistoryGraph-Session": sid})
+                assert r.status_code == 400, (name, r.text)
+                error = r.json()["error"]
+                assert where in error["message"] and error["type"] == "invalid_request_error", (name, error)
+                assert not store.has_session(sid), name
+                if path == "/v1/messages":
+                    r = await c.post("/v1/messages/count_tokens", json={"model": "m", "messages": body["messages"]})
+                    assert r.status_code == 400 and where in r.json()["error"]["message"], (name, r.text)
+                else:  # the session API reads OpenAI form as the proxy does
+                    r = await c.post(f"/api/sessions/{sid}/events", json={"messages": body["messages"], "create": True})
+                    assert r.status_code == 400 and where in r.json()["detail"], (name, r.text)
+                    assert not store.has_session(sid), name
+        await app.state.proxy.transport.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert forwarded == []
+
+
+def test_the_library_refuses_a_malformed_media_part_with_event_error():
+    import pytest
+
+    from historygraph import render_anthropic_messages, render_messages
+    from historygraph.history.events import EventError
+
+    for path, body, where in BAD_MEDIA.values():
+        render = render_anthropic_messages if path == "/v1/messages" else render_messages
+        with pytest.raises(EventError, match=re.escape(where)):
+            render(body["messages"], budget=4000, policy="prune")
+    with pytest.raises(EventError, match=r"input\[0\]\.content\[0\] \(input_audio\): its input_audio must be an object"):
+        resp.to_canonical(None, [{"role": "user", "content": [{"type": "input_audio", "input_audio": "x"}]}])
+
+
+def test_a_malformed_part_stored_by_an_earlier_release_is_counted_as_its_text_and_the_session_renders(tmp_path):
+    """Issue 50: such a part, once stored, made every rendering of its session fail for good."""
+    bad = [{"source": "aGk=", "type": "image"}, {"input_audio": ["UklGRg=="], "type": "input_audio"}]
+    media = json.dumps(bad, sort_keys=True, separators=(",", ":"))
+    for part in bad:  # its compact JSON counted as text
+        assert media_tokens(json.dumps([part]), counter.count) == counter.count(
+            json.dumps(part, sort_keys=True, separators=(",", ":")))
+    assert media_tokens("not json", counter.count) == counter.count("not json")
+    assert describe(media) == "1 image, 1 audio clip" and describe("not json") == "unreadable media"
+    store = SQLiteStore(tmp_path / "old.sqlite")
+    store.create_session("old")
+    store.append("old", [Message("user", "look\n[image]\n[input_audio]", media=media),
+                         Message("assistant", "", (ToolCall("t1", "shot"),)),
+                         Message("tool", LONG + "[image]", tool_call_id="t1", media=media), Message("user", "and?")])
+
+    async def main():
+        app = create_app(ServerConfig(store=":memory:", policy="prune"), store=store)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=30) as c:
+            r = await c.post("/api/sessions/old/render", json={"budget": 4000})
+            assert r.status_code == 200, r.text
+            small = await c.post("/api/sessions/old/render", json={"budget": 300})
+            assert small.status_code == 200 and small.json()["omitted_ids"] == ["t1"], small.text
+            assert "t1" in small.json()["messages"][2]["content"]  # an excerpt naming it
+            assert (await c.get("/api/sessions/old/results/t1")).json()["media"] == bad  # kept whole
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()

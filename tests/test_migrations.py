@@ -169,6 +169,43 @@ def test_another_programs_database_is_refused_and_left_byte_for_byte(tmp_path):
     db.close()
 
 
+def test_another_programs_tables_named_sessions_and_events_are_refused_and_left_byte_for_byte(tmp_path):
+    """Issue 50: such a file was taken over (seven tables added), then every request failed with
+    500 (``no such column: meta``); ``serve --store`` and ``open_store`` both open it this way."""
+    from historygraph.store import open_store
+
+    path = tmp_path / "app.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, payload TEXT)")
+        db.execute("CREATE TABLE sessions (name TEXT)")
+        db.execute("INSERT INTO events VALUES (1, 'clicked')")
+    db.close()
+    before = _file_state(path)
+    for opener in (SQLiteStore, open_store):
+        with pytest.raises(ForeignDatabaseError, match=r"app.sqlite is not a historygraph store: its tables sessions\(name\), "
+                                                       r"events\(id, payload\) are not historygraph's sessions\(id, created, meta\)"):
+            opener(str(path))
+    assert _file_state(path) == before  # no tables added, no -wal / -shm file
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    db.close()
+
+
+def test_postgres_refuses_another_programs_tables_named_sessions_and_events(pg_dsn):  # noqa: F811
+    import psycopg
+
+    from historygraph.store.postgres import PostgresStore
+
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, payload TEXT)")
+        c.execute("CREATE TABLE sessions (name TEXT)")
+    with pytest.raises(ForeignDatabaseError, match=r"is not a historygraph store: its tables sessions\(name\), events\(id, payload\)"):
+        PostgresStore(pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:  # nothing added
+        assert sorted(r[0] for r in c.execute("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_schema = current_schema()")) == ["events", "sessions"]
+
+
 def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path):
     path = tmp_path / "notes.sqlite"
     path.write_bytes(b"these are my notes, not a database\n" * 200)

@@ -157,10 +157,30 @@ def test_logs_are_json_with_the_session_and_never_the_key():
     assert KEY not in text and "NEVER-LOG" not in text
     records = [json.loads(line) for line in text.splitlines()]
     rendered = [r for r in records if r["message"] == "rendered"]
-    assert rendered[0]["session"] == "logged-1" and rendered[0]["policy"] == "prune" and rendered[0]["budget"] == 500
+    assert rendered[0]["session"] == "logged-1" and rendered[0]["policy"] == "prune-stable" and rendered[0]["budget"] == 500
     assert rendered[0]["history_tokens_out"] <= 500 and rendered[0]["level"] == "INFO"
     requests = [r for r in records if r["message"] == "request"]
     assert [(r["api"], r["status"], r["session"]) for r in requests] == [("openai", 200, "logged-1"), ("openai", 500, "logged-1~1")]
+
+
+def test_the_log_names_the_policy_as_the_records_do():
+    """Issue 50: the log said ``"policy": "prune"`` where the session's omission records (and the
+    rendering) say ``prune-stable``: the cache-stable wrapper is on by default."""
+    out = io.StringIO()
+    handler = logs.configure("INFO", stream=out)
+    try:
+        app = proxy()
+        chat(app, session="named-1")
+        call(app, "POST", "/v1/chat/completions", json={"model": "m", "messages": HISTORY},  # over B: the warning too
+             headers={"Authorization": f"Bearer {KEY}", "X-HistoryGraph-Session": "named-2", "X-HistoryGraph-Budget": "1"})
+    finally:
+        logs.logging.getLogger("historygraph").removeHandler(handler)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    [stored] = app.state.proxy.store.omitted("named-1")
+    rendered = [r for r in records if r["message"] == "rendered"]
+    [over] = [r for r in records if r["message"] == "over budget"]
+    assert stored["policy"] == "prune-stable" and [r["policy"] for r in rendered] == ["prune-stable"] * 2
+    assert over["policy"] == "prune-stable"
 
 
 def test_credentials_are_redacted_from_any_log_text():

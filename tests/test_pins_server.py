@@ -71,10 +71,48 @@ def test_pins_over_the_budget_are_forwarded_as_the_smallest_valid_request(server
     assert int(r.headers["x-historygraph-over-budget"]) == history_tokens(sent) > 500
 
 
-def test_an_unknown_id_in_the_pin_header_is_a_400_and_pins_nothing(servers):  # noqa: F811 (the fixture)
+def test_an_unknown_id_in_the_pin_header_is_a_400_and_stores_nothing(servers):  # noqa: F811 (the fixture)
+    """Issue 50: a request refused for its X-HistoryGraph-Pin header had already stored its
+    messages, so the client's edited retry forked the session. The header is checked first."""
     import openai
 
+    msgs = history("pu")
     with pytest.raises(openai.BadRequestError, match=r"X-HistoryGraph-Pin: no item 'ghost'") as exc:
-        oai(servers, "pu", **{"X-HistoryGraph-Pin": "puc0,ghost"}).chat.completions.create(model="m", messages=history("pu"))
+        oai(servers, "pu", **{"X-HistoryGraph-Pin": "puc0,ghost"}).chat.completions.create(model="m", messages=msgs)
     assert exc.value.body["param"] == "X-HistoryGraph-Pin"
-    assert api(servers, "GET", "/sessions/pu").json()["pins"] == []
+    assert api(servers, "GET", "/sessions/pu").status_code == 404  # nothing stored, not even the session
+    edited = msgs[:-1] + [{"role": "user", "content": "and then?"}]  # the client edits its request and retries
+    oai(servers, "pu", **{"X-HistoryGraph-Pin": "puc0"}).chat.completions.create(model="m", messages=edited)
+    stored = api(servers, "GET", "/sessions/pu").json()
+    assert stored["messages"][len(msgs) - 1]["content"] == "and then?" and stored["pins"] == [{"id": "puc0", "position": 3}]
+    assert [s["id"] for s in api(servers, "GET", "/sessions").json() if s["id"].startswith("pu~")] == []  # no fork
+    # a session already stored: the refused request appends nothing to it
+    more = stored["messages"] + [{"role": "user", "content": "one more"}]
+    with pytest.raises(openai.BadRequestError, match=r"X-HistoryGraph-Pin: no item '#99'"):
+        oai(servers, "pu", **{"X-HistoryGraph-Pin": "#99"}).chat.completions.create(model="m", messages=more)
+    assert len(api(servers, "GET", "/sessions/pu").json()["messages"]) == len(stored["messages"])
+
+
+def test_a_pin_id_that_is_not_a_string_or_an_integer_is_a_422(servers):  # noqa: F811 (the fixture)
+    """Issue 50: ``{"id": true}`` pinned message #1 (pydantic's lax ``str | int`` read true as 1)."""
+    assert api(servers, "POST", "/sessions/pt/events", json={"messages": history("pt", n=1), "create": True}).status_code == 200
+    for bad in (True, False, 1.5, 1.0, None, ["#1"], {"id": "#1"}):
+        r = api(servers, "POST", "/sessions/pt/pins", json={"id": bad})
+        assert r.status_code == 422, (bad, r.text)
+    assert api(servers, "GET", "/sessions/pt").json()["pins"] == []
+    assert api(servers, "POST", "/sessions/pt/pins", json={"id": 1}).json()["pins"] == [{"id": "#1", "position": 1}]
+
+
+def test_unpinning_an_item_that_is_not_pinned_is_a_404_naming_it(servers):  # noqa: F811 (the fixture)
+    """Issue 50: deleting a pin never set answered 200 as if it had been removed."""
+    assert api(servers, "POST", "/sessions/pn/events", json={"messages": history("pn", n=2), "create": True}).status_code == 200
+    assert api(servers, "POST", "/sessions/pn/pins", json={"id": "pnc0"}).status_code == 200
+    r = api(servers, "DELETE", "/sessions/pn/pins/pnc1")
+    assert r.status_code == 404 and r.json()["detail"] == "item: 'pnc1' (message #5) is not pinned in session 'pn'; its pins: pnc0"
+    r = api(servers, "DELETE", "/sessions/pn/pins/%231")
+    assert r.status_code == 404 and "'#1' (message #1) is not pinned" in r.json()["detail"]
+    r = api(servers, "DELETE", "/sessions/pn/pins/ghost")
+    assert r.status_code == 404 and "item: no item 'ghost'" in r.json()["detail"]
+    assert api(servers, "GET", "/sessions/pn").json()["pins"] == [{"id": "pnc0", "position": 3}]  # unchanged
+    assert api(servers, "DELETE", "/sessions/pn/pins/pnc0").json()["pins"] == []
+    assert api(servers, "DELETE", "/sessions/pn/pins/pnc0").status_code == 404  # not pinned any more

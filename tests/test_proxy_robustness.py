@@ -97,6 +97,26 @@ def test_json_that_parses_but_no_provider_reads_is_a_400_naming_the_field_and_st
     run(store_url, None, scenario, httpx.MockTransport(upstream))
 
 
+def test_the_session_api_refuses_json_no_provider_reads_with_a_400_and_creates_no_session(store_url):
+    """Issue 50: a lone surrogate in an append made the store's write raise UnicodeEncodeError (500)
+    after the session had been created, empty; the proxy's endpoints already answered 400."""
+    bodies = {  # sid: (raw body, what the answer must name)
+        "sur3": ('{"messages":[{"role":"user","content":"a\\ud800b"}],"create":true}', "messages[0].content: a string holding a lone UTF-16 surrogate"),
+        "nan": ('{"messages":[{"role":"user","content":"hi","n":NaN}],"create":true}', "messages[0].n: a number JSON cannot carry"),
+        "big": ('{"messages":[{"role":"user","content":"hi","n":1e400}],"create":true}', "messages[0].n: a number JSON cannot carry"),
+    }
+
+    async def scenario(c, app):
+        for sid, (raw, where) in bodies.items():
+            r = await c.post(f"/api/sessions/{sid}/events", content=raw.encode(), headers={"content-type": "application/json"})
+            assert r.status_code == 400 and where in r.json()["detail"], (sid, r.text)
+            assert not app.state.proxy.store.has_session(sid), sid  # no empty session left behind
+        ok = await c.post("/api/sessions/sur3/events", json={"messages": [{"role": "user", "content": "a\u2603b"}], "create": True})
+        assert ok.status_code == 200 and [m.content for m in app.state.proxy.store.messages("sur3")] == ["a\u2603b"]
+
+    run(store_url, None, scenario)
+
+
 # -- class 3: upstream faults --------------------------------------------------------------------------
 
 def test_upstream_faults_are_a_502_saying_what_the_upstream_did_and_the_session_stays_usable(store_url, fake):

@@ -231,6 +231,21 @@ def test_stream_is_relayed_chunk_by_chunk(servers):
     assert api(servers, "GET", "/sessions/slow").json()["messages"][-1]["content"].startswith("answer ")
 
 
+@pytest.mark.parametrize("recall", ["off", "on"])
+def test_streamed_answers_carry_the_proxy_time_header(servers, recall):
+    """Issue 50: ``X-HistoryGraph-Proxy-Ms`` was missing on streamed answers. It is set before the
+    stream starts: the proxy's own time until the upstream request that is relayed was sent (the
+    slow model's 2.4 s of events are not in it), with and without the recall tool."""
+    sid = f"ms-{recall}"
+    body = {"model": "slow-model", "messages": history(sid), "tools": TOOLS, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}", "X-HistoryGraph-Session": sid, "X-HistoryGraph-Recall": recall}
+    with httpx.stream("POST", servers["px"] + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
+        r.read()
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["x-historygraph-omitted"] != "0"  # the rendering omitted results: the recall tool was offered
+    assert 0 <= float(r.headers["x-historygraph-proxy-ms"]) < 1000
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_client_thinking_byte_exact_tools_paired_answer_stored(servers, stream):
     import anthropic

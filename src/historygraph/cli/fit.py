@@ -19,20 +19,23 @@ def fit(
     paths: Annotated[list[Path], typer.Argument(help="Trace files or folders (searched recursively) of your own agent.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Model file to write (JSON, a few KB; about 170 KB with "
                                       "--objective lambdarank or blend); refuses to overwrite without --force.")] = Path("model.json"),
-    objective: Annotated[str, typer.Option(help="'blend' (the shipped recipe: 0.25 × a logistic regression "
-                                           "+ 0.75 × LightGBM LambdaRank trees, each with its own label; needs "
-                                           "LightGBM), 'logistic' (the logistic regression alone, the earlier default) "
+    objective: Annotated[str, typer.Option(help="'blend' (the default and the shipped recipe: 0.1 × a logistic "
+                                           "regression on 'reuse-or-named' + 0.9 × LightGBM LambdaRank trees on "
+                                           "'fresh', each member with its own label; needs LightGBM), 'logistic' "
+                                           "(the logistic regression alone, the earlier default; scikit-learn only) "
                                            "or 'lambdarank' (the trees alone, ordering each call's candidates, "
                                            "calibrated to probabilities; slightly lower on τ-bench at B = 3000): "
                                            "docs/learned.md.")] = "blend",
-    c: Annotated[float, typer.Option("--C", help="Inverse L2 regularisation strength of the logistic regression (--objective logistic).")] = 1.0,
+    c: Annotated[float, typer.Option("--C", help="Inverse L2 regularisation strength of the logistic regression (--objective logistic, and blend's logistic member).")] = 1.0,
     label: Annotated[str, typer.Option(help="What counts as reuse at the next call: 'reuse-or-named' (a Tool-Flow "
-                                       "Analysis value or a code identifier the result first held; the shipped "
-                                       "recipe), 'values-or-named' (TFA values other than file names, or "
+                                       "Analysis value or a code identifier the result first held; the "
+                                       "shipped blend's logistic member), 'values-or-named' (TFA values other than file names, or "
                                        "identifiers) and 'named' (identifiers alone): higher recall on coding "
                                        "agents, slightly lower on agents that repeat order numbers or IDs; "
                                        "'reuse' (TFA values alone); 'fresh' ('values-or-named' counting only "
-                                       "what no user or assistant message wrote before the result).")] = "reuse-or-named",
+                                       "what no user or assistant message wrote before the result). For "
+                                       "--objective logistic or lambdarank; 'blend' fits its members with their own "
+                                       "labels and takes only the default.")] = "reuse-or-named",
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite --out if it exists.")] = False,
@@ -42,8 +45,9 @@ def fit(
 
     Label: observed reuse (Tool-Flow Analysis, ContextRender §3.2, and code identifiers,
     ContextWeaver §3.1) at the next model call (--label); features: render-time signals only. Use the model with HISTORYGRAPH_LEARNED_MODEL=FILE (or the policy
-    parameter model=FILE) and replay to measure it. Needs scikit-learn and, for
-    --objective lambdarank, LightGBM (pip install -e '.\\[fit]' in the historygraph clone)."""
+    parameter model=FILE) and replay to measure it. Needs scikit-learn, and LightGBM for the
+    default 'blend' and for 'lambdarank' (only --objective logistic does without it): pip install
+    -e '.\\[fit]' in the historygraph clone."""
     from historygraph.policies.learned.train import LABELS, OBJECTIVES, fit_traces
 
     if label not in LABELS:

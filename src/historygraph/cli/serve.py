@@ -137,7 +137,8 @@ def _serve_workers(application, config, store: str | None, workers: int, host: s
 
 
 def mcp_command(
-    session: Annotated[Optional[str], typer.Option(help="Default session of the tools (else each call names one).")] = None,
+    session: Annotated[Optional[str], typer.Option(help="The session the tools read; a call naming another is refused unless --all-sessions.")] = None,
+    all_sessions: Annotated[bool, typer.Option("--all-sessions", help="Let each tool call read any session of the store (session=...); without it the server is confined to --session.")] = False,
     store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on --host/--port (without it: stdio).")] = False,
     host: Annotated[str, typer.Option(help="Address for --http; loopback by default.")] = "127.0.0.1",
@@ -148,11 +149,14 @@ def mcp_command(
         from historygraph.integrations.mcp import build_server
     except ImportError as exc:
         fail(f"the MCP server needs the 'mcp' extra (pip install -e '.[mcp]' in the historygraph clone): {exc}")
+    if session is None and not all_sessions:
+        fail("mcp needs --session SESSION (the one session its tools read), or --all-sessions to let each tool call "
+             "read any session of the store")
     db = existing_store(store)
     if session is not None and not db.has_session(session):  # served as empty until its first request is stored
         warn(f"no session {session!r} in {store_name(db)} yet: the tools answer for it once its first request is "
              f"stored (historygraph sessions --store {store_name(db)} lists the stored ones)")
-    server = build_server(db, session)
+    server = build_server(db, session, all_sessions=all_sessions)
     if http:
         server.run("streamable-http", host=host, port=port)
     else:

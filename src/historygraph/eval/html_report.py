@@ -304,16 +304,16 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     md = ["# historygraph replay report", "", f"{ts}; B = {', '.join(map(str, run.budgets))}; command: `{cmd}`", ""]
     if run.per_project:  # session logs: the user's own sessions come first
         policy = default_policy(run.policies)
-        head, rows = project_table(run.per_project, run.budgets, policy)
+        head, prows = project_table(run.per_project, run.budgets, policy)
         lines = [e.line(run.budgets) for e in equal_cost(run.per_source)]
         intro = (f"What the recorded calls cost (paid: their recorded usage priced by the recorded model's price model), how much "
                  f"of what the agent later reused its own compactions kept (kept %), and {policy}'s recall and simulated bill ÷ paid "
                  f"at each budget (docs/evaluator.md, Real sessions).")
-        parts.append(f"<h2>Your sessions</h2><p class=note>{html.escape(intro)}</p>" + _text_table(head, rows)
+        parts.append(f"<h2>Your sessions</h2><p class=note>{html.escape(intro)}</p>" + _text_table(head, prows)
                      + ("<h3>At the recorded bill</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else ""))
         md += ["## Your sessions", "", intro, "", "| " + " | ".join(head) + " |",
                "|" + "|".join("---" if h == "project" else "---:" for h in head) + "|"]
-        md += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        md += ["| " + " | ".join(r) + " |" for r in prows] + [""]
         if lines:
             md += ["At the recorded bill (like for like: both bills simulated):", ""] + [f"- {x}" for x in lines] + [""]
     recs = recommend(run.per_source, run.price_models)

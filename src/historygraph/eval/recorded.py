@@ -100,7 +100,8 @@ class RecordedContext:
         """The messages the agent sent before call ``j`` (the assistant message at index ``j``) and
         the range of trace positions among them: the latest compaction's ``kept`` messages, then
         ``messages[at:j]``; without a compaction, ``messages[:j]``."""
-        start, kept = 0, ()
+        start = 0
+        kept: tuple[Message, ...] = ()
         for c in self.compactions:
             if c.at <= j:
                 start, kept = c.at, c.kept

@@ -226,7 +226,7 @@ def project_rows(per_trace: list[dict[str, Any]], results: list[TraceResult]) ->
     were billed (``paid_usd``, Σ over the sessions, the recorded model's price model), the row's
     simulated bill with that model's cache (``bill_usd``) and their ratio (``bill_vs_recorded``).
     Needs :func:`add_recorded_bills` on ``per_trace`` first; ``[]`` without session logs."""
-    project = {(r.budget, r.session_id): r.project for r in results if r.project}
+    project: dict[tuple[Any, Any], str] = {(r.budget, r.session_id): r.project for r in results if r.project}
     sums: dict[tuple, dict[str, Any]] = {}
     for r in per_trace:
         p = project.get((r.get("budget"), r.get("session")))

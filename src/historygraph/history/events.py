@@ -178,7 +178,7 @@ class Message:
             timestamp=float(ts) if isinstance(ts, (int, float)) else None,
             rendered_as=data.get("rendered_as"),
             provider_blocks=pb if isinstance(pb := data.get("provider_blocks"), str) else "",
-            media=md if isinstance(md := data.get("media"), str) else media_of(data.get("content")),
+            media=md if isinstance(md := data.get("media"), str) else checked_media_of(data.get("content")),
         )
 
 
@@ -221,6 +221,51 @@ def media_of(content: Any) -> str:
         return ""
     parts = [p for p in content if isinstance(p, dict) and p.get("type") in MEDIA_TYPES]
     return json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if parts else ""
+
+
+MEDIA_OBJECTS = {"image": ("source", '{"type": "base64", "media_type": ..., "data": ...}'),
+                 "document": ("source", '{"type": "base64" | "text" | "url" | ..., ...}'),
+                 "input_audio": ("input_audio", '{"data": <base64>, "format": "wav" | "mp3"}')}
+"""The media parts whose content is one object, by type: ``(field, what it holds)``. The
+provider refuses such a part whose field is not an object; :func:`checked_media_of` does too,
+before anything is stored."""
+
+
+def checked_media_of(content: Any, where: str = "content") -> str:
+    """:func:`media_of` of a request's ``content`` (``where``: its place, named in errors), after
+    checking each media part's shape: an Anthropic ``image`` or ``document`` block needs a
+    ``source`` object, a Chat Completions ``input_audio`` part an ``input_audio`` object
+    (:data:`MEDIA_OBJECTS`).
+
+    Raises:
+        EventError: naming the part (``content[1]``), its field and what it holds instead.
+    """
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and (spec := MEDIA_OBJECTS.get(str(part.get("type")))) is not None:
+                field, shape = spec
+                if not isinstance(part.get(field), dict):
+                    got = "nothing" if part.get(field) is None else f"a {type(part[field]).__name__}"
+                    raise EventError(f"{where}[{j}] ({part['type']}): its {field} must be an object {shape}, got "
+                                     f"{got}; fix the part or leave it out")
+    return media_of(content)
+
+
+def check_media(media: str, where: str = "media") -> None:
+    """Check a message's :attr:`Message.media` given in its stored form (what :meth:`Message.to_dict`
+    writes): a JSON list of :data:`MEDIA_TYPES` parts, each as :func:`checked_media_of` requires.
+
+    Raises:
+        EventError: naming the field and what is wrong.
+    """
+    try:
+        parts = json.loads(media) if media else []
+    except ValueError as exc:
+        raise EventError(f"{where}: not JSON ({exc}); give the JSON list of the message's media parts, or leave it out") from None
+    if not isinstance(parts, list) or any(not isinstance(p, dict) or p.get("type") not in MEDIA_TYPES for p in parts):
+        raise EventError(f"{where}: must be a JSON list of media parts, each an object whose type is one of "
+                         f"{', '.join(MEDIA_TYPES)}")
+    checked_media_of(parts, where)
 
 
 @dataclass(slots=True)

@@ -10,7 +10,8 @@ input format) and call ``litellm.completion``/``litellm.acompletion`` with the r
 every other argument unchanged. :class:`HistoryGraphHook` does the same as a LiteLLM callback, for
 the three APIs LiteLLM serves (Chat Completions, Anthropic Messages, Responses): in a LiteLLM
 proxy (``litellm_settings: callbacks: your_module.hook`` in its config) and in the SDK
-(``litellm.callbacks = [hook]``), where the session id comes from the request's
+(``litellm.callbacks = [hook]``; async calls only: a synchronous ``litellm.completion`` is sent
+whole, with a warning), where the session id comes from the request's
 ``metadata.historygraph_session`` when given.
 
 Recall: LiteLLM leaves running tools to the caller, so the recall tool is a definition and a helper
@@ -21,6 +22,8 @@ to it, from the same store and session (:mod:`historygraph.render.recall`).
 
 from __future__ import annotations
 
+import warnings
+from contextvars import ContextVar
 from typing import Any
 
 import litellm
@@ -47,7 +50,11 @@ def completion(model: str, messages: list[dict[str, Any]], *, budget: int, polic
         (before anything is sent); LiteLLM's own errors unchanged.
     """
     out = render_messages(messages, budget=budget, policy=policy, session=session, store=store, signals=signals)
-    return litellm.completion(model=model, messages=out, **kwargs)
+    token = _RENDERED.set(True)  # a HistoryGraphHook also registered need not warn that it did not render this call
+    try:
+        return litellm.completion(model=model, messages=out, **kwargs)
+    finally:
+        _RENDERED.reset(token)
 
 
 async def acompletion(model: str, messages: list[dict[str, Any]], *, budget: int,
@@ -63,6 +70,14 @@ CHAT_CALLS = frozenset({"completion", "acompletion"})
 ANTHROPIC_CALLS = frozenset({"anthropic_messages", "aanthropic_messages"})
 RESPONSES_CALLS = frozenset({"responses", "aresponses"})
 SESSION_KEY = "historygraph_session"
+#: The call type of a synchronous ``litellm.completion`` (also the chat call a synchronous
+#: ``litellm.anthropic.messages.create`` is carried out by): LiteLLM runs no pre-call hook for it.
+SYNC_CALL = "completion"
+SYNC_WARNING = ("historygraph's HistoryGraphHook did not render a synchronous litellm.completion call: LiteLLM runs "
+                "no pre-call hook for synchronous calls, so the whole history was sent. Use litellm.acompletion "
+                "(async calls are rendered), or historygraph.integrations.litellm.completion, which renders before "
+                "calling litellm.completion (docs/library.md, LiteLLM). Said once per hook.")
+_RENDERED: ContextVar[bool] = ContextVar("historygraph_litellm_rendered", default=False)  # set by completion()
 
 
 class HistoryGraphHook(CustomLogger):
@@ -88,8 +103,17 @@ class HistoryGraphHook(CustomLogger):
       ``proxy_server_request``, which the proxy sets and strips from clients: the pre-call hook
       rendered that one) and a call LiteLLM made to carry out another (a Responses or Anthropic
       call bridged to a chat completion: its logging object keeps the outer call type), so no
-      request is rendered twice. LiteLLM runs no such hook for the synchronous
-      ``litellm.completion``: use :func:`completion` there.
+      request is rendered twice.
+
+    LiteLLM (as installed, 1.110) runs no pre-call hook at all for a synchronous
+    ``litellm.completion`` (nor for the chat call that carries out a synchronous
+    ``litellm.anthropic.messages.create``): such a call is sent whole. The hook sees it only in
+    LiteLLM's logging callbacks (:meth:`log_pre_api_call` before it is sent, where the provider's
+    route logs one, else :meth:`logging_hook` after) and warns once (:data:`SYNC_WARNING`, a
+    ``RuntimeWarning``); use :func:`completion` or ``litellm.acompletion`` there. Under
+    ``mock_response`` nothing is sent: an async call is rendered (and stored) as any other, a
+    synchronous one is not and warns as above; LiteLLM's ``log_pre_api_call`` callbacks are handed
+    the messages as the caller passed them, not the rendered ones, either way.
 
     Args: as :func:`completion` (``budget``, ``policy``, ``store``, ``signals``); the session id is
     ``historygraph_session`` in the request's ``metadata`` (or the proxy's ``litellm_metadata``)
@@ -105,6 +129,21 @@ class HistoryGraphHook(CustomLogger):
                  signals: Signals | None = None) -> None:
         super().__init__()
         self.budget, self.policy, self.store, self.signals = budget, policy, store, signals
+        self.warned_sync = False  # SYNC_WARNING given
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+        self._unrendered(kwargs.get("call_type") if isinstance(kwargs, dict) else None)
+
+    def logging_hook(self, kwargs: dict, result: object, call_type: str) -> tuple[dict, object]:
+        self._unrendered(call_type)  # a custom provider's route logs no pre-call: this comes after the call
+        return kwargs, result
+
+    def _unrendered(self, call_type: Any) -> None:
+        """Warn once (:data:`SYNC_WARNING`) when LiteLLM reports a synchronous chat call, which no
+        hook of this class rendered, unless :func:`completion` rendered it before the call."""
+        if str(getattr(call_type, "value", call_type)) == SYNC_CALL and not _RENDERED.get() and not self.warned_sync:
+            self.warned_sync = True
+            warnings.warn(SYNC_WARNING, RuntimeWarning, stacklevel=2)
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
         return self.rendered(data, str(getattr(call_type, "value", call_type)))

@@ -1,7 +1,9 @@
 """``historygraph mcp``: an MCP server (the official ``mcp`` SDK, ``MCPServer``) that lets an
 MCP-capable agent read the tool results stored in a session, including those a rendering omitted.
 
-Tools (``session`` defaults to the one given with ``--session``):
+Tools (``session`` defaults to the one given with ``--session``; the server is confined to that
+session, and a call naming another is a tool error, unless it was started with ``--all-sessions``,
+so that an agent a prompt injection steers cannot read the other sessions of the store):
 
 * ``results(session)``: every stored tool result: id, tool name, tokens, first line;
 * ``recall(ids, session)``: the complete stored text of those results (ids as named by the
@@ -39,20 +41,30 @@ def _first_line(text: str, width: int = 120) -> str:
     return line[:width]
 
 
-def build_server(store: Store, session: str | None = None, counter: TokenCounter | None = None) -> MCPServer:
+def build_server(store: Store, session: str | None = None, counter: TokenCounter | None = None, *,
+                 all_sessions: bool = False) -> MCPServer:
     """The MCP server over ``store``; ``session`` is the default session of every tool.
 
-    No session given, or another session than ``session`` that is not in the store, is a tool
-    error (``is_error``) saying how to list them. ``session`` itself, not stored yet, is served as
+    The tools read ``session`` only: a call naming another session is a tool error (``is_error``)
+    saying the server is confined to it, unless ``all_sessions`` is true; then a call may name any
+    session of the store, and one that is not in the store, or none where no ``session`` was given,
+    is a tool error saying how to list them. No ``session`` and not ``all_sessions`` is a
+    ``ValueError`` (there would be nothing to serve). ``session`` itself, not stored yet, is served as
     an empty one (no results; a recalled id is said to be unknown), so an agent can be started
     with ``--session`` before its first request reaches the proxy: what the proxy stores from then
     on is read on the next call.
     """
+    if session is None and not all_sessions:
+        raise ValueError("build_server needs the session to confine the server to, or all_sessions=True to let "
+                         "each call name any session of the store")
     counter = counter or TokenCounter()
     server: MCPServer = MCPServer("historygraph", instructions=INSTRUCTIONS)
 
     def graph(sid: str | None) -> Any:
         sid = sid or session
+        if sid != session and not all_sessions:
+            raise ToolError(f"this server is confined to session {session!r} and cannot read session {sid!r}: "
+                            f"omit session=..., or start it with --all-sessions to read every session of the store")
         if not sid:
             raise ToolError("no session given: pass session=... (historygraph sessions lists them)")
         if not store.has_session(sid):

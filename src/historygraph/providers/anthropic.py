@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from historygraph.history.events import EventError, Message, ToolCall, content_text, media_of
+from historygraph.history.events import EventError, Message, ToolCall, checked_media_of, content_text
 from historygraph.providers.anthropic_cache import cache_control_of, with_cache_control
 from historygraph.signals.calibration import Usage, anthropic_usage
 
@@ -142,7 +142,7 @@ def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
             tail = tuple(blocks[j + 1:]) if j == last else ()
             out.append((Message("tool", _text(b.get("content"), f"{where}.content[{j}].content"),
                                 tool_call_id=str(b["tool_use_id"]), provider_blocks=provider_blocks_of(list(tail)),
-                                media=media_of(b.get("content"))),
+                                media=checked_media_of(b.get("content"), f"{where}.content[{j}].content")),
                         Piece(b, i, tail)))
         elif j > last >= 0:
             continue  # after the turn's last result: its tail
@@ -150,8 +150,10 @@ def turn_to_canonical(turn: Any, i: int) -> list[tuple[Message, Piece]]:
             rest.append(b)
     if rest:
         extra = [b for b in rest if isinstance(b, dict) and b.get("type") not in UNCOUNTED_USER_BLOCKS]
+        # rest's media parts, checked where they are in the turn (its tool_result blocks are not media)
+        media = checked_media_of(blocks[:last + 1] if last >= 0 else blocks, f"{where}.content")
         out.append((Message("user", _text(rest, f"{where}.content"), provider_blocks=provider_blocks_of(extra),
-                            media=media_of(rest)),
+                            media=media),
                     Piece(rest, i)))
     return out
 

@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from historygraph.history.events import EventError, Message, ToolCall, content_text, media_of
+from historygraph.history.events import EventError, Message, ToolCall, checked_media_of, content_text
 from historygraph.signals.calibration import Usage
 
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
@@ -128,8 +128,9 @@ def _single(item: dict[str, Any], kind: str, where: str) -> Message:
         if not isinstance(call_id, str) or not call_id:
             raise EventError(f"{where}.call_id is missing")
         return Message("tool", _text(item.get("output"), f"{where}.output"), tool_call_id=call_id,
-                       media=media_of(item.get("output")))
-    return Message(USER_ROLES[item["role"]], _text(item.get("content"), f"{where}.content"), media=media_of(item.get("content")))
+                       media=checked_media_of(item.get("output"), f"{where}.output"))
+    return Message(USER_ROLES[item["role"]], _text(item.get("content"), f"{where}.content"),
+                   media=checked_media_of(item.get("content"), f"{where}.content"))
 
 
 def _is_single(item: Any, kind: str, where: str) -> bool:

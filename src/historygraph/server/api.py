@@ -31,23 +31,27 @@ When the server has an auth token, every route here requires ``Authorization: Be
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from typing import Annotated, Any
 from urllib.parse import unquote
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 
-from historygraph.history.events import EventError, Message
+from historygraph.history.events import EventError, Message, check_media
 from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import session_id_problem
 from historygraph.policies import PolicyError, check_production
+from historygraph.providers.jsonio import UnusableJSON, usable
 from historygraph.render.omissions import REASONS, calls
 from historygraph.store import KEPT_KEYS, AppendConflict, StoreError, StoreFullError
 from historygraph.store.base import MAX_KEY_LENGTH
 from historygraph.server.errors import ClientError
+
+log = logging.getLogger("historygraph.server")
 
 
 def _auth(request: Request) -> None:
@@ -87,8 +91,9 @@ class SessionDetail(BaseModel):
 
 
 class PinRequest(_Strict):
-    id: str | int = Field(description="The item to pin: a tool call id (its result), a message number such as "
-                                      "'#3', or a graph position.")
+    # strict: JSON true is not the position 1, nor 1.5 the position 1 (422 for both)
+    id: StrictStr | StrictInt = Field(description="The item to pin: a tool call id (its result), a message number "
+                                                  "such as '#3', or a graph position.")
 
 
 class PinsResponse(BaseModel):
@@ -237,9 +242,12 @@ def _pin(request: Request, session_id: str, item: str | int, pinned: bool) -> Pi
     _known(proxy, session_id)
     with proxy.router.lock(session_id):
         try:
+            if not pinned and (p := proxy.store.graph(session_id).position_of(item)) not in proxy.store.pins(session_id):
+                raise HTTPException(404, f"item: {item!r} (message #{p}) is not pinned in session {session_id!r}; its pins: "
+                                         f"{', '.join(pin.id for pin in _pins(proxy, session_id)) or 'none'}")
             proxy.store.pin(session_id, item, pinned)
         except KeyError as exc:
-            raise HTTPException(404, f"id: {exc.args[0]}") from None
+            raise HTTPException(404, f"{'id' if pinned else 'item'}: {exc.args[0]}") from None
         return PinsResponse(pins=_pins(proxy, session_id))
 
 
@@ -254,7 +262,7 @@ def pin_item(session_id: str, body: PinRequest, request: Request) -> PinsRespons
 @router.delete("/sessions/{session_id}/pins/{item}", response_model=PinsResponse)
 def unpin_item(session_id: str, item: str, request: Request) -> PinsResponse:
     """Unpin an item (``item``: as for pinning, percent-encoded in the path: ``#3`` as ``%233``);
-    unpinning what is not pinned changes nothing."""
+    an item that is not pinned is a 404 naming it, as is one the session does not hold."""
     return _pin(request, segment(session_id), segment(item), False)
 
 
@@ -277,10 +285,18 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
         raise HTTPException(400, f"Idempotency-Key: must be 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
     if not body.create:
         _known(proxy, session_id)
-    try:
-        batch = [Message.from_openai(m) for m in body.messages]
-    except EventError as exc:
-        raise HTTPException(400, f"messages: {exc}") from None
+    try:  # what no provider reads nor the store keeps (a lone surrogate, NaN): as the proxy refuses it
+        usable(body.messages, "messages")
+    except UnusableJSON as exc:
+        raise HTTPException(400, f"{exc}; nothing was stored") from None
+    batch = []
+    for i, m in enumerate(body.messages):
+        try:
+            if isinstance(m.get("media"), str):  # the stored form (Message.to_dict): checked as content is
+                check_media(m["media"])
+            batch.append(Message.from_openai(m))
+        except EventError as exc:
+            raise HTTPException(400, f"messages[{i}]: {exc}; nothing was stored") from None
     with proxy.router.lock(session_id):
         try:
             if not proxy.store.has_session(session_id):  # a refused append creates no session either
@@ -295,8 +311,9 @@ def append_events(session_id: str, body: AppendRequest, request: Request,
                                            expected_length=body.expected_length)
         except EventError as exc:
             raise HTTPException(400, f"messages: {exc}") from None
-        except StoreFullError as exc:
-            raise HTTPException(507, f"{exc.strerror}; nothing of this append was stored, send it again once "
+        except StoreFullError as exc:  # the store's file is named in the log, not to the client
+            log.error("store disk full: append refused", extra={"session": session_id, "error": str(exc)})
+            raise HTTPException(507, f"{exc.reason}; nothing of this append was stored, send it again once "
                                      f"there is space (GET /health reports the state)") from None
         except AppendConflict as exc:
             detail = (f"Idempotency-Key: {exc.key!r} was already used in session {session_id!r} with a different body"

@@ -76,8 +76,9 @@ def upstream_fault(url: str, status: int, what: str) -> ClientError:
 def store_full(exc: BaseException) -> ClientError:
     """The 507 for a request whose messages could not be stored because the store's disk is full
     (``exc``: the :class:`~historygraph.store.StoreFullError`). The proxy forwards nothing it has
-    not stored, so the request was not sent upstream."""
-    return ClientError(f"historygraph proxy: {getattr(exc, 'strerror', None) or exc}; the request was not forwarded and nothing of it was stored. "
+    not stored, so the request was not sent upstream. The message does not name the store's file
+    (:attr:`StoreFullError.reason`): the proxy's log does."""
+    return ClientError(f"historygraph proxy: {getattr(exc, 'reason', None) or exc}; the request was not forwarded and nothing of it was stored. "
                        f"Free space on the store's disk and send it again (GET /health reports the state)", "store", 507)
 
 

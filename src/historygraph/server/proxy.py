@@ -16,12 +16,15 @@ Per request (ContextRender Appendix D, "OpenAI-compatible proxy"; Algorithm 1 li
 
 ``X-HistoryGraph-Pin: <id>[,<id>…]`` pins items of the request's session (tool call ids, message
 numbers such as ``#3``) before step 3, for this and every later request (docs/proxy.md, "Pins");
-an id the session does not hold is a 400 naming the header, and nothing is pinned.
+an id the request's messages do not hold is a 400 naming the header, checked before step 2:
+nothing is pinned or stored.
 
 Every response carries ``X-HistoryGraph-Session`` (the session used), ``X-HistoryGraph-Omitted``
 and ``X-HistoryGraph-Omitted-Record`` (how many tool results the rendering did not show complete,
-and the session API path of the record saying which and why: :meth:`Proxy.notes`) and, for
-non-streamed answers, ``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call.
+and the session API path of the record saying which and why: :meth:`Proxy.notes`) and
+``X-HistoryGraph-Proxy-Ms``: the time spent in the proxy excluding the upstream call; for a
+streamed answer, whose headers are sent before its events, the time until the upstream request
+was sent (the relaying and the storing of the answer afterwards are not in it).
 Client errors are JSON in the API's own error shape and name the field at fault.
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +75,7 @@ log = logging.getLogger("historygraph.server")
 PIN_HEADER = "x-historygraph-pin"  # items to pin in the request's session (Proxy.pin_refs)
 OMITTED_HEADER = "x-historygraph-omitted"
 OMITTED_RECORD_HEADER = "x-historygraph-omitted-record"
+PROXY_MS_HEADER = "x-historygraph-proxy-ms"  # the proxy's own time: whole answers after, streams before the upstream's
 
 ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
 
@@ -218,15 +223,16 @@ class Proxy:
         with telemetry.render_span(session_id, budget, span) as render_span:
             rendering = self.render_or_smallest(graph, policy, budget, smallest)
             telemetry.rendered(render_span, rendering, len(graph))
+        named = rendering.policy or policy  # as the records name it: "prune-stable" when cache-stable wraps "prune"
         if "over_budget" in rendering.stats:
             self.metrics.over_budget.labels(policy).inc()
-            log.warning("over budget", extra={"session": session_id, "policy": policy, "budget": budget,
+            log.warning("over budget", extra={"session": session_id, "policy": named, "budget": budget,
                                               "history_tokens_out": rendering.history_tokens})
         if record:
             self.store.record_omitted(session_id, omission_record(rendering, len(graph)))
         seconds = time.perf_counter() - t0
         tokens_in, tokens_out = self.metrics.observe_render(policy, seconds, rendering, graph, self.signals.counter)
-        log.info("rendered", extra={"session": session_id, "policy": policy, "budget": budget,
+        log.info("rendered", extra={"session": session_id, "policy": named, "budget": budget,
                                     "history_tokens_in": tokens_in, "history_tokens_out": tokens_out,
                                     "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
         return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
@@ -282,8 +288,12 @@ class Proxy:
         request's messages are stored (:meth:`pin_refs`, :meth:`pin`)."""
         try:
             root = session_id or derived_session_id(messages)
+            if pins:  # refused before anything is stored: a client's corrected retry must not fork the session
+                check_pins(messages, pins)
         except MessageError as exc:
             raise ClientError(str(exc), f"messages[{exc.index}]") from None
+        except EventError as exc:
+            raise ClientError(f"messages: {exc}", "messages") from None
         with self.router.lock(root):  # no other request of this conversation between ingest and render
             try:
                 ingest = self.router.ingest(messages, session_id)
@@ -449,6 +459,7 @@ class Proxy:
         if upstream.status_code >= 400 or not body.get("stream"):
             return await self.answer_whole(url, upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours,
                                            getattr(request.state, telemetry.SPAN_STATE, None))
+        ours[PROXY_MS_HEADER] = f"{(t_up - started) * 1000:.2f}"  # a stream's headers go first: its time until sent
         return self.relay_stream(upstream, body, session_id, accumulator, api, sent, policy, ours,
                                  getattr(request.state, telemetry.SPAN_STATE, None))
 
@@ -488,7 +499,7 @@ class Proxy:
         headers = {k: v for k, v in response_headers(upstream.headers).items() if k.lower() != "content-encoding"}
         after = (BackgroundTask(self.prefetch, session_id, policy, answer)
                  if self.prefetches(policy) and answer is not None and answer.tool_calls else None)
-        return Response(content, upstream.status_code, {**headers, **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"},
+        return Response(content, upstream.status_code, {**headers, **ours, PROXY_MS_HEADER: f"{proxy_ms:.2f}"},
                         background=after)
 
     async def read_answer(self, url: str, upstream: httpx.Response, api: str) -> bytes:
@@ -570,6 +581,21 @@ class Proxy:
 
         after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if self.prefetches(policy) else None
         return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
+
+
+def check_pins(messages: Sequence[Message], refs: Sequence[str]) -> None:
+    """Raise :class:`ClientError` naming the ``X-HistoryGraph-Pin`` header when one of ``refs`` names
+    no item of the request's ``messages`` (a tool call id with a result in them, or a message
+    number such as ``#3``), before anything is stored. The session the request is routed to holds
+    exactly its messages (:class:`~historygraph.history.sessions.Ingest`), so what passes here is
+    found by :meth:`Proxy.pin` after storing."""
+    results = {m.tool_call_id for m in messages if m.role == "tool"}
+    for ref in refs:
+        number = re.fullmatch(r"\s*#?(\d+)\s*", ref)
+        if ref not in results and not (number and int(number.group(1)) < len(messages)):
+            raise ClientError(f"X-HistoryGraph-Pin: no item {ref!r} in the request's messages: name a tool call id "
+                              f"with a result in them, or a message number #0–#{len(messages) - 1}; nothing was stored",
+                              "X-HistoryGraph-Pin")
 
 
 def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:

@@ -41,6 +41,7 @@ from historygraph.render.recall import DESCRIPTION, PARAMETERS, TOOL_NAME, ids_o
 from historygraph.signals.calibration import anthropic_usage, openai_usage
 from historygraph.server.errors import RETRY, not_json, stream_error, upstream_fault
 from historygraph.server.answers import UNREADABLE, answer_of, unreadable
+from historygraph.server.proxy import PROXY_MS_HEADER
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_error
 
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"
@@ -239,7 +240,7 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
                   api: str) -> Response:
     """Forward ``body`` with the recall tool, answering its calls (see the module docstring)."""
     if body.get("stream"):
-        return await _stream(proxy, url, body, request, session_id, api)
+        return await _stream(proxy, url, body, request, session_id, started, api)
     headers = forward_headers(request.headers)
     ours = {"x-historygraph-session": session_id}
     rounds = proxy.config.recall_rounds
@@ -262,7 +263,7 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
         proxy.observe_usage(body, _USAGE[api](data), api=api)
         await run_in_threadpool(proxy.store_answer, session_id, rnd.answer)
     proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
-    return Response(b"".join(rnd.chunks), rnd.status, {**_plain_headers(rnd.headers), **ours, "x-historygraph-proxy-ms": f"{proxy_ms:.2f}"})
+    return Response(b"".join(rnd.chunks), rnd.status, {**_plain_headers(rnd.headers), **ours, PROXY_MS_HEADER: f"{proxy_ms:.2f}"})
 
 
 def _starts(event: Any, api: str) -> str | None:
@@ -407,17 +408,22 @@ class _Live:
                       self.acc.complete, self.cut)
 
 
-async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, api: str) -> Response:
+async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
+                  api: str) -> Response:
     """:func:`forward` of a streamed request: each round is read until it shows what it starts
     (:func:`_starts`); a round that starts with a recall call is read whole and answered before
     anything reaches the client; the first round that starts an answer is relayed as it arrives,
     and when it calls the recall tool after all, the call is answered and the next round continues
-    the same answer (:class:`_Splice`)."""
+    the same answer (:class:`_Splice`). ``X-HistoryGraph-Proxy-Ms``: the proxy's time until the
+    relayed round's request was sent, the earlier rounds' upstream time excluded."""
     headers = forward_headers(request.headers)
     ours = {"x-historygraph-session": session_id}
     rounds, current, k = proxy.config.recall_rounds, with_tool(body, api), 0
     held: list[Any] = []
+    upstream_s = 0.0  # the upstream's time in the rounds answered before the relayed one
     while True:  # the rounds before anything is relayed
+        t_up = time.perf_counter()
+        ours[PROXY_MS_HEADER] = f"{(t_up - started - upstream_s) * 1000:.2f}"
         up = await _open(proxy, url, without_tool(current, api) if k == rounds else current, headers, api)
         if up.status_code >= 400:
             content = await proxy.read_answer(url, up, api)
@@ -436,6 +442,7 @@ async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, 
         rnd = live.round()
         if fault is None and starts == "recall" and k < rounds and rnd.complete and rnd.recall_calls:
             await live.up.aclose()
+            upstream_s += time.perf_counter() - t_up
             current = _extended(current, _exchange(proxy, session_id, rnd, api), api)
             k += 1
             continue

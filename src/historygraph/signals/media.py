@@ -26,6 +26,11 @@ Sources (each estimate rounds up, so a rendering counted with them stays within 
   https://platform.openai.com/docs/guides/realtime-costs); the duration of a WAV file is read from
   its header, of anything else taken at 32 kbit/s (the lowest common MP3 bit rate, which gives the
   longest duration for its size).
+* A part none of these reads: an ``image`` or ``document`` whose ``source``, or an ``input_audio``
+  whose ``input_audio``, is not an object (no provider takes it; a request holding one is refused
+  with ``EventError`` since issue 50, but an earlier release stored such parts), and ``media`` that
+  is not a JSON list of parts: counted as their compact JSON text (:func:`malformed_tokens`), so
+  that such a session still renders and is charged at least what its text would cost.
 """
 
 from __future__ import annotations
@@ -142,11 +147,21 @@ def audio_seconds(data: bytes | None, fmt: Any) -> float:
     return len(data) / AUDIO_BYTES_PER_S
 
 
+def malformed_tokens(value: Any, count: Callable[[str], int]) -> int:
+    """Tokens of a media part (or ``media`` text) none of the estimates reads: its compact JSON
+    text, counted by ``count`` (module docstring)."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return count(text)
+
+
 def part_tokens(part: Any, count: Callable[[str], int]) -> int:
     """Tokens of one media content part (module docstring); ``count`` counts text."""
     if not isinstance(part, dict):
         return 0
     kind = part.get("type")
+    body = part.get("input_audio" if kind == "input_audio" else "source")
+    if kind in ("image", "document", "input_audio") and body is not None and not isinstance(body, dict):
+        return malformed_tokens(part, count)
     if kind == "image":
         source = part.get("source") or {}
         raw = _decoded(source.get("data")) if source.get("type") == "base64" else None
@@ -179,13 +194,25 @@ def media_tokens(media: str, count: Callable[[str], int]) -> int:
     """Tokens of :attr:`Message.media` (compact JSON of media parts): the sum of :func:`part_tokens`."""
     if not media:
         return 0
-    return sum(part_tokens(p, count) for p in json.loads(media))
+    try:
+        parts = json.loads(media)
+    except ValueError:
+        parts = None
+    if not isinstance(parts, list):
+        return malformed_tokens(media, count)
+    return sum(part_tokens(p, count) for p in parts)
 
 
 def describe(media: str) -> str:
     """What ``media`` holds, for a placeholder: ``"1 image"``, ``"2 images, 1 document"`` …"""
     kinds: dict[str, int] = {}
-    for p in json.loads(media) if media else []:
+    try:
+        parts = json.loads(media) if media else []
+    except ValueError:
+        parts = None
+    if not isinstance(parts, list):
+        return "unreadable media"
+    for p in parts:
         kind = p.get("type") if isinstance(p, dict) else None
         word = ("image" if kind in ("image", "image_url", "input_image") else "audio clip" if kind == "input_audio"
                 else "document" if kind == "document" else "file")

@@ -53,7 +53,7 @@ import numpy as np
 from historygraph.history.derived import Derived, Row
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
-from historygraph.store.full import StoreFullError, disk_full
+from historygraph.store.full import StoreFullError, described, disk_full
 
 
 _OPEN: "weakref.WeakSet[Store]" = weakref.WeakSet()  # stores not closed yet, flushed at interpreter exit
@@ -329,7 +329,7 @@ class Store(ABC):
         except Exception as exc:
             if not disk_full(exc):
                 raise
-            self.full = f"{type(exc).__name__}: {exc}"
+            self.full = described(exc)  # shown by /health: no file name
             raise StoreFullError(str(getattr(self, "path", type(self).__name__)), exc) from exc
         self.full = None
 

@@ -10,7 +10,8 @@ store raises for it.
 :meth:`~historygraph.store.base.Store.append` (and ``create_session``, ``flush``) turn any of these
 into :class:`StoreFullError` after rolling the write back, and keep the reason in
 :attr:`~historygraph.store.base.Store.full` until a later write succeeds; the proxy answers it
-with 507 and reports it in ``/health`` (docs/proxy.md, "A full disk").
+with 507 and reports it in ``/health`` (docs/proxy.md, "A full disk"), neither naming the store's
+file (:attr:`StoreFullError.reason`); the server's log does.
 """
 
 from __future__ import annotations
@@ -24,11 +25,22 @@ PG_DISK_FULL = "53100"
 
 class StoreFullError(OSError):
     """A write refused because the store's disk is full; nothing of it was written (its
-    transaction was rolled back). ``errno`` is ``ENOSPC``; the message names the store and the
-    backend's own error."""
+    transaction was rolled back). ``errno`` is ``ENOSPC``; the message names the store (``where``:
+    its file path) and the backend's own error, for the server's log; ``reason`` says the same
+    without the store's location, for a client (issue 50: the 507 named the file)."""
 
     def __init__(self, where: str, cause: BaseException) -> None:
         super().__init__(errno.ENOSPC, f"the store's disk is full ({where}): {type(cause).__name__}: {cause}")
+        self.where = where
+        self.reason = f"the store's disk is full: {described(cause)}"
+
+
+def described(exc: BaseException) -> str:
+    """``exc`` as ``"Type: message"``, without the file name an ``OSError`` carries (so a path on
+    the server is not shown to a client: the 507's message, ``/health``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def disk_full(exc: BaseException | None) -> bool:

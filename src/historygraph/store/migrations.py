@@ -10,8 +10,9 @@ back and the store is left as it was.
 * A store written before versions were recorded (no ``schema_version`` row) is at version 0: its
   tables are those of steps 1 and 2, which are written ``CREATE … IF NOT EXISTS`` so that they
   apply to it unchanged. Every later step runs exactly once per store and may alter tables.
-* A database that is not a historygraph store (tables of another program and none of ours, or a
-  file that is not a database) is refused with :class:`ForeignDatabaseError` before anything is
+* A database that is not a historygraph store (tables of another program and none of ours, tables
+  named ``sessions`` and ``events`` without our columns, :data:`OWN_COLUMNS`, or a file that is
+  not a database) is refused with :class:`ForeignDatabaseError` before anything is
   written to it (SQLite: before the switch to WAL, which would change the file).
 * A store at a version newer than this historygraph knows (written by a later release) is refused
   with :class:`SchemaVersionError` rather than used, so an older release never writes rows a newer
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+OWN_COLUMNS = {"sessions": ("id", "created", "meta"), "events": ("session_id", "position", "data")}
+"""Columns of migration 1's ``sessions`` and ``events`` (both backends), which a database holding
+tables of these names must have to be taken for a historygraph store (:func:`refuse_foreign_columns`)."""
 
 
 class SchemaVersionError(RuntimeError):
@@ -49,6 +53,19 @@ class Migration:
 
     def statements(self) -> list[str]:
         return [s.strip() for s in self.sql.split(";") if s.strip()]
+
+
+def refuse_foreign_columns(found: dict[str, list[str]], where: str) -> None:
+    """Raise :class:`ForeignDatabaseError` when tables named ``sessions`` and ``events`` (``found``:
+    each one's columns) lack :data:`OWN_COLUMNS`: another program's tables of the same names, which
+    historygraph must not add its own tables to (issue 50: every request then failed with 500)."""
+    if all(set(cols) <= set(found.get(t, ())) for t, cols in OWN_COLUMNS.items()):
+        return
+    theirs = ", ".join(f"{t}({', '.join(found.get(t, ()))})" for t in OWN_COLUMNS)
+    ours = ", ".join(f"{t}({', '.join(cols)})" for t, cols in OWN_COLUMNS.items())
+    raise ForeignDatabaseError(f"{where} is not a historygraph store: its tables {theirs} are not historygraph's {ours} "
+                               f"(another program's tables of the same names); give --store (or HISTORYGRAPH_DB) a new "
+                               f"file or database, or an existing historygraph store; it was left as it was")
 
 
 def check(migrations: Sequence[Migration]) -> int:

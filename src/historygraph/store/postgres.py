@@ -34,7 +34,7 @@ import numpy as np
 from historygraph.history.derived import Row, loads
 from historygraph.history.events import Message
 from historygraph.store.base import SessionInfo, Store
-from historygraph.store.migrations import VERSION_TABLE, Migration, pending
+from historygraph.store.migrations import VERSION_TABLE, Migration, pending, refuse_foreign_columns
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, seq BIGSERIAL, created DOUBLE PRECISION NOT NULL, meta TEXT NOT NULL);
@@ -104,6 +104,13 @@ class PostgresStore(Store):
         db = self._db
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(7243)")  # concurrent first starts migrate once
+            found: dict[str, list[str]] = {}
+            for table, column in db.execute("SELECT table_name, column_name FROM information_schema.columns WHERE "
+                                            "table_schema = current_schema() AND table_name IN ('sessions', 'events') "
+                                            "ORDER BY table_name, ordinal_position"):
+                found.setdefault(table, []).append(column)
+            if len(found) == 2:  # ours, or another program's tables of those names: refused, nothing written
+                refuse_foreign_columns(found, self.path)
             db.execute(VERSION_TABLE)
             row = db.execute("SELECT version FROM schema_version").fetchone()
             current = row[0] if row else 0

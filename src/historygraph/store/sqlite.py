@@ -40,7 +40,8 @@ import platformdirs
 from historygraph.history.derived import Row, loads
 from historygraph.history.events import Message
 from historygraph.store.base import SessionInfo, StaleGraph, Store
-from historygraph.store.migrations import VERSION_TABLE, ForeignDatabaseError, Migration, pending
+from historygraph.store.migrations import (OWN_COLUMNS, VERSION_TABLE, ForeignDatabaseError, Migration, pending,
+                                           refuse_foreign_columns)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, created REAL NOT NULL, meta TEXT NOT NULL);
@@ -126,7 +127,8 @@ class SQLiteStore(Store):
 
     def _refuse_foreign(self) -> None:
         """Raise before anything is written when the file is not a historygraph store: another
-        program's database (tables, none of ours), a newer schema, or not a database at all."""
+        program's database (tables, none of ours; or tables named ``sessions`` and ``events``
+        without our columns), a newer schema, or not a database at all."""
         try:
             tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = self._db.execute("SELECT version FROM schema_version").fetchone() if "schema_version" in tables else None
@@ -138,6 +140,10 @@ class SQLiteStore(Store):
             raise ForeignDatabaseError(f"{self.path} is another program's SQLite database (tables: {shown}): historygraph keeps "
                                        f"its sessions in a file of its own, so give --store (or HISTORYGRAPH_DB) a new file; "
                                        f"the file was left as it was")
+        if {"sessions", "events"} <= tables:
+            # ours (any version), or another program's tables of those names
+            refuse_foreign_columns({t: [r[1] for r in self._db.execute(f"PRAGMA table_info({t})")] for t in OWN_COLUMNS},
+                                   str(self.path))
         if version is not None:
             pending(MIGRATIONS, version[0], str(self.path))  # a newer schema: SchemaVersionError, nothing written
 

@@ -170,7 +170,8 @@ def decode_line(line: str) -> list[Any]:
     """The JSON values on one line, in order: usually one, but a writer that lost a newline leaves
     two objects back to back (seen in a real Claude Code log), and both are kept. Raises
     ``json.JSONDecodeError`` for text that is not a sequence of JSON values."""
-    out, i, n = [], 0, len(line)
+    out: list[Any] = []
+    i, n = 0, len(line)
     while True:
         while i < n and line[i].isspace():
             i += 1
