@@ -120,6 +120,10 @@ def test_only_a_lone_recall_command_is_answered(tmp_path):
     assert env.execute({"command": "ls"})["output"] == "ran ls"
     assert env.execute({"command": "historygraph recall c1"})["output"] == "[historygraph_recall: nothing of this conversation is stored yet]\n"
     assert env.execute({"command": "historygraph recall"})["returncode"] == 2
+    # chained with another command: not sent to the shell (where it would be 'historygraph: not found', 127)
+    chained = env.execute({"command": "historygraph recall call_0 && ls"})
+    assert chained["returncode"] == 2 and "command of its own" in chained["output"]
+    assert env.execute({"command": "echo historygraph recall c1"})["output"] == "ran echo historygraph recall c1"
 
 
 MODEL_CLASS = "historygraph.integrations.mini_swe_agent.HistoryGraphModel"

@@ -58,6 +58,9 @@ RECALL_HINT = ("An output shown as '[tool result ID omitted from this context ..
                "`historygraph recall ID` to see it again (several ids at once; for '[omitted: messages #A–#B ...]' "
                "run `historygraph recall A-B`). Run it as a command of its own.")
 RECALL_USAGE = "usage: historygraph recall ID [ID ...]: the ids the placeholders name, or a message span A-B (no '#')"
+RECALL_ALONE = ("historygraph recall was not run: it must be a command of its own, without &&, ;, |, redirections or "
+                "other lines (it is answered from the stored conversation, not by the shell). Run `historygraph recall "
+                "ID ...` alone, then the rest as its own command.")
 
 
 class HistoryGraphModel:
@@ -144,7 +147,9 @@ class HistoryGraphEnvironment:
     An action whose ``command`` is exactly ``historygraph recall`` followed by one or more ids
     (split as a POSIX shell would; no ``&&``, ``;``, ``|`` or redirection) is not run: its output
     is the complete stored results those ids name (each cut to ``max_tokens`` tokens, marked; an
-    unknown id is said so), read from ``model``'s store (the process's default in-memory store when
+    unknown id is said so; a recall chained with other commands, ``historygraph recall ID && ls``,
+    is answered with :data:`RECALL_ALONE` and status 2, not sent to a shell that has no such
+    program), read from ``model``'s store (the process's default in-memory store when
     it has only a ``session``) in its ``session``, else in the session of its latest query, with
     returncode 0. Every other action, and everything else (``get_template_vars``, ``serialize``,
     ``config``, …), is the wrapped environment's.
@@ -165,7 +170,10 @@ class HistoryGraphEnvironment:
         self.store = model.store if model.store is not None else default_store()  # where render_messages stores it
 
     def execute(self, action: dict, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        ids = recall_ids(str(action.get("command", "")))
+        command = str(action.get("command", ""))
+        ids = recall_ids(command)
+        if ids is None and starts_with_recall(command):  # chained with other commands: the shell has no such program
+            return {"output": RECALL_ALONE + "\n", "returncode": 2, "exception_info": ""}
         if ids is None:
             return self.env.execute(action, *args, **kwargs)
         if not ids:
@@ -176,6 +184,11 @@ class HistoryGraphEnvironment:
 
     def __getattr__(self, name: str) -> Any:  # config, get_template_vars, serialize, …
         return getattr(self.__dict__["env"], name)
+
+
+def starts_with_recall(command: str) -> bool:
+    """Whether ``command``'s first two words are ``historygraph recall`` (whatever follows)."""
+    return tuple(command.split()[:2]) == RECALL_COMMAND
 
 
 def recall_ids(command: str) -> list[str] | None:
