@@ -246,3 +246,32 @@ def test_results_the_wrapped_policy_finds_likely_are_appended_most_probable_firs
 def test_predicted_tail_is_checked():
     with pytest.raises(ValueError, match="predicted_tail must be in"):
         CacheStableConfig(predicted_tail=1.5)
+
+
+def test_a_budget_that_moves_by_a_few_tokens_keeps_appending():
+    """The proxy's calibration moves B by a few tokens at every call: the rendering keeps appending
+    (each request a prefix of the next) as it does at a fixed B; a move of more than a tenth re-selects."""
+    sig = Signals()
+    msgs = _steps(12, 30)
+    kinds = {}
+    for name, budgets in (("fixed", [1000] * 12), ("jitter", [1000, 1004, 996, 1003, 998, 1001, 997, 1005, 999, 1002, 995, 1000])):
+        policy = create("prune-stable", low_mark=0.6)
+        g = ContextGraph("s")
+        g.extend(msgs[:2])
+        kinds[name] = []
+        for i in range(12):
+            g.extend(msgs[2 + 2 * i: 4 + 2 * i])
+            r = policy.render(g, budgets[i], sig)
+            check_invariants(r, g, sig.counter)
+            assert r.history_tokens <= budgets[i]
+            kinds[name].append(r.stats["cache_stable"])
+    # (before, the wrapper's state was keyed by B: every move re-selected, 12 of 12 calls)
+    assert kinds["jitter"].count("reselected") <= kinds["fixed"].count("reselected") <= 4
+    policy = create("prune-stable", low_mark=0.6)
+    g = ContextGraph("s")
+    g.extend(msgs[:4])
+    policy.render(g, 1000, sig)
+    g.extend(msgs[4:6])
+    assert policy.render(g, 1000, sig).stats["cache_stable"] == "appended"
+    g.extend(msgs[6:8])
+    assert policy.render(g, 1500, sig).stats["cache_stable"] == "reselected"  # B raised by half: re-select at it
