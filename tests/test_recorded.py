@@ -62,8 +62,11 @@ def test_recorded_row_recall_tokens_and_bill_by_hand() -> None:
     c = sig.counter
     summary = Message("user", "Summary: reading a.go and b.go")
     m = t.messages
-    assert rec.history_tokens == [c.count_messages(m[:1]), c.count_messages(m[:3]), c.count_messages([summary, m[5]]),
-                                  c.count_messages([summary, m[5], m[6], m[7]])]
+    # history tokens as a rendering counts them: without the current (latest) user message
+    assert rec.history_tokens == [0, c.count_messages(m[1:3]), c.count_messages([summary]),
+                                  c.count_messages([summary, m[6], m[7]])]
+    assert rec.input_tokens == [c.count_messages(m[:1]), c.count_messages(m[:3]), c.count_messages([summary, m[5]]),
+                                c.count_messages([summary, m[5], m[6], m[7]])]
     # Anthropic-style prices (USD per million): input 3, 5-minute write 3.75, 1-hour write 2 x 3 = 6, read 0.3, output 15
     paid = (40 * 3 + 3500 * 0.3 + (2000 + 100 + 500 + 100) * 3.75 + 1000 * 6 + 180 * 15) / 1e6
     assert home_price_model(t) == "anthropic-style"
@@ -137,3 +140,19 @@ def test_equal_cost_interpolates_the_budget_where_the_bill_meets_the_recorded_on
     assert (got["cheap"].budget, got["cheap"].side, got["cheap"].recall) == (None, "below", 30.0)
     assert "B ≈ 48,000 tokens" in got["learned-stable"].line([16000, 32000, 64000])
     assert equal_cost([r for r in rows if r["policy"] != RECORDED]) == []
+
+
+def test_the_recommendation_for_session_logs_is_against_the_agents_own_bill() -> None:
+    from historygraph.eval.sessions_view import recommend_vs_own
+
+    def row(policy, budget, ratio, recall):
+        return {"source": "ALL", "policy": policy, "budget": budget, "bill_vs_recorded_simulated": ratio, "recall": recall}
+
+    rows = [row(RECORDED, b, 1.0, 70.0) for b in (16000, 32000)] + [row("full", b, 1.3, 100.0) for b in (16000, 32000)]
+    rows += [row("oracle", b, 0.5, 99.0) for b in (16000, 32000)]
+    rows += [row("learned-stable", 16000, 0.9, 60.0), row("learned-stable", 32000, 1.1, 80.0)]
+    rows += [row("prune", 16000, 0.95, 20.0), row("prune", 32000, 1.5, 30.0)]
+    picks = {p.budget: p for p in recommend_vs_own(rows)}
+    # full and the bound are never picked; at 32k nothing costs no more than the agent's own
+    assert (picks[16000].policy, picks[16000].recall, picks[16000].ratio) == ("learned-stable", 60.0, 0.9)
+    assert picks[32000].policy is None and "no policy costs less" in picks[32000].line()

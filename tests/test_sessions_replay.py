@@ -58,10 +58,12 @@ def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path
     assert all(r["recorded_bill_usd"] > 0 and r["bill_vs_recorded"] > 0 for r in rows)
     projects = {r["project"] for r in data["per_project"]}
     assert projects == {"EntityProcess/agentv", "ALL"}
-    # the report opens with the user's own sessions, then the recommendation
+    # the report opens with the user's own sessions and recommends against the agent's own context
+    # management, not against Full history (which the agent never paid for)
     assert runner.invoke(app, ["report", str(out)]).exit_code == 0
     md = (out / "report.md").read_text()
-    assert md.index("## Your sessions") < md.index("## Recommended policy")
+    assert md.index("## Your sessions") < md.index("Recommended instead of your agent's own context management")
+    assert "## Recommended policy" not in md
     assert "| EntityProcess/agentv | 1 | 11 |" in md  # one session of 11 model calls
 
 

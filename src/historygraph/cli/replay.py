@@ -26,7 +26,7 @@ from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import one_line, recommend
-from historygraph.eval.sessions_view import default_policy, equal_cost, project_table
+from historygraph.eval.sessions_view import default_policy, equal_cost, project_table, recommend_vs_own
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -292,7 +292,8 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
     _print_cache_check(cache_checks(results))
-    recs = recommend(per_source_rows, shown)
+    sessions_only = all(r.get("recorded_price_model") for r in per_trace_rows)  # every trace a session log: compared with the agent's own above
+    recs = [] if sessions_only else recommend(per_source_rows, shown)
     if recs:
         console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",
                       markup=False, highlight=False, soft_wrap=True)
@@ -324,20 +325,28 @@ def _print_projects(rows: list[dict], per_source: list[dict], budgets: list[int]
         return
     policy = default_policy(names)
     head, body = project_table(rows, budgets, policy)
-    t = Table(title=f"Your sessions: what you paid, what your agent's compactions kept, and {policy} at each budget", header_style="bold",
+    what = f"{policy} at B = {budgets[0]}" if len(budgets) == 1 else f"{policy} at each budget"
+    t = Table(title=f"Your sessions: what you paid, what your agent's compactions kept, and {what}", header_style="bold",
               caption="paid: the recorded usage priced by the recorded model's price model (Claude: anthropic-style, GPT: openai-style; "
                       "--prices FILE for your model's prices); kept: Later-Used Result Recall of what the agent itself sent (after its "
-                      f"compactions); {policy} B: its recall % and its simulated bill with the prompt cache ÷ paid (system prompt and tools "
-                      "estimated from the first call); every policy below")
+                      "compactions); check: the agent's own requests through the simulated prompt cache ÷ paid (the simulation's own "
+                      f"error: tokenizer, system prompt estimated from the first call); {policy} B: its recall % and its bill ÷ the "
+                      "agent's own, both simulated (like for like); every policy below (docs/evaluator.md, Real sessions)")
     for h in head:
-        t.add_column(h.replace(" recall %", "\nrecall %").replace(" ÷ ", " ÷\n"), justify="left" if h == "project" else "right", no_wrap=True)
+        t.add_column(h.replace(" recall %", "\nrecall %").replace(" ÷ ", " ÷\n").replace("check: ", "check:\n"),
+                     justify="left" if h == "project" else "right", no_wrap=True)
     for cells in body:
         t.add_row(*cells)
     Console(width=max(console.width, _width(t)), force_terminal=console.is_terminal).print(t)
+    picks = recommend_vs_own(per_source)
+    if picks:
+        console.print("recommended instead of your agent's own context management (the most recall for no more than its bill, "
+                      "like for like):", markup=False, highlight=False, soft_wrap=True)
+        for pick in picks:
+            console.print("  " + pick.line(), markup=False, highlight=False, soft_wrap=True)
     lines = equal_cost(per_source)
     if lines:
-        console.print("at the recorded bill (like for like: both bills simulated; docs/evaluator.md, Real sessions):",
-                      markup=False, highlight=False, soft_wrap=True)
+        console.print("each policy at the agent's own bill (like for like):", markup=False, highlight=False, soft_wrap=True)
         for e in lines:
             console.print("  " + e.line(budgets), markup=False, highlight=False, soft_wrap=True)
 

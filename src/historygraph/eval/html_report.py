@@ -32,7 +32,7 @@ from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.report import recall_by_age_title, trace_set
-from historygraph.eval.sessions_view import default_policy, equal_cost, project_table
+from historygraph.eval.sessions_view import default_policy, equal_cost, project_table, recommend_vs_own
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
@@ -154,6 +154,8 @@ def _fmt(v: Any, key: str = "") -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
+        if key.startswith("bill_vs_recorded"):
+            return f"{v:.2f}"
         return f"{v:.3f}" if key.startswith(("norm_cost", "cost_cache_")) and not key.startswith("cost_cache_usd_") else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
     return str(v)
 
@@ -294,7 +296,15 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
             "), Full history = 1 (ratio of mean costs over the traces whose Full history exceeds B). "
             "Cost (Full ρ / own ρ): ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in unit_prices.items()) +
             " USD per million tokens, normalised as the ratio of mean costs over the traces whose Full history exceeds B "
-            "(Full history = 1); 'Full ρ' prices every policy with Full history's cache fraction (C.2), 'own ρ' with its own prefix reuse.")
+            "(Full history = 1); 'Full ρ' prices every policy with Full history's cache fraction (C.2), 'own ρ' with its own prefix reuse. "
+            "Last 5 shown: how many of the agent's 5 newest assistant messages the rendering shows with their text and tool calls "
+            "(median, worst call).")
+    if any(r.get("bill_vs_recorded") is not None for r in summary):
+        note += (" Session logs: 'bill ÷ recorded' is the row's simulated bill with the recorded model's prompt cache over what the "
+                 "recorded calls were billed; '(simulated)' over the recorded row's own simulated bill (like for like: the simulation's "
+                 "error cancels). The recorded row is what the agent itself sent after its own compactions; its cost columns "
+                 "(Full history = 1) cover only the sessions whose Full history exceeds B, so they change with B although its "
+                 "requests do not.")
     cmd = run.meta.get("command", "")
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>historygraph replay report</title>"
              f"<style>{STYLE}</style></head><body>",
@@ -305,18 +315,24 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     if run.per_project:  # session logs: the user's own sessions come first
         policy = default_policy(run.policies)
         head, prows = project_table(run.per_project, run.budgets, policy)
+        picks = [x.line() for x in recommend_vs_own(run.per_source)]
         lines = [e.line(run.budgets) for e in equal_cost(run.per_source)]
         intro = (f"What the recorded calls cost (paid: their recorded usage priced by the recorded model's price model), how much "
-                 f"of what the agent later reused its own compactions kept (kept %), and {policy}'s recall and simulated bill ÷ paid "
+                 f"of what the agent later reused its own compactions kept (kept %), the simulation's check on the agent's own "
+                 f"requests (simulated ÷ paid), and {policy}'s recall and bill ÷ the agent's own (both simulated, like for like) "
                  f"at each budget (docs/evaluator.md, Real sessions).")
-        parts.append(f"<h2>Your sessions</h2><p class=note>{html.escape(intro)}</p>" + _text_table(head, prows)
-                     + ("<h3>At the recorded bill</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>" if lines else ""))
+        parts.append(f"<h2>Your sessions</h2><p class=note>{html.escape(intro)}</p>" + _text_table(head, prows))
         md += ["## Your sessions", "", intro, "", "| " + " | ".join(head) + " |",
                "|" + "|".join("---" if h == "project" else "---:" for h in head) + "|"]
         md += ["| " + " | ".join(r) + " |" for r in prows] + [""]
-        if lines:
-            md += ["At the recorded bill (like for like: both bills simulated):", ""] + [f"- {x}" for x in lines] + [""]
-    recs = recommend(run.per_source, run.price_models)
+        for title, items in (("Recommended instead of your agent's own context management", picks),
+                             ("Each policy at the agent's own bill", lines)):
+            if items:
+                sub = title + " (like for like: both bills simulated)"
+                parts.append(f"<h3>{html.escape(sub)}</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>")
+                md += [sub + ":", ""] + [f"- {x}" for x in items] + [""]
+    sessions_only = bool(run.per_trace) and all(r.get("recorded_price_model") for r in run.per_trace)
+    recs = [] if sessions_only else recommend(run.per_source, run.price_models)  # session logs: against the agent's own, above
     if recs:  # the first screen: which policy to use, and how that was chosen
         rec_head, rec_rows = table_rows(recs)
         parts.append(f"<h2>Recommended policy</h2><p class=note>{html.escape(explanation())}</p>" + _text_table(rec_head, rec_rows))

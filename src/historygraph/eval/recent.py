@@ -59,7 +59,7 @@ class RecentCounts:
         out: dict[str, Any] = {}
         for k in KS:
             v = self.shown[k]
-            out[f"recent{k}_median"] = statistics.median(v) if v else None
+            out[f"recent{k}_median"] = float(statistics.median(v)) if v else None
             out[f"recent{k}_min"] = min(v) if v else None
         return out
 

@@ -50,15 +50,22 @@ def has_recorded(trace: Trace) -> bool:
     return isinstance(trace.meta.get("usage"), list) and bool(trace.meta["usage"])
 
 
+WORKTREE_DIRS = (".worktrees", "worktrees", ".claude-worktrees")  # folders agents and tools keep git worktrees in
+
+
 def project_of(trace: Trace) -> str:
     """The project a session log belongs to: the folder the agent ran in (``meta["cwd"]``, its last
-    two path parts), else the folder of the file (``~/.claude/projects/<project>/``); ``""`` for a
+    two path parts; a worktree under a :data:`WORKTREE_DIRS` folder counts as its project), else the folder of the file (``~/.claude/projects/<project>/``); ``""`` for a
     research trace (no recorded usage)."""
     if not has_recorded(trace):
         return ""
     cwd = str(trace.meta.get("cwd") or "").rstrip("/\\")
     if cwd:
         parts = cwd.replace("\\", "/").split("/")
+        for k, part in enumerate(parts):  # a git worktree of the project (…/repo/.worktrees/3) is the project
+            if part in WORKTREE_DIRS and k > 0:
+                parts = parts[:k]
+                break
         return "/".join(parts[-2:])
     return Path(trace.path).parent.name
 

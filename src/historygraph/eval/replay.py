@@ -200,6 +200,14 @@ def tool_schema_tokens(trace: Trace, counter: TokenCounter) -> int:
     return fixed_tokens(trace, counter) if has_recorded(trace) else 0
 
 
+def outside_budget(messages: Sequence, counter: TokenCounter) -> int:
+    """Tokens of what B does not cover in ``messages`` (ContextRender A.4): the system messages and the
+    current (latest) user message, so that the ``recorded`` row's history tokens are counted as a
+    rendering's are."""
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    return sum(counter.count_message(m) for i, m in enumerate(messages) if m.role == "system" or (users and i == users[-1]))
+
+
 def _score(st: PolicyStats, events: Sequence, visible: set[int], seen_tokens: set[str]) -> None:
     """Score the B.4 reuse events of one call against the results shown complete (``visible``)."""
     for e in events:
@@ -331,7 +339,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                 sent, span = rec.at(j)
                 st = stats[RECORDED]
                 tokens = counter.count_messages(sent)
-                st.history_tokens.append(tokens)
+                st.history_tokens.append(tokens - outside_budget(sent, counter))
                 st.input_tokens.append(tokens)
                 st.prompt_tokens += tokens + fixed
                 st.output_tokens += out_tokens

@@ -224,16 +224,20 @@ def project_rows(per_trace: list[dict[str, Any]], results: list[TraceResult]) ->
     """Per budget, project of session logs (:func:`.recorded.project_of`; and ``ALL``) and row (every
     policy and ``recorded``): sessions, model calls, reuse events, recall (%), what the recorded calls
     were billed (``paid_usd``, Σ over the sessions, the recorded model's price model), the row's
-    simulated bill with that model's cache (``bill_usd``) and their ratio (``bill_vs_recorded``).
+    simulated bill with that model's cache (``bill_usd``) and their ratio (``bill_vs_recorded``), and
+    like for like, over the ``recorded`` row's simulated bill (``bill_vs_recorded_simulated``).
     Needs :func:`add_recorded_bills` on ``per_trace`` first; ``[]`` without session logs."""
     project: dict[tuple[Any, Any], str] = {(r.budget, r.session_id): r.project for r in results if r.project}
+    own = {(r.get("budget"), r.get("session")): r.get(f"cost_cache_usd_{r.get('recorded_price_model')}")
+           for r in per_trace if r["policy"] == RECORDED}
     sums: dict[tuple, dict[str, Any]] = {}
     for r in per_trace:
         p = project.get((r.get("budget"), r.get("session")))
         if p is None:
             continue
         for key in ((r.get("budget"), p, r["policy"]), (r.get("budget"), "ALL", r["policy"])):
-            s = sums.setdefault(key, {"sessions": 0, "calls": 0, "events": 0, "hits": 0.0, "paid": 0.0, "bill": 0.0, "priced": 0.0})
+            s = sums.setdefault(key, {"sessions": 0, "calls": 0, "events": 0, "hits": 0.0, "paid": 0.0, "bill": 0.0, "priced": 0.0,
+                                      "own": 0.0})
             s["sessions"] += 1
             s["calls"] += r.get("invocations") or 0
             s["events"] += r.get("events") or 0
@@ -242,15 +246,18 @@ def project_rows(per_trace: list[dict[str, Any]], results: list[TraceResult]) ->
             s["paid"] += paid
             home = r.get("recorded_price_model")
             cost = r.get(f"cost_cache_usd_{home}") if home else None
-            if cost is not None and paid:
+            sim = own.get((r.get("budget"), r.get("session")))
+            if cost is not None and paid and sim:
                 s["bill"] += cost
                 s["priced"] += paid
+                s["own"] += sim
     rows = []
     for (budget, proj, policy), s in sorted(sums.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] == "ALL", kv[0][1])):
         rows.append({"budget": budget, "project": proj, "policy": policy, "sessions": s["sessions"], "calls": s["calls"],
                      "events": s["events"], "recall": _pct(round(s["hits"]), s["events"]), "paid_usd": round(s["paid"], 4),
                      "bill_usd": round(s["bill"], 4) if s["priced"] else None,
-                     "bill_vs_recorded": round(s["bill"] / s["priced"], 4) if s["priced"] else None})
+                     "bill_vs_recorded": round(s["bill"] / s["priced"], 4) if s["priced"] else None,
+                     "bill_vs_recorded_simulated": round(s["bill"] / s["own"], 4) if s["own"] else None})
     return rows
 
 
@@ -268,7 +275,7 @@ def cache_checks(results: list[TraceResult]) -> dict[str, dict[str, Any]]:
             calls["ALL"] += res.cache_calls
     if len(calls) == 2:  # one source: ALL repeats it
         calls.pop("ALL")
-    return {k: cache_check(v) for k, v in calls.items()}
+    return {k: cache_check(v) for k, v in sorted(calls.items(), key=lambda kv: (kv[0] == "ALL", kv[0]))}
 
 
 def _round(v: float | None, digits: int) -> float | None:

@@ -6,6 +6,8 @@ summary and ``historygraph report``:
 * :func:`project_table`: per project and overall, what the recorded calls cost, how much of what
   the agent later reused its own compactions kept (the ``recorded`` row's recall), and what the
   default policy keeps and costs at each budget;
+* :func:`recommend_vs_own`: per budget, the policy with the most recall that costs no more than the
+  agent's own context management (the same like-for-like ratio);
 * :func:`equal_cost`: each policy at the budget where its bill equals what the agent's own context
   management cost, and the recall it has there, beside the ``recorded`` row's. The budget is
   interpolated linearly between the replayed budgets on the like-for-like ratio
@@ -23,6 +25,7 @@ from historygraph.eval.recorded import RECORDED
 
 DEFAULT_POLICY = "learned-stable"  # the default of the proxy and the library (docs/proxy.md)
 RATIO = "bill_vs_recorded_simulated"
+NOT_DEPLOYABLE = (RECORDED, "full", "oracle")  # not a choice: the reference, the whole history, the bound reading the future
 
 
 def default_policy(policies: list[str]) -> str:
@@ -32,20 +35,24 @@ def default_policy(policies: list[str]) -> str:
 
 
 def project_table(rows: list[dict[str, Any]], budgets: list[int], policy: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-project view from ``per_project`` rows (:func:`.report.project_rows`)."""
+    """Header and rows of the per-project view from ``per_project`` rows (:func:`.report.project_rows`):
+    per project, sessions, calls, what was paid, the recall the agent's own compactions kept, the
+    simulation's check on the agent's own requests (simulated ÷ paid), and at each budget the
+    policy's recall and its bill like for like (÷ the agent's own, both simulated)."""
     at = {(r["budget"], r["project"], r["policy"]): r for r in rows}
-    head = ["project", "sessions", "calls", "paid USD", "kept %"]
+    head = ["project", "sessions", "calls", "paid USD", "kept %", "check: simulated ÷ paid"]
     for b in budgets:
-        head += [f"{policy} B={_k(b)} recall %", "bill ÷ paid"]
+        head += [f"{policy} B={_k(b)} recall %", "bill ÷ own"]
     out = []
     for p in dict.fromkeys(r["project"] for r in rows):
         rec = at.get((budgets[0], p, RECORDED))
         if rec is None:
             continue
-        cells = [p, str(rec["sessions"]), str(rec["calls"]), f"{rec['paid_usd']:.2f}", _num(rec["recall"])]
+        cells = [p, str(rec["sessions"]), str(rec["calls"]), f"{rec['paid_usd']:.2f}", _num(rec["recall"]),
+                 _num(rec.get("bill_vs_recorded"), 2)]
         for b in budgets:
             r = at.get((b, p, policy), {})
-            cells += [_num(r.get("recall")), _num(r.get("bill_vs_recorded"), 2)]
+            cells += [_num(r.get("recall")), _num(r.get(RATIO), 2)]
         out.append(cells)
     return head, out
 
@@ -62,15 +69,16 @@ class EqualCost:
     recall: float | None
     recorded_recall: float | None
     side: str = ""  # "below" / "above" when no replayed budget brackets the recorded bill
+    ratio: float | None = None  # with a side: the bill ÷ the agent's own at the edge budget
 
     def line(self, budgets: list[int]) -> str:
         rec = f"the agent's own compaction keeps {_num(self.recorded_recall)} %"
         if self.budget is not None:
             return f"{self.policy}: at B ≈ {self.budget:,} tokens it costs what the agent's own context management cost and keeps {_num(self.recall)} % ({rec})"
         edge = budgets[-1] if self.side == "below" else budgets[0]
-        word = "less" if self.side == "below" else "more"
-        return (f"{self.policy}: costs {word} than the agent's own context management at every budget replayed; at B = {edge:,} "
-                f"it keeps {_num(self.recall)} % ({rec})")
+        where = "even at the largest budget replayed" if self.side == "below" else "even at the smallest budget replayed"
+        return (f"{self.policy}: {_num(self.ratio, 2)}× the agent's own bill {where}, B = {edge:,}, where it keeps "
+                f"{_num(self.recall)} % ({rec})")
 
 
 def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[EqualCost]:
@@ -81,7 +89,7 @@ def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[Eq
     if rec is None:
         return []
     out = []
-    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] not in (RECORDED, "full", "oracle")):
+    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] not in NOT_DEPLOYABLE):
         pts = sorted((r["budget"], r[RATIO], r.get("recall")) for r in rows if r["policy"] == policy)
         found = None
         for (b0, c0, r0), (b1, c1, r1) in zip(pts, pts[1:]):
@@ -92,9 +100,45 @@ def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[Eq
                 break
         if found is None:
             below = all(c < 1.0 for _, c, _ in pts)
-            b, _, r = pts[-1] if below else pts[0]
-            found = EqualCost(source, policy, None, r, rec.get("recall"), "below" if below else "above")
+            b, c, r = pts[-1] if below else pts[0]
+            found = EqualCost(source, policy, None, r, rec.get("recall"), "below" if below else "above", c)
         out.append(found)
+    return out
+
+
+@dataclass(frozen=True)
+class OwnPick:
+    """What to use at ``budget`` instead of the agent's own context management: the policy with the
+    most recall whose bill (like for like) is at most the agent's own (``None`` when none is)."""
+
+    budget: int
+    policy: str | None
+    recall: float | None
+    ratio: float | None
+    recorded_recall: float | None
+
+    def line(self) -> str:
+        rec = f"the agent's own compaction: {_num(self.recorded_recall)} %"
+        if self.policy is None:
+            return f"B = {self.budget:,}: no policy costs less than the agent's own context management ({rec})"
+        return (f"B = {self.budget:,}: {self.policy} (recall {_num(self.recall)} %, {_num(self.ratio, 2)}× the agent's own bill; "
+                f"{rec})")
+
+
+def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> list[OwnPick]:
+    """Per budget, the policy to use instead of the agent's own context management (:class:`OwnPick`),
+    among those whose like-for-like bill is at most 1 (``[]`` without a ``recorded`` row)."""
+    rows = [r for r in per_source if r.get("source") == source and r.get("budget")]
+    out = []
+    for b in sorted({r["budget"] for r in rows}):
+        at = [r for r in rows if r["budget"] == b]
+        rec = next((r for r in at if r["policy"] == RECORDED), None)
+        if rec is None:
+            continue
+        ok = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] <= 1.0]
+        best = max(ok, key=lambda r: (r.get("recall") or 0.0, -r[RATIO]), default=None)
+        out.append(OwnPick(b, best["policy"] if best else None, best.get("recall") if best else None,
+                           best[RATIO] if best else None, rec.get("recall")))
     return out
 
 
