@@ -57,10 +57,16 @@ def _did_you_mean(name: str, ids: list[str]) -> str:
 
 
 def sessions(store: Annotated[Optional[str], typer.Option(help="Store path or postgresql:// URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None) -> None:
-    """List the sessions in a store with their event counts, and the trace file a replayed one was read from."""
+    """List the sessions in a store with their event counts, and the trace file a replayed one was read from
+    (a table in a terminal; piped, one tab-separated line per session)."""
     db = existing_store(store)
     infos = db.session_infos()
     paths = [str(info.meta.get("path") or "") for info in infos]
+    if not console.is_terminal:  # piped (grep, a file): one tab-separated line per session, nothing cut
+        print(f"# sessions in {store_name(db)}: session, events, tool results, trace file")
+        for info, path in zip(infos, paths):
+            print(f"{info.id}\t{info.events}\t{info.tool_results}\t{path}")
+        return
     t = Table(title=f"Sessions in {store_name(db)}", header_style="bold")
     # ids whole on one line where the terminal allows (they are what render and show take), the
     # trace file wrapped; a narrower terminal wraps both, never cuts one short
