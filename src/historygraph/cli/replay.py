@@ -540,7 +540,8 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) ->
         notes.append("bill ÷ recorded: the row's cost with the recorded model's prompt cache (Claude: anthropic-style, GPT: "
                      "openai-style; system prompt and tools estimated from the first call) ÷ what the recorded calls were "
                      "billed; recorded: the agent's own context management (its compactions), its ratio checks the cache "
-                     "simulation (docs/evaluator.md, Real sessions)")
+                     "simulation, and its cost M columns, like every row's, cover only the sessions whose Full history exceeds B "
+                     "(docs/evaluator.md, Real sessions)")
     if "norm_cost" in cols:
         notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
                      "(C.2); a ratio, not dollars")
