@@ -150,9 +150,9 @@ def test_the_recommendation_for_session_logs_is_against_the_agents_own_bill() ->
 
     rows = [row(RECORDED, b, 1.0, 70.0) for b in (16000, 32000)] + [row("full", b, 1.3, 100.0) for b in (16000, 32000)]
     rows += [row("oracle", b, 0.5, 99.0) for b in (16000, 32000)]
-    rows += [row("learned-stable", 16000, 0.9, 60.0), row("learned-stable", 32000, 1.1, 80.0)]
-    rows += [row("prune", 16000, 0.95, 20.0), row("prune", 32000, 1.5, 30.0)]
+    rows += [row("learned-stable", 16000, 0.9, 72.0), row("learned-stable", 32000, 1.1, 80.0)]
+    rows += [row("prune", 16000, 0.95, 20.0), row("prune", 32000, 1.5, 30.0), row("cheap", 32000, 0.5, 60.0)]
     picks = {p.budget: p for p in recommend_vs_own(rows)}
-    # full and the bound are never picked; at 32k nothing costs no more than the agent's own
-    assert (picks[16000].policy, picks[16000].recall, picks[16000].ratio) == ("learned-stable", 60.0, 0.9)
-    assert picks[32000].policy is None and "no policy costs less" in picks[32000].line()
+    # full and the bound are never picked; at 32k one policy is cheaper but keeps less than the agent's own
+    assert (picks[16000].policy, picks[16000].recall, picks[16000].ratio) == ("learned-stable", 72.0, 0.9)
+    assert picks[32000].policy is None and "no policy keeps as much" in picks[32000].line()

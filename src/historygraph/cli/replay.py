@@ -26,7 +26,7 @@ from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import one_line, recommend
-from historygraph.eval.sessions_view import default_policy, equal_cost, project_table, recommend_vs_own
+from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -292,7 +292,8 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
     _print_cache_check(cache_checks(results))
-    sessions_only = all(r.get("recorded_price_model") for r in per_trace_rows)  # every trace a session log: compared with the agent's own above
+    # every trace that made a model call is a session log: compared with the agent's own above
+    sessions_only = all(r.get("recorded_price_model") for r in per_trace_rows if r.get("invocations"))
     recs = [] if sessions_only else recommend(per_source_rows, shown)
     if recs:
         console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",
@@ -338,17 +339,19 @@ def _print_projects(rows: list[dict], per_source: list[dict], budgets: list[int]
     for cells in body:
         t.add_row(*cells)
     Console(width=max(console.width, _width(t)), force_terminal=console.is_terminal).print(t)
-    picks = recommend_vs_own(per_source)
-    if picks:
-        console.print("recommended instead of your agent's own context management (the most recall for no more than its bill, "
-                      "like for like):", markup=False, highlight=False, soft_wrap=True)
-        for pick in picks:
-            console.print("  " + pick.line(), markup=False, highlight=False, soft_wrap=True)
-    lines = equal_cost(per_source)
-    if lines:
-        console.print("each policy at the agent's own bill (like for like):", markup=False, highlight=False, soft_wrap=True)
-        for e in lines:
-            console.print("  " + e.line(budgets), markup=False, highlight=False, soft_wrap=True)
+    for src in agent_sources(per_source):  # per agent: their caches and compactions differ
+        of = "" if src == "ALL" else f" ({src})"
+        picks = recommend_vs_own(per_source, src)
+        if picks:
+            console.print(f"recommended instead of your agent's own context management{of}: the most recall among the policies that "
+                          "keep at least as much for no more than its bill, like for like:", markup=False, highlight=False, soft_wrap=True)
+            for pick in picks:
+                console.print("  " + pick.line(), markup=False, highlight=False, soft_wrap=True)
+        lines = equal_cost(per_source, src)
+        if lines:
+            console.print(f"each policy at the agent's own bill{of}, like for like:", markup=False, highlight=False, soft_wrap=True)
+            for e in lines:
+                console.print("  " + e.line(budgets), markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_cache_check(checks: dict[str, dict]) -> None:
@@ -449,7 +452,7 @@ def _fmt(v: object, digits: int = 1) -> str:
 
 # the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
 COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
-                   "recall_age_>25", "recent5_median", "recent5_min", "mean_history_tokens", "bill_vs_recorded", "render_ms_median",
+                   "recall_age_>25", "recent5_median", "recent5_min", "mean_history_tokens", "bill_vs_recorded_simulated", "render_ms_median",
                    "budget_errors", "model_calls")
 # what the default table leaves out, in this order, when it is wider than the terminal (then the cost
 # with each price model's cache, the last model first); source, trace, policy and recall always stay
@@ -462,7 +465,7 @@ HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "pr
          "render_ms_median": "render\nms p50", "render_ms_p95": "render\nms p95", "invocations": "calls", "events": "reuse\nevents",
          "read_repeats_exposed": "re-reads\nexposed", "old_full_share": "old\nfull %",
          "model_calls": "model\ncalls", "model_input_tokens": "model\ntok in", "model_output_tokens": "model\ntok out",
-         "model_seconds": "model\ns", "budget_errors": "budget\nerrors", "bill_vs_recorded": "bill ÷\nrecorded",
+         "model_seconds": "model\ns", "budget_errors": "budget\nerrors", "bill_vs_recorded": "bill ÷\npaid", "bill_vs_recorded_simulated": "bill ÷\nown",
          "recent5_median": "last 5\nshown p50", "recent5_min": "last 5\nworst", "recent10_median": "last 10\nshown p50",
          "recent10_min": "last 10\nworst"}
 HEADS.update({f"recall_age_{b}": f"age\n{b}" for b in AGE_BINS})
@@ -476,7 +479,7 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     cut: a table that cannot fit prints wider than the console."""
     cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent10_median", "recent10_min"] + cache + ["bill_vs_recorded", "prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+        [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent10_median", "recent10_min"] + cache + ["bill_vs_recorded_simulated", "bill_vs_recorded", "prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
@@ -516,7 +519,7 @@ def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str,
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 2 if c == "bill_vs_recorded" else 1) for c in cols])
+        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 2 if c.startswith("bill_vs_recorded") else 1) for c in cols])
     return t
 
 
@@ -536,12 +539,13 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) ->
     if "recent5_median" in cols or "recent5_min" in cols:
         notes.append("last 5: how many of the agent's 5 newest assistant messages the rendering shows with their text and tool "
                      "calls, median and worst call (calls with at least 5 before them; docs/evaluator.md, What is measured)")
-    if "bill_vs_recorded" in cols:
-        notes.append("bill ÷ recorded: the row's cost with the recorded model's prompt cache (Claude: anthropic-style, GPT: "
-                     "openai-style; system prompt and tools estimated from the first call) ÷ what the recorded calls were "
-                     "billed; recorded: the agent's own context management (its compactions), its ratio checks the cache "
-                     "simulation, and its cost M columns, like every row's, cover only the sessions whose Full history exceeds B "
-                     "(docs/evaluator.md, Real sessions)")
+    if "bill_vs_recorded_simulated" in cols or "bill_vs_recorded" in cols:
+        notes.append("bill ÷ own: the row's cost with the recorded model's prompt cache (Claude: anthropic-style, GPT: openai-style; "
+                     "system prompt and tools estimated from the first call) ÷ the same for what the agent itself sent (the recorded "
+                     "row: its own context management, after its compactions), like for like; bill ÷ paid (--wide): ÷ what the "
+                     "recorded calls were billed, which includes the simulation's own error (the recorded row's bill ÷ paid, "
+                     "'check' above); the recorded row's cost M columns, like every row's, cover only the sessions whose Full "
+                     "history exceeds B (docs/evaluator.md, Real sessions)")
     if "norm_cost" in cols:
         notes.append("cost (Full ρ): input cost by ContextRender eq. 3, Full history = 1, priced with Full's prefix-cache share ρ "
                      "(C.2); a ratio, not dollars")

@@ -32,7 +32,7 @@ from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.report import recall_by_age_title, trace_set
-from historygraph.eval.sessions_view import default_policy, equal_cost, project_table, recommend_vs_own
+from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
@@ -315,8 +315,9 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     if run.per_project:  # session logs: the user's own sessions come first
         policy = default_policy(run.policies)
         head, prows = project_table(run.per_project, run.budgets, policy)
-        picks = [x.line() for x in recommend_vs_own(run.per_source)]
-        lines = [e.line(run.budgets) for e in equal_cost(run.per_source)]
+        srcs = agent_sources(run.per_source)
+        picks = [("" if src == "ALL" else f"{src}: ") + x.line() for src in srcs for x in recommend_vs_own(run.per_source, src)]
+        lines = [("" if src == "ALL" else f"{src}: ") + e.line(run.budgets) for src in srcs for e in equal_cost(run.per_source, src)]
         intro = (f"What the recorded calls cost (paid: their recorded usage priced by the recorded model's price model), how much "
                  f"of what the agent later reused its own compactions kept (kept %), the simulation's check on the agent's own "
                  f"requests (simulated ÷ paid), and {policy}'s recall and bill ÷ the agent's own (both simulated, like for like) "
@@ -325,13 +326,15 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         md += ["## Your sessions", "", intro, "", "| " + " | ".join(head) + " |",
                "|" + "|".join("---" if h == "project" else "---:" for h in head) + "|"]
         md += ["| " + " | ".join(r) + " |" for r in prows] + [""]
-        for title, items in (("Recommended instead of your agent's own context management", picks),
+        for title, items in (("Recommended instead of your agent's own context management (the most recall among the policies "
+                              "that keep at least as much for no more than its bill)", picks),
                              ("Each policy at the agent's own bill", lines)):
             if items:
                 sub = title + " (like for like: both bills simulated)"
                 parts.append(f"<h3>{html.escape(sub)}</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>")
                 md += [sub + ":", ""] + [f"- {x}" for x in items] + [""]
-    sessions_only = bool(run.per_trace) and all(r.get("recorded_price_model") for r in run.per_trace)
+    sessions_only = any(r.get("recorded_price_model") for r in run.per_trace) and \
+        all(r.get("recorded_price_model") for r in run.per_trace if r.get("invocations"))
     recs = [] if sessions_only else recommend(run.per_source, run.price_models)  # session logs: against the agent's own, above
     if recs:  # the first screen: which policy to use, and how that was chosen
         rec_head, rec_rows = table_rows(recs)

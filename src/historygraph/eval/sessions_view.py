@@ -6,8 +6,8 @@ summary and ``historygraph report``:
 * :func:`project_table`: per project and overall, what the recorded calls cost, how much of what
   the agent later reused its own compactions kept (the ``recorded`` row's recall), and what the
   default policy keeps and costs at each budget;
-* :func:`recommend_vs_own`: per budget, the policy with the most recall that costs no more than the
-  agent's own context management (the same like-for-like ratio);
+* :func:`recommend_vs_own`: per budget, the policy with the most recall among those that keep at least
+  as much as the agent's own context management for no more than its bill (the same ratio);
 * :func:`equal_cost`: each policy at the budget where its bill equals what the agent's own context
   management cost, and the recall it has there, beside the ``recorded`` row's. The budget is
   interpolated linearly between the replayed budgets on the like-for-like ratio
@@ -72,7 +72,7 @@ class EqualCost:
     ratio: float | None = None  # with a side: the bill ÷ the agent's own at the edge budget
 
     def line(self, budgets: list[int]) -> str:
-        rec = f"the agent's own compaction keeps {_num(self.recorded_recall)} %"
+        rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
         if self.budget is not None:
             return f"{self.policy}: at B ≈ {self.budget:,} tokens it costs what the agent's own context management cost and keeps {_num(self.recall)} % ({rec})"
         edge = budgets[-1] if self.side == "below" else budgets[0]
@@ -109,7 +109,8 @@ def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[Eq
 @dataclass(frozen=True)
 class OwnPick:
     """What to use at ``budget`` instead of the agent's own context management: the policy with the
-    most recall whose bill (like for like) is at most the agent's own (``None`` when none is)."""
+    most recall among those that keep at least as much as the agent's own for at most its bill (like
+    for like); ``None`` when none does."""
 
     budget: int
     policy: str | None
@@ -118,9 +119,10 @@ class OwnPick:
     recorded_recall: float | None
 
     def line(self) -> str:
-        rec = f"the agent's own compaction: {_num(self.recorded_recall)} %"
+        rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
         if self.policy is None:
-            return f"B = {self.budget:,}: no policy costs less than the agent's own context management ({rec})"
+            return (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
+                    f"bill ({rec}): keep it")
         return (f"B = {self.budget:,}: {self.policy} (recall {_num(self.recall)} %, {_num(self.ratio, 2)}× the agent's own bill; "
                 f"{rec})")
 
@@ -135,11 +137,19 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
         rec = next((r for r in at if r["policy"] == RECORDED), None)
         if rec is None:
             continue
-        ok = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] <= 1.0]
+        ok = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] <= 1.0
+              and (r.get("recall") or 0.0) >= (rec.get("recall") or 0.0)]
         best = max(ok, key=lambda r: (r.get("recall") or 0.0, -r[RATIO]), default=None)
         out.append(OwnPick(b, best["policy"] if best else None, best.get("recall") if best else None,
                            best[RATIO] if best else None, rec.get("recall")))
     return out
+
+
+def agent_sources(per_source: list[dict[str, Any]]) -> list[str]:
+    """The sources to compare with the agent's own one by one: each source of session logs when there
+    are several (their caches and compactions differ), else ``ALL``."""
+    srcs = list(dict.fromkeys(r["source"] for r in per_source if r.get("policy") == RECORDED and r["source"] != "ALL"))
+    return srcs if len(srcs) > 1 else ["ALL"]
 
 
 def _k(b: int) -> str:
