@@ -100,3 +100,13 @@ def test_every_call_of_a_real_session_under_every_policy_keeps_the_invariants(se
         assert len(st.history_tokens) + st.budget_errors == res.invocations
         assert all(t <= 16_000 for t in st.history_tokens) or n == "full"
     assert res.stats["full"].hits == res.stats["full"].events > 0
+
+
+def test_a_replay_of_other_traces_into_the_same_folder_says_it_replaced_the_earlier_one(sessions_dir: Path, tmp_path: Path) -> None:
+    home = home_layout(sessions_dir, tmp_path / "home")
+    out = tmp_path / "out"
+    args = ["-p", "full", "--budget", "32000", "--store", ":memory:", "--out", str(out)]
+    first = runner.invoke(app, ["replay", str(home / ".codex" / "sessions"), *args])
+    assert first.exit_code == 0 and "replaced the earlier replay" not in first.output
+    second = runner.invoke(app, ["replay", str(home / ".claude" / "projects"), *args])
+    assert second.exit_code == 0 and f"replaced the earlier replay in {out} (of {home / '.codex' / 'sessions'})" in " ".join(second.output.split())

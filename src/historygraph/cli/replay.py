@@ -4,6 +4,7 @@ summary table) and ``historygraph report`` (the HTML and Markdown report of a re
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -180,6 +181,7 @@ def replay(
             "texts_embedded": embedded + _embedded(signals), "embedder": embedder, "skipped_files": skipped,
             "interrupted": stopped is not None, "trajectories_done": len(done),
             "models": {n: p.model_info for n, p in policies.items() if hasattr(p, "model_info")}}
+    earlier = _earlier_paths(out)
     try:
         written = write_outputs(out, results, meta, prices, models)
     except OSError as exc:  # nothing was renamed into place: the previous outputs are as they were
@@ -187,12 +189,23 @@ def replay(
         fail(f"{what} while writing the replay's outputs to {out}: no output there was replaced; free some space "
              f"or give --out another folder, and run the replay again")
     _remove_stale_report(out)
+    if earlier is not None and earlier != meta["paths"]:
+        err.print(f"replaced the earlier replay in {out} (of {', '.join(earlier) or 'the example trace'}); give --out another "
+                  "folder to keep both", markup=False, highlight=False, soft_wrap=True)
     db.close()
     if stopped:
         fail(f"{stopped}: wrote the {len(done)} of {len(traces)} trajectories finished so far to "
              + ", ".join(str(p) for p in written.values()),
              code=130 if stopped.startswith("interrupted") else 143 if stopped.startswith("terminated") else 2)
     _print_results(results, prices, models, shown, budgets, meta, written, out, skipped, wall, peak_mb, per_trace=per_trace, wide=wide)
+
+
+def _earlier_paths(out: Path) -> list[str] | None:
+    """The trace paths of the replay already in ``out`` (its ``replay.json``), ``None`` when none is there."""
+    try:
+        return list(json.loads((out / "replay.json").read_text()).get("meta", {}).get("paths") or [])
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _remove_stale_report(out: Path) -> None:
