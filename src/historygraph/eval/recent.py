@@ -7,7 +7,7 @@ the ``k`` newest assistant messages of the history are *shown*: rendered with th
 calls as stored (their results may be placeholders or excerpts; a message left out, in a dropped-step
 marker or cut to a brief view is not shown). Only calls with at least ``k`` assistant messages
 before them are counted. Per policy the report gives the median and the worst call
-(``recent{k}_median``, ``recent{k}_min``); ours, beyond the papers (DESIGN.md §5, invariant 10 asks
+(``recent{k}_median``, ``recent{k}_min``); ours, beyond the papers (docs/architecture.md, invariant §5.10, asks
 for the last 5 by default).
 """
 

@@ -249,7 +249,7 @@ class Layout(Assembly):
 
     def _recent_units(self, sk: dict[str, Any], protected: set[int]) -> set[int]:
         """The units of the ``recent_steps`` newest assistant messages (the agent sees what it just
-        did: DESIGN.md §5, invariant 10), newest first, as long as the protected history stays
+        did: docs/architecture.md, invariant §5.10), newest first, as long as the protected history stays
         within half of B (a step too large for that, and those before it, may still be dropped:
         the budget keeps room for results)."""
         if not self.recent_steps or sk["last_assistant"] is None:

@@ -74,8 +74,8 @@ class LearnedConfig:
     within ``(1 − result_reserve)·B`` (as it does once the history passes B) and render the one
     whose selection is worth more (docs/learned.md, "Layout"). ``recent_steps``: the steps of this many
     newest assistant messages are never dropped, so the agent sees its text and calls (their results
-    may be placeholders; within half of B: :class:`~historygraph.render.Layout`; DESIGN.md §5,
-    invariant 10; 0: only the latest). Not yet the default: on the 14 mini-swe-agent traces at B = 6000,
+    may be placeholders; within half of B: :class:`~historygraph.render.Layout`; docs/architecture.md,
+    invariant §5.10; 0: only the latest). Not yet the default: on the 14 mini-swe-agent traces at B = 6000,
     5 lifts the median of the newest five shown from 2 to 5 but costs `learned` 3.5 points of recall
     (86.1 → 82.6) and `learned-stable`, whose inner `learned` keeps the default, 5.9 (79.8 → 73.9)
     (docs/evaluator.md, "What is measured")."""
