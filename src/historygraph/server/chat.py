@@ -20,7 +20,8 @@ from historygraph.history.sessions import RequestMessages
 from historygraph.providers import jsonio
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
-from historygraph.server.proxy import ARRIVAL, run_in_threadpool
+from historygraph.server.proxy import ARRIVAL
+from historygraph.server.threads import run_in_threadpool
 from historygraph.server.upstream import OpenAIStreamAccumulator, forward_headers, response_headers, unreachable_error
 
 

@@ -34,7 +34,8 @@ from historygraph.providers.anthropic_cache import moved_breakpoints, place_brea
 from historygraph.render import Rendering
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, anthropic_error
-from historygraph.server.proxy import ARRIVAL, run_in_threadpool
+from historygraph.server.proxy import ARRIVAL
+from historygraph.server.threads import run_in_threadpool
 
 
 def add_routes(app: FastAPI) -> None:

@@ -30,13 +30,10 @@ Client errors are JSON in the API's own error shape and name the field at fault.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable, Sequence, TypeGuard
 from urllib.parse import quote
@@ -61,6 +58,7 @@ from historygraph.server.config import ServerConfig
 from historygraph.server.curated import client_curated
 from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
+from historygraph.server.threads import run_in_threadpool
 from historygraph.server.answers import UNREADABLE, answer_of, json_or_none, unreadable
 from historygraph.server.upstream import (OpenAIStreamAccumulator, SSEParser, forward_headers, parsed_url, response_headers,
                                          unreachable_error, upstream_session)
@@ -78,29 +76,6 @@ OMITTED_RECORD_HEADER = "x-historygraph-omitted-record"
 PROXY_MS_HEADER = "x-historygraph-proxy-ms"  # the proxy's own time: whole answers after, streams before the upstream's
 
 ARRIVAL = "historygraph_arrival"  # request.state attribute: time.perf_counter() when the request reached the app
-
-THREADS = 40
-"""Worker threads per process for the request path's blocking work (routing, storing, rendering:
-:func:`run_in_threadpool`); anyio's default limit, which the proxy had before."""
-_pool: ThreadPoolExecutor | None = None
-_pool_guard = threading.Lock()
-
-
-async def run_in_threadpool(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in one of this process's :data:`THREADS` worker threads, awaited on
-    the event loop (which a render or a store call must never block): asyncio's executor hand-off
-    (``loop.run_in_executor``) on a pool of our own. Starlette's ``run_in_threadpool`` (anyio's
-    ``to_thread``: a capacity limiter, a cancel scope and a context copy per call) took 40–90 µs
-    more CPU per call, two calls per proxied request (bench/RESULTS.md). When the awaiting request
-    is cancelled (the client went away) the call still runs to its end in its thread, as before;
-    only the wait for it ends."""
-    global _pool
-    if _pool is None:
-        with _pool_guard:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="historygraph")
-    return await asyncio.get_running_loop().run_in_executor(_pool, partial(fn, *args, **kwargs))
-
 
 UPSTREAM_RETRIES = 2
 """Retries of an upstream request whose connection failed before any answer (:meth:`Proxy.send`;

@@ -28,7 +28,8 @@ from historygraph.history.events import EventError
 from historygraph.providers import openai_responses as resp
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
-from historygraph.server.proxy import ARRIVAL, run_in_threadpool
+from historygraph.server.proxy import ARRIVAL
+from historygraph.server.threads import run_in_threadpool
 from historygraph.server.upstream import forward_headers, response_headers, unreachable_error
 
 log = logging.getLogger("historygraph.server")
