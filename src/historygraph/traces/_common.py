@@ -24,7 +24,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from historygraph.history.events import EventError, Message, ToolCall, content_text
 
@@ -203,6 +203,33 @@ def iter_jsonl(path: str | Path, fmt: str, errors: list[TraceFormatError]) -> It
         else:
             errors.append(TraceFormatError(path, fmt, f"line {n + 1} to the end", f"cannot be read ({e}); a file cut short "
                                            "(copied while the agent wrote it?) is read up to there"))
+
+
+def feed_lines(lines: Iterable[tuple[int, Any]], handle: Callable[[int, Any], None],
+               errors: list[TraceFormatError]) -> int:
+    """Hand each ``(line_number, object)`` of ``lines`` (e.g. :func:`iter_jsonl`'s) to ``handle``; a
+    line ``handle`` refuses with TraceFormatError is appended to ``errors`` and the rest still read.
+    Returns how many lines were handled: the readers of one-trace-per-file logs (Claude Code, Codex)
+    yield their trace, then raise :func:`lines_error` for the lines they skipped."""
+    done = 0
+    for n, obj in lines:
+        try:
+            handle(n, obj)
+        except TraceFormatError as e:
+            errors.append(e)
+            continue
+        done += 1
+    return done
+
+
+def file_stem(path: str | Path) -> str:
+    """The file name without its trace suffix (``.jsonl``, ``.json``, either ``.gz``), as a trace id
+    when the file names none."""
+    name = Path(path).name
+    for suffix in (".jsonl.gz", ".jsonl", ".json.gz", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return Path(path).stem
 
 
 def lines_error(errors: list[TraceFormatError], read: int) -> TraceFormatError:

@@ -67,7 +67,7 @@ from typing import Any, Iterator
 from historygraph.history.events import Message, ToolCall, Trace, media_of
 
 from historygraph.traces._common import (ORPHAN_PREFIX, Builder, Draft, TraceFormatError, dig, dumps, epoch,
-                                          iter_jsonl, lines_error, req, text)
+                                          feed_lines, file_stem, iter_jsonl, lines_error, req, text)
 
 NAME = "claude-code"
 
@@ -94,15 +94,7 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
     path = Path(path)
     errors: list[TraceFormatError] = []
     session = _Session(path)
-    lines = iter_jsonl(path, NAME, errors) if obj is None else iter([(1, obj)])
-    done = 0
-    for n, rec in lines:
-        try:
-            session.line(n, rec)
-        except TraceFormatError as e:
-            errors.append(e)
-            continue
-        done += 1
+    done = feed_lines(iter_jsonl(path, NAME, errors) if obj is None else iter([(1, obj)]), session.line, errors)
     if done or not errors:  # a file none of whose lines could be read yields nothing
         yield session.trace()
     if errors:
@@ -131,13 +123,8 @@ class _Compaction:
 
 class _Session:
     def __init__(self, path: Path) -> None:
-        name = path.name
-        for suffix in (".jsonl.gz", ".jsonl", ".json.gz", ".json"):
-            if name.endswith(suffix):
-                name = name[: -len(suffix)]
-                break
         self.path = path
-        self.b = Builder(path, NAME, name)
+        self.b = Builder(path, NAME, file_stem(path))
         self.session_id: str | None = None
         self.version: str | None = None
         self.cwd: str | None = None

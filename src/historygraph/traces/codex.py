@@ -83,7 +83,7 @@ from typing import Any, Iterator
 
 from historygraph.history.events import Message, ToolCall, Trace, media_of
 from historygraph.traces._common import (Builder, Draft, TraceFormatError, dumps, epoch, iter_jsonl, lines_error,
-                                         req, text)
+                                         feed_lines, file_stem, req, text)
 
 NAME = "codex"
 WEB_SEARCH_RESULT = "[web search ran on the provider's side: its results are not in the log]"
@@ -105,14 +105,7 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
     path = Path(path)
     errors: list[TraceFormatError] = []
     r = _Reader(path)
-    done = 0
-    for n, rec in iter_jsonl(path, NAME, errors):
-        try:
-            r.line(n, rec)
-        except TraceFormatError as e:
-            errors.append(e)
-            continue
-        done += 1
+    done = feed_lines(iter_jsonl(path, NAME, errors), r.line, errors)
     if done == 0 and not errors:
         raise TraceFormatError(path, NAME, None, "empty file")
     yield r.trace()
@@ -120,18 +113,11 @@ def read(path: str | Path, obj: Any = None) -> Iterator[Trace]:
         raise lines_error(errors, done)
 
 
-def _stem(path: Path) -> str:
-    for suffix in (".jsonl.gz", ".jsonl"):
-        if path.name.endswith(suffix):
-            return path.name[: -len(suffix)]
-    return path.stem
-
-
 class _Reader:
     """State of one file's pass (module docstring)."""
 
     def __init__(self, path: Path) -> None:
-        self.b = Builder(path, NAME, _stem(path))
+        self.b = Builder(path, NAME, file_stem(path))
         self.meta: dict[str, Any] = {"cli_version": None, "system_prompt_chars": None}
         self.models: Counter[str] = Counter()
         self.model: str | None = None
