@@ -32,7 +32,7 @@ from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.report import recall_by_age_title, trace_set
-from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own
+from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
@@ -333,9 +333,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
                 sub = title + " (like for like: both bills simulated)"
                 parts.append(f"<h3>{html.escape(sub)}</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in items) + "</ul>")
                 md += [sub + ":", ""] + [f"- {x}" for x in items] + [""]
-    sessions_only = any(r.get("recorded_price_model") for r in run.per_trace) and \
-        all(r.get("recorded_price_model") for r in run.per_trace if r.get("invocations"))
-    recs = [] if sessions_only else recommend(run.per_source, run.price_models)  # session logs: against the agent's own, above
+    recs = [] if sessions_only(run.per_trace) else recommend(run.per_source, run.price_models)  # session logs: against the agent's own, above
     if recs:  # the first screen: which policy to use, and how that was chosen
         rec_head, rec_rows = table_rows(recs)
         parts.append(f"<h2>Recommended policy</h2><p class=note>{html.escape(explanation())}</p>" + _text_table(rec_head, rec_rows))

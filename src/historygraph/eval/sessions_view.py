@@ -145,6 +145,14 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
     return out
 
 
+def sessions_only(per_trace: list[dict[str, Any]]) -> bool:
+    """Whether every trace that made a model call is a session log (it has a recorded bill): then the
+    replay is compared with the agent's own context management, not with Full history, which the
+    agent never paid for."""
+    return any(r.get("recorded_price_model") for r in per_trace) and \
+        all(r.get("recorded_price_model") for r in per_trace if r.get("invocations"))
+
+
 def agent_sources(per_source: list[dict[str, Any]]) -> list[str]:
     """The sources to compare with the agent's own one by one: each source of session logs when there
     are several (their caches and compactions differ), else ``ALL``."""
