@@ -29,9 +29,12 @@ def shown_newest(assistants: Sequence[int], stored: Sequence[Message], rendered:
     with their text and tool calls as stored; ``None`` when fewer than ``k`` precede the call."""
     if len(assistants) < k:
         return None
-    at = {p: m for m, p in zip(rendered, positions) if p is not None}
+    return _shown(assistants[-k:], stored, {p: m for m, p in zip(rendered, positions) if p is not None})
+
+
+def _shown(newest: Sequence[int], stored: Sequence[Message], at: dict[int, Message]) -> int:
     n = 0
-    for p in assistants[-k:]:
+    for p in newest:
         m = at.get(p)
         if m is not None and m.content == stored[p].content and m.tool_calls == stored[p].tool_calls:
             n += 1
@@ -46,10 +49,12 @@ class RecentCounts:
 
     def observe(self, assistants: Sequence[int], stored: Sequence[Message], rendered: Sequence[Message],
                 positions: Sequence[int | None]) -> None:
+        if len(assistants) < min(KS):
+            return
+        at = {p: m for m, p in zip(rendered, positions) if p is not None}  # built once for every k
         for k in KS:
-            n = shown_newest(assistants, stored, rendered, positions, k)
-            if n is not None:
-                self.shown[k].append(n)
+            if len(assistants) >= k:
+                self.shown[k].append(_shown(assistants[-k:], stored, at))
 
     def merge(self, other: "RecentCounts") -> None:
         for k in KS:
