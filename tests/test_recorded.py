@@ -156,3 +156,25 @@ def test_the_recommendation_for_session_logs_is_against_the_agents_own_bill() ->
     # full and the bound are never picked; at 32k one policy is cheaper but keeps less than the agent's own
     assert (picks[16000].policy, picks[16000].recall, picks[16000].ratio) == ("learned-stable", 72.0, 0.9)
     assert picks[32000].policy is None and "no policy keeps as much" in picks[32000].line()
+
+
+def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> None:
+    """A budget at which Full history never passes B: every policy shows everything, so the lines say
+    so instead of recommending one or interpolating a budget there (the walkthrough's 11-call session)."""
+    from historygraph.eval.sessions_view import equal_cost, recommend_vs_own
+
+    def row(policy, budget, ratio, recall, peak=None):
+        return {"source": "ALL", "policy": policy, "budget": budget, "bill_vs_recorded_simulated": ratio, "recall": recall,
+                "max_history_tokens": peak}
+
+    rows = [row(RECORDED, b, 1.0, 100.0) for b in (16000, 32000)]
+    rows += [row("full", 16000, 1.0, 100.0, 20000), row("full", 32000, 1.0, 100.0, 20000)]
+    rows += [row("learned", 16000, 0.7, 80.0), row("learned", 32000, 1.0, 100.0)]
+    picks = {p.budget: p for p in recommend_vs_own(rows)}
+    assert picks[32000].fits and "the whole history fits" in picks[32000].line()
+    assert picks[16000].policy is None and not picks[16000].fits  # 80 % < the agent's 100 %
+    (e,) = equal_cost(rows)
+    assert (e.budget, e.side, e.ratio) == (None, "below", 0.7)  # only 16k counts: 32k holds everything
+    rows = [r for r in rows if r["budget"] == 32000]
+    (e,) = equal_cost(rows)
+    assert e.side == "fits" and "fits every budget" in e.line([32000])

@@ -339,7 +339,8 @@ def _print_projects(rows: list[dict], per_source: list[dict], budgets: list[int]
     head, body = project_table(rows, budgets, policy)
     what = f"{policy} at B = {budgets[0]}" if len(budgets) == 1 else f"{policy} at each budget"
     t = Table(title=f"Your sessions: what you paid, what your agent's compactions kept, and {what}", header_style="bold",
-              caption="paid: the recorded usage priced by the recorded model's price model (Claude: anthropic-style, GPT: openai-style; "
+              caption="project: the folder each session ran in (its logged working directory; a git worktree counts as its repository); "
+                      "paid: the recorded usage priced by the recorded model's price model (Claude: anthropic-style, GPT: openai-style; "
                       "--prices FILE for your model's prices); kept: Later-Used Result Recall of what the agent itself sent (after its "
                       "compactions); check: the agent's own requests through the simulated prompt cache ÷ paid (the simulation's own "
                       f"error: tokenizer, system prompt estimated from the first call); {policy} B: its recall % and its bill ÷ the "
@@ -372,7 +373,7 @@ def _print_cache_check(checks: dict[str, dict]) -> None:
     console.print("cache check: the recorded requests through the simulated prompt cache against their recorded usage "
                   "(docs/evaluator.md, Real sessions):", markup=False, highlight=False, soft_wrap=True)
     for src, c in checks.items():
-        console.print(f"  {src}: {c['calls']} calls; read from the cache {c['read_share_simulated']:.1f} % of the input simulated, "
+        console.print(f"  {src}: {c['calls']} calls with recorded usage; read from the cache {c['read_share_simulated']:.1f} % of the input simulated, "
                       f"{c['read_share_recorded']:.1f} % recorded; simulated input ÷ recorded {c['input_ratio']:.2f}; "
                       f"per call the read share differs by {c['read_share_error_median']:.1f} points (median), "
                       f"{c['read_share_error_mean']:.1f} (mean)", markup=False, highlight=False, soft_wrap=True)

@@ -176,7 +176,7 @@ def budget_sweep(rows: list[dict[str, Any]], policies: Sequence[str], title: str
         axes[0].plot(xs, [r["recall"] for _, r in pts], **kw)
         axes[1].plot(xs, [r["mean_history_tokens"] for _, r in pts], **kw)
         axes[2].plot(xs, [r.get("norm_cost") for _, r in pts], **kw)
-    for ax, lab in zip(axes, ("Later-Used Result Recall (%)", "mean rendered history tokens", "normalised cost (Full = 1)")):
+    for ax, lab in zip(axes, ("Later-Used Result Recall (%)", "mean rendered history tokens", "cost by ContextRender eq. 3, no prompt cache\nsimulated (Full = 1; the tables price each cache)")):
         ax.set_xlabel("history budget B (tokens)", fontsize=8)
         ax.set_ylabel(lab, fontsize=8)
         ax.set_xticks(budgets, [str(b) for b in budgets], fontsize=7)

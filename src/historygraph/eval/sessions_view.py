@@ -68,17 +68,20 @@ class EqualCost:
     budget: int | None
     recall: float | None
     recorded_recall: float | None
-    side: str = ""  # "below" / "above" when no replayed budget brackets the recorded bill
+    side: str = ""  # "below" / "above" when no replayed budget brackets the recorded bill; "fits": the history fits them all
     ratio: float | None = None  # with a side: the bill ÷ the agent's own at the edge budget
 
     def line(self, budgets: list[int]) -> str:
         rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
         if self.budget is not None:
             return f"{self.policy}: at B ≈ {self.budget:,} tokens it costs what the agent's own context management cost and keeps {_num(self.recall)} % ({rec})"
-        edge = budgets[-1] if self.side == "below" else budgets[0]
-        where = "even at the largest budget replayed" if self.side == "below" else "even at the smallest budget replayed"
-        return (f"{self.policy}: {_num(self.ratio, 2)}× the agent's own bill {where}, B = {edge:,}, where it keeps "
-                f"{_num(self.recall)} % ({rec})")
+        if self.side == "fits":
+            return f"{self.policy}: the whole history fits every budget replayed, so it shows everything, as the agent did"
+        if self.side == "below":
+            return (f"{self.policy}: cheaper at every budget replayed; at the largest, B = {budgets[-1]:,}, it costs "
+                    f"{_num(self.ratio, 2)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
+        return (f"{self.policy}: dearer at every budget replayed; at the smallest, B = {budgets[0]:,}, it costs "
+                f"{_num(self.ratio, 2)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
 
 
 def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[EqualCost]:
@@ -88,9 +91,13 @@ def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[Eq
     rec = next((r for r in rows if r["policy"] == RECORDED), None)
     if rec is None:
         return []
+    whole = _fits(per_source, source)
     out = []
     for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] not in NOT_DEPLOYABLE):
-        pts = sorted((r["budget"], r[RATIO], r.get("recall")) for r in rows if r["policy"] == policy)
+        pts = sorted((r["budget"], r[RATIO], r.get("recall")) for r in rows if r["policy"] == policy and r["budget"] not in whole)
+        if not pts:
+            out.append(EqualCost(source, policy, None, None, rec.get("recall"), "fits"))
+            continue
         found = None
         for (b0, c0, r0), (b1, c1, r1) in zip(pts, pts[1:]):
             if (c0 - 1.0) * (c1 - 1.0) <= 0 and c0 != c1:
@@ -117,9 +124,12 @@ class OwnPick:
     recall: float | None
     ratio: float | None
     recorded_recall: float | None
+    fits: bool = False  # the whole history of every session fits in B: every policy shows it all
 
     def line(self) -> str:
         rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
+        if self.fits:
+            return f"B = {self.budget:,}: the whole history fits, so no policy changes anything"
         if self.policy is None:
             return (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
                     f"bill ({rec}): keep it")
@@ -131,11 +141,15 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
     """Per budget, the policy to use instead of the agent's own context management (:class:`OwnPick`),
     among those whose like-for-like bill is at most 1 (``[]`` without a ``recorded`` row)."""
     rows = [r for r in per_source if r.get("source") == source and r.get("budget")]
+    whole = _fits(per_source, source)
     out = []
     for b in sorted({r["budget"] for r in rows}):
         at = [r for r in rows if r["budget"] == b]
         rec = next((r for r in at if r["policy"] == RECORDED), None)
         if rec is None:
+            continue
+        if b in whole:
+            out.append(OwnPick(b, None, None, None, rec.get("recall"), fits=True))
             continue
         ok = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] <= 1.0
               and (r.get("recall") or 0.0) >= (rec.get("recall") or 0.0)]
@@ -151,6 +165,12 @@ def sessions_only(per_trace: list[dict[str, Any]]) -> bool:
     agent never paid for."""
     return any(r.get("recorded_price_model") for r in per_trace) and \
         all(r.get("recorded_price_model") for r in per_trace if r.get("invocations"))
+
+
+def _fits(per_source: list[dict[str, Any]], source: str) -> set[int]:
+    """The budgets at which Full history never passes B on ``source`` (every policy then renders it whole)."""
+    return {r["budget"] for r in per_source if r.get("source") == source and r.get("policy") == "full"
+            and r.get("budget") and r.get("max_history_tokens") is not None and r["max_history_tokens"] <= r["budget"]}
 
 
 def agent_sources(per_source: list[dict[str, Any]]) -> list[str]:
