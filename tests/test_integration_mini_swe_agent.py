@@ -96,7 +96,7 @@ def test_the_model_recalls_an_omitted_result_by_the_id_its_placeholder_names(tmp
                          instance_template="Read big.txt and small.txt, then submit.", cost_limit=10)
     info = agent.run("")
     assert inner.seen[2][3]["content"].startswith("[tool result c1 omitted from this context (400 tokens)")
-    assert inner.seen[3][-1]["content"] == "line\n" * 200 + "\n"  # the recall command's output: the whole result
+    assert inner.seen[3][-1]["content"] == "line\n" * 200  # the recall command's output: the whole result, as it was
     assert info["exit_status"] == "Submitted" and info["submission"] == "lines seen in full: 200\n"
     assert env.config is env.env.config  # everything else is the wrapped environment's
 
@@ -213,3 +213,38 @@ def test_a_config_with_a_bad_key_is_refused_by_name():
         get_model(config={**base, "history_budget": 500, "policy": "nope"})
     with pytest.raises(TypeError, match="not both"):
         HistoryGraphModel(object(), budget=500, model_name="x")
+
+
+@pytest.mark.parametrize("config", ["default.yaml", "mini.yaml", "mini_textbased.yaml"])
+def test_a_recalled_observation_is_wrapped_by_the_template_once(tmp_path, config):
+    """With each observation template mini-swe-agent ships (XML tags; JSON through tojson), the
+    recall command's observation is the recalled one as the agent first saw it: the template's
+    rendering of the same output, not that rendering wrapped in the template again."""
+    pytest.importorskip("minisweagent", reason="mini-swe-agent not installed (pip install -e '.[mini-swe-agent]' in the clone)")
+    import yaml
+    from jinja2 import StrictUndefined, Template
+    from minisweagent.config import builtin_config_dir
+
+    from historygraph.history.events import Message
+    from historygraph.integrations.mini_swe_agent import HistoryGraphEnvironment
+
+    template = yaml.safe_load((builtin_config_dir / config).read_text())["model"]["observation_template"]
+    output = 'a "quoted" line\\n with a backslash\n' * 3
+    first = Template(template, undefined=StrictUndefined).render(output={"output": output, "returncode": 0, "exception_info": ""})
+    store = MemoryStore()
+    store.create_session("msa-w")
+    store.append("msa-w", [Message.from_openai(m) for m in (
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": first})])
+
+    class Inner:
+        class config:  # noqa: N801 (the wrapped model's config object)
+            observation_template = template
+
+    model = HistoryGraphModel(Inner(), budget=500, session="msa-w", store=store)
+    out = HistoryGraphEnvironment(object(), model).execute({"command": "historygraph recall c1"})
+    assert out["output"] == output and out["returncode"] == 0
+    again = Template(template, undefined=StrictUndefined).render(output=out)
+    assert again == first

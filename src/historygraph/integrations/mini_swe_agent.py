@@ -42,7 +42,10 @@ historygraph nor the store, which may be in memory). Tell the model the command 
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 from historygraph.api import default_store, render_messages
@@ -149,7 +152,9 @@ class HistoryGraphEnvironment:
     is the complete stored results those ids name (each cut to ``max_tokens`` tokens, marked; an
     unknown id is said so; a recall chained with other commands, ``historygraph recall ID && ls``,
     is answered with :data:`RECALL_ALONE` and status 2, not sent to a shell that has no such
-    program), read from ``model``'s store (the process's default in-memory store when
+    program; a result stored as the wrapped model's ``observation_template`` rendered it is given
+    back as the command's output alone, :func:`observation_unwrapper`, so that the agent's template
+    wraps it once, not twice), read from ``model``'s store (the process's default in-memory store when
     it has only a ``session``) in its ``session``, else in the session of its latest query, with
     returncode 0. Every other action, and everything else (``get_template_vars``, ``serialize``,
     ``config``, …), is the wrapped environment's.
@@ -167,6 +172,7 @@ class HistoryGraphEnvironment:
         if model.session is None and model.store is None:
             raise ValueError("the recall command needs a HistoryGraphModel with session= or store=: it reads the stored session")
         self.env, self.model, self.max_tokens = env, model, max_tokens
+        self.unwrap = observation_unwrapper(getattr(getattr(model, "config", None), "observation_template", None))
         self.store = model.store if model.store is not None else default_store()  # where render_messages stores it
 
     def execute(self, action: dict, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -179,11 +185,62 @@ class HistoryGraphEnvironment:
         if not ids:
             return {"output": RECALL_USAGE + "\n", "returncode": 2, "exception_info": ""}
         counter = self.model.signals.counter if self.model.signals else None
-        text = recall_stored(self.store, self.model.session or self.model.last_session, ids, counter, self.max_tokens)
-        return {"output": text + "\n", "returncode": 0, "exception_info": ""}
+        text = recall_stored(self.store, self.model.session or self.model.last_session, ids, counter, self.max_tokens,
+                             self.unwrap)
+        return {"output": text if text.endswith("\n") else text + "\n", "returncode": 0, "exception_info": ""}
 
     def __getattr__(self, name: str) -> Any:  # config, get_template_vars, serialize, …
         return getattr(self.__dict__["env"], name)
+
+
+#: What :func:`observation_unwrapper` renders the template with, to find where the output goes.
+_PROBE_OUTPUT, _PROBE_CODE = "HISTORYGRAPH_PROBE_OUTPUT", 918273645
+
+
+def observation_unwrapper(template: str | None) -> Callable[[str], str] | None:
+    """A function that takes mini-swe-agent's observation wrapping off a stored tool result: the
+    command's output as the agent's ``observation_template`` (Jinja2, rendered with ``output`` =
+    ``{"output", "returncode", "exception_info"}``) put it in, decoded where the template wrote it
+    with ``tojson`` (mini.yaml's JSON form); a text the template's short form does not produce (a
+    long output's head and tail, an exception, another framework's text) is returned unchanged.
+    ``None`` when there is no template or it does not render with ``output`` alone.
+
+    The shape is learned from the template itself, rendered once with a probe output and return
+    code, so the shipped templates (XML tags, JSON) and a user's own are handled alike."""
+    if not template:
+        return None
+    try:
+        from jinja2 import StrictUndefined, Template, TemplateError
+    except ImportError:  # mini-swe-agent depends on Jinja2; without it there is no template to undo
+        return None
+    try:
+        probe = Template(template, undefined=StrictUndefined).render(
+            output={"output": _PROBE_OUTPUT, "returncode": _PROBE_CODE, "exception_info": ""})
+    except (TemplateError, TypeError, ValueError):
+        return None
+    quoted = json.dumps(_PROBE_OUTPUT)
+    as_json = quoted in probe
+    head, sep, tail = probe.partition(quoted if as_json else _PROBE_OUTPUT)
+    if not sep or not (head or tail):
+        return None  # the output alone, or not in the template at all: nothing to take off
+    code = re.escape(str(_PROBE_CODE))
+    value = r'("(?:[^"\\]|\\.)*")' if as_json else "(.*)"
+    pattern = re.compile(re.escape(head).replace(code, "-?[0-9]+") + value + re.escape(tail).replace(code, "-?[0-9]+"),
+                         re.DOTALL)
+
+    def unwrap(text: str) -> str:
+        m = pattern.fullmatch(text)
+        if m is None:
+            return text
+        if not as_json:
+            return m.group(1)
+        try:
+            inner = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            return text
+        return inner if isinstance(inner, str) else text
+
+    return unwrap
 
 
 def starts_with_recall(command: str) -> bool:

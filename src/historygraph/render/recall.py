@@ -12,7 +12,7 @@ package is imported here.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
@@ -62,14 +62,16 @@ def ids_of(arguments: str | Mapping[str, Any] | None) -> list[str] | None:
 
 
 def recall_text(graph: ContextGraph, ids: Sequence[str] | None, counter: TokenCounter | None = None,
-                max_tokens: int | None = None) -> str:
+                max_tokens: int | None = None, unwrap: Callable[[str], str] | None = None) -> str:
     """The answer to one recall call: for each reference in ``ids``, the complete stored text
     (:meth:`~historygraph.history.graph.ContextGraph.recall_text`: a tool result by its call id, or
     the messages of a span ``#A–#B``), or ``[why not]`` for an unknown one; several are each headed
     ``tool result ID:`` or ``messages #A–#B:``. With ``max_tokens``, each text over that many tokens
     (``counter``, default the stock o200k_base counter) is cut to them and marked. ``ids`` of
     ``None`` or empty (unreadable arguments, :func:`ids_of`) is answered with :data:`USAGE`. Never
-    raises for bad ids: the model reads the answer."""
+    raises for bad ids: the model reads the answer. ``unwrap``, when given, maps each stored tool
+    result's text before it is cut (an adapter whose framework wraps the answer again, as
+    mini-swe-agent's observation template does, passes one that takes its wrapping off)."""
     if not ids:
         return USAGE
     parts = []
@@ -80,6 +82,8 @@ def recall_text(graph: ContextGraph, ids: Sequence[str] | None, counter: TokenCo
         except KeyError as exc:
             text = f"[{exc.args[0]}]"
         else:
+            if unwrap is not None and i in graph.result_of:
+                text = unwrap(text)
             if max_tokens is not None:
                 counter = counter or TokenCounter()
                 n = counter.count(text)
@@ -90,10 +94,10 @@ def recall_text(graph: ContextGraph, ids: Sequence[str] | None, counter: TokenCo
 
 
 def recall_stored(store: Store, session: str | None, ids: Sequence[str] | None, counter: TokenCounter | None = None,
-                  max_tokens: int | None = MAX_TOKENS) -> str:
+                  max_tokens: int | None = MAX_TOKENS, unwrap: Callable[[str], str] | None = None) -> str:
     """:func:`recall_text` over the stored ``session`` of ``store``, read at the call (results
     stored meanwhile are found); a session not stored yet (``None``: nothing rendered yet) is
     answered, not raised."""
     if session is None or not store.has_session(session):
         return f"[{TOOL_NAME}: nothing of this conversation is stored yet]"
-    return recall_text(store.graph(session), ids, counter, max_tokens)
+    return recall_text(store.graph(session), ids, counter, max_tokens, unwrap)
