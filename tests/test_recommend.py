@@ -68,3 +68,16 @@ def test_the_console_line_and_the_report_table_say_the_same():
     assert rows[2] == ["6000", "a", "learned", "80.0", "0.700", "prune", "79.0", "0.500"]
     assert rows[0][2] == "full (none cheaper)"
     assert "highest Later-Used Result Recall" in explanation() and "2 percentage points" in explanation()
+
+
+def test_with_several_sources_each_gets_its_own_recommendation_not_the_pooled_one():
+    """Pooled, a coding agent's few long traces vanish among short ones: the ALL rows say learned keeps
+    94.3 %, but on the source whose histories exceed B it keeps 65 % and prune, cheaper, 70 %."""
+    rows = [_row(6000, "learned", 94.3, 0.8, 0.8), _row(6000, "prune", 93.0, 0.7, 0.7),  # pooled
+            _row(6000, "learned", 65.0, 0.8, 0.8, source="codex"), _row(6000, "prune", 70.0, 0.7, 0.7, source="codex"),
+            _row(6000, "learned", 99.0, 0.9, 0.9, source="appworld"), _row(6000, "prune", 96.0, 0.95, 0.95, source="appworld")]
+    recs = recommend(rows, ["a"])
+    assert [(r.source, r.choice) for r in recs] == [("appworld", Pick("learned", 99.0, 0.9)), ("codex", Pick("prune", 70.0, 0.7))]
+    assert one_line([recs[1]]) == "B = 6000, codex: prune (recall 70.0 %) for a"
+    head, table = table_rows(recs)
+    assert head[:3] == ["B", "source", "price model"] and table[1][:5] == ["6000", "codex", "a", "prune", "70.0"]

@@ -26,7 +26,7 @@ from historygraph.cli.progress import TimeLeftColumn, advance, heartbeat
 from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
-from historygraph.eval.recommend import one_line, recommend
+from historygraph.eval.recommend import groups, one_line, recommend
 from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
@@ -309,8 +309,8 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
     if recs:
         console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",
                       markup=False, highlight=False, soft_wrap=True)
-        for b in budgets:
-            console.print("  " + one_line([r for r in recs if r.budget == b]), markup=False, highlight=False, soft_wrap=True)
+        for group in groups(recs):
+            console.print("  " + one_line(group), markup=False, highlight=False, soft_wrap=True)
     bad = sum(r["invariant_violations"] for r in per_source_rows if r["source"] == "ALL")
     for r in per_source_rows:
         if r["source"] == "ALL" and r["budget_errors"]:

@@ -1,7 +1,8 @@
 """Which policy to use at each budget: the recommendation that opens the report and ends a replay.
 
-For every budget B and price model M it reads the all-sources summary rows (``source == "ALL"``,
-:func:`.report.summarize`) and picks:
+For every budget B, price model M and source (the agent or trace format a summary row is for,
+:func:`.report.summarize`) it reads that source's summary rows and picks (one recommendation for all
+sources, from the ``ALL`` rows, when the replay had one source):
 
 * the **choice**: among the policies whose cost with M's simulated prompt cache is below Full
   history's (``cost_cache_M`` < 1; Full history is 1 by construction, :mod:`.cache_cost`), the one
@@ -16,11 +17,14 @@ For every budget B and price model M it reads the all-sources summary rows (``so
 ``oracle`` (the clairvoyant selector of the replay) is never recommended: it reads the future.
 The rule is a reading aid chosen for this report, not a paper's: the figures it reads are the
 replay's own (recall %, cost with the cache as a ratio to Full history's, over the traces whose
-Full history exceeds B).
+Full history exceeds B). It is made per source because pooled figures mislead: where most traces of
+one source never exceed B, the pooled recall of a policy is near 100 % while the agent whose
+histories do exceed B gets far less.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -57,6 +61,7 @@ class Recommendation:
     choice: Pick | None
     thrifty: Pick | None
     unpriced: str = NOTHING_TO_SAVE
+    source: str = "ALL"
 
     @property
     def none_cheaper(self) -> bool:
@@ -66,25 +71,32 @@ class Recommendation:
 
 def recommend(per_source: Iterable[dict[str, Any]], price_models: Sequence[str],
               tolerance: float = TOLERANCE) -> list[Recommendation]:
-    """One :class:`Recommendation` per budget (ascending) and price model (in the order given), from
-    the summary rows of :func:`.report.summarize` (``recall`` in %, ``cost_cache_M`` with Full = 1).
+    """One :class:`Recommendation` per budget (ascending), source (sorted; the ``ALL`` rows alone
+    when the rows hold one source) and price model (in the order given), from the summary rows of
+    :func:`.report.summarize` (``recall`` in %, ``cost_cache_M`` with Full = 1).
 
     Raises:
         ValueError: ``tolerance`` is negative (percentage points of recall).
     """
     if tolerance < 0:
         raise ValueError(f"tolerance {tolerance}: give percentage points of recall >= 0")
-    rows = [r for r in per_source if r.get("source") == "ALL" and r.get("policy") not in NOT_DEPLOYABLE
+    rows = [r for r in per_source if r.get("policy") not in NOT_DEPLOYABLE
             and r.get("recall") is not None and r.get("budget") is not None]
+    sources = sorted({str(r.get("source")) for r in rows} - {"ALL"})
+    if len(sources) <= 1:
+        sources = ["ALL"]
     out = []
     for b in sorted({r["budget"] for r in rows}):
-        at = [r for r in rows if r["budget"] == b]
-        for m in price_models:
-            priced = [Pick(r["policy"], r["recall"], r[f"cost_cache_{m}"]) for r in at if r.get(f"cost_cache_{m}") is not None]
-            rec = _pick(b, m, priced, tolerance)
-            if not priced and any(r.get("budget_errors") for r in at):
-                rec = Recommendation(b, m, None, None, BUDGET_ERRORS)
-            out.append(rec)
+        for src in sources:
+            at = [r for r in rows if r["budget"] == b and r.get("source") == src]
+            if not at:
+                continue
+            for m in price_models:
+                priced = [Pick(r["policy"], r["recall"], r[f"cost_cache_{m}"]) for r in at if r.get(f"cost_cache_{m}") is not None]
+                rec = _pick(b, m, priced, tolerance)
+                if not priced and any(r.get("budget_errors") for r in at):
+                    rec = Recommendation(b, m, None, None, BUDGET_ERRORS)
+                out.append(dataclasses.replace(rec, source=src))
     return out
 
 
@@ -103,7 +115,8 @@ def _pick(budget: int, model: str, priced: list[Pick], tolerance: float) -> Reco
 
 def explanation(tolerance: float = TOLERANCE) -> str:
     """The paragraph that says how the recommendation was chosen (the report's first words)."""
-    return ("Recommended policy per budget B and price model: among the policies whose cost with that provider's "
+    return ("Recommended policy per budget B, source (agent or trace format: pooled figures hide the agent whose "
+            "histories exceed B) and price model: among the policies whose cost with that provider's "
             "simulated prompt cache is below Full history's (cost < 1, Full history = 1, over the traces whose Full "
             "history exceeds B), the one with the highest Later-Used Result Recall; 'cheapest within "
             f"{tolerance:g} points' is the cheapest of those whose recall is at most {tolerance:g} percentage points "
@@ -116,13 +129,17 @@ def _fig(v: float | None, digits: int) -> str:
 
 
 def table_rows(recs: Iterable[Recommendation], tolerance: float = TOLERANCE) -> tuple[list[str], list[list[str]]]:
-    """The recommendation as a small table: header and rows of text (B, price model, choice, its recall %
-    and cost, the cheapest within the tolerance, its recall % and cost)."""
-    head = ["B", "price model", "recommended", "recall %", "cost", f"cheapest within {tolerance:g} points", "recall %", "cost"]
+    """The recommendation as a small table: header and rows of text (B, the source where there are
+    several, price model, choice, its recall % and cost, the cheapest within the tolerance, its
+    recall % and cost)."""
+    recs = list(recs)
+    by_source = any(r.source != "ALL" for r in recs)
+    head = ["B"] + (["source"] if by_source else []) + ["price model", "recommended", "recall %", "cost",
+                                                       f"cheapest within {tolerance:g} points", "recall %", "cost"]
     rows = []
     for r in recs:
         c, t = r.choice, r.thrifty
-        rows.append([str(r.budget), label(r.price_model),
+        rows.append([str(r.budget)] + ([r.source] if by_source else []) + [label(r.price_model),
                      f"– ({r.unpriced.split(';')[0]})" if c is None else c.policy + (" (none cheaper)" if r.none_cheaper else ""),
                      _fig(None if c is None else c.recall, 1), _fig(None if c is None else c.cost, 3),
                      "–" if t is None else t.policy, _fig(None if t is None else t.recall, 1), _fig(None if t is None else t.cost, 3)])
@@ -130,19 +147,20 @@ def table_rows(recs: Iterable[Recommendation], tolerance: float = TOLERANCE) -> 
 
 
 def one_line(recs: Sequence[Recommendation], tolerance: float = TOLERANCE) -> str:
-    """The recommendation at one budget in a line (the console after a replay): each chosen policy with
-    its recall and the price models it is chosen for, then the cheaper picks within the tolerance."""
+    """The recommendation at one budget and source in a line (the console after a replay): each chosen
+    policy with its recall and the price models it is chosen for, then the cheaper picks within the
+    tolerance."""
     if not recs:
         return ""
-    b = recs[0].budget
+    b = f"B = {recs[0].budget}" + ("" if recs[0].source == "ALL" else f", {recs[0].source}")
     if all(r.choice is None for r in recs):
-        return f"B = {b}: {recs[0].unpriced}"
+        return f"{b}: {recs[0].unpriced}"
     parts = []
     for policy, group in _by_policy(recs, lambda r: r.choice).items():
         recall = group[0].choice.recall  # type: ignore[union-attr]  # (grouped by a choice that is set)
         why = " (no policy is cheaper than Full history with the cache)" if group[0].none_cheaper else ""
         parts.append(f"{policy} (recall {recall:.1f} %) for {_models(group, recs)}{why}")
-    line = f"B = {b}: " + "; ".join(parts)
+    line = f"{b}: " + "; ".join(parts)
     thrifty = _by_policy(recs, lambda r: r.thrifty)
     if thrifty:
         line += f"; cheapest within {tolerance:g} points: " + "; ".join(
@@ -166,3 +184,11 @@ def _models(group: list[Recommendation], recs: Sequence[Recommendation]) -> str:
     if len(group) == len(recs) and len(recs) > 1:
         return "every price model"
     return ", ".join(label(r.price_model) for r in group)
+
+
+def groups(recs: Sequence[Recommendation]) -> list[list[Recommendation]]:
+    """``recs`` grouped by budget and source, in their order: what :func:`one_line` prints a line for."""
+    out: dict[tuple[int, str], list[Recommendation]] = {}
+    for r in recs:
+        out.setdefault((r.budget, r.source), []).append(r)
+    return list(out.values())
