@@ -491,11 +491,13 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     cut: a table that cannot fit prints wider than the console."""
     cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent10_median", "recent10_min"] + cache + ["bill_vs_recorded_simulated", "bill_vs_recorded", "prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
+        [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent10_median", "recent10_min"] + cache + \
+        [f"bound_cache_{m}" for m in cache_models] + ["bill_vs_recorded_simulated", "bill_vs_recorded", "prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
          "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct"]
-    heads = {**HEADS, **{f"cost_cache_{m}": "cost\n" + (label(m) if len(label(m)) <= 8 else label(m).replace("-", "-\n")) for m in cache_models}}
+    heads = {**HEADS, **{f"cost_cache_{m}": "cost\n" + (label(m) if len(label(m)) <= 8 else label(m).replace("-", "-\n")) for m in cache_models},
+             **{f"bound_cache_{m}": "bound\n" + (label(m) if len(label(m)) <= 8 else label(m).replace("-", "-\n")) for m in cache_models}}
     # columns that say nothing for these rows (all empty, or all zero like model calls of policies
     # that call no model) are left out of the printed table; JSON and CSV keep every column
     # recall 0.0 is a result, not an empty column: recall and its age bins stay whenever they have a value
@@ -548,6 +550,10 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) ->
                      "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars"
                      + ("; CR-eq3: ContextRender eq. 3's reference prices, the price model 'contextrender'"
                         if "cost_cache_contextrender" in cols else "") + " (docs/evaluator.md, Price models)")
+    if any(c.startswith("bound_cache_") for c in cols):
+        notes.append("bound M: the least any rendering keeping the invariants could cost at the row's recall with M's cache "
+                     "(every message sent once uncached or written, each reused result not shown anyway read once more), "
+                     "Full history = 1, as cost M; a lower bound, not an achievable cost (docs/evaluator.md, The bill bound)")
     if "recent5_median" in cols or "recent5_min" in cols:
         notes.append("last 5: how many of the agent's 5 newest assistant messages the rendering shows with their text and tool "
                      "calls, median and worst call (calls with at least 5 before them; docs/evaluator.md, What is measured)")

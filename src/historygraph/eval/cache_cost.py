@@ -4,6 +4,8 @@ For every price model ``m`` (:mod:`.prices`) a row carries the agent input token
 cache read, wrote and left uncached (``cache_read_m``, ``cache_write_m``, ``cache_uncached_m``,
 :mod:`.prompt_cache`), the cost in USD (``cost_cache_usd_m``: those tokens, the output and
 embedding tokens, and the summariser/analyser input as uncached input, :func:`~.prompt_cache.bill`)
+the bill bound at the row's recall (``bound_cache_usd_m`` and ``bound_cache_m``, normalised the same
+way: the least any rendering keeping the invariants could cost with that recall, :mod:`.bill_bound`),
 and the normalised cost ``cost_cache_m``: per trace the ratio to Full history on the same trace
 under the same model, per source ContextRender eq. 9's ratio of means over the cost-comparison
 traces (Full history exceeds B) where the policy had no budget error, as :func:`.cost.normalise`
@@ -18,6 +20,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from typing import Any, Iterable
 
+from historygraph.eval.bill_bound import BoundInputs, bill_bound
 from historygraph.eval.prices import PriceModel, PriceModelError
 from historygraph.eval.prompt_cache import CacheTokens, bill
 
@@ -28,7 +31,7 @@ def columns(models: Iterable[str]) -> list[str]:
     """The row columns of every price model, in order."""
     out = []
     for m in models:
-        out += [f"cost_cache_{m}", f"cost_cache_usd_{m}"] + [f"cache_{k}_{m}" for k in KINDS]
+        out += [f"cost_cache_{m}", f"cost_cache_usd_{m}", f"bound_cache_{m}", f"bound_cache_usd_{m}"] + [f"cache_{k}_{m}" for k in KINDS]
     return out
 
 
@@ -44,9 +47,20 @@ def row_tokens(row: dict[str, Any], model: str) -> CacheTokens | None:
     return CacheTokens(*(int(row.get(f"cache_{k}_{model}") or 0) for k in KINDS))  # (write_1h: absent in older runs)
 
 
-def reference_entry(output: int, tokens: dict[str, CacheTokens]) -> dict[str, Any]:
-    """Full history's figures on one trace, as ``replay.json``'s ``references`` holds them."""
-    return {"output": output, "cache": {m: asdict(t) for m, t in tokens.items()}}
+def reference_entry(output: int, tokens: dict[str, CacheTokens], bound: BoundInputs | None = None) -> dict[str, Any]:
+    """Full history's figures on one trace, as ``replay.json``'s ``references`` holds them (with the
+    bill bound's inputs, ``bound``, when known)."""
+    entry: dict[str, Any] = {"output": output, "cache": {m: asdict(t) for m, t in tokens.items()}}
+    if bound is not None:
+        entry["bound"] = bound.to_json()
+    return entry
+
+
+def _bound(row: dict[str, Any], ref: dict[str, Any] | None, model: PriceModel) -> float | None:
+    """The bill bound (USD) at ``row``'s recall on its trace (``None`` for a run without it)."""
+    if not ref or "bound" not in ref or row.get("budget_errors"):
+        return None
+    return bill_bound(model, BoundInputs(**ref["bound"]), ref.get("output") or 0, row.get("recall") or 0.0)
 
 
 def _row_cost(row: dict[str, Any], name: str, model: PriceModel) -> float | None:
@@ -66,24 +80,33 @@ def _full_cost(ref: dict[str, Any] | None, name: str, model: PriceModel) -> floa
 def add_cache_costs(per_trace: list[dict[str, Any]], per_source: list[dict[str, Any]],
                     references: dict[str, dict[str, Any]], models: dict[str, PriceModel]) -> None:
     """Fill ``cost_cache_usd_m`` and ``cost_cache_m`` of every row for every model (module docstring)."""
-    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # (budget, source, policy, m) -> [Σ cost, Σ Full, n]
+    # (budget, source, policy, m) -> [Σ cost, Σ Full, n, Σ bound, n with a bound]
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0, 0])
     for r in per_trace:
         ref = references.get(f"{r.get('budget')}|{r.get('session')}")
         for name, model in models.items():
-            cost, full = _row_cost(r, name, model), _full_cost(ref, name, model)
+            cost, full, least = _row_cost(r, name, model), _full_cost(ref, name, model), _bound(r, ref, model)
             r[f"cost_cache_usd_{name}"] = None if cost is None else round(cost, 6)
             r[f"cost_cache_{name}"] = round(cost / full, 4) if cost is not None and full else None
+            r[f"bound_cache_usd_{name}"] = None if least is None else round(least, 6)
+            r[f"bound_cache_{name}"] = round(least / full, 4) if least is not None and full else None
             if cost is not None and full is not None and r.get("cost_traces"):
                 for src in (r["source"], "ALL"):
                     s = sums[(r.get("budget"), src, r["policy"], name)]
                     s[0] += cost
                     s[1] += full
                     s[2] += 1
+                    if least is not None:
+                        s[3] += least
+                        s[4] += 1
     for r in per_source:
         for name in models:
             tot = sums.get((r.get("budget"), r["source"], r["policy"], name))
             r[f"cost_cache_usd_{name}"] = round(tot[0] / tot[2], 6) if tot else None
             r[f"cost_cache_{name}"] = round(tot[0] / tot[1], 4) if tot and tot[1] else None
+            whole = tot is not None and tot[4] == tot[2] and tot[1]  # a bound for every trace of the cost
+            r[f"bound_cache_usd_{name}"] = round(tot[3] / tot[2], 6) if tot and whole else None
+            r[f"bound_cache_{name}"] = round(tot[3] / tot[1], 4) if tot and whole else None
 
 
 def reprice(run_models: dict[str, dict[str, Any]], per_trace: list[dict[str, Any]], per_source: list[dict[str, Any]],

@@ -41,6 +41,7 @@ from historygraph.eval.cache import PrefixReuse
 from historygraph.eval.cost import Usage
 from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.prompt_cache import CacheTokens, PromptCache
+from historygraph.eval.bill_bound import BoundInputs, bound_inputs
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
 from historygraph.eval.recorded import (RECORDED, CacheCall, RecordedContext, fixed_tokens, has_recorded, home_price_model,
                                        project_of, recorded_call, recorded_tokens, uses_one_hour_cache)
@@ -157,6 +158,7 @@ class TraceResult:
     home_model: str | None = None  # the price model of the recorded model (eval.recorded.home_price_model)
     cache_calls: list[CacheCall] = field(default_factory=list)  # the cache check (eval.recorded.CacheCall)
     project: str = ""  # the project of a session log (eval.recorded.project_of), "" for a research trace
+    bound: BoundInputs | None = None  # what the bill bound of this trace at this budget needs (eval.bill_bound)
 
     @property
     def compared(self) -> bool:
@@ -262,7 +264,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     # (over 80 lines: one walk over the trace with every policy's accumulators in locals; split, each piece would take them all as arguments)
     sid = record_trace(store, trace) if store is not None else session_id_for(trace)
     events_at: dict[int, list] = defaultdict(list)
-    for e in reuse_events(trace.messages):
+    events = reuse_events(trace.messages)
+    for e in events:
         events_at[e.turn].append(e)
     rec = RecordedContext(trace) if has_recorded(trace) else None
     home = home_price_model(trace) if rec is not None else None
@@ -371,7 +374,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                      else full_reference(trace, signals, price_models))  # Full history among the policies: its figures are the reference
     return TraceResult(trace.source, trace.path, trace.trace_id, sid, len(trace.messages),
                        len(graph.results()), invocations, stats, budget, reference, timeline,
-                       _recorded(trace, stats) if rec is not None else None, home, cache_calls, project_of(trace))
+                       _recorded(trace, stats) if rec is not None else None, home, cache_calls, project_of(trace),
+                       bound_inputs(trace.messages, events, counter, fixed, budget))
 
 
 def _recorded(trace: Trace, stats: dict[str, PolicyStats]) -> tuple[CacheTokens, int]:

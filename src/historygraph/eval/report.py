@@ -111,7 +111,7 @@ def _rhos(results: list[TraceResult]) -> dict[tuple[int | None, str], float]:
 def references(results: list[TraceResult]) -> dict[str, dict[str, Any]]:
     """Full history's output tokens and tokens through each price model's cache, per trace and
     budget (``"{budget}|{session}"``, :mod:`.cache_cost`)."""
-    return {f"{r.budget}|{r.session_id}": cache_cost.reference_entry(r.reference.usage.O, r.reference.prompt_cache)
+    return {f"{r.budget}|{r.session_id}": cache_cost.reference_entry(r.reference.usage.O, r.reference.prompt_cache, r.bound)
             for r in results if r.reference is not None}
 
 
