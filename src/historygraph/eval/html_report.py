@@ -156,7 +156,7 @@ def _fmt(v: Any, key: str = "") -> str:
     if isinstance(v, float):
         if key.startswith("bill_vs_recorded"):
             return f"{v:.2f}"
-        return f"{v:.3f}" if key.startswith(("norm_cost", "cost_cache_")) and not key.startswith("cost_cache_usd_") else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
+        return f"{v:.3f}" if key.startswith(("norm_cost", "cost_cache_", "bound_cache_")) and not key.startswith(("cost_cache_usd_", "bound_cache_usd_")) else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
     return str(v)
 
 
@@ -286,6 +286,8 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     if any(r.get("bill_vs_recorded") is not None for r in summary):  # session logs: the bill against what was paid
         cols[-2:-2] = [("bill_vs_recorded", "bill ÷ recorded"), ("bill_vs_recorded_simulated", "bill ÷ recorded (simulated)")]
     cols[4:4] = [(f"cost_cache_{m}", f"cost {label(m)}") for m in run.price_models]  # cost with each prompt cache, after recall
+    if any(r.get(f"bound_cache_{m}") is not None for r in summary for m in run.price_models):  # the bill bound (eval.bill_bound)
+        cols[4 + len(run.price_models):4 + len(run.price_models)] = [(f"bound_cache_{m}", f"bound {label(m)}") for m in run.price_models]
     sources = list(dict.fromkeys(r["source"] for r in summary))
     unit_prices = run.meta.get("prices") or {}
     note = ("Recall: ContextRender B.4 Later-Used Result Recall (a reused result counts only when shown complete). "
@@ -294,6 +296,8 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
             "Cost M: the cost with price model M's simulated prompt cache (" +
             "; ".join(f"{label(m)}: {(run.meta['price_models'][m].get('description') or '')}" for m in run.price_models) +
             "), Full history = 1 (ratio of mean costs over the traces whose Full history exceeds B). "
+            "Bound M: the least any rendering keeping the invariants could cost at the row's recall with M's cache, "
+            "normalised the same way (a lower bound, not an achievable cost; docs/evaluator.md, The bill bound). "
             "Cost (Full ρ / own ρ): ContextRender eq. 3 with prices " + ", ".join(f"{k} {v}" for k, v in unit_prices.items()) +
             " USD per million tokens, normalised as the ratio of mean costs over the traces whose Full history exceeds B "
             "(Full history = 1); 'Full ρ' prices every policy with Full history's cache fraction (C.2), 'own ρ' with its own prefix reuse. "
