@@ -275,3 +275,24 @@ def test_a_budget_that_moves_by_a_few_tokens_keeps_appending():
     assert policy.render(g, 1000, sig).stats["cache_stable"] == "appended"
     g.extend(msgs[6:8])
     assert policy.render(g, 1500, sig).stats["cache_stable"] == "reselected"  # B raised by half: re-select at it
+
+
+def test_the_timeline_counts_a_copy_at_the_tail_as_shown_complete(traces_dir):
+    """Issue 48, item 7: a result shown again at the end has no position of its own, so the replay's
+    timeline kept its placeholder and undercounted the cache-stable policies against the recall of
+    the same replay (on django-11099 at B = 3000, prune-stable's timeline had 6 of the 8 hits).
+    Every reuse event the replay scores as a hit is an ``F`` in the timeline, and no other."""
+    from historygraph.eval.replay import replay_trace
+
+    trace = next(iter(read_traces(traces_dir / "mini-swe-agent-deepseek" / "django__django-11099.traj.json")))
+    names, sig = ("prune-stable", "learned-stable"), Signals()
+    res = replay_trace(trace, {n: create(n) for n in names}, 3000, sig)
+    t = res.timeline
+    for n in names:
+        assert sum(t.forms[n][call][k] == "F" for call, k in t.events) == res.stats[n].hits, n
+    policy, g, copies = create("prune-stable"), ContextGraph("again"), 0  # the case arises: copies at the tail
+    for m in trace.messages:
+        if m.role == "assistant" and len(g):
+            copies += sum(x.rendered_as == "recalled" for x in policy.render(g, 3000, sig).messages)
+        g.append(m)
+    assert copies > 0

@@ -77,6 +77,56 @@ def test_unanswered_call_gets_a_synthetic_error_result(signals):
     assert r.messages[2].role == "tool" and "c1" in r.messages[2].content
 
 
+def airline_session() -> list[Message]:
+    """A τ²-bench-style airline session of 27 calls: 13 look-ups of one JSON record each, then 14
+    calls of six flight searches that all find nothing (84 results ``[]``, a token or two each)."""
+    import json
+
+    msgs = [Message("system", "You are an airline customer service agent. Follow the airline policy."),
+            Message("user", "Hi! I need to move my trip from New York to Seattle to a later date. My user id is mia_li_3668.")]
+    look_ups = [("get_user_details", {"user_id": "mia_li_3668"}), ("get_reservation_details", {"reservation_id": "NO6JO3"}),
+                ("get_reservation_details", {"reservation_id": "AIXC49"})]
+    for i in range(13):
+        name, args = look_ups[i % 3]
+        record = {"reservation_id": "NO6JO3", "origin": "JFK", "destination": "SEA", "cabin": "economy",
+                  "flights": [{"flight_number": f"HAT{100 + i}", "date": "2024-05-15", "price": 120 + i}],
+                  "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}], "payment_history": []}
+        msgs += [Message("assistant", f"Let me look that up ({i}).", (ToolCall(f"call_{i}", name, json.dumps(args)),)),
+                 Message("tool", json.dumps(record), tool_call_id=f"call_{i}")]
+    for i in range(14):
+        calls = tuple(ToolCall(f"search_{i}_{d}", "search_direct_flight",
+                               json.dumps({"origin": "JFK", "destination": "SEA", "date": f"2024-05-{16 + d:02d}"})) for d in range(6))
+        msgs.append(Message("assistant", "", calls))
+        msgs += [Message("tool", "[]", tool_call_id=c.id) for c in calls]
+    return msgs
+
+
+def _uses_attention_model(name):
+    cfg = config_fields(name)  # ReCAP's proxy attention runs the local SmolLM2 model
+    return cfg.get("attention") == "proxy" and cfg.get("use_graph", True)
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if not _uses_attention_model(n)])
+def test_a_larger_budget_renders_where_a_smaller_one_does(name, signals):
+    """Issue 48, item 7: a placeholder (~45 tokens) costs far more than a result ``[]``, so with
+    every result priced as one the history was over B = 5000 while the whole of it fits: the layout
+    skipped the drop (the history fits) and then refused the newest results, raising
+    BudgetTooSmallError where B = 3000 renders. A history that fits comes back unchanged (§5.5)."""
+    msgs, count = airline_session(), signals.counter.count_message
+    ends = [n for n in range(3, len(msgs) + 1) if msgs[n - 1].role == "tool" and (n == len(msgs) or msgs[n].role != "tool")]
+    assert len(ends) == 27
+    whole = {n: sum(count(m) for m in msgs[2:n]) for n in ends}  # B covers all but the system and the current user message
+    assert whole[ends[-1]] <= 5000 < 2 * whole[ends[-1]] and whole[ends[-1]] > 3000  # both sides of B are reached
+    policy = create(name)
+    for budget in (3000, 5000, 7000):
+        for n in ends[11:]:
+            g = ContextGraph("airline", msgs[:n])
+            r = policy.render(g, budget, signals)
+            check_invariants(r, g, signals.counter)
+            if whole[n] <= budget:
+                assert r.messages == msgs[:n], (budget, n)
+
+
 REAL_PICKS = ["mini-swe-agent-deepseek/sqlfluff__sqlfluff-2419.traj.json", "swe-agent/pydicom__pydicom-1458.traj",
               "openhands/multi_swe_bench_examples/output.jsonl", "tau2-bench/gpt-4.1_airline_default_gpt-4.1_1trials.json"]
 

@@ -122,7 +122,9 @@ class Timeline:
 
     ``results``: graph positions of the tool results; ``invocations``: positions of the assistant
     messages rendered for; ``forms[policy][k]``: one letter per result stored before invocation
-    ``k`` (F full, E excerpt, P placeholder, S summary, D dropped/not shown, X budget error);
+    ``k`` (F full, E excerpt, P placeholder, S summary, D dropped/not shown, X budget error; F
+    whenever the rendering shows the result complete, as recall scores it: in its place or as a
+    copy appended at the end, :mod:`historygraph.policies.cache_stable`, whatever stands in its place);
     ``events``: ``(invocation index, result index)`` of each B.4 reuse event."""
 
     results: list[int] = field(default_factory=list)
@@ -334,6 +336,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                         if isinstance(v, (int, float)):
                             st.extra.setdefault(k, []).append(float(v))
                     forms = {p: _form(m) for m, p in zip(r.messages, r.positions) if p is not None}
+                    # complete as scored: a copy at the tail (cache-stable rendering) has no position of its own
+                    forms.update(dict.fromkeys(visible, "F"))
                     timeline.forms[name].append("".join(forms.get(p, "D") for p in timeline.results))
                     seen_tokens = rendered_tokens(r.messages) if events_at.get(j) else set()
                 st.steps.observe(graph, visible, message)

@@ -161,9 +161,9 @@ class Layout(Assembly):
     def _require_newest(self, newest: list[int], pinned: list[int]) -> None:
         """Show the pinned results complete and the newest results (those not pinned) whatever the
         policy selects and charge them in ``base_tokens``: the pinned first, then each newest in the
-        largest form that fits (complete, else an excerpt of an equal share of what is left,
-        smallest results first). Raises BudgetTooSmallError when the pinned results and an excerpt
-        of each newest one do not fit."""
+        largest form that fits (:meth:`_fit_newest`), complete when the whole history fits in B
+        (placeholders priced above B do not matter then: nothing is left out). Raises
+        BudgetTooSmallError when the pinned results and an excerpt of each newest one do not fit."""
         budget, counter, ph = self.budget, self.counter, self.placeholder_tokens
         assert budget is not None
         msgs = self.graph.messages
@@ -176,7 +176,21 @@ class Layout(Assembly):
                                        self.pin_names)
         forms = {p: self._excerpt_forms.get(p, msgs[p]) for p in newest}
         cost = {p: counter.count_message(forms[p]) if p in self._excerpt_forms else self.full_cost[p] for p in newest}
-        left = budget - self.base_tokens - pin_cost + sum(ph[p] for p in newest)  # tokens for the newest results themselves
+        if not self.fits_in_full:  # (when it fits, every policy returns it unchanged, §5.5: the newest results complete)
+            self._fit_newest(newest, forms, cost, budget - self.base_tokens - pin_cost, too_small)
+        self.base_tokens += pin_cost + sum(cost[p] - ph[p] for p in newest)
+        forms.update((p, msgs[p]) for p in pinned)
+        self.required = forms
+        self.required_index = np.asarray(sorted(self._index(p) for p in forms), dtype=np.int64)
+
+    def _fit_newest(self, newest: list[int], forms: dict[int, Message], cost: dict[int, int], room: int,
+                    too_small: Callable[[], BudgetTooSmallError]) -> None:
+        """Cut the newest results in ``forms`` (their ``cost`` in tokens updated in place) to fit
+        ``room`` tokens beside their placeholders: each in the largest form that fits, complete, else
+        an excerpt of an equal share of what is left, smallest results first. Raises ``too_small()``
+        when an excerpt of each does not fit."""
+        counter, msgs = self.counter, self.graph.messages
+        left = room + sum(self.placeholder_tokens[p] for p in newest)  # tokens for the newest results themselves
         if left < 0:
             raise too_small()
         for i, p in enumerate(sorted(newest, key=lambda q: (cost[q], q))):
@@ -189,10 +203,6 @@ class Layout(Assembly):
                 self.reasons[p] = (f"newest result (the output the next call answers, invariant §5.9): {self.full_cost[p]} "
                                    f"tokens do not fit beside the protected history; shown as a marked excerpt")
             left -= cost[p]
-        self.base_tokens += pin_cost + sum(cost[p] - ph[p] for p in newest)
-        forms.update((p, msgs[p]) for p in pinned)
-        self.required = forms
-        self.required_index = np.asarray(sorted(self._index(p) for p in forms), dtype=np.int64)
 
     def _take_skeleton(self, memo: TokenMemo, sk: dict[str, Any]) -> None:
         """The layout's state from the graph's token memo and a snapshot ``sk`` of its skeleton
