@@ -22,7 +22,8 @@ Answers (request count ``n``): when ``tools`` declare functions and the last tur
 own (no function responses), a call of ``list_directory`` when declared (its required string
 parameters set to ``"."``; Gemini CLI's tool), else of the first function with ``{"q": "<n>"}``,
 carrying the fake's ``thoughtSignature``; otherwise the text ``answer <n>`` (streamed in two
-pieces), or, when ``generationConfig.responseMimeType`` asks for JSON, an object saying the user
+pieces); a thought summary ``thinking <n>`` first when ``generationConfig.thinkingConfig`` asks
+for thoughts (``includeThoughts``); or, when ``generationConfig.responseMimeType`` asks for JSON, an object saying the user
 speaks next (what Gemini CLI's next-speaker check reads). Usage: ``promptTokenCount`` 3, 1 of
 them cached; model ``error-model`` gets 429 ``RESOURCE_EXHAUSTED``.
 """
@@ -105,6 +106,8 @@ def answer_parts(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """The model turn's parts the fake answers with (module docstring)."""
     last = body["contents"][-1]
     declared = _declared(body)
+    thinking = (body.get("generationConfig") or {}).get("thinkingConfig") or {}
+    thought = [{"text": f"thinking {n}", "thought": True}] if thinking.get("includeThoughts") else []
     if declared and not any("functionResponse" in p for p in last.get("parts") or []):
         fn = next((f for f in declared if f.get("name") == "list_directory"), None)
         if fn is not None:
@@ -113,10 +116,10 @@ def answer_parts(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
         else:
             fn, args = declared[0], {"q": str(n)}
         call = {"name": fn["name"], "args": args}
-        return [{"functionCall": call, "thoughtSignature": signature(call)}]
+        return [*thought, {"functionCall": call, "thoughtSignature": signature(call)}]
     if ((body.get("generationConfig") or {}).get("responseMimeType") or "") == "application/json":
         return [{"text": json.dumps({"reasoning": "fake", "next_speaker": "user"})}]
-    return [{"text": f"answer {n}"}]
+    return [*thought, {"text": f"answer {n}"}]
 
 
 def _response(parts: list[dict[str, Any]], model: str, n: int, finish: str | None = "STOP") -> dict[str, Any]:
@@ -148,8 +151,8 @@ def add_routes(app: FastAPI, record: Callable[[Request], Any], rejected: list[di
         parts = answer_parts(body, n)
         if method == "generateContent":
             return _response(parts, model, n)
-        text = parts[0].get("text")
-        pieces = [{"text": text[:len(text) // 2]}, {"text": text[len(text) // 2:]}] if text else parts  # a call whole
+        text = parts[-1].get("text")
+        pieces = [*parts[:-1], {"text": text[:len(text) // 2]}, {"text": text[len(text) // 2:]}] if text else parts  # a call whole
         events = [_response([p], model, n, None) for p in pieces[:-1]] + [_response(pieces[-1:], model, n)]
         lines = ["data: " + json.dumps(e) + "\r\n\r\n" for e in events]
         return StreamingResponse(paced(lines, {"model": model}), media_type="text/event-stream")

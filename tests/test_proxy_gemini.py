@@ -45,9 +45,10 @@ def test_a_tool_loop_converts_to_paired_canonical_messages():
     assert msgs == [
         Message("system", "You are a coding agent."),
         Message("user", "list it"),
-        Message("assistant", "Let me look.", (ToolCall("gemini-1-0", "ls", '{"dir": "."}'), ToolCall("own-7", "cat", "{}")),
+        # ids by place, whatever id the client gave a call (Gemini CLI gives each its own)
+        Message("assistant", "Let me look.", (ToolCall("gemini-1-0", "ls", '{"dir": "."}'), ToolCall("gemini-1-1", "cat", "{}")),
                 provider_blocks='[{"thoughtSignature":"c2ln"}]'),
-        Message("tool", "x = 1", tool_call_id="own-7", name="cat"),
+        Message("tool", "x = 1", tool_call_id="gemini-1-1", name="cat"),
         Message("tool", '{"files": ["a", "b"]}', tool_call_id="gemini-1-0", name="ls"),
         Message("user", "and now?")]
     assert [p.turn if p else None for p in pieces] == [None, 0, 1, 2, 2, 3]
@@ -95,17 +96,22 @@ def test_bad_contents_name_the_field(contents, named):
 
 def test_a_streamed_answer_is_rebuilt_with_the_id_its_echo_gets():
     acc = gem.StreamAccumulator.for_turn(3)()
-    for chunk in [{"candidates": [{"content": {"role": "model", "parts": [{"text": "Hel"}]}}]},
+    for chunk in [{"candidates": [{"content": {"role": "model", "parts": [{"text": "I should", "thought": True}]}}]},
+                  {"candidates": [{"content": {"role": "model", "parts": [{"text": " look", "thought": True}]}}]},
+                  {"candidates": [{"content": {"role": "model", "parts": [{"text": "Hel"}]}}]},
                   {"candidates": [{"content": {"role": "model", "parts": [{"text": "lo"}]}}]},
                   {"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"a": 1}}}]},
                                    "finishReason": "STOP"}],
                    "usageMetadata": {"promptTokenCount": 10, "cachedContentTokenCount": 4}}]:
         assert acc.message() is None
         acc.feed(chunk)
+    # the thought summary left out of the answer stored (Gemini CLI does not send it back)
+    assert acc.parts[0] == {"text": "I should look", "thought": True}
     assert acc.message() == Message("assistant", "Hello", (ToolCall("gemini-3-0", "f", '{"a": 1}'),))
     assert (acc.usage.fresh, acc.usage.cache_read, acc.usage.cache_write) == (6, 4, 0)
-    # the client's echo of that answer, as contents[3] of its next request, is the same event
-    echo = {"role": "model", "parts": [{"text": "Hello"}, {"functionCall": {"name": "f", "args": {"a": 1}}}]}
+    # the client's echo of that answer, as contents[3] of its next request, is the same event,
+    # with the id the client gave the call too
+    echo = {"role": "model", "parts": [{"text": "Hello"}, {"functionCall": {"name": "f", "args": {"a": 1}, "id": "f_17_0"}}]}
     assert gem.to_canonical(None, [user("a"), user("b"), user("c"), echo])[0][3] == acc.message()
 
 

@@ -17,15 +17,18 @@ Conversion of a request (:func:`to_canonical`):
   newlines; it travels on in its own field;
 * a ``model`` turn → one ``assistant`` message: its text parts (not ``thought`` ones) concatenated
   as the stream delivers them, its ``functionCall`` parts as tool calls (``arguments`` =
-  ``json.dumps(args)``; the id is the call's ``id`` when it has one, else :func:`call_id`
-  ``gemini-<turn>-<k>``, the turn's index in ``contents`` and the call's ordinal in it, which the
-  answer stored from the response and the client's echo of it share). Every other part (thoughts,
-  executable code and its result, file data) and every ``thoughtSignature`` is kept in
-  :attr:`Message.provider_blocks`: not scored, counted against B because it is forwarded
-  (docs/architecture.md, invariant §5.8);
+  ``json.dumps(args)``; the id is :func:`call_id` ``gemini-<turn>-<k>``, the turn's index in
+  ``contents`` and the call's ordinal in it, which the answer stored from the response and the
+  client's echo of it share: a call's own ``id`` is no key, Gemini CLI gives each call an id of its
+  own when it echoes the answer). Every other part (thoughts, executable code and its result, file
+  data) and every ``thoughtSignature`` is kept in :attr:`Message.provider_blocks`: not scored,
+  counted against B because it is forwarded (docs/architecture.md, invariant §5.8). The answer
+  stored from a response leaves its thought summaries (``thought: true`` parts) out: Gemini CLI
+  leaves them out of the history it sends back, and a request that does send them counts them
+  with its model turn;
 * a ``user`` turn (``role`` left out counts as ``user``) → one ``tool`` message per
-  ``functionResponse`` part, paired with a call of the previous turn (by ``id`` when both have
-  one, else the first call of that name not yet answered), then one ``user`` message with the
+  ``functionResponse`` part, paired with a call of the previous turn (by the wire ``id`` when both
+  have one, else the first call of that name not yet answered), then one ``user`` message with the
   other parts (text joined by newlines; ``inlineData`` parts stored whole in
   :attr:`Message.media`, an ``[inlineData]`` marker in the text where each was, charged by Google's
   estimate, :mod:`historygraph.signals.media`).
@@ -98,13 +101,16 @@ def _parts(content: Any, where: str) -> list[dict[str, Any]]:
     return parts
 
 
-def model_message(content: Any, turn: int, where: str) -> Message:
-    """The canonical assistant message of a ``model`` turn ``contents[turn]`` (or of a response's
-    candidate, ``turn`` then being the index its turn will have in the next request)."""
+def model_message(content: Any, turn: int, where: str, answer: bool = False) -> Message:
+    """The canonical assistant message of a ``model`` turn ``contents[turn]`` (or, ``answer``, of a
+    response's candidate, ``turn`` then being the index its turn will have in the next request;
+    its thought summaries left out)."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     extra: list[Any] = []
     for j, p in enumerate(_parts(content, where)):
+        if answer and p.get("thought"):
+            continue
         meta = {k: v for k, v in p.items() if k not in ("text", "functionCall")}
         if "functionCall" in p:
             fc = p["functionCall"]
@@ -113,9 +119,7 @@ def model_message(content: Any, turn: int, where: str) -> Message:
             args = fc.get("args", {})
             if args is not None and not isinstance(args, dict):
                 raise EventError(f"{where}.parts[{j}].functionCall.args must be an object")
-            own = fc.get("id")
-            cid = own if isinstance(own, str) and own else call_id(turn, len(calls))
-            calls.append(ToolCall(cid, fc["name"], json.dumps(args or {}, ensure_ascii=False)))
+            calls.append(ToolCall(call_id(turn, len(calls)), fc["name"], json.dumps(args or {}, ensure_ascii=False)))
             if meta:
                 extra.append(meta)
         elif "text" in p and not p.get("thought"):
@@ -137,10 +141,11 @@ def _media(parts: list[dict[str, Any]]) -> str:
     return _blocks([{"type": "inlineData", "inlineData": p["inlineData"]} for p in parts if "inlineData" in p])
 
 
-def _user_messages(parts: list[dict[str, Any]], turn: int, open_calls: list[ToolCall], where: str
+def _user_messages(parts: list[dict[str, Any]], turn: int, open_calls: list[tuple[ToolCall, Any]], where: str
                    ) -> list[tuple[Message, Piece]]:
     """The canonical messages of a user turn: its function responses (answering ``open_calls``,
-    the previous model turn's calls, which are removed as they are answered), then its other parts."""
+    the previous model turn's calls with their wire ids, removed as they are answered), then its
+    other parts."""
     out: list[tuple[Message, Piece]] = []
     rest: list[dict[str, Any]] = []
     for j, p in enumerate(parts):
@@ -153,14 +158,14 @@ def _user_messages(parts: list[dict[str, Any]], turn: int, open_calls: list[Tool
         if "response" in fr and not isinstance(fr["response"], dict):
             raise EventError(f"{where}.parts[{j}].functionResponse.response must be an object")
         own = fr.get("id")
-        call = next((c for c in open_calls if isinstance(own, str) and own and c.id == own), None) or \
-            next((c for c in open_calls if c.name == fr["name"]), None)
-        if call is None:
+        found = next((c for c in open_calls if isinstance(own, str) and own and c[1] == own), None) or \
+            next((c for c in open_calls if c[0].name == fr["name"]), None)
+        if found is None:
             raise EventError(f"{where}.parts[{j}]: a functionResponse named {fr['name']!r} answers no functionCall of "
                              f"the model turn before it (contents[{turn - 1}]); each model turn's functionCall parts are "
                              "answered by the next user turn, one functionResponse per call, with the same names")
-        open_calls.remove(call)
-        out.append((Message("tool", _response_text(fr.get("response", {})), tool_call_id=call.id, name=fr["name"],
+        open_calls.remove(found)
+        out.append((Message("tool", _response_text(fr.get("response", {})), tool_call_id=found[0].id, name=fr["name"],
                             media=_media([q for q in fr.get("parts") or [] if isinstance(q, dict)])),
                     Piece(p, turn)))
     if rest:
@@ -196,7 +201,7 @@ def to_canonical(instruction: Any, contents: Any) -> tuple[list[Message], list[P
         pieces.append(None)
     if not isinstance(contents, list) or not contents:
         raise EventError("contents must be a non-empty list of Content objects")
-    open_calls: list[ToolCall] = []
+    open_calls: list[tuple[ToolCall, Any]] = []  # the previous model turn's calls not yet answered, with their wire ids
     for i, content in enumerate(contents):
         where = f"contents[{i}]"
         parts = _parts(content, where)
@@ -204,13 +209,14 @@ def to_canonical(instruction: Any, contents: Any) -> tuple[list[Message], list[P
         if role not in ROLES:
             raise EventError(f"{where}.role must be 'user' or 'model', got {role!r}")
         if open_calls and role == "model":
-            raise EventError(f"contents[{i - 1}] calls {', '.join(c.name for c in open_calls)} but {where} is not the user "
+            raise EventError(f"contents[{i - 1}] calls {', '.join(c.name for c, _ in open_calls)} but {where} is not the user "
                              "turn of their functionResponse parts")
         if role == "model":
             m = model_message(content, i, where)
             out.append(m)
             pieces.append(Piece(content, i))
-            open_calls = list(m.tool_calls)
+            wire = [p["functionCall"].get("id") for p in parts if "functionCall" in p]
+            open_calls = list(zip(m.tool_calls, wire))
             continue
         before = len(open_calls)
         for m, piece in _user_messages(parts, i, open_calls, where):
@@ -218,7 +224,7 @@ def to_canonical(instruction: Any, contents: Any) -> tuple[list[Message], list[P
             pieces.append(piece)
         if open_calls:
             raise EventError(f"{where} answers {'none' if len(open_calls) == before else 'only some'} of the functionCall parts of "
-                             f"contents[{i - 1}] (no functionResponse for {', '.join(c.name for c in open_calls)}); "
+                             f"contents[{i - 1}] (no functionResponse for {', '.join(c.name for c, _ in open_calls)}); "
                              "the API needs one functionResponse per functionCall, with the same names")
     return out, pieces
 
@@ -352,7 +358,7 @@ class StreamAccumulator:
     def message(self) -> Message | None:
         if not self.complete or self.failed or not self.parts:
             return None
-        return model_message({"role": "model", "parts": self.parts}, self.turn, "response")
+        return model_message({"role": "model", "parts": self.parts}, self.turn, "response", answer=True)
 
     @staticmethod
     def usage_of(data: Any) -> Usage | None:
@@ -366,4 +372,4 @@ class StreamAccumulator:
         content = _candidate_content(data)
         if not isinstance(content, dict) or not content.get("parts"):
             return None
-        return model_message(content, cls.turn, "response")
+        return model_message(content, cls.turn, "response", answer=True)
