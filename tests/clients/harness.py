@@ -185,7 +185,7 @@ def launch(budget: int, tmp: Path) -> Stack:
     procs = [_start([FAKE, "--port", str(fp)], fp, tmp / "fake.log", timeout=90)]
     try:
         procs.append(_start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{fp}/v1", "--anthropic-upstream",
-                             f"http://127.0.0.1:{fp}", "--port", str(pp), "--store", str(tmp / "proxy.sqlite"), "--budget", str(budget),
+                             f"http://127.0.0.1:{fp}", "--gemini-upstream", f"http://127.0.0.1:{fp}", "--port", str(pp), "--store", str(tmp / "proxy.sqlite"), "--budget", str(budget),
                              "--auth-token", TOKEN, "--log-format", "text"], pp, tmp / "proxy.log", timeout=90))
         procs.append(_start([TAP, "--port", str(tp), "--to", f"http://127.0.0.1:{pp}"], tp, tmp / "tap.log", probe="/_tap", timeout=90))
     except Exception:
