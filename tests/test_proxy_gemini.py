@@ -303,3 +303,32 @@ def test_count_tokens_counts_what_would_be_forwarded(fake):
     r, _, _ = proxy_call(fake, "/v1beta/models/gemini-2.5-flash:countTokens",
                          {"generateContentRequest": {"model": "models/x", "contents": [user("hello")]}})
     assert r.json() == {"totalTokens": 7}
+
+
+@pytest.mark.slow
+def test_upstream_errors_and_cut_streams_reach_the_client_in_googles_shape(fake):
+    store = MemoryStore()
+    thinking = {"generationConfig": {"thinkingConfig": {"includeThoughts": True}}}  # three events: cut after two
+
+    async def main():
+        app = create_app(ServerConfig(store=":memory:", policy="prune", budget=BUDGET, gemini_upstream=fake,
+                                      calibrate=False), store=store)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=30) as c:
+            limited = await c.post("/v1beta/models/error-model:generateContent", json={"contents": [user("a")]},
+                                   headers={"X-HistoryGraph-Session": "g-429"})
+            cut = await c.post("/v1beta/models/cut-model:streamGenerateContent?alt=sse",
+                               json={"contents": [user("b")], **thinking}, headers={"X-HistoryGraph-Session": "g-cut"})
+            metrics = (await c.get("/metrics")).text
+        await app.state.proxy.transport.aclose()
+        return limited, cut, metrics
+
+    limited, cut, metrics = asyncio.run(main())
+    # the upstream's own error, unchanged; the request stored, no answer
+    assert limited.status_code == 429 and limited.json()["error"]["status"] == "RESOURCE_EXHAUSTED"
+    assert [m.role for m in store.messages("g-429")] == ["user"]
+    # a stream cut before its finishReason ends with Google's error as the last event; no answer stored
+    last = json.loads([line for line in cut.text.splitlines() if line.startswith("data:")][-1][5:])
+    assert last["error"]["code"] == 502 and last["error"]["status"] == "UNAVAILABLE" and "cut" in last["error"]["message"]
+    assert [m.role for m in store.messages("g-cut")] == ["user"]
+    assert 'historygraph_requests_total{api="gemini",status="429"} 1.0' in metrics
+    assert 'historygraph_upstream_errors_total{api="gemini",kind="stream_cut"} 1.0' in metrics
