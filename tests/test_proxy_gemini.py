@@ -113,6 +113,10 @@ def test_a_streamed_answer_is_rebuilt_with_the_id_its_echo_gets():
     # with the id the client gave the call too
     echo = {"role": "model", "parts": [{"text": "Hello"}, {"functionCall": {"name": "f", "args": {"a": 1}, "id": "f_17_0"}}]}
     assert gem.to_canonical(None, [user("a"), user("b"), user("c"), echo])[0][3] == acc.message()
+    # a blocked prompt: one chunk without candidates ends the stream, with no answer
+    blocked = gem.StreamAccumulator.for_turn(1)()
+    blocked.feed({"promptFeedback": {"blockReason": "SAFETY"}, "usageMetadata": {"promptTokenCount": 5}})
+    assert blocked.complete and blocked.message() is None
 
 
 def png(width: int, height: int) -> str:

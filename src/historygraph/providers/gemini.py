@@ -318,8 +318,8 @@ class StreamAccumulator:
     """Rebuilds candidate 0's model turn from ``streamGenerateContent`` chunks (each a
     ``GenerateContentResponse``): text parts of one kind (thought or not) arriving in a row are
     concatenated, every other part appended; the chunk whose candidate has a ``finishReason`` ends
-    the answer, ``usageMetadata`` of the latest chunk is its usage. A chunk holding ``error`` ends
-    the stream without an answer. Bound to the turn index its answer will have in the next request
+    the answer, ``usageMetadata`` of the latest chunk is its usage. A chunk holding ``error``, or a
+    ``promptFeedback.blockReason`` (a blocked prompt, no candidate), ends the stream without an answer. Bound to the turn index its answer will have in the next request
     (:meth:`for_turn`), which the ids of its calls carry (:func:`call_id`)."""
 
     api = "gemini"
@@ -342,6 +342,9 @@ class StreamAccumulator:
         if "error" in event:
             self.failed = self.complete = True
             return
+        feedback = event.get("promptFeedback")
+        if isinstance(feedback, dict) and feedback.get("blockReason"):  # the prompt was blocked: the stream's last chunk
+            self.complete = True
         self.usage = gemini_usage(event) or self.usage
         content = _candidate_content(event)
         for p in (content.get("parts") if isinstance(content, dict) else None) or ():
