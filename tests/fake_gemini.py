@@ -24,7 +24,8 @@ parameters set to ``"."``; Gemini CLI's tool), else of the first function with `
 carrying the fake's ``thoughtSignature``; otherwise the text ``answer <n>`` (streamed in two
 pieces); a thought summary ``thinking <n>`` first when ``generationConfig.thinkingConfig`` asks
 for thoughts (``includeThoughts``); or, when ``generationConfig.responseMimeType`` asks for JSON, an object saying the user
-speaks next (what Gemini CLI's next-speaker check reads). Usage: ``promptTokenCount`` 3, 1 of
+speaks next (what Gemini CLI's next-speaker check reads). A model named ``script-<N>`` gets the
+scripted answers of ``tests/fake_scripts.py`` (the ``clients`` tests). Usage: ``promptTokenCount`` 3, 1 of
 them cached; model ``error-model`` gets 429 ``RESOURCE_EXHAUSTED``.
 """
 
@@ -38,6 +39,8 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+import fake_scripts
 
 DATA = ("text", "inlineData", "functionCall", "functionResponse", "fileData", "executableCode", "codeExecutionResult")
 USAGE = {"promptTokenCount": 3, "cachedContentTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 4}
@@ -102,12 +105,29 @@ def _declared(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for t in body.get("tools") or [] if isinstance(t, dict) for f in t.get("functionDeclarations") or []]
 
 
-def answer_parts(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+def scripted_parts(body: dict[str, Any], model: str, n: int) -> list[dict[str, Any]]:
+    """The answer of a scripted model ``script-<N>`` (``tests/fake_scripts.py``: the client's shell
+    tool runs step ``k``'s command, then a text), read from the request as the other APIs' are."""
+    shim = {"model": model,
+            "tools": [{"name": f["name"], "parameters": f.get("parameters") or f.get("parametersJsonSchema") or {}} for f in _declared(body)],
+            "messages": [{"role": "assistant", "content": json.dumps(c)} for c in body["contents"] if c.get("role") == "model"]}
+    act = fake_scripts.action(shim, n)
+    if act.get("call"):
+        call = {"name": act["call"]["name"], "args": act["call"]["args"]}
+        return [{"functionCall": call, "thoughtSignature": signature(call)}]
+    return [{"text": act["text"]}]
+
+
+def answer_parts(body: dict[str, Any], model: str, n: int) -> list[dict[str, Any]]:
     """The model turn's parts the fake answers with (module docstring)."""
     last = body["contents"][-1]
     declared = _declared(body)
     thinking = (body.get("generationConfig") or {}).get("thinkingConfig") or {}
     thought = [{"text": f"thinking {n}", "thought": True}] if thinking.get("includeThoughts") else []
+    if ((body.get("generationConfig") or {}).get("responseMimeType") or "") == "application/json":
+        return [{"text": json.dumps({"reasoning": "fake", "next_speaker": "user"})}]
+    if fake_scripts.script_of(model):
+        return [*thought, *scripted_parts(body, model, n)]
     if declared and not any("functionResponse" in p for p in last.get("parts") or []):
         fn = next((f for f in declared if f.get("name") == "list_directory"), None)
         if fn is not None:
@@ -117,8 +137,6 @@ def answer_parts(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
             fn, args = declared[0], {"q": str(n)}
         call = {"name": fn["name"], "args": args}
         return [*thought, {"functionCall": call, "thoughtSignature": signature(call)}]
-    if ((body.get("generationConfig") or {}).get("responseMimeType") or "") == "application/json":
-        return [{"text": json.dumps({"reasoning": "fake", "next_speaker": "user"})}]
     return [*thought, {"text": f"answer {n}"}]
 
 
@@ -148,7 +166,7 @@ def add_routes(app: FastAPI, record: Callable[[Request], Any], rejected: list[di
         if model == "error-model":
             return JSONResponse({"error": {"code": 429, "message": "fake upstream: quota", "status": "RESOURCE_EXHAUSTED"}}, 429)
         n = len(seen)
-        parts = answer_parts(body, n)
+        parts = answer_parts(body, model, n)
         if method == "generateContent":
             return _response(parts, model, n)
         text = parts[-1].get("text")

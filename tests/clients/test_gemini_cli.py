@@ -1,6 +1,7 @@
 """Gemini CLI (npm ``@google/gemini-cli``, pinned in scripts/install-clients.sh), ``gemini -p``
 through the proxy's Gemini API (``GOOGLE_GEMINI_BASE_URL`` at the proxy, an API key of its own):
-one tool-using turn (the fake calls ``list_directory``, then answers in text)."""
+one tool-using turn (the fake calls ``list_directory``, then answers in text), and six shell steps
+of about 450 tokens of output (``run_shell_command``, the scripted model), then its answer."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy":
             "general": {"disableAutoUpdate": True, "disableUpdateNag": True}, "telemetry": {"enabled": False}}
 
 
-def test_gemini_cli_lists_a_directory_through_the_proxy(stack, tmp_path):
+def gemini(stack, tmp_path, model: str, prompt: str):
+    """``gemini -m MODEL -p PROMPT`` in a fresh home and work directory (holding one file), at the stack."""
     exe = need(GEMINI, "Gemini CLI")
     home, work = tmp_path / "home", tmp_path / "work"
     (home / ".gemini").mkdir(parents=True)
@@ -24,7 +26,11 @@ def test_gemini_cli_lists_a_directory_through_the_proxy(stack, tmp_path):
     (work / "notes-for-gemini.txt").write_text("hello\n")
     env = {"HOME": str(home), "GEMINI_API_KEY": "fake-gemini-key", "GOOGLE_GEMINI_BASE_URL": stack.url,
            "GEMINI_CLI_TRUST_WORKSPACE": "true"}
-    out = run([str(exe), "-m", "gemini-2.5-flash", "--approval-mode", "yolo", "-p", "List the files here."], work, env, timeout=240)
+    return run([str(exe), "-m", model, "--approval-mode", "yolo", "-p", prompt], work, env, timeout=240)
+
+
+def test_gemini_cli_lists_a_directory_through_the_proxy(stack, tmp_path):
+    out = gemini(stack, tmp_path, "gemini-2.5-flash", "List the files here.")
     assert "answer" in out.stdout, (out.stdout + out.stderr)[-3000:]
     assert httpx.get(stack.fake + "/_rejections").json() == []
     tapped = httpx.get(stack.url + "/_tap").json()
@@ -40,3 +46,10 @@ def test_gemini_cli_lists_a_directory_through_the_proxy(stack, tmp_path):
     # one session: the CLI's echo of each answer (its own call ids, no thought parts) continues it
     grown = {s: n for s, n in stack.sessions().items() if n > stack._before.get(s, 0)}
     assert len(grown) == 1, grown
+
+
+def test_gemini_cli_runs_six_shell_steps(stack, tmp_path):
+    out = gemini(stack, tmp_path, "script-6", "Run the numbered steps.")
+    assert "Done: 6 steps." in out.stdout, (out.stdout + out.stderr)[-3000:]
+    verdict = stack.check(min_results=6)  # over B = 3000 at the end, every newest result complete
+    assert len(verdict["sessions"]) == 1, verdict["sessions"]
