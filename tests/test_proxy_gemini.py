@@ -189,17 +189,19 @@ def run_loop(fake: str, stream: bool, steps: int = 5, key_in_query: bool = False
                 done += bool(calls)
             seen = (await up.get("/_requests")).json()
             rejected = (await up.get("/_rejections")).json()
+            sid = answers[-1][2].get("x-historygraph-session")
+            first = (await c.get(f"/api/sessions/{sid}/results/gemini-1-0")).json()  # the first call's result, by its id
         await app.state.proxy.transport.aclose()
-        return answers, seen, rejected
+        return answers, seen, rejected, first
 
-    answers, seen, rejected = asyncio.run(main())
-    return answers, seen, rejected, store, contents
+    answers, seen, rejected, first = asyncio.run(main())
+    return answers, seen, rejected, store, contents, first
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_tool_loop_through_the_proxy_stays_within_b_and_is_accepted(fake, stream):
-    answers, seen, rejected, store, contents = run_loop(fake, stream)
+    answers, seen, rejected, store, contents, first = run_loop(fake, stream)
     assert rejected == []
     assert [s for s, _, _ in answers] == [200] * 10
     sessions = {h["x-historygraph-session"] for _, _, h in answers}
@@ -226,6 +228,7 @@ def test_a_tool_loop_through_the_proxy_stays_within_b_and_is_accepted(fake, stre
     dropped = sum(int(m.group(1)) for t in texts for m in re.finditer(r"tool calls: (\d+)", t))
     assert len(calls) + dropped == 5
     assert int(answers[-1][2]["x-historygraph-omitted"]) == 5 - len(whole)
+    assert first["content"] == f"0: {LONG}"  # what the rendering left out, restored whole by id
     assert "x-historygraph-over-budget" not in answers[-1][2]
     # what was sent fits B: every message but the system prompt and the latest user message
     # (outside B, docs/architecture.md) counted as the proxy's counter counts them
@@ -241,7 +244,7 @@ def test_a_tool_loop_through_the_proxy_stays_within_b_and_is_accepted(fake, stre
 
 @pytest.mark.slow
 def test_a_key_in_the_query_passes_through_and_is_never_shown(fake):
-    answers, seen, rejected, _, _ = run_loop(fake, stream=True, steps=1, key_in_query=True)
+    answers, seen, rejected, _, _, _ = run_loop(fake, stream=True, steps=1, key_in_query=True)
     assert [s for s, _, _ in answers] == [200, 200] and rejected == [] and len(seen) == 2
     assert all(r["query"] == "alt=sse&key=SECRET-KEY" for r in seen)
     # an upstream that does not answer: the 502 names the URL with the key masked
@@ -251,9 +254,10 @@ def test_a_key_in_the_query_passes_through_and_is_never_shown(fake):
     assert "key=***" in r.json()["error"]["message"] and "SECRET" not in r.text
 
 
-def proxy_call(fake: str, path: str, body: dict | None, method: str = "POST", sid: str = "bad-1", upstream: str | None = None):
-    """One request through the proxy (to ``upstream``, else the fake): its answer, what the fake
-    received, the store."""
+def proxy_call(fake: str, path: str, body: dict | bytes | None, method: str = "POST", sid: str = "bad-1",
+               upstream: str | None = None):
+    """One request through the proxy (to ``upstream``, else the fake; ``body`` JSON, or its bytes):
+    its answer, what the fake received, the store."""
     store = MemoryStore()
 
     async def main():
@@ -262,7 +266,8 @@ def proxy_call(fake: str, path: str, body: dict | None, method: str = "POST", si
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=30) as c, \
                 httpx.AsyncClient(base_url=fake, timeout=30) as up:
             await up.post("/_reset")
-            r = await c.request(method, path, json=body, headers={"X-HistoryGraph-Session": sid})
+            sent = {"content": body} if isinstance(body, bytes) else {"json": body}
+            r = await c.request(method, path, **sent, headers={"X-HistoryGraph-Session": sid})
             seen = (await up.get("/_requests")).json()
         await app.state.proxy.transport.aclose()
         return r, seen
@@ -278,6 +283,11 @@ def proxy_call(fake: str, path: str, body: dict | None, method: str = "POST", si
      "answers none of the functionCall parts of contents[1]"),
     ({"contents": "hello"}, "contents: required, a list"),
     ({"systemInstruction": "be brief", "contents": [user("a")]}, "systemInstruction must be a Content object"),
+    ({"contents": [{"role": "user", "parts": [{"text": 5}]}]}, "contents[0].parts[0].text must be a string"),
+    ({"contents": [user("a"), {"role": "model", "parts": [{"functionCall": {"name": "f", "args": [1]}}]}]},
+     "contents[1].parts[0].functionCall.args must be an object"),
+    ({"contents": [{"role": "user", "parts": [{"inlineData": {"data": "AAAA"}}]}]}, "contents[0].parts[0].inlineData must be an object"),
+    (b'{"contents": [{"role": "user", "parts": [{"text": "a\\ud800"}]}]}', "lone UTF-16 surrogate"),
 ])
 def test_bad_input_is_a_400_in_googles_shape_and_nothing_is_stored(fake, body, named):
     r, seen, store = proxy_call(fake, "/v1beta/models/gemini-2.5-flash:generateContent", body)
