@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real agent programs that the `clients` test group (tests/clients/, docs/tests.md)
 # drives through `historygraph serve`, each at a pinned version, into .clients/ (gitignored):
-#   .clients/npm       Claude Code and the Codex CLI (npm install --prefix)
+#   .clients/npm       Claude Code, the Codex CLI and Gemini CLI (npm install --prefix)
 #   .clients/aider     aider in a venv of its own (it pins many packages that clash with .venv)
 #   .clients/openhands the OpenHands SDK and its tools in a venv of its own (Python 3.12 or newer)
 # mini-swe-agent, LangChain and the OpenAI Agents SDK come with .venv (the test extra).
@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 
 CLAUDE_CODE=2.1.332     # npm @anthropic-ai/claude-code
 CODEX=0.171.0           # npm @openai/codex
+GEMINI_CLI=0.61.0       # npm @google/gemini-cli
 AIDER=0.86.2            # pip aider-chat
 OPENHANDS=1.58.2        # pip openhands-sdk and openhands-tools
 PY=${PYTHON:-python3}
@@ -22,15 +23,15 @@ say() { echo "install-clients: $*" >&2; }
 mkdir -p .clients
 
 if command -v npm >/dev/null 2>&1; then
-  want="@anthropic-ai/claude-code@$CLAUDE_CODE @openai/codex@$CODEX"
+  want="@anthropic-ai/claude-code@$CLAUDE_CODE @openai/codex@$CODEX @google/gemini-cli@$GEMINI_CLI"
   if [ "$(cat .clients/npm/.pinned 2>/dev/null)" != "$want" ]; then
     say "npm: installing $want into .clients/npm"
     npm install --prefix .clients/npm --no-audit --no-fund --loglevel=error $want >&2
     echo "$want" > .clients/npm/.pinned
   fi
-  say "npm: claude $(.clients/npm/node_modules/.bin/claude --version 2>/dev/null | head -1), codex $(.clients/npm/node_modules/.bin/codex --version 2>/dev/null | head -1)"
+  say "npm: claude $(.clients/npm/node_modules/.bin/claude --version 2>/dev/null | head -1), codex $(.clients/npm/node_modules/.bin/codex --version 2>/dev/null | head -1), gemini $(.clients/npm/node_modules/.bin/gemini --version 2>/dev/null | head -1)"
 else
-  say "npm not found: Claude Code and Codex are not installed (their tests skip)"
+  say "npm not found: Claude Code, Codex and Gemini CLI are not installed (their tests skip)"
 fi
 
 # a venv of its own per Python client: .clients/NAME, with the packages PKGS (NAME==VERSION ...), by the Python given

@@ -28,7 +28,8 @@ import re
 from typing import Any
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent's finishing command output
-SHELLS = ("bash", "shell", "exec_command", "execute_bash", "run_shell", "run_command", "terminal", "local_shell")
+SHELLS = ("bash", "shell", "exec_command", "execute_bash", "run_shell", "run_command", "terminal", "local_shell",
+          "run_shell_command")
 MARK = re.compile(r"(?:STEP-|hgs)(\d+)")
 
 

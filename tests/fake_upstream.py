@@ -1,5 +1,5 @@
 """A recording stand-in for a model provider (OpenAI Chat Completions, OpenAI Responses (its rules and
-answers in ``tests/fake_responses.py``) and Anthropic Messages), run
+answers in ``tests/fake_responses.py``), Anthropic Messages and the Gemini API (``tests/fake_gemini.py``)), run
 as a real server process by the tests and the benchmarks: ``python tests/fake_upstream.py --port N``.
 A test double: it lives with the tests, never in the installed package.
 
@@ -500,6 +500,9 @@ def build_app(prompt_cache: bool = False) -> FastAPI:
     from fake_responses import add_routes  # the Responses API (imported here: it imports sign from this module)
 
     add_routes(app, record, rejected, seen, _paced, usage)
+    from fake_gemini import add_routes as add_gemini  # the Gemini API
+
+    add_gemini(app, record, rejected, seen, _paced)
     return app
 
 

@@ -48,11 +48,40 @@ def _text(content: Any) -> str:
     return "" if content is None else json.dumps(content)
 
 
+def gemini_messages(contents: list[Any]) -> list[dict[str, Any]]:
+    """A Gemini request's ``contents`` as Chat Completions messages (a model turn's calls with ids
+    by place, each ``functionResponse`` a tool message answering the call of its name), for the
+    checks below."""
+    out: list[dict[str, Any]] = []
+    open_calls: dict[str, str] = {}
+    for i, c in enumerate(contents):
+        parts = c.get("parts") or []
+        if c.get("role") == "model":
+            calls = [p["functionCall"] for p in parts if "functionCall" in p]
+            open_calls = {f["name"]: f"g{i}-{k}" for k, f in enumerate(calls)}
+            out.append({"role": "assistant", "content": "".join(p.get("text", "") for p in parts if not p.get("thought")),
+                        "tool_calls": [{"id": f"g{i}-{k}", "function": {"name": f["name"], "arguments": json.dumps(f.get("args") or {})}}
+                                       for k, f in enumerate(calls)]})
+            continue
+        for p in parts:
+            if "functionResponse" in p:
+                r = p["functionResponse"]
+                response = r.get("response") or {}
+                text = response["output"] if isinstance(response.get("output"), str) else json.dumps(response)
+                out.append({"role": "tool", "tool_call_id": open_calls.get(r.get("name"), "?"), "content": text})
+        texts = [p["text"] for p in parts if "text" in p]
+        if texts:
+            out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
 def newest_results(body: dict[str, Any]) -> list[tuple[str, str | None]]:
     """(the call's arguments or the assistant's text, the result's text or ``None`` when missing)
     for each result answering the newest assistant turn of one forwarded request: the tool results
     after the last call (Chat Completions, Messages, Responses), or, when the newest assistant turn
     made no call, the user message after it (text protocols: mini-swe-agent's text mode, aider)."""
+    if isinstance(body.get("contents"), list):
+        body = {"messages": gemini_messages(body["contents"])}
     items = body.get("messages") if "messages" in body else body.get("input")
     turns = [m for m in items if isinstance(m, dict) and m.get("role") != "system"] if isinstance(items, list) else []
     last = max((i for i, m in enumerate(turns) if m.get("role") == "assistant" or m.get("type") in ("function_call", "custom_tool_call")), default=None)
@@ -104,9 +133,11 @@ def result_problems(body: dict[str, Any]) -> tuple[list[str], int]:
 
 def client_history_tokens(body: dict[str, Any]) -> int:
     """About the tokens a client's request holds beyond its system prompt: its messages' (or
-    input items') JSON but the system ones, o200k_base."""
+    input items') JSON but the system ones, o200k_base (a Gemini request's ``contents``)."""
     from historygraph import TokenCounter
 
+    if isinstance(body.get("contents"), list):
+        return TokenCounter().count(json.dumps(body["contents"]))
     items = body.get("messages") if "messages" in body else body.get("input")
     items = [m for m in items if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))] if isinstance(items, list) else [items]
     return TokenCounter().count(json.dumps(items))
@@ -185,7 +216,7 @@ def launch(budget: int, tmp: Path) -> Stack:
     procs = [_start([FAKE, "--port", str(fp)], fp, tmp / "fake.log", timeout=90)]
     try:
         procs.append(_start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{fp}/v1", "--anthropic-upstream",
-                             f"http://127.0.0.1:{fp}", "--port", str(pp), "--store", str(tmp / "proxy.sqlite"), "--budget", str(budget),
+                             f"http://127.0.0.1:{fp}", "--gemini-upstream", f"http://127.0.0.1:{fp}", "--port", str(pp), "--store", str(tmp / "proxy.sqlite"), "--budget", str(budget),
                              "--auth-token", TOKEN, "--log-format", "text"], pp, tmp / "proxy.log", timeout=90))
         procs.append(_start([TAP, "--port", str(tp), "--to", f"http://127.0.0.1:{pp}"], tp, tmp / "tap.log", probe="/_tap", timeout=90))
     except Exception:

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 MODEL_CALLS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")  # their request bodies are kept too
+GEMINI_CALLS = (":generateContent", ":streamGenerateContent")  # /v1beta/models/{model}:…, kept too
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
 
 
@@ -37,7 +38,7 @@ def build_app(target: str) -> Starlette:
         upstream = await client.send(client.build_request(request.method, request.url.path, params=request.query_params,
                                                            headers=headers, content=content), stream=True)
         seen.append({"method": request.method, "path": request.url.path, "status": upstream.status_code, "bytes": len(content)})
-        if request.url.path in MODEL_CALLS:
+        if request.url.path in MODEL_CALLS or request.url.path.endswith(GEMINI_CALLS):
             seen[-1]["request"] = json.loads(content)
         out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
         if upstream.status_code >= 400:

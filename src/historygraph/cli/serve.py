@@ -22,6 +22,7 @@ from historygraph.signals.tokens import ENCODINGS
 def serve(
     upstream: Annotated[str, typer.Option(help="OpenAI-compatible upstream base URL, with /v1.")] = DEFAULTS.upstream,
     anthropic_upstream: Annotated[str, typer.Option(help="Anthropic upstream base URL (/v1/messages is appended).")] = DEFAULTS.anthropic_upstream,
+    gemini_upstream: Annotated[str, typer.Option(help="Gemini API upstream base URL (/v1beta/models/{model}:{method} is appended).")] = DEFAULTS.gemini_upstream,
     host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = DEFAULTS.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULTS.port,
     store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
@@ -45,7 +46,7 @@ def serve(
     public_without_auth: Annotated[bool, typer.Option("--public-without-auth", help="Allow a --host other than loopback without --auth-token (the session API then serves every stored session to anyone who can reach the port).")] = False,
     session_cache: Annotated[int, typer.Option(min=0, help="Open sessions each worker keeps warm (their graphs, the client messages last stored and, for /v1/messages, the wire turns last converted, so a re-sent history is recognised by its bytes without parsing it); least recently used dropped first; 0: no messages or turns remembered.")] = DEFAULTS.session_cache,
 ) -> None:
-    """Run the OpenAI/Anthropic-compatible proxy and the session API (needs the 'server' extra)."""
+    """Run the OpenAI/Anthropic/Gemini-compatible proxy and the session API (needs the 'server' extra)."""
     budget = one_budget(budget_text)
     if not auth_token and not is_loopback(host):
         if not public_without_auth:
@@ -72,7 +73,7 @@ def serve(
     dotted = [k.partition("=")[0].rpartition(".")[0] for k in param]
     params = load_policy_params(param, params_file, list(dict.fromkeys([policy] + [d for d in dotted if d])))
     try:
-        config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, store=store, policy=policy,
+        config = ServerConfig(upstream=upstream, anthropic_upstream=anthropic_upstream, gemini_upstream=gemini_upstream, store=store, policy=policy,
                               budget=budget, auth_token=auth_token, max_body_bytes=max_body_bytes, encoding=encoding,
                               timeout=timeout, policy_params=params, recall=recall, recall_rounds=recall_rounds,
                               calibrate=calibration, cache_stable=stable, cache_breakpoints=breakpoints, session_cache=session_cache, embedder=embedder,
@@ -83,7 +84,7 @@ def serve(
         fail(str(exc))
     except Exception as exc:  # an unreachable database, an unwritable path
         fail(f"cannot open store {store or 'default'}: {type(exc).__name__}: {exc}")
-    err.print(f"historygraph proxy on http://{host}:{port} → {masked_url(upstream)} | {masked_url(anthropic_upstream)}; policy {policy}"
+    err.print(f"historygraph proxy on http://{host}:{port} → {masked_url(upstream)} | {masked_url(anthropic_upstream)} | {masked_url(gemini_upstream)}; policy {policy}"
               f"{' (cache-stable: sessions record it as ' + policy + '-stable)' if config.cache_stable and policy != 'full' else ''}, "
               f"budget {budget}; store {getattr(application.state.proxy.store, 'path', ':memory:')}")
     if workers == 1:

@@ -208,10 +208,11 @@ def content_text(content: Any) -> str:
     raise EventError(f"content must be text or a list of parts, got {type(content).__name__}")
 
 
-MEDIA_TYPES = ("image", "document", "image_url", "input_audio", "file", "input_image", "input_file")
+MEDIA_TYPES = ("image", "document", "image_url", "input_audio", "file", "input_image", "input_file", "inlineData")
 """Content-part types kept whole in :attr:`Message.media`: Anthropic Messages ``image`` and
 ``document`` blocks; OpenAI Chat Completions ``image_url``, ``input_audio`` and ``file`` parts;
-OpenAI Responses ``input_image`` and ``input_file`` parts."""
+OpenAI Responses ``input_image`` and ``input_file`` parts; Gemini ``inlineData`` parts, stored as
+``{"type": "inlineData", "inlineData": {"mimeType", "data"}}`` (:mod:`historygraph.providers.gemini`)."""
 
 
 def media_of(content: Any) -> str:

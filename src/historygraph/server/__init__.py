@@ -1,8 +1,8 @@
-"""``historygraph serve``: an OpenAI- and Anthropic-compatible proxy with a session API.
+"""``historygraph serve``: an OpenAI-, Anthropic- and Gemini-compatible proxy with a session API.
 
 Modules: :mod:`.config` (ServerConfig and the table of serve defaults; light, no FastAPI),
 :mod:`.app` (create_app: the ASGI app, middleware, lifespan), :mod:`.proxy` (the per-request
-pipeline), :mod:`.chat`, :mod:`.messages`, :mod:`.responses` (one module per provider API),
+pipeline), :mod:`.chat`, :mod:`.messages`, :mod:`.responses`, :mod:`.gemini` (one module per provider API),
 :mod:`.errors` (provider-shaped errors), :mod:`.api` (session API), :mod:`.upstream` (headers, SSE
 parsing, stream accumulation); session ids, diffing and branches live in
 :mod:`historygraph.history.sessions`. The fake provider the tests and benchmarks run lives in

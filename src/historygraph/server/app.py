@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
-from historygraph.server import chat, messages, responses
+from historygraph.server import chat, gemini, messages, responses
 from historygraph.server.api import EncodedSegments
 from historygraph.server.api import router as api_router
 from historygraph.server.config import CONFIG_ENV, LOG_ENV, ServerConfig
@@ -87,6 +87,7 @@ def create_app(config: ServerConfig | None = None, store: Store | None = None) -
     chat.add_routes(app)  # /v1/chat/completions, /v1/models
     messages.add_routes(app)  # /v1/messages, /v1/messages/count_tokens
     responses.add_routes(app)  # /v1/responses
+    gemini.add_routes(app)  # /v1beta/models/{model}:generateContent, :streamGenerateContent, :countTokens; /v1beta/models
     app.add_exception_handler(HTTPException, not_found)  # provider-shaped 404s and 405s under /v1/
     app.include_router(api_router)
     app.include_router(ops_router)

@@ -7,6 +7,7 @@ defaults, and a caller can build a config, without the ``server`` extra.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -25,6 +26,7 @@ class ServeDefaults:
 
     upstream: str = "https://api.openai.com/v1"
     anthropic_upstream: str = "https://api.anthropic.com"
+    gemini_upstream: str = "https://generativelanguage.googleapis.com"
     host: str = "127.0.0.1"
     port: int = 8642
     policy: str = DEFAULT_POLICY
@@ -50,12 +52,14 @@ DEFAULTS = ServeDefaults()
 
 def masked_url(url: str) -> str:
     """``url`` as the proxy shows it to clients and in its logs: credentials in it
-    (``https://user:password@host/v1``) replaced by ``***`` (``https://***@host/v1``); the
-    proxy still sends them upstream."""
+    (``https://user:password@host/v1``, and the Gemini API's ``key`` query parameter) replaced by
+    ``***`` (``https://***@host/v1``, ``?alt=sse&key=***``); the proxy still sends them upstream."""
     parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+    if "@" in parts.netloc:
+        parts = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2])
+    if parts.query:
+        parts = parts._replace(query=re.sub(r"(^|&)key=[^&]*", r"\1key=***", parts.query))
+    return urlunsplit(parts)
 
 
 CONFIG_ENV = "HISTORYGRAPH_SERVE_CONFIG"  # JSON of a ServerConfig, read by each worker process
@@ -70,6 +74,8 @@ class ServerConfig:
         upstream: OpenAI-compatible base URL including ``/v1`` (``/chat/completions`` and
             ``/models`` are appended).
         anthropic_upstream: Anthropic base URL (``/v1/messages`` is appended).
+        gemini_upstream: Gemini API base URL (``/v1beta/models/{model}:{method}`` is appended;
+            Google's Gemini API reference).
         store: store URL for :func:`historygraph.store.open_store` (SQLite path, ``:memory:``,
             ``postgresql://…``); ``None`` = the default SQLite file.
         policy, budget: defaults when a request sends no header; budget in tokens.
@@ -109,6 +115,7 @@ class ServerConfig:
 
     upstream: str = DEFAULTS.upstream
     anthropic_upstream: str = DEFAULTS.anthropic_upstream
+    gemini_upstream: str = DEFAULTS.gemini_upstream
     store: str | None = None
     policy: str = DEFAULTS.policy
     budget: int = DEFAULTS.budget

@@ -4,7 +4,8 @@
   or an upstream it could not use (502); raised anywhere on the request path and turned into a
   response by the endpoint: OpenAI's ``{"error": {"message", "type", "param", "code"}}`` for Chat
   Completions and the Responses API (:func:`openai_error`), Anthropic's ``{"type": "error",
-  "error": {"type", "message"}}`` for the Messages API (:func:`anthropic_error`).
+  "error": {"type", "message"}}`` for the Messages API (:func:`anthropic_error`), Google's
+  ``{"error": {"code", "message", "status"}}`` for the Gemini API (:func:`google_error`).
 * An upstream that answered but not usably (issue 38, class 3): a body cut after the headers, a
   2xx body that is not a JSON object (:func:`upstream_fault`: a 502 whose message says what the
   upstream did), or, once a stream has begun, an answer the proxy cannot read or a stream cut
@@ -16,7 +17,8 @@
 * Routes the proxy does not serve: 404 (or 405) in the provider's error shape (:func:`not_found`):
   Anthropic's ``{"type": "error", "error": {"type": "not_found_error", "message"}}`` when the
   request looks like Anthropic's (an ``anthropic-version`` header, or a path under
-  ``/v1/messages``), else OpenAI's under ``/v1/``; FastAPI's own shape elsewhere.
+  ``/v1/messages``), else OpenAI's under ``/v1/``; Google's under ``/v1beta/`` (a 404 ``NOT_FOUND``
+  also for a wrong method); FastAPI's own shape elsewhere.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from fastapi.responses import JSONResponse, Response
 from historygraph.server.config import masked_url
 
 SERVED = ("POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, "
-          "GET /v1/models")
+          "GET /v1/models, POST /v1beta/models/{model}:generateContent, :streamGenerateContent and :countTokens, "
+          "GET /v1beta/models")
+GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
+                 502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED", 507: "RESOURCE_EXHAUSTED"}
+"""The ``status`` of Google's error body per HTTP status (the canonical codes of Google's API
+design guide, "Errors", https://cloud.google.com/apis/design/errors; 413 and 507, which have no
+code of their own there, as their nearest)."""
 
 
 class ClientError(Exception):
@@ -57,6 +66,14 @@ def openai_error(exc: ClientError) -> JSONResponse:
     """``exc`` in OpenAI's error shape (Chat Completions, Responses, models)."""
     kind = error_type(exc.status)
     return JSONResponse({"error": {"message": str(exc), "type": kind, "param": exc.param, "code": None}}, exc.status)
+
+
+def google_error(exc: ClientError) -> JSONResponse:
+    """``exc`` in Google's error shape (the Gemini API): ``{"error": {"code", "message", "status"}}``,
+    ``status`` from :data:`GOOGLE_STATUS` (``UNKNOWN`` for a status not there); the field at
+    fault is named in the message."""
+    return JSONResponse({"error": {"code": exc.status, "message": str(exc), "status": GOOGLE_STATUS.get(exc.status, "UNKNOWN")}},
+                        exc.status)
 
 
 def anthropic_error(exc: ClientError) -> JSONResponse:
@@ -93,8 +110,10 @@ def stream_error(api: str, message: str, code: str) -> bytes:
     error mid-stream (its SDK raises it): Anthropic's ``event: error`` with ``{"type": "error",
     "error": {"type": "api_error", "message"}}``, the Responses API's ``event: error`` with
     ``{"type": "error", "code", "message", "param", "sequence_number"}``, and for Chat Completions
-    a ``data:`` line holding ``{"error": {"message", "type"}}`` (``api``: ``anthropic``,
-    ``responses`` or ``openai``; ``code``: the error's type or code, e.g. ``upstream_stream_cut``)."""
+    a ``data:`` line holding ``{"error": {"message", "type"}}``, for the Gemini API one holding
+    Google's ``{"error": {"code": 502, "message", "status": "UNAVAILABLE"}}`` (``api``:
+    ``anthropic``, ``responses``, ``gemini`` or ``openai``; ``code``: the error's type or code, e.g.
+    ``upstream_stream_cut``, in the message of Google's)."""
     data: dict[str, Any]
     if api == "anthropic":
         data = {"type": "error", "error": {"type": "api_error", "message": message}}
@@ -102,6 +121,9 @@ def stream_error(api: str, message: str, code: str) -> bytes:
     if api == "responses":
         data = {"type": "error", "code": code, "message": message, "param": None, "sequence_number": 0}
         return ("event: error\ndata: " + json.dumps(data) + "\n\n").encode()
+    if api == "gemini":
+        data = {"error": {"code": 502, "message": f"{code}: {message}", "status": "UNAVAILABLE"}}
+        return ("data: " + json.dumps(data) + "\n\n").encode()
     return ("data: " + json.dumps({"error": {"message": message, "type": code}}) + "\n\n").encode()
 
 
@@ -115,6 +137,9 @@ async def not_found(request: Request, exc: Exception) -> Response:
     """Routing errors (404, 405) under ``/v1/`` in the provider's error shape; any other HTTP
     error, and any path outside ``/v1/``, as FastAPI answers it."""
     status = getattr(exc, "status_code", 500)
+    if request.url.path.startswith("/v1beta/") and status in (404, 405):
+        return google_error(ClientError(f"historygraph proxy: no route {request.method} {request.url.path}; it serves {SERVED}",
+                                        None, 404))
     if not request.url.path.startswith("/v1/") or status not in (404, 405):
         return await http_exception_handler(request, exc)  # type: ignore[arg-type]
     what = "no route" if status == 404 else "method not allowed for"

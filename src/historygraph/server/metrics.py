@@ -4,7 +4,7 @@ Each :class:`ProxyMetrics` has its own ``prometheus_client.CollectorRegistry`` (
 process, as in tests, never share counts). Metric names follow Prometheus conventions (base
 units, ``_total`` counters):
 
-* ``historygraph_requests_total{api, status}``: proxied requests by API (``openai``/``anthropic``/``responses``)
+* ``historygraph_requests_total{api, status}``: proxied requests by API (``openai``/``anthropic``/``responses``/``gemini``)
   and HTTP status returned to the client;
 * ``historygraph_render_seconds{policy}``: histogram of the time to render one request's history
   (ingest excluded);

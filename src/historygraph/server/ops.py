@@ -25,6 +25,16 @@ from historygraph import __version__
 router = APIRouter(tags=["operations"])
 log = logging.getLogger("historygraph.server")
 PROXY_PATHS = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/responses": "responses"}
+GEMINI_METHODS = (":generateContent", ":streamGenerateContent")
+
+
+def proxy_api(path: str) -> str | None:
+    """The API of a proxied request's path (:data:`PROXY_PATHS`; ``gemini`` for
+    ``/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``), else ``None``."""
+    api = PROXY_PATHS.get(path)
+    if api is None and path.startswith("/v1beta/models/") and path.endswith(GEMINI_METHODS):
+        return "gemini"
+    return api
 
 
 @router.get("/health", summary="Liveness and store reachability")
@@ -54,7 +64,7 @@ class CountRequests:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        api = PROXY_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        api = proxy_api(scope.get("path", "")) if scope["type"] == "http" else None
         if api is None:
             await self.app(scope, receive, send)
             return

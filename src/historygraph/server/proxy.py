@@ -408,11 +408,12 @@ class Proxy:
 
     async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
                       accumulator: Callable[[], Any], sent: Sequence[Message] | int | None = None,
-                      policy: str | None = None, extra: dict[str, str] | None = None) -> Response:
+                      policy: str | None = None, extra: dict[str, str] | None = None, stream: bool | None = None) -> Response:
         """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
         ``sent``: the rendered messages ``body`` carries, or their tokens, for :meth:`observe_usage`; ``policy``:
         the policy that rendered it, whose :meth:`prefetch` runs once the response is sent; ``extra``:
-        response headers of ours (:meth:`notes`). An accumulator class may name its ``api`` and
+        response headers of ours (:meth:`notes`); ``stream``: whether the answer is a stream (``None``: the
+        body's ``stream`` field says; the Gemini API streams by its method). An accumulator class may name its ``api`` and
         bring ``usage_of``, ``answer_of`` and ``cut_event`` (the Responses API's does)."""
         headers = forward_headers(request.headers)
         request.state.historygraph_session = session_id  # the request log's session, also when no response carries it (a 502)
@@ -431,7 +432,7 @@ class Proxy:
             raise unreachable_error(url, exc, api, self.config.timeout, session_id) from None
         if upstream.status_code >= 400:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
-        if upstream.status_code >= 400 or not body.get("stream"):
+        if upstream.status_code >= 400 or not (body.get("stream") if stream is None else stream):
             return await self.answer_whole(url, upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours,
                                            getattr(request.state, telemetry.SPAN_STATE, None))
         ours[PROXY_MS_HEADER] = f"{(t_up - started) * 1000:.2f}"  # a stream's headers go first: its time until sent

@@ -3,7 +3,7 @@
 Header rule: every request header is forwarded except hop-by-hop headers, ``host``,
 ``content-length`` and the proxy's own ``x-historygraph-*`` headers; ``accept-encoding`` is set to
 ``identity`` so streamed bytes can be read as they are relayed. API keys (``authorization``,
-``x-api-key``) therefore reach the provider and are never stored or logged by the proxy.
+``x-api-key``, ``x-goog-api-key``) therefore reach the provider and are never stored or logged by the proxy.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def response_headers(headers: Any) -> dict[str, str]:
 
 
 UPSTREAM_OPTION = {"openai": "historygraph serve --upstream", "responses": "historygraph serve --upstream",
-                   "anthropic": "historygraph serve --anthropic-upstream"}
+                   "anthropic": "historygraph serve --anthropic-upstream", "gemini": "historygraph serve --gemini-upstream"}
 
 
 def unreachable_message(url: str, exc: BaseException, api: str = "openai", timeout: float | None = None) -> str:

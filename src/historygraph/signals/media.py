@@ -26,6 +26,14 @@ Sources (each estimate rounds up, so a rendering counted with them stays within 
   https://platform.openai.com/docs/guides/realtime-costs); the duration of a WAV file is read from
   its header, of anything else taken at 32 kbit/s (the lowest common MP3 bit rate, which gives the
   longest duration for its size).
+* Gemini ``inlineData`` parts (stored as ``{"type": "inlineData", "inlineData": {"mimeType",
+  "data"}}``); Google's Gemini API documentation, "Understand and count tokens"
+  (https://ai.google.dev/gemini-api/docs/tokens) and "Document understanding": an image with both
+  sides at most 384 px is 258 tokens, a larger one is cut into 768 × 768 tiles of 258 tokens each;
+  audio is 32 tokens per second (its duration read as for Chat ``input_audio``); a PDF is 258
+  tokens per page; a ``text/*`` part is counted as its text. A part none of these reads (video,
+  whose duration the bytes do not give, an image format whose size is not read) is counted as
+  its base64 text, more than the provider charges.
 * A part none of these reads: an ``image`` or ``document`` whose ``source``, or an ``input_audio``
   whose ``input_audio``, is not an object (no provider takes it; a request holding one is refused
   with ``EventError`` since issue 50, but an earlier release stored such parts), and ``media`` that
@@ -53,6 +61,10 @@ OPENAI_IMAGE_MAX = OPENAI_LOW + OPENAI_TILE * 8
 PDF_PAGE_TEXT = 3000
 AUDIO_TOKENS_PER_S = 10
 AUDIO_BYTES_PER_S = 4000  # 32 kbit/s
+GEMINI_TILE = 258
+GEMINI_SMALL = 384
+GEMINI_TILE_PX = 768
+GEMINI_AUDIO_TOKENS_PER_S = 32
 
 
 
@@ -112,6 +124,32 @@ def openai_image_tokens(size: tuple[int, int] | None, detail: str | None = None)
     scale = min(1.0, 768 / max(min(w, h), 1))
     w, h = w * scale, h * scale
     return OPENAI_LOW + OPENAI_TILE * math.ceil(w / 512) * math.ceil(h / 512)
+
+
+def gemini_image_tokens(size: tuple[int, int]) -> int:
+    """Tokens of a Gemini image of ``size`` (module docstring)."""
+    w, h = size
+    if w <= GEMINI_SMALL and h <= GEMINI_SMALL:
+        return GEMINI_TILE
+    return GEMINI_TILE * math.ceil(w / GEMINI_TILE_PX) * math.ceil(h / GEMINI_TILE_PX)
+
+
+def gemini_inline_tokens(part: dict[str, Any], count: Callable[[str], int]) -> int:
+    """Tokens of a Gemini ``inlineData`` part by its ``mimeType`` (module docstring)."""
+    spec = part.get("inlineData")
+    if not isinstance(spec, dict):
+        return malformed_tokens(part, count)
+    mime, raw = str(spec.get("mimeType") or ""), _decoded(spec.get("data"))
+    if mime.startswith("image/") and raw and (size := image_size(raw)) is not None:
+        return gemini_image_tokens(size)
+    if mime.startswith("audio/") and raw:
+        fmt = "wav" if mime in ("audio/wav", "audio/x-wav") else mime
+        return math.ceil(GEMINI_AUDIO_TOKENS_PER_S * audio_seconds(raw, fmt))
+    if mime == "application/pdf" and raw:
+        return pdf_pages(raw) * GEMINI_TILE
+    if mime.startswith("text/") and raw is not None:
+        return count(raw.decode("utf-8", "replace"))
+    return malformed_tokens(str(spec.get("data", "")), count)
 
 
 def _decoded(data: Any) -> bytes | None:
@@ -184,6 +222,8 @@ def part_tokens(part: Any, count: Callable[[str], int]) -> int:
         spec = part.get("file") if kind == "file" else part
         raw = _decoded(spec.get("file_data")) if isinstance(spec, dict) else None
         return pdf_pages(raw) * (PDF_PAGE_TEXT + OPENAI_IMAGE_MAX)
+    if kind == "inlineData":
+        return gemini_inline_tokens(part, count)
     if kind == "input_audio":
         spec = part.get("input_audio") or {}
         return math.ceil(AUDIO_TOKENS_PER_S * audio_seconds(_decoded(spec.get("data")), spec.get("format")))
@@ -214,6 +254,9 @@ def describe(media: str) -> str:
         return "unreadable media"
     for p in parts:
         kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "inlineData":
+            mime = str((p.get("inlineData") or {}).get("mimeType") or "") if isinstance(p.get("inlineData"), dict) else ""
+            kind = "image" if mime.startswith("image/") else "input_audio" if mime.startswith("audio/") else "file"
         word = ("image" if kind in ("image", "image_url", "input_image") else "audio clip" if kind == "input_audio"
                 else "document" if kind == "document" else "file")
         kinds[word] = kinds.get(word, 0) + 1
