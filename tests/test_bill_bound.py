@@ -10,7 +10,7 @@ from historygraph.eval.prices import PriceModel, default_price_models
 from historygraph.eval.recall import reuse_events
 from historygraph.eval.replay import replay_budgets, tool_schema_tokens
 from historygraph.eval.report import summarize
-from historygraph.history.events import Message, ToolCall, Trace
+from historygraph.history.events import Message, ToolCall
 from historygraph.policies import Signals
 from historygraph.signals.tokens import TokenCounter
 
