@@ -346,6 +346,10 @@ def test_bad_requests_get_clear_4xx_errors(servers):
     with pytest.raises(openai.APIStatusError, match="size limit of 200000 bytes") as exc:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 300_000}])
     assert exc.value.status_code == 413
+    # the Gemini API's 413 for a declared Content-Length is in Google's error shape
+    big = httpx.post(servers["px"] + "/v1beta/models/m:generateContent", content=b"x" * 300_000,
+                     headers={"content-type": "application/json", "x-goog-api-key": "k"})
+    assert big.status_code == 413 and big.json()["error"]["status"] == "INVALID_ARGUMENT" and big.json()["error"]["code"] == 413
     r = httpx.post(servers["px"] + "/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 

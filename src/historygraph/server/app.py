@@ -25,7 +25,7 @@ from historygraph.server import chat, gemini, messages, responses
 from historygraph.server.api import EncodedSegments
 from historygraph.server.api import router as api_router
 from historygraph.server.config import CONFIG_ENV, LOG_ENV, ServerConfig
-from historygraph.server.errors import ClientError, anthropic_error, not_found, openai_error, too_large
+from historygraph.server.errors import ClientError, anthropic_error, google_error, not_found, openai_error, too_large
 from historygraph.server.ops import CountRequests
 from historygraph.server.ops import router as ops_router
 from historygraph.server.proxy import ARRIVAL, Proxy
@@ -124,7 +124,9 @@ class SizeLimit:
             length = dict(scope["headers"]).get(b"content-length", b"")
             if length.isdigit() and int(length) > self.limit:
                 err = ClientError(too_large(self.limit), "body", 413)
-                response = anthropic_error(err) if scope["path"].startswith("/v1/messages") else openai_error(err)
+                path = scope["path"]
+                response = (anthropic_error(err) if path.startswith("/v1/messages") else google_error(err)
+                            if path.startswith("/v1beta/") else openai_error(err))
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
