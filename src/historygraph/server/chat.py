@@ -49,14 +49,14 @@ async def chat_completions(request: Request) -> Response:
         setattr(request.state, telemetry.SPAN_STATE, span)
         sid, policy, budget = proxy.options(request)
         # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
-        sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget,
-                                                              proxy.pin_refs(request), span)
+        sid, rendering, sent_tokens, at = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget,
+                                                                  proxy.pin_refs(request), span)
         out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
                for m, p in zip(rendering.messages, rendering.positions)]
         url = config.upstream.rstrip("/") + "/chat/completions"
         # the recall tool reads and extends the messages: plain values for it, raw JSON otherwise
         return await recall_tool.send(proxy, url, {**body, "messages": out}, {**body, "messages": jsonio.plain(out)}, request,
-                                      sid, started, "openai", OpenAIStreamAccumulator, sent_tokens, policy, rendering)
+                                      sid, started, "openai", OpenAIStreamAccumulator, sent_tokens, policy, rendering, at)
     except ClientError as exc:
         telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return openai_error(exc)
