@@ -188,14 +188,18 @@ class RequestMessages(Sequence[Message]):
     """The messages of one request in OpenAI form (``developer`` read as ``system``), each parsed
     when first read and at most once; ``raw`` keeps the client's JSON objects, or their unparsed
     bytes (``msgspec.Raw`` items of :func:`historygraph.providers.jsonio.loads_request`; see
-    "Incremental comparison" above).
+    "Incremental comparison" above). ``read_as``: positions whose message stands for another
+    event (a client's text echo of a tool call and its output,
+    :mod:`historygraph.providers.text_calls`), read as that event.
 
     Raises (on reading a message): :class:`MessageError` naming the message that is invalid.
     """
 
-    def __init__(self, raw: list[Any]) -> None:
+    def __init__(self, raw: list[Any], read_as: dict[int, Message] | None = None) -> None:
         self.raw = raw
         self._parsed: list[Message | None] = [None] * len(raw)
+        for i, m in (read_as or {}).items():
+            self._parsed[i] = m
 
     def __len__(self) -> int:
         return len(self.raw)
