@@ -3,6 +3,7 @@
 # drives through `historygraph serve`, each at a pinned version, into .clients/ (gitignored):
 #   .clients/npm       Claude Code, the Codex CLI and Gemini CLI (npm install --prefix)
 #   .clients/aider     aider in a venv of its own (it pins many packages that clash with .venv)
+#   .clients/smolagents smolagents with its OpenAI model class in a venv of its own
 #   .clients/openhands the OpenHands SDK and its tools in a venv of its own (Python 3.12 or newer)
 # mini-swe-agent, LangChain and the OpenAI Agents SDK come with .venv (the test extra).
 # Idempotent: a client already at its pinned version is left as it is. Progress goes to stderr,
@@ -16,6 +17,7 @@ CODEX=0.171.0           # npm @openai/codex
 GEMINI_CLI=0.61.0       # npm @google/gemini-cli
 AIDER=0.86.2            # pip aider-chat
 OPENHANDS=1.58.2        # pip openhands-sdk and openhands-tools
+SMOLAGENTS=1.26.0       # pip smolagents[openai]
 PY=${PYTHON:-python3}
 PY312=${PYTHON312:-}
 
@@ -49,6 +51,7 @@ venv_client() {
 }
 
 venv_client aider "aider-chat==$AIDER" "$PY"
+venv_client smolagents "smolagents[openai]==$SMOLAGENTS" "$PY"
 
 # OpenHands SDK: Requires-Python >= 3.12; the first of PYTHON312, python3.12, python3.13 that runs
 # (a pyenv shim of a version that is installed but not selected does not: its interpreter is tried)

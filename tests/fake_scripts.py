@@ -12,7 +12,8 @@ the proxy must always forward, decides it.
   ``shell``, ``exec_command``; else the first tool), its arguments filled from the tool's JSON
   schema with :func:`command` (``echo STEP-<k>`` and 181 numbers: about 450 tokens of output,
   :func:`expected_output`). Step ``N + 1`` finishes: the agent's own submit command when its
-  prompt names one (mini-swe-agent's ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), else a text.
+  prompt names one (mini-swe-agent's ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``), or its
+  ``final_answer`` tool when it offers one (smolagents), else a text.
 * ``script-<N>-load`` (Claude Code's deferred tools): step 1 calls ``ToolSearch`` with
   ``select:CronList``, step 2 calls the loaded ``CronList``, then ``N`` steps as above (steps 3
   to ``N + 2``).
@@ -105,6 +106,8 @@ def action(body: dict[str, Any], n: int) -> dict[str, Any]:
             return call(shell, _args(tools[shell], command(k)))
         if k == last + 1 and SUBMIT in text:
             return call(shell, _args(tools[shell], f"echo {SUBMIT}"))
+        if k == last + 1 and "final_answer" in tools:  # smolagents: a run ends with its final_answer tool
+            return call("final_answer", {"answer": f"Done: {steps} steps."})
         return {"text": f"Done: {steps} steps."}
     if "mswea_bash_command" in text and k <= steps + 1:
         cmd = command(k) if k <= steps else f"echo {SUBMIT}"

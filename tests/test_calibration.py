@@ -80,7 +80,7 @@ def test_the_proxy_renders_at_the_calibrated_budget_unless_turned_off():
     for calibrate, expected in [(True, 500), (False, 1000)]:
         proxy = Proxy(ServerConfig(store=":memory:", policy="prune", calibrate=calibrate))
         proxy.calibration.observe(100, 200)  # the provider counts twice what we do
-        _, r, _ = proxy.prepare(msgs, "cal", "prune", 1000)
+        _, r, _, _ = proxy.prepare(msgs, "cal", "prune", 1000)
         assert r.budget == expected and r.history_tokens <= expected
 
 

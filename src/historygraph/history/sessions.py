@@ -18,7 +18,11 @@ append-only graph per conversation and, per request:
 3. **Branch.** When no stored session is a prefix (the client edited or dropped earlier messages,
    or retried a request whose answer was already stored), a new branch is created holding the
    request's messages; its meta names the parent and the position where they part. Nothing stored
-   is overwritten.
+   is overwritten. The branch is created on the base ``(parent, position)``
+   (:meth:`Store.create_session`): the events the two share are read from the parent, not copied,
+   so a client that restates its context before every new turn (aider: a branch per request) stores
+   O(n) events over a chat of n requests, not O(n²). A new chat of an opening (4.) shares its
+   opening with the session of the opening it has most in common with, the same way.
 4. **New chats** (derived ids only; the header names one conversation whatever it holds). Clients
    open every chat the same way (aider: its system prompt and a fixed example exchange), so a
    request that no stored session continues is not taken for an edit of another chat unless it
@@ -37,6 +41,14 @@ one path segment. Branch ids append ``~<n>``, further chats of one opening ``.<k
 
 After :meth:`SessionRouter.ingest` the session's graph equals the request's messages, so graph
 position ``i`` is incoming message ``i``.
+
+**Answers** (:meth:`SessionRouter.store_answer`): the upstream's answer to a request is stored
+after the request's messages, at the position the request left the session at. Requests of one
+conversation may be in flight together (three agents started at once with the same first
+request: one session, three answers coming): the first answer is appended, and an answer whose
+position another answer took meanwhile is stored in a new branch holding the request's messages
+(shared with the session) and this answer, so that no session ever holds two answers in a row to
+one request, tool calls without their results between them.
 
 **Incremental comparison.** An agent re-sends its whole history with every request, so comparing
 it with the stored session event by event, after parsing every message, costs O(history) in
@@ -176,14 +188,18 @@ class RequestMessages(Sequence[Message]):
     """The messages of one request in OpenAI form (``developer`` read as ``system``), each parsed
     when first read and at most once; ``raw`` keeps the client's JSON objects, or their unparsed
     bytes (``msgspec.Raw`` items of :func:`historygraph.providers.jsonio.loads_request`; see
-    "Incremental comparison" above).
+    "Incremental comparison" above). ``read_as``: positions whose message stands for another
+    event (a client's text echo of a tool call and its output,
+    :mod:`historygraph.providers.text_calls`), read as that event.
 
     Raises (on reading a message): :class:`MessageError` naming the message that is invalid.
     """
 
-    def __init__(self, raw: list[Any]) -> None:
+    def __init__(self, raw: list[Any], read_as: dict[int, Message] | None = None) -> None:
         self.raw = raw
         self._parsed: list[Message | None] = [None] * len(raw)
+        for i, m in (read_as or {}).items():
+            self._parsed[i] = m
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -355,41 +371,73 @@ class SessionRouter:
             chat = root if opening is None else self._chat(opening, messages)
             if chat is None:
                 assert opening is not None
-                return self._new_chat(opening, messages, meta)
+                return self._new_chat(opening, messages, meta, shared)
             parent = max((s for s in shared if s == chat or s.startswith(chat + "~")), key=lambda s: shared[s])
             return self._branch(chat, parent, shared[parent], messages, meta)
 
-    def _new_chat(self, opening: str, messages: Sequence[Message], meta: dict | None) -> Ingest:
-        """A new chat ``<opening>.<k>`` holding ``messages`` (module docstring, 4.)."""
+    def _new_chat(self, opening: str, messages: Sequence[Message], meta: dict | None, shared: dict[str, int]) -> Ingest:
+        """A new chat ``<opening>.<k>`` holding ``messages`` (module docstring, 4.), on the base of
+        the session of the opening it shares most events with (``shared``: session -> events)."""
         ContextGraph(opening).validate(messages, "message #{}".format)
+        base = max(shared, key=lambda s: shared[s], default=None)
         k = 1 + sum(1 for s in self.family(opening) if "~" not in s)
         while True:
             sid = f"{opening}.{k}"
             try:
-                self.store.create_session(sid, {**(meta or {}), "opening": opening})
+                self.store.create_session(sid, {**(meta or {}), "opening": opening},
+                                          base=(base, shared[base]) if base is not None and shared[base] else None)
                 break
             except StoreError:
                 k += 1
-        self._known.add(sid)
-        self.store.append(sid, list(messages))
-        if isinstance(messages, RequestMessages):
-            self._remember(sid, list(messages.raw))
-        return Ingest(sid, len(messages), graph=self.store.graph(sid), created=True)
+        return self._fill(sid, messages, shared.get(base, 0) if base is not None else 0)
 
     def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
+        """A new branch ``<root>~<k>`` holding ``messages``, on the base ``(parent, at)``: its
+        first ``at`` events are ``parent``'s (equal to those of ``messages``, :func:`same_event`)."""
         ContextGraph(root).validate(messages, "message #{}".format)  # invalid events raise before the branch is created
         k = len(self.branches(root)) + 1
         while True:
             sid = f"{root}~{k}"
             try:
-                self.store.create_session(sid, {**(meta or {}), "parent": parent, "forked_at": at})
+                self.store.create_session(sid, {**(meta or {}), "parent": parent, "forked_at": at}, base=(parent, at))
                 break
             except StoreError:
                 k += 1
-        self.store.append(sid, list(messages))
+        return self._fill(sid, messages, at, forked_from=parent)
+
+    def _fill(self, sid: str, messages: Sequence[Message], at: int, forked_from: str | None = None) -> Ingest:
+        """Append ``messages[at:]`` to the session just created holding the first ``at``."""
+        self._known.add(sid)
+        if len(messages) > at:
+            self.store.append(sid, list(messages[at:]), expected_length=at)
         if isinstance(messages, RequestMessages):
             self._remember(sid, list(messages.raw))
-        return Ingest(sid, len(messages), forked_from=parent, graph=self.store.graph(sid), created=True)
+        return Ingest(sid, len(messages), forked_from=forked_from, graph=self.store.graph(sid), created=True)
+
+    def store_answer(self, session_id: str, answer: Message, at: int | None = None) -> str:
+        """Store ``answer``, the upstream's answer to a request that left ``session_id`` holding
+        ``at`` events (module docstring, "Answers"): appended there, or, when another answer took
+        that position meanwhile, in a new branch on the base ``(session_id, at)`` (nothing when the
+        event stored there is this answer: the client's next request brought it first).
+        ``at=None``: appended wherever the session ends. Returns the session that holds it.
+
+        Raises:
+            EventError/GraphError: the answer is invalid after those events (nothing is written).
+            StoreFullError: the store's disk is full.
+        """
+        with self.lock(session_id):
+            try:
+                self.store.append(session_id, answer, expected_length=at)
+                target = session_id
+            except AppendConflict:
+                assert at is not None
+                stored = self.store.graph(session_id).messages
+                if len(stored) > at and same_event(stored[at], answer):
+                    return session_id
+                root = session_id.split("~", 1)[0]
+                target = self._branch(root, session_id, at, [*stored[:at], answer], None).session_id
+            self.note_answer(target, answer)
+            return target
 
 
 class TurnCache:

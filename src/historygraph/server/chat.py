@@ -4,6 +4,9 @@
 A chat request is handled as the module docstring of :mod:`historygraph.server.proxy` describes:
 its ``messages`` are parsed only as far as routing needs (:class:`RequestMessages`), routed,
 rendered under B and forwarded; a message rendered unchanged is sent as the client's original JSON.
+A client that restates its tool calls as text (smolagents) is read as the calls and results they
+stand for, rendered under B less the echoes' framing, and sent back in its own form
+(:mod:`historygraph.providers.text_calls`).
 Errors are OpenAI's shape (:func:`~historygraph.server.errors.openai_error`).
 """
 
@@ -17,7 +20,8 @@ from fastapi.responses import Response
 
 from historygraph import telemetry
 from historygraph.history.sessions import RequestMessages
-from historygraph.providers import jsonio
+from historygraph.render import Rendering
+from historygraph.providers import jsonio, text_calls
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
 from historygraph.server.proxy import ARRIVAL
@@ -48,15 +52,22 @@ async def chat_completions(request: Request) -> Response:
         span = telemetry.request_span("openai", body.get("model"), started)
         setattr(request.state, telemetry.SPAN_STATE, span)
         sid, policy, budget = proxy.options(request)
-        # parsed in the worker thread, and only as far as routing needs (sessions.RequestMessages)
-        sid, rendering, sent_tokens = await run_in_threadpool(proxy.prepare, RequestMessages(raw), sid, policy, budget,
-                                                              proxy.pin_refs(request), span)
-        out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None else m.to_openai()
+        pins = proxy.pin_refs(request)
+
+        def read_and_prepare() -> tuple[str, Rendering, int, int, text_calls.TextCalls | None]:
+            # in the worker thread, and parsed only as far as routing needs (sessions.RequestMessages)
+            echoes = text_calls.read(raw, proxy.signals.counter.count_message)
+            b = budget if echoes is None else max(1, budget - echoes.framing)  # what is forwarded stays within B
+            return (*proxy.prepare(RequestMessages(raw, echoes.events if echoes else None), sid, policy, b, pins, span), echoes)
+
+        sid, rendering, sent_tokens, at, echoes = await run_in_threadpool(read_and_prepare)
+        out = [raw[p] if p is not None and p < len(raw) and m.rendered_as is None
+               else (echoes is not None and text_calls.client_form(m, echoes)) or m.to_openai()
                for m, p in zip(rendering.messages, rendering.positions)]
         url = config.upstream.rstrip("/") + "/chat/completions"
         # the recall tool reads and extends the messages: plain values for it, raw JSON otherwise
         return await recall_tool.send(proxy, url, {**body, "messages": out}, {**body, "messages": jsonio.plain(out)}, request,
-                                      sid, started, "openai", OpenAIStreamAccumulator, sent_tokens, policy, rendering)
+                                      sid, started, "openai", OpenAIStreamAccumulator, sent_tokens, policy, rendering, at)
     except ClientError as exc:
         telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return openai_error(exc)

@@ -89,13 +89,13 @@ async def generate(request: Request, model: str, method: str) -> Response:
             raise ClientError(str(exc), "contents") from None
         return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
 
-    sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
+    sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(convert_and_prepare)
     contents = gem.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                        for p in rendering.positions])
     url = upstream_url(proxy.config.gemini_upstream, f"/v1beta/models/{quote(model, safe='')}:{method}", request)
     accumulator = gem.StreamAccumulator.for_turn(len(body["contents"]))
     return await proxy.forward(url, {**body, "contents": contents}, request, sid, started, accumulator, sent_tokens, policy,
-                               extra=proxy.notes(rendering, sid), stream=method == "streamGenerateContent")
+                               extra=proxy.notes(rendering, sid), at=at, stream=method == "streamGenerateContent")
 
 
 async def count_tokens(request: Request) -> Response:

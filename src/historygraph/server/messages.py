@@ -61,7 +61,7 @@ async def messages_endpoint(request: Request) -> Response:
         pins = proxy.pin_refs(request)
         turns, system = body["messages"], body.get("system")
 
-        def convert_and_prepare() -> tuple[str, Rendering, int, list[Any]]:
+        def convert_and_prepare() -> tuple[str, Rendering, int, int, list[Any]]:
             # in the worker thread too: only turns not seen last time are parsed and converted
             try:
                 messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
@@ -69,7 +69,7 @@ async def messages_endpoint(request: Request) -> Response:
                 raise ClientError(str(exc), "messages") from None
             return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
 
-        sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
+        sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(convert_and_prepare)
         out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
                                                        for p in rendering.positions],
                                   moved_breakpoints(rendering.positions, pieces))
@@ -78,7 +78,7 @@ async def messages_endpoint(request: Request) -> Response:
         if config.cache_breakpoints:
             forwarded = place_breakpoints(forwarded)
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
-                                      anth.StreamAccumulator, sent_tokens, policy, rendering)
+                                      anth.StreamAccumulator, sent_tokens, policy, rendering, at)
     except ClientError as exc:
         telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return anthropic_error(exc)

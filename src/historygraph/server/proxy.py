@@ -255,9 +255,10 @@ class Proxy:
         return out
 
     def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
-                budget: int, pins: Sequence[str] = (), span: Any = None) -> tuple[str, Rendering, int]:
-        """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering
-        and the rendered messages' tokens (:meth:`_render`). ``messages``: parsed events, or a
+                budget: int, pins: Sequence[str] = (), span: Any = None) -> tuple[str, Rendering, int, int]:
+        """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering,
+        the rendered messages' tokens (:meth:`_render`) and the number of events the request left
+        the session holding (its messages: where its answer goes, :meth:`store_answer`). ``messages``: parsed events, or a
         :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
         stored is recognised without parsing it). ``pins``: items to pin in the session once the
         request's messages are stored (:meth:`pin_refs`, :meth:`pin`)."""
@@ -288,7 +289,7 @@ class Proxy:
             else:  # the graph routing has just brought up to the request's messages: no second look-up
                 rendering, tokens = self._render(ingest.session_id, policy, budget, ingest.graph, span=span)
             telemetry.request_rendered(span, ingest.session_id, rendering, tokens)
-            return ingest.session_id, rendering, tokens
+            return ingest.session_id, rendering, tokens, len(messages)
 
     def _curated(self, ingest: Ingest, budget: int, span: Any = None) -> tuple[Rendering, int]:
         """A request whose client curates its own context (:func:`client_curated`): its messages are
@@ -303,22 +304,25 @@ class Proxy:
                                                                      "history_tokens_out": rendering.history_tokens})
         return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
 
-    def store_answer(self, session_id: str, answer: Message) -> None:
-        """Append the upstream answer. The client already has it, so a failure (a concurrent
-        request of the same session stored a conflicting event, or a full disk) is logged, never
-        raised: the answer is relayed all the same (it was paid for), and nothing is lost because
-        the client sends it back in its next request, which stores it, or is refused with 507
-        while the disk is still full (docs/proxy.md, "A full disk")."""
-        with self.router.lock(session_id):
-            try:
-                self.store.append(session_id, answer)
-            except EventError as exc:
-                log.warning("answer not stored in session %s: %s", session_id, exc)
-                return
-            except StoreFullError as exc:
-                log.error("answer not stored in session %s: %s", session_id, exc)
-                return
-            self.router.note_answer(session_id, answer)
+    def store_answer(self, session_id: str, answer: Message, at: int | None = None) -> None:
+        """Store the upstream answer to a request that left ``session_id`` holding ``at`` events
+        (:meth:`prepare`): after them, in a branch of its own when a concurrent request of the
+        session stored its answer there first (:meth:`SessionRouter.store_answer`). The client
+        already has it, so a failure (an answer invalid after the stored events, or a full disk)
+        is logged, never raised: the answer is relayed all the same (it was paid for), and nothing
+        is lost because the client sends it back in its next request, which stores it, or is
+        refused with 507 while the disk is still full (docs/proxy.md, "A full disk")."""
+        try:
+            target = self.router.store_answer(session_id, answer, at)
+        except EventError as exc:
+            log.warning("answer not stored in session %s: %s", session_id, exc)
+            return
+        except StoreFullError as exc:
+            log.error("answer not stored in session %s: %s", session_id, exc)
+            return
+        if target != session_id:
+            log.info("answer stored in a branch: a concurrent request's answer was stored first",
+                     extra={"session": target, "parent": session_id})
 
     def prefetches(self, policy: str | None) -> TypeGuard[str]:
         """Whether ``policy`` has a :meth:`prefetch` hook (else no background task is scheduled:
@@ -408,8 +412,10 @@ class Proxy:
 
     async def forward(self, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
                       accumulator: Callable[[], Any], sent: Sequence[Message] | int | None = None,
-                      policy: str | None = None, extra: dict[str, str] | None = None, stream: bool | None = None) -> Response:
-        """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``);
+                      policy: str | None = None, extra: dict[str, str] | None = None, at: int | None = None,
+                      stream: bool | None = None) -> Response:
+        """Step 4–5: send ``body`` upstream and relay the answer (streamed when ``body["stream"]``),
+        stored after the request's ``at`` events (:meth:`store_answer`);
         ``sent``: the rendered messages ``body`` carries, or their tokens, for :meth:`observe_usage`; ``policy``:
         the policy that rendered it, whose :meth:`prefetch` runs once the response is sent; ``extra``:
         response headers of ours (:meth:`notes`); ``stream``: whether the answer is a stream (``None``: the
@@ -434,15 +440,15 @@ class Proxy:
             self.metrics.upstream_errors.labels(api, str(upstream.status_code)).inc()
         if upstream.status_code >= 400 or not (body.get("stream") if stream is None else stream):
             return await self.answer_whole(url, upstream, body, session_id, started, t_up, accumulator, api, sent, policy, ours,
-                                           getattr(request.state, telemetry.SPAN_STATE, None))
+                                           getattr(request.state, telemetry.SPAN_STATE, None), at)
         ours[PROXY_MS_HEADER] = f"{(t_up - started) * 1000:.2f}"  # a stream's headers go first: its time until sent
         return self.relay_stream(upstream, body, session_id, accumulator, api, sent, policy, ours,
-                                 getattr(request.state, telemetry.SPAN_STATE, None))
+                                 getattr(request.state, telemetry.SPAN_STATE, None), at)
 
     async def answer_whole(self, url: str, upstream: httpx.Response, body: dict[str, Any], session_id: str,
                            started: float, t_up: float, accumulator: Callable[[], Any], api: str,
                            sent: Sequence[Message] | int | None, policy: str | None, ours: dict[str, str],
-                           span: Any = None) -> Response:
+                           span: Any = None, at: int | None = None) -> Response:
         """:meth:`forward` for an answer that is not a stream (or an upstream error): read it
         whole, store its message, relay it with ``X-HistoryGraph-Proxy-Ms`` (``t_up``: when the
         upstream call began); ``span``: the request's (:mod:`historygraph.telemetry`), ended here. A body cut after the headers, or a 2xx body that is not a JSON
@@ -470,7 +476,7 @@ class Proxy:
                                  telemetry.output_tokens(data), data.get("model"))
             answer = answer_of(data, accumulator)
             if answer is not None:
-                await run_in_threadpool(self.store_answer, session_id, answer)
+                await run_in_threadpool(self.store_answer, session_id, answer, at)
         proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
         headers = {k: v for k, v in response_headers(upstream.headers).items() if k.lower() != "content-encoding"}
         after = (BackgroundTask(self.prefetch, session_id, policy, answer)
@@ -492,7 +498,7 @@ class Proxy:
 
     def relay_stream(self, upstream: httpx.Response, body: dict[str, Any], session_id: str,
                      accumulator: Callable[[], Any], api: str, sent: Sequence[Message] | int | None,
-                     policy: str | None, ours: dict[str, str], span: Any = None) -> Response:
+                     policy: str | None, ours: dict[str, str], span: Any = None, at: int | None = None) -> Response:
         """:meth:`forward` for a streamed answer: relayed chunk by chunk as it arrives while a copy
         is parsed; the answer is stored once complete. A stream cut mid-way, or one whose answer
         cannot be read (a tool call's input that never became complete JSON), ends in the
@@ -528,7 +534,7 @@ class Proxy:
                             relayed.append(chunk)
                             break
                         if completed and answer is not None:
-                            await run_in_threadpool(self.store_answer, session_id, answer)
+                            await run_in_threadpool(self.store_answer, session_id, answer, at)
                         if not observed and acc.complete and acc.usage is not None:
                             observed = True
                             self.observe_usage(body, acc.usage, sent, api)

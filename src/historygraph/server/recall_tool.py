@@ -58,16 +58,19 @@ def wanted(enabled: bool, request: Request, rendering: Rendering) -> bool:
 
 
 async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str, Any], request: Request, sid: str,
-               started: float, api: str, accumulator: Any, sent_tokens: int, policy: str, rendering: Rendering) -> Response:
+               started: float, api: str, accumulator: Any, sent_tokens: int, policy: str, rendering: Rendering,
+               at: int | None = None) -> Response:
     """Forward a rendered request (``body``) as the proxy does, or, when the recall tool is wanted
     for it (:func:`wanted`), ``recall_body`` through :func:`forward`; either way the rendering's
-    notes (:meth:`~historygraph.server.proxy.Proxy.notes`) become response headers."""
+    notes (:meth:`~historygraph.server.proxy.Proxy.notes`) become response headers, and the answer
+    is stored after the request's ``at`` events (:meth:`~historygraph.server.proxy.Proxy.store_answer`)."""
     if wanted(proxy.config.recall, request, rendering):
-        answer = await forward(proxy, url, recall_body, request, sid, started, api)
+        answer = await forward(proxy, url, recall_body, request, sid, started, api, at)
         answer.headers.update(proxy.notes(rendering, sid))
         telemetry.finish(getattr(request.state, telemetry.SPAN_STATE, None), answer.status_code)
         return answer
-    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering, sid))
+    return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering, sid),
+                               at=at)
 
 
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
@@ -237,10 +240,11 @@ def _extended(body: dict[str, Any], exchange: list[Any], api: str) -> dict[str, 
 
 
 async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                  api: str) -> Response:
-    """Forward ``body`` with the recall tool, answering its calls (see the module docstring)."""
+                  api: str, at: int | None = None) -> Response:
+    """Forward ``body`` with the recall tool, answering its calls (see the module docstring); the
+    answer is stored after the request's ``at`` events."""
     if body.get("stream"):
-        return await _stream(proxy, url, body, request, session_id, started, api)
+        return await _stream(proxy, url, body, request, session_id, started, api, at)
     headers = forward_headers(request.headers)
     ours = {"x-historygraph-session": session_id}
     rounds = proxy.config.recall_rounds
@@ -261,7 +265,7 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
         except ValueError:
             data = None
         proxy.observe_usage(body, _USAGE[api](data), api=api)
-        await run_in_threadpool(proxy.store_answer, session_id, rnd.answer)
+        await run_in_threadpool(proxy.store_answer, session_id, rnd.answer, at)
     proxy_ms = (time.perf_counter() - started - upstream_s) * 1000
     return Response(b"".join(rnd.chunks), rnd.status, {**_plain_headers(rnd.headers), **ours, PROXY_MS_HEADER: f"{proxy_ms:.2f}"})
 
@@ -409,7 +413,7 @@ class _Live:
 
 
 async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                  api: str) -> Response:
+                  api: str, at: int | None = None) -> Response:
     """:func:`forward` of a streamed request: each round is read until it shows what it starts
     (:func:`_starts`); a round that starts with a recall call is read whole and answered before
     anything reaches the client; the first round that starts an answer is relayed as it arrives,
@@ -464,7 +468,7 @@ async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, 
                             out = splice.event(e)
                             if not stored and splice.acc.complete and (answer := splice.acc.message()) is not None:
                                 stored = True
-                                await run_in_threadpool(proxy.store_answer, session_id, answer)
+                                await run_in_threadpool(proxy.store_answer, session_id, answer, at)
                             if out is not None:
                                 yield out
                         if late or fault is not None:

@@ -67,12 +67,12 @@ async def create_response(request: Request) -> Response:
                 raise ClientError(str(exc), "input") from None
             return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
 
-        sid, rendering, sent_tokens, pieces = await run_in_threadpool(convert_and_prepare)
+        sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(convert_and_prepare)
         items = body["input"] if isinstance(body["input"], str) else resp.from_canonical(
             rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None for p in rendering.positions])
         forwarded = {**body, "input": items}
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "responses",
-                                      resp.StreamAccumulator, sent_tokens, policy, rendering)
+                                      resp.StreamAccumulator, sent_tokens, policy, rendering, at)
     except ClientError as exc:
         telemetry.finish(span, exc.status, error=exc.param or "client_error")
         return openai_error(exc)

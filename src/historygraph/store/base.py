@@ -26,6 +26,14 @@ transaction as the events, so an append whose answer was lost after the commit c
 with its key and is answered from the stored record instead of being stored twice. Each
 session keeps the records of its last :data:`KEPT_KEYS` keyed appends.
 
+Shared prefixes (issue 50): a session may be created on a *base*, ``(parent, k)``: its first
+``k`` events are the parent's first ``k``, read from the parent and never copied, and only what
+follows is stored in its own rows (positions ``k`` on). A branch of a conversation (a client that
+edited earlier messages, aider restating its files every turn) is stored so, so a chat of n
+requests that each fork the one before stores O(n) events, not O(n²). Events are append-only and
+sessions are never deleted, so a parent's first ``k`` events never change and a session reads
+back exactly what it would hold as a copy (:meth:`Store.messages`, :meth:`Store.graph`).
+
 Omission records (issue 40, :mod:`historygraph.render.omissions`): what each rendering of a
 session left out, an append-only stream per session beside its events. :meth:`Store.record_omitted`
 only queues a record in memory (the request path pays no write); the queue is written in the
@@ -118,12 +126,15 @@ class StaleGraph(Exception):
 
 @dataclass(frozen=True)
 class SessionInfo:
-    """One stored session at a glance: id, number of events, number of tool results, meta."""
+    """One stored session at a glance: id, number of events, number of tool results, meta, and
+    how many of its leading events it reads from the session it was created on (``shared``,
+    :meth:`Store.create_session`'s ``base``; 0 when it stores all of them)."""
 
     id: str
     events: int
     tool_results: int
     meta: dict[str, Any]
+    shared: int = 0
 
 
 class Store(ABC):
@@ -152,11 +163,17 @@ class Store(ABC):
         self._graph_lock = threading.Lock()  # guards the two dicts; each session has its own lock
         self._session_locks: dict[str, threading.RLock] = {}
         self._omitted_queue: dict[str, list[dict[str, Any]]] = {}  # per session, records not yet written
+        self._bases: dict[str, tuple[str, int] | None] = {}  # per session once read (_base)
 
     # -- primitives -----------------------------------------------------------------------
     @abstractmethod
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
-        """Insert the session unless the id exists, atomically; whether it was inserted."""
+    def _insert_session(self, session_id: str, meta: dict[str, Any], base: tuple[str, int] | None = None) -> bool:
+        """Insert the session, with its ``base`` (``(parent, k)``, checked) when given, unless the
+        id exists, atomically; whether it was inserted."""
+
+    @abstractmethod
+    def _read_base(self, session_id: str) -> tuple[str, int] | None:
+        """The ``(parent, k)`` an existing session was created on, or ``None``."""
 
     @abstractmethod
     def _session_meta(self, session_id: str) -> dict[str, Any] | None: ...
@@ -165,7 +182,13 @@ class Store(ABC):
     def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None: ...
 
     @abstractmethod
-    def _read_events(self, session_id: str) -> list[Message]: ...
+    def _read_events_from(self, session_id: str, start: int, stop: int | None = None) -> list[Message]:
+        """The session's own stored events at positions ``start`` ≤ p < ``stop`` (``None``: to the
+        end), in order; a session created on a base holds none below its ``k``."""
+
+    @abstractmethod
+    def _event_count(self, session_id: str) -> int:
+        """One more than the highest position among the session's own events, 0 when it has none."""
 
     @abstractmethod
     def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
@@ -296,22 +319,62 @@ class Store(ABC):
         building any graph (database backends override with one aggregate query)."""
         out = []
         for sid in self.sessions():
-            events = self._read_events(sid)
-            out.append(SessionInfo(sid, len(events), sum(m.role == "tool" for m in events), self.session_meta(sid)))
+            events = self._session_events(sid)
+            base = self._base(sid)
+            out.append(SessionInfo(sid, len(events), sum(m.role == "tool" for m in events), self.session_meta(sid),
+                                   base[1] if base else 0))
         return out
+
+    def _with_bases(self, own: list[tuple[str, int, int, dict[str, Any], str | None, int | None]]) -> list[SessionInfo]:
+        """:class:`SessionInfo` from each session's counts of its own events and tool results and
+        its base (parent, k, or ``None``s), the shared prefix's counted in: a backend's
+        :meth:`session_infos` from one aggregate query."""
+        out = []
+        for sid, n, tools, meta, parent, k in own:
+            if parent is not None and k is not None:
+                n += k
+                tools += sum(m.role == "tool" for m in self._session_events(parent, 0, k))
+            out.append(SessionInfo(sid, n, tools, meta, k or 0))
+        return out
+
+    def _base(self, session_id: str) -> tuple[str, int] | None:
+        """The ``(parent, k)`` an existing session was created on (:meth:`create_session`), or
+        ``None``; kept once read (a base never changes)."""
+        with self._graph_lock:
+            if session_id in self._bases:
+                return self._bases[session_id]
+        base = self._read_base(session_id)
+        with self._graph_lock:
+            self._bases[session_id] = base
+        return base
+
+    def _session_events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Message]:
+        """The session's events at positions ``start`` ≤ p < ``stop`` (``None``: to the end), its
+        base's shared prefix included: from the parent's graph when this instance holds it built
+        (the same objects, no I/O), else read from the parent's rows, and so on up its bases."""
+        base = self._base(session_id)
+        if base is None:
+            return self._read_events_from(session_id, start, stop)
+        parent, k = base
+        out: list[Message] = []
+        if start < k:
+            end = k if stop is None else min(stop, k)
+            with self._graph_lock:
+                g = self._graphs.get(parent)
+            out = g.messages[start:end] if g is not None and len(g) >= end else self._session_events(parent, start, end)
+        if stop is None or stop > k:
+            out += self._read_events_from(session_id, max(start, k), stop)
+        return out
+
+    def _length(self, session_id: str) -> int:
+        """Number of events of an existing session, its base's shared prefix included."""
+        base = self._base(session_id)
+        return max(self._event_count(session_id), base[1] if base else 0)
 
     def _session_lock(self, session_id: str) -> threading.RLock:
         """The in-process lock of one session's cached graph (appends to other sessions proceed)."""
         with self._graph_lock:
             return self._session_locks.setdefault(session_id, threading.RLock())
-
-    def _event_count(self, session_id: str) -> int:
-        """Number of stored events (backends override with a cheap query)."""
-        return len(self._read_events(session_id))
-
-    def _read_events_from(self, session_id: str, start: int) -> list[Message]:
-        """Stored events from position ``start`` on (backends override with a ranged query)."""
-        return self._read_events(session_id)[start:]
 
     @contextmanager
     def _write_transaction(self, session_id: str) -> Iterator[None]:
@@ -334,18 +397,30 @@ class Store(ABC):
         self.full = None
 
     # -- contract -------------------------------------------------------------------------
-    def create_session(self, session_id: str, meta: dict[str, Any] | None = None) -> None:
-        """Create an empty session, atomically: of several callers creating the same id at once
-        (threads, or processes sharing the database), exactly one succeeds.
+    def create_session(self, session_id: str, meta: dict[str, Any] | None = None, *,
+                       base: tuple[str, int] | None = None) -> None:
+        """Create a session, atomically: of several callers creating the same id at once
+        (threads, or processes sharing the database), exactly one succeeds. It is empty, or, with
+        ``base=(parent, k)``, holds the first ``k`` events of the stored session ``parent``,
+        shared with it rather than copied (module docstring, "Shared prefixes"); what is appended
+        goes after them (positions ``k`` on).
 
         Raises:
-            StoreError: the id exists (also when another caller created it a moment ago), or is empty.
+            StoreError: the id exists (also when another caller created it a moment ago), or is
+                empty; ``parent`` is not a stored session.
+            ValueError: ``k`` is not an integer from 0 to the parent's number of events.
             StoreFullError: the store's disk is full (:mod:`historygraph.store.full`).
         """
         if not session_id:
             raise StoreError("session id must be a non-empty string")
+        if base is not None:
+            parent, k = base
+            self.session_meta(parent)
+            n = self._length(parent)
+            if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= n):
+                raise ValueError(f"base: session {parent!r} holds {n} events, so k must be an integer from 0 to {n}, got {k!r}")
         with self._space_checked():
-            inserted = self._insert_session(session_id, dict(meta or {}))
+            inserted = self._insert_session(session_id, dict(meta or {}), base)
         if not inserted:
             raise StoreError(f"session {session_id!r} already exists")
 
@@ -368,13 +443,13 @@ class Store(ABC):
             if g is None:
                 self.session_meta(session_id)
                 derived = Derived(self._read_derived(session_id), persist=True)
-                g = ContextGraph(session_id, self._read_events(session_id), derived=derived)
+                g = ContextGraph(session_id, self._session_events(session_id), derived=derived)
                 with self._graph_lock:
                     self._graphs[session_id] = g
                     while self.graph_cache is not None and len(self._graphs) > max(1, self.graph_cache):
                         self._graphs.popitem(last=False)
             elif self._event_count(session_id) > len(g):  # another instance appended
-                g.extend(self._read_events_from(session_id, len(g)))
+                g.extend(self._session_events(session_id, len(g)))
             g.pins = frozenset(self._read_pins(session_id))  # (another instance may have pinned since)
             return g
 
@@ -403,9 +478,9 @@ class Store(ABC):
         return sorted(self._read_pins(session_id))
 
     def messages(self, session_id: str) -> list[Message]:
-        """The stored events, exactly as appended."""
+        """The stored events, exactly as appended (those shared with a base included)."""
         self.session_meta(session_id)
-        return self._read_events(session_id)
+        return self._session_events(session_id)
 
     def append(self, session_id: str, messages: Sequence[Message] | Message, *, idempotency_key: str | None = None,
                expected_length: int | None = None) -> list[int]:

@@ -15,7 +15,8 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         super().__init__()
         self._meta: dict[str, dict[str, Any]] = {}
-        self._events: dict[str, list[Message]] = {}
+        self._events: dict[str, list[Message]] = {}  # per session, its own events (from its base's k on)
+        self._base_of: dict[str, tuple[str, int]] = {}
         self._emb: dict[str, np.ndarray] = {}
         self._texts: dict[tuple[str, str], str] = {}
         self._keys: dict[str, dict[str, tuple[str, int, int]]] = {}  # per session, oldest first
@@ -23,27 +24,38 @@ class MemoryStore(Store):
         self._pins: dict[str, set[int]] = {}
         self._omitted: dict[str, list[str]] = {}  # per session, oldest first
 
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
+    def _insert_session(self, session_id: str, meta: dict[str, Any], base: tuple[str, int] | None = None) -> bool:
         with self._graph_lock:
             if session_id in self._meta:
                 return False
             self._meta[session_id] = meta
             self._events[session_id] = []
+            if base is not None:
+                self._base_of[session_id] = base
             return True
+
+    def _read_base(self, session_id: str) -> tuple[str, int] | None:
+        return self._base_of.get(session_id)
+
+    def _start(self, session_id: str) -> int:
+        base = self._base_of.get(session_id)
+        return base[1] if base else 0
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
         meta = self._meta.get(session_id)
         return dict(meta) if meta is not None else None
 
     def _write_events(self, session_id: str, start: int, messages: Sequence[Message]) -> None:
-        assert len(self._events[session_id]) == start
+        assert self._start(session_id) + len(self._events[session_id]) == start
         self._events[session_id].extend(messages)
 
-    def _read_events(self, session_id: str) -> list[Message]:
-        return list(self._events[session_id])
+    def _read_events_from(self, session_id: str, start: int, stop: int | None = None) -> list[Message]:
+        k = self._start(session_id)
+        return self._events[session_id][max(start - k, 0):None if stop is None else max(stop - k, 0)]
 
     def _event_count(self, session_id: str) -> int:
-        return len(self._events[session_id])
+        own = len(self._events[session_id])
+        return self._start(session_id) + own if own else 0
 
     def _read_append_key(self, session_id: str, key: str) -> tuple[str, int, int] | None:
         return self._keys.get(session_id, {}).get(key)

@@ -2,7 +2,7 @@
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
 ``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``pins``, :data:`PINS_TABLE`, ``omitted``,
-:data:`OMITTED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+:data:`OMITTED_TABLE`, ``bases``, :data:`BASES_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -76,12 +76,35 @@ CREATE INDEX omitted_order ON omitted (session_id, id);
 """Added by issue 40: migration 5, an empty append-only table of omission records
 (:mod:`historygraph.render.omissions`), as SQLite's."""
 
+BASES_TABLE = """
+CREATE TABLE bases (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id), parent TEXT NOT NULL REFERENCES sessions(id),
+    shared INTEGER NOT NULL);
+INSERT INTO bases (session_id, parent, shared)
+SELECT id, parent, shared FROM (
+    SELECT s.id AS id, p.id AS parent, coalesce(
+        (SELECT min(e.position) FROM events e LEFT JOIN events q ON q.session_id = p.id AND q.position = e.position
+         WHERE e.session_id = s.id AND e.position < f.n AND q.data IS DISTINCT FROM e.data),
+        least(f.n, (SELECT count(*) FROM events c WHERE c.session_id = s.id))) AS shared
+    FROM sessions s
+    CROSS JOIN LATERAL (SELECT CASE WHEN json_typeof(s.meta::json->'forked_at') = 'number'
+                                         AND s.meta::json->>'forked_at' ~ '^[0-9]{1,9}$'
+                                    THEN (s.meta::json->>'forked_at')::integer END AS n) f
+    JOIN sessions p ON p.id = s.meta::json->>'parent' AND p.seq < s.seq
+    WHERE f.n IS NOT NULL) x
+WHERE shared > 0;
+DELETE FROM events e USING bases b WHERE b.session_id = e.session_id AND e.position < b.shared
+"""
+"""Added by issue 50: migration 6, each session's base (parent and shared length), branches stored
+before it made to share their parent's events, as SQLite's."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
     Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
+    Migration(6, "bases: branches read their shared prefix from their parent", BASES_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -134,11 +157,20 @@ class PostgresStore(Store):
                 self._opened = [c for c in self._opened if not c.closed] + [conn]
         return conn
 
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
+    def _insert_session(self, session_id: str, meta: dict[str, Any], base: tuple[str, int] | None = None) -> bool:
         # ON CONFLICT: another instance creating the same session at once is not an error here
-        cur = self._db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                               (session_id, time.time(), json.dumps(meta)))
-        return cur.rowcount == 1
+        db = self._db
+        with db.transaction():
+            cur = db.execute("INSERT INTO sessions (id, created, meta) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                             (session_id, time.time(), json.dumps(meta)))
+            inserted = cur.rowcount == 1
+            if inserted and base is not None:
+                db.execute("INSERT INTO bases VALUES (%s, %s, %s)", (session_id, *base))
+        return inserted
+
+    def _read_base(self, session_id: str) -> tuple[str, int] | None:
+        row = self._db.execute("SELECT parent, shared FROM bases WHERE session_id = %s", (session_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT meta FROM sessions WHERE id = %s", (session_id,)).fetchone()
@@ -207,12 +239,9 @@ class PostgresStore(Store):
         return self._db.execute("SELECT coalesce(max(position) + 1, 0) FROM events WHERE session_id = %s",
                                 (session_id,)).fetchone()[0]
 
-    def _read_events(self, session_id: str) -> list[Message]:
-        return self._read_events_from(session_id, 0)
-
-    def _read_events_from(self, session_id: str, start: int) -> list[Message]:
-        rows = self._db.execute("SELECT data FROM events WHERE session_id = %s AND position >= %s ORDER BY position",
-                                (session_id, start)).fetchall()
+    def _read_events_from(self, session_id: str, start: int, stop: int | None = None) -> list[Message]:
+        rows = self._db.execute("SELECT data FROM events WHERE session_id = %s AND position >= %s AND position < %s "
+                                "ORDER BY position", (session_id, start, (1 << 31) - 1 if stop is None else stop)).fetchall()
         return [Message.from_openai(loads(r[0])) for r in rows]
 
     def sessions(self) -> list[str]:
@@ -224,9 +253,10 @@ class PostgresStore(Store):
     def session_infos(self) -> list[SessionInfo]:
         # PostgreSQL's JSON operators reject the escaped NUL a tool result may hold, so the role is
         # matched as text: every event row starts with its role (Message.to_dict puts it first).
-        q = ("SELECT s.id, s.meta, count(e.position), count(*) FILTER (WHERE starts_with(e.data, '{\"role\": \"tool\"')) "
-             "FROM sessions s LEFT JOIN events e ON e.session_id = s.id GROUP BY s.id, s.seq ORDER BY s.seq")
-        return [SessionInfo(sid, n, t, json.loads(meta)) for sid, meta, n, t in self._db.execute(q).fetchall()]
+        q = ("SELECT s.id, s.meta, count(e.position), count(*) FILTER (WHERE starts_with(e.data, '{\"role\": \"tool\"')), "
+             "b.parent, b.shared FROM sessions s LEFT JOIN events e ON e.session_id = s.id "
+             "LEFT JOIN bases b ON b.session_id = s.id GROUP BY s.id, s.seq, b.parent, b.shared ORDER BY s.seq")
+        return self._with_bases([(sid, n, t, json.loads(meta), parent, k) for sid, meta, n, t, parent, k in self._db.execute(q).fetchall()])
 
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         rows = self._db.execute("SELECT key, vector FROM embeddings WHERE key = ANY(%s)", (list(keys),)).fetchall()

@@ -10,7 +10,9 @@ content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived text
 transaction of their events. ``derived`` (:data:`DERIVED_TABLE`) holds each session's derived
 per-message rows (:mod:`historygraph.history.derived`). ``pins`` (:data:`PINS_TABLE`) holds each session's
 pinned positions (:meth:`Store.pin`). ``omitted`` (:data:`OMITTED_TABLE`) holds each session's
-omission records (:mod:`historygraph.render.omissions`). ``schema_version`` holds the schema's version; opening a store
+omission records (:mod:`historygraph.render.omissions`). ``bases`` (:data:`BASES_TABLE`) holds the
+base of each session created on one (:meth:`Store.create_session`: its first ``shared`` events are
+its parent's, and its own rows start there). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -84,12 +86,35 @@ CREATE INDEX omitted_order ON omitted (session_id, id);
 """Added by issue 40 (what each rendering left out): migration 5, an empty append-only table of
 omission records (:mod:`historygraph.render.omissions`), ordered by ``id``; changes nothing else."""
 
+BASES_TABLE = """
+CREATE TABLE bases (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id), parent TEXT NOT NULL REFERENCES sessions(id),
+    shared INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO bases (session_id, parent, shared)
+SELECT id, parent, shared FROM (
+    SELECT s.id AS id, p.id AS parent, coalesce(
+        (SELECT min(e.position) FROM events e LEFT JOIN events q ON q.session_id = p.id AND q.position = e.position
+         WHERE e.session_id = s.id AND e.position < json_extract(s.meta, '$.forked_at') AND q.data IS NOT e.data),
+        min(json_extract(s.meta, '$.forked_at'), (SELECT count(*) FROM events c WHERE c.session_id = s.id))) AS shared
+    FROM sessions s JOIN sessions p ON p.id = json_extract(s.meta, '$.parent') AND p.rowid < s.rowid
+    WHERE json_type(s.meta, '$.forked_at') = 'integer')
+WHERE shared > 0;
+DELETE FROM events WHERE position < coalesce((SELECT b.shared FROM bases b WHERE b.session_id = events.session_id), 0)
+"""
+"""Added by issue 50 (branches share their common prefix, :meth:`Store.create_session`'s ``base``):
+migration 6, a table of each session's base (parent and shared length). A branch stored before it
+holds a copy of its parent's first ``forked_at`` events (its meta); the migration makes it read
+the longest leading run of them whose stored JSON is equal to its parent's from the parent and
+deletes its copies, so it reads back the same events (a parent created after the branch, which
+only a hand-written meta could name, is left alone)."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
     Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
+    Migration(6, "bases: branches read their shared prefix from their parent", BASES_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -169,11 +194,19 @@ class SQLiteStore(Store):
                 raise
         return new
 
-    def _insert_session(self, session_id: str, meta: dict[str, Any]) -> bool:
-        with self._lock:  # ON CONFLICT: another instance creating the same session at once is not an error here
+    def _insert_session(self, session_id: str, meta: dict[str, Any], base: tuple[str, int] | None = None) -> bool:
+        with self._write_transaction(session_id):  # ON CONFLICT: another instance creating it at once is not an error here
             cur = self._db.execute("INSERT INTO sessions VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING",
                                    (session_id, time.time(), json.dumps(meta)))
-            return cur.rowcount == 1
+            inserted = cur.rowcount == 1
+            if inserted and base is not None:
+                self._db.execute("INSERT INTO bases VALUES (?, ?, ?)", (session_id, *base))
+            return inserted
+
+    def _read_base(self, session_id: str) -> tuple[str, int] | None:
+        with self._lock:
+            row = self._db.execute("SELECT parent, shared FROM bases WHERE session_id = ?", (session_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def _session_meta(self, session_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -259,15 +292,10 @@ class SQLiteStore(Store):
             return self._db.execute("SELECT coalesce(max(position) + 1, 0) FROM events WHERE session_id = ?",
                                     (session_id,)).fetchone()[0]
 
-    def _read_events_from(self, session_id: str, start: int) -> list[Message]:
+    def _read_events_from(self, session_id: str, start: int, stop: int | None = None) -> list[Message]:
         with self._lock:
-            rows = self._db.execute("SELECT data FROM events WHERE session_id = ? AND position >= ? ORDER BY position",
-                                    (session_id, start)).fetchall()
-        return [Message.from_openai(loads(r[0])) for r in rows]
-
-    def _read_events(self, session_id: str) -> list[Message]:
-        with self._lock:
-            rows = self._db.execute("SELECT data FROM events WHERE session_id = ? ORDER BY position", (session_id,)).fetchall()
+            rows = self._db.execute("SELECT data FROM events WHERE session_id = ? AND position >= ? AND position < ? "
+                                    "ORDER BY position", (session_id, start, (1 << 62) if stop is None else stop)).fetchall()
         return [Message.from_openai(loads(r[0])) for r in rows]
 
     def sessions(self) -> list[str]:
@@ -280,11 +308,12 @@ class SQLiteStore(Store):
                                                    (prefix, prefix + "\U0010ffff"))]
 
     def session_infos(self) -> list[SessionInfo]:
-        q = ("SELECT s.id, s.meta, count(e.position), coalesce(sum(json_extract(e.data, '$.role') = 'tool'), 0) "
-             "FROM sessions s LEFT JOIN events e ON e.session_id = s.id GROUP BY s.id ORDER BY s.created, s.rowid")
+        q = ("SELECT s.id, s.meta, count(e.position), coalesce(sum(json_extract(e.data, '$.role') = 'tool'), 0), "
+             "b.parent, b.shared FROM sessions s LEFT JOIN events e ON e.session_id = s.id "
+             "LEFT JOIN bases b ON b.session_id = s.id GROUP BY s.id ORDER BY s.created, s.rowid")
         with self._lock:
             rows = self._db.execute(q).fetchall()
-        return [SessionInfo(sid, n, t, json.loads(meta)) for sid, meta, n, t in rows]
+        return self._with_bases([(sid, n, t, json.loads(meta), parent, k) for sid, meta, n, t, parent, k in rows])
 
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
