@@ -110,14 +110,15 @@ def test_clear_tool_uses_applies_to_each_request_and_only_the_tail_changes(signa
 
 
 def test_clear_tool_uses_clear_at_least_gates_the_clearing(signals):
-    # clearing results 0-4 frees about 5 × 970 tokens: a minimum above it clears nothing (the
-    # shared layout then shows the newest results that fit, as prune), one below it clears them
+    # clearing results 0-4 frees about 5 × 970 tokens: a minimum above it clears nothing, and the
+    # history (8 steps, B = 6) is then held to B by leaving out the oldest steps down to B/2 (3
+    # steps kept: 5 × 1,012 tokens left out); a minimum below it clears them
     g = graph_of(8)
     B = history_of(6, signals)
     r = create("clear-tool-uses", clear_at_least=6000).render(g, B, signals)
     check_invariants(r, g, signals.counter)
     assert r.stats["cleared"] == 0 and not any(v.startswith("cleared") for v in r.reasons.values())
-    assert r.full == [at(i) for i in range(8 - len(r.full), 8)] and len(r.full) > 3
+    assert r.full == [at(5), at(6), at(7)] and cleared(r) == [] and r.dropped == list(range(2, 12))
     r = create("clear-tool-uses", clear_at_least=4000).render(g, B, signals)
     assert cleared(r) == [at(i) for i in range(5)]
 
@@ -133,6 +134,32 @@ def test_low_watermark_clears_the_oldest_down_to_half_and_holds_until_b(signals)
     for prev, cur in zip(rs[:3], rs[1:4]):
         assert cleared(cur) == cleared(rs[0]) and cur.messages[:len(prev.messages)] == prev.messages
     assert cleared(rs[4]) == [at(i) for i in range(9)] and rs[4].full == [at(9), at(10), at(11)]
+
+
+def test_steps_left_out_to_hold_b_stay_left_out_until_b_is_passed_again(signals):
+    # steps of 10 one-token results and a 300-token assistant text: clearing frees nothing, so at
+    # 8 steps over B = 7 steps the oldest steps are left out down to B/2; later calls only append
+    # until the history passes B again
+    msgs = [Message("system", "s"), Message("user", "task")]
+    def big(i):
+        return [Message("assistant", f"step {i} " + "think " * 300, (ToolCall(f"c{i}", "bash", "{}"),)),
+                Message("tool", f"ok {i}", tool_call_id=f"c{i}")]
+    for i in range(8):
+        msgs += big(i)
+    g = ContextGraph("g", msgs)
+    B = Layout(ContextGraph("h", msgs[:-2]), signals.counter, None).full_history_tokens
+    policy = create("low-watermark")
+    first = policy.render(g, B, signals)
+    check_invariants(first, g, signals.counter)
+    assert first.dropped and cleared(first) == []
+    prev = first
+    for i in range(8, 11):
+        for m in big(i):
+            g.append(m)
+        r = policy.render(g, B, signals)
+        check_invariants(r, g, signals.counter)
+        assert r.messages[:len(prev.messages)] == prev.messages and r.dropped == first.dropped
+        prev = r
 
 
 def test_low_watermark_never_clears_the_newest_result(signals):

@@ -29,11 +29,17 @@ where the rule clears something new, and the rest of the time each request exten
   never the newest ones: hysteresis, so the prompt changes once per firing, not at every call.
 
 Shared rules (ours): a result no longer than its placeholder is never cleared (clearing it would
-lengthen the prompt); a history that fits in B comes back unchanged (§5.5); when the rule's history
-is still over B (its kept results or the non-tool history too large), the shared
-:class:`~historygraph.render.Layout` holds B as for every policy: oldest steps dropped, the results
-the rule keeps shown newest first while they fit. The stateful rules keep their cleared set per
-graph, per policy instance and per budget (:meth:`~historygraph.history.graph.ContextGraph.memo`).
+lengthen the prompt); a history that fits in B comes back unchanged (§5.5). When the rule's history
+is still over B (the results it keeps, or the non-tool history, too large), the oldest steps are
+left out, behind the layout's dropped-step marker (§5.6), until it is at most ``DROP_TO·B`` (or the
+low mark of ``low-watermark``), and they stay left out: the same hysteresis as the rule, so the
+prompt changes only when that fires too (without it, the shared layout's oldest-first drop moves at
+every call: on the 14 mini-swe-agent trajectories at B = 6000, half of the calls of every rule were
+over B after clearing, and 546–684 of 1,071 requests did not extend the previous one). Whatever is
+left, :class:`~historygraph.render.Layout` holds B as for every policy: the results the rule keeps
+shown newest first while they fit. The cleared results of the stateful rules and the steps left out
+are kept per graph, per policy instance and per budget
+(:meth:`~historygraph.history.graph.ContextGraph.memo`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ from historygraph.history.graph import ContextGraph
 from historygraph.policies.base import Signals
 from historygraph.policies.registry import register
 from historygraph.render import Layout, Rendering
+
+DROP_TO = 0.5
+"""When the history is still over B after a rule cleared what it may, the oldest steps are left out
+until it is at most this share of B: the share of B the shared layout keeps for the non-tool history
+(:class:`~historygraph.render.Layout`, ``result_reserve`` 0.5)."""
 
 _TOOL_NAMES = "clearing.tool_names"  # graph.memo key: {result position: its call's tool name}
 
@@ -75,6 +86,76 @@ def newest_results(layout: Layout) -> set[int]:
     return {q for c in graph.messages[last].tool_calls if (q := graph.result_of.get(c.id)) is not None}
 
 
+def kept_tokens(layout: Layout, cleared: AbstractSet[int]) -> int:
+    """History tokens of ``layout``'s history with the results in ``cleared`` as placeholders, the
+    others complete and the steps it leaves out gone (dropped-step markers not counted; the layout
+    holds B whatever this estimate says)."""
+    costs = layout.unit_costs
+    out = int(costs.sum()) - sum(int(costs[i]) for i in layout.left_out)
+    delta = layout.delta
+    return out + sum(delta[p] for p in layout.candidates if p not in cleared)
+
+
+class Rule:
+    """A clearing rule rendered through the shared layout, with the steps it leaves out kept per
+    graph and budget (module docstring); a subclass says which results are cleared (:meth:`clear`)
+    and, when it has one, the low mark the oldest steps are left out down to (:meth:`drop_to`)."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._key = object()
+
+    def state(self, graph: ContextGraph, budget: int) -> dict[str, set[int]]:
+        """This rule's state on ``graph`` at ``budget``: ``cleared`` results and ``omit`` (the first
+        position of each step left out)."""
+        states: dict[int, dict[str, set[int]]] = graph.memo(("clearing", self._key), dict)
+        return states.setdefault(budget, {"cleared": set(), "omit": set()})
+
+    def clear(self, layout: Layout, state: dict[str, set[int]], budget: int) -> set[int]:
+        raise NotImplementedError
+
+    def drop_to(self, budget: int) -> float:
+        return DROP_TO * budget
+
+    def why(self) -> str:
+        raise NotImplementedError
+
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+        if budget is None:
+            return Layout(graph, signals.counter, None).assemble_full(self.name)
+        state = self.state(graph, budget)
+        layout = Layout(graph, signals.counter, budget, omit=state["omit"])
+        if layout.fits_in_full:
+            return layout.assemble_full(self.name)
+        cleared = self.clear(layout, state, budget)
+        if set(layout.dropped_units) - set(layout.left_out) or kept_tokens(layout, cleared) > budget:
+            self._leave_out_oldest(layout, cleared, state, self.drop_to(budget))
+            layout = Layout(graph, signals.counter, budget, omit=state["omit"])
+            cleared = self.clear(layout, state, budget)
+        return render_cleared(self.name, layout, cleared, self.why())
+
+    @staticmethod
+    def _leave_out_oldest(layout: Layout, cleared: AbstractSet[int], state: dict[str, set[int]], target: float) -> None:
+        """Add to ``state["omit"]`` the oldest steps ``layout`` does not protect or leave out yet,
+        until the kept history (:func:`kept_tokens`) is at most ``target``."""
+        shown: dict[int, int] = {}
+        delta, unit_of = layout.delta, layout.unit_of
+        for p in layout.candidates:
+            if p not in cleared:
+                shown[unit_of[p]] = shown.get(unit_of[p], 0) + delta[p]
+        history = kept_tokens(layout, cleared)
+        costs, units = layout.unit_costs, layout.units
+        for i in range(len(units)):
+            if history <= target:
+                break
+            u = units[i]
+            if u.protected or i in layout.left_out:
+                continue
+            state["omit"].add(u.positions[0])
+            history -= int(costs[i]) + shown.get(i, 0)
+
+
 def saved(layout: Layout, positions: AbstractSet[int] | list[int]) -> int:
     """Tokens the history loses when the results at ``positions`` are shown as placeholders."""
     full, ph = layout.full_cost, layout.placeholder_tokens
@@ -85,8 +166,6 @@ def render_cleared(name: str, layout: Layout, cleared: AbstractSet[int], why: st
     """The history with the results in ``cleared`` as placeholders and every other result complete,
     through ``layout`` (its budget held: results not cleared taken newest first while they fit).
     ``why`` is the reason recorded for a cleared result."""
-    if layout.fits_in_full:
-        return layout.assemble_full(name)
     sel = layout.selection()
     shown = []
     for p in reversed(layout.candidates):
@@ -108,17 +187,6 @@ def render_cleared(name: str, layout: Layout, cleared: AbstractSet[int], why: st
     r = layout.assemble(name, sel)
     r.stats["cleared"] = len(cleared)
     return r
-
-
-class _Stateful:
-    """The per-graph, per-budget cleared set of a rule that edits the history it keeps."""
-
-    def __init__(self) -> None:
-        self._key = object()
-
-    def cleared(self, graph: ContextGraph, budget: int) -> set[int]:
-        state: dict[int, set[int]] = graph.memo(("clearing", self._key), dict)
-        return state.setdefault(budget, set())
 
 
 @dataclass(frozen=True)
@@ -145,29 +213,29 @@ class ClearToolUsesConfig:
 @register("clear-tool-uses", "Anthropic's documentation, Context editing (clear_tool_uses_20250919)",
           "Anthropic's server-side tool result clearing: over the trigger (B), every result but the 3 most recent "
           "tool uses replaced by a placeholder.")
-class ClearToolUses:
+class ClearToolUses(Rule):
     """Anthropic's ``clear_tool_uses_20250919`` context edit applied to each request's full history
     (module docstring)."""
 
     Config = ClearToolUsesConfig
 
     def __init__(self, name: str = "clear-tool-uses", config: ClearToolUsesConfig | None = None) -> None:
+        super().__init__()
         self.name, self.config = name, config or ClearToolUsesConfig()
 
-    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
-        layout = Layout(graph, signals.counter, budget)
+    def clear(self, layout: Layout, state: dict[str, set[int]], budget: int) -> set[int]:
         cfg = self.config
         trigger = cfg.trigger if cfg.trigger is not None else budget
-        cleared: set[int] = set()
-        if trigger is not None and layout.full_history_tokens > trigger:
-            results = layout.candidates
-            recent = set(results[len(results) - cfg.keep:]) if cfg.keep else set()
-            excluded = set(cfg.exclude_tools)
-            chosen = [p for p in clearable(layout) if p not in recent and tool_name(graph, p) not in excluded]
-            if chosen and saved(layout, chosen) >= cfg.clear_at_least:
-                cleared = set(chosen)
-        return render_cleared(self.name, layout, cleared,
-                              f"cleared: older than the {cfg.keep} most recent tool uses, history over the trigger")
+        if layout.full_history_tokens <= trigger:
+            return set()
+        results = layout.graph.results()  # every tool use of the full history, as the server sees it
+        recent = set(results[len(results) - cfg.keep:]) if cfg.keep else set()
+        excluded = set(cfg.exclude_tools)
+        chosen = [p for p in clearable(layout) if p not in recent and tool_name(layout.graph, p) not in excluded]
+        return set(chosen) if chosen and saved(layout, chosen) >= cfg.clear_at_least else set()
+
+    def why(self) -> str:
+        return f"cleared: older than the {self.config.keep} most recent tool uses, history over the trigger"
 
 
 @dataclass(frozen=True)
@@ -190,7 +258,7 @@ class MicrocompactConfig:
 @register("microcompact", "Claude Code microcompact (release notes 1.0.68; 5 most recent compactable results kept)",
           "Claude Code's microcompact: when the history passes B, every compactable result but the 5 newest cleared; "
           "cleared results stay cleared.")
-class Microcompact(_Stateful):
+class Microcompact(Rule):
     """Claude Code's microcompact, firing when the history it keeps passes the trigger (module docstring)."""
 
     Config = MicrocompactConfig
@@ -199,21 +267,19 @@ class Microcompact(_Stateful):
         super().__init__()
         self.name, self.config = name, config or MicrocompactConfig()
 
-    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
-        layout = Layout(graph, signals.counter, budget)
-        cfg = self.config
+    def clear(self, layout: Layout, state: dict[str, set[int]], budget: int) -> set[int]:
+        cfg, cleared, graph = self.config, state["cleared"], layout.graph
         trigger = cfg.trigger if cfg.trigger is not None else budget
-        if budget is None or trigger is None:
-            return render_cleared(self.name, layout, set(), "")
-        cleared = self.cleared(graph, budget)
-        if layout.full_history_tokens - saved(layout, cleared) > trigger:
+        if kept_tokens(layout, cleared) > trigger:
             wanted = set(cfg.compactable)
-            compactable = [p for p in layout.candidates if not wanted or tool_name(graph, p) in wanted]
+            compactable = [p for p in graph.results() if not wanted or tool_name(graph, p) in wanted]
             recent = set(compactable[len(compactable) - cfg.keep:]) if cfg.keep else set()
             allowed = set(clearable(layout))
             cleared.update(p for p in compactable if p not in recent and p in allowed)
-        return render_cleared(self.name, layout, frozenset(cleared),
-                              f"cleared by microcompact: older than the {cfg.keep} most recent compactable results")
+        return cleared
+
+    def why(self) -> str:
+        return f"cleared by microcompact: older than the {self.config.keep} most recent compactable results"
 
 
 @dataclass(frozen=True)
@@ -234,7 +300,7 @@ class LowWatermarkConfig:
 @register("low-watermark", "ours: threshold clearing with hysteresis, as agents that keep their prompt cache do",
           "When the history passes B, the oldest results cleared until it is at most half of B, never the newest; "
           "cleared results stay cleared.")
-class LowWatermark(_Stateful):
+class LowWatermark(Rule):
     """Clear the oldest results down to ``low_mark·threshold`` when the history passes ``threshold``
     (module docstring)."""
 
@@ -244,22 +310,26 @@ class LowWatermark(_Stateful):
         super().__init__()
         self.name, self.config = name, config or LowWatermarkConfig()
 
-    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
-        layout = Layout(graph, signals.counter, budget)
-        cfg = self.config
-        threshold = cfg.threshold if cfg.threshold is not None else budget
-        if budget is None or threshold is None:
-            return render_cleared(self.name, layout, set(), "")
-        cleared = self.cleared(graph, budget)
-        history = layout.full_history_tokens - saved(layout, cleared)
+    def _threshold(self, budget: int) -> int:
+        return self.config.threshold if self.config.threshold is not None else budget
+
+    def clear(self, layout: Layout, state: dict[str, set[int]], budget: int) -> set[int]:
+        cleared = state["cleared"]
+        history = kept_tokens(layout, cleared)
+        threshold = self._threshold(budget)
         if history > threshold:
-            low = cfg.low_mark * threshold
-            full, ph = layout.full_cost, layout.placeholder_tokens
+            low = self.config.low_mark * threshold
+            delta = layout.delta
             for p in clearable(layout):
                 if history <= low:
                     break
                 if p not in cleared:
                     cleared.add(p)
-                    history -= full[p] - ph[p]
-        return render_cleared(self.name, layout, frozenset(cleared),
-                              f"cleared by low-watermark: oldest results cleared down to {cfg.low_mark:g} of the threshold")
+                    history -= delta[p]
+        return cleared
+
+    def drop_to(self, budget: int) -> float:
+        return self.config.low_mark * min(budget, self._threshold(budget))
+
+    def why(self) -> str:
+        return f"cleared by low-watermark: oldest results cleared down to {self.config.low_mark:g} of the threshold"
