@@ -44,6 +44,7 @@ are kept per graph, per policy instance and per budget
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -96,7 +97,7 @@ def kept_tokens(layout: Layout, cleared: AbstractSet[int]) -> int:
     return out + sum(delta[p] for p in layout.candidates if p not in cleared)
 
 
-class Rule:
+class Rule(ABC):
     """A clearing rule rendered through the shared layout, with the steps it leaves out kept per
     graph and budget (module docstring); a subclass says which results are cleared (:meth:`clear`)
     and, when it has one, the low mark the oldest steps are left out down to (:meth:`drop_to`)."""
@@ -112,14 +113,16 @@ class Rule:
         states: dict[int, dict[str, set[int]]] = graph.memo(("clearing", self._key), dict)
         return states.setdefault(budget, {"cleared": set(), "omit": set()})
 
+    @abstractmethod
     def clear(self, layout: Layout, state: dict[str, set[int]], budget: int) -> set[int]:
-        raise NotImplementedError
+        """The results this call shows as placeholders (a stateful rule adds to ``state["cleared"]``)."""
 
     def drop_to(self, budget: int) -> float:
         return DROP_TO * budget
 
+    @abstractmethod
     def why(self) -> str:
-        raise NotImplementedError
+        """The reason recorded for a cleared result."""
 
     def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
         if budget is None:
