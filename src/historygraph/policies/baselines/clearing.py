@@ -15,8 +15,9 @@ where the rule clears something new, and the rest of the time each request exten
   tokens it is not applied. The edit is server-side: the client keeps sending its full history, so
   the rule is applied to each request as a function of the full history (our reading: the
   documentation describes no state kept between requests). Here ``trigger`` defaults to B (the
-  replay's budget, history tokens) instead of 100,000. ``clear_tool_inputs`` (clearing the call's
-  arguments too) is not offered: it rewrites assistant messages, which §5.3 keeps verbatim.
+  replay's budget, history tokens) instead of 100,000 (a trigger counted in tool uses, which the API
+  also takes, is not offered). ``clear_tool_inputs`` (clearing the call's arguments too) is not
+  offered: it rewrites assistant messages, which §5.3 keeps verbatim.
 * ``microcompact``: Claude Code's microcompact (introduced in Claude Code 1.0.68, its release
   notes; "What is Micro-Compact", claudelog.com): old results of the compactable tools are replaced
   by a cleared marker, the 5 most recent compactable ones kept. It runs in the client and edits
