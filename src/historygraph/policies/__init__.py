@@ -3,7 +3,7 @@ plugins (entry point group ``historygraph.policies``), in :data:`historygraph.po
 the single source of truth for policy names."""
 
 from historygraph.policies import contextrender, oracle  # noqa: F401  (registration side effects)
-from historygraph.policies.baselines import condensers, full_prune, handoff, lingua, retrieval, windows  # noqa: F401
+from historygraph.policies.baselines import clearing, condensers, full_prune, handoff, lingua, retrieval, windows  # noqa: F401
 from historygraph.policies.contextweaver import policy as _contextweaver  # noqa: F401
 from historygraph.policies.learned import policy as _learned  # noqa: F401
 from historygraph.policies.recap import baselines as _recap_baselines, policy as _recap  # noqa: F401
