@@ -46,8 +46,12 @@ cache):
 * **Under B nothing changes**: a history that fits in B is rendered by the wrapped policy, which
   returns it unchanged (§5.5), and it is extended as long as it fits.
 
-The state (the previous rendering and the graph length it rendered) is kept per graph, per
-wrapper and per budget (:meth:`~historygraph.history.graph.ContextGraph.memo`).
+The state (the previous rendering, the graph length it rendered, the budget of the last
+re-selection and the pins then) is kept per graph and per wrapper
+(:meth:`~historygraph.history.graph.ContextGraph.memo`) and, for a session of a store, in the store
+(:mod:`historygraph.policies.stable_state`), read back whenever another process sharing the store
+rendered the session since: proxy instances (or ``serve --workers``) serving one session in turn
+extend one rendering, as one instance does.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence, cast
 
 from historygraph.history.graph import ContextGraph
+from historygraph.policies import stable_state
 from historygraph.policies.base import Policy, Signals
 from historygraph.policies.registry import create, register
 from historygraph.history.events import Message
@@ -108,6 +113,7 @@ class CacheStable:
         if budget is None:
             return self.base.render(graph, budget, signals)
         state: dict[str, Any] = graph.memo(("cache-stable", self._key), dict)
+        stable_state.load(graph, self.name, state)  # another process sharing the store rendered it since
         prev, length = state.get("rendering"), state.get("length", 0)
         if state.get("pins") != graph.pins:  # pinned or unpinned since: the previous rendering may hide a pin
             prev = None
@@ -121,7 +127,10 @@ class CacheStable:
         if r is None:
             r = self.reselect(graph, budget, signals)
             state["budget"] = budget
+        changed = r is not prev or state.get("pins") != graph.pins
         state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
+        if changed:
+            stable_state.save(graph, self.name, state)
         return r
 
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:

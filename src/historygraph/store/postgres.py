@@ -2,7 +2,7 @@
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
 ``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``pins``, :data:`PINS_TABLE`, ``omitted``,
-:data:`OMITTED_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+:data:`OMITTED_TABLE`, ``policy_state``, :data:`POLICY_STATE_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -76,12 +76,21 @@ CREATE INDEX omitted_order ON omitted (session_id, id);
 """Added by issue 40: migration 5, an empty append-only table of omission records
 (:mod:`historygraph.render.omissions`), as SQLite's."""
 
+POLICY_STATE_TABLE = """
+CREATE TABLE policy_state (
+    session_id TEXT NOT NULL REFERENCES sessions(id), key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (session_id, key));
+"""
+"""Added by issue 49: migration 6, an empty table of each session's policy state
+(:meth:`Store.policy_state`), as SQLite's."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
     Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
+    Migration(6, "policy_state: what a policy keeps between renders of a session", POLICY_STATE_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -244,6 +253,14 @@ class PostgresStore(Store):
 
     def put_text(self, kind: str, key: str, value: str) -> None:
         self._db.execute("INSERT INTO texts VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (kind, key, value))
+
+    def _read_policy_state(self, session_id: str, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM policy_state WHERE session_id = %s AND key = %s", (session_id, key)).fetchone()
+        return row[0] if row else None
+
+    def _write_policy_state(self, session_id: str, key: str, value: str) -> None:
+        self._db.execute("INSERT INTO policy_state VALUES (%s, %s, %s) ON CONFLICT (session_id, key) "
+                         "DO UPDATE SET value = excluded.value", (session_id, key, value))
 
     def close(self) -> None:
         try:

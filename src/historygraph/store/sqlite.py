@@ -10,7 +10,8 @@ content-hash cache (float32 bytes), ``texts(kind, key, value)`` for derived text
 transaction of their events. ``derived`` (:data:`DERIVED_TABLE`) holds each session's derived
 per-message rows (:mod:`historygraph.history.derived`). ``pins`` (:data:`PINS_TABLE`) holds each session's
 pinned positions (:meth:`Store.pin`). ``omitted`` (:data:`OMITTED_TABLE`) holds each session's
-omission records (:mod:`historygraph.render.omissions`). ``schema_version`` holds the schema's version; opening a store
+omission records (:mod:`historygraph.render.omissions`). ``policy_state`` (:data:`POLICY_STATE_TABLE`)
+holds what a policy keeps between renders of a session (:meth:`Store.policy_state`). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -84,12 +85,22 @@ CREATE INDEX omitted_order ON omitted (session_id, id);
 """Added by issue 40 (what each rendering left out): migration 5, an empty append-only table of
 omission records (:mod:`historygraph.render.omissions`), ordered by ``id``; changes nothing else."""
 
+POLICY_STATE_TABLE = """
+CREATE TABLE policy_state (
+    session_id TEXT NOT NULL REFERENCES sessions(id), key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)) WITHOUT ROWID;
+"""
+"""Added by issue 49 (cache-stable rendering across proxy instances): migration 6, an empty table of
+each session's policy state (:meth:`Store.policy_state`), one row per key, overwritten; changes
+nothing else."""
+
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
     Migration(2, "append_keys: idempotency keys of appends", APPEND_KEYS_TABLE),
     Migration(3, "derived: per-message derived rows of each session", DERIVED_TABLE),
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
     Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
+    Migration(6, "policy_state: what a policy keeps between renders of a session", POLICY_STATE_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -316,6 +327,15 @@ class SQLiteStore(Store):
     def put_text(self, kind: str, key: str, value: str) -> None:
         with self._lock:
             self._db.execute("INSERT OR IGNORE INTO texts VALUES (?, ?, ?)", (kind, key, value))
+
+    def _read_policy_state(self, session_id: str, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM policy_state WHERE session_id = ? AND key = ?", (session_id, key)).fetchone()
+        return row[0] if row else None
+
+    def _write_policy_state(self, session_id: str, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO policy_state VALUES (?, ?, ?)", (session_id, key, value))
 
     def close(self) -> None:
         try:
