@@ -109,11 +109,16 @@ class CacheStable:
         if hook is not None:
             self.prefetch = hook
 
-    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals, *, keep: bool = True) -> Rendering:
+        """The rendering of ``graph`` under ``budget`` tokens (module docstring). ``keep=False``: an
+        inspection (the session API's render, ``historygraph render``): what the next call would
+        get with no new message, the state neither changed nor written, so the session's next model
+        call extends the rendering its previous call was sent."""
         if budget is None:
             return self.base.render(graph, budget, signals)
-        state: dict[str, Any] = graph.memo(("cache-stable", self._key), dict)
-        stable_state.load(graph, self.name, state)  # another process sharing the store rendered it since
+        memo: dict[str, Any] = graph.memo(("cache-stable", self._key), dict)
+        stable_state.load(graph, self.name, memo)  # another process sharing the store rendered it since
+        state = memo if keep else dict(memo)
         prev, length = state.get("rendering"), state.get("length", 0)
         if state.get("pins") != graph.pins:  # pinned or unpinned since: the previous rendering may hide a pin
             prev = None
@@ -129,7 +134,7 @@ class CacheStable:
             state["budget"] = budget
         changed = r is not prev or state.get("pins") != graph.pins
         state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
-        if changed:
+        if changed and keep:
             stable_state.save(graph, self.name, state)
         return r
 
@@ -263,6 +268,14 @@ def predicted_copies(graph: ContextGraph, r: Rendering, length: int, budget: int
     prob = predict(cands) if cands else []
     ranked = sorted((i for i in range(len(cands)) if prob[i] >= threshold), key=lambda i: (-prob[i], cands[i]))
     return {cands[i]: float(prob[i]) for i in ranked if _append_copy(r, graph, cands[i], budget, counter)}
+
+
+def inspect(policy: Policy, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+    """``policy``'s rendering of ``graph``, for a look at it rather than a model call: a cache-stable
+    policy renders with ``keep=False`` (:meth:`CacheStable.render`), any other as it always does."""
+    if isinstance(policy, CacheStable):
+        return policy.render(graph, budget, signals, keep=False)
+    return policy.render(graph, budget, signals)
 
 
 def cache_stable(policy: Policy) -> Policy:
