@@ -14,7 +14,8 @@ The model (:func:`answer`) is scripted from the request alone, as ``tests/fake_s
 step is always forwarded), and each step calls one of the four tools in turn, with a thinking block
 every 3rd step; step :data:`TEXT_STEP` answers with text (the client then writes a new instruction).
 The client runs the tool itself (:func:`tool_output`): results grow with the step, from about 100
-to about 600 tokens.
+to about 1,500 tokens, and step :data:`BIG_STEP` reads a file of about 33,000 tokens (larger than
+the budgets tried: the proxy shows an excerpt of it).
 
 :func:`run` drives ``calls`` calls and returns each forwarded request body and each answer's usage;
 :func:`bill` prices the usage with Anthropic's multipliers (cache writes 1.25×, reads 0.1× the
@@ -37,6 +38,7 @@ from fake_upstream import anthropic_violation, sign
 
 CC = {"type": "ephemeral"}
 TEXT_STEP = 30
+BIG_STEP = 44
 TOOLS = [
     {"name": "Read", "description": "Reads a file from the local filesystem.", "input_schema": {
         "type": "object", "properties": {"file_path": {"type": "string"}, "offset": {"type": "number"},
@@ -78,6 +80,8 @@ def tool_input(k: int) -> tuple[str, dict[str, Any]]:
 def tool_output(k: int, name: str) -> str:
     """What the client's tool prints at step ``k``: longer as the session goes on."""
     n = 6 + k // 3
+    if name == "Read" and k == BIG_STEP:  # a whole generated file, larger than the budgets tried
+        return "\n".join(f"{i:6d}\tTABLE_{i} = {{'id': {i}, 'name': 'row{i}', 'weight': {i * 7 % 101}}}" for i in range(1, 1200))
     if name == "Read":
         return "\n".join(f"{i:6d}\tdef parse_{i}_{k}(record):  value_{i} = record.split(',')[{i % 7}]" for i in range(1, 4 * n))
     if name == "Grep":

@@ -69,6 +69,7 @@ def test_a_60_call_claude_code_session_changes_its_forwarded_history_only_at_res
     assert kinds[first] == "reselected" and 20 <= first <= 35 and all(r["history_tokens"] <= r["budget"] for r in records)
     # then a re-selection renders to 0.75·B and the steps (about 300 to 1,500 tokens) fill the
     # remaining quarter of B (4,000 tokens) in 3 calls at least: at most one re-selection per 3 calls
+    # (the 33,000-token read passes B alone: its call re-selects, 3 calls after the one before)
     later = [i for i in range(first + 1, CALLS) if kinds[i] == "reselected"]
     assert all(b - a >= 3 for a, b in zip([first] + later, later)), later
     assert len(later) <= (CALLS - first) // 3
