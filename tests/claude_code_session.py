@@ -6,7 +6,8 @@ What the client sends is shaped like Claude Code's requests: the tools ``Read``,
 and ``Grep`` with JSON schemas; a ``system`` of two text blocks, each with a ``cache_control``
 breakpoint; content always as block lists; the last two messages' last blocks marked with
 ``cache_control`` (so each breakpoint moves on at the next call, and the message that carried it is
-re-sent without it: the client's own edit of earlier messages); a ``<system-reminder>`` text block
+re-sent without it: the client's own edit of earlier messages); answers streamed, assembled by the
+client from the events (:func:`sse`, :func:`assembled`); a ``<system-reminder>`` text block
 after the tool result at every 7th call; and one new user instruction halfway.
 
 The model (:func:`answer`) is scripted from the request alone, as ``tests/fake_scripts.py`` is: step
@@ -31,7 +32,7 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 import fake_cache
 from fake_upstream import anthropic_violation, sign
@@ -112,10 +113,63 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
             "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
 
 
+def sse(message: dict[str, Any]) -> list[str]:
+    """``message`` as the Messages API streams it (docs.anthropic.com/en/docs/build-with-claude/streaming):
+    ``message_start`` (with the usage), each block's start, deltas (text, thinking and signature, the
+    tool input's JSON in pieces) and stop, ``message_delta``, ``message_stop``."""
+    def ev(kind: str, **data: Any) -> str:
+        return f"event: {kind}\ndata: " + json.dumps({"type": kind, **data}) + "\n\n"
+
+    out = [ev("message_start", message={**message, "content": [], "stop_reason": None})]
+    for i, b in enumerate(message["content"]):
+        if b["type"] == "thinking":
+            out += [ev("content_block_start", index=i, content_block={"type": "thinking", "thinking": ""}),
+                    ev("content_block_delta", index=i, delta={"type": "thinking_delta", "thinking": b["thinking"]}),
+                    ev("content_block_delta", index=i, delta={"type": "signature_delta", "signature": b["signature"]})]
+        elif b["type"] == "tool_use":
+            args = json.dumps(b["input"])
+            out += [ev("content_block_start", index=i, content_block={**b, "input": {}})]
+            out += [ev("content_block_delta", index=i, delta={"type": "input_json_delta", "partial_json": args[j:j + 9]})
+                    for j in range(0, len(args), 9)]
+        else:
+            out += [ev("content_block_start", index=i, content_block={"type": "text", "text": ""})]
+            out += [ev("content_block_delta", index=i, delta={"type": "text_delta", "text": b["text"][j:j + 7]})
+                    for j in range(0, len(b["text"]), 7)]
+        out.append(ev("content_block_stop", index=i))
+    return out + [ev("message_delta", delta={"stop_reason": message["stop_reason"], "stop_sequence": None},
+                     usage={"output_tokens": 1}), ev("message_stop")]
+
+
+def assembled(stream: str) -> dict[str, Any]:
+    """The message a client makes of a Messages API stream (as Claude Code does): its blocks, the
+    tool inputs parsed from their JSON pieces, and the usage of ``message_start``."""
+    message: dict[str, Any] = {}
+    pieces: dict[int, str] = {}
+    for chunk in stream.split("\n\n"):
+        data = next((line[6:] for line in chunk.splitlines() if line.startswith("data: ")), None)
+        if data is None:
+            continue
+        e = json.loads(data)
+        if e["type"] == "message_start":
+            message = e["message"]
+        elif e["type"] == "content_block_start":
+            message["content"].append(dict(e["content_block"]))
+        elif e["type"] == "content_block_delta":
+            b, d = message["content"][e["index"]], e["delta"]
+            if d["type"] == "input_json_delta":
+                pieces[e["index"]] = pieces.get(e["index"], "") + d["partial_json"]
+            else:
+                field = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}[d["type"]]
+                b[field] = b.get(field, "") + d[field]
+        elif e["type"] == "content_block_stop" and e["index"] in pieces:
+            message["content"][e["index"]]["input"] = json.loads(pieces[e["index"]])
+    return message
+
+
 def provider() -> tuple[FastAPI, list[dict[str, Any]]]:
     """The provider: refuses what Anthropic would (``anthropic_violation``), answers with
-    :func:`answer` and the usage its simulated cache gives (``tests/fake_cache.py``); the list
-    receives every request body it accepted."""
+    :func:`answer` (streamed when asked, :func:`sse`) and the usage its simulated cache gives
+    (``tests/fake_cache.py``); the list receives every request body it accepted."""
     app, seen, caches = FastAPI(), [], fake_cache.PromptCaches()
 
     @app.post("/v1/messages")
@@ -124,7 +178,10 @@ def provider() -> tuple[FastAPI, list[dict[str, Any]]]:
         if (why := anthropic_violation(body)) is not None:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": why}}, 400)
         seen.append(body)
-        return fake_cache.with_usage(answer(body), caches.usage("anthropic", body))
+        usage = caches.usage("anthropic", body)
+        if body.get("stream"):
+            return StreamingResponse(iter(fake_cache.with_usage(sse(answer(body)), usage)), media_type="text/event-stream")
+        return fake_cache.with_usage(answer(body), usage)
 
     return app, seen
 
@@ -133,16 +190,17 @@ def _marked(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return content[:-1] + [{**content[-1], "cache_control": CC}]
 
 
-def request(history: list[dict[str, Any]]) -> dict[str, Any]:
+def request(history: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
     """Claude Code's request for ``history`` (its own copy, unmarked): the last two messages'
     last blocks carry a breakpoint."""
     msgs = [dict(m, content=_marked(m["content"])) if i >= len(history) - 2 else m for i, m in enumerate(history)]
-    return {"model": "claude-sonnet-4-5", "max_tokens": 32000, "system": SYSTEM, "tools": TOOLS, "messages": msgs, "stream": False}
+    return {"model": "claude-sonnet-4-5", "max_tokens": 32000, "system": SYSTEM, "tools": TOOLS, "messages": msgs, "stream": stream}
 
 
-def run(clients: list[Any], calls: int, headers: dict[str, str]) -> list[dict[str, Any]]:
+def run(clients: list[Any], calls: int, headers: dict[str, str], stream: bool = False) -> list[dict[str, Any]]:
     """``calls`` calls of one session, the i-th sent through ``clients[i % len(clients)]`` (each an
-    ``httpx.AsyncClient`` on a proxy or on the provider itself); returns each answer's ``usage``."""
+    ``httpx.AsyncClient`` on a proxy or on the provider itself), streamed with ``stream`` (as Claude
+    Code asks, the answer assembled by :func:`assembled`); returns each answer's ``usage``."""
     history: list[dict[str, Any]] = [{"role": "user", "content": [
         {"type": "text", "text": "<system-reminder>\nThis is a git repository; the tests are in tests/.\n</system-reminder>"},
         {"type": "text", "text": TASK}]}]
@@ -150,9 +208,9 @@ def run(clients: list[Any], calls: int, headers: dict[str, str]) -> list[dict[st
 
     async def go() -> None:
         for i in range(calls):
-            r = await clients[i % len(clients)].post("/v1/messages", json=request(history), headers=headers)
+            r = await clients[i % len(clients)].post("/v1/messages", json=request(history, stream), headers=headers)
             assert r.status_code == 200, r.text
-            data = r.json()
+            data = assembled(r.text) if stream else r.json()
             usages.append(data["usage"])
             history.append({"role": "assistant", "content": data["content"]})
             use = next((b for b in data["content"] if b["type"] == "tool_use"), None)

@@ -44,7 +44,7 @@ def serve(store: Path, instances: int) -> tuple[list[dict[str, Any]], list[dict[
     apps = [create_app(ServerConfig(anthropic_upstream="http://provider", store=str(store), budget=B)) for _ in range(instances)]
     for app in apps:
         app.state.proxy.transport = httpx.ASGITransport(app=up)
-    usage = cc.run([cc.asgi_client(app) for app in apps], CALLS, HEADERS)
+    usage = cc.run([cc.asgi_client(app) for app in apps], CALLS, HEADERS, stream=True)  # streamed, as Claude Code asks
     for app in apps:
         app.state.proxy.store.close()
     return seen, usage
