@@ -20,6 +20,7 @@ from historygraph.server.config import ServerConfig
 from historygraph.store import SQLiteStore
 
 import claude_code_session as cc
+from test_store import pg_dsn  # noqa: F401  (the PostgreSQL fixture)
 
 B = 16_000
 CALLS = 60
@@ -37,9 +38,9 @@ def unmarked(value: Any) -> Any:
     return value
 
 
-def serve(store: Path, instances: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The session through ``instances`` proxy apps on one SQLite store, in turn: the bodies the
-    provider received and the answers' usage."""
+def serve(store: Path | str, instances: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The session through ``instances`` proxy apps on one store (a SQLite path or a PostgreSQL
+    DSN), in turn: the bodies the provider received and the answers' usage."""
     up, seen = cc.provider()
     apps = [create_app(ServerConfig(anthropic_upstream="http://provider", store=str(store), budget=B)) for _ in range(instances)]
     for app in apps:
@@ -99,3 +100,10 @@ def test_a_tail_block_whose_breakpoint_the_client_moved_is_the_same_event():
     stored_before = Message("tool", "ok", tool_call_id="t1", provider_blocks=json.dumps(
         [{"cache_control": {"type": "ephemeral"}, "text": "<system-reminder>x</system-reminder>", "type": "text"}]))
     assert same_event(stored_before, b) and not same_event(stored_before, Message("tool", "ok", tool_call_id="t1"))
+
+
+def test_two_instances_on_one_postgresql_database_forward_what_one_forwards(tmp_path, pg_dsn):  # noqa: F811
+    one, one_usage = serve(tmp_path / "one.sqlite", 1)
+    two, two_usage = serve(pg_dsn, 2)
+    assert [json.dumps(b, sort_keys=True) for b in two] == [json.dumps(b, sort_keys=True) for b in one]
+    assert two_usage == one_usage
