@@ -296,3 +296,29 @@ def test_the_timeline_counts_a_copy_at_the_tail_as_shown_complete(traces_dir):
             copies += sum(x.rendered_as == "recalled" for x in policy.render(g, 3000, sig).messages)
         g.append(m)
     assert copies > 0
+
+
+def test_an_inspection_leaves_the_state_the_last_model_call_left(tmp_path):
+    """A look at a session's rendering (the session API's render, ``historygraph render``) at another
+    budget neither writes the state kept in the store nor changes this process's: the next model
+    call extends the rendering the previous call was sent (before, an inspection at B = 600
+    became the state, and the next call re-selected: the budget had moved by 40 %)."""
+    from historygraph import SQLiteStore, Session
+    from historygraph.policies.cache_stable import inspect
+
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    s = Session("s", store=store, policy="prune", budget=1000)
+    msgs = _steps(12, 30)
+    for m in msgs[:9]:
+        s.add(m)
+    s.render()
+    kept = store.policy_state("s", "cache-stable:prune-stable")
+    assert kept is not None and json.loads(kept)["length"] == 9
+    looked = inspect(s._policies["prune"], store.graph("s"), 600, s.signals)
+    assert looked.budget == 600 and store.policy_state("s", "cache-stable:prune-stable") == kept
+    for m in msgs[9:11]:
+        s.add(m)
+    before = s.rendering.messages
+    s.render()
+    assert s.rendering.stats["cache_stable"] == "appended" and s.rendering.messages[:len(before)] == before
+    store.close()

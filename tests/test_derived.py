@@ -201,12 +201,12 @@ def test_a_version_2_sqlite_store_gains_the_derived_table_and_keeps_everything(t
         for i, m in enumerate(EVENTS):
             db.execute("INSERT INTO events VALUES ('s', ?, ?)", (i, json.dumps(m.to_dict())))
     s = SQLiteStore(path)
-    assert s.schema_version == 6 and s.messages("s") == EVENTS and s.session_meta("s") == {"k": 1}
+    assert s.schema_version == 7 and s.messages("s") == EVENTS and s.session_meta("s") == {"k": 1}
     lowcost_steps(s.graph("s"))
     s.append("s", Message("user", "thanks"))
     s.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT version FROM schema_version").fetchall() == [(6,)]
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(7,)]
         assert db.execute("SELECT count(*) FROM derived WHERE session_id = 's'").fetchone()[0] == ROWS
     s = SQLiteStore(path)
     assert s.messages("s") == EVENTS + [Message("user", "thanks")]
@@ -227,7 +227,7 @@ def test_a_version_2_postgres_store_gains_the_derived_table(pg_dsn):  # noqa: F8
         for i, m in enumerate(EVENTS):
             c.execute("INSERT INTO events VALUES ('s', %s, %s)", (i, json.dumps(m.to_dict())))
     s = PostgresStore(pg_dsn)
-    assert s.schema_version == 6 and s.messages("s") == EVENTS
+    assert s.schema_version == 7 and s.messages("s") == EVENTS
     want = lowcost_steps(s.graph("s"))
     s.close()
     s = PostgresStore(pg_dsn)

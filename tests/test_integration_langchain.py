@@ -109,10 +109,12 @@ def test_async_agent_uses_awrap_model_call(lc):
     import asyncio
 
     model = lc.script()
-    agent = lc.create_agent(model, tools=[lc.read], middleware=[lc.Middleware(budget=500, policy="prune")])
+    mw = lc.Middleware(budget=500, policy="prune")
+    agent = lc.create_agent(model, tools=[lc.read], middleware=[mw])
     asyncio.run(agent.ainvoke({"messages": [lc.HumanMessage("What is in big.txt and small.txt?")]}))
     results = [m for m in model.seen[2] if isinstance(m, lc.ToolMessage)]
     assert "omitted" in results[0].content and results[1].content == FILES["small.txt"]
+    assert mw.last_rendering.policy == "prune-stable"  # without a store too (issue 49; docs/library.md)
 
 
 def test_under_budget_the_model_gets_the_same_objects(lc):

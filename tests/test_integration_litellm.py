@@ -107,6 +107,21 @@ def test_acompletion_sends_the_rendered_messages(ll, recorder):
     assert "omitted" in recorder.seen[-1][2]["content"]
 
 
+def test_without_a_store_the_next_call_extends_what_the_previous_one_sent(ll, recorder):
+    """Cache-stable without a store (issue 49; docs/library.md): the conversation's next call, its
+    messages the previous ones plus a short answer and question (within B = 500 with what was sent),
+    sends the previous call's messages unchanged, then the new ones; a policy instance re-selects."""
+    from historygraph import create
+
+    convo = MESSAGES[:5] + [{"role": "user", "content": "Which is longer?"}]
+    more = convo + [{"role": "assistant", "content": "big.txt"}, {"role": "user", "content": "And the shorter?"}]
+    for policy, kept in (("prune", True), (create("prune"), False)):
+        ll.completion(model="gpt-4o-mini", messages=convo, budget=500, policy=policy, mock_response="ok")
+        first = [dict(m) for m in recorder.seen[-1]]
+        ll.completion(model="gpt-4o-mini", messages=more, budget=500, policy=policy, mock_response="ok")
+        assert ([dict(m) for m in recorder.seen[-1][:len(first)]] == first) is kept, policy
+
+
 def test_a_bad_policy_fails_before_anything_is_sent(ll, recorder):
     with pytest.raises(PolicyError):
         ll.completion(model="gpt-4o-mini", messages=MESSAGES, budget=500, policy="nope", mock_response="ok")

@@ -195,6 +195,7 @@ def test_the_mini_command_line_selects_the_wrapper_with_model_class(tmp_path, mo
     assert isinstance(agent.model, HistoryGraphModel) and agent.model.budget == 500
     shown = agent.model.last_rendering.messages  # the third query's rendering
     assert shown[3].content.startswith("[tool result c1 omitted from this context (400 tokens)")
+    assert agent.model.last_rendering.policy == "prune-stable"  # cache-stable by default (issue 49)
     assert json.loads((tmp_path / "traj.json").read_text())["info"]["config"]["historygraph"] == {"budget": 500, "policy": "prune"}
 
 

@@ -28,7 +28,7 @@ def test_a_store_written_before_versions_opens_with_everything_it_held(tmp_path)
     with sqlite3.connect(path) as db:
         db.executescript(DUMP.read_text())
     s = SQLiteStore(path)
-    assert s.schema_version == sqlite_mod.SCHEMA_VERSION == 6 and version_of(path) == [(6,)]
+    assert s.schema_version == sqlite_mod.SCHEMA_VERSION == 7 and version_of(path) == [(7,)]
     assert s.sessions() == ["run-1", "run-1~1"]
     assert s.session_meta("run-1~1") == {"parent": "run-1", "forked_at": 1}
     g = s.graph("run-1")
@@ -43,7 +43,7 @@ def test_a_store_written_before_versions_opens_with_everything_it_held(tmp_path)
     s.append("run-1", Message("user", "next"))
     s.close()
     s = SQLiteStore(path)  # opening again migrates nothing and keeps the version
-    assert s.schema_version == 6 and version_of(path) == [(6,)] and len(s.messages("run-1")) == 4
+    assert s.schema_version == 7 and version_of(path) == [(7,)] and len(s.messages("run-1")) == 4
     s.close()
 
 
@@ -55,7 +55,7 @@ def test_a_version_1_store_gains_the_append_keys_table(tmp_path):
         db.execute("INSERT INTO sessions VALUES ('s', 0, '{}')")
         db.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
     s = SQLiteStore(path)
-    assert s.schema_version == 6 and s.messages("s")[0].content == "hi"
+    assert s.schema_version == 7 and s.messages("s")[0].content == "hi"
     assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
     assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
     s.close()
@@ -74,7 +74,7 @@ def sqlite_at_version(path, version: int) -> sqlite3.Connection:
 
 
 def test_a_version_3_store_gains_pins_and_keeps_its_sessions(tmp_path):
-    """Issue 40: a store of the release before pins (version 3) opens at the current version (6: pins, omission records, bases) with its events
+    """Issue 40: a store of the release before pins (version 3) opens at the current version (7: pins, omission records, bases, policy state) with its events
     and derived rows as they were and no pin; a pin then survives reopening."""
     path = tmp_path / "v3.sqlite"
     with sqlite_at_version(path, 3) as db:
@@ -83,7 +83,7 @@ def test_a_version_3_store_gains_pins_and_keeps_its_sessions(tmp_path):
         db.execute("INSERT INTO derived VALUES ('s', 'k', 0, 'v1', '[1]')")
     db.close()
     s = SQLiteStore(path)
-    assert s.schema_version == 6 and version_of(path) == [(6,)]
+    assert s.schema_version == 7 and version_of(path) == [(7,)]
     assert s.messages("s") == [Message("user", "hi")] and s.pins("s") == [] and s.graph("s").pins == frozenset()
     assert s.pin("s", "#0") == 0
     s.close()
@@ -97,7 +97,7 @@ def test_a_version_3_store_gains_pins_and_keeps_its_sessions(tmp_path):
 
 def test_a_new_store_starts_at_the_current_version(tmp_path):
     s = SQLiteStore(tmp_path / "new.sqlite")
-    assert s.schema_version == sqlite_mod.SCHEMA_VERSION and version_of(tmp_path / "new.sqlite") == [(6,)]
+    assert s.schema_version == sqlite_mod.SCHEMA_VERSION and version_of(tmp_path / "new.sqlite") == [(7,)]
     s.close()
 
 
@@ -106,7 +106,7 @@ def test_a_store_from_a_newer_release_is_refused_and_left_alone(tmp_path):
     SQLiteStore(path).close()
     with sqlite3.connect(path) as db:
         db.execute("UPDATE schema_version SET version = 99")
-    with pytest.raises(SchemaVersionError, match=r"schema version 99, newer than the 6 this historygraph supports"):
+    with pytest.raises(SchemaVersionError, match=r"schema version 99, newer than the 7 this historygraph supports"):
         SQLiteStore(path)
     assert version_of(path) == [(99,)]
 
@@ -114,17 +114,17 @@ def test_a_store_from_a_newer_release_is_refused_and_left_alone(tmp_path):
 def test_a_failing_step_rolls_the_whole_upgrade_back(tmp_path, monkeypatch):
     path = tmp_path / "s.sqlite"
     SQLiteStore(path).close()
-    bad = Migration(7, "a step whose second statement fails", "CREATE TABLE extra (x INTEGER); CREATE TABLE broken (")
+    bad = Migration(8, "a step whose second statement fails", "CREATE TABLE extra (x INTEGER); CREATE TABLE broken (")
     monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS, bad))
     with pytest.raises(sqlite3.OperationalError):
         SQLiteStore(path)
     with sqlite3.connect(path) as db:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert "extra" not in tables and version_of(path) == [(6,)]
-    good = Migration(7, "a column", "ALTER TABLE texts ADD COLUMN note TEXT")
-    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS[:6], good))
+    assert "extra" not in tables and version_of(path) == [(7,)]
+    good = Migration(8, "a column", "ALTER TABLE texts ADD COLUMN note TEXT")
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS[:7], good))
     s = SQLiteStore(path)
-    assert s.schema_version == 7 and version_of(path) == [(7,)]
+    assert s.schema_version == 8 and version_of(path) == [(8,)]
     s.close()
 
 
@@ -138,15 +138,15 @@ def test_postgres_store_written_before_versions_is_migrated(pg_dsn):  # noqa: F8
         c.execute("INSERT INTO sessions (id, created, meta) VALUES ('s', 0, '{}')")
         c.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
     s = PostgresStore(pg_dsn)
-    assert s.schema_version == SCHEMA_VERSION == 6 and s.messages("s")[0].content == "hi"
+    assert s.schema_version == SCHEMA_VERSION == 7 and s.messages("s")[0].content == "hi"
     assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
     assert s.append("s", Message("assistant", "hello"), idempotency_key="t1") == [1]
     s.close()
-    assert PostgresStore(pg_dsn).schema_version == 6
+    assert PostgresStore(pg_dsn).schema_version == 7
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        assert c.execute("SELECT version FROM schema_version").fetchall() == [(6,)]
-        c.execute("UPDATE schema_version SET version = 7")
-    with pytest.raises(SchemaVersionError, match="schema version 7"):
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(7,)]
+        c.execute("UPDATE schema_version SET version = 8")
+    with pytest.raises(SchemaVersionError, match="schema version 8"):
         PostgresStore(pg_dsn)
 
 
@@ -226,3 +226,26 @@ def test_a_newer_store_is_refused_before_its_journal_mode_changes(tmp_path):
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     db.close()
+
+
+def test_a_version_5_store_gains_an_empty_policy_state_table_and_keeps_its_sessions(tmp_path):
+    """Issue 49: a store of the release before the cache-stable state was kept in the store
+    (version 5) opens at version 7 (bases, then policy state) with its events, pins and omission records as they were and no
+    policy state; a state written then survives reopening and is replaced, not added to."""
+    path = tmp_path / "v5.sqlite"
+    with sqlite_at_version(path, 5) as db:
+        db.execute("INSERT INTO sessions VALUES ('s', 0, '{}')")
+        db.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
+        db.execute("INSERT INTO pins VALUES ('s', 0, 0)")
+        db.execute("""INSERT INTO omitted (session_id, data) VALUES ('s', '{"events": 1}')""")
+    db.close()
+    s = SQLiteStore(path)
+    assert s.schema_version == 7 and version_of(path) == [(7,)]
+    assert s.messages("s") == [Message("user", "hi")] and s.pins("s") == [0] and s.omitted("s") == [{"events": 1}]
+    assert s.policy_state("s", "cache-stable:learned-stable") is None
+    s.put_policy_state("s", "k", "one")
+    s.put_policy_state("s", "k", "two")
+    s.close()
+    s = SQLiteStore(path)
+    assert s.policy_state("s", "k") == "two" and s.policy_state("s", "other") is None
+    s.close()

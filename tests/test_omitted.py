@@ -277,5 +277,5 @@ def test_a_version_3_sqlite_store_gains_an_empty_omitted_table(tmp_path):
         db.execute("INSERT INTO sessions VALUES ('s', 0, '{}')")
         db.execute("""INSERT INTO events VALUES ('s', 0, '{"role": "user", "content": "hi"}')""")
     s = SQLiteStore(path)
-    assert s.schema_version == 6 and s.omitted("s") == [] and s.messages("s")[0].content == "hi"
+    assert s.schema_version == 7 and s.omitted("s") == [] and s.messages("s")[0].content == "hi"
     s.close()

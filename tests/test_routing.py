@@ -166,11 +166,10 @@ def _proxy_run(session_cache: int, steps: list[list[dict]]) -> tuple[list, list[
                                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                                                       "finish_reason": "stop"}]})
 
-    # cache_stable off: a cache-stable rendering extends the one its graph rendered last, state that
-    # lives with a graph kept in memory (session_cache 0 rebuilds it, so every request re-selects):
-    # what this test compares is the routing, which must not change what a stateless policy forwards
+    # cache-stable (the default): its state is kept in the store as well as with the graph, so a
+    # graph rebuilt at every request (session_cache 0) extends the same rendering (issue 49)
     app = create_app(ServerConfig(upstream="http://upstream/v1", store=":memory:", policy="prune", budget=60,
-                                  session_cache=session_cache, calibrate=False, cache_stable=False))
+                                  session_cache=session_cache, calibrate=False))
     app.state.proxy.transport = httpx.MockTransport(upstream)
 
     async def go() -> list[int]:

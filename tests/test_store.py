@@ -590,3 +590,23 @@ def test_two_instances_creating_one_new_session_at_once_one_succeeds(shared_db):
     finally:
         for s in stores:
             s.close()
+
+
+def test_policy_state_is_replaced_per_key_and_seen_by_another_instance(make_store):
+    """Issue 49: the state a policy keeps between renders of a session (cache-stable rendering's
+    previous rendering) is one text per session and key, the last written one; a second instance
+    on the same database reads what the first wrote; an unknown session is refused."""
+    a = make_store()
+    a.create_session("s")
+    a.create_session("t")
+    assert a.policy_state("s", "k") is None
+    a.put_policy_state("s", "k", "first")
+    a.put_policy_state("s", "k", "second")
+    a.put_policy_state("t", "k", "other session")
+    b = make_store() if not isinstance(a, MemoryStore) else a
+    assert b.policy_state("s", "k") == "second" and b.policy_state("t", "k") == "other session"
+    assert b.policy_state("s", "j") is None
+    with pytest.raises(StoreError, match="no session 'u'"):
+        a.put_policy_state("u", "k", "x")
+    for s in {id(a): a, id(b): b}.values():
+        s.close()

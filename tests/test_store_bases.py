@@ -109,7 +109,7 @@ def test_migration_6_makes_stored_branches_share_their_parents_events(tmp_path):
     db.commit()
     db.close()
     store = SQLiteStore(path)
-    assert store.schema_version == 6
+    assert store.schema_version == 7
 
     def count_rows(sid: str) -> int:
         with sqlite3.connect(path) as c:
@@ -134,7 +134,7 @@ def test_postgres_migration_6_makes_stored_branches_share_their_parents_events(p
             for p, r in enumerate(rows):
                 c.execute("INSERT INTO events VALUES (%s, %s, %s)", (sid, p, r))
     store = PostgresStore(pg_dsn)
-    assert store.schema_version == 6
+    assert store.schema_version == 7
 
     def count_rows(sid: str) -> int:
         with psycopg.connect(pg_dsn, autocommit=True) as c:

@@ -13,17 +13,21 @@ invariants and returns the messages to send. A message the policy shows unchange
 the caller's own object (images, thinking blocks and unknown fields untouched); only placeholders,
 excerpts and summaries are new.
 
-Without ``session`` nothing is stored: the messages given are the whole history. With ``session``
+Without ``session`` nothing is stored: the messages given are the whole history; the process keeps
+the graphs of the conversations it rendered last (:data:`RECENT`), so that the next call of one,
+its messages the previous call's plus what came since, extends the previous rendering (below). With ``session``
 (an id) the messages are routed like the proxy does (:class:`historygraph.history.sessions.
 SessionRouter`): a stored session that is a prefix of ``messages`` receives only what is new, and a
 request that rewrote earlier messages continues in a branch (``<id>~1``, …; the id used is in
 :attr:`Rendered.session_id`). Sessions live in ``store`` (default: one in-memory store per process,
 so repeated calls in one process share their sessions; pass :func:`historygraph.open_store` for a
 persistent one). With ``store`` but no ``session`` the session id is derived from the
-conversation's start as the proxy does. A stored session's policy, given by name, is wrapped for
-cache-stable rendering as in the proxy (:mod:`historygraph.policies.cache_stable`: between
-re-selections the rendering only appends, so a provider's prompt cache serves the previous
-request); pass an instance (``policy=historygraph.create("learned")``) to re-select at every call.
+conversation's start as the proxy does. A policy given by name, with or without a store, is
+wrapped for cache-stable rendering as in the proxy (:mod:`historygraph.policies.cache_stable`:
+between re-selections the rendering only appends, so a provider's prompt cache serves the previous
+request; its state is kept in the store for a stored session, so processes sharing the store extend
+one rendering, and with the process's recent graphs otherwise); pass an instance
+(``policy=historygraph.create("learned")``) to re-select at every call.
 
 ``explain=True`` returns a :class:`Rendered`: the messages, the
 :class:`~historygraph.render.Rendering` (selected and omitted positions, tokens, per-position
@@ -35,11 +39,13 @@ read with ``store.omitted(session_id)``).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any, Literal, NamedTuple, Sequence, overload
 
 from historygraph import telemetry
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
+from historygraph.history.sessions import derived_session_id, same_event
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
 from historygraph.policies.cache_stable import cache_stable
 from historygraph.render import Rendering, check_invariants
@@ -66,8 +72,41 @@ class Rendered(NamedTuple):
 _lock = threading.Lock()
 _default_store: MemoryStore | None = None
 _signals: dict[int, tuple[Any, Signals]] = {}  # id(store) -> (store, its signals); 0 = no store
-_policies: dict[tuple[str, bool], Policy] = {}
+_policies: dict[str, Policy] = {}
 _routers: dict[int, tuple[Store, Any]] = {}
+
+RECENT, BRANCHES = 32, 4
+"""Conversations rendered without a store whose graphs the process keeps: the :data:`RECENT` openings
+(system messages and first user message) rendered last, least recently used dropped first, and
+for each the :data:`BRANCHES` graphs rendered last (runs of one task share their opening). Our
+choice, as the proxy's ``--session-cache`` keeps a few hundred sessions: enough for the agents of
+one process, each graph the size of its conversation."""
+_recent: OrderedDict[str, list[ContextGraph]] = OrderedDict()
+_recent_lock = threading.Lock()
+
+
+def _unstored_graph(events: Sequence[Message]) -> ContextGraph:
+    """The graph of ``events`` rendered without a store: the kept graph of this conversation
+    (:data:`RECENT`) whose messages are the first of ``events`` (the longest such), extended with
+    the rest, so its cache-stable state goes on; else a new graph. Raises EventError/GraphError
+    for invalid events (the kept graph is then dropped)."""
+    key = derived_session_id(events)
+    with _recent_lock:
+        family = _recent.pop(key, [])
+        best = max((g for g in family if len(g) <= len(events)
+                    and all(same_event(a, b) for a, b in zip(g.messages, events))), key=len, default=None)
+        try:
+            if best is not None:
+                family.remove(best)  # extended in place: dropped if an event is refused half-way
+                best.extend(events[len(best):])
+            graph = best if best is not None else ContextGraph("messages", events)
+        except BaseException:
+            _recent[key] = family
+            raise
+        _recent[key] = [graph, *family][:BRANCHES]
+        while len(_recent) > RECENT:
+            _recent.popitem(last=False)
+    return graph
 
 
 def default_store() -> MemoryStore:
@@ -89,18 +128,16 @@ def _signals_for(store: Store | None) -> Signals:
         return hit[1]
 
 
-def _policy(policy: str | Policy, stable: bool = False) -> Policy:
-    """The shared instance of a named policy; with ``stable`` (a stored session) wrapped for
-    cache-stable rendering (:mod:`historygraph.policies.cache_stable`): between re-selections the
-    rendering only appends, so a provider's prompt cache serves the previous request."""
+def _policy(policy: str | Policy) -> Policy:
+    """The shared instance of a named policy, wrapped for cache-stable rendering
+    (:mod:`historygraph.policies.cache_stable`): between re-selections the rendering only
+    appends, so a provider's prompt cache serves the previous request; an instance as it is."""
     if not isinstance(policy, str):
         return policy
     with _lock:
-        key = (policy, stable)
-        if key not in _policies:
-            base = create(policy)
-            _policies[key] = cache_stable(base) if stable else base
-        return _policies[key]
+        if policy not in _policies:
+            _policies[policy] = cache_stable(create(policy))
+        return _policies[policy]
 
 
 def _router(store: Store) -> Any:
@@ -130,9 +167,9 @@ def render_events(events: Sequence[Message], *, budget: int, policy: str | Polic
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be a positive integer (tokens), got {budget!r}")
-    chosen = _policy(policy, stable=session is not None or store is not None)
+    chosen = _policy(policy)
     if session is None and store is None:
-        graph = ContextGraph("messages", events)
+        graph = _unstored_graph(events)
         sid = None
     else:
         store = store if store is not None else default_store()

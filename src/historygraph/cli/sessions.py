@@ -19,6 +19,7 @@ from historygraph.cli.common import (ParamOption, ParamsFileOption, SessionArgum
 from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
 from historygraph.models.chat import ModelError
 from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, create
+from historygraph.policies.cache_stable import inspect
 from historygraph.render import BudgetTooSmallError
 from historygraph.render.omissions import NOTES, REASONS, calls
 from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
@@ -182,7 +183,7 @@ def render(
     graph = ContextGraph(session, full.messages[:at]) if at is not None else full
     signals = Signals(counter=TokenCounter(encoding), store=db)
     try:
-        r = create(policy, **params).render(graph, budget, signals)
+        r = inspect(create(policy, **params), graph, budget, signals)  # a cache-stable policy's state is left as it was
     except PolicyError as exc:
         fail(str(exc))
     except BudgetTooSmallError as exc:

@@ -215,12 +215,26 @@ OpenAI Responses ``input_image`` and ``input_file`` parts; Gemini ``inlineData``
 ``{"type": "inlineData", "inlineData": {"mimeType", "data"}}`` (:mod:`historygraph.providers.gemini`)."""
 
 
+CACHE_MARK = "cache_control"
+"""A block's Anthropic prompt-cache breakpoint: where the cache may end, not content (the cached
+prompt is the tools, system and message blocks; docs.anthropic.com/en/docs/build-with-claude/
+prompt-caching). Clients move it at every call (Claude Code marks the last two messages), so the
+stored forms of a message's blocks (:attr:`Message.media`, :attr:`Message.provider_blocks`) leave
+it out: the same message re-sent without its mark is the same event."""
+
+
+def unmarked(block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` without its :data:`CACHE_MARK` (the same object when it has none)."""
+    return {k: v for k, v in block.items() if k != CACHE_MARK} if CACHE_MARK in block else block
+
+
 def media_of(content: Any) -> str:
     """:attr:`Message.media` of ``content`` (a string or a list of parts): compact JSON with sorted
-    keys of its parts of a :data:`MEDIA_TYPES` type, whole and in order; ``""`` for none."""
+    keys of its parts of a :data:`MEDIA_TYPES` type, whole (but for a :data:`CACHE_MARK`) and in
+    order; ``""`` for none."""
     if not isinstance(content, list):
         return ""
-    parts = [p for p in content if isinstance(p, dict) and p.get("type") in MEDIA_TYPES]
+    parts = [unmarked(p) for p in content if isinstance(p, dict) and p.get("type") in MEDIA_TYPES]
     return json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False) if parts else ""
 
 

@@ -119,6 +119,10 @@ class ContextGraph:
         self.owner_of: dict[int, int] = {}     # position of a tool result -> call_owner of its call
         #: positions of the pinned messages and results (see the module docstring); set by a store
         self.pins: frozenset[int] = frozenset()
+        #: the store this graph is a session of (set by the store, :meth:`historygraph.store.Store.graph`;
+        #: ``None`` for a graph of messages given directly): where a policy keeps per-session state that
+        #: other processes sharing the store must see (:meth:`historygraph.store.Store.policy_state`)
+        self.store: Any = None
         self._memos: dict[Hashable, Any] = {}
         self._memo_lock = threading.RLock()
         for m in messages:

@@ -75,7 +75,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence, overload
 
-from historygraph.history.events import EventError, Message
+from historygraph.history.events import CACHE_MARK, EventError, Message
 from historygraph.providers import anthropic as anth
 from historygraph.history.graph import ContextGraph
 from historygraph.store import AppendConflict, Store, StoreError
@@ -135,7 +135,9 @@ def same_event(a: Message, b: Message) -> bool:
     """Whether two events are the same turn (timestamps and render marks are ignored), compared as
     the provider reads them: tool-call arguments as JSON values (whatever their spacing or key
     order) and provider blocks with ``null`` fields counting as absent, at any depth (a client's
-    SDK drops them when it echoes an answer back, as ``model_dump(exclude_none=True)`` does)."""
+    SDK drops them when it echoes an answer back, as ``model_dump(exclude_none=True)`` does), and
+    a block's ``cache_control`` too (:data:`~historygraph.history.events.CACHE_MARK`: stores
+    written before it was left out of the stored blocks hold the mark the client later moved)."""
     return (a.role == b.role and a.content == b.content and a.tool_call_id == b.tool_call_id
             and (a.media == b.media or _same_json(a.media, b.media, nulls=False))
             and (a.tool_calls == b.tool_calls or _same_calls(a, b))
@@ -149,8 +151,8 @@ def _same_calls(a: Message, b: Message) -> bool:
 
 
 def _same_json(x: str, y: str, nulls: bool = True) -> bool:
-    """Whether two JSON texts hold the same value (``nulls=False``: ``null`` members of objects
-    left out first); texts that are not JSON are different unless equal."""
+    """Whether two JSON texts hold the same value (``nulls=False``: ``null`` and ``cache_control``
+    members of objects left out first); texts that are not JSON are different unless equal."""
     try:
         u, v = json.loads(x), json.loads(y)
     except ValueError:
@@ -160,7 +162,7 @@ def _same_json(x: str, y: str, nulls: bool = True) -> bool:
 
 def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None and k != CACHE_MARK}
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value

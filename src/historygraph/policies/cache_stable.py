@@ -46,8 +46,12 @@ cache):
 * **Under B nothing changes**: a history that fits in B is rendered by the wrapped policy, which
   returns it unchanged (§5.5), and it is extended as long as it fits.
 
-The state (the previous rendering and the graph length it rendered) is kept per graph, per
-wrapper and per budget (:meth:`~historygraph.history.graph.ContextGraph.memo`).
+The state (the previous rendering, the graph length it rendered, the budget of the last
+re-selection and the pins then) is kept per graph and per wrapper
+(:meth:`~historygraph.history.graph.ContextGraph.memo`) and, for a session of a store, in the store
+(:mod:`historygraph.policies.stable_state`), read back whenever another process sharing the store
+rendered the session since: proxy instances (or ``serve --workers``) serving one session in turn
+extend one rendering, as one instance does.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence, cast
 
 from historygraph.history.graph import ContextGraph
+from historygraph.policies import stable_state
 from historygraph.policies.base import Policy, Signals
 from historygraph.policies.registry import create, register
 from historygraph.history.events import Message
@@ -104,10 +109,16 @@ class CacheStable:
         if hook is not None:
             self.prefetch = hook
 
-    def render(self, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+    def render(self, graph: ContextGraph, budget: int | None, signals: Signals, *, keep: bool = True) -> Rendering:
+        """The rendering of ``graph`` under ``budget`` tokens (module docstring). ``keep=False``: an
+        inspection (the session API's render, ``historygraph render``): what the next call would
+        get with no new message, the state neither changed nor written, so the session's next model
+        call extends the rendering its previous call was sent."""
         if budget is None:
             return self.base.render(graph, budget, signals)
-        state: dict[str, Any] = graph.memo(("cache-stable", self._key), dict)
+        memo: dict[str, Any] = graph.memo(("cache-stable", self._key), dict)
+        stable_state.load(graph, self.name, memo)  # another process sharing the store rendered it since
+        state = memo if keep else dict(memo)
         prev, length = state.get("rendering"), state.get("length", 0)
         if state.get("pins") != graph.pins:  # pinned or unpinned since: the previous rendering may hide a pin
             prev = None
@@ -121,7 +132,10 @@ class CacheStable:
         if r is None:
             r = self.reselect(graph, budget, signals)
             state["budget"] = budget
+        changed = r is not prev or state.get("pins") != graph.pins
         state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
+        if changed and keep:
+            stable_state.save(graph, self.name, state)
         return r
 
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:
@@ -254,6 +268,14 @@ def predicted_copies(graph: ContextGraph, r: Rendering, length: int, budget: int
     prob = predict(cands) if cands else []
     ranked = sorted((i for i in range(len(cands)) if prob[i] >= threshold), key=lambda i: (-prob[i], cands[i]))
     return {cands[i]: float(prob[i]) for i in ranked if _append_copy(r, graph, cands[i], budget, counter)}
+
+
+def inspect(policy: Policy, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:
+    """``policy``'s rendering of ``graph``, for a look at it rather than a model call: a cache-stable
+    policy renders with ``keep=False`` (:meth:`CacheStable.render`), any other as it always does."""
+    if isinstance(policy, CacheStable):
+        return policy.render(graph, budget, signals, keep=False)
+    return policy.render(graph, budget, signals)
 
 
 def cache_stable(policy: Policy) -> Policy:

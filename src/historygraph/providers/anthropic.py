@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from historygraph.history.events import EventError, Message, ToolCall, checked_media_of, content_text
+from historygraph.history.events import CACHE_MARK, EventError, Message, ToolCall, checked_media_of, content_text
 from historygraph.providers.anthropic_cache import cache_control_of, with_cache_control
 from historygraph.signals.calibration import Usage, anthropic_usage
 
@@ -62,10 +62,12 @@ UNCOUNTED_USER_BLOCKS = ("text", "image", "document", "tool_result")
 
 def provider_blocks_of(blocks: list[Any]) -> str:
     """:attr:`Message.provider_blocks` of ``blocks``: compact JSON with sorted keys, ``None``
-    fields left out (clients echo blocks with and without them), ``""`` for none."""
+    fields left out (clients echo blocks with and without them) and so is a block's
+    ``cache_control`` (a breakpoint the client moves at every call, not content:
+    :data:`~historygraph.history.events.CACHE_MARK`), ``""`` for none."""
     if not blocks:
         return ""
-    return json.dumps([{k: v for k, v in b.items() if v is not None} for b in blocks],
+    return json.dumps([{k: v for k, v in b.items() if v is not None and k != CACHE_MARK} for b in blocks],
                       sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -19,7 +19,10 @@ A record (:func:`omission_record`) is a JSON object:
   (``placeholder``, ``excerpt``, ``summary``, ``compressed``, ``brief``: :data:`REASONS`);
 * ``dropped``: ``[[first, last], …]`` spans of positions left out entirely (a step left out with
   its assistant message, or messages a summary stands for); inclusive;
-* ``over_budget``, ``client_curated`` when the proxy noted them (:data:`NOTES`): the B asked for.
+* ``over_budget``, ``client_curated`` when the proxy noted them (:data:`NOTES`): the B asked for;
+  ``cache_stable`` for a cache-stable rendering (:mod:`historygraph.policies.cache_stable`):
+  ``"reselected"`` (the wrapped policy chose anew: the history may differ from the previous one
+  anywhere) or ``"appended"`` (the previous rendering with what arrived since appended after it).
 
 Reason codes are those of :data:`REASONS`. They say how the rendering left an item out, which is
 what every policy's rendering shows (the policy's own wording, a score below its cut, is in
@@ -71,6 +74,8 @@ def omission_record(rendering: Rendering, events: int) -> dict[str, Any]:
     for note in NOTES:
         if note in rendering.stats:
             record[note] = rendering.stats[note]
+    if (how := rendering.stats.get("cache_stable")) in ("reselected", "appended"):
+        record["cache_stable"] = how
     return record
 
 

@@ -48,7 +48,7 @@ from historygraph import telemetry
 from historygraph.history.events import EventError, Message
 from historygraph.history.sessions import (SESSION_HEADER, Ingest, MessageError, SessionRouter, TurnCache, derived_session_id,
                                           session_id_problem)
-from historygraph.policies.cache_stable import cache_stable
+from historygraph.policies.cache_stable import cache_stable, inspect
 from historygraph.policies import PolicyError, Signals, check_production, create
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
@@ -196,7 +196,7 @@ class Proxy:
             graph = self.store.graph(session_id)
         t0 = time.perf_counter()
         with telemetry.render_span(session_id, budget, span) as render_span:
-            rendering = self.render_or_smallest(graph, policy, budget, smallest)
+            rendering = self.render_or_smallest(graph, policy, budget, smallest, keep=record)
             telemetry.rendered(render_span, rendering, len(graph))
         named = rendering.policy or policy  # as the records name it: "prune-stable" when cache-stable wraps "prune"
         if "over_budget" in rendering.stats:
@@ -212,28 +212,34 @@ class Proxy:
                                     "omitted": len(rendering.omitted), "render_ms": round(seconds * 1000, 2)})
         return rendering, rendering.history_tokens + outside_tokens(rendering, graph, self.signals.counter)
 
-    def render_or_smallest(self, graph: Any, policy: str, budget: int, smallest: bool = True) -> Rendering:
+    def render_or_smallest(self, graph: Any, policy: str, budget: int, smallest: bool = True, keep: bool = True) -> Rendering:
         """The policy's rendering of ``graph`` under ``budget``, checked (docs/architecture.md,
         invariant §5). When the part every rendering must keep exceeds B (the policy raises
         :class:`BudgetTooSmallError`), the proxy never fails the agent: it renders at the budget
         that part needs (the smallest valid rendering, over B; a few tries when the policy asks for
         more again, then the whole history) and marks it ``rendering.stats["over_budget"] = B``.
-        ``smallest=False``: the error is raised instead."""
+        ``smallest=False``: the error is raised instead. ``keep=False``: an inspection (the session
+        API), which leaves a cache-stable policy's state as the last model call left it
+        (:func:`~historygraph.policies.cache_stable.inspect`)."""
         chosen = self.policy(policy)
+
+        def draw(b: int) -> Rendering:
+            return chosen.render(graph, b, self.signals) if keep else inspect(chosen, graph, b, self.signals)
+
         try:
-            rendering = chosen.render(graph, budget, self.signals)
+            rendering = draw(budget)
         except BudgetTooSmallError as exc:
             if not smallest:
                 raise
             need = max(exc.required, budget + 1)
             for _ in range(3):
                 try:
-                    rendering = chosen.render(graph, need, self.signals)
+                    rendering = draw(need)
                     break
                 except BudgetTooSmallError as again:
                     need = max(again.required, need * 2)
             else:
-                rendering = chosen.render(graph, 1 << 40, self.signals)  # under B: the history unchanged (§5.5)
+                rendering = draw(1 << 40)  # under B: the history unchanged (§5.5)
             rendering.stats["over_budget"] = budget
         check_invariants(rendering, graph, self.signals.counter)
         return rendering

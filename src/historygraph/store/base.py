@@ -228,6 +228,14 @@ class Store(ABC):
         :meth:`_write_transaction`)."""
 
     @abstractmethod
+    def _read_policy_state(self, session_id: str, key: str) -> str | None:
+        """The session's policy state stored under ``key``, or ``None``."""
+
+    @abstractmethod
+    def _write_policy_state(self, session_id: str, key: str, value: str) -> None:
+        """Store ``value`` as the session's policy state under ``key``, replacing what was there."""
+
+    @abstractmethod
     def sessions(self) -> list[str]:
         """All session ids, in creation order."""
 
@@ -444,6 +452,7 @@ class Store(ABC):
                 self.session_meta(session_id)
                 derived = Derived(self._read_derived(session_id), persist=True)
                 g = ContextGraph(session_id, self._session_events(session_id), derived=derived)
+                g.store = self
                 with self._graph_lock:
                     self._graphs[session_id] = g
                     while self.graph_cache is not None and len(self._graphs) > max(1, self.graph_cache):
@@ -471,6 +480,21 @@ class Store(ABC):
                 self._write_pin(session_id, p, pinned)
             g.pins = g.pins | {p} if pinned else g.pins - {p}
             return p
+
+    def policy_state(self, session_id: str, key: str) -> str | None:
+        """What a policy keeps between renders of a stored session under ``key`` (a text, JSON by
+        convention), as last written by :meth:`put_policy_state` from this or any other instance
+        sharing the store; ``None`` when nothing was written. Cache-stable rendering keeps its
+        previous rendering here (:mod:`historygraph.policies.stable_state`), so that proxy instances
+        serving one session in turn extend one rendering."""
+        return self._read_policy_state(session_id, key)
+
+    def put_policy_state(self, session_id: str, key: str, value: str) -> None:
+        """Replace the session's policy state under ``key`` with ``value`` (last writer wins).
+        Raises StoreError for an unknown session (nothing is written)."""
+        self.session_meta(session_id)
+        with self._space_checked():
+            self._write_policy_state(session_id, key, value)
 
     def pins(self, session_id: str) -> list[int]:
         """The session's pinned positions, ascending (raises StoreError for an unknown session)."""

@@ -23,6 +23,7 @@ class MemoryStore(Store):
         self._derived: dict[str, dict[tuple[str, int], Row]] = {}  # per session, by (kind, position)
         self._pins: dict[str, set[int]] = {}
         self._omitted: dict[str, list[str]] = {}  # per session, oldest first
+        self._policy_state: dict[tuple[str, str], str] = {}  # (session, key) -> value
 
     def _insert_session(self, session_id: str, meta: dict[str, Any], base: tuple[str, int] | None = None) -> bool:
         with self._graph_lock:
@@ -108,3 +109,9 @@ class MemoryStore(Store):
 
     def put_text(self, kind: str, key: str, value: str) -> None:
         self._texts.setdefault((kind, key), value)
+
+    def _read_policy_state(self, session_id: str, key: str) -> str | None:
+        return self._policy_state.get((session_id, key))
+
+    def _write_policy_state(self, session_id: str, key: str, value: str) -> None:
+        self._policy_state[(session_id, key)] = value

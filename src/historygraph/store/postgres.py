@@ -2,7 +2,7 @@
 
 Same contract and schema as :class:`~historygraph.store.sqlite.SQLiteStore` (including
 ``append_keys``, :data:`APPEND_KEYS_TABLE`, ``derived``, :data:`DERIVED_TABLE`, ``pins``, :data:`PINS_TABLE`, ``omitted``,
-:data:`OMITTED_TABLE`, ``bases``, :data:`BASES_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
+:data:`OMITTED_TABLE`, ``bases``, :data:`BASES_TABLE`, ``policy_state``, :data:`POLICY_STATE_TABLE`, and the versioned forward migrations, :data:`MIGRATIONS`; events stored as the
 JSON text of :meth:`Message.to_dict`, embeddings as float32 bytes), plus a ``seq`` column that
 orders sessions by creation across instances.
 
@@ -97,6 +97,13 @@ DELETE FROM events e USING bases b WHERE b.session_id = e.session_id AND e.posit
 """
 """Added by issue 50: migration 6, each session's base (parent and shared length), branches stored
 before it made to share their parent's events, as SQLite's."""
+POLICY_STATE_TABLE = """
+CREATE TABLE policy_state (
+    session_id TEXT NOT NULL REFERENCES sessions(id), key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (session_id, key));
+"""
+"""Added by issue 49: migration 7, an empty table of each session's policy state
+(:meth:`Store.policy_state`), as SQLite's."""
 
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
@@ -105,6 +112,7 @@ MIGRATIONS = (
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
     Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
     Migration(6, "bases: branches read their shared prefix from their parent", BASES_TABLE),
+    Migration(7, "policy_state: what a policy keeps between renders of a session", POLICY_STATE_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`); the same versions as SQLite's."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -274,6 +282,14 @@ class PostgresStore(Store):
 
     def put_text(self, kind: str, key: str, value: str) -> None:
         self._db.execute("INSERT INTO texts VALUES (%s, %s, %s) ON CONFLICT DO NOTHING", (kind, key, value))
+
+    def _read_policy_state(self, session_id: str, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM policy_state WHERE session_id = %s AND key = %s", (session_id, key)).fetchone()
+        return row[0] if row else None
+
+    def _write_policy_state(self, session_id: str, key: str, value: str) -> None:
+        self._db.execute("INSERT INTO policy_state VALUES (%s, %s, %s) ON CONFLICT (session_id, key) "
+                         "DO UPDATE SET value = excluded.value", (session_id, key, value))
 
     def close(self) -> None:
         try:

@@ -12,7 +12,8 @@ per-message rows (:mod:`historygraph.history.derived`). ``pins`` (:data:`PINS_TA
 pinned positions (:meth:`Store.pin`). ``omitted`` (:data:`OMITTED_TABLE`) holds each session's
 omission records (:mod:`historygraph.render.omissions`). ``bases`` (:data:`BASES_TABLE`) holds the
 base of each session created on one (:meth:`Store.create_session`: its first ``shared`` events are
-its parent's, and its own rows start there). ``schema_version`` holds the schema's version; opening a store
+its parent's, and its own rows start there). ``policy_state`` (:data:`POLICY_STATE_TABLE`)
+holds what a policy keeps between renders of a session (:meth:`Store.policy_state`). ``schema_version`` holds the schema's version; opening a store
 written by an earlier release migrates it forward (:data:`MIGRATIONS`,
 :mod:`historygraph.store.migrations`).
 
@@ -107,6 +108,14 @@ holds a copy of its parent's first ``forked_at`` events (its meta); the migratio
 the longest leading run of them whose stored JSON is equal to its parent's from the parent and
 deletes its copies, so it reads back the same events (a parent created after the branch, which
 only a hand-written meta could name, is left alone)."""
+POLICY_STATE_TABLE = """
+CREATE TABLE policy_state (
+    session_id TEXT NOT NULL REFERENCES sessions(id), key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)) WITHOUT ROWID;
+"""
+"""Added by issue 49 (cache-stable rendering across proxy instances): migration 7, an empty table of
+each session's policy state (:meth:`Store.policy_state`), one row per key, overwritten; changes
+nothing else."""
 
 MIGRATIONS = (
     Migration(1, "sessions, events, embeddings, texts", SCHEMA),
@@ -115,6 +124,7 @@ MIGRATIONS = (
     Migration(4, "pins: pinned items of each session", PINS_TABLE),
     Migration(5, "omitted: what each rendering of a session left out", OMITTED_TABLE),
     Migration(6, "bases: branches read their shared prefix from their parent", BASES_TABLE),
+    Migration(7, "policy_state: what a policy keeps between renders of a session", POLICY_STATE_TABLE),
 )
 """Forward migrations, in order (:mod:`historygraph.store.migrations`)."""
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -345,6 +355,15 @@ class SQLiteStore(Store):
     def put_text(self, kind: str, key: str, value: str) -> None:
         with self._lock:
             self._db.execute("INSERT OR IGNORE INTO texts VALUES (?, ?, ?)", (kind, key, value))
+
+    def _read_policy_state(self, session_id: str, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM policy_state WHERE session_id = ? AND key = ?", (session_id, key)).fetchone()
+        return row[0] if row else None
+
+    def _write_policy_state(self, session_id: str, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO policy_state VALUES (?, ?, ?)", (session_id, key, value))
 
     def close(self) -> None:
         try:
