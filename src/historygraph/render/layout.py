@@ -204,6 +204,30 @@ class Layout(Assembly):
                                    f"tokens do not fit beside the protected history; shown as a marked excerpt")
             left -= cost[p]
 
+    def recut_newest(self, p: int, max_tokens: int) -> int:
+        """Show newest result ``p`` (shown as a marked excerpt in ``required``) as an excerpt of at
+        most ``max_tokens`` tokens (the whole message) instead, charged in ``base_tokens``; returns
+        the tokens saved. For the exact bound (:mod:`historygraph.policies.oracle`): a policy may
+        show a newest result as a smaller excerpt than this layout's share (a cache-stable
+        re-selection at its low mark). Call it before :meth:`selection`.
+
+        Raises:
+            ValueError: when ``p`` is not a newest result shown as an excerpt, or ``max_tokens``
+                cannot hold the marker and some of its text.
+        """
+        old = self.required.get(p)
+        if old is None or old.rendered_as != "excerpt":
+            raise ValueError(f"recut_newest: position {p} is not a newest result shown as an excerpt")
+        new = excerpt_for(self.graph.messages[p], max_tokens, self.counter, self.focus)
+        if new.rendered_as != "excerpt":
+            raise ValueError(f"recut_newest: {max_tokens} tokens cannot hold an excerpt of position {p}")
+        saved = self.counter.count_message(old) - self.counter.count_message(new)
+        self.required[p] = new
+        self.base_tokens -= saved
+        self.reasons[p] = (f"newest result (invariant §5.9): {self.full_cost[p]} tokens shown as a marked excerpt "
+                           f"of {max_tokens} tokens at most")
+        return saved
+
     def _take_skeleton(self, memo: TokenMemo, sk: dict[str, Any]) -> None:
         """The layout's state from the graph's token memo and a snapshot ``sk`` of its skeleton
         (:meth:`~historygraph.render._memo.TokenMemo.skeleton`)."""
