@@ -98,6 +98,42 @@ def test_exact_oracle_shows_every_reused_result_when_room_allows():
     assert set(reused) <= set(r.full)
 
 
+def newest_over_b_history(counter) -> list[Message]:
+    """A module of 20 functions (about 380 tokens), then a log whose result alone (about 2,975
+    tokens) fits in B = 3000 but not beside its call and a dropped-step marker, and a last call that edits ``compute_total_7``,
+    a name only the module holds: one reuse event, of the module."""
+    module = "\n".join(f"def compute_total_{i}(order):\n    return sum(line.price_{i} for line in order)" for i in range(20))
+    lines = [f"2024-05-01 12:{i % 60:02d}:00 INFO worker {i} processed batch {i * 7} in {i % 13} ms" for i in range(400)]
+    while counter.count("\n".join(lines)) > 2990:
+        lines.pop()
+    return [Message("system", "You are a coding agent."), Message("user", "Fix the total computation."),
+            Message("assistant", "Read the module.", (bash("c1", "cat totals.py"),)), Message("tool", module, tool_call_id="c1"),
+            Message("assistant", "Read the log.", (bash("c2", "cat worker.log"),)),
+            Message("tool", "\n".join(lines), tool_call_id="c2"),
+            Message("assistant", "Fix compute_total_7.", (bash("c3", "sed -i s/price_7/price_seven/ totals.py"),))]
+
+
+@pytest.mark.parametrize("name", ["learned-stable", "prune-stable", "contextrender-stable"])
+def test_the_bound_allows_a_newest_result_as_small_an_excerpt_as_a_policy_shows(name):
+    """Issue 48, item 7: the log does not fit beside its call at B = 3000, so the oracle cut it to
+    the excerpt filling B and could show nothing else (0 of 1), while a cache-stable re-selection
+    at 0.75·B shows the log as a quarter of that and the module complete beside it (1 of 1). The
+    bound now lets the log be as small an excerpt as needed: it shows the module too, prices its
+    rendering as the renderer does, and keeps the log a marked excerpt (§5.9)."""
+    from historygraph.history.events import Trace
+
+    sig = Signals()
+    msgs = newest_over_b_history(sig.counter)
+    log = sig.counter.count_message(msgs[5])
+    assert log <= 3000 < sum(sig.counter.count_message(m) for m in msgs[2:6])  # alone it fits B, the history does not
+    res = replay_trace(Trace("t", "log", "t", msgs), {n: create(n, replay=True) for n in ("oracle", name)}, 3000, sig)
+    assert res.timeline.events == [(2, 0)]  # the last call reuses the module
+    assert res.stats[name].hits == 1  # the policy shows it
+    oracle = res.stats["oracle"]
+    assert oracle.hits == 1 and oracle.violations == [] and oracle.extra["priced_gap_tokens"] == [0.0]
+    assert res.timeline.forms["oracle"][-1] == "FE"  # the module complete, the log an excerpt
+
+
 # the policies that need no language model (docs/evaluator.md), the exact bound's competitors
 # (contextweaver, -random and -recency have the local model write summaries)
 MODEL_FREE = ("contextrender", "contextrender-dep", "contextrender-reserve", "contextrender-stable",

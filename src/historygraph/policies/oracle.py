@@ -13,7 +13,10 @@ rendered for reuses, by the evaluator's own labelling rule (Later-Used Result Re
   (``result_reserve=1``), in brief view (``brief_revivals``), a step or user message brought back
   on its own when that costs less than its marker, each unshown result as the shorter of the
   standard placeholder and the observation-masking one
-  (:func:`~historygraph.policies.baselines.windows.mask_placeholder`). Every policy on
+  (:func:`~historygraph.policies.baselines.windows.mask_placeholder`), each newest result that
+  does not fit whole (invariant §5.9) as small an excerpt as the chosen selection needs, down to
+  the smallest one the excerpt maker makes (a cache-stable re-selection at its low mark shows it
+  smaller than the layout's share at B). Every policy on
   :class:`~historygraph.render.Layout` renders a history its program can price no lower (fewer
   steps kept, cheaper views, shorter placeholders), so no such policy shows more of a call's reused
   results; its recall is the ceiling of that metric, and "% of oracle" stays at or under 100.
@@ -32,7 +35,7 @@ from typing import Any, ClassVar
 
 from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
-from historygraph.render import Layout, Rendering, placeholder_for
+from historygraph.render import Layout, Rendering, excerpt_for, placeholder_for
 from historygraph.policies.base import PolicyError, Signals
 from historygraph.policies.baselines.windows import mask_placeholder
 from historygraph.policies.oracle_program import best_selection
@@ -47,6 +50,39 @@ def shortest_placeholder(message: Message, counter: TokenCounter) -> Message:
     ``message``; the standard one on a tie. Both name the result id (invariant §5.3)."""
     standard, masked = placeholder_for(message, counter), mask_placeholder(message, counter)
     return masked if counter.count_message(masked) < counter.count_message(standard) else standard
+
+
+def excerpt_floors(layout: Layout) -> dict[int, tuple[int, int]]:
+    """For each newest result ``layout`` shows as a marked excerpt (``Layout.required``):
+    ``(the fewest tokens for which`` :func:`~historygraph.render.excerpt_for` ``still makes an
+    excerpt of it, the tokens that excerpt saves against the layout's)``, by position; found by
+    bisection (a larger allowance never yields less than an excerpt)."""
+    counter, msgs, out = layout.counter, layout.graph.messages, {}
+    for p, m in layout.required.items():
+        if m.rendered_as != "excerpt":
+            continue
+        lo, hi = 1, counter.count_message(m)  # hi: the layout's own excerpt fits its tokens
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if excerpt_for(msgs[p], mid, counter, layout.focus).rendered_as == "excerpt":
+                hi = mid
+            else:
+                lo = mid + 1
+        out[p] = (hi, counter.count_message(m) - counter.count_message(excerpt_for(msgs[p], hi, counter, layout.focus)))
+    return out
+
+
+def cut_newest(layout: Layout, floors: dict[int, tuple[int, int]], tokens: int) -> int:
+    """Cut the newest excerpts of ``layout`` (``floors``: :func:`excerpt_floors`) by at least
+    ``tokens`` in all, the ones with most to give first, none below its floor; returns the tokens
+    saved (:meth:`~historygraph.render.Layout.recut_newest`)."""
+    saved = 0
+    for p, (floor, most) in sorted(floors.items(), key=lambda kv: (-kv[1][1], kv[0])):
+        if saved >= tokens:
+            break
+        now = layout.counter.count_message(layout.required[p])
+        saved += layout.recut_newest(p, max(floor, now - min(most, tokens - saved)))
+    return saved
 
 
 class _Clairvoyant:
@@ -95,7 +131,11 @@ class Oracle(_Clairvoyant):
         if layout.fits_in_full:
             return layout.assemble_full(self.name)
         assert budget is not None  # with no budget the history always fits (above)
-        choice = best_selection(layout, reused)
+        floors = excerpt_floors(layout)
+        slack = sum(saved for _, saved in floors.values())
+        choice = best_selection(layout, reused, newest_slack=slack)
+        over = choice.tokens + slack - budget  # what the newest excerpts must give up for it
+        price = choice.tokens + slack - (cut_newest(layout, floors, over) if over > 0 else 0)
         sel = layout.selection()
         for p in choice.shown:
             sel.take(p)
@@ -104,13 +144,13 @@ class Oracle(_Clairvoyant):
         for u in choice.revived:
             sel.revive(u)
         if sel.used > budget:  # the program's price was below the renderer's (see oracle_program)
-            raise AssertionError(f"oracle: the program priced {choice.tokens} tokens, the rendering has {sel.used} > B {budget}")
+            raise AssertionError(f"oracle: the program priced {price} tokens, the rendering has {sel.used} > B {budget}")
         for p in reused:
             if p in layout.unit_of and p not in sel.shown:
                 layout.reasons[p] = (f"omitted: reused at this turn, but no rendering within B shows it beside the "
                                      f"{choice.hits} reused results shown")
         r = layout.assemble(self.name, sel)
-        r.stats.update(solve_seconds=choice.seconds, priced_gap_tokens=r.history_tokens - choice.tokens,
+        r.stats.update(solve_seconds=choice.seconds, priced_gap_tokens=r.history_tokens - price,
                        solver_gap=choice.gap, solver_stopped=int(choice.gap > 0))
         return r
 

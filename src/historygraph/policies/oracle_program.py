@@ -25,7 +25,9 @@ Variables (all tokens are the layout's own counts, so the program's cost is the 
 Constraint: the rendered history (the layout's base with every dropped unit as its run's marker,
 less those markers, plus the terms above) ≤ B. Objective: the most ``v_p``, then the fewest
 tokens. The newest results (invariant §5.9) are the layout's ``required``, shown whatever is
-chosen; a reused one counts when its form is complete.
+chosen; a reused one counts when its form is complete. Those shown as excerpts are priced at their
+smallest excerpt (a policy may show them smaller than the layout's share), and cut only as far as
+the chosen selection needs (:class:`~historygraph.policies.oracle.Oracle`).
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ TIME_LIMIT = 30.0
 so far with its gap (:attr:`Choice.gap`): a long session's bound never hangs the replay."""
 
 
-def best_selection(layout: Layout, reused: frozenset[int], time_limit: float = TIME_LIMIT) -> Choice:
+def best_selection(layout: Layout, reused: frozenset[int], time_limit: float = TIME_LIMIT, *, newest_slack: int = 0) -> Choice:
     """The selection on ``layout`` (every unprotected unit dropped, ``budget`` set) that shows the
     most results of ``reused`` (graph positions) complete within B, and among those the cheapest.
+    ``newest_slack``: tokens the layout's base may give up (newest results shown as smaller
+    excerpts), priced as given up; ``Choice.tokens`` is then that much under the layout's price.
 
     Raises:
         ValueError: when ``layout`` has no budget, or the solver finds no solution (it always can:
@@ -82,7 +86,7 @@ def best_selection(layout: Layout, reused: frozenset[int], time_limit: float = T
     dropped = [u for a, b in sorted(runs.items()) for u in range(a, b + 1)]
     col_r = {u: i for i, u in enumerate(dropped)}
     extra_shown: dict[int, list[int]] = {u: [] for u in dropped}  # results cheaper shown than as placeholders
-    const = lay.base_tokens - sum(lay._marker_tokens(a, b) for a, b in runs.items())
+    const = lay.base_tokens - newest_slack - sum(lay._marker_tokens(a, b) for a, b in runs.items())
     targets: list[int] = []
     kept_extra: list[int] = []
     for p in lay.candidates:

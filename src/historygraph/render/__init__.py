@@ -19,7 +19,8 @@ implemented once:
   the current user message, system messages, the latest assistant message (the current turn,
   which may hold an in-flight call) and, when it opens with a thinking block, the first assistant
   message of the active tool loop with the user message that starts its exchange and the
-  assistant message before that (:func:`loop_guard`) are protected. When even the
+  assistant message before that (:func:`loop_guard`), and the message of the agent's latest
+  todo list or plan (:mod:`~historygraph.render.plan`) are protected. When even the
   protected part exceeds B, :class:`BudgetTooSmallError` says by how many tokens.
 * **Provider order** (docs/architecture.md, invariant §5.2, §5.7): a rendering shows each tool result directly after the
   assistant message that made its call, even when another message (a user note, a summary) was
@@ -39,6 +40,7 @@ The package, by what each module holds:
 * :mod:`~historygraph.render.markers`: the placeholders, synthetic answers, dropped-step markers,
   excerpts and brief views that stand in for what is left out, and their templates;
 * :mod:`~historygraph.render.order`: the render order and the active tool loop's opening;
+* :mod:`~historygraph.render.plan`: the agent's latest todo list or plan, shown in every rendering (§5.10);
 * :mod:`~historygraph.render.layout`: :class:`Layout`, the shared budget accounting, with
   :mod:`~historygraph.render.pricing` (what dropping and reviving steps costs, the oldest-first
   drop) and :mod:`~historygraph.render.assemble` (the rendering built from a selection);

@@ -13,6 +13,7 @@ from historygraph.history.events import Message
 from historygraph.history.graph import ContextGraph
 from historygraph.render._facts import StoredFacts, stored_facts
 from historygraph.render.markers import BRIEF, COMPRESSED_GAP, COMPRESSED_PREFIX, SEGMENT_JOIN
+from historygraph.render.plan import latest_plan
 from historygraph.render.rendering import InvariantError, Rendering
 from historygraph.signals.tokens import TokenCounter
 
@@ -162,6 +163,21 @@ def check_newest_shown(rendering: Rendering, graph: ContextGraph, counter: Token
                                  f"was {how}, not complete or an excerpt naming its id")
 
 
+def check_plan_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                     outside: set[int]) -> None:
+    """§5.10 the execution state survives: the assistant message of the agent's latest plan call
+    (:func:`~historygraph.render.plan.latest_plan`: Claude Code's ``TodoWrite``, Codex's
+    ``update_plan``) is rendered with its tool calls as stored (whole, or in brief view, which
+    keeps them)."""
+    q = latest_plan(graph)
+    if q is None:
+        return
+    m = next((m for m, p in zip(rendering.messages, rendering.positions) if p == q), None)
+    if m is None or m.tool_calls != graph.messages[q].tool_calls:
+        how = "left out" if m is None else "shown without its calls"
+        raise InvariantError(f"§5.10 plan: the agent's latest plan (message {q}) was {how}")
+
+
 def check_pinned_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
                        outside: set[int]) -> None:
     """Pins (docs/architecture.md, "Pins"): every pinned item (:meth:`ContextGraph.pinned`) is
@@ -179,12 +195,13 @@ def check_pinned_shown(rendering: Rendering, graph: ContextGraph, counter: Token
             raise InvariantError(f"pins: pinned item {graph.item_id(p)} (position {p}) was {how}, not whole")
 
 
-#: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5, then the pins.
+#: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5 (of §5.10, the
+#: plan; the recent steps are a target, measured by the replay), then the pins.
 #: §5.7's order (results directly after their call) is checked by §5.2 and §5.3; its protected loop
 #: opening and §5.8 (what B counts) are held by the layout (:mod:`historygraph.render`), not checked here.
 INVARIANTS: tuple[Callable[[Rendering, ContextGraph, TokenCounter, StoredFacts, set[int]], None], ...] = (
     check_budget, check_pairing, check_order_and_completeness, check_in_flight, check_unchanged_under_budget,
-    check_nothing_lost, check_newest_shown, check_pinned_shown)
+    check_nothing_lost, check_newest_shown, check_plan_shown, check_pinned_shown)
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:

@@ -23,6 +23,7 @@ from historygraph.render.assemble import Assembly
 from historygraph.render.focus import FOCUS_MESSAGES, focus_values
 from historygraph.render.markers import EXCERPT_MARK, excerpt_for, oversized_excerpt, placeholder_for
 from historygraph.render.order import loop_guard
+from historygraph.render.plan import latest_plan
 from historygraph.render.rendering import BudgetTooSmallError, Rendering
 from historygraph.render.selection import Selection
 from historygraph.signals.tokens import TokenCounter
@@ -66,6 +67,11 @@ class Layout(Assembly):
     an equal share of what B leaves; a result larger than B is its oversized excerpt). Steps are
     dropped (oldest first) to make room for them before anything is cut.
 
+    **The execution state** (docs/architecture.md, invariant §5.10): the assistant message that
+    made the agent's latest plan call (Claude Code's ``TodoWrite``, Codex's ``update_plan``:
+    :mod:`~historygraph.render.plan`) is protected like the latest assistant message, its
+    arguments being the agent's whole current plan; superseded plans are ordinary history.
+
     **Pins** (docs/architecture.md, "Pins"): an item pinned in the graph (:attr:`ContextGraph.pins`)
     is protected like the latest assistant message: a pinned message's unit, and the unit of a
     pinned result's call, are never dropped nor left out, and a pinned result is in ``required``
@@ -100,6 +106,7 @@ class Layout(Assembly):
         self._take_skeleton(memo, sk)
         self.pinned: list[int] = graph.pinned() if graph.pins else []  # positions, as rendered
         self.pin_names = [graph.item_id(p) for p in self.pinned]
+        self.plan = latest_plan(graph)  # the agent's latest todo list or plan (§5.10): its message is protected
         protected_units = self._protect(sk)
         left_out = self._leave_out(omit, omit_units, protected_units)
         self.inserts = dict(inserts or {})
@@ -204,6 +211,30 @@ class Layout(Assembly):
                                    f"tokens do not fit beside the protected history; shown as a marked excerpt")
             left -= cost[p]
 
+    def recut_newest(self, p: int, max_tokens: int) -> int:
+        """Show newest result ``p`` (shown as a marked excerpt in ``required``) as an excerpt of at
+        most ``max_tokens`` tokens (the whole message) instead, charged in ``base_tokens``; returns
+        the tokens saved. For the exact bound (:mod:`historygraph.policies.oracle`): a policy may
+        show a newest result as a smaller excerpt than this layout's share (a cache-stable
+        re-selection at its low mark). Call it before :meth:`selection`.
+
+        Raises:
+            ValueError: when ``p`` is not a newest result shown as an excerpt, or ``max_tokens``
+                cannot hold the marker and some of its text.
+        """
+        old = self.required.get(p)
+        if old is None or old.rendered_as != "excerpt":
+            raise ValueError(f"recut_newest: position {p} is not a newest result shown as an excerpt")
+        new = excerpt_for(self.graph.messages[p], max_tokens, self.counter, self.focus)
+        if new.rendered_as != "excerpt":
+            raise ValueError(f"recut_newest: {max_tokens} tokens cannot hold an excerpt of position {p}")
+        saved = self.counter.count_message(old) - self.counter.count_message(new)
+        self.required[p] = new
+        self.base_tokens -= saved
+        self.reasons[p] = (f"newest result (invariant §5.9): {self.full_cost[p]} tokens shown as a marked excerpt "
+                           f"of {max_tokens} tokens at most")
+        return saved
+
     def _take_skeleton(self, memo: TokenMemo, sk: dict[str, Any]) -> None:
         """The layout's state from the graph's token memo and a snapshot ``sk`` of its skeleton
         (:meth:`~historygraph.render._memo.TokenMemo.skeleton`)."""
@@ -243,12 +274,12 @@ class Layout(Assembly):
 
     def _protect(self, sk: dict[str, Any]) -> set[int]:
         """Mark the protected units (the first user message, the latest assistant message, the
-        ones that keep the active tool loop's opening on the wire, :func:`loop_guard`, and those of
-        the pinned items) and return
+        ones that keep the active tool loop's opening on the wire, :func:`loop_guard`, the agent's
+        latest plan, :func:`~historygraph.render.plan.latest_plan`, and those of the pinned items) and return
         them; the skeleton's units are shared, so fresh copies."""
         owner = self.graph.owner_of
         pinned = [owner.get(p, p) for p in self.pinned]  # a pinned result: its call's message
-        protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard, *pinned)
+        protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard, *pinned, self.plan)
                            if p is not None and (u := self._unit_at(p)) is not None}
         protected_units |= self._recent_units(sk, protected_units)
         for i in protected_units:

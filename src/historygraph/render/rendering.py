@@ -31,7 +31,7 @@ class BudgetTooSmallError(ValueError):
             f"history budget {budget} tokens is {self.shortfall} tokens short: the protected history needs "
             f"{required} (what every rendering shows: the first user message and the latest assistant message, "
             f"and, where the history has them, the messages that open the active tool loop, their thinking "
-            f"blocks and the markers of steps left out; system and current user messages are outside B){pinned}; "
+            f"blocks, the agent's latest todo list or plan and the markers of steps left out; system and current user messages are outside B){pinned}; "
             f"use a budget of at least {required}")
 
 

@@ -85,6 +85,7 @@ from historygraph.policies.recap.blocks import (Block, block_identifiers, block_
 from historygraph.policies.recap.importance import SessionState, apply_attention, mark_stale, served_ids
 from historygraph.policies.recap.selection import exploration_bonus, protected_set, seeded_rng, zscore
 from historygraph.render import EXCERPT_MARK, BudgetTooSmallError, Rendering, loop_guard, loop_opening, placeholder_for
+from historygraph.render.plan import latest_plan
 from historygraph.signals.attention import AttentionSource, MessageAttention, ProxyAttention, consolidate
 from historygraph.signals.identifiers import identifiers, idf_overlap
 
@@ -343,10 +344,11 @@ class Recap:
     def mandatory(graph: ContextGraph, hist: list[Block]) -> set[int]:
         """Blocks every selection keeps: the first user block, the latest assistant message's
         blocks, the blocks that keep the active tool loop's opening thinking block on the wire
-        (:func:`~historygraph.render.loop_guard`, docs/architecture.md, invariant §5.7) and the
+        (:func:`~historygraph.render.loop_guard`, docs/architecture.md, invariant §5.7), the block
+        of the agent's latest plan (:func:`~historygraph.render.plan.latest_plan`, §5.10) and the
         blocks of the pinned items (a pinned result's: its call's, docs/architecture.md, "Pins")."""
         out = set([b.id for b in hist if b.role == "user"][:1])
-        keep = {p for p in (last_assistant(hist), *loop_guard(graph)) if p is not None}
+        keep = {p for p in (last_assistant(hist), *loop_guard(graph), latest_plan(graph)) if p is not None}
         return out | {b.id for b in hist if b.role in ("assistant", "user") and b.positions[0] in keep} | \
             Recap.pinned_blocks(graph, hist)
 
