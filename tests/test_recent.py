@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from historygraph.eval.recent import RecentCounts, shown_newest
+from historygraph.eval.recent import RecentCounts, _shown, shown_newest
 from historygraph.eval.replay import replay_trace
 from historygraph.history.events import Message, ToolCall, Trace
 from historygraph.policies import Signals, create
@@ -28,7 +28,10 @@ def test_shown_newest_counts_messages_kept_whole() -> None:
     c = RecentCounts()
     c.observe(assistants, stored, rendered, positions)
     c.observe(assistants, stored, (), ())  # a budget error shows nothing
-    assert c.columns() == {"recent5_median": 1.5, "recent5_min": 0, "recent10_median": None, "recent10_min": None}
+    # with calls only, the cut 9 (calls as stored) counts too: 4 and 0
+    assert c.columns() == {"recent5_median": 1.5, "recent5_min": 0, "recent10_median": None, "recent10_min": None,
+                           "recent5_calls_median": 2.0, "recent5_calls_min": 0, "recent10_calls_median": None,
+                           "recent10_calls_min": None}
 
 
 def test_full_history_shows_every_recent_step_in_a_replay() -> None:
@@ -54,3 +57,52 @@ def test_learned_with_recent_steps_keeps_the_newest_steps_whole(traces_dir) -> N
         assert not res.stats["r"].violations
     assert (got[0][0]["recent5_median"], got[5][0]["recent5_median"], got[5][0]["recent5_min"]) == (2, 5, 5)
     assert (got[0][1], got[5][1]) == (141, 132)
+
+
+def test_a_brief_view_counts_as_shown_calls_but_not_as_shown_text():
+    """A message in brief view (tool calls as stored, text replaced by a marker) counts in the
+    calls measure and not in the text one; a message left out counts in neither."""
+    from historygraph.eval.recent import RecentCounts
+    from historygraph.history.events import Message, ToolCall
+
+    stored = [Message("user", "task")]
+    assistants = []
+    for i in range(5):
+        assistants.append(len(stored))
+        stored.append(Message("assistant", f"thinking {i}", tool_calls=(ToolCall(id=f"c{i}", name="sh", arguments="{}"),)))
+        stored.append(Message("tool", "out", tool_call_id=f"c{i}"))
+    brief = stored[3].with_content("[text omitted]", "brief")
+    shown = [(stored[0], 0), (brief, 3), (stored[5], 5), (stored[7], 7), (stored[9], 9)]  # #1 left out, #3 brief
+    counts = RecentCounts()
+    counts.observe(assistants, stored, [m for m, _ in shown], [p for _, p in shown])
+    cols = counts.columns()
+    assert (cols["recent5_median"], cols["recent5_calls_median"]) == (3.0, 4.0)
+    assert (cols["recent5_min"], cols["recent5_calls_min"]) == (3, 4)
+
+
+def test_learned_brings_the_newest_steps_back_in_brief_view_with_recent_calls() -> None:
+    """``learned``'s ``recent_calls=N``: the steps of the N newest assistant messages are shown with
+    their tool calls at every call of a history whose old steps are dropped (without it they are
+    left out), and every rendering holds the invariants."""
+    from historygraph.history.graph import ContextGraph
+    from historygraph.render.invariants import check_invariants
+
+    stored = [Message("user", "Fix the bug in the parser. " * 5)]
+    for i in range(12):
+        stored.append(Message("assistant", f"THOUGHT: step {i} looks at file_{i}. " * 6,
+                              tool_calls=(ToolCall(id=f"c{i}", name="bash", arguments=f'{{"command": "cat f{i}.py"}}'),)))
+        stored.append(Message("tool", f"line {i} of output\n" * 60, tool_call_id=f"c{i}"))
+    sig = Signals()
+    counts = {}
+    for n in (0, 5):
+        policy, g, shown = create("learned", recent_calls=n), ContextGraph("r"), []
+        for m in stored:
+            if m.role == "assistant" and len(g) > 12:
+                r = policy.render(g, 1500, sig)
+                check_invariants(r, g, sig.counter)
+                assistants = [p for p, x in enumerate(g.messages) if x.role == "assistant"]
+                shown.append(_shown(assistants[-5:], g.messages, {p: x for x, p in zip(r.messages, r.positions) if p is not None},
+                                    calls_only=True))
+            g.append(m)
+        counts[n] = shown
+    assert min(counts[5]) == 5 and min(counts[0]) < 5

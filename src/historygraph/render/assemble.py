@@ -125,7 +125,7 @@ class Assembly(StepPricing):
             if m.role != "tool":
                 if pending:
                     history += self._flush(pending, out, positions)
-                i = bisect_left(lo, p)  # (what _unit_at says, inline: once per message walked)
+                i = bisect_left(lo, p)  # (what unit_at says, inline: once per message walked)
                 a = runs.run_of(i) if i < n_lo and lo[i] == p else None
                 if open_run is not None and a != open_run:
                     history += self._close_run(open_run, runs, out, positions, joined, last_marker)

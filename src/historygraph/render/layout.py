@@ -261,7 +261,7 @@ class Layout(Assembly):
         self._arrays = (arr["lo"], arr["hi"], arr["pre"])
         self._starts = sk["starts"]
         self._breaks = sk["breaks"]
-        self._lo = sk["facts"][0]  # each unit's message position, ascending (see _unit_at)
+        self._lo = sk["facts"][0]  # each unit's message position, ascending (see unit_at)
         self._build = sk["build"]
         self._sk_candidates: list[int] = sk["candidates"]
         self._dropped_mask = np.zeros(len(self._costs), dtype=bool)  # dropped_units as a mask (kept in step)
@@ -280,7 +280,7 @@ class Layout(Assembly):
         owner = self.graph.owner_of
         pinned = [owner.get(p, p) for p in self.pinned]  # a pinned result: its call's message
         protected_units = {u for p in (sk["first_user"], sk["last_assistant"], *self.loop_guard, *pinned, self.plan)
-                           if p is not None and (u := self._unit_at(p)) is not None}
+                           if p is not None and (u := self.unit_at(p)) is not None}
         protected_units |= self._recent_units(sk, protected_units)
         for i in protected_units:
             u = self.units[i]
@@ -304,7 +304,7 @@ class Layout(Assembly):
         while p >= 0 and found < self.recent_steps:
             if msgs[p].role == "assistant":
                 found += 1
-                u = self._unit_at(p)
+                u = self.unit_at(p)
                 if u is not None and u not in protected and u not in out:
                     if limit is not None and cost + self.units[u].cost > limit:
                         break
@@ -317,7 +317,7 @@ class Layout(Assembly):
         """The units the policy leaves out: those with a position in ``omit`` or listed in
         ``omit_units``, unprotected, inserted in ascending order (as a scan of the units would),
         each position's reason deferred."""
-        found = {u for p in set(omit) if (u := self._unit_at(p)) is not None or (u := self._skeleton_unit_of(p)) is not None}
+        found = {u for p in set(omit) if (u := self.unit_at(p)) is not None or (u := self._skeleton_unit_of(p)) is not None}
         found.update(omit_units)
         left_out = set(sorted(found.difference(protected_units)))  # (inserted in ascending order, as before)
         if left_out:
@@ -426,7 +426,7 @@ class Layout(Assembly):
             raise KeyError(p)
         return i
 
-    def _unit_at(self, p: int) -> int | None:
+    def unit_at(self, p: int) -> int | None:
         """The unit whose first message is at position ``p``, None when no unit starts there."""
         lo = self._lo
         i = bisect.bisect_left(lo, p)

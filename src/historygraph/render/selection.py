@@ -163,6 +163,30 @@ class Selection:
         revived.add(u)
         return cost
 
+    def revive_recent(self, n: int) -> int:
+        """Bring back the dropped steps of the ``n`` newest assistant messages (newest first, the
+        latest one included, which is never dropped), each as :meth:`revive` shows it: its tool
+        calls, its text in brief view when the layout has ``brief_revivals``, its results as
+        placeholders; stops at the first that would take the history over B. So the agent sees
+        what it just did (docs/architecture.md, invariant 10) for little more than its calls' tokens.
+        Returns how many of the ``n`` are shown."""
+        lay = self.layout
+        msgs = lay.graph.messages
+        shown = 0
+        p = len(msgs) - 1
+        while p >= 0 and shown < n:
+            if msgs[p].role == "assistant":
+                u = lay.unit_at(p)
+                if u is not None and u in lay.dropped_units and u not in self._revived:
+                    used, revived = self.used, set(self._revived)
+                    self.revive(u)
+                    if lay.budget is not None and self.used > lay.budget:
+                        self.revived, self.used = revived, used  # (the setter rebuilds the marker runs)
+                        break
+                shown += 1
+            p -= 1
+        return shown
+
     def take(self, p: int, form: Message | None = None, cost: int | None = None, *,
              index: int | None = None, unit: int | None = None) -> None:
         """Show result ``p`` as ``form``: by default ``layout.form[p]`` (the original, or the excerpt

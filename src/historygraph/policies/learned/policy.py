@@ -78,7 +78,14 @@ class LearnedConfig:
     invariant §5.10; 0: only the latest). Not yet the default: on the 14 mini-swe-agent traces at B = 6000,
     5 lifts the median of the newest five shown from 2 to 5 but costs `learned` 3.5 points of recall
     (86.1 → 82.6) and `learned-stable`, whose inner `learned` keeps the default, 5.9 (79.8 → 73.9)
-    (docs/evaluator.md, "What is measured")."""
+    (docs/evaluator.md, "What is measured"). ``recent_calls``: the dropped steps of this many newest
+    assistant messages come back before the selection, as a step brought back for a result does
+    (calls kept, text in brief view with ``brief_revivals``, results as placeholders), while B holds
+    (:meth:`~historygraph.render.Selection.revive_recent`). Not the default either: 5 lifts the median
+    of the newest five shown with their calls at B = 6000 from 3 to 5 (worst call 1 → 4) but costs
+    `learned` 2.4 points (86.1 → 83.7) and 8.4 at B = 3000 (66.5 → 58.1), `learned-stable` 5.9
+    (79.8 → 73.9) and 8.7 (55.5 → 46.8): each step brought back also brings its results'
+    placeholders and splits the dropped-step markers, about 100 tokens a step."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -91,6 +98,7 @@ class LearnedConfig:
     swap_pairs: int = 3
     reserve_always: bool = True
     recent_steps: int = 0
+    recent_calls: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -404,10 +412,12 @@ def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
     cross-validation benchmark, so both score the same rule."""
     value = reuse_values(layout, prob, cfg)
     sel = layout.selection()
+    sel.revive_recent(cfg.recent_calls)
     taken = swap_pass(sel, knapsack_select(layout.candidates, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
     if alt is not None and alt.candidates == layout.candidates:
         alt_value = reuse_values(alt, prob, cfg)
         alt_sel = alt.selection()
+        alt_sel.revive_recent(cfg.recent_calls)
         alt_taken = swap_pass(alt_sel, knapsack_select(alt.candidates, alt_value, alt_sel, cfg.cost_exponent),
                               alt_value, cfg.swap_pairs)
         if _worth(alt_taken, alt.candidates, alt_value) > _worth(taken, layout.candidates, value):
