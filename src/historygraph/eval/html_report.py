@@ -156,6 +156,8 @@ def _fmt(v: Any, key: str = "") -> str:
     if isinstance(v, float):
         if key.startswith("bill_vs_recorded"):
             return f"{v:.2f}"
+        if key.startswith(("cost_cache_usd_", "bound_cache_usd_")) or key == "recorded_bill_usd":
+            return f"{v:.4f}"
         return f"{v:.3f}" if key.startswith(("norm_cost", "cost_cache_", "bound_cache_")) and not key.startswith(("cost_cache_usd_", "bound_cache_usd_")) else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
     return str(v)
 
@@ -371,10 +373,17 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         if fig[0] != "recall_vs_cache_cost":
             figure(*fig)
     traces = [r for r in run.per_trace if r.get("budget") == b]
-    parts.append(f"<h2>Per trace at B = {b} ({len(traces)} rows)</h2><p class=note>Click a column to sort; type to filter.</p>"
-                 f"<input class=filter data-table=per-trace placeholder=filter size=40>" +
-                 _html_table(traces, [c for c in TRACE_COLUMNS if c[0] != "pct_of_oracle" or any(r.get(c[0]) is not None for r in traces)],
-                             "per-trace"))
+    trace_cols = [c for c in TRACE_COLUMNS if c[0] != "pct_of_oracle" or any(r.get(c[0]) is not None for r in traces)]
+    # the bill per trace in dollars of each price model, its bound, and for a session log what was paid
+    trace_cols += [c for m in run.price_models for c in ((f"cost_cache_usd_{m}", f"bill USD {label(m)}"),
+                                                        (f"bound_cache_usd_{m}", f"bound USD {label(m)}"))]
+    trace_cols += [c for c in (("recorded_bill_usd", "paid USD"), ("bill_vs_recorded", "bill ÷ paid"))
+                   if any(r.get(c[0]) is not None for r in traces)]
+    parts.append(f"<h2>Per trace at B = {b} ({len(traces)} rows)</h2><p class=note>Click a column to sort; type to filter. "
+                 "Bill USD M: the trace's simulated bill with price model M's prompt cache, in dollars; bound USD M: the least "
+                 "any rendering keeping the invariants could cost at that recall; paid USD: what a session log's recorded "
+                 "calls were billed (its recorded model's price model).</p>"
+                 f"<input class=filter data-table=per-trace placeholder=filter size=40>" + _html_table(traces, trace_cols, "per-trace"))
     md += [f"Per-trace figures ({len(traces)} rows) are in report.html and replay.csv.", ""]
     parts.append(f"<script>{SCRIPT}</script></body></html>")
     paths = {"html": run_dir / "report.html", "markdown": run_dir / "report.md", "figures": files}
