@@ -8,7 +8,8 @@ that model is replayed on F's trajectories, at the budgets the docs use for F (r
 6000 / 3000, session logs 32000 / 16000), with :func:`historygraph.eval.replay.replay_trace`, so
 every figure is Later-Used Result Recall (ContextRender B.4) as ``historygraph replay`` gives it.
 
-``--mode baseline`` scores the tree's own shipped model and ``oracle`` (the exact bound) on the
+``--variant neutral`` computes the features with the agent-neutral facts of ``bench/agent_facts.py``
+(every mode: with ``baseline`` the shipped model is scored on them). ``--mode baseline`` scores the tree's own shipped model and ``oracle`` (the exact bound) on the
 same trajectories; run it with another tree's sources first on ``PYTHONPATH`` to measure that
 tree's model the same way. ``--mode loao`` writes the held-out figures; ``--mode within`` (for
 the session families) scores each half of a family's trajectories (even / odd in file order) with a
@@ -29,6 +30,7 @@ most ``--test-cap`` scored (every k-th, in file order); feature rows are cached 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -77,10 +79,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("baseline", "loao", "within", "all"))
     ap.add_argument("--only", default="", help="families to score (comma-separated; default all)")
-    ap.add_argument("--cap", type=int, default=20)
+    ap.add_argument("--cap", type=int, default=20, help="at most N trajectories per family to fit on (0: all)")
+    ap.add_argument("--fit-from", default="", help="families to fit on (comma-separated; default all)")
     ap.add_argument("--test-cap", type=int, default=0)
+    ap.add_argument("--no-oracle", action="store_true", help="--mode baseline: the shipped model alone")
     ap.add_argument("--out", default="")
     ap.add_argument("--model-out", default="")
+    ap.add_argument("--variant", default="shipped", choices=("shipped", "neutral"),
+                    help="the facts: the package's, or bench/agent_facts.py's agent-neutral ones")
     ap.add_argument("--cache", default="/tmp/historygraph-loao-rows")
     ap.add_argument("--table", nargs=2, metavar=("BASELINE", "LOAO"))
     a = ap.parse_args()
@@ -94,16 +100,24 @@ def main() -> None:
     out: dict[str, dict] = {}
     if a.mode == "baseline":
         for n in only:
-            res = score(fams[n]["test"], {"shipped": learned_with(None), "oracle": lambda: create("oracle", replay=True)},
-                        list(fams[n]["budgets"]), signals)
+            pols = {"shipped": learned_with(None)} | ({} if a.no_oracle else {"oracle": lambda: create("oracle", replay=True)})
+            res = score(fams[n]["test"], pols, list(fams[n]["budgets"]), signals)
             out[n] = {f"{p} {b}": v for (p, b), v in res.items()}
             print(n, out[n], f"({time.process_time() - t0:.0f} s CPU)", file=sys.stderr, flush=True)
     else:
-        rows = Rows(Path(a.cache), signals, "shipped")
+        variant = "shipped"
+        if a.variant == "neutral":
+            import agent_facts
+
+            agent_facts.use()
+            variant = "neutral-" + hashlib.sha256(Path(agent_facts.__file__).read_bytes()).hexdigest()[:12]
+        rows = Rows(Path(a.cache), signals, variant)
         fit_rows = {}
         g = 0
         for n, f in fams.items():
             fit_rows[n] = []
+            if a.fit_from and n not in a.fit_from.split(","):
+                continue
             for tr in f["fit"]:
                 fit_rows[n].append(rows(tr, g))
                 g += 1
@@ -138,7 +152,7 @@ def table(base: dict, loao: dict) -> str:
     lines = ["| family (scored) | B | events | LOAO | shipped | exact bound | LOAO / bound | shipped / bound |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n, res in loao.items():
-        for key in res:
+        for key in (k for k in res if k.startswith("loao ")):  # (session logs also get the agent's own row)
             b = key.split()[1]
             lo, sh, orc = res[key], base[n][f"shipped {b}"], base[n][f"oracle {b}"]
             r = [100.0 * x[0] / max(1, x[1]) for x in (lo, sh, orc)]

@@ -1,17 +1,22 @@
-"""The learned selector's facts of a result on agents other than mini-swe-agent (issue 48): the
-call kind from Claude Code's and Codex CLI's tool names and shell commands, the kind read from a
-shell output's shape, the error flag of their exit codes, and ``historygraph fit`` on a copy of a
-user's ``~/.claude/projects`` with its held-out check."""
+"""The agent-neutral facts of a result measured for the learned selector (issue 48,
+``bench/agent_facts.py``): the call kind from Claude Code's and Codex CLI's tool names and shell
+commands, the kind read from a shell output's shape, the error flag of their exit codes; and
+``historygraph fit`` on a copy of a user's ``~/.claude/projects`` with its held-out check."""
 
 import gzip
 import json
 import re
 import shutil
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from historygraph.history.events import Message, ToolCall
-from historygraph.policies.learned.result_facts import call_kind, extract_facts, has_error, output_kind
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+from agent_facts import call_kind, extract_facts, has_error, output_kind  # noqa: E402
 
 
 @pytest.mark.parametrize("name, args, kind", [

@@ -26,12 +26,8 @@ Features of result ``r`` (a row of :func:`feature_matrix`; names in :data:`FEATU
   model learn that huge outputs (full file dumps, logs) are rarely what is reused.
 * ``kind_*``: the kind of tool call that produced ``r``
   (:func:`~historygraph.policies.learned.result_facts.call_kind`): ``view`` (cat, sed -n, head, an
-  editor's view, Claude Code's Read), ``search`` (grep, rg, find, ls, Grep, Glob), ``edit`` (sed -i,
-  heredoc writes, editor str_replace/create, Edit, Write, apply_patch), ``test`` (pytest, go test,
-  test scripts), ``run`` (other python/scripts), ``other``; a shell command whose words say none of
-  these takes the kind of its output's shape
-  (:func:`~historygraph.policies.learned.result_facts.output_kind`: a numbered listing, search
-  hits, a diff, a test report).
+  editor's view), ``search`` (grep, find, ls), ``edit`` (sed -i, heredoc writes, editor
+  str_replace/create), ``test`` (pytest, test scripts), ``run`` (other python/scripts), ``other``.
 * ``ancestor``: 1 when ``r`` belongs to an ancestor of the current step in ContextWeaver's step
   graph (low-cost parents, breadth-first up to 10 steps; ContextWeaver §3.1, §3.3).
 * ``superseded``: 1 when a later call viewed the same file again or re-ran the same command (its
@@ -39,8 +35,7 @@ Features of result ``r`` (a row of :func:`feature_matrix`; names in :data:`FEATU
 * ``path_in_latest``: 1 when a file ``r`` shows or touched is named in the latest assistant message.
 * ``unique_values``: ``ln(1 + number of TFA values of r that no other result holds)``;
   ``log_values``: ``ln(1 + |V(r)|)``. Values found only here can only be reused from here.
-* ``error``: 1 when ``r`` reports a non-zero return code or exit code, a traceback or an error
-  (:func:`~historygraph.policies.learned.result_facts.has_error`).
+* ``error``: 1 when ``r`` reports a non-zero return code, a traceback or an error.
 * ``latest_result``: 1 for a result of the latest assistant message.
 * Identifiers (ContextWeaver §3.1's code-like names, :func:`historygraph.signals.steps.features.identifiers_in`),
   attributed as TFA attributes values, to the first tool result holding them: ``own_values`` and
