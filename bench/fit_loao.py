@@ -97,6 +97,12 @@ def main() -> None:
     signals = Signals()
     print("; ".join(f"{n}: fit {len(f['fit'])}, score {len(f['test'])}" for n, f in fams.items()), file=sys.stderr)
     only = a.only.split(",") if a.only else list(fams)
+    variant = "shipped"
+    if a.variant == "neutral":
+        import agent_facts
+
+        agent_facts.use()
+        variant = "neutral-" + hashlib.sha256(Path(agent_facts.__file__).read_bytes()).hexdigest()[:12]
     out: dict[str, dict] = {}
     if a.mode == "baseline":
         for n in only:
@@ -105,12 +111,6 @@ def main() -> None:
             out[n] = {f"{p} {b}": v for (p, b), v in res.items()}
             print(n, out[n], f"({time.process_time() - t0:.0f} s CPU)", file=sys.stderr, flush=True)
     else:
-        variant = "shipped"
-        if a.variant == "neutral":
-            import agent_facts
-
-            agent_facts.use()
-            variant = "neutral-" + hashlib.sha256(Path(agent_facts.__file__).read_bytes()).hexdigest()[:12]
         rows = Rows(Path(a.cache), signals, variant)
         fit_rows = {}
         g = 0
