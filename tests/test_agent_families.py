@@ -121,3 +121,6 @@ def test_fit_on_a_copy_of_claude_projects_reports_the_held_out_change(tmp_path, 
     meta = ReuseModel.load(out).meta
     assert meta["traces"] == 4 and meta["held_out"]["held_out"] == 1
     assert {int(b) for b in meta["held_out"]["budgets"]} == {32000, 16000}
+    plain = tmp_path / "plain.json"  # --no-check: the fit alone (the documented re-creation of the shipped file)
+    res = CliRunner().invoke(app, ["fit", str(tmp_path / ".claude" / "projects"), "--out", str(plain), "--no-check"])
+    assert res.exit_code == 0 and "held out" not in res.output and "held_out" not in ReuseModel.load(plain).meta
