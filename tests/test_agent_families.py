@@ -124,3 +124,14 @@ def test_fit_on_a_copy_of_claude_projects_reports_the_held_out_change(tmp_path, 
     plain = tmp_path / "plain.json"  # --no-check: the fit alone (the documented re-creation of the shipped file)
     res = CliRunner().invoke(app, ["fit", str(tmp_path / ".claude" / "projects"), "--out", str(plain), "--no-check"])
     assert res.exit_code == 0 and "held out" not in res.output and "held_out" not in ReuseModel.load(plain).meta
+
+
+def test_loao_table_gives_recall_and_share_of_the_bound():
+    """``bench/fit_loao.py --table``: recall % (hits) of the held-out model and the shipped one, the
+    exact bound, and each as a share of the bound; the agent's own ``recorded`` row is left out."""
+    from fit_loao import table
+
+    base = {"codex": {"shipped 32000": [30, 40, 0, 1], "oracle 32000": [36, 40, 0, 1]}}
+    loao = {"codex": {"loao 32000": [27, 40, 0, 1], "recorded 32000": [40, 40, 0, 1]}}
+    rows = table(base, loao).splitlines()
+    assert rows[2:] == ["| codex | 32000 | 40 | 67.5 (27) | 75.0 (30) | 90.0 | 75 % | 83 % |"]
