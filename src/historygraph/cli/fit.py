@@ -11,6 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from historygraph import __version__
 from historygraph.cli.common import console, err, fail, read_all
 from historygraph.cli.progress import advance, heartbeat
+from historygraph.cli.replay import SESSION_SOURCES
+from historygraph.history.events import Trace
 from historygraph.signals.tokens import DEFAULT_ENCODING, ENCODINGS, TokenCounter
 from historygraph.traces import READERS
 
@@ -40,6 +42,10 @@ def fit(
     fmt: Annotated[Optional[str], typer.Option("--format", help="Force a trace format instead of detecting it.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite --out if it exists.")] = False,
     strict: Annotated[bool, typer.Option(help="Stop at the first unreadable trace file.")] = False,
+    check: Annotated[bool, typer.Option(help="Before fitting on every trace, hold out every 4th, fit on the others "
+                                        "and replay the held-out ones with the shipped model and with that one, "
+                                        "and say how recall moved (at 32000 and 16000 tokens for Claude Code "
+                                        "and Codex session logs, else 6000 and 3000); needs 2+ traces.")] = True,
 ) -> None:
     """Fit the learned selector's reuse model on recorded traces and write it as JSON.
 
@@ -79,15 +85,19 @@ def fit(
     traces, _ = read_all(paths, fmt, strict)
     if not traces:
         fail(f"no readable traces in {', '.join(map(str, paths))}")
+    meta: dict[str, object] = {"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
+                               "historygraph": __version__}
+    if check and len(traces) >= 2:
+        try:
+            meta["held_out"] = held_out_check(traces, TokenCounter(encoding), c, label, objective)
+        except ValueError as exc:
+            fail(f"the held-out check's fit (--no-check skips it): {exc}")
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=False, disable=not err.is_terminal) as bar:
         task = bar.add_task("features", total=len(traces))
         with heartbeat(bar, task, "fit: features of"):
             try:
-                model = fit_traces(traces, out, TokenCounter(encoding), c=c,
-                                   meta={"fitted_on": sorted({p.resolve().name for p in paths}), "encoding": encoding,
-                                         "historygraph": __version__},
-                                   on_trace=lambda tr: advance(bar, task, "fit: features of"), label=label,
+                model = fit_traces(traces, out, TokenCounter(encoding), c=c, meta=meta, on_trace=lambda tr: advance(bar, task, "fit: features of"), label=label,
                                    objective=objective)
             except ValueError as exc:
                 fail(str(exc))
@@ -95,3 +105,49 @@ def fit(
     console.print(f"wrote {out}: {m['traces']} trajectories, {m['examples']} examples ({m['reused']} reused); "
                   f"use it with HISTORYGRAPH_LEARNED_MODEL={out} historygraph replay ... -p learned", soft_wrap=True)
 
+
+
+HOLD_OUT_EVERY = 4  # held_out_check: every 4th trace is held out (a quarter, at least one)
+
+
+def check_budgets(traces: list[Trace]) -> tuple[int, int]:
+    """The budgets of the held-out check: 32000 and 16000 tokens when every trace is a Claude Code
+    or Codex session log, else 6000 and 3000 (ContextRender B.1's and its half; the budgets of
+    docs/learned.md's tables)."""
+    return (32000, 16000) if all(t.source in SESSION_SOURCES for t in traces) else (6000, 3000)
+
+
+def held_out_check(traces: list[Trace], counter: TokenCounter, c: float, label: str, objective: str) -> dict:
+    """Hold out every :data:`HOLD_OUT_EVERY`-th of ``traces`` (at least one), fit the model on the
+    others, and replay the held-out ones with ``learned`` on the shipped model and on that one at
+    :func:`check_budgets`; prints and returns ``{"held_out", "fitted_on", "budgets": {B: {"events",
+    "shipped", "fitted"}}}`` (recall in %: Later-Used Result Recall, ContextRender B.4).
+
+    Raises:
+        ValueError: as :func:`historygraph.policies.learned.train.fit_examples` (nothing to learn from).
+    """
+    from historygraph.eval.replay import replay_trace
+    from historygraph.policies import Signals, create
+    from historygraph.policies.learned.train import examples, fit_examples
+
+    test = traces[HOLD_OUT_EVERY - 1::HOLD_OUT_EVERY] or traces[-1:]
+    train = [t for t in traces if all(t is not x for x in test)]
+    model = fit_examples(examples(train, counter), c, None, label, objective)
+    signals = Signals(counter=counter)
+    out: dict = {"held_out": len(test), "fitted_on": len(train), "budgets": {}}
+    for b in check_budgets(test):
+        acc = {"events": 0, "shipped": 0, "fitted": 0}
+        for tr in test:
+            fitted = create("learned")
+            fitted.model = model  # type: ignore[attr-defined]  # (the policy's fitted model, as a file would give it)
+            res = replay_trace(tr, {"shipped": create("learned"), "fitted": fitted}, b, signals)
+            acc["events"] += res.stats["shipped"].events
+            acc["shipped"] += res.stats["shipped"].hits
+            acc["fitted"] += res.stats["fitted"].hits
+        r = {k: round(100.0 * acc[k] / max(1, acc["events"]), 1) for k in ("shipped", "fitted")}
+        out["budgets"][b] = {"events": acc["events"], **r}
+        console.print(f"held out {len(test)} of {len(traces)} traces (every {HOLD_OUT_EVERY}th), fitted on the other "
+                      f"{len(train)}: recall at B = {b}: shipped model {r['shipped']:.1f} %, fitted "
+                      f"{r['fitted']:.1f} % ({r['fitted'] - r['shipped']:+.1f} points, {acc['events']} reuse events)",
+                      soft_wrap=True, markup=False, highlight=False)
+    return out
