@@ -31,7 +31,8 @@ them cached; model ``error-model`` gets 429 ``RESOURCE_EXHAUSTED``.
 Models named ``recall-…`` use the proxy's recall tool (:func:`recall_parts`): while
 ``historygraph_recall`` is declared, the contents' placeholders name ids and no call of it was
 answered, they call it with those ids (``recall-bad-model``: with ``{"path": "x"}``, arguments the
-tool does not take; ``recall-late-model``: after the text ``Let me check. `` in the same turn);
+tool does not take; ``recall-late-model``: after the text ``Let me check. `` in the same turn;
+``recall-both-model``: after a call of the first declared function, ``{"path": "again"}``);
 once the last turn answers it, the text ``recalled <N>: <first 8 characters>`` of that answer's
 ``output`` (N its length).
 """
@@ -143,6 +144,9 @@ def recall_parts(body: dict[str, Any], model: str) -> list[dict[str, Any]] | Non
         return None
     call = {"name": RECALL, "args": {"path": "x"} if model == "recall-bad-model" else {"ids": ids}}
     late = [{"text": "Let me check. "}] if model == "recall-late-model" else []
+    if model == "recall-both-model":
+        own = {"name": _declared(body)[0]["name"], "args": {"path": "again"}}
+        late = [{"functionCall": own, "thoughtSignature": signature(own)}]
     return [*late, {"functionCall": call, "thoughtSignature": signature(call)}]
 
 

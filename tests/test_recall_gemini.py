@@ -15,6 +15,7 @@ import pytest
 from historygraph.render.recall import USAGE
 from historygraph.server.app import create_app
 from historygraph.server.config import ServerConfig
+from historygraph.server.recall_tool import NOT_RUN
 from historygraph.server import recall_gemini as rg
 from historygraph.server.recall_gemini import DECLARATION
 from historygraph.store.memory import MemoryStore
@@ -43,12 +44,12 @@ HISTORY = [user("Read big.txt and small.txt, then tell me the first word of big.
            call("big.txt"), result(BIG), call("small.txt"), result(SMALL), user("Well?")]
 
 
-def ask(fake: str, model: str, stream: bool, recall: bool = True, thoughts: bool = False):
+def ask(fake: str, model: str, stream: bool, recall: bool = True, thoughts: bool = False, sse: bool = True):
     """The request of :data:`HISTORY`, then the client's next one (its answer's turn appended, and
     a user turn, or the answers to its calls): the first answer's text and parts, the second's session, the fake's requests and
     rejections, the store and the proxy's /metrics text."""
     store = MemoryStore()
-    method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    method = ("streamGenerateContent" + ("?alt=sse" if sse else "")) if stream else "generateContent"
 
     async def post(c: httpx.AsyncClient, contents: list) -> tuple[httpx.Response, list]:
         body = {"contents": contents, "tools": [READ]}
@@ -113,6 +114,14 @@ def test_arguments_the_tool_does_not_take_are_answered_with_its_usage(fake):
     assert seen[1]["contents"][-1]["parts"][0]["functionResponse"]["response"] == {"output": USAGE}
 
 
+def test_the_clients_own_call_made_with_a_recall_is_answered_not_run_in_its_place(fake):
+    text, parts, seen, rejected, _, _ = ask(fake, "recall-both-model", stream=False)
+    assert rejected == [] and text == f"recalled {len(BIG)}: big line" and len(parts) == 1
+    assert seen[1]["contents"][-1] == {"role": "user", "parts": [
+        {"functionResponse": {"name": "read", "response": {"output": NOT_RUN.format(tool="historygraph_recall")}}},
+        {"functionResponse": {"name": "historygraph_recall", "response": {"output": BIG}}}]}
+
+
 def test_a_recall_after_the_answer_began_continues_the_same_stream(fake):
     text, parts, seen, rejected, stored, _ = ask(fake, "recall-late-model", stream=True, thoughts=True)
     assert rejected == []
@@ -124,10 +133,11 @@ def test_a_recall_after_the_answer_began_continues_the_same_stream(fake):
     assert stored[6].content == text
 
 
-def test_off_the_tool_is_not_offered(fake):
-    text, parts, seen, rejected, _, metrics = ask(fake, "recall-model", stream=False, recall=False)
+@pytest.mark.parametrize("recall, stream, sse", [(False, False, True), (True, True, False)])
+def test_off_or_a_stream_not_as_events_the_tool_is_not_offered(fake, recall, stream, sse):
+    text, parts, seen, rejected, _, metrics = ask(fake, "recall-model", stream=stream, recall=recall, sse=sse)
     assert rejected == [] and declared(seen[0]) == ["read"] and len(seen) == 2
-    assert text == "answer 1" and len(parts) == 1  # the fake's usual answer (the results' turn is the last)
+    assert text == "answer 1" and not any("functionCall" in p for p in parts)  # the fake's usual answer (a results' turn last)
     assert "historygraph_recall_calls_total{" not in metrics
 
 
