@@ -27,6 +27,14 @@ for thoughts (``includeThoughts``); or, when ``generationConfig.responseMimeType
 speaks next (what Gemini CLI's next-speaker check reads). A model named ``script-<N>`` gets the
 scripted answers of ``tests/fake_scripts.py`` (the ``clients`` tests). Usage: ``promptTokenCount`` 3, 1 of
 them cached; model ``error-model`` gets 429 ``RESOURCE_EXHAUSTED``.
+
+Models named ``recall-…`` use the proxy's recall tool (:func:`recall_parts`): while
+``historygraph_recall`` is declared, the contents' placeholders name ids and no call of it was
+answered, they call it with those ids (``recall-bad-model``: with ``{"path": "x"}``, arguments the
+tool does not take; ``recall-late-model``: after the text ``Let me check. `` in the same turn;
+``recall-both-model``: after a call of the first declared function, ``{"path": "again"}``);
+once the last turn answers it, the text ``recalled <N>: <first 8 characters>`` of that answer's
+``output`` (N its length).
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+import re
 
 import fake_scripts
 
@@ -118,6 +128,28 @@ def scripted_parts(body: dict[str, Any], model: str, n: int) -> list[dict[str, A
     return [{"text": act["text"]}]
 
 
+RECALL = "historygraph_recall"
+PLACEHOLDER = re.compile(r"\[tool result (\S+) omitted from this context")
+
+
+def recall_parts(body: dict[str, Any], model: str) -> list[dict[str, Any]] | None:
+    """A ``recall-…`` model's answer (module docstring); ``None``: the fake's usual answer."""
+    answered = [p["functionResponse"] for p in body["contents"][-1].get("parts") or []
+                if "functionResponse" in p and p["functionResponse"].get("name") == RECALL]
+    if answered:
+        out = str((answered[-1].get("response") or {}).get("output"))
+        return [{"text": f"recalled {len(out)}: {out[:8]}"}]
+    ids = PLACEHOLDER.findall(json.dumps(body["contents"]))
+    if not ids or RECALL not in [f.get("name") for f in _declared(body)]:
+        return None
+    call = {"name": RECALL, "args": {"path": "x"} if model == "recall-bad-model" else {"ids": ids}}
+    late = [{"text": "Let me check. "}] if model == "recall-late-model" else []
+    if model == "recall-both-model":
+        own = {"name": _declared(body)[0]["name"], "args": {"path": "again"}}
+        late = [{"functionCall": own, "thoughtSignature": signature(own)}]
+    return [*late, {"functionCall": call, "thoughtSignature": signature(call)}]
+
+
 def answer_parts(body: dict[str, Any], model: str, n: int) -> list[dict[str, Any]]:
     """The model turn's parts the fake answers with (module docstring)."""
     last = body["contents"][-1]
@@ -126,6 +158,8 @@ def answer_parts(body: dict[str, Any], model: str, n: int) -> list[dict[str, Any
     thought = [{"text": f"thinking {n}", "thought": True}] if thinking.get("includeThoughts") else []
     if ((body.get("generationConfig") or {}).get("responseMimeType") or "") == "application/json":
         return [{"text": json.dumps({"reasoning": "fake", "next_speaker": "user"})}]
+    if model.startswith("recall-") and (recalling := recall_parts(body, model)) is not None:
+        return [*thought, *recalling]
     if fake_scripts.script_of(model):
         return [*thought, *scripted_parts(body, model, n)]
     if declared and not any("functionResponse" in p for p in last.get("parts") or []):

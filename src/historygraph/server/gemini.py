@@ -7,7 +7,9 @@
   ``{gemini_upstream}/v1beta/models/{model}:{method}`` with every other field (``tools``,
   ``toolConfig``, ``generationConfig``, ``safetySettings`` …) and query parameter unchanged, as the
   module docstring of :mod:`historygraph.server.proxy` describes; the answer (candidate 0) is
-  stored when its ``finishReason`` arrives. The recall tool is not offered on this API.
+  stored when its ``finishReason`` arrives. With the recall tool on, its function is declared and
+  its calls answered as on the other APIs (:mod:`historygraph.server.recall_tool`; a stream only
+  with ``alt=sse``).
 * ``POST /v1beta/models/{model}:countTokens``: ``{"totalTokens": N}``, N = the proxy's token
   counter over the ``contents`` (or ``generateContentRequest``) as they would be forwarded after
   rendering, plus the tools' JSON text, as for Anthropic's ``count_tokens``
@@ -34,6 +36,7 @@ from historygraph import telemetry
 from historygraph.history.events import EventError
 from historygraph.history.graph import ContextGraph
 from historygraph.providers import gemini as gem
+from historygraph.server import recall_tool
 from historygraph.server.errors import SERVED, ClientError, google_error
 from historygraph.server.proxy import ARRIVAL
 from historygraph.server.threads import run_in_threadpool
@@ -94,8 +97,9 @@ async def generate(request: Request, model: str, method: str) -> Response:
                                                        for p in rendering.positions])
     url = upstream_url(proxy.config.gemini_upstream, f"/v1beta/models/{quote(model, safe='')}:{method}", request)
     accumulator = gem.StreamAccumulator.for_turn(len(body["contents"]))
-    return await proxy.forward(url, {**body, "contents": contents}, request, sid, started, accumulator, sent_tokens, policy,
-                               extra=proxy.notes(rendering, sid), at=at, stream=method == "streamGenerateContent")
+    forwarded = {**body, "contents": contents}
+    return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "gemini", accumulator, sent_tokens,
+                                  policy, rendering, at, stream=method == "streamGenerateContent")
 
 
 async def count_tokens(request: Request) -> Response:

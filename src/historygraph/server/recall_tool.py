@@ -1,8 +1,9 @@
 """The recall tool: the model fetches tool results that a rendering omitted, and the proxy answers.
 
 Opt-in (``historygraph serve --recall``, or ``X-HistoryGraph-Recall: on`` per request; ``off``
-turns it off for one request), on the three APIs (Chat Completions, Messages, Responses: a
-``function`` tool of each API's shape). When the rendering of a request omitted tool results
+turns it off for one request), on the four APIs (Chat Completions, Messages, Responses: a
+``function`` tool of each API's shape; the Gemini API: a function declaration, its forms in
+:mod:`historygraph.server.recall_gemini`). When the rendering of a request omitted tool results
 (their placeholders name the ids), the proxy adds one tool to the request, :data:`TOOL_NAME`,
 taking ``{"ids": [...]}``. When the model's answer calls it, the proxy answers the call itself: it appends
 the model's turn and, for each call, the complete stored results (each cut to ``recall_max_tokens``
@@ -35,47 +36,54 @@ from starlette.concurrency import run_in_threadpool
 from historygraph import telemetry
 from historygraph.history.events import Message
 from historygraph.providers import anthropic as anth
+from historygraph.providers import gemini as gem
 from historygraph.providers import openai_responses as resp
 from historygraph.render import Rendering
 from historygraph.render.recall import DESCRIPTION, PARAMETERS, TOOL_NAME, ids_of, openai_tool, recall_text
 from historygraph.signals.calibration import anthropic_usage, openai_usage
 from historygraph.server.errors import RETRY, not_json, stream_error, upstream_fault
 from historygraph.server.answers import UNREADABLE, answer_of, unreadable
+from historygraph.server import recall_gemini as rg
 from historygraph.server.proxy import PROXY_MS_HEADER
 from historygraph.server.upstream import OpenAIStreamAccumulator, SSEParser, forward_headers, response_headers, unreachable_error
 
 NOT_RUN = "[not run: this call was made together with {tool}; the recalled results are above, call it again if still needed]"
 HEADER = "x-historygraph-recall"
-_ACC: dict[str, Any] = {"openai": OpenAIStreamAccumulator, "anthropic": anth.StreamAccumulator, "responses": resp.StreamAccumulator}
-_USAGE = {"openai": openai_usage, "anthropic": anthropic_usage, "responses": resp.responses_usage}
+_ACC: dict[str, Any] = {"openai": OpenAIStreamAccumulator, "anthropic": anth.StreamAccumulator, "responses": resp.StreamAccumulator,
+                        "gemini": gem.StreamAccumulator}
+_USAGE = {"openai": openai_usage, "anthropic": anthropic_usage, "responses": resp.responses_usage, "gemini": gem.gemini_usage}
 
 
-def wanted(enabled: bool, request: Request, rendering: Rendering) -> bool:
-    """Whether to offer the tool: on (config or header) and the rendering omitted something."""
+def wanted(enabled: bool, request: Request, rendering: Rendering, stream: bool | None = None) -> bool:
+    """Whether to offer the tool: on (config or header) and the rendering omitted something (a
+    Gemini stream (``stream``) only as server-sent events, ``alt=sse``, which the rounds read)."""
     raw = (request.headers.get(HEADER) or "").strip().lower()
     on = raw in ("on", "1", "true", "yes") or (enabled and raw not in ("off", "0", "false", "no"))
-    return on and bool(rendering.omitted)
+    return on and bool(rendering.omitted) and not (stream and request.query_params.get("alt") != "sse")
 
 
 async def send(proxy: Any, url: str, body: dict[str, Any], recall_body: dict[str, Any], request: Request, sid: str,
                started: float, api: str, accumulator: Any, sent_tokens: int, policy: str, rendering: Rendering,
-               at: int | None = None) -> Response:
+               at: int | None = None, stream: bool | None = None) -> Response:
     """Forward a rendered request (``body``) as the proxy does, or, when the recall tool is wanted
     for it (:func:`wanted`), ``recall_body`` through :func:`forward`; either way the rendering's
     notes (:meth:`~historygraph.server.proxy.Proxy.notes`) become response headers, and the answer
-    is stored after the request's ``at`` events (:meth:`~historygraph.server.proxy.Proxy.store_answer`)."""
-    if wanted(proxy.config.recall, request, rendering):
-        answer = await forward(proxy, url, recall_body, request, sid, started, api, at)
+    is stored after the request's ``at`` events (:meth:`~historygraph.server.proxy.Proxy.store_answer`).
+    ``stream``: whether the answer is a stream (``None``: the body's ``stream`` field says)."""
+    if wanted(proxy.config.recall, request, rendering, stream if api == "gemini" else None):
+        answer = await forward(proxy, url, recall_body, request, sid, started, api, at, accumulator, stream)
         answer.headers.update(proxy.notes(rendering, sid))
         telemetry.finish(getattr(request.state, telemetry.SPAN_STATE, None), answer.status_code)
         return answer
     return await proxy.forward(url, body, request, sid, started, accumulator, sent_tokens, policy, extra=proxy.notes(rendering, sid),
-                               at=at)
+                               at=at, stream=stream)
 
 
 def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
     """``body`` with the recall tool appended to its ``tools``, in the API's tool shape (Responses:
     https://platform.openai.com/docs/api-reference/responses/create, ``tools``, function tool)."""
+    if api == "gemini":
+        return rg.with_tool(body)
     if api == "openai":
         tool = openai_tool()
     elif api == "responses":
@@ -86,6 +94,9 @@ def with_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
 
 
 def without_tool(body: dict[str, Any], api: str) -> dict[str, Any]:
+    if api == "gemini":
+        return rg.without_tool(body)
+
     def name(t: dict[str, Any]) -> Any:
         return (t.get("function") or {}).get("name") if api == "openai" else t.get("name")
     tools = [t for t in body.get("tools") or [] if name(t) != TOOL_NAME]
@@ -150,6 +161,8 @@ def _turn(answer: Message, events: list[Any], api: str) -> Any:
                 **({"tool_calls": [c.to_openai() for c in answer.tool_calls]} if answer.tool_calls else {})}
     if api == "anthropic":
         return {"role": "assistant", "content": _anthropic_blocks(events)}
+    if api == "gemini":
+        return rg.streamed_turn(events)
     done = [e for e in events if isinstance(e, dict) and e.get("type") in ("response.completed", "response.incomplete")]
     output = (done[-1].get("response") or {}).get("output") if done else None
     return output or [e["item"] for e in events if isinstance(e, dict) and e.get("type") == "response.output_item.done"]
@@ -168,7 +181,7 @@ async def _open(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
         raise unreachable_error(url, exc, api, proxy.config.timeout) from None
 
 
-async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str) -> _Round:
+async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str, acc: Any) -> _Round:
     """One round of a request that is not streamed."""
     up = await _open(proxy, url, body, headers, api)
     content = await proxy.read_answer(url, up, api)  # a 502 when the body is cut
@@ -182,13 +195,15 @@ async def _call(proxy: Any, url: str, body: dict[str, Any], headers: dict[str, s
     if not isinstance(data, dict):
         proxy.metrics.upstream_errors.labels(api, "not_json").inc()
         raise upstream_fault(url, up.status_code, not_json(content, up.headers.get("content-type")))
-    answer = answer_of(data, _ACC[api])
+    answer = answer_of(data, acc)
     turn: Any
     if api == "openai":
         m = data["choices"][0]["message"]
         turn = {"role": "assistant", "content": m.get("content"), **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})}
     elif api == "anthropic":
         turn = {"role": "assistant", "content": data.get("content") or []}
+    elif api == "gemini":
+        turn = rg.turn_of(data)
     else:
         turn = data.get("output") or []
     return _Round(up.status_code, up.headers, [content], answer, turn, True)
@@ -204,6 +219,8 @@ def _exchange(proxy: Any, session_id: str, rnd: _Round, api: str) -> list[Any]:
     proxy.metrics.recall_calls.labels(api).inc(len(rnd.recall_calls))
     if api == "openai":
         return [rnd.turn, *({"role": "tool", "tool_call_id": i, "content": t} for i, t in answers)]
+    if api == "gemini":
+        return rg.exchange(rnd.turn, [t for _, t in answers])
     if api == "responses":  # each output item as the model made it, each call answered by an output of its kind
         kinds = {it.get("call_id"): it.get("type") for it in rnd.turn if isinstance(it, dict)}
         return [*rnd.turn, *({"type": "custom_tool_call_output" if kinds.get(i) == "custom_tool_call" else "function_call_output",
@@ -233,6 +250,8 @@ def recalled_media(proxy: Any, session_id: str, arguments: str) -> list[dict[str
 
 def _extended(body: dict[str, Any], exchange: list[Any], api: str) -> dict[str, Any]:
     """``body`` with the model's turn and the answers to its calls appended to its conversation."""
+    if api == "gemini":
+        return {**body, "contents": [*body["contents"], *exchange]}
     if api != "responses":
         return {**body, "messages": [*body["messages"], *exchange]}
     items = body["input"]
@@ -240,11 +259,13 @@ def _extended(body: dict[str, Any], exchange: list[Any], api: str) -> dict[str, 
 
 
 async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                  api: str, at: int | None = None) -> Response:
+                  api: str, at: int | None = None, accumulator: Any = None, stream: bool | None = None) -> Response:
     """Forward ``body`` with the recall tool, answering its calls (see the module docstring); the
-    answer is stored after the request's ``at`` events."""
-    if body.get("stream"):
-        return await _stream(proxy, url, body, request, session_id, started, api, at)
+    answer is stored after the request's ``at`` events, read by ``accumulator`` (default: the
+    API's); ``stream`` as for :func:`send`."""
+    acc = accumulator or _ACC[api]
+    if body.get("stream") if stream is None else stream:
+        return await _stream(proxy, url, body, request, session_id, started, api, at, acc)
     headers = forward_headers(request.headers)
     ours = {"x-historygraph-session": session_id}
     rounds = proxy.config.recall_rounds
@@ -253,7 +274,7 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
     for k in range(rounds + 1):
         last = k == rounds
         t_up = time.perf_counter()
-        rnd = await _call(proxy, url, without_tool(current, api) if last else current, headers, api)
+        rnd = await _call(proxy, url, without_tool(current, api) if last else current, headers, api, acc)
         upstream_s += time.perf_counter() - t_up
         if rnd.status < 400 and rnd.recall_calls and not last:
             current = _extended(current, _exchange(proxy, session_id, rnd, api), api)
@@ -282,6 +303,8 @@ def _starts(event: Any, api: str) -> str | None:
         if TOOL_NAME in names:
             return "recall"
         return "output" if delta.get("content") or any(names) else None
+    if api == "gemini":
+        return rg.starts(event)
     if api == "anthropic":
         block = event.get("content_block") if event.get("type") == "content_block_start" else None
         if not isinstance(block, dict) or block.get("type") in ("thinking", "redacted_thinking"):
@@ -326,6 +349,11 @@ class _Splice:
             return b"data: [DONE]\n\n"
         if not isinstance(e, dict):
             return None
+        if self.api == "gemini":  # no indexes: a continuing round's thought summaries dropped
+            if self.rounds and rg.thought(e):
+                return None
+            self.acc.feed(e)
+            return rg.relayed(e)
         if self.api == "openai":
             calls = ((e.get("choices") or [{}])[0] or {}).get("delta", {}).get("tool_calls") if e.get("choices") else None
             if calls and self.rounds:
@@ -375,9 +403,9 @@ class _Splice:
 class _Live:
     """One streamed upstream round, read event by event."""
 
-    def __init__(self, up: httpx.Response, api: str) -> None:
+    def __init__(self, up: httpx.Response, api: str, acc: Any) -> None:
         self.up, self.api = up, api
-        self.parser, self.acc = SSEParser(), _ACC[api]()
+        self.parser, self.acc = SSEParser(), acc()
         self.events: list[Any] = []
         self.chunks = up.aiter_raw().__aiter__()
         self.cut: str | None = None
@@ -398,6 +426,8 @@ class _Live:
                 self.cut = f"upstream stream cut mid-way: {exc}"
             return None
         events = list(self.parser.feed(chunk))
+        if self.api == "gemini":
+            events = [one for e in events for one in rg.split(e)]
         for e in events:
             self.acc.feed(e)
         self.events += events
@@ -413,7 +443,7 @@ class _Live:
 
 
 async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, session_id: str, started: float,
-                  api: str, at: int | None = None) -> Response:
+                  api: str, at: int | None, acc: Any) -> Response:
     """:func:`forward` of a streamed request: each round is read until it shows what it starts
     (:func:`_starts`); a round that starts with a recall call is read whole and answered before
     anything reaches the client; the first round that starts an answer is relayed as it arrives,
@@ -433,7 +463,7 @@ async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, 
             content = await proxy.read_answer(url, up, api)
             proxy.metrics.upstream_errors.labels(api, str(up.status_code)).inc()
             return Response(content, up.status_code, {**_plain_headers(up.headers), **ours})
-        live, held, fault, starts = _Live(up, api), [], None, None
+        live, held, fault, starts = _Live(up, api, acc), [], None, None
         try:
             while starts is None and (events := await live.next()) is not None:
                 held += events
@@ -454,7 +484,7 @@ async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, 
 
     async def relay():
         nonlocal live, current, k, held, fault
-        splice, stored = _Splice(api, _ACC[api]()), False
+        splice, stored = _Splice(api, acc()), False
         try:
             while True:
                 late = False
@@ -495,7 +525,7 @@ async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, 
                         yield stream_error(api, f"upstream error {up.status_code} in a recall round: {content.decode('utf-8', 'replace')[:500]}",
                                            "upstream_error")
                         return
-                    live, held = _Live(up, api), []
+                    live, held = _Live(up, api, acc), []
                     continue
                 why = fault or rnd.cut
                 if why is not None:
