@@ -1,6 +1,7 @@
 """Simon Willison's ``llm`` CLI (pip ``llm`` in .clients/llm, pinned in scripts/install-clients.sh)
 through the proxy's ``/v1/chat/completions``: an OpenAI-compatible model of its own
-(``extra-openai-models.yaml`` in ``LLM_USER_PATH``, ``api_base`` the proxy, ``supports_tools``)
+(``extra-openai-models.yaml`` in ``LLM_USER_PATH``: ``api_base`` the proxy, ``api_key_name: openai``
+(else llm sends ``DUMMY_KEY``), ``supports_tools``)
 and a ``bash`` tool given with ``--functions`` (a Python file) run eight shell steps of about 450
 tokens of output in one tool chain, then its answer. Offline: ``LLM_USER_PATH`` and home in tmp,
 no plugins installed; llm checks for no updates."""
@@ -25,7 +26,7 @@ def test_llm_tool_chain_does_eight_shell_steps_in_one_session(stack, tmp_path):
     user.mkdir()
     work.mkdir()
     (user / "extra-openai-models.yaml").write_text(f'- model_id: hg-script-8\n  model_name: script-8\n  api_base: "{stack.url}/v1"\n'
-                                                  "  supports_tools: true\n")
+                                                  "  api_key_name: openai\n  supports_tools: true\n")
     (tmp_path / "tools.py").write_text(TOOLS)
     env = {"HOME": str(tmp_path), "LLM_USER_PATH": str(user), "OPENAI_API_KEY": "sk-dummy"}
     out = run([str(exe), "-m", "hg-script-8", "--functions", str(tmp_path / "tools.py"), "--chain-limit", "12",
@@ -33,5 +34,7 @@ def test_llm_tool_chain_does_eight_shell_steps_in_one_session(stack, tmp_path):
     assert "Done: 8 steps." in out.stdout, (out.stdout + out.stderr)[-3000:]
     verdict = stack.check(min_results=8, api="/v1/chat/completions")
     assert len(verdict["sessions"]) == 1, verdict["sessions"]
-    assert len(httpx.get(stack.fake + "/_requests").json()) == 9  # eight steps and the answer, nothing else
+    forwarded = httpx.get(stack.fake + "/_requests").json()
+    assert len(forwarded) == 9  # eight steps and the answer, nothing else
+    assert {f["headers"].get("authorization") for f in forwarded} == {"Bearer sk-dummy"}  # api_key_name: the key goes on
     within_budget(stack, verdict["sessions"])

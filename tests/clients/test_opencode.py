@@ -43,5 +43,7 @@ def test_opencode_run_does_eight_shell_steps_in_one_session(stack, tmp_path):
     assert "Done: 8 steps." in out.stdout, (out.stdout + out.stderr)[-3000:]
     verdict = stack.check(min_results=8, api="/v1/chat/completions")
     assert len(verdict["sessions"]) == 1, verdict["sessions"]
-    assert len(httpx.get(stack.fake + "/_requests").json()) == 9  # eight steps and the answer, nothing else
+    forwarded = httpx.get(stack.fake + "/_requests").json()
+    assert len(forwarded) == 9  # eight steps and the answer, nothing else
+    assert {f["headers"].get("authorization") for f in forwarded} == {"Bearer sk-dummy"}  # the provider's apiKey goes on
     within_budget(stack, verdict["sessions"])
