@@ -5,6 +5,8 @@
 #   .clients/aider     aider in a venv of its own (it pins many packages that clash with .venv)
 #   .clients/smolagents smolagents with its OpenAI model class in a venv of its own
 #   .clients/openhands the OpenHands SDK and its tools in a venv of its own (Python 3.12 or newer)
+#   .clients/opencode  opencode (npm install --prefix of its own: a platform binary of about 180 MB)
+#   .clients/llm       Simon Willison's llm CLI in a venv of its own
 # mini-swe-agent, LangChain and the OpenAI Agents SDK come with .venv (the test extra).
 # Idempotent: a client already at its pinned version is left as it is. Progress goes to stderr,
 # one line per step, on a terminal or not. A client that cannot be installed (no npm, no Python
@@ -18,6 +20,8 @@ GEMINI_CLI=0.61.0       # npm @google/gemini-cli
 AIDER=0.86.2            # pip aider-chat
 OPENHANDS=1.58.2        # pip openhands-sdk and openhands-tools
 SMOLAGENTS=1.26.0       # pip smolagents[openai]
+OPENCODE=1.18.33        # npm opencode-ai
+LLM=0.36                # pip llm
 PY=${PYTHON:-python3}
 PY312=${PYTHON312:-}
 
@@ -32,8 +36,15 @@ if command -v npm >/dev/null 2>&1; then
     echo "$want" > .clients/npm/.pinned
   fi
   say "npm: claude $(.clients/npm/node_modules/.bin/claude --version 2>/dev/null | head -1), codex $(.clients/npm/node_modules/.bin/codex --version 2>/dev/null | head -1), gemini $(.clients/npm/node_modules/.bin/gemini --version 2>/dev/null | head -1)"
+  want="opencode-ai@$OPENCODE"
+  if [ "$(cat .clients/opencode/.pinned 2>/dev/null)" != "$want" ]; then
+    say "npm: installing $want into .clients/opencode"
+    npm install --prefix .clients/opencode --no-audit --no-fund --loglevel=error "$want" >&2
+    echo "$want" > .clients/opencode/.pinned
+  fi
+  say "npm: opencode $(.clients/opencode/node_modules/.bin/opencode --version 2>/dev/null | head -1)"
 else
-  say "npm not found: Claude Code, Codex and Gemini CLI are not installed (their tests skip)"
+  say "npm not found: Claude Code, Codex, Gemini CLI and opencode are not installed (their tests skip)"
 fi
 
 # a venv of its own per Python client: .clients/NAME, with the packages PKGS (NAME==VERSION ...), by the Python given
@@ -52,6 +63,7 @@ venv_client() {
 
 venv_client aider "aider-chat==$AIDER" "$PY"
 venv_client smolagents "smolagents[openai]==$SMOLAGENTS" "$PY"
+venv_client llm "llm==$LLM" "$PY"
 
 # OpenHands SDK: Requires-Python >= 3.12; the first of PYTHON312, python3.12, python3.13 that runs
 # (a pyenv shim of a version that is installed but not selected does not: its interpreter is tried)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -194,6 +195,26 @@ class Stack:
         grown = {s: e for s, e in after.items() if e > self._before.get(s, 0)}
         assert grown, f"no session stored or grown (sessions: {after})"
         return {"forwarded": len(forwarded), "checked": checked, "sessions": grown, "tapped": tapped, "history": history}
+
+
+def renders(stack: Stack, sessions: Any) -> list[tuple[int, int]]:
+    """(history tokens the client sent, history tokens forwarded) of each request the proxy rendered
+    for one of ``sessions``, in order, from its log's ``rendered`` lines (its own token counts)."""
+    line = re.compile(r" rendered session=(\S+) .*?history_tokens_in=(\d+) history_tokens_out=(\d+)")
+    found = [line.search(x) for x in stack.log.read_text().splitlines()]
+    return [(int(m.group(2)), int(m.group(3))) for m in found if m and m.group(1) in sessions]
+
+
+def within_budget(stack: Stack, sessions: Any) -> list[tuple[int, int]]:
+    """Every request of ``sessions`` whose history exceeds B forwarded within B; at B = 3000 at
+    least one did (the proxy had to leave something out). The renders, for the test to report."""
+    seen = renders(stack, sessions)
+    assert seen, f"no rendered request logged for {sorted(sessions)} in {stack.log}"
+    over = [(i, o) for i, o in seen if i > stack.budget]
+    assert all(o <= stack.budget for _, o in over), f"history forwarded over B = {stack.budget}: {over}"
+    if stack.budget == 3000:
+        assert over, f"no request's history exceeded B = {stack.budget}: {seen}"
+    return seen
 
 
 @contextmanager
