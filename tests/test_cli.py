@@ -365,10 +365,13 @@ def test_replay_records_which_reuse_model_learned_used(tmp_path):
 
 
 def test_budget_and_price_errors_are_named_before_any_work(tmp_path):
+    from historygraph.cli.common import parse_budgets
+
     res = runner.invoke(app, ["replay", "--budget", "2000,lots", "--store", ":memory:", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "'lots' is not a whole number" in res.output and "Replaying" not in res.output
     res = runner.invoke(app, ["replay", "--budget", "6,000", "--store", ":memory:", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "write 6000 without a thousands separator" in res.output
+    assert parse_budgets("16k,32K,6000") == [16000, 32000, 6000]  # as the tables write budgets
     res = runner.invoke(app, ["replay", "--budget", "1,500,0", "--store", ":memory:", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "'0' is not a whole number" in res.output
     res = runner.invoke(app, ["replay", "--price", "gold=1", "--store", ":memory:", "--out", str(tmp_path / "o")])

@@ -156,6 +156,9 @@ def test_the_recommendation_for_session_logs_is_against_the_agents_own_bill() ->
     # full and the bound are never picked; at 32k one policy is cheaper but keeps less than the agent's own
     assert (picks[16000].policy, picks[16000].recall, picks[16000].ratio) == ("learned-stable", 72.0, 0.9)
     assert picks[32000].policy is None and "no policy keeps as much" in picks[32000].line()
+    # the trade-off on offer then: the most recall below the agent's bill (cheap, not prune at 1.5 or the bound)
+    assert picks[32000].cheaper == ("cheap", 60.0, 0.5) and picks[32000].line().endswith("to pay less, cheap keeps 60.0 % for 0.50× its bill")
+    assert picks[16000].cheaper is None
 
 
 def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> None:

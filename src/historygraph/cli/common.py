@@ -142,10 +142,13 @@ REPAIRS = {"orphan_results": "tool result(s) without a recorded call kept as use
 
 
 def parse_budgets(text: str, hint: str = " (give one, or a comma-separated list)") -> list[int]:
-    """``6000`` or ``2000,3000,6000``: distinct whole numbers >= 1, in the order given."""
+    """``6000`` or ``2000,3000,6000``: distinct whole numbers >= 1, in the order given; ``32k``
+    (as the tables write budgets) is 32,000."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
+        if re.fullmatch(r"\d+[kK]", part):
+            part = str(int(part[:-1]) * 1000)
         if not part.isdigit() or int(part) < 1:
             if re.fullmatch(r"\d{1,3}(,\d{3})+", text.strip()):
                 fail(f"--budget {text!r}: write {text.strip().replace(',', '')} without a thousands separator "

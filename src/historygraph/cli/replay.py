@@ -102,7 +102,7 @@ def _replay_work(trace) -> float:  # noqa: ANN001
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "learned-stable", "contextrender", "prune", "full"],
-    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="History budget B in tokens; a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000. Default: 16000,32000,64000 when every trace is a Claude Code or Codex session log, else 6000 (ContextRender B.1).")] = None,
+    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="History budget B in tokens (32k = 32000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000. Default: 16000,32000,64000 when every trace is a Claude Code or Codex session log, else 6000 (ContextRender B.1).")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
@@ -505,16 +505,17 @@ def _print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bo
     cols = [c for c in cols if (wide or c in COMPACT_COLUMNS or c in cache) and (c in always or any(r.get(c) not in ((None,) if c.startswith("recall") else (None, 0, 0.0))
                                                   for r in rows))]
     dropped: list[str] = []
+    empty = any(r.get("recall") is None for r in rows)
     flat = {c: _flat(h) for c, h in heads.items()}
-    t = _table(rows, cols, flat, title, _notes(cols, cache, wide, dropped))  # headers on one line when that fits
+    t = _table(rows, cols, flat, title, _notes(cols, cache, wide, dropped, empty))  # headers on one line when that fits
     if not wide and _width(t) > console.width:
-        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped))
+        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped, empty))
     for c in () if wide else [c for c in NARROW_DROPS + tuple(reversed(cache)) if c in cols]:
         if _width(t) <= console.width:
             break
         cols.remove(c)
         dropped.append(flat.get(c, c))
-        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped))
+        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped, empty))
     # never cut numbers: print at the table's natural width even when the terminal is narrower
     Console(width=max(console.width, _width(t)), force_terminal=console.is_terminal).print(t)
 
@@ -537,9 +538,12 @@ def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str,
     return t
 
 
-def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str]) -> list[str]:
-    """The table's caption: what its less obvious columns mean, and where the others are."""
+def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str], no_events: bool = False) -> list[str]:
+    """The table's caption: what its less obvious columns mean, and where the others are
+    (``no_events``: some row has no reuse event, so its recall is –)."""
     notes = []
+    if no_events:
+        notes.append("recall –: no later call reused a value first seen in a result of these traces, so there is nothing to recall")
     if "pct_of_oracle" in cols:
         notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B); "
                      "– where the oracle shows none (e.g. every reused result is larger than B) or the policy went over B (full)")

@@ -125,14 +125,19 @@ class OwnPick:
     ratio: float | None
     recorded_recall: float | None
     fits: bool = False  # the whole history of every session fits in B: every policy shows it all
+    cheaper: tuple[str, float, float] | None = None  # with no pick: (policy, recall, ratio), the most recall below the bill
 
     def line(self) -> str:
         rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
         if self.fits:
             return f"B = {self.budget:,}: the whole history fits, so no policy changes anything"
         if self.policy is None:
-            return (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
+            line = (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
                     f"bill ({rec}): keep it")
+            if self.cheaper is not None:
+                name, recall, ratio = self.cheaper
+                line += f"; to pay less, {name} keeps {_num(recall)} % for {_num(ratio, 2)}× its bill"
+            return line
         return (f"B = {self.budget:,}: {self.policy} (recall {_num(self.recall)} %, {_num(self.ratio, 2)}× the agent's own bill; "
                 f"{rec})")
 
@@ -154,8 +159,12 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
         ok = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] <= 1.0
               and (r.get("recall") or 0.0) >= (rec.get("recall") or 0.0)]
         best = max(ok, key=lambda r: (r.get("recall") or 0.0, -r[RATIO]), default=None)
+        # no policy matches it (an agent that never compacted keeps 100 %): the trade-off on offer
+        below = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] < 1.0]
+        alt = max(below, key=lambda r: (r.get("recall") or 0.0, -r[RATIO]), default=None) if best is None else None
         out.append(OwnPick(b, best["policy"] if best else None, best.get("recall") if best else None,
-                           best[RATIO] if best else None, rec.get("recall")))
+                           best[RATIO] if best else None, rec.get("recall"),
+                           cheaper=None if alt is None else (alt["policy"], alt.get("recall") or 0.0, alt[RATIO])))
     return out
 
 
