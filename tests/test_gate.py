@@ -41,8 +41,9 @@ def _over_budget_count(proxy_servers) -> float:
 
 
 @st.composite
-def hostile(draw):
-    """Anthropic Messages turns (and whether thinking is on) with the issue-12 shapes."""
+def hostile(draw, huge: bool = True):
+    """Anthropic Messages turns (and whether thinking is on) with the issue-12 shapes (``huge``:
+    30,000-word results among them)."""
     think = draw(st.booleans())
     turns: list[dict] = [{"role": "user", "content": "task " + draw(st.sampled_from(["fix it", "find ABC_123", "ünï ✓"]))}]
     n = 0
@@ -65,7 +66,7 @@ def hostile(draw):
 
     for _ in range(draw(st.integers(1, 8))):
         kind = draw(st.sampled_from(["tool", "tool", "parallel", "interposed", "late", "server", "text", "user",
-                                     "image", "huge"]))
+                                     "image", *(["huge"] if huge else [])]))
         n += 1
         if kind in ("tool", "huge"):
             turns += [opening([use(n, big=draw(st.booleans()))]),
@@ -301,3 +302,146 @@ def test_malformed_fault_and_concurrent_shapes_through_serve(servers):  # noqa: 
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(first, range(8))) == [200] * 8
+
+
+# -- issue 50's failure shapes through serve: malformed media, lone surrogates, pins ------------------
+
+AUTH = {"Authorization": "Bearer test-token"}
+LONE = "@@LONE@@"  # replaced in the raw body by a JSON escape of a lone UTF-16 surrogate
+PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions", "responses": "/v1/responses"}
+BAD_SOURCE = st.sampled_from(["aGk=", "", ["aGk="], ["a", "b"], []])
+BAD_PIN = st.sampled_from(["ghost", "#9999", "9999", "#-1", "#x", "#1.5", "t999"])  # no item of any drawn history
+BAD_PIN_ID = st.sampled_from([True, False, 1.5, 1.0, None, ["#1"], {"id": "#1"}])
+
+
+def _openai_messages(turns: list[dict]) -> list[dict]:
+    return [{"role": "system", "content": "be brief"}] + [m.to_openai() for m in to_canonical(None, turns)[0]]
+
+
+def _stored(proxy_servers, sid: str) -> list[dict] | None:
+    r = httpx.get(proxy_servers["px"] + f"/api/sessions/{sid}", headers=AUTH, timeout=READ_TIMEOUT)
+    assert r.status_code in (200, 404), r.text
+    return r.json()["messages"] if r.status_code == 200 else None
+
+
+def _sessions_like(proxy_servers, sid: str) -> list[str]:
+    listed = httpx.get(proxy_servers["px"] + "/api/sessions", headers=AUTH, timeout=READ_TIMEOUT).json()
+    return sorted(s["id"] for s in listed if s["id"] == sid or s["id"].startswith(sid + "~"))
+
+
+@st.composite
+def malformed(draw, shape: str, api: str):
+    """A generated history (``hostile``) and issue 50's failure ``shape`` added to it, for ``api``:
+    ``(api, turns or messages of the valid request, the bad request's raw body, its extra headers,
+    what the answer must name)``; ``api`` "pins" is a ``POST /api/sessions/S/pins`` body, "events"
+    the session API."""
+    turns, _ = draw(hostile(huge=False))  # within the fixture's --max-body-bytes
+    if shape in ("media", "media-in-result"):
+        block = {"type": draw(st.sampled_from(["image", "document"])), "source": draw(BAD_SOURCE)}
+        if shape == "media":
+            k = draw(st.integers(0, 2))
+            content = [{"type": "text", "text": f"look {j}"} for j in range(2)]
+            content.insert(k, block)
+            bad = turns + [{"role": "user", "content": content}]
+            where = f"messages[{len(turns)}].content[{k}] ({block['type']}): its source must be an object"
+        else:
+            k = draw(st.integers(0, 1))
+            inner = [{"type": "text", "text": "shot"}]
+            inner.insert(k, block)
+            bad = turns + [{"role": "assistant", "content": [{"type": "tool_use", "id": "bad1", "name": "search", "input": {}}]},
+                           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "bad1", "content": inner}]}]
+            where = f"messages[{len(turns) + 1}].content[0].content[{k}] ({block['type']}): its source must be an object"
+        return "anthropic", turns, json.dumps({"model": "m", "max_tokens": 64, "messages": bad}), {}, where
+    if shape == "audio":
+        k = draw(st.integers(0, 1))
+        content = [{"type": "text", "text": "hear"}]
+        content.insert(k, {"type": "input_audio", "input_audio": draw(st.sampled_from(["UklGRg==", ["UklGRg=="], [], "x"]))})
+        msgs = _openai_messages(turns)
+        body = {"model": "m", "messages": msgs + [{"role": "user", "content": content}]}
+        if api == "events":
+            body = {"messages": body["messages"], "create": True}
+        return api, msgs, json.dumps(body), {}, f"content[{k}] (input_audio): its input_audio must be an object"
+    if shape == "surrogate":
+        text = draw(st.sampled_from(["", "a", "ünï "])) + LONE + draw(st.sampled_from(["", "b", " ✓"]))
+        lone = draw(st.sampled_from(["\\ud800", "\\udbff", "\\udc00", "\\udfff"]))
+        if api == "anthropic":
+            raw = json.dumps({"model": "m", "max_tokens": 64, "messages": turns + [{"role": "user", "content": text}]})
+            where = f"messages[{len(turns)}].content"
+        elif api == "responses":
+            raw = json.dumps({"model": "m", "input": [{"role": "user", "content": text}]})
+            return api, None, raw.replace(LONE, lone), {}, "input[0].content: a string holding a lone UTF-16 surrogate"
+        else:
+            msgs = _openai_messages(turns)
+            body = {"model": "m", "messages": msgs + [{"role": "user", "content": text}]}
+            raw = json.dumps({"messages": body["messages"], "create": True} if api == "events" else body)
+            where = f"messages[{len(msgs)}].content"
+        return api, turns if api == "anthropic" else _openai_messages(turns), raw.replace(LONE, lone), {}, \
+            where + ": a string holding a lone UTF-16 surrogate"
+    if shape == "pin":
+        more = [{"role": "user", "content": "one more"}]
+        body = ({"model": "m", "max_tokens": 64, "messages": turns + more} if api == "anthropic"
+                else {"model": "m", "messages": _openai_messages(turns) + more})
+        valid = turns if api == "anthropic" else _openai_messages(turns)
+        pin = draw(BAD_PIN)
+        header = draw(st.sampled_from(["", "#0,", "#1, "])) + pin  # after items that exist, or alone
+        return api, valid, json.dumps(body), {"X-HistoryGraph-Pin": header}, f"X-HistoryGraph-Pin: no item {pin!r}"
+    return "pins", _openai_messages(turns), json.dumps({"id": draw(BAD_PIN_ID)}), {}, "'id'"
+
+
+def _send(proxy_servers, api: str, sid: str, raw: str, headers: dict) -> httpx.Response:
+    path = {**PATHS, "events": f"/api/sessions/{sid}/events", "pins": f"/api/sessions/{sid}/pins"}[api]
+    return httpx.post(proxy_servers["px"] + path, content=raw.encode(), timeout=READ_TIMEOUT,
+                      headers={"content-type": "application/json", "X-HistoryGraph-Session": sid, **AUTH, **headers})
+
+
+def _message(api: str, r: httpx.Response) -> str:
+    body = r.json()
+    return str(body["detail"]) if api in ("events", "pins") else body["error"]["message"]
+
+
+SHAPES = [("media", "anthropic"), ("media-in-result", "anthropic"), ("audio", "openai"), ("audio", "events"),
+          ("surrogate", "anthropic"), ("surrogate", "openai"), ("surrogate", "responses"), ("surrogate", "events"),
+          ("pin", "anthropic"), ("pin", "openai"), ("pin-api", "pins")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape, api", SHAPES)
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), stored_first=st.booleans())
+def test_issue_50_failure_shapes_through_serve_are_a_400_naming_them_and_store_nothing(servers, shape, api, data, stored_first):  # noqa: F811
+    """Issue 50's failures as generated inputs: a malformed media part (an Anthropic ``image`` or
+    ``document`` whose ``source`` is a string or a list, in a message or a ``tool_result``; an
+    OpenAI ``input_audio`` part that is a string or a list), a lone surrogate in a message's text
+    (on each endpoint and the session API), an invalid ``X-HistoryGraph-Pin`` header, a pin id that
+    is not a string or an integer, each sent to a new session or continuing a stored one. Required:
+    our 400 (the pins API: 422) naming what is wrong, nothing stored or forwarded (no session left
+    behind), and the session still answered afterwards."""
+    api, valid, raw, headers, where = data.draw(malformed(shape, api))
+    FIGURES["histories"] += 1
+    sid = f"gate-bad-{FIGURES['histories']}"
+    valid_api = "openai" if api in ("events", "pins") else api
+
+    def send_valid() -> None:
+        body = ({"model": "m", "max_tokens": 64, "messages": valid} if valid_api == "anthropic"
+                else {"model": "m", "input": "hi"} if valid_api == "responses" else {"model": "m", "messages": valid})
+        r = _send(servers, valid_api, sid, json.dumps(body), {})
+        assert r.status_code == 200, r.text
+
+    if stored_first or api == "pins":
+        send_valid()
+    before, sessions = _stored(servers, sid), _sessions_like(servers, sid)
+    forwarded = len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json())
+    r = _send(servers, api, sid, raw, headers)
+    FIGURES["5xx"] += r.status_code >= 500
+    assert r.status_code == (422 if api == "pins" else 400), (api, r.status_code, r.text)
+    assert where in _message(api, r), (where, r.text)
+    if api == "anthropic":
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
+    elif api in ("openai", "responses"):
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    assert _stored(servers, sid) == before and _sessions_like(servers, sid) == sessions  # nothing stored, no fork
+    if api == "pins":
+        assert httpx.get(servers["px"] + f"/api/sessions/{sid}", headers=AUTH, timeout=READ_TIMEOUT).json()["pins"] == []
+    assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) == forwarded  # nothing forwarded
+    send_valid()  # the session is answered afterwards (it was 500 for good after a malformed media part)
+    assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
