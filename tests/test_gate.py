@@ -21,11 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from historygraph.history.events import Message
+from historygraph.providers import gemini as gem
 from historygraph.providers.anthropic import from_canonical, to_canonical
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import create, names
 from historygraph.render import BudgetTooSmallError, check_invariants
 
+from fake_gemini import gemini_violation, signature
 from fake_upstream import anthropic_violation, openai_violation, sign
 from test_properties import SIGNALS
 from test_server import A_TOOLS, KEY, TOOLS, servers  # noqa: F401  (the proxy + fake provider fixture)
@@ -444,4 +446,173 @@ def test_issue_50_failure_shapes_through_serve_are_a_400_naming_them_and_store_n
         assert httpx.get(servers["px"] + f"/api/sessions/{sid}", headers=AUTH, timeout=READ_TIMEOUT).json()["pins"] == []
     assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) == forwarded  # nothing forwarded
     send_valid()  # the session is answered afterwards (it was 500 for good after a malformed media part)
+    assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
+
+
+# -- the Gemini API through serve: generated histories, then malformed parts ---------------------------
+
+GEM_SYSTEM = {"parts": [{"text": "be brief"}]}
+GEM_TOOLS = [{"functionDeclarations": [{"name": n, "description": "d", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}}} for n in ("run", "ls")]}]
+GEM_PATH = "/v1beta/models/gemini-2.5-flash:"
+
+
+@st.composite
+def gemini_contents(draw):
+    """Gemini ``contents`` as Gemini CLI sends them: tool loops (parallel calls answered in any
+    order, with or without ids and the fake's ``thoughtSignature``, a text part before the calls,
+    error responses), text answers, user turns in a row, inline images."""
+    contents: list[dict] = [{"role": "user", "parts": [{"text": "task " + draw(st.sampled_from(["fix it", "ünï ✓"]))}]}]
+    for n in range(1, draw(st.integers(1, 7)) + 1):
+        kind = draw(st.sampled_from(["call", "call", "parallel", "error", "text", "user", "image"]))
+        if kind in ("call", "parallel", "error"):
+            k = draw(st.integers(2, 4)) if kind == "parallel" else 1
+            ids = draw(st.booleans())
+            calls = [{"name": draw(st.sampled_from(["run", "ls"])), "args": {"q": f"{n}.{j}"},
+                      **({"id": f"c{n}_{j}"} if ids else {})} for j in range(k)]
+            parts = [{"functionCall": c, **({"thoughtSignature": signature(c)} if draw(st.booleans()) else {})} for c in calls]
+            contents.append({"role": "model", "parts": ([{"text": "let me look"}] if draw(st.booleans()) else []) + parts})
+            answers = []
+            for j in draw(st.permutations(range(k))):
+                response = {"error": "failed"} if kind == "error" else {"output": f"out {n}.{j} " + "w " * draw(st.integers(0, 300))}
+                answers.append({"functionResponse": {"name": calls[j]["name"], "response": response,
+                                                     **({"id": calls[j]["id"]} if ids else {})}})
+            contents.append({"role": "user", "parts": answers})
+        elif kind == "text":
+            contents += [{"role": "model", "parts": [{"text": "thinking aloud " * draw(st.integers(0, 30))}]},
+                         {"role": "user", "parts": [{"text": "go on"}]}]
+        elif kind == "user":
+            contents.append({"role": "user", "parts": [{"text": "also: " + "detail " * draw(st.integers(0, 50))}]})
+        else:
+            contents.append({"role": "user", "parts": [{"text": "see the picture"},
+                                                       {"inlineData": {"mimeType": "image/png", "data": PNG}}]})
+    return contents
+
+
+def _gemini_post(proxy_servers, sid: str, content: bytes, stream: bool = False, **headers) -> httpx.Response:
+    method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    return httpx.post(proxy_servers["px"] + GEM_PATH + method, content=content, timeout=READ_TIMEOUT,
+                      headers={"content-type": "application/json", "X-HistoryGraph-Session": sid, **headers})
+
+
+def _gemini_body(contents: list[dict]) -> bytes:
+    return json.dumps({"systemInstruction": GEM_SYSTEM, "contents": contents, "tools": GEM_TOOLS}).encode()
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(contents=gemini_contents(), budget=st.integers(100, 4000), policy=st.sampled_from(PROXY_POLICIES), stream=st.booleans())
+def test_gemini_histories_through_serve_are_forwarded_within_budget_and_accepted(servers, contents, budget, policy, stream):  # noqa: F811
+    FIGURES["histories"] += 1
+    sid = f"gate-gem-{FIGURES['histories']}"
+    before = len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json())
+    over_before = _over_budget_count(servers)
+    r = _gemini_post(servers, sid, _gemini_body(contents), stream,
+                     **{"X-HistoryGraph-Budget": str(budget), "X-HistoryGraph-Policy": policy})
+    FIGURES["5xx"] += r.status_code >= 500
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+        assert chunks and all("error" not in c for c in chunks), r.text[-300:]
+    else:
+        assert r.json()["candidates"][0]["content"]["role"] == "model"
+    seen = httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()
+    assert len(seen) == before + 1
+    sent = seen[-1]["body"]
+    assert gemini_violation(sent) is None and sent["systemInstruction"] == GEM_SYSTEM and sent["tools"] == GEM_TOOLS
+    assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
+    if _over_budget_count(servers) > over_before:  # the protected history alone exceeded B: forwarded, counted
+        FIGURES["over_budget"] += 1
+    else:
+        assert _budget_history(gem.to_canonical(sent["systemInstruction"], sent["contents"])[0]) <= budget
+    canon, _ = gem.to_canonical(GEM_SYSTEM, contents)
+    stored = _stored(servers, sid)
+    assert stored is not None and len(stored) == len(canon) + 1  # system, every event, the answer
+
+
+GEM_BAD = ["two fields", "text", "args", "inlineData", "no parts", "role", "part", "response", "response parts",
+           "surrogate", "pin"]
+
+
+@st.composite
+def gemini_malformed(draw, shape: str):
+    """Generated ``contents`` with one malformed part (or turn, or header) of ``shape``: ``(valid
+    contents, the bad request's raw body, its extra headers, what the 400 must name)``."""
+    contents = draw(gemini_contents())
+    bad = json.loads(json.dumps(contents))
+    models = [i for i, c in enumerate(contents) if c["role"] == "model"]
+    i = draw(st.sampled_from(models)) if shape == "args" and models else draw(st.integers(0, len(contents) - 1))
+    parts = bad[i]["parts"]
+    j = draw(st.integers(0, len(parts)))
+    where = f"contents[{i}].parts[{j}]"
+    headers: dict = {}
+    if shape == "two fields":
+        parts.insert(j, {"text": "a", "inlineData": {"mimeType": "image/png", "data": PNG}})
+        named = f"{where} must hold exactly one of"
+    elif shape == "text":
+        parts.insert(j, {"text": draw(st.sampled_from([5, True, ["a"], {"t": "a"}]))})
+        named = f"{where}.text must be a string"
+    elif shape == "args" and models:
+        parts.insert(j, {"functionCall": {"name": "run", "args": draw(st.sampled_from([[1], "q", 5]))}})
+        named = f"{where}.functionCall.args must be an object"
+    elif shape == "inlineData":
+        parts.insert(j, {"inlineData": draw(st.sampled_from(["AAAA", ["AAAA"], {"data": "AAAA"}, {"mimeType": "image/png"}]))})
+        named = f"{where}.inlineData must be an object"
+    elif shape == "no parts":
+        bad[i]["parts"] = draw(st.sampled_from([[], None, "hi"]))
+        named = f"contents[{i}].parts must be a non-empty list"
+    elif shape == "role":
+        bad[i]["role"] = draw(st.sampled_from(["assistant", "system", "tool"]))
+        named = f"contents[{i}].role must be 'user' or 'model'"
+    elif shape == "part":
+        parts.insert(j, draw(st.sampled_from(["hi", 5, ["x"], None])))
+        named = f"{where} must be an object"
+    elif shape in ("response", "response parts"):  # a call answered by a malformed response
+        name = draw(st.sampled_from(["run", "ls"]))
+        bad.append({"role": "model", "parts": [{"functionCall": {"name": name, "args": {}}}]})
+        response = {"name": name, "response": {"output": "x"}}
+        if shape == "response":
+            response["response"] = draw(st.sampled_from(["x", ["x"], 5]))
+            named = f"contents[{len(bad)}].parts[0].functionResponse.response must be an object"
+        else:  # Gemini 3's media in a function response, malformed
+            response["parts"] = draw(st.sampled_from([5, "x", [{"inlineData": "AAAA"}], [{"inlineData": ["AAAA"]}]]))
+            named = f"contents[{len(bad)}].parts[0].functionResponse.parts"
+        bad.append({"role": "user", "parts": [{"functionResponse": response}]})
+    elif shape == "surrogate":
+        parts.insert(j, {"text": draw(st.sampled_from(["", "a"])) + LONE})
+        named = "lone UTF-16 surrogate"
+    else:
+        bad = contents
+        pin = draw(BAD_PIN)
+        headers = {"X-HistoryGraph-Pin": draw(st.sampled_from(["", "#0,"])) + pin}
+        named = f"X-HistoryGraph-Pin: no item {pin!r}"
+    if shape == "args" and not models:  # no model turn: a role instead
+        bad[i]["role"] = "assistant"
+        named = f"contents[{i}].role must be 'user' or 'model'"
+    raw = _gemini_body(bad).replace(LONE.encode(), draw(st.sampled_from([b"\\ud800", b"\\udfff"])))
+    return contents, raw, headers, named
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", GEM_BAD)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), stored_first=st.booleans())
+def test_malformed_gemini_requests_through_serve_are_googles_400_naming_the_part_and_store_nothing(
+        servers, shape, data, stored_first):  # noqa: F811
+    contents, raw, headers, named = data.draw(gemini_malformed(shape))
+    FIGURES["histories"] += 1
+    sid = f"gate-gem-bad-{FIGURES['histories']}"
+    if stored_first:
+        assert _gemini_post(servers, sid, _gemini_body(contents)).status_code == 200
+    before, sessions = _stored(servers, sid), _sessions_like(servers, sid)
+    forwarded = len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json())
+    r = _gemini_post(servers, sid, raw, **headers)
+    FIGURES["5xx"] += r.status_code >= 500
+    assert r.status_code == 400, (shape, r.text)
+    error = r.json()["error"]
+    assert set(error) == {"code", "message", "status"} and (error["code"], error["status"]) == (400, "INVALID_ARGUMENT")
+    assert named in error["message"], (named, error["message"])
+    assert _stored(servers, sid) == before and _sessions_like(servers, sid) == sessions  # nothing stored, no fork
+    assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) == forwarded  # nothing forwarded
+    assert _gemini_post(servers, sid, _gemini_body(contents)).status_code == 200  # the session answered afterwards
     assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
