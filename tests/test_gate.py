@@ -444,6 +444,10 @@ def test_issue_50_failure_shapes_through_serve_are_a_400_naming_them_and_store_n
     assert _stored(servers, sid) == before and _sessions_like(servers, sid) == sessions  # nothing stored, no fork
     if api == "pins":
         assert httpx.get(servers["px"] + f"/api/sessions/{sid}", headers=AUTH, timeout=READ_TIMEOUT).json()["pins"] == []
+    if shape.startswith("media"):  # counting it was a 500 too
+        counted = httpx.post(servers["px"] + "/v1/messages/count_tokens", content=raw.encode(), timeout=READ_TIMEOUT,
+                             headers={"content-type": "application/json"})
+        assert counted.status_code == 400 and where in counted.json()["error"]["message"], counted.text
     assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) == forwarded  # nothing forwarded
     send_valid()  # the session is answered afterwards (it was 500 for good after a malformed media part)
     assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
@@ -616,3 +620,39 @@ def test_malformed_gemini_requests_through_serve_are_googles_400_naming_the_part
     assert len(httpx.get(servers["up"] + "/_requests", timeout=READ_TIMEOUT).json()) == forwarded  # nothing forwarded
     assert _gemini_post(servers, sid, _gemini_body(contents)).status_code == 200  # the session answered afterwards
     assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
+
+
+# -- the library: Gemini histories through every policy, malformed media refused ----------------------
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.lm) if n in LM else n for n in names()])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(contents=gemini_contents(), budget=st.integers(50, 4000))
+def test_every_policy_renders_gemini_histories_to_requests_the_api_accepts(name, contents, budget):
+    msgs, pieces = gem.to_canonical(GEM_SYSTEM, contents)
+    FIGURES["histories"] += 1
+    g = ContextGraph(f"gate-gem-lib-{FIGURES['histories']}", msgs)
+    try:
+        r = create(name).render(g, budget, SIGNALS)
+    except BudgetTooSmallError as exc:
+        assert exc.required > budget
+        return
+    check_invariants(r, g, SIGNALS.counter)
+    if name != "full":
+        assert _budget_history(r.messages) <= budget
+    wire = gem.from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
+    assert gemini_violation({"contents": wire}) is None, gemini_violation({"contents": wire})
+
+
+@pytest.mark.parametrize("shape, api", [s for s in SHAPES if s[0] in ("media", "media-in-result", "audio")])
+@settings(max_examples=3, deadline=None)
+@given(data=st.data())
+def test_the_library_refuses_malformed_media_with_event_error_naming_the_block(shape, api, data):
+    """Issue 50: ``render_messages`` and ``render_anthropic_messages`` raised AttributeError."""
+    from historygraph import render_anthropic_messages, render_messages
+    from historygraph.history.events import EventError
+
+    _, _, raw, _, where = data.draw(malformed(shape, api))
+    render = render_anthropic_messages if api == "anthropic" else render_messages
+    with pytest.raises(EventError) as exc:
+        render(json.loads(raw)["messages"], budget=data.draw(st.integers(50, 4000)), policy="prune")
+    assert where in str(exc.value)
