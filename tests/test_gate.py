@@ -5,8 +5,11 @@ thinking, server tools, images, huge results — go through every policy of the 
 provider that enforces the providers' request rules (tests/fake_upstream.py).
 
 Every example must give: no 5xx; no request the fake rejects; a forwarded history, recounted from the
-wire, within B (or our own 400 naming ``X-HistoryGraph-Budget``); every event stored. Bounded for CI
-(``HYPOTHESIS_PROFILE=ci`` draws the same examples every run)."""
+wire, within B (or our own 400 naming ``X-HistoryGraph-Budget``); every event stored. Gemini API
+``contents`` go the same ways (tests/fake_gemini.py enforcing its rules). Issue 50's failure shapes
+(malformed media parts, lone surrogates, invalid pins, malformed Gemini parts) are generated too, each
+added to a generated history: our 400 naming the place, nothing stored or forwarded, the session
+answered afterwards. Bounded for CI (``HYPOTHESIS_PROFILE=ci`` draws the same examples every run)."""
 
 from __future__ import annotations
 
