@@ -88,6 +88,17 @@ def test_changed_messages_are_rebuilt_and_same_role_turns_merged():
     ([{"role": "user", "parts": [{"text": "a", "inlineData": {"mimeType": "image/png", "data": ""}}]}],
      "contents[0].parts[0] must hold exactly one of"),
     ([], "contents must be a non-empty list"),
+    # the gate's finding: a function response's media parts unchecked, 5 raised TypeError (500) and
+    # a malformed blob was stored and forwarded
+    *[([user("a"), {"role": "model", "parts": [{"functionCall": {"name": "f"}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}, "parts": parts}}]}], named)
+      for parts, named in [(5, "contents[2].parts[0].functionResponse.parts must be a list of parts, got int"),
+                           ("x", "contents[2].parts[0].functionResponse.parts must be a list of parts, got str"),
+                           ([{"inlineData": {"mimeType": "image/png", "data": "AAAA"}}, "x"],
+                            "contents[2].parts[0].functionResponse.parts[1] must be an object, got str"),
+                           ([{"inlineData": "AAAA"}], "contents[2].parts[0].functionResponse.parts[0].inlineData must be an object"),
+                           ([{"inlineData": {"mimeType": "image/png"}}],
+                            "contents[2].parts[0].functionResponse.parts[0].inlineData must be an object")]],
 ])
 def test_bad_contents_name_the_field(contents, named):
     with pytest.raises(EventError, match=re.escape(named)):
@@ -288,6 +299,9 @@ def proxy_call(fake: str, path: str, body: dict | bytes | None, method: str = "P
      "contents[1].parts[0].functionCall.args must be an object"),
     ({"contents": [{"role": "user", "parts": [{"inlineData": {"data": "AAAA"}}]}]}, "contents[0].parts[0].inlineData must be an object"),
     (b'{"contents": [{"role": "user", "parts": [{"text": "a\\ud800"}]}]}', "lone UTF-16 surrogate"),
+    ({"contents": [user("a"), {"role": "model", "parts": [{"functionCall": {"name": "f"}}]},  # was a 500 (TypeError)
+                   {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}, "parts": 5}}]}]},
+     "contents[2].parts[0].functionResponse.parts must be a list of parts"),
 ])
 def test_bad_input_is_a_400_in_googles_shape_and_nothing_is_stored(fake, body, named):
     r, seen, store = proxy_call(fake, "/v1beta/models/gemini-2.5-flash:generateContent", body)

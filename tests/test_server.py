@@ -69,7 +69,7 @@ def servers(tmp_path_factory):
     up = _start([FAKE, "--port", str(up_port)], up_port, tmp / "upstream.log")
     db = tmp / "proxy.sqlite"
     px = _start(["-m", "historygraph", "serve", "--upstream", f"http://127.0.0.1:{up_port}/v1", "--anthropic-upstream",
-                 f"http://127.0.0.1:{up_port}", "--port", str(px_port), "--store", str(db), "--policy", "prune",
+                 f"http://127.0.0.1:{up_port}", "--gemini-upstream", f"http://127.0.0.1:{up_port}", "--port", str(px_port), "--store", str(db), "--policy", "prune",
                  "--budget", str(BUDGET), "--auth-token", TOKEN, "--max-body-bytes", "200000"], px_port, tmp / "proxy.log")
     yield {"up": f"http://127.0.0.1:{up_port}", "px": f"http://127.0.0.1:{px_port}", "db": db, "log": tmp / "proxy.log"}
     for p in (px, up):

@@ -95,9 +95,28 @@ def _parts(content: Any, where: str) -> list[dict[str, Any]]:
         if "text" in p and not isinstance(p["text"], str):
             raise EventError(f"{where}.parts[{j}].text must be a string")
         if "inlineData" in p:
-            data = p["inlineData"]
-            if not isinstance(data, dict) or not isinstance(data.get("mimeType"), str) or not isinstance(data.get("data"), str):
-                raise EventError(f"{where}.parts[{j}].inlineData must be an object {{\"mimeType\": str, \"data\": <base64>}}")
+            _check_inline(p["inlineData"], f"{where}.parts[{j}]")
+    return parts
+
+
+def _check_inline(data: Any, where: str) -> None:
+    if not isinstance(data, dict) or not isinstance(data.get("mimeType"), str) or not isinstance(data.get("data"), str):
+        raise EventError(f"{where}.inlineData must be an object {{\"mimeType\": str, \"data\": <base64>}}")
+
+
+def _response_parts(fr: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The checked ``parts`` of a ``functionResponse`` at ``where`` (media a function returns:
+    ``FunctionResponsePart`` objects, each an ``inlineData`` blob); ``[]`` without them."""
+    parts = fr.get("parts")
+    if parts is None:
+        return []
+    if not isinstance(parts, list):
+        raise EventError(f"{where}.functionResponse.parts must be a list of parts, got {type(parts).__name__}")
+    for k, q in enumerate(parts):
+        if not isinstance(q, dict):
+            raise EventError(f"{where}.functionResponse.parts[{k}] must be an object, got {type(q).__name__}")
+        if "inlineData" in q:
+            _check_inline(q["inlineData"], f"{where}.functionResponse.parts[{k}]")
     return parts
 
 
@@ -157,6 +176,7 @@ def _user_messages(parts: list[dict[str, Any]], turn: int, open_calls: list[tupl
             raise EventError(f"{where}.parts[{j}].functionResponse.name is missing")
         if "response" in fr and not isinstance(fr["response"], dict):
             raise EventError(f"{where}.parts[{j}].functionResponse.response must be an object")
+        media = _media(_response_parts(fr, f"{where}.parts[{j}]"))
         own = fr.get("id")
         found = next((c for c in open_calls if isinstance(own, str) and own and c[1] == own), None) or \
             next((c for c in open_calls if c[0].name == fr["name"]), None)
@@ -166,7 +186,7 @@ def _user_messages(parts: list[dict[str, Any]], turn: int, open_calls: list[tupl
                              "answered by the next user turn, one functionResponse per call, with the same names")
         open_calls.remove(found)
         out.append((Message("tool", _response_text(fr.get("response", {})), tool_call_id=found[0].id, name=fr["name"],
-                            media=_media([q for q in fr.get("parts") or [] if isinstance(q, dict)])),
+                            media=media),
                     Piece(p, turn)))
     if rest:
         texts = [p["text"] if "text" in p else MEDIA_MARKER if "inlineData" in p else "" for p in rest]
