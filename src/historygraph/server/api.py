@@ -48,7 +48,7 @@ from historygraph.policies import PolicyError, check_production
 from historygraph.providers.jsonio import UnusableJSON, usable
 from historygraph.render.omissions import REASONS, calls
 from historygraph.store import KEPT_KEYS, AppendConflict, StoreError, StoreFullError
-from historygraph.store.base import MAX_KEY_LENGTH
+from historygraph.store.appends import MAX_KEY_LENGTH
 from historygraph.server.errors import ClientError
 
 log = logging.getLogger("historygraph.server")

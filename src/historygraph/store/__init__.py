@@ -3,7 +3,8 @@
 
 from pathlib import Path
 
-from historygraph.store.base import KEPT_KEYS, AppendConflict, SessionInfo, Store, StoreError
+from historygraph.store.appends import KEPT_KEYS, AppendConflict
+from historygraph.store.base import SessionInfo, Store, StoreError
 from historygraph.store.full import StoreFullError
 from historygraph.store.memory import MemoryStore
 from historygraph.store.migrations import ForeignDatabaseError, SchemaVersionError

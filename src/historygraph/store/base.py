@@ -45,7 +45,6 @@ instance's queued ones, in the order they were recorded.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import sys
 import threading
@@ -61,6 +60,7 @@ import numpy as np
 from historygraph.history.derived import Derived, Row
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
+from historygraph.store.appends import KEPT_KEYS, MAX_KEY_LENGTH, AppendConflict, batch_fingerprint
 from historygraph.store.full import StoreFullError, described, disk_full
 
 
@@ -81,41 +81,11 @@ def _flush_open_stores() -> None:
 
 atexit.register(_flush_open_stores)
 
-KEPT_KEYS = 1000
-"""Idempotency keys kept per session: the most recent keyed appends (older keys are forgotten, and
-reusing one then appends again). A count rather than a time so storage per session is bounded;
-retries come within seconds, and payment APIs that set the convention keep keys for a day."""
-
-MAX_KEY_LENGTH = 255
-"""Longest accepted idempotency key, in characters (the limit payment APIs use)."""
-
-
 class StoreError(KeyError):
     """Unknown or duplicate session (the message names it)."""
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
-
-
-class AppendConflict(ValueError):
-    """An append refused without writing anything (an HTTP 409 in the session API).
-
-    Attributes:
-        key: the idempotency key reused with another batch, or ``None`` when the refusal is an
-            ``expected_length`` mismatch.
-        length: the session's current number of events.
-    """
-
-    def __init__(self, message: str, key: str | None, length: int) -> None:
-        super().__init__(message)
-        self.key, self.length = key, length
-
-
-def batch_fingerprint(batch: Sequence[Message], expected_length: int | None) -> str:
-    """SHA-256 hex of the canonical JSON (sorted keys) of the events' :meth:`Message.to_dict` and
-    ``expected_length``: what "the same request" means for an idempotency key."""
-    canon = json.dumps([[m.to_dict() for m in batch], expected_length], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(canon.encode()).hexdigest()
 
 
 class StaleGraph(Exception):
