@@ -25,7 +25,6 @@ The API key reaches the upstream as the client sent it: the ``x-goog-api-key`` h
 from __future__ import annotations
 
 import time
-from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -33,10 +32,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from historygraph import telemetry
-from historygraph.history.events import EventError
-from historygraph.history.graph import ContextGraph
 from historygraph.providers import gemini as gem
 from historygraph.server import recall_tool
+from historygraph.server.convert import count_rendered, pieces_shown, prepare_converted
 from historygraph.server.errors import SERVED, ClientError, google_error
 from historygraph.server.proxy import ARRIVAL
 from historygraph.server.threads import run_in_threadpool
@@ -85,16 +83,10 @@ async def generate(request: Request, model: str, method: str) -> Response:
     sid, policy, budget = proxy.options(request)
     pins = proxy.pin_refs(request)
 
-    def convert_and_prepare() -> tuple[Any, ...]:
-        try:
-            messages, pieces = gem.to_canonical(body.get("systemInstruction"), body["contents"])
-        except EventError as exc:
-            raise ClientError(str(exc), "contents") from None
-        return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
-
-    sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(convert_and_prepare)
-    contents = gem.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
-                                                       for p in rendering.positions])
+    sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(
+        prepare_converted, proxy, lambda: gem.to_canonical(body.get("systemInstruction"), body["contents"]), "contents",
+        sid, policy, budget, pins, span)
+    contents = gem.from_canonical(rendering.messages, pieces_shown(rendering, pieces))
     url = upstream_url(proxy.config.gemini_upstream, f"/v1beta/models/{quote(model, safe='')}:{method}", request)
     accumulator = gem.StreamAccumulator.for_turn(len(body["contents"]))
     forwarded = {**body, "contents": contents}
@@ -111,17 +103,10 @@ async def count_tokens(request: Request) -> Response:
     source = inner if isinstance(inner, dict) else body
     _, policy, budget = proxy.options(request)
 
-    def count() -> int:
-        try:
-            messages, _ = gem.to_canonical(source.get("systemInstruction"), source.get("contents"))
-            graph = ContextGraph("count_tokens", messages)
-        except EventError as exc:
-            raise ClientError(str(exc), "contents") from None
-        b = proxy.calibration.adjusted_budget(budget) if proxy.config.calibrate else budget
-        rendering = proxy.render_or_smallest(graph, policy, max(1, b))
-        return proxy.calibration.estimate_request(rendering.messages, source.get("tools"))
-
-    return JSONResponse({"totalTokens": await run_in_threadpool(count)})
+    tokens = await run_in_threadpool(count_rendered, proxy,
+                                     lambda: gem.to_canonical(source.get("systemInstruction"), source.get("contents")),
+                                     "contents", policy, budget, source.get("tools"))
+    return JSONResponse({"totalTokens": tokens})
 
 
 async def models(request: Request, target: str | None = None) -> Response:

@@ -20,19 +20,16 @@ Errors are Anthropic's shape (:func:`~historygraph.server.errors.anthropic_error
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from historygraph import telemetry
-from historygraph.history.events import EventError
-from historygraph.history.graph import ContextGraph
 from historygraph.history.sessions import TurnCache
 from historygraph.providers import anthropic as anth
 from historygraph.providers.anthropic_cache import moved_breakpoints, place_breakpoints
-from historygraph.render import Rendering
 from historygraph.server import recall_tool
+from historygraph.server.convert import Converted, count_rendered, pieces_shown, prepare_converted
 from historygraph.server.errors import ClientError, anthropic_error
 from historygraph.server.proxy import ARRIVAL
 from historygraph.server.threads import run_in_threadpool
@@ -61,18 +58,12 @@ async def messages_endpoint(request: Request) -> Response:
         pins = proxy.pin_refs(request)
         turns, system = body["messages"], body.get("system")
 
-        def convert_and_prepare() -> tuple[str, Rendering, int, int, list[Any]]:
-            # in the worker thread too: only turns not seen last time are parsed and converted
-            try:
-                messages, pieces = proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
-            except EventError as exc:
-                raise ClientError(str(exc), "messages") from None
-            return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
+        def convert() -> Converted:  # in the worker thread too: only turns not seen last time are parsed and converted
+            return proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
 
-        sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(convert_and_prepare)
-        out = anth.from_canonical(rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None
-                                                       for p in rendering.positions],
-                                  moved_breakpoints(rendering.positions, pieces))
+        sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(
+            prepare_converted, proxy, convert, "messages", sid, policy, budget, pins, span)
+        out = anth.from_canonical(rendering.messages, pieces_shown(rendering, pieces), moved_breakpoints(rendering.positions, pieces))
         url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
         forwarded = {**body, "messages": out}
         if config.cache_breakpoints:
@@ -92,16 +83,8 @@ async def count_tokens(request: Request) -> Response:
         body = await proxy.read_json(request)
         _, policy, budget = proxy.options(request)
 
-        def count() -> int:
-            try:
-                messages, _ = anth.to_canonical(body.get("system"), body["messages"])
-                graph = ContextGraph("count_tokens", messages)
-            except EventError as exc:
-                raise ClientError(str(exc), "messages") from None
-            b = proxy.calibration.adjusted_budget(budget) if proxy.config.calibrate else budget
-            rendering = proxy.render_or_smallest(graph, policy, max(1, b))
-            return proxy.calibration.estimate_request(rendering.messages, body.get("tools"))
-
-        return JSONResponse({"input_tokens": await run_in_threadpool(count)})
+        tokens = await run_in_threadpool(count_rendered, proxy, lambda: anth.to_canonical(body.get("system"), body["messages"]),
+                                         "messages", policy, budget, body.get("tools"))
+        return JSONResponse({"input_tokens": tokens})
     except ClientError as exc:
         return anthropic_error(exc)

@@ -24,9 +24,9 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from historygraph import telemetry
-from historygraph.history.events import EventError
 from historygraph.providers import openai_responses as resp
 from historygraph.server import recall_tool
+from historygraph.server.convert import pieces_shown, prepare_converted
 from historygraph.server.errors import ClientError, openai_error
 from historygraph.server.proxy import ARRIVAL
 from historygraph.server.threads import run_in_threadpool
@@ -60,16 +60,11 @@ async def create_response(request: Request) -> Response:
         sid, policy, budget = proxy.options(request)
         pins = proxy.pin_refs(request)
 
-        def convert_and_prepare() -> tuple[Any, ...]:
-            try:
-                messages, pieces = resp.to_canonical(body.get("instructions"), body["input"])
-            except EventError as exc:
-                raise ClientError(str(exc), "input") from None
-            return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
-
-        sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(convert_and_prepare)
+        sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(
+            prepare_converted, proxy, lambda: resp.to_canonical(body.get("instructions"), body["input"]), "input",
+            sid, policy, budget, pins, span)
         items = body["input"] if isinstance(body["input"], str) else resp.from_canonical(
-            rendering.messages, [pieces[p] if p is not None and p < len(pieces) else None for p in rendering.positions])
+            rendering.messages, pieces_shown(rendering, pieces))
         forwarded = {**body, "input": items}
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "responses",
                                       resp.StreamAccumulator, sent_tokens, policy, rendering, at)
