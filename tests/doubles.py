@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from historygraph.models.chat import Completion
+from historygraph.policies import config_fields, names
 
 
 class ScriptedModel:
@@ -81,3 +82,13 @@ class TableScorer:
         nll = np.array([self.value(w) - (self.context_bonus if w in seen else 0.0)
                         for w in (text[a:b].strip() for a, b in spans)], dtype=np.float64)
         return Scored(spans, nll, len(spans) + len(seen) + 1, self.seconds)
+
+
+def _uses_attention_model(name: str) -> bool:
+    """ReCAP variants whose proxy attention runs the local SmolLM2-135M model (not model-free)."""
+    cfg = config_fields(name)
+    return cfg.get("attention") == "proxy" and cfg.get("use_graph", True)
+
+
+MODEL_FREE = [n for n in names() if not _uses_attention_model(n)]
+"""Every registered policy but the ReCAP variants that run the local language model."""

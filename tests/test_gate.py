@@ -45,6 +45,24 @@ def _over_budget_count(proxy_servers) -> float:
     return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("historygraph_over_budget_total{"))
 
 
+def _rendered(name: str, sid: str, msgs: list, budget: int):  # noqa: ANN202
+    """``name``'s rendering of ``msgs`` at ``budget`` (counted among the gate's histories), checked
+    against every invariant and, but for Full history, B; ``None`` when B cannot hold the protected
+    history (a budget error that must say so: its requirement exceeds B)."""
+    FIGURES["histories"] += 1
+    g = ContextGraph(sid, msgs)
+    try:
+        r = create(name).render(g, budget, SIGNALS)
+    except BudgetTooSmallError as exc:
+        assert exc.required > budget
+        return None
+    check_invariants(r, g, SIGNALS.counter)
+    assert len(g) == len(msgs)  # nothing stored is lost
+    if name != "full":
+        assert _budget_history(r.messages) <= budget
+    return r
+
+
 @st.composite
 def hostile(draw, huge: bool = True):
     """Anthropic Messages turns (and whether thinking is on) with the issue-12 shapes (``huge``:
@@ -137,17 +155,9 @@ LM = {"recap", "recap-line", "recap-paragraph"}  # their attention comes from th
 def test_every_policy_renders_hostile_histories_to_requests_the_providers_accept(name, case, budget):
     turns, think = case
     msgs, pieces = to_canonical("be brief", turns)
-    FIGURES["histories"] += 1
-    g = ContextGraph(f"gate-{FIGURES['histories']}", msgs)
-    try:
-        r = create(name).render(g, budget, SIGNALS)
-    except BudgetTooSmallError as exc:
-        assert exc.required > budget
+    r = _rendered(name, f"gate-{FIGURES['histories'] + 1}", msgs, budget)
+    if r is None:
         return
-    check_invariants(r, g, SIGNALS.counter)
-    assert len(g) == len(msgs)  # nothing stored is lost
-    if name != "full":
-        assert _budget_history(r.messages) <= budget
     assert openai_violation([m.to_openai() for m in r.messages if m.role != "system"]) is None
     wire = from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
     body = {"messages": wire, **({"thinking": {"type": "enabled", "budget_tokens": 1024}} if think else {})}
@@ -636,16 +646,9 @@ def test_malformed_gemini_requests_through_serve_are_googles_400_naming_the_part
 @given(contents=gemini_contents(), budget=st.integers(50, 4000))
 def test_every_policy_renders_gemini_histories_to_requests_the_api_accepts(name, contents, budget):
     msgs, pieces = gem.to_canonical(GEM_SYSTEM, contents)
-    FIGURES["histories"] += 1
-    g = ContextGraph(f"gate-gem-lib-{FIGURES['histories']}", msgs)
-    try:
-        r = create(name).render(g, budget, SIGNALS)
-    except BudgetTooSmallError as exc:
-        assert exc.required > budget
+    r = _rendered(name, f"gate-gem-lib-{FIGURES['histories'] + 1}", msgs, budget)
+    if r is None:
         return
-    check_invariants(r, g, SIGNALS.counter)
-    if name != "full":
-        assert _budget_history(r.messages) <= budget
     wire = gem.from_canonical(r.messages, [pieces[p] if p is not None else None for p in r.positions])
     assert gemini_violation({"contents": wire}) is None, gemini_violation({"contents": wire})
 

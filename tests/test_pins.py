@@ -8,21 +8,12 @@ import pytest
 from historygraph import Session
 from historygraph.history.events import Message, ToolCall
 from historygraph.history.graph import ContextGraph
-from historygraph.policies import Signals, config_fields, create, names
+from historygraph.policies import Signals, create
 from historygraph.render import BudgetTooSmallError, InvariantError, check_invariants
 from historygraph.store import MemoryStore, SQLiteStore
 
-from doubles import ScriptedModel, TableScorer
+from doubles import MODEL_FREE, ScriptedModel, TableScorer
 from test_store import pg_dsn  # noqa: F401 (fixture)
-
-
-def _uses_attention_model(name: str) -> bool:
-    """ReCAP variants whose proxy attention runs the local SmolLM2-135M model (not model-free)."""
-    cfg = config_fields(name)
-    return cfg.get("attention") == "proxy" and cfg.get("use_graph", True)
-
-
-MODEL_FREE = [n for n in names() if not _uses_attention_model(n)]
 
 
 @pytest.fixture(scope="module")

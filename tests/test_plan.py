@@ -11,23 +11,14 @@ import pytest
 
 from historygraph.history.events import Message, ToolCall
 from historygraph.history.graph import ContextGraph
-from historygraph.policies import Signals, config_fields, create, names
+from historygraph.policies import Signals, create
 from historygraph.render import InvariantError, Rendering, check_invariants
 from historygraph.render._facts import stored_facts
 from historygraph.render.invariants import INVARIANTS, check_newest_shown, check_plan_shown
 from historygraph.render.plan import latest_plan
 from historygraph.traces import read_traces
 
-from doubles import ScriptedModel, TableScorer
-
-
-def _uses_attention_model(name: str) -> bool:
-    """ReCAP variants whose proxy attention runs the local SmolLM2-135M model (not model-free)."""
-    cfg = config_fields(name)
-    return cfg.get("attention") == "proxy" and cfg.get("use_graph", True)
-
-
-MODEL_FREE = [n for n in names() if not _uses_attention_model(n)]
+from doubles import MODEL_FREE, ScriptedModel, TableScorer
 
 
 @pytest.fixture(scope="module")
