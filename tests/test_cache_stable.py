@@ -1,6 +1,8 @@
 """Cache-stable rendering (policies/cache_stable.py, issue 37): between re-selections the rendering
 only appends, so the previous request is a byte-identical prefix of the next; every rendering
-holds the invariants; a re-selection renders to the low mark."""
+holds the invariants; a re-selection renders to the low mark. Tests of the re-selection and of
+the copies at the tail turn the young generation off (``young=0``: every call that would pass B
+re-selects); tests/test_generations.py tests minor collections."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def test_appends_between_reselections_and_reselects_to_the_low_mark():
     unchanged; once the history passes B, prune re-selects to 600 tokens; the calls after that
     only append (each request a byte-identical prefix of the next) until B is reached again."""
     sig = Signals()
-    policy = create("prune-stable", low_mark=0.6)
+    policy = create("prune-stable", low_mark=0.6, young=0.0)
     msgs = _steps(12, 30)
     g = ContextGraph("s")
     kinds, prev = [], None
@@ -120,7 +122,7 @@ def test_a_result_the_latest_call_used_is_appended_again_in_full():
     previous request stays a byte-identical prefix, the copy names the result's id, B holds, and
     the result counts as shown complete."""
     sig = Signals()
-    policy = create("prune-stable", low_mark=0.6)
+    policy = create("prune-stable", low_mark=0.6, young=0.0)
     g = ContextGraph("s")
     _, prev = _grow_until_omitted(policy, g, _valued_steps(12, 30), 1000, sig)
     g.extend([Message("assistant", "look again", (ToolCall("u1", "bash", '{"cmd": "grep VAL_0_x f0.py"}'),)),
@@ -167,7 +169,7 @@ def test_the_recalled_copy_is_a_valid_request_in_each_api():
     from historygraph.providers import anthropic, openai_responses
 
     sig = Signals()
-    policy = create("prune-stable", low_mark=0.6)
+    policy = create("prune-stable", low_mark=0.6, young=0.0)
     g = ContextGraph("s")
     _grow_until_omitted(policy, g, _valued_steps(12, 30), 1000, sig)
     g.extend([Message("assistant", "look again", (ToolCall("u1", "bash", '{"cmd": "grep VAL_0_x f0.py"}'),)),
@@ -222,7 +224,7 @@ def test_results_the_wrapped_policy_finds_likely_are_appended_most_probable_firs
     each result with reuse probability >= predicted_tail (0.1), most probable first, while B holds:
     position 5 (0.4) fits, 3 (0.15) would pass B = 1000, 7 (0.05) is below the threshold."""
     sig = Signals()
-    policy = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.1),
+    policy = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.1, young=0.0),
                          base=_Prune({3: 0.15, 5: 0.4, 7: 0.05}))
     g = ContextGraph("s")
     _, prev = _grow_until_omitted(policy, g, _steps(12, 30), 1000, sig)
@@ -236,7 +238,7 @@ def test_results_the_wrapped_policy_finds_likely_are_appended_most_probable_firs
     assert 5 in r.full and 3 not in r.full and 7 not in r.full and r.history_tokens <= 1000
     assert r.reasons[5].startswith("shown again at the end: reuse probability 0.400")
     # the same run with the threshold at 0 (off): no copy
-    off = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.0), base=_Prune({5: 0.4}))
+    off = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.0, young=0.0), base=_Prune({5: 0.4}))
     g2 = ContextGraph("s")
     _grow_until_omitted(off, g2, _steps(12, 30), 1000, sig)
     g2.extend(g.messages[len(g2):])

@@ -1,7 +1,8 @@
 """The proxy renders as stably as the replay (issue 49 item 1): in a 60-call Claude Code-shaped
 session (tests/claude_code_session.py) through ``historygraph serve``'s app, with its defaults
 (``learned`` wrapped cache-stable, calibration and the proxy's breakpoints on) at a budget the
-history passes, each forwarded history starts with the previous one except at a re-selection, and
+history passes, each forwarded history starts with the previous one except at a re-selection or a
+minor collection (which keeps the old generation), and
 two instances on one store serving the session in turn forward what one instance forwards."""
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def serve(store: Path | str, instances: int) -> tuple[list[dict[str, Any]], list
 
 
 def test_a_60_call_claude_code_session_changes_its_forwarded_history_only_at_reselections(tmp_path):
-    seen, _ = serve(tmp_path / "one.sqlite", 1)
+    """Between re-selections each forwarded history starts with the previous one; a minor
+    collection (policies/cache_stable.py, "Generations") rewrites only its young part, so the
+    provider reads most of the request from the cache even there."""
+    seen, usage = serve(tmp_path / "one.sqlite", 1)
     assert len(seen) == CALLS  # every request accepted by the provider's rules
     store = SQLiteStore(tmp_path / "one.sqlite")
     assert store.sessions() == ["cc"]  # the client's moved breakpoints never forked the session
@@ -60,14 +64,20 @@ def test_a_60_call_claude_code_session_changes_its_forwarded_history_only_at_res
     store.close()
     assert len(records) == CALLS
     kinds = [r["cache_stable"] for r in records]
-    assert kinds[0] == "reselected" and set(kinds) == {"reselected", "appended"}
+    assert kinds[0] == "reselected" and set(kinds) == {"reselected", "appended", "collected"}
     history = [[json.dumps(m, sort_keys=True) for m in unmarked(body["messages"])] for body in seen]
     for i in range(1, CALLS):
         if kinds[i] == "appended":
             assert history[i][:len(history[i - 1])] == history[i - 1], f"call {i} appended but rewrote the history"
-    # the history passes B for the first time where the first re-selection shows less than it holds
+    # the history passes B for the first time where the first re-selection or collection shows less than it holds
     first = next(i for i, r in enumerate(records) if r["omitted"] or r["dropped"])
-    assert kinds[first] == "reselected" and 20 <= first <= 35 and all(r["history_tokens"] <= r["budget"] for r in records)
+    assert kinds[first] != "appended" and 20 <= first <= 35 and all(r["history_tokens"] <= r["budget"] for r in records)
+    # after that first one (whose young generation is the whole session), a collection keeps the task
+    # and what precedes its young part: the provider reads at least half of what it read the call before
+    read = [u["cache_read_input_tokens"] for u in usage]
+    collections = [i for i in range(first + 1, CALLS) if kinds[i] == "collected"]
+    assert collections and all(read[i] >= read[i - 1] / 2 and history[i][:2] == history[i - 1][:2] for i in collections), \
+        [(i, read[i - 1], read[i]) for i in collections]
     # then a re-selection renders to 0.75·B and the steps (about 300 to 1,500 tokens) fill the
     # remaining quarter of B (4,000 tokens) in 3 calls at least: at most one re-selection per 3 calls
     # (the 33,000-token read passes B alone: its call re-selects, 3 calls after the one before)

@@ -24,8 +24,8 @@ so repeated calls in one process share their sessions; pass :func:`historygraph.
 persistent one). With ``store`` but no ``session`` the session id is derived from the
 conversation's start as the proxy does. A policy given by name, with or without a store, is
 wrapped for cache-stable rendering as in the proxy (:mod:`historygraph.policies.cache_stable`:
-between re-selections the rendering only appends, so a provider's prompt cache serves the previous
-request; its state is kept in the store for a stored session, so processes sharing the store extend
+between re-selections the rendering only appends, or rewrites only its young part, so a provider's
+prompt cache serves the previous request; its state is kept in the store for a stored session, so processes sharing the store extend
 one rendering, and with the process's recent graphs otherwise); pass an instance
 (``policy=historygraph.create("learned")``) to re-select at every call.
 

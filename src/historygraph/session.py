@@ -11,8 +11,8 @@ Each :meth:`Session.add` appends one event to the session's append-only graph in
 in-memory store unless one is given); :meth:`Session.render` renders the whole graph with a
 registered policy under a history budget (tokens), checks the invariants of docs/architecture.md, invariant §5 and
 returns OpenAI chat messages. The policy is wrapped for cache-stable rendering by default
-(:mod:`historygraph.policies.cache_stable`: between re-selections a rendering only appends, so a
-provider's prompt cache serves the previous request; ``cache_stable=False`` re-selects at every
+(:mod:`historygraph.policies.cache_stable`: between re-selections a rendering only appends, or
+rewrites only its young part, so a provider's prompt cache serves the previous request; ``cache_stable=False`` re-selects at every
 call). The last :class:`~historygraph.render.Rendering` (selected and omitted ids, tokens,
 reasons) is kept in :attr:`Session.rendering`; what every render left out and why is kept in the
 store as the session's omission stream (:meth:`Session.omitted`).

@@ -31,7 +31,10 @@ as Claude Code do): one after the tools and the leading system messages, one on 
 of each request, and one on the opening, the first message after the system messages (the task,
 which every rendering keeps while a re-selection rewrites what follows it: on the 14 mini-swe-agent
 trajectories at B = 6000 it lowers `learned-stable`'s Anthropic-style cost from 1.01 to 0.91 of
-Full history's, docs/evaluator.md): 3 of the at most 4 a request may carry. The proxy puts its own there too
+Full history's, docs/evaluator.md), and, for a cache-stable rendering with a young generation
+(:mod:`historygraph.policies.cache_stable`), one at the end of its old generation and, at a
+collection, one at the end of the new one (``boundaries``). At most 4, as a request may carry,
+kept in that order: the last message's, the system prompt's, the generations', the opening's. The proxy puts its own there too
 (:mod:`historygraph.providers.anthropic_cache`, ``serve --cache-breakpoints``); keep the two rules
 the same. Content blocks are counted per message: its
 text (when not empty) and each tool call. A request of at least ``min_tokens`` reads the longest
@@ -46,6 +49,7 @@ from typing import Sequence
 
 from historygraph.eval.cache import differing_message_tokens, equal_leading
 from historygraph.eval.prices import PriceModel
+from historygraph.providers.anthropic_cache import MAX_BREAKPOINTS
 from historygraph.history.events import Message
 from historygraph.signals.tokens import TokenCounter
 
@@ -147,10 +151,14 @@ class PromptCache:
             ids = self._memo[text] = self.counter.encode(text)
         return ids
 
-    def observe(self, messages: Sequence[Message], prompt_tokens: int, at: float | None = None) -> CacheTokens:
+    def observe(self, messages: Sequence[Message], prompt_tokens: int, at: float | None = None,
+                boundaries: Sequence[int] = ()) -> CacheTokens:
         """Bill one request: ``messages`` of ``prompt_tokens`` tokens (without the tool schemas), made
         at ``at`` seconds since the epoch when known (then entries expire after the model's
-        ``ttl_seconds`` unused, or an hour with ``one_hour``; else after ``ttl_calls`` calls)."""
+        ``ttl_seconds`` unused, or an hour with ``one_hour``; else after ``ttl_calls`` calls).
+        ``boundaries``: the request also carries a breakpoint after its first ``b`` messages for each
+        ``b`` (the end of a cache-stable rendering's old generation,
+        ``Rendering.stats["cache_boundaries"]``; module docstring)."""
         self.now += 1
         self.at = at
         self.entries = [e for e in self.entries if self._alive(e)]
@@ -158,7 +166,7 @@ class PromptCache:
         if self.model.caching == "automatic":
             t = self._automatic(list(messages), size)
         else:
-            t = self._breakpoints(list(messages), size)
+            t = self._breakpoints(list(messages), size, boundaries)
         self.total = self.total + t
         return t
 
@@ -193,9 +201,9 @@ class PromptCache:
         read = round_hit(self.model, best)
         return CacheTokens(read=read, uncached=size - read)
 
-    def _breakpoints(self, messages: list[Message], size: int) -> CacheTokens:
-        """Breakpoints after the tools and system messages, on the opening and on the last message (module
-        docstring); a hit is a live entry that is a whole prefix ending within ``lookback_blocks``
+    def _breakpoints(self, messages: list[Message], size: int, boundaries: Sequence[int] = ()) -> CacheTokens:
+        """Breakpoints on the last message, after the tools and system messages, after the first ``b``
+        messages for each of ``boundaries`` and on the opening, the first 4 of those (module docstring); a hit is a live entry that is a whole prefix ending within ``lookback_blocks``
         blocks before one of them."""
         if size < self.model.min_tokens:
             return CacheTokens(uncached=size)
@@ -207,8 +215,10 @@ class PromptCache:
         while system < len(messages) and messages[system].role == "system":
             system += 1
         points = [len(messages)] + ([system] if cum[system] > 0 and system < len(messages) else [])
+        points += [b for b in boundaries if system + 1 < b < len(messages)]  # a cache-stable rendering's generations
         if system + 1 < len(messages):
             points.append(system + 1)  # the opening: the first message after the system prompt
+        points = list(dict.fromkeys(points))[:MAX_BREAKPOINTS]
         best = None
         for e in self.entries:
             k = len(e.messages)

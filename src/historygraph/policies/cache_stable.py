@@ -1,5 +1,6 @@
 """Cache-stable rendering: between re-selections a rendering only appends, so that the previous
-request is a byte-identical prefix of the next and a provider's prompt cache serves it.
+request is a byte-identical prefix of the next and a provider's prompt cache serves it; before a
+re-selection it collects its young generation, rewriting only what followed the last collection.
 
 Providers bill a repeated prompt prefix at a tenth to a quarter of the input price (OpenAI's
 automatic prompt caching, Anthropic's ``cache_control`` breakpoints, DeepSeek's context caching;
@@ -43,6 +44,25 @@ cache):
   shared traces at B = 6000 (0.1: +2.0 recall points for +0.007 of Full history's OpenAI-style
   cost; 0.05: +3.3 for +0.024); on 90 other mini-swe-agent trajectories, not used to choose,
   +1.3 / +1.1 points at B = 6000 / 3000 (docs/evaluator.md).
+* **Generations: a minor collection before a re-selection** (``young``; our design, after a
+  generational garbage collector): when what arrived would take the history past B, the rendering
+  is split where the last collection or re-selection left it: the messages before that point (the
+  old generation) stay byte for byte, and of those after it (the young generation) complete stored
+  results become placeholders and copies at the tail go, least likely reused per token first by
+  the wrapped policy's reuse probabilities (:data:`YOUNG_COST_EXPONENT`; oldest first without
+  them), until the history is within
+  ``young·B``; then the copies above are appended as after an append, and the point moves to the
+  latest assistant message. Only when that cannot reach ``young·B`` does the wrapped policy
+  re-select (to ``low_mark·B``). The newest results (§5.9), pinned ones and results shorter than
+  their placeholder are never collected.
+  Each request carries the points as ``Rendering.stats["cache_boundaries"]`` (the old generation's
+  end, and at a collection the new one's), where the proxy (:mod:`historygraph.providers.anthropic_cache`)
+  and the replay's Anthropic-style cache (:mod:`historygraph.eval.prompt_cache`) put a breakpoint,
+  so a collection reads the old generation from the cache and rewrites only the young one.
+  Measured on the real Claude Code and Codex sessions (docs/evaluator.md, "Generations"): at an
+  equal bill, +6.0 / +8.8 recall points on Claude Code (the half of the sessions ``young`` = 0.85
+  and the ranking were chosen on / the other half), +0.0 / +2.1 on Codex; on the research traces
+  at B = 6000 and 3000 a point or two of recall for a lower Anthropic-style bill.
 * **Under B nothing changes**: a history that fits in B is rendered by the wrapped policy, which
   returns it unchanged (§5.5), and it is extended as long as it fits.
 
@@ -65,7 +85,7 @@ from historygraph.policies.base import Policy, Signals
 from historygraph.policies.registry import create, register
 from historygraph.history.events import Message
 from historygraph.render import BudgetTooSmallError, Layout, Rendering
-from historygraph.render.markers import RECALLED
+from historygraph.render.markers import RECALLED, placeholder_for
 from historygraph.signals.tokens import TokenCounter
 
 SOURCE = "historygraph: prompt-cache-stable rendering over any policy"
@@ -74,6 +94,12 @@ BUDGET_DRIFT = 0.1
 proxy's calibration moves B by a few tokens at every call; before, each move re-selected: 17-23 of 24
 calls rewritten through the proxy, issue 49); a larger change re-selects at the new B."""
 
+YOUNG_COST_EXPONENT = 1.0
+"""A minor collection takes young results in ascending ``p / t^α`` (p the reuse probability, t the
+tokens its placeholder saves): least likely per token first. α = 1 was chosen among 0 (by
+probability alone), 0.5, 1 and 2 on the half of the real sessions ``young`` was chosen on
+(docs/evaluator.md, "Generations")."""
+
 
 @dataclass(frozen=True)
 class CacheStableConfig:
@@ -81,15 +107,23 @@ class CacheStableConfig:
     call that does not fit, as the wrapped policy alone does); ``recall_tail``: append a complete
     copy of a result the latest tool call used and the rendering does not show; ``predicted_tail``:
     append one of each result the wrapped policy gives at least this reuse probability (0 = off;
-    only a policy with ``reuse_probabilities``, such as ``learned``) (module docstring)."""
+    only a policy with ``reuse_probabilities``, such as ``learned``); ``young``: the share of B a
+    minor collection of the young generation renders to before a re-selection is tried (0 = off:
+    every call that does not fit re-selects). 0.85 was chosen among 0.75, 0.85 and 0.9 on half of
+    the 50 real Claude Code and Codex sessions of the shared set (recall at an equal bill, both
+    agents weighted alike) and reported on the other half (module docstring; docs/evaluator.md,
+    "Generations")."""
 
     low_mark: float = 0.75
     recall_tail: bool = True
     predicted_tail: float = 0.1
+    young: float = 0.85
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_mark <= 1.0:
             raise ValueError(f"cache-stable config: low_mark must be in (0, 1], got {self.low_mark}")
+        if not 0.0 <= self.young <= 1.0:
+            raise ValueError(f"cache-stable config: young must be in [0, 1], got {self.young}")
         if not 0.0 <= self.predicted_tail <= 1.0:
             raise ValueError(f"cache-stable config: predicted_tail must be in [0, 1], got {self.predicted_tail}")
 
@@ -125,13 +159,25 @@ class CacheStable:
         at = state.get("budget")  # B of the last re-selection: a budget that moved by a few tokens (the proxy's
         if at is not None and abs(budget - at) > BUDGET_DRIFT * at:  # calibration) keeps appending while it fits
             prev = None
-        probe = getattr(self.base, "reuse_probabilities", None) if self.config.predicted_tail > 0 else None
-        predict = (lambda positions: probe(graph, positions, signals)) if probe is not None else None
-        r = extend(prev, length, graph, budget, signals.counter, self.name, self.config.recall_tail,
-                   predict, self.config.predicted_tail) if prev is not None else None
+        cfg = self.config
+        probe = getattr(self.base, "reuse_probabilities", None)
+        rank = (lambda positions: probe(graph, positions, signals)) if probe is not None else None
+        predict = rank if cfg.predicted_tail > 0 else None
+        boundary = state.get("boundary", 0)
+        r = extend(prev, length, graph, budget, signals.counter, self.name, cfg.recall_tail,
+                   predict, cfg.predicted_tail) if prev is not None else None
+        marks = [boundary]  # where this request carries a breakpoint at a generation's end (module docstring)
+        if r is None and prev is not None and cfg.young > 0:
+            r = collect_young(prev, length, graph, budget, signals.counter, self.name, boundary, cfg, rank)
+            if r is not None:  # what was young is old now, fixed until a re-selection
+                state["boundary"] = young_start(r, graph)
+                marks.append(state["boundary"])
         if r is None:
             r = self.reselect(graph, budget, signals)
-            state["budget"] = budget
+            state["budget"], state["boundary"] = budget, young_start(r, graph)
+            marks = [state["boundary"]]
+        if r is not prev and cfg.young > 0:
+            r.stats["cache_boundaries"] = [b for b in marks if 0 < b < len(r.messages)]
         changed = r is not prev or state.get("pins") != graph.pins
         state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
         if changed and keep:
@@ -212,6 +258,108 @@ def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, count
         out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in added})
         out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
         out.update({p: f"shown again at the end: reuse probability {q:.3f} ≥ predicted_tail {threshold:g} (cache-stable rendering)"
+                    for p, q in predicted.items()})
+        return out
+    r.defer_reasons(reasons)
+    return r
+
+
+def young_start(r: Rendering, graph: ContextGraph) -> int:
+    """Where the young generation of ``r`` begins after a collection or re-selection: at the latest
+    assistant message (it, its results, the newest, which §5.9 keeps complete, and any copy after
+    them stay young, so that a later minor collection may still replace them); the whole rendering
+    when it does not show that message."""
+    last = next((p for p in range(len(graph) - 1, -1, -1) if graph.messages[p].role == "assistant"), None)
+    return next((i for i in range(len(r.messages) - 1, -1, -1) if r.positions[i] == last), len(r.messages)) \
+        if last is not None else len(r.messages)
+
+
+def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter, name: str,
+                  boundary: int, cfg: CacheStableConfig,
+                  rank: "Callable[[list[int]], Sequence[float]] | None") -> Rendering | None:
+    """A minor collection: ``prev`` with the messages since appended, then, among its messages
+    from index ``boundary`` on (the young generation: what was appended since the last collection
+    or re-selection), complete stored results replaced by their placeholders and copies shown
+    again at the end removed, least likely per token first by ``rank`` (reuse probabilities by
+    position, :data:`YOUNG_COST_EXPONENT`; oldest first without one), until the history is within ``cfg.young``·``budget`` tokens; then
+    the copies of :func:`extend` (``cfg.recall_tail``, ``cfg.predicted_tail``) within ``budget``.
+    The first ``boundary`` messages stay byte for byte, so a cache breakpoint there is read.
+    ``None`` (re-select) when the messages since are not a plain continuation, when the complete
+    history fits in ``budget`` (the wrapped policy returns it unchanged, §5.5), or when even with
+    every young result collected the history stays over ``cfg.young``·``budget``. The newest
+    results (§5.9), pinned ones and results shorter than their placeholder are never collected
+    (module docstring)."""
+    try:
+        if Layout(graph, counter, budget).fits_in_full:
+            return None
+    except BudgetTooSmallError:
+        return None
+    r = extend(prev, length, graph, 10**12, counter, name)
+    if r is None:
+        return None
+    msgs, n = graph.messages, len(graph)
+    last = next((p for p in range(n - 1, -1, -1) if msgs[p].role == "assistant"), None)
+    newest = {graph.result_of[c.id] for c in msgs[last].tool_calls if c.id in graph.result_of} if last is not None else set()
+    keep = newest | graph.pins
+    count = counter.count_message
+    young: list[tuple[int, int, int]] = []  # (index in r.messages, source position, tokens saved)
+    for i in range(boundary, len(r.messages)):
+        m, p = r.messages[i], r.positions[i]
+        if p is not None and m.role == "tool" and m.rendered_as is None and p not in keep:
+            saved = count(m) - count(placeholder_for(m, counter))
+            if saved > 0:  # (a result shorter than its placeholder stays)
+                young.append((i, p, saved))
+        elif p is None and m.rendered_as == "recalled":
+            s = graph.result_of.get(m.content[len("[tool result "):].split(",", 1)[0])
+            if s is not None:
+                young.append((i, s, count(m)))
+    target = int(cfg.young * budget)
+    if not young or r.history_tokens - sum(t for _, _, t in young) > target:
+        return None
+    prob = list(rank([s for _, s, _ in young])) if rank is not None else [0.0] * len(young)
+    order = sorted(range(len(young)), key=lambda k: (prob[k] / young[k][2] ** YOUNG_COST_EXPONENT, young[k][1]))
+    collected: dict[int, int] = {}  # index in r.messages -> source position
+    saved = 0
+    for k in order:
+        if r.history_tokens - saved <= target:
+            break
+        i, s, t = young[k]
+        collected[i] = s
+        saved += t
+    full = list(r.full)
+    placeholders: list[int] = []
+    messages: list[Message] = []
+    positions: list[int | None] = []
+    for i, (m, p) in enumerate(zip(r.messages, r.positions)):
+        if i not in collected:
+            messages.append(m)
+            positions.append(p)
+            continue
+        full.remove(collected[i])  # (a copy's source: its one entry there)
+        if p is not None:
+            messages.append(placeholder_for(m, counter))
+            positions.append(p)
+            placeholders.append(p)
+    r.messages, r.positions, r.full = messages, positions, full
+    r.omitted = sorted(set(r.omitted) | set(placeholders))
+    r.history_tokens -= saved
+    r.input_tokens -= saved
+    r.budget = budget
+    r.stats = {"cache_stable": "collected"}
+    copies = recalled_copies(graph, r, length, budget, counter) if cfg.recall_tail else []
+    predicted: dict[int, float] = {}
+    if rank is not None and cfg.predicted_tail > 0:
+        predicted = predicted_copies(graph, r, length, budget, counter, rank, cfg.predicted_tail)
+    kept = prev.reasons
+    gone = sorted(placeholders)
+
+    def reasons() -> dict[int, str]:
+        out = dict(kept)
+        out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in range(length, len(graph))})
+        out.update({p: "placeholder: collected from the young generation, least reuse probability first (cache-stable rendering)"
+                    for p in gone})
+        out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
+        out.update({p: f"shown again at the end: reuse probability {q:.3f} ≥ predicted_tail {cfg.predicted_tail:g} (cache-stable rendering)"
                     for p, q in predicted.items()})
         return out
     r.defer_reasons(reasons)

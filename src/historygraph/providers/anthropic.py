@@ -260,6 +260,27 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None],
     return out
 
 
+def boundary_block(messages: list[Message], pieces: list[Piece | None], boundary: int) -> tuple[int, int] | None:
+    """Where the last of the first ``boundary`` messages of a rendering lands in
+    :func:`from_canonical`'s ``messages`` list: ``(turn index, content block index)`` (a tool result
+    shares its user turn with the results after it; its own block is given), or ``None`` when
+    ``boundary`` is 0 or those messages make no turn. The proxy puts a cache breakpoint there: the
+    end of a cache-stable rendering's old generation (:mod:`historygraph.policies.cache_stable`,
+    ``Rendering.stats["cache_boundary"]``)."""
+    if boundary <= 0:
+        return None
+    head = from_canonical(messages[:boundary], pieces[:boundary])
+    if not head:
+        return None
+    content = head[-1].get("content")
+    if not isinstance(content, list):
+        return len(head) - 1, 0
+    if messages[boundary - 1].role == "tool":
+        return len(head) - 1, max((j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "tool_result"),
+                                  default=len(content) - 1)
+    return len(head) - 1, len(content) - 1
+
+
 def _keep_breakpoint(cc: dict[str, Any] | None, wire: Any) -> Any:
     """``wire`` with ``cc`` on its last block, unless ``cc`` is ``None`` or it carries one already."""
     return wire if cc is None or cache_control_of(wire) is not None else with_cache_control(wire, cc)

@@ -24,11 +24,15 @@ cost with the cache and the proxy's requests agree):
    appends, reads it; and one on the last block of the opening, the first message, when more
    follow: a re-selection keeps the task and rewrites what comes after it, so the task is read
    from the cache too (on the 14 mini-swe-agent trajectories at B = 6000 the replay's
-   Anthropic-style cost of ``learned-stable`` falls from 1.01 to 0.91 of Full history's). A block that already carries the client's breakpoint gets no second one; a
+   Anthropic-style cost of ``learned-stable`` falls from 1.01 to 0.91 of Full history's); and,
+   for a cache-stable rendering with a young generation, one at the end of its old generation
+   (the block of the last message the previous collection kept fixed), so that a minor
+   collection, which rewrites only what follows it, reads the rest from the cache, and at a
+   collection one at the end of the new old generation, written for the next. A block that already carries the client's breakpoint gets no second one; a
    top-level ``cache_control`` (the client asks for automatic placement on the last block) stands in
    for ours on the last message.
 3. Never more than :data:`MAX_BREAKPOINTS` in all: ours are dropped first (the opening's, then the
-   head's, before the last message's); when the client's own alone are more (a request Anthropic would reject as
+   generations' ends, the latest first, then the head's, before the last message's); when the client's own alone are more (a request Anthropic would reject as
    sent), the earliest of them are removed.
 
 Ours carry ``{"type": "ephemeral"}`` (the 5-minute TTL), or the ``ttl`` of the nearest client
@@ -37,7 +41,7 @@ breakpoint after them, so that TTLs never increase along the request.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 MAX_BREAKPOINTS = 4
 """Blocks with ``cache_control`` one request may carry (Anthropic, "Prompt caching")."""
@@ -129,10 +133,12 @@ def count_breakpoints(body: dict[str, Any]) -> int:
     return len(breakpoints(body)) + isinstance(body.get("cache_control"), dict)
 
 
-def place_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
+def place_breakpoints(body: dict[str, Any], boundaries: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
     """``body`` (a Messages request as it will be forwarded; never changed in place) with the
     proxy's breakpoints added and at most :data:`MAX_BREAKPOINTS` in all (module docstring, rules
-    2 and 3)."""
+    2 and 3). ``boundaries``: ``(turn index, content block index)`` of each end of a cache-stable
+    rendering's generation (:func:`historygraph.providers.anthropic.boundary_block`), each of
+    which gets one too: on that block, or the last block before it in its turn that may carry one."""
     blocks = _blocks(body)
     client = breakpoints(body)
     top = isinstance(body.get("cache_control"), dict)
@@ -142,7 +148,9 @@ def place_breakpoints(body: dict[str, Any]) -> dict[str, Any]:
     opening = next((w for w, b in reversed(blocks) if w[0] == 2 and w[1] == 0 and cacheable(b)), None)
     if opening is not None and (len(body["messages"]) < 2 or body["messages"][0].get("role") == "system"):
         opening = None  # the opening is the last message, or a system turn that is not the task
-    ours = [w for w in (last, head, opening) if w is not None and w not in client and not (w == last and top)]
+    ends = [next((w for w, b in reversed(blocks) if w[0] == 2 and w[1] == turn and w[2] <= block and cacheable(b)), None)
+            for turn, block in boundaries if turn + 1 < len(body.get("messages") or [])]
+    ours = [w for w in (last, head, *ends, opening) if w is not None and w not in client and not (w == last and top)]
     ours = list(dict.fromkeys(ours))
     ours = ours[:max(0, MAX_BREAKPOINTS - len(client) - top)]
     excess = len(client) + top - MAX_BREAKPOINTS

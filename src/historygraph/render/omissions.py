@@ -22,7 +22,9 @@ A record (:func:`omission_record`) is a JSON object:
 * ``over_budget``, ``client_curated`` when the proxy noted them (:data:`NOTES`): the B asked for;
   ``cache_stable`` for a cache-stable rendering (:mod:`historygraph.policies.cache_stable`):
   ``"reselected"`` (the wrapped policy chose anew: the history may differ from the previous one
-  anywhere) or ``"appended"`` (the previous rendering with what arrived since appended after it).
+  anywhere), ``"appended"`` (the previous rendering with what arrived since appended after it) or
+  ``"collected"`` (a minor collection: the previous rendering's old generation as it was, what
+  followed it with some results replaced by placeholders).
 
 Reason codes are those of :data:`REASONS`. They say how the rendering left an item out, which is
 what every policy's rendering shows (the policy's own wording, a score below its cut, is in
@@ -74,7 +76,7 @@ def omission_record(rendering: Rendering, events: int) -> dict[str, Any]:
     for note in NOTES:
         if note in rendering.stats:
             record[note] = rendering.stats[note]
-    if (how := rendering.stats.get("cache_stable")) in ("reselected", "appended"):
+    if (how := rendering.stats.get("cache_stable")) in ("reselected", "appended", "collected"):
         record["cache_stable"] = how
     return record
 

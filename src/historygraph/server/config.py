@@ -93,7 +93,7 @@ class ServerConfig:
             appends, so the provider's prompt cache serves the previous request); on by default,
             ``--no-cache-stable`` re-selects at every request (docs/proxy.md, "Cache-stable rendering").
         cache_breakpoints: add the proxy's Anthropic prompt-cache breakpoints (``cache_control``
-            after the tools and system prompt, on the opening and on the last message, the client's own kept,
+            after the tools and system prompt, on the opening, at each generation's end and on the last message, the client's own kept,
             at most 4 in all: :mod:`historygraph.providers.anthropic_cache`) to every rendered
             ``/v1/messages`` request; on by default: without a breakpoint Anthropic caches nothing,
             and with them a 25-call agent run's uncached input falls to a fraction (docs/proxy.md,

@@ -6,7 +6,8 @@
   describes; a turn rendered unchanged is sent as the client's original JSON. The client's
   ``cache_control`` breakpoints are kept (on a placeholder for a block it replaces) and, with
   ``serve --cache-breakpoints`` (the default), the proxy adds its own after the tools and system
-  prompt, on the opening (the first message) and on the last message, never more than 4 in all
+  prompt, on the opening (the first message), at the end of each generation of a cache-stable
+  rendering and on the last message, never more than 4 in all
   (:mod:`historygraph.providers.anthropic_cache`).
 * ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` (Anthropic's shape), N = the
   proxy's token counter (:class:`~historygraph.signals.tokens.TokenCounter`, the counter that
@@ -63,11 +64,13 @@ async def messages_endpoint(request: Request) -> Response:
 
         sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(
             prepare_converted, proxy, convert, "messages", sid, policy, budget, pins, span)
-        out = anth.from_canonical(rendering.messages, pieces_shown(rendering, pieces), moved_breakpoints(rendering.positions, pieces))
+        shown = pieces_shown(rendering, pieces)
+        out = anth.from_canonical(rendering.messages, shown, moved_breakpoints(rendering.positions, pieces))
         url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
         forwarded = {**body, "messages": out}
         if config.cache_breakpoints:
-            forwarded = place_breakpoints(forwarded)
+            ends = [anth.boundary_block(rendering.messages, shown, b) for b in rendering.stats.get("cache_boundaries", ())]
+            forwarded = place_breakpoints(forwarded, [w for w in ends if w is not None])
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
                                       anth.StreamAccumulator, sent_tokens, policy, rendering, at)
     except ClientError as exc:

@@ -1,0 +1,218 @@
+"""Generational cache-stable rendering (issue 49 item 2): a minor collection replaces only young
+results (appended since the last collection) by placeholders, least probable first, so the old
+generation stays a byte-identical prefix; the simulated Anthropic cache and the proxy put a
+breakpoint at each generation's end, at most 4 in all."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from historygraph import ContextGraph, Message, Signals, ToolCall, check_invariants, create
+from historygraph.eval.prices import load_price_models
+from historygraph.eval.prompt_cache import CacheTokens, PromptCache
+from historygraph.policies import stable_state
+from historygraph.policies.cache_stable import CacheStable, CacheStableConfig
+from historygraph.providers.anthropic import Piece, boundary_block, from_canonical
+from historygraph.providers.anthropic_cache import breakpoints, place_breakpoints
+from historygraph.render.markers import placeholder_for
+from historygraph.traces import read_traces
+
+SIG = Signals()
+C = SIG.counter
+B = 1000
+
+
+def _steps(n: int) -> list[Message]:
+    """A task, then ``n`` steps: an assistant message calling ``cat`` and its result (31 lines)."""
+    msgs = [Message("system", "You are a shell agent."), Message("user", "Find the bug.")]
+    for i in range(n):
+        msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),)))
+        msgs.append(Message("tool", f"def f{i}(x):\n" + "    return x + 1\n" * 30, tool_call_id=f"c{i}"))
+    return msgs
+
+
+class _Ranked:
+    """prune, with fixed reuse probabilities by position (0 for the rest)."""
+
+    name = "prune"
+
+    def __init__(self, prob: dict[int, float]) -> None:
+        self.inner, self.prob = create("prune"), prob
+
+    def render(self, graph, budget, signals):
+        return self.inner.render(graph, budget, signals)
+
+    def reuse_probabilities(self, graph, positions, signals):
+        return [self.prob.get(p, 0.0) for p in positions]
+
+
+def _run(policy, calls: int) -> tuple[list, list[Message]]:
+    msgs = _steps(calls)
+    g = ContextGraph("s", msgs[:2])
+    out = []
+    for i in range(calls):
+        g.extend(msgs[2 + 2 * i: 4 + 2 * i])
+        r = policy.render(g, B, SIG)
+        check_invariants(r, g, C)
+        assert r.history_tokens <= B
+        out.append(r)
+    return out, msgs
+
+
+def test_sizes_the_hand_computations_use():
+    msgs = _steps(2)
+    step = C.count_message(msgs[2]) + C.count_message(msgs[3])
+    saved = C.count_message(msgs[3]) - C.count_message(placeholder_for(msgs[3], C))
+    assert (step, saved) == (234, 190)
+
+
+def test_a_minor_collection_replaces_the_oldest_young_results_until_the_young_share_holds():
+    """prune (no reuse probabilities: oldest first), young = 0.9, B = 1000, steps of 234 tokens of
+    which a placeholder saves 190: the history fits up to 4 steps (936); the fifth (1,170) passes
+    B, and instead of a re-selection the two oldest results become placeholders: one would leave
+    980 > 900, two leave 790. The opening stays as sent (the old generation), and the next calls
+    collect again, each keeping the previous collection's messages byte for byte."""
+    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=create("prune"))
+    rs, msgs = _run(policy, 7)
+    kinds = [r.stats["cache_stable"] for r in rs]
+    assert kinds == ["reselected", "appended", "appended", "appended", "collected", "collected", "collected"]
+    r, prev = rs[4], rs[3]
+    assert prev.history_tokens == 936 and r.history_tokens == 936 + 234 - 2 * 190 == 790
+    assert [p for m, p in zip(r.messages, r.positions) if m.rendered_as == "placeholder"] == [3, 5]
+    assert set(r.full) == {7, 9, 11} and r.messages[:2] == prev.messages[:2]
+    assert r.stats["cache_boundaries"] == [2, 10]  # the old generation read, the new one written (at the latest call)
+    assert r.reasons[3].startswith("placeholder: collected from the young generation")
+    # the next call: the fifth step's result (9, no longer the newest) goes; the first 10 messages stay
+    nxt = rs[5]
+    assert nxt.messages[:10] == r.messages[:10] and nxt.stats["cache_boundaries"] == [10, 12]
+    assert [p for m, p in zip(nxt.messages, nxt.positions) if m.rendered_as == "placeholder"] == [3, 5, 11]
+    assert nxt.history_tokens == 790 + 234 - 190
+
+
+def test_the_least_probable_young_results_go_first():
+    """The same run, with reuse probabilities 3: 0.9, 5: 0.01, 7: 0.5, 9: 0.02: the fifth call
+    collects 5 and then 9 (the two least probable), keeping 3 and 7 complete."""
+    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0.0),
+                         base=_Ranked({3: 0.9, 5: 0.01, 7: 0.5, 9: 0.02}))
+    rs, _ = _run(policy, 5)
+    r = rs[4]
+    assert r.stats["cache_stable"] == "collected" and r.history_tokens == 790
+    assert [p for m, p in zip(r.messages, r.positions) if m.rendered_as == "placeholder"] == [5, 9]
+    assert set(r.full) == {3, 7, 11}
+
+
+def test_without_a_young_share_or_when_it_cannot_hold_it_re_selects():
+    """young = 0 (off) re-selects where the run above collects; young = 0.3 (300 tokens) cannot
+    be reached by collecting the young results alone (the opening and the newest step are 240+),
+    so it re-selects too."""
+    off = CacheStable("p", CacheStableConfig(young=0.0, recall_tail=False, predicted_tail=0), base=create("prune"))
+    assert [r.stats["cache_stable"] for r in _run(off, 5)[0]][4] == "reselected"
+    assert "cache_boundaries" not in _run(off, 5)[0][4].stats
+    small = CacheStable("p", CacheStableConfig(young=0.3, recall_tail=False, predicted_tail=0), base=create("prune"))
+    assert _run(small, 5)[0][4].stats["cache_stable"] == "reselected"
+    with pytest.raises(ValueError, match="young must be in"):
+        CacheStableConfig(young=1.5)
+
+
+def test_the_generation_boundary_survives_the_store(tmp_path):
+    """The state text keeps the boundary; a second policy object reading it (another process)
+    collects exactly as the first would have."""
+    from historygraph.store import open_store
+
+    store = open_store(str(tmp_path / "s.sqlite"))
+    msgs = _steps(6)
+    cfg = CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0)
+    one = CacheStable("prune-stable", cfg, base=create("prune"))
+    store.create_session("s")
+    store.append("s", msgs[:2])
+    for i in range(4):
+        store.append("s", msgs[2 + 2 * i: 4 + 2 * i])
+        one.render(store.graph("s"), B, SIG)
+    text = store.policy_state("s", stable_state.key("prune-stable"))
+    assert json.loads(text)["boundary"] == 2
+    store.append("s", msgs[10:12])
+    two = CacheStable("prune-stable", cfg, base=create("prune"))  # another process: its memo empty
+    g = store.graph("s")
+    state = stable_state.decode(text, g)
+    assert state is not None and state["boundary"] == 2
+    r = two.render(g, B, SIG)
+    assert r.stats["cache_stable"] == "collected" and r.stats["cache_boundaries"] == [2, 10]
+
+
+def _words(n: int) -> str:
+    return "x" + " x" * (n - 1)
+
+
+def test_the_simulated_anthropic_cache_reads_up_to_the_old_generation_at_a_collection():
+    """Messages of 1,000 / 100 / 200 / 300 / 100 / 100 tokens (content + 3). Request 1 is the whole
+    history; request 2 replaced its fifth message's successor (T2) by a shorter form and appended a
+    step. Without a generation breakpoint the only entry request 2 shares is the opening's
+    (1,100 tokens); with one after T1 in request 1, request 2 reads 1,600."""
+    S, U = Message("system", _words(997)), Message("user", _words(97))
+    A1, T1 = Message("assistant", _words(197)), Message("tool", _words(297), tool_call_id="a")
+    A2, T2 = Message("assistant", _words(97)), Message("tool", _words(97), tool_call_id="b")
+    T2p, A3, T3 = Message("tool", _words(7), tool_call_id="b"), Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="c")
+    first, second = [S, U, A1, T1, A2, T2], [S, U, A1, T1, A2, T2p, A3, T3]
+    assert (C.count_messages(first), C.count_messages(second)) == (1800, 1810)
+    model = load_price_models()["anthropic-style"]
+    for marks, read in (((), 1100), ((4,), 1600)):
+        cache = PromptCache(model, C)
+        cache.observe(first, 1800, boundaries=marks)
+        assert cache.observe(second, 1810, boundaries=(4, 6) if marks else ()) == CacheTokens(read=read, write=1810 - read)
+
+
+def test_at_most_four_breakpoints_the_opening_then_the_new_generation_dropped_first():
+    """The simulation's points and the proxy's marks: last, system, old end, new end, opening, cut
+    to 4: the opening goes first; with a client breakpoint on the system prompt, the new end too."""
+    msgs = [Message("user", f"task {i}") if i == 0 else Message("assistant", f"a{i}") for i in range(8)]
+    pieces: list[Piece | None] = [None] * len(msgs)
+    wire = from_canonical(msgs, pieces)
+    ends = [boundary_block(msgs, pieces, 3), boundary_block(msgs, pieces, 5)]
+    assert ends == [(2, 0), (4, 0)]
+    body = {"model": "m", "system": [{"type": "text", "text": "sys"}], "messages": wire}
+    out = breakpoints(place_breakpoints(body, ends))
+    assert out == [(1, 0, 0), (2, 2, 0), (2, 4, 0), (2, 7, 0)]
+    client = {**body, "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}]}
+    assert breakpoints(place_breakpoints(client, ends)) == [(1, 0, 0), (2, 2, 0), (2, 4, 0), (2, 7, 0)]
+    client2 = {**client, "tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral"}}]}
+    assert breakpoints(place_breakpoints(client2, ends)) == [(0, 0, 0), (1, 0, 0), (2, 2, 0), (2, 7, 0)]
+
+
+def test_a_tool_results_generation_end_is_its_own_block_in_the_shared_turn():
+    """Two results of one assistant message travel in one user turn; a generation ending after
+    the first puts the breakpoint on the first tool_result block, not on the turn's last."""
+    msgs = [Message("user", "task"),
+            Message("assistant", "", (ToolCall("a", "bash", "{}"), ToolCall("b", "bash", "{}"))),
+            Message("tool", "one", tool_call_id="a"), Message("tool", "two", tool_call_id="b"),
+            Message("assistant", "done")]
+    pieces: list[Piece | None] = [None] * len(msgs)
+    wire = from_canonical(msgs, pieces)
+    assert [t["role"] for t in wire] == ["user", "assistant", "user", "assistant"]
+    assert boundary_block(msgs, pieces, 3) == (2, 0) and boundary_block(msgs, pieces, 4) == (2, 1)
+    marked = place_breakpoints({"model": "m", "messages": wire}, [(2, 0)])
+    assert (2, 2, 0) in breakpoints(marked) and (2, 2, 1) not in breakpoints(marked)
+
+
+def test_a_real_claude_code_session_collects_young_results_with_every_invariant_holding(sessions_dir):
+    """learned-stable with young = 0.85 on a real Claude Code session at B = 16000: every rendering
+    holds the invariants and B, some calls collect, and each collection starts with the previous
+    request's old generation byte for byte."""
+    path = sorted((sessions_dir / "claude-code").glob("*.jsonl.gz"))[2]
+    trace = next(iter(read_traces(path)))
+    policy = create("learned-stable", young=0.85)
+    g = ContextGraph("s")
+    prev, kinds = None, []
+    for m in trace.messages:
+        if m.role == "assistant" and len(g):
+            r = policy.render(g, 16000, SIG)
+            check_invariants(r, g, C)
+            assert r.history_tokens <= 16000
+            kinds.append(r.stats["cache_stable"])
+            if kinds[-1] == "collected":
+                old = r.stats["cache_boundaries"][0]
+                assert r.messages[:old] == prev.messages[:old]
+            prev = r
+        g.append(m)
+    assert kinds.count("collected") >= 3, kinds
