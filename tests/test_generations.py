@@ -69,12 +69,12 @@ def test_sizes_the_hand_computations_use():
 
 
 def test_a_minor_collection_replaces_the_oldest_young_results_until_the_young_share_holds():
-    """prune (no reuse probabilities: oldest first), young = 0.9, B = 1000, steps of 234 tokens of
+    """prune with every reuse probability 0 (so the oldest first), young = 0.9, B = 1000, steps of 234 tokens of
     which a placeholder saves 190: the history fits up to 4 steps (936); the fifth (1,170) passes
     B, and instead of a re-selection the two oldest results become placeholders: one would leave
     980 > 900, two leave 790. The opening stays as sent (the old generation), and the next calls
     collect again, each keeping the previous collection's messages byte for byte."""
-    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=create("prune"))
+    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=_Ranked({}))
     rs, msgs = _run(policy, 7)
     kinds = [r.stats["cache_stable"] for r in rs]
     assert kinds == ["reselected", "appended", "appended", "appended", "collected", "collected", "collected"]
@@ -104,13 +104,15 @@ def test_the_least_probable_young_results_go_first():
 
 
 def test_without_a_young_share_or_when_it_cannot_hold_it_re_selects():
-    """young = 0 (off) re-selects where the run above collects; young = 0.3 (300 tokens) cannot
-    be reached by collecting the young results alone (the opening and the newest step are 240+),
-    so it re-selects too."""
-    off = CacheStable("p", CacheStableConfig(young=0.0, recall_tail=False, predicted_tail=0), base=create("prune"))
-    assert [r.stats["cache_stable"] for r in _run(off, 5)[0]][4] == "reselected"
-    assert "cache_boundaries" not in _run(off, 5)[0][4].stats
-    small = CacheStable("p", CacheStableConfig(young=0.3, recall_tail=False, predicted_tail=0), base=create("prune"))
+    """young = 0 (off) re-selects where the run above collects, and so does a wrapped policy
+    without reuse probabilities (prune itself); young = 0.3 (300 tokens) cannot be reached by
+    collecting the young results alone (the opening and the newest step are 240+), so it
+    re-selects too."""
+    for off in (CacheStable("p", CacheStableConfig(young=0.0, recall_tail=False, predicted_tail=0), base=_Ranked({})),
+                CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=create("prune"))):
+        r = _run(off, 5)[0][4]
+        assert r.stats["cache_stable"] == "reselected" and "cache_boundaries" not in r.stats
+    small = CacheStable("p", CacheStableConfig(young=0.3, recall_tail=False, predicted_tail=0), base=_Ranked({}))
     assert _run(small, 5)[0][4].stats["cache_stable"] == "reselected"
     with pytest.raises(ValueError, match="young must be in"):
         CacheStableConfig(young=1.5)
@@ -124,7 +126,7 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
     store = open_store(str(tmp_path / "s.sqlite"))
     msgs = _steps(6)
     cfg = CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0)
-    one = CacheStable("prune-stable", cfg, base=create("prune"))
+    one = CacheStable("prune-stable", cfg, base=_Ranked({}))
     store.create_session("s")
     store.append("s", msgs[:2])
     for i in range(4):
@@ -133,7 +135,7 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
     text = store.policy_state("s", stable_state.key("prune-stable"))
     assert json.loads(text)["boundary"] == 2
     store.append("s", msgs[10:12])
-    two = CacheStable("prune-stable", cfg, base=create("prune"))  # another process: its memo empty
+    two = CacheStable("prune-stable", cfg, base=_Ranked({}))  # another process: its memo empty
     g = store.graph("s")
     state = stable_state.decode(text, g)
     assert state is not None and state["boundary"] == 2

@@ -49,13 +49,13 @@ cache):
   is split where the last collection or re-selection left it: the messages before that point (the
   old generation) stay byte for byte, and of those after it (the young generation) complete stored
   results become placeholders and copies at the tail go, least likely reused per token first by
-  the wrapped policy's reuse probabilities (:data:`YOUNG_COST_EXPONENT`; oldest first without
-  them), until the history is within
+  the wrapped policy's reuse probabilities (:data:`YOUNG_COST_EXPONENT`), until the history is within
   ``young·B``; then the copies above are appended as after an append, and the point moves to the
   latest assistant message. Only when that cannot reach ``young·B`` does the wrapped policy
   re-select (to ``low_mark·B``). The newest results (§5.9), pinned ones and results shorter than
   their placeholder are never collected.
-  Each request carries the points as ``Rendering.stats["cache_boundaries"]`` (the old generation's
+  Only a wrapped policy with ``reuse_probabilities`` (``learned``) collects; the others re-select
+  as before. Each request carries the points as ``Rendering.stats["cache_boundaries"]`` (the old generation's
   end, and at a collection the new one's), where the proxy (:mod:`historygraph.providers.anthropic_cache`)
   and the replay's Anthropic-style cache (:mod:`historygraph.eval.prompt_cache`) put a breakpoint,
   so a collection reads the old generation from the cache and rewrites only the young one.
@@ -109,7 +109,7 @@ class CacheStableConfig:
     append one of each result the wrapped policy gives at least this reuse probability (0 = off;
     only a policy with ``reuse_probabilities``, such as ``learned``); ``young``: the share of B a
     minor collection of the young generation renders to before a re-selection is tried (0 = off:
-    every call that does not fit re-selects). 0.85 was chosen among 0.75, 0.85 and 0.9 on half of
+    every call that does not fit re-selects; only a policy with ``reuse_probabilities``). 0.85 was chosen among 0.75, 0.85 and 0.9 on half of
     the 50 real Claude Code and Codex sessions of the shared set (recall at an equal bill, both
     agents weighted alike) and reported on the other half (module docstring; docs/evaluator.md,
     "Generations")."""
@@ -167,7 +167,8 @@ class CacheStable:
         r = extend(prev, length, graph, budget, signals.counter, self.name, cfg.recall_tail,
                    predict, cfg.predicted_tail) if prev is not None else None
         marks = [boundary]  # where this request carries a breakpoint at a generation's end (module docstring)
-        if r is None and prev is not None and cfg.young > 0:
+        generations = cfg.young > 0 and rank is not None
+        if r is None and prev is not None and cfg.young > 0 and rank is not None:
             r = collect_young(prev, length, graph, budget, signals.counter, self.name, boundary, cfg, rank)
             if r is not None:  # what was young is old now, fixed until a re-selection
                 state["boundary"] = young_start(r, graph)
@@ -176,7 +177,7 @@ class CacheStable:
             r = self.reselect(graph, budget, signals)
             state["budget"], state["boundary"] = budget, young_start(r, graph)
             marks = [state["boundary"]]
-        if r is not prev and cfg.young > 0:
+        if r is not prev and generations:
             r.stats["cache_boundaries"] = [b for b in marks if 0 < b < len(r.messages)]
         changed = r is not prev or state.get("pins") != graph.pins
         state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
@@ -276,12 +277,12 @@ def young_start(r: Rendering, graph: ContextGraph) -> int:
 
 def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter, name: str,
                   boundary: int, cfg: CacheStableConfig,
-                  rank: "Callable[[list[int]], Sequence[float]] | None") -> Rendering | None:
+                  rank: "Callable[[list[int]], Sequence[float]]") -> Rendering | None:
     """A minor collection: ``prev`` with the messages since appended, then, among its messages
     from index ``boundary`` on (the young generation: what was appended since the last collection
     or re-selection), complete stored results replaced by their placeholders and copies shown
     again at the end removed, least likely per token first by ``rank`` (reuse probabilities by
-    position, :data:`YOUNG_COST_EXPONENT`; oldest first without one), until the history is within ``cfg.young``·``budget`` tokens; then
+    position, :data:`YOUNG_COST_EXPONENT`; the oldest first among equals), until the history is within ``cfg.young``·``budget`` tokens; then
     the copies of :func:`extend` (``cfg.recall_tail``, ``cfg.predicted_tail``) within ``budget``.
     The first ``boundary`` messages stay byte for byte, so a cache breakpoint there is read.
     ``None`` (re-select) when the messages since are not a plain continuation, when the complete
@@ -316,7 +317,7 @@ def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int
     target = int(cfg.young * budget)
     if not young or r.history_tokens - sum(t for _, _, t in young) > target:
         return None
-    prob = list(rank([s for _, s, _ in young])) if rank is not None else [0.0] * len(young)
+    prob = list(rank([s for _, s, _ in young]))
     order = sorted(range(len(young)), key=lambda k: (prob[k] / young[k][2] ** YOUNG_COST_EXPONENT, young[k][1]))
     collected: dict[int, int] = {}  # index in r.messages -> source position
     saved = 0
@@ -348,7 +349,7 @@ def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int
     r.stats = {"cache_stable": "collected"}
     copies = recalled_copies(graph, r, length, budget, counter) if cfg.recall_tail else []
     predicted: dict[int, float] = {}
-    if rank is not None and cfg.predicted_tail > 0:
+    if cfg.predicted_tail > 0:
         predicted = predicted_copies(graph, r, length, budget, counter, rank, cfg.predicted_tail)
     kept = prev.reasons
     gone = sorted(placeholders)
