@@ -99,6 +99,7 @@ class LearnedConfig:
     reserve_always: bool = True
     recent_steps: int = 0
     recent_calls: int = 0
+    recent_step_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -113,6 +114,10 @@ class LearnedConfig:
             raise ValueError(f"learned config: cost_exponent must be in [0, 1], got {self.cost_exponent}")
         if not (isinstance(self.swap_pairs, int) and self.swap_pairs >= 0):
             raise ValueError(f"learned config: swap_pairs must be a whole number ≥ 0, got {self.swap_pairs}")
+        if not (isinstance(self.recent_calls, int) and self.recent_calls >= 0):
+            raise ValueError(f"learned config: recent_calls must be a whole number ≥ 0, got {self.recent_calls}")
+        if not 0.0 <= self.recent_step_share <= 1.0:
+            raise ValueError(f"learned config: recent_step_share must be in [0, 1], got {self.recent_step_share}")
         if not 0.0 <= self.result_reserve < 1.0:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
@@ -342,7 +347,9 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
             continue  # a newest result is shown whatever the selection (invariant §5.9): never exchanged
         u = unit_of[p]
         room = lay.delta[p]  # what removing s frees: what s costs on top of the rest
-        again = u in lay.dropped_units and shown_in[u] == 1  # removing s drops its step again
+        room += sel.stub_savings.get(p, 0)  # (a result of a newest step goes back to its short placeholder)
+        # removing s drops its step again (not one of the newest steps: revive_recent keeps them)
+        again = u in lay.dropped_units and shown_in[u] == 1 and u not in sel.recent
         if again:
             room += lay.revival_cost(u) - (sel.runs.add_delta(u) if lay.runs.run_of(u) is not None else 0)
         if _best_gain(s, value, spare, low, room, pairs) <= 0.0:
@@ -351,6 +358,7 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
             costs = here = sel.candidate_costs() if here is None else here
         else:
             state = lay.selection()
+            state.adopt_recent(sel)
             state.revived = sel.revived - {u}
             costs = state.candidate_costs()
         fit = spare[costs[spare] <= room]
@@ -364,7 +372,8 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
             if gain <= (best[0] if best else 0.0):
                 break
             trial = lay.selection()  # the rest as it stands, then the exchange taken on top of it
-            trial.revived = sel.revived - {u} if shown_in[u] == 1 else set(sel.revived)
+            trial.adopt_recent(sel)
+            trial.revived = sel.revived - {u} if shown_in[u] == 1 and u not in sel.recent else set(sel.revived)
             trial.used, trial.shown = used - room, {q: f for q, f in sel.shown.items() if q != p}
             for i in add:
                 trial.take(cands[i])
@@ -403,6 +412,14 @@ def reserve_layout(layout: Layout, cfg: LearnedConfig) -> Layout | None:
                   excerpt_focus=cfg.excerpt_focus, drop_all=True, recent_steps=cfg.recent_steps)
 
 
+def recent_limit(layout: Layout, cfg: LearnedConfig) -> int | None:
+    """The most tokens one of the ``recent_calls`` newest steps may add in its compact form
+    (``recent_step_share`` of B; ``None``: no limit)."""
+    if layout.budget is None or cfg.recent_step_share >= 1.0:
+        return None
+    return int(cfg.recent_step_share * layout.budget)
+
+
 def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
                    alt: Layout | None = None) -> tuple[Layout, np.ndarray, Selection, list[int]]:
     """The knapsack and the exchange on ``layout`` (``prob``: reuse probabilities in candidate
@@ -412,12 +429,12 @@ def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
     cross-validation benchmark, so both score the same rule."""
     value = reuse_values(layout, prob, cfg)
     sel = layout.selection()
-    sel.revive_recent(cfg.recent_calls)
+    sel.revive_recent(cfg.recent_calls, recent_limit(layout, cfg))
     taken = swap_pass(sel, knapsack_select(layout.candidates, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
     if alt is not None and alt.candidates == layout.candidates:
         alt_value = reuse_values(alt, prob, cfg)
         alt_sel = alt.selection()
-        alt_sel.revive_recent(cfg.recent_calls)
+        alt_sel.revive_recent(cfg.recent_calls, recent_limit(alt, cfg))
         alt_taken = swap_pass(alt_sel, knapsack_select(alt.candidates, alt_value, alt_sel, cfg.cost_exponent),
                               alt_value, cfg.swap_pairs)
         if _worth(alt_taken, alt.candidates, alt_value) > _worth(taken, layout.candidates, value):
@@ -436,7 +453,7 @@ def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     lay = sel.layout
     u = lay.unit_of[p]
     if u not in lay.dropped_units or u in revived:
-        return lay.delta[p]
+        return lay.delta[p] + sel.stub_savings.get(p, 0)
     return lay.delta[p] + lay.revival_cost(u) + (lay.runs.remove_delta(u) if u in lay.runs.start else 0)
 
 
