@@ -78,14 +78,27 @@ class LearnedConfig:
     invariant §5.10; 0: only the latest). Not yet the default: on the 14 mini-swe-agent traces at B = 6000,
     5 lifts the median of the newest five shown from 2 to 5 but costs `learned` 3.5 points of recall
     (86.1 → 82.6) and `learned-stable`, whose inner `learned` keeps the default, 5.9 (79.8 → 73.9)
-    (docs/evaluator.md, "What is measured"). ``recent_calls``: the dropped steps of this many newest
-    assistant messages come back before the selection, as a step brought back for a result does
-    (calls kept, text in brief view with ``brief_revivals``, results as placeholders), while B holds
-    (:meth:`~historygraph.render.Selection.revive_recent`). Not the default either: 5 lifts the median
-    of the newest five shown with their calls at B = 6000 from 3 to 5 (worst call 1 → 4) but costs
-    `learned` 2.4 points (86.1 → 83.7) and 8.4 at B = 3000 (66.5 → 58.1), `learned-stable` 5.9
-    (79.8 → 73.9) and 8.7 (55.5 → 46.8): each step brought back also brings its results'
-    placeholders and splits the dropped-step markers, about 100 tokens a step."""
+    (docs/evaluator.md, "What is measured"). ``recent_calls``: the steps of this many newest assistant
+    messages are shown with their tool calls at every call, in a compact form, before the selection
+    (:meth:`~historygraph.render.Selection.revive_recent`): a dropped step comes back with its text
+    in a short brief view, and the results of these steps that are not selected get a short
+    placeholder naming the id (:data:`~historygraph.render.markers.STUB`, about 25 tokens instead of
+    46); ``recent_step_share``: a step whose compact form would add more than this share of B
+    (a long file written through a heredoc) stays in its dropped-step marker (1: no limit). The
+    defaults, 5 and 0.1: on the 14 mini-swe-agent traces, 5 newest with no limit are shown at every
+    call at B = 6000 but cost `learned` 3.3 points of recall (86.1 → 82.8) and 9.5 at 3000
+    (66.5 → 57.0), `learned-stable` 7.1 and 8.3: the calls themselves are the cost, and a few
+    steps that write whole files most of it (a step brought back adds a median of 74 tokens, a
+    mean of 210 at 6000; its placeholder was 46 of them before the short one). With 0.1 `learned` keeps 84.7 at 6000 (−1.5) and 62.4 at 3000 (−4.1),
+    `learned-stable` 77.2 (−2.5) and 54.3 (−1.3), and shows all five newest with their calls
+    at 79 % of the calls at 6000 (mean 4.73 of 5; 21 % before) and 57 % at 3000 (8 %); on 30 of the
+    training trajectories, −1.3 / −2.8 (`learned`) and −1.0 / −3.8 (`learned-stable`) at 6000 /
+    3000, 65 % and 41 % of calls with all five. 0.1 was chosen on the 14 at 6000 among 0.05, 0.1,
+    0.125, 0.15 and 1: the largest within 2 points with half a point to spare (0.125: −1.96); the 30
+    confirm it (docs/learned.md, "The newest steps in view"). A step over the limit (a file written
+    whole) is not shown: the item's "at every call" is not met. Before the compact form (each
+    result a full placeholder, the exchange free to drop such a step again), 5 cost 2.4 and 8.4
+    points, with a worst call of 4 of 5 at 6000."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -98,8 +111,8 @@ class LearnedConfig:
     swap_pairs: int = 3
     reserve_always: bool = True
     recent_steps: int = 0
-    recent_calls: int = 0
-    recent_step_share: float = 1.0
+    recent_calls: int = 5
+    recent_step_share: float = 0.1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
