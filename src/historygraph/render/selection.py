@@ -4,6 +4,7 @@ assembled history)."""
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -215,8 +216,12 @@ class Selection:
         stubs: dict[int, Message] = {}
         savings: dict[int, int] = {}
         memo: dict[tuple[int, str], tuple[Message, int]] = lay.graph.memo(_STUBS, dict)
+        cands = lay.candidates
         for q in unit.positions:
             if msgs[q].role != "tool" or q in self.shown or q not in lay.placeholder:
+                continue
+            i = bisect.bisect_left(cands, q)
+            if i == len(cands) or cands[i] != q:  # (not one the selection may show: its placeholder stays)
                 continue
             key = (q, lay.counter.encoding_name)
             hit = memo.get(key)
