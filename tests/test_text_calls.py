@@ -98,8 +98,12 @@ def test_a_smolagents_run_is_one_session_rendered_under_b_in_smolagents_own_mess
         assert counter.count_messages([Message.from_openai(m) for m in msgs[2:]]) <= 3000, n
     client_history = counter.count_messages([Message.from_openai(m) for m in sent[-1]["messages"][2:]])
     assert client_history > 3 * 3000  # what smolagents sent: its whole history, B would have been ignored
-    # the oldest steps are left out behind a marker naming them (a user message, as smolagents' own)
-    assert [m["content"][:23] for m in forwarded[-1]["messages"] if isinstance(m["content"], str)] == ["[omitted: messages #2–#"]
+    # the oldest steps are left out behind a marker naming them (a user message, as smolagents' own);
+    # the 5 newest steps (calls 19–23) are shown, those of their outputs not selected as the short
+    # placeholder naming the call (learned's recent_calls)
+    texts = [m["content"] for m in forwarded[-1]["messages"] if isinstance(m["content"], str)]
+    assert texts[0] == "[omitted: messages #2–#37, tool calls: 18; stored in full, restore by message number]"
+    assert texts[1:] and all(t in [f"[tool result call_{k} omitted; restore by id]" for k in range(19, 24)] for t in texts[1:])
 
 
 def test_an_echo_is_read_as_its_call_and_the_output_as_its_result():
