@@ -574,12 +574,18 @@ def test_learned_renders_with_a_tree_model_and_keeps_the_invariants(tmp_path):
     msgs.append(Message("assistant", "next", (bash("c9", "ls"),)))
     g = ContextGraph("l", msgs)
     sig = Signals()
-    r = create("learned", model=str(tmp_path / "t.json"), reserve_always=False).render(g, 2000, sig)
+    r = create("learned", model=str(tmp_path / "t.json"), reserve_always=False, recent_calls=0).render(g, 2000, sig)
     check_invariants(r, g, sig.counter)
     # with every step kept (they fit), two of the three results at most 3 turns old fit (ties go to
     # the older), none of the older three
     assert sorted(r.full) == [8, 10]
-    r = create("learned", model=str(tmp_path / "t.json")).render(g, 2000, sig)
+    # with recent_calls=5 the newest steps show their unselected results as short placeholders:
+    # c2's (the fourth newest step's) frees the room the third needs
+    r = create("learned", model=str(tmp_path / "t.json"), reserve_always=False, recent_calls=5).render(g, 2000, sig)
+    check_invariants(r, g, sig.counter)
+    assert sorted(r.full) == [8, 10, 12]
+    assert [p for m, p in zip(r.messages, r.positions) if m.content.endswith("omitted; restore by id]")] == [6]
+    r = create("learned", model=str(tmp_path / "t.json"), recent_calls=0).render(g, 2000, sig)
     check_invariants(r, g, sig.counter)
     # reserve_always: with the steps dropped to the reserve all three fit (worth 3 × 0.6 > 2 × 0.6);
     # the older three steps stand under one marker

@@ -44,15 +44,16 @@ def test_full_history_shows_every_recent_step_in_a_replay() -> None:
 
 
 def test_learned_with_recent_steps_keeps_the_newest_steps_whole(traces_dir) -> None:
-    """The issue's trajectory (django__django-11964, 103 calls, B = 6000): by default ``learned`` shows
-    a median of 2 of its 5 newest assistant messages; with ``recent_steps=5`` all 5 at every call,
-    for 9 of 173 reuse events (141 → 132 shown)."""
+    """The issue's trajectory (django__django-11964, 103 calls, B = 6000): without ``recent_calls``
+    (the compact newest steps, tests/test_recent_calls.py; 0 by default) ``learned`` shows a median of 2
+    of its 5 newest assistant messages whole; with ``recent_steps=5`` all 5 at every call, for 9 of
+    173 reuse events (141 → 132 shown)."""
     from historygraph.traces import read_traces
 
     (t,) = read_traces(traces_dir / "mini-swe-agent-deepseek" / "django__django-11964.traj.json")
     got = {}
     for n in (0, 5):
-        res = replay_trace(t, {"r": create("learned", replay=True, recent_steps=n)}, 6000, Signals())
+        res = replay_trace(t, {"r": create("learned", replay=True, recent_steps=n, recent_calls=0)}, 6000, Signals())
         got[n] = (res.stats["r"].recent.columns(), res.stats["r"].hits)
         assert not res.stats["r"].violations
     assert (got[0][0]["recent5_median"], got[5][0]["recent5_median"], got[5][0]["recent5_min"]) == (2, 5, 5)

@@ -100,7 +100,11 @@ class Assembly(StepPricing):
         msgs = self.graph.messages
         dropped_at, dropped = self._left_out_entries(selection)
         briefs = {self.units[u].positions[0]: b for u in selection.revived if u in self.dropped_units
-                  if (b := self.brief(u)[1]) is not None}
+                  if u not in selection.recent if (b := self.brief(u)[1]) is not None}
+        for u, b in selection.recent_briefs.items():  # the newest steps' short brief views (Selection.revive_recent)
+            if u in selection.revived:
+                briefs[self.units[u].positions[0]] = b
+        stubs = selection.stubs
         marks: list[tuple[int, str]] = []  # (result, reason) of placeholders and excerpts, in render order
         placeholders: list[int] = []  # the results rendered as their placeholder
         out: list[Message] = []
@@ -139,7 +143,9 @@ class Assembly(StepPricing):
             if not dropped_at[k]:
                 if m.role == "tool":
                     ph = placeholder.get(p, m)
-                    r = shown.get(p, ph)
+                    r = shown.get(p)
+                    if r is None:
+                        r = stubs.get(p, ph) if stubs else ph
                     if r is m:
                         full.append(p)
                         n = tokens[p]
@@ -247,6 +253,7 @@ class Assembly(StepPricing):
         superseded results)."""
         base, pending = dict(self._reasons), list(self._pending)
         revived, superseded = set(selection.revived), dict(self.graph.superseded)
+        recent = set(selection.recent)
         msgs, units, dropped_units, left_out, outside = self.graph.messages, self.units, self.dropped_units, \
             self.left_out, self.outside
 
@@ -261,8 +268,10 @@ class Assembly(StepPricing):
                 for p in units[u].positions:
                     if u in revived:
                         if msgs[p].role != "tool":
+                            because = ("it is one of the newest assistant messages (the agent sees what it just did)"
+                                       if u in recent else "a result of its step is shown")
                             reasons.setdefault(p, f"kept{' in brief (its text left out)' if p in briefs else ''}: brought "
-                                                  f"back because a result of its step is shown (the step was first dropped as {why})")
+                                                  f"back because {because} (the step was first dropped as {why})")
                     elif p not in reasons:
                         reasons[p] = f"dropped: {why}"
                     elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect

@@ -238,10 +238,11 @@ def _is_compressed_view(m: Message, orig: Message) -> bool:
 
 def _is_brief_view(m: Message, orig: Message, position: int) -> bool:
     """An assistant message shown with its tool calls and provider blocks unchanged and its text
-    replaced by a :data:`BRIEF` marker naming its message number (``rendered_as="brief"``)."""
+    replaced by a :data:`BRIEF` marker naming its message number (``rendered_as="brief"``; or the
+    shorter :data:`~historygraph.render.markers.RECENT_BRIEF`, which starts the same)."""
     return (m.role == orig.role == "assistant" and m.rendered_as == "brief" and bool(orig.tool_calls)
             and m.tool_calls == orig.tool_calls and m.provider_blocks == orig.provider_blocks
-            and m.content.startswith(BRIEF.split("{tokens}", 1)[0])
+            and m.content.startswith(BRIEF.split(" ({tokens}", 1)[0])
             and m.content.endswith(f"#{position}]"))
 
 

@@ -29,6 +29,13 @@ SEGMENT_JOIN = "\n[...]\n"  # between the shown pieces of a segmented assistant 
 #: The text of an assistant message shown in brief view (its tool calls kept): what was left out and
 #: where it is stored (its message number, as in :data:`DROPPED_MARK`).
 BRIEF = "[text omitted ({tokens} tokens); stored in full, restore by message number #{position}]"
+#: The brief view of one of the newest assistant messages brought back for what it did
+#: (:meth:`~historygraph.render.Selection.revive_recent`): shorter, as the marker of a step the agent
+#: has just taken needs no size; it starts as :data:`BRIEF` does and names the message number.
+RECENT_BRIEF = "[text omitted; restore by message number #{position}]"
+#: The short placeholder of a result of such a step (its call shown, its result not): the id to
+#: restore it by, as :data:`PLACEHOLDER` names it, without the size and wording (about half its tokens).
+STUB = "[tool result {id} omitted; restore by id]"
 #: The dropped-step marker (docs/architecture.md, invariant §5.6): one per run of consecutive steps left out, where they
 #: were, charged to B. It names the stored message numbers (positions in the session, ids the recall tool,
 #: ``historygraph show --message`` and the session API take), the number of tool calls they hold and how
@@ -56,6 +63,11 @@ def placeholder_for(message: Message, counter: TokenCounter) -> Message:
     size = f"{n + counter.count_media(message.media)} tokens, with {describe(message.media)}" if message.media else f"{n} tokens"
     text = PLACEHOLDER.format(id=message.tool_call_id, size=size)
     return message.with_content(text, "placeholder")
+
+
+def stub_for(message: Message) -> Message:
+    """The short placeholder (:data:`STUB`) of tool result ``message``, marked ``placeholder``."""
+    return message.with_content(STUB.format(id=message.tool_call_id), "placeholder")
 
 
 def dropped_marker(graph: ContextGraph, steps: Sequence[Sequence[int]]) -> Message:
@@ -422,6 +434,7 @@ def _make_excerpt(message: Message, max_tokens: int, counter: TokenCounter) -> M
 
 
 _BRIEFS = "render.brief_views"  # graph.memo key: {(position, encoding): (tokens saved, brief message)}
+_RECENT_BRIEFS = "render.recent_brief_views"  # the same for recent_brief_view
 
 
 def brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
@@ -435,5 +448,19 @@ def brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[in
     key = (pos, counter.encoding_name)
     if key not in memo:
         b = m.with_content(BRIEF.format(tokens=counter.count(m.content), position=pos), "brief")
+        memo[key] = (counter.count_message(m) - counter.count_message(b), b)
+    return memo[key]
+
+
+def recent_brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
+    """:func:`brief_view` with :data:`RECENT_BRIEF`: ``(tokens saved, brief message)`` of the stored
+    message at ``pos``, or ``None`` where it has none (as :func:`brief_view`)."""
+    m = graph.messages[pos]
+    if not (m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content):
+        return None
+    memo: dict[tuple[int, str], tuple[int, Message]] = graph.memo(_RECENT_BRIEFS, dict)
+    key = (pos, counter.encoding_name)
+    if key not in memo:
+        b = m.with_content(RECENT_BRIEF.format(position=pos), "brief")
         memo[key] = (counter.count_message(m) - counter.count_message(b), b)
     return memo[key]

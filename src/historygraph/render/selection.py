@@ -4,15 +4,20 @@ assembled history)."""
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from historygraph.history.events import Message
 from historygraph.render._units import BULK_AFTER
+from historygraph.render.markers import recent_brief_view, stub_for
 
 if TYPE_CHECKING:
     from historygraph.render.layout import Layout
+
+_STUBS = "render.stubs"  # graph.memo key: {(position, encoding): (short placeholder, its tokens)}
+
 
 class Selection:
     """Running budget state of one greedy pass: tokens used and the dropped steps revived so far.
@@ -30,6 +35,14 @@ class Selection:
         self.used = layout.base_tokens
         self.revived = set()
         self.shown: dict[int, Message] = dict(layout.required)  # the newest results (§5.9), charged in the base
+        # the compact form of the newest steps (revive_recent): their units, their results' short
+        # placeholders (rendered while the result is not shown) with the tokens each saves over the
+        # placeholder (added to the result's cost: showing it replaces the shorter stand-in), and their
+        # assistant messages' short brief views, by unit
+        self.recent: set[int] = set()
+        self.stubs: dict[int, Message] = {}
+        self.stub_savings: dict[int, int] = {}
+        self.recent_briefs: dict[int, Message] = {}
 
     @property
     def revived(self) -> set[int]:
@@ -81,6 +94,8 @@ class Selection:
             delta = lay.delta[p] if index is None else lay.candidate_delta(index)
         else:
             delta = lay.counter.count_message(form) - lay.placeholder_tokens[p]
+        if self.stub_savings:
+            delta += self.stub_savings.get(p, 0)
         return delta + extra
 
     def lower_costs(self) -> np.ndarray:
@@ -106,7 +121,11 @@ class Selection:
         return self._required_free(delta + extra[unit])
 
     def _required_free(self, costs: np.ndarray) -> np.ndarray:
-        """``costs`` (per candidate) with the newest results' set to 0: shown already (§5.9)."""
+        """``costs`` (per candidate) with the newest results' set to 0: shown already (§5.9), and a
+        stubbed result's (:meth:`revive_recent`) raised by what its stub saves."""
+        if self.stub_savings:
+            for p, saved in self.stub_savings.items():
+                costs[self.layout._index(p)] += saved
         if len(self.layout.required_index):
             costs[self.layout.required_index] = 0
         return costs
@@ -163,29 +182,89 @@ class Selection:
         revived.add(u)
         return cost
 
-    def revive_recent(self, n: int) -> int:
-        """Bring back the dropped steps of the ``n`` newest assistant messages (newest first, the
-        latest one included, which is never dropped), each as :meth:`revive` shows it: its tool
-        calls, its text in brief view when the layout has ``brief_revivals``, its results as
-        placeholders; stops at the first that would take the history over B. So the agent sees
-        what it just did (docs/architecture.md, invariant 10) for little more than its calls' tokens.
-        Returns how many of the ``n`` are shown."""
+    def revive_recent(self, n: int, limit: int | None = None) -> int:
+        """Show the ``n`` newest assistant messages (newest first, the latest one included, which is
+        never dropped) with their tool calls, in a compact form: a dropped step comes back with its
+        text in a short brief view (:data:`~historygraph.render.markers.RECENT_BRIEF`, when the layout
+        has ``brief_revivals`` and it saves tokens), and the results of each of these steps that are
+        not shown get a short placeholder (:data:`~historygraph.render.markers.STUB`, naming the id)
+        instead of the full one. A step whose compact form would take the history over B, or add
+        more than ``limit`` tokens, stays in its dropped-step marker (the older ones are still
+        tried). So the agent sees what it just did (docs/architecture.md, invariant 10) for little
+        more than its calls' tokens. Showing a stubbed result later costs what its stub saved too
+        (:attr:`stub_savings`). Call it before any result is taken. Returns how many of the ``n``
+        are shown with their calls."""
         lay = self.layout
         msgs = lay.graph.messages
-        shown = 0
+        seen = shown = 0
         p = len(msgs) - 1
-        while p >= 0 and shown < n:
+        while p >= 0 and seen < n:
             if msgs[p].role == "assistant":
+                seen += 1
                 u = lay.unit_at(p)
-                if u is not None and u in lay.dropped_units and u not in self._revived:
-                    used, revived = self.used, set(self._revived)
-                    self.revive(u)
-                    if lay.budget is not None and self.used > lay.budget:
-                        self.revived, self.used = revived, used  # (the setter rebuilds the marker runs)
-                        break
-                shown += 1
+                if u is None or u in self.recent or self._revive_compact(u, limit):
+                    shown += 1
             p -= 1
         return shown
+
+    def _revive_compact(self, u: int, limit: int | None) -> bool:
+        """Unit ``u`` in the compact form of :meth:`revive_recent` (brought back first when dropped);
+        False, changing nothing, when that would take the history over B or add over ``limit`` tokens."""
+        lay = self.layout
+        unit = lay.units[u]
+        msgs = lay.graph.messages
+        stubs: dict[int, Message] = {}
+        savings: dict[int, int] = {}
+        memo: dict[tuple[int, str], tuple[Message, int]] = lay.graph.memo(_STUBS, dict)
+        cands = lay.candidates
+        for q in unit.positions:
+            if msgs[q].role != "tool" or q in self.shown or q not in lay.placeholder:
+                continue
+            i = bisect.bisect_left(cands, q)
+            if i == len(cands) or cands[i] != q:  # (not one the selection may show: its placeholder stays)
+                continue
+            key = (q, lay.counter.encoding_name)
+            hit = memo.get(key)
+            if hit is None:
+                stub = stub_for(msgs[q])
+                hit = memo[key] = (stub, lay.counter.count_message(stub))
+            saved = lay.placeholder_tokens[q] - hit[1]
+            if saved > 0:
+                stubs[q], savings[q] = hit[0], saved
+        cost = -sum(savings.values())
+        brief = None
+        revives = u in lay.dropped_units and u not in self._revived
+        if revives:
+            cost += unit.cost
+            view = recent_brief_view(lay.graph, lay.counter, unit.positions[0]) if lay.brief_revivals else None
+            if view is not None and view[0] > 0:
+                cost -= view[0]
+                brief = view[1]
+            in_run = self.runs.run_of(u) is not None
+            if in_run:
+                cost += self.runs.remove_delta(u)
+        if (lay.budget is not None and self.used + cost > lay.budget) or (limit is not None and cost > limit):
+            return False
+        if revives:
+            if in_run:
+                self.runs.remove(u)
+            self._revived.add(u)
+            if brief is not None:
+                self.recent_briefs[u] = brief
+        self.used += cost
+        self.recent.add(u)
+        self.stubs.update(stubs)
+        self.stub_savings.update(savings)
+        self._table, self._asked = None, 0
+        return True
+
+    def adopt_recent(self, other: Selection) -> None:
+        """Take ``other``'s compact newest steps (:meth:`revive_recent`: units, stubs, short brief
+        views; shared, they do not change after it), for a selection rebuilt from ``other``'s state
+        (the exchange of :func:`~historygraph.policies.learned.policy.swap_pass`)."""
+        self.recent, self.stubs, self.stub_savings, self.recent_briefs = \
+            other.recent, other.stubs, other.stub_savings, other.recent_briefs
+        self._table, self._asked = None, 0
 
     def take(self, p: int, form: Message | None = None, cost: int | None = None, *,
              index: int | None = None, unit: int | None = None) -> None:

@@ -78,14 +78,27 @@ class LearnedConfig:
     invariant §5.10; 0: only the latest). Not yet the default: on the 14 mini-swe-agent traces at B = 6000,
     5 lifts the median of the newest five shown from 2 to 5 but costs `learned` 3.5 points of recall
     (86.1 → 82.6) and `learned-stable`, whose inner `learned` keeps the default, 5.9 (79.8 → 73.9)
-    (docs/evaluator.md, "What is measured"). ``recent_calls``: the dropped steps of this many newest
-    assistant messages come back before the selection, as a step brought back for a result does
-    (calls kept, text in brief view with ``brief_revivals``, results as placeholders), while B holds
-    (:meth:`~historygraph.render.Selection.revive_recent`). Not the default either: 5 lifts the median
-    of the newest five shown with their calls at B = 6000 from 3 to 5 (worst call 1 → 4) but costs
-    `learned` 2.4 points (86.1 → 83.7) and 8.4 at B = 3000 (66.5 → 58.1), `learned-stable` 5.9
-    (79.8 → 73.9) and 8.7 (55.5 → 46.8): each step brought back also brings its results'
-    placeholders and splits the dropped-step markers, about 100 tokens a step."""
+    (docs/evaluator.md, "What is measured"). ``recent_calls``: the steps of this many newest assistant
+    messages are shown with their tool calls at every call, in a compact form, before the selection
+    (:meth:`~historygraph.render.Selection.revive_recent`): a dropped step comes back with its text
+    in a short brief view, and the results of these steps that are not selected get a short
+    placeholder naming the id (:data:`~historygraph.render.markers.STUB`, about 25 tokens instead of
+    46); ``recent_step_share``: a step whose compact form would add more than this share of B
+    (a long file written through a heredoc) stays in its dropped-step marker (1: no limit). Not
+    the default (``recent_calls`` 0; 0.1 is the share measured for 5): on the 14 mini-swe-agent traces, 5 newest with no limit are shown at every
+    call at B = 6000 but cost `learned` 3.3 points of recall (86.1 → 82.8) and 9.5 at 3000
+    (66.5 → 57.0), `learned-stable` 7.1 and 8.3: the calls themselves are the cost, and a few
+    steps that write whole files most of it (a step brought back adds a median of 74 tokens, a
+    mean of 210 at 6000; its placeholder was 46 of them before the short one). With 0.1 `learned` keeps 84.7 at 6000 (−1.5) and 62.4 at 3000 (−4.1),
+    `learned-stable` 77.2 (−2.5) and 54.3 (−1.3), and shows all five newest with their calls
+    at 79 % of the calls at 6000 (mean 4.73 of 5; 21 % before) and 57 % at 3000 (8 %); on 30 of the
+    training trajectories, −1.3 / −2.8 (`learned`) and −1.0 / −3.8 (`learned-stable`) at 6000 /
+    3000, 65 % and 41 % of calls with all five. 0.1 was chosen on the 14 at 6000 among 0.05, 0.1,
+    0.125, 0.15 and 1: the largest within 2 points with half a point to spare (0.125: −1.96); the 30
+    confirm it (docs/learned.md, "The newest steps in view"). A step over the limit (a file written
+    whole) is not shown: the item's "at every call" is not met. Before the compact form (each
+    result a full placeholder, the exchange free to drop such a step again), 5 cost 2.4 and 8.4
+    points, with a worst call of 4 of 5 at 6000."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -99,6 +112,7 @@ class LearnedConfig:
     reserve_always: bool = True
     recent_steps: int = 0
     recent_calls: int = 0
+    recent_step_share: float = 0.1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -113,6 +127,10 @@ class LearnedConfig:
             raise ValueError(f"learned config: cost_exponent must be in [0, 1], got {self.cost_exponent}")
         if not (isinstance(self.swap_pairs, int) and self.swap_pairs >= 0):
             raise ValueError(f"learned config: swap_pairs must be a whole number ≥ 0, got {self.swap_pairs}")
+        if not (isinstance(self.recent_calls, int) and self.recent_calls >= 0):
+            raise ValueError(f"learned config: recent_calls must be a whole number ≥ 0, got {self.recent_calls}")
+        if not 0.0 <= self.recent_step_share <= 1.0:
+            raise ValueError(f"learned config: recent_step_share must be in [0, 1], got {self.recent_step_share}")
         if not 0.0 <= self.result_reserve < 1.0:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
@@ -342,7 +360,9 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
             continue  # a newest result is shown whatever the selection (invariant §5.9): never exchanged
         u = unit_of[p]
         room = lay.delta[p]  # what removing s frees: what s costs on top of the rest
-        again = u in lay.dropped_units and shown_in[u] == 1  # removing s drops its step again
+        room += sel.stub_savings.get(p, 0)  # (a result of a newest step goes back to its short placeholder)
+        # removing s drops its step again (not one of the newest steps: revive_recent keeps them)
+        again = u in lay.dropped_units and shown_in[u] == 1 and u not in sel.recent
         if again:
             room += lay.revival_cost(u) - (sel.runs.add_delta(u) if lay.runs.run_of(u) is not None else 0)
         if _best_gain(s, value, spare, low, room, pairs) <= 0.0:
@@ -351,6 +371,7 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
             costs = here = sel.candidate_costs() if here is None else here
         else:
             state = lay.selection()
+            state.adopt_recent(sel)
             state.revived = sel.revived - {u}
             costs = state.candidate_costs()
         fit = spare[costs[spare] <= room]
@@ -364,7 +385,8 @@ def swap_pass(sel: Selection, taken: list[int], value: np.ndarray, pairs: int) -
             if gain <= (best[0] if best else 0.0):
                 break
             trial = lay.selection()  # the rest as it stands, then the exchange taken on top of it
-            trial.revived = sel.revived - {u} if shown_in[u] == 1 else set(sel.revived)
+            trial.adopt_recent(sel)
+            trial.revived = sel.revived - {u} if shown_in[u] == 1 and u not in sel.recent else set(sel.revived)
             trial.used, trial.shown = used - room, {q: f for q, f in sel.shown.items() if q != p}
             for i in add:
                 trial.take(cands[i])
@@ -403,6 +425,14 @@ def reserve_layout(layout: Layout, cfg: LearnedConfig) -> Layout | None:
                   excerpt_focus=cfg.excerpt_focus, drop_all=True, recent_steps=cfg.recent_steps)
 
 
+def recent_limit(layout: Layout, cfg: LearnedConfig) -> int | None:
+    """The most tokens one of the ``recent_calls`` newest steps may add in its compact form
+    (``recent_step_share`` of B; ``None``: no limit)."""
+    if layout.budget is None or cfg.recent_step_share >= 1.0:
+        return None
+    return int(cfg.recent_step_share * layout.budget)
+
+
 def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
                    alt: Layout | None = None) -> tuple[Layout, np.ndarray, Selection, list[int]]:
     """The knapsack and the exchange on ``layout`` (``prob``: reuse probabilities in candidate
@@ -412,12 +442,12 @@ def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
     cross-validation benchmark, so both score the same rule."""
     value = reuse_values(layout, prob, cfg)
     sel = layout.selection()
-    sel.revive_recent(cfg.recent_calls)
+    sel.revive_recent(cfg.recent_calls, recent_limit(layout, cfg))
     taken = swap_pass(sel, knapsack_select(layout.candidates, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
     if alt is not None and alt.candidates == layout.candidates:
         alt_value = reuse_values(alt, prob, cfg)
         alt_sel = alt.selection()
-        alt_sel.revive_recent(cfg.recent_calls)
+        alt_sel.revive_recent(cfg.recent_calls, recent_limit(alt, cfg))
         alt_taken = swap_pass(alt_sel, knapsack_select(alt.candidates, alt_value, alt_sel, cfg.cost_exponent),
                               alt_value, cfg.swap_pairs)
         if _worth(alt_taken, alt.candidates, alt_value) > _worth(taken, layout.candidates, value):
@@ -436,7 +466,7 @@ def _alone(sel: Selection, p: int, revived: set[int]) -> int:
     lay = sel.layout
     u = lay.unit_of[p]
     if u not in lay.dropped_units or u in revived:
-        return lay.delta[p]
+        return lay.delta[p] + sel.stub_savings.get(p, 0)
     return lay.delta[p] + lay.revival_cost(u) + (lay.runs.remove_delta(u) if u in lay.runs.start else 0)
 
 
