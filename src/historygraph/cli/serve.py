@@ -26,7 +26,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = DEFAULTS.host,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULTS.port,
     store: Annotated[Optional[str], typer.Option(help="SQLite path, ':memory:' or postgresql://… URL. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides).")] = DEFAULTS.policy,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Default policy (header X-HistoryGraph-Policy overrides); rendered cache-stable unless --no-cache-stable, so 'learned' runs as learned-stable.")] = DEFAULTS.policy,
     budget_text: Annotated[str, typer.Option("--budget", "-b", help="Default history budget in tokens, a whole number >= 1 (header X-HistoryGraph-Budget overrides).")] = str(DEFAULTS.budget),
     auth_token: Annotated[Optional[str], typer.Option(envvar="HISTORYGRAPH_AUTH_TOKEN", help="Bearer token required by the session API (/api/...).")] = None,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = DEFAULTS.max_body_bytes,
@@ -62,7 +62,8 @@ def serve(
         from historygraph.server.config import ServerConfig
         from historygraph.server.logs import configure as configure_logs
     except ImportError as exc:
-        fail(f"the server needs the 'server' extra (pip install -e '.[server]' in the historygraph clone): {exc}")
+        fail(f"the server needs the 'server' extra: run `bash scripts/setup.sh server` in the historygraph clone "
+             f"(or pip install -e '.[server]' in its .venv): {exc}")
     if encoding not in ENCODINGS:
         fail(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
     if log_format not in ("json", "text"):

@@ -286,7 +286,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     summary = [r for r in run.per_source if r.get("budget") == b]  # pct_of_oracle comes from the replay's summary
     cols = [c for c in SUMMARY_COLUMNS if c[0] != "pct_of_oracle" or any(r.get("pct_of_oracle") is not None for r in summary)]
     if any(r.get("bill_vs_recorded") is not None for r in summary):  # session logs: the bill against what was paid
-        cols[-2:-2] = [("bill_vs_recorded", "bill ÷ recorded"), ("bill_vs_recorded_simulated", "bill ÷ recorded (simulated)")]
+        cols[-2:-2] = [("bill_vs_recorded", "bill ÷ paid"), ("bill_vs_recorded_simulated", "bill ÷ own")]  # as the terminal names them
     cols[4:4] = [(f"cost_cache_{m}", f"cost {label(m)}") for m in run.price_models]  # cost with each prompt cache, after recall
     if any(r.get(f"bound_cache_{m}") is not None for r in summary for m in run.price_models):  # the bill bound (eval.bill_bound)
         cols[4 + len(run.price_models):4 + len(run.price_models)] = [(f"bound_cache_{m}", f"bound {label(m)}") for m in run.price_models]
@@ -306,8 +306,8 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
             "Last 5 shown: how many of the agent's 5 newest assistant messages the rendering shows with their text and tool calls "
             "(median, worst call).")
     if any(r.get("bill_vs_recorded") is not None for r in summary):
-        note += (" Session logs: 'bill ÷ recorded' is the row's simulated bill with the recorded model's prompt cache over what the "
-                 "recorded calls were billed; '(simulated)' over the recorded row's own simulated bill (like for like: the simulation's "
+        note += (" Session logs: 'bill ÷ paid' is the row's simulated bill with the recorded model's prompt cache over what the "
+                 "recorded calls were billed; 'bill ÷ own' over the recorded row's own simulated bill (like for like: the simulation's "
                  "error cancels). The recorded row is what the agent itself sent after its own compactions; its cost columns "
                  "(Full history = 1) cover only the sessions whose Full history exceeds B, so they change with B although its "
                  "requests do not.")
