@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from string import Formatter
 
@@ -437,30 +437,30 @@ _BRIEFS = "render.brief_views"  # graph.memo key: {(position, encoding): (tokens
 _RECENT_BRIEFS = "render.recent_brief_views"  # the same for recent_brief_view
 
 
+def _memo_brief(graph: ContextGraph, counter: TokenCounter, pos: int, memo_key: str,
+                text: Callable[[Message], str]) -> tuple[int, Message] | None:
+    """``(tokens saved, brief message)`` of the stored message at ``pos`` with ``text(message)`` as
+    its text, memoised per graph under ``memo_key``; ``None`` for a message without a brief view (no
+    calls, provider blocks, or no text). The view of a stored message never changes."""
+    m = graph.messages[pos]
+    if not (m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content):
+        return None
+    memo: dict[tuple[int, str], tuple[int, Message]] = graph.memo(memo_key, dict)
+    key = (pos, counter.encoding_name)
+    if key not in memo:
+        b = m.with_content(text(m), "brief")
+        memo[key] = (counter.count_message(m) - counter.count_message(b), b)
+    return memo[key]
+
+
 def brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
     """``(tokens saved, brief message)`` of the stored message at ``pos`` (:meth:`Layout.brief`), or
     ``None`` for a message without one (no calls, provider blocks, or no text). The view of a stored
     message never changes: built once per graph."""
-    m = graph.messages[pos]
-    if not (m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content):
-        return None
-    memo: dict[tuple[int, str], tuple[int, Message]] = graph.memo(_BRIEFS, dict)
-    key = (pos, counter.encoding_name)
-    if key not in memo:
-        b = m.with_content(BRIEF.format(tokens=counter.count(m.content), position=pos), "brief")
-        memo[key] = (counter.count_message(m) - counter.count_message(b), b)
-    return memo[key]
+    return _memo_brief(graph, counter, pos, _BRIEFS, lambda m: BRIEF.format(tokens=counter.count(m.content), position=pos))
 
 
 def recent_brief_view(graph: ContextGraph, counter: TokenCounter, pos: int) -> tuple[int, Message] | None:
     """:func:`brief_view` with :data:`RECENT_BRIEF`: ``(tokens saved, brief message)`` of the stored
     message at ``pos``, or ``None`` where it has none (as :func:`brief_view`)."""
-    m = graph.messages[pos]
-    if not (m.role == "assistant" and m.tool_calls and not m.provider_blocks and m.content):
-        return None
-    memo: dict[tuple[int, str], tuple[int, Message]] = graph.memo(_RECENT_BRIEFS, dict)
-    key = (pos, counter.encoding_name)
-    if key not in memo:
-        b = m.with_content(RECENT_BRIEF.format(position=pos), "brief")
-        memo[key] = (counter.count_message(m) - counter.count_message(b), b)
-    return memo[key]
+    return _memo_brief(graph, counter, pos, _RECENT_BRIEFS, lambda m: RECENT_BRIEF.format(position=pos))
