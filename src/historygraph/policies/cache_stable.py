@@ -252,17 +252,27 @@ def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, count
                   input_tokens=prev.input_tokens + sum(count(msgs[p]) for p in added), stats={"cache_stable": "appended"})
     copies = recalled_copies(graph, r, length, budget, counter) if recall_tail else []
     predicted = predicted_copies(graph, r, length, budget, counter, predict, threshold) if predict is not None else {}
+    _defer_tail_reasons(r, prev, added, copies, predicted, threshold)
+    return r
+
+
+def _defer_tail_reasons(r: Rendering, prev: Rendering, added: range, copies: list[int], predicted: dict[int, float],
+                        threshold: float, collected: Sequence[int] = ()) -> None:
+    """Let ``r``'s reasons be ``prev``'s, with those of the messages ``added`` since, the results
+    ``collected`` into placeholders (:func:`collect_young`) and the copies appended at the end
+    (``copies``: :func:`recalled_copies`; ``predicted``: :func:`predicted_copies` at ``threshold``)."""
     kept = prev.reasons
 
     def reasons() -> dict[int, str]:
         out = dict(kept)
         out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in added})
+        out.update({p: "placeholder: collected from the young generation, least reuse probability first (cache-stable rendering)"
+                    for p in collected})
         out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
         out.update({p: f"shown again at the end: reuse probability {q:.3f} ≥ predicted_tail {threshold:g} (cache-stable rendering)"
                     for p, q in predicted.items()})
         return out
     r.defer_reasons(reasons)
-    return r
 
 
 def young_start(r: Rendering, graph: ContextGraph) -> int:
@@ -351,19 +361,7 @@ def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int
     predicted: dict[int, float] = {}
     if cfg.predicted_tail > 0:
         predicted = predicted_copies(graph, r, length, budget, counter, rank, cfg.predicted_tail)
-    kept = prev.reasons
-    gone = sorted(placeholders)
-
-    def reasons() -> dict[int, str]:
-        out = dict(kept)
-        out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in range(length, len(graph))})
-        out.update({p: "placeholder: collected from the young generation, least reuse probability first (cache-stable rendering)"
-                    for p in gone})
-        out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
-        out.update({p: f"shown again at the end: reuse probability {q:.3f} ≥ predicted_tail {cfg.predicted_tail:g} (cache-stable rendering)"
-                    for p, q in predicted.items()})
-        return out
-    r.defer_reasons(reasons)
+    _defer_tail_reasons(r, prev, range(length, len(graph)), copies, predicted, cfg.predicted_tail, sorted(placeholders))
     return r
 
 
