@@ -266,7 +266,7 @@ def _defer_tail_reasons(r: Rendering, prev: Rendering, added: range, copies: lis
     def reasons() -> dict[int, str]:
         out = dict(kept)
         out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in added})
-        out.update({p: "placeholder: collected from the young generation, least reuse probability first (cache-stable rendering)"
+        out.update({p: "placeholder: collected from the young generation, least likely reused per token first (cache-stable rendering)"
                     for p in collected})
         out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
         out.update({p: f"shown again at the end: reuse probability {q:.3f} ≥ predicted_tail {threshold:g} (cache-stable rendering)"
