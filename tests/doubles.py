@@ -1,9 +1,10 @@
-"""Test doubles shared by tests: a deterministic chat model (a real class, not a mock)."""
+"""Test doubles shared by tests: a deterministic chat model and a policy with fixed reuse probabilities
+(real classes, not mocks)."""
 
 from __future__ import annotations
 
 from historygraph.models.chat import Completion
-from historygraph.policies import config_fields, names
+from historygraph.policies import config_fields, create, names
 
 
 class ScriptedModel:
@@ -92,3 +93,19 @@ def _uses_attention_model(name: str) -> bool:
 
 MODEL_FREE = [n for n in names() if not _uses_attention_model(n)]
 """Every registered policy but the ReCAP variants that run the local language model."""
+
+
+class RankedPrune:
+    """prune, with fixed reuse probabilities by position (``prob``; 0 for the rest): a wrapped policy
+    that gives ``reuse_probabilities`` without a fitted model (policies/cache_stable.py)."""
+
+    name = "prune"
+
+    def __init__(self, prob: dict[int, float]) -> None:
+        self.inner, self.prob = create("prune"), prob
+
+    def render(self, graph, budget, signals):  # noqa: ANN001, ANN201 - the Policy protocol
+        return self.inner.render(graph, budget, signals)
+
+    def reuse_probabilities(self, graph, positions, signals):  # noqa: ANN001, ANN201
+        return [self.prob.get(p, 0.0) for p in positions]

@@ -14,6 +14,8 @@ from historygraph import ContextGraph, Message, Signals, ToolCall, check_invaria
 from historygraph.policies.cache_stable import CacheStable, CacheStableConfig
 from historygraph.traces import read_traces
 
+from doubles import RankedPrune
+
 
 def _wire(r) -> str:
     return json.dumps(r.to_openai(), ensure_ascii=False)
@@ -204,28 +206,13 @@ def test_a_reselection_never_cuts_a_newest_result_that_b_shows_complete():
     assert r.history_tokens == create("prune").render(g, 1000, sig).history_tokens
 
 
-class _Prune:
-    """prune, with fixed reuse probabilities for three results (positions 3, 5, 7: the first three)."""
-
-    name = "prune"
-
-    def __init__(self, prob: dict[int, float]) -> None:
-        self.inner, self.prob = create("prune"), prob
-
-    def render(self, graph, budget, signals):
-        return self.inner.render(graph, budget, signals)
-
-    def reuse_probabilities(self, graph, positions, signals):
-        return [self.prob.get(p, 0.0) for p in positions]
-
-
 def test_results_the_wrapped_policy_finds_likely_are_appended_most_probable_first():
     """After a re-selection left the first results out, the next call appends a complete copy of
     each result with reuse probability >= predicted_tail (0.1), most probable first, while B holds:
     position 5 (0.4) fits, 3 (0.15) would pass B = 1000, 7 (0.05) is below the threshold."""
     sig = Signals()
     policy = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.1, young=0.0),
-                         base=_Prune({3: 0.15, 5: 0.4, 7: 0.05}))
+                         base=RankedPrune({3: 0.15, 5: 0.4, 7: 0.05}))
     g = ContextGraph("s")
     _, prev = _grow_until_omitted(policy, g, _steps(12, 30), 1000, sig)
     assert {3, 5, 7} <= set(prev.omitted) and prev.stats["cache_stable"] == "reselected"
@@ -238,7 +225,7 @@ def test_results_the_wrapped_policy_finds_likely_are_appended_most_probable_firs
     assert 5 in r.full and 3 not in r.full and 7 not in r.full and r.history_tokens <= 1000
     assert r.reasons[5].startswith("shown again at the end: reuse probability 0.400")
     # the same run with the threshold at 0 (off): no copy
-    off = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.0, young=0.0), base=_Prune({5: 0.4}))
+    off = CacheStable("p", CacheStableConfig(low_mark=0.6, recall_tail=False, predicted_tail=0.0, young=0.0), base=RankedPrune({5: 0.4}))
     g2 = ContextGraph("s")
     _grow_until_omitted(off, g2, _steps(12, 30), 1000, sig)
     g2.extend(g.messages[len(g2):])

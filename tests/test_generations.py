@@ -19,6 +19,8 @@ from historygraph.providers.anthropic_cache import breakpoints, place_breakpoint
 from historygraph.render.markers import placeholder_for
 from historygraph.traces import read_traces
 
+from doubles import RankedPrune
+
 SIG = Signals()
 C = SIG.counter
 B = 1000
@@ -31,21 +33,6 @@ def _steps(n: int) -> list[Message]:
         msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),)))
         msgs.append(Message("tool", f"def f{i}(x):\n" + "    return x + 1\n" * 30, tool_call_id=f"c{i}"))
     return msgs
-
-
-class _Ranked:
-    """prune, with fixed reuse probabilities by position (0 for the rest)."""
-
-    name = "prune"
-
-    def __init__(self, prob: dict[int, float]) -> None:
-        self.inner, self.prob = create("prune"), prob
-
-    def render(self, graph, budget, signals):
-        return self.inner.render(graph, budget, signals)
-
-    def reuse_probabilities(self, graph, positions, signals):
-        return [self.prob.get(p, 0.0) for p in positions]
 
 
 def _run(policy, calls: int) -> tuple[list, list[Message]]:
@@ -74,7 +61,7 @@ def test_a_minor_collection_replaces_the_oldest_young_results_until_the_young_sh
     B, and instead of a re-selection the two oldest results become placeholders: one would leave
     980 > 900, two leave 790. The opening stays as sent (the old generation), and the next calls
     collect again, each keeping the previous collection's messages byte for byte."""
-    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=_Ranked({}))
+    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=RankedPrune({}))
     rs, msgs = _run(policy, 7)
     kinds = [r.stats["cache_stable"] for r in rs]
     assert kinds == ["reselected", "appended", "appended", "appended", "collected", "collected", "collected"]
@@ -95,7 +82,7 @@ def test_the_least_probable_young_results_go_first():
     """The same run, with reuse probabilities 3: 0.9, 5: 0.01, 7: 0.5, 9: 0.02: the fifth call
     collects 5 and then 9 (the two least probable), keeping 3 and 7 complete."""
     policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0.0),
-                         base=_Ranked({3: 0.9, 5: 0.01, 7: 0.5, 9: 0.02}))
+                         base=RankedPrune({3: 0.9, 5: 0.01, 7: 0.5, 9: 0.02}))
     rs, _ = _run(policy, 5)
     r = rs[4]
     assert r.stats["cache_stable"] == "collected" and r.history_tokens == 790
@@ -108,11 +95,11 @@ def test_without_a_young_share_or_when_it_cannot_hold_it_re_selects():
     without reuse probabilities (prune itself); young = 0.3 (300 tokens) cannot be reached by
     collecting the young results alone (the opening and the newest step are 240+), so it
     re-selects too."""
-    for off in (CacheStable("p", CacheStableConfig(young=0.0, recall_tail=False, predicted_tail=0), base=_Ranked({})),
+    for off in (CacheStable("p", CacheStableConfig(young=0.0, recall_tail=False, predicted_tail=0), base=RankedPrune({})),
                 CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=create("prune"))):
         r = _run(off, 5)[0][4]
         assert r.stats["cache_stable"] == "reselected" and "cache_boundaries" not in r.stats
-    small = CacheStable("p", CacheStableConfig(young=0.3, recall_tail=False, predicted_tail=0), base=_Ranked({}))
+    small = CacheStable("p", CacheStableConfig(young=0.3, recall_tail=False, predicted_tail=0), base=RankedPrune({}))
     assert _run(small, 5)[0][4].stats["cache_stable"] == "reselected"
     with pytest.raises(ValueError, match="young must be in"):
         CacheStableConfig(young=1.5)
@@ -126,7 +113,7 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
     store = open_store(str(tmp_path / "s.sqlite"))
     msgs = _steps(6)
     cfg = CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0)
-    one = CacheStable("prune-stable", cfg, base=_Ranked({}))
+    one = CacheStable("prune-stable", cfg, base=RankedPrune({}))
     store.create_session("s")
     store.append("s", msgs[:2])
     for i in range(4):
@@ -135,7 +122,7 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
     text = store.policy_state("s", stable_state.key("prune-stable"))
     assert json.loads(text)["boundary"] == 2
     store.append("s", msgs[10:12])
-    two = CacheStable("prune-stable", cfg, base=_Ranked({}))  # another process: its memo empty
+    two = CacheStable("prune-stable", cfg, base=RankedPrune({}))  # another process: its memo empty
     g = store.graph("s")
     state = stable_state.decode(text, g)
     assert state is not None and state["boundary"] == 2
