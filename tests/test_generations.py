@@ -157,8 +157,9 @@ def test_at_most_four_breakpoints_the_opening_then_the_new_generation_dropped_fi
     to 4: the opening goes first; with a client breakpoint on the system prompt, the new end too."""
     msgs = [Message("user", f"task {i}") if i == 0 else Message("assistant", f"a{i}") for i in range(8)]
     pieces: list[Piece | None] = [None] * len(msgs)
-    wire = from_canonical(msgs, pieces)
-    ends = [boundary_block(msgs, pieces, 3), boundary_block(msgs, pieces, 5)]
+    places: list = [None] * len(msgs)
+    wire = from_canonical(msgs, pieces, None, places)
+    ends = [boundary_block(places, 3), boundary_block(places, 5)]
     assert ends == [(2, 0), (4, 0)]
     body = {"model": "m", "system": [{"type": "text", "text": "sys"}], "messages": wire}
     out = breakpoints(place_breakpoints(body, ends))
@@ -177,9 +178,10 @@ def test_a_tool_results_generation_end_is_its_own_block_in_the_shared_turn():
             Message("tool", "one", tool_call_id="a"), Message("tool", "two", tool_call_id="b"),
             Message("assistant", "done")]
     pieces: list[Piece | None] = [None] * len(msgs)
-    wire = from_canonical(msgs, pieces)
+    places: list = [None] * len(msgs)
+    wire = from_canonical(msgs, pieces, None, places)
     assert [t["role"] for t in wire] == ["user", "assistant", "user", "assistant"]
-    assert boundary_block(msgs, pieces, 3) == (2, 0) and boundary_block(msgs, pieces, 4) == (2, 1)
+    assert boundary_block(places, 3) == (2, 0) and boundary_block(places, 4) == (2, 1)
     marked = place_breakpoints({"model": "m", "messages": wire}, [(2, 0)])
     assert (2, 2, 0) in breakpoints(marked) and (2, 2, 1) not in breakpoints(marked)
 

@@ -197,7 +197,8 @@ def _tool_result(m: Message, piece: Piece | None) -> dict[str, Any]:
 
 
 def from_canonical(messages: list[Message], pieces: list[Piece | None],
-                   moved: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                   moved: dict[int, dict[str, Any]] | None = None,
+                   places: list[tuple[int, int] | None] | None = None) -> list[dict[str, Any]]:
     """Build the Messages API ``messages`` list for a rendering (the system message of the
     ``system`` field, which has no piece, is skipped; a system turn of ``messages`` is sent at its
     place).
@@ -216,20 +217,35 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None],
     on its last block; ``moved`` (``{index in messages: cache_control}``,
     :func:`~historygraph.providers.anthropic_cache.moved_breakpoints`) puts those of messages left
     out on the message at that index. A message that already carries one gets no second.
+
+    ``places`` (a list as long as ``messages``, filled in place): where each message lands, ``(turn
+    index, content block index)`` (a tool result: its own block in the turn it shares; another
+    message: its turn's last block), ``None`` for a system message sent in the ``system`` field
+    (:func:`boundary_block` reads it).
     """
     moved = moved or {}
     out: list[dict[str, Any]] = []
     pending: list[Any] = []
     tails: list[Any] = []  # blocks after the pending results (Piece.tail)
     pending_turn: int | None = None
+    pending_at: list[int] = []  # the message index of each pending result
+
+    def place(i: int) -> None:  # message i is the last turn appended
+        if places is not None:
+            content = out[-1].get("content")
+            places[i] = (len(out) - 1, len(content) - 1 if isinstance(content, list) else 0)
 
     def flush(extra: Any = None) -> None:
         nonlocal pending, pending_turn
         if pending:
+            if places is not None:
+                for k, j in enumerate(pending_at):
+                    places[j] = (len(out), k)
             out.append({"role": "user", "content": pending + tails})
         if extra is not None:
             out.append({"role": "user", "content": extra})
         pending, pending_turn = [], None
+        pending_at.clear()
         tails.clear()
 
     for i, (m, piece) in enumerate(zip(messages, pieces)):
@@ -244,41 +260,34 @@ def from_canonical(messages: list[Message], pieces: list[Piece | None],
         if m.role == "system":
             flush()
             out.append(_keep_breakpoint(cc, original if original is not None else {"role": "system", "content": m.content}))
+            place(i)
         elif m.role == "assistant":
             flush()
             out.append(_keep_breakpoint(cc, original if original is not None else
                               {"role": "assistant", "content": (json.loads(m.provider_blocks) if m.provider_blocks else [])
                                + ([{"type": "text", "text": m.content}] if m.content else [])
                                + [_tool_use(c) for c in m.tool_calls]}))
+            place(i)
         elif m.role == "tool":
             pending.append(_keep_breakpoint(cc, original if original is not None else _tool_result(m, piece)))
+            pending_at.append(i)
             pending_turn = turn
             tails.extend(piece.tail if piece is not None else ())
         else:
             flush(_keep_breakpoint(cc, original if original is not None else m.content))
+            place(i)
     flush()
     return out
 
 
-def boundary_block(messages: list[Message], pieces: list[Piece | None], boundary: int) -> tuple[int, int] | None:
+def boundary_block(places: list[tuple[int, int] | None], boundary: int) -> tuple[int, int] | None:
     """Where the last of the first ``boundary`` messages of a rendering lands in
-    :func:`from_canonical`'s ``messages`` list: ``(turn index, content block index)`` (a tool result
-    shares its user turn with the results after it; its own block is given), or ``None`` when
-    ``boundary`` is 0 or those messages make no turn. The proxy puts a cache breakpoint there: the
-    end of a cache-stable rendering's old generation (:mod:`historygraph.policies.cache_stable`,
-    ``Rendering.stats["cache_boundary"]``)."""
-    if boundary <= 0:
-        return None
-    head = from_canonical(messages[:boundary], pieces[:boundary])
-    if not head:
-        return None
-    content = head[-1].get("content")
-    if not isinstance(content, list):
-        return len(head) - 1, 0
-    if messages[boundary - 1].role == "tool":
-        return len(head) - 1, max((j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "tool_result"),
-                                  default=len(content) - 1)
-    return len(head) - 1, len(content) - 1
+    :func:`from_canonical`'s ``messages`` list (``places``, as :func:`from_canonical` filled it):
+    ``(turn index, content block index)``, a message sent in the ``system`` field standing for the
+    one before it; ``None`` when ``boundary`` is 0 or none of those messages makes a turn. The proxy
+    puts a cache breakpoint there: the end of a cache-stable rendering's generation
+    (:mod:`historygraph.policies.cache_stable`, ``Rendering.stats["cache_boundaries"]``)."""
+    return next((w for w in reversed(places[:max(boundary, 0)]) if w is not None), None)
 
 
 def _keep_breakpoint(cc: dict[str, Any] | None, wire: Any) -> Any:

@@ -64,12 +64,13 @@ async def messages_endpoint(request: Request) -> Response:
 
         sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(
             prepare_converted, proxy, convert, "messages", sid, policy, budget, pins, span)
-        shown = pieces_shown(rendering, pieces)
-        out = anth.from_canonical(rendering.messages, shown, moved_breakpoints(rendering.positions, pieces))
+        places: list[tuple[int, int] | None] = [None] * len(rendering.messages)
+        out = anth.from_canonical(rendering.messages, pieces_shown(rendering, pieces), moved_breakpoints(rendering.positions, pieces),
+                                  places)
         url = config.anthropic_upstream.rstrip("/") + "/v1/messages"
         forwarded = {**body, "messages": out}
         if config.cache_breakpoints:
-            ends = [anth.boundary_block(rendering.messages, shown, b) for b in rendering.stats.get("cache_boundaries", ())]
+            ends = [anth.boundary_block(places, b) for b in rendering.stats.get("cache_boundaries", ())]
             forwarded = place_breakpoints(forwarded, [w for w in ends if w is not None])
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
                                       anth.StreamAccumulator, sent_tokens, policy, rendering, at)
