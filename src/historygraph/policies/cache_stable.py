@@ -280,9 +280,10 @@ def young_start(r: Rendering, graph: ContextGraph) -> int:
     assistant message (it, its results, the newest, which §5.9 keeps complete, and any copy after
     them stay young, so that a later minor collection may still replace them); the whole rendering
     when it does not show that message."""
-    last = next((p for p in range(len(graph) - 1, -1, -1) if graph.messages[p].role == "assistant"), None)
-    return next((i for i in range(len(r.messages) - 1, -1, -1) if r.positions[i] == last), len(r.messages)) \
-        if last is not None else len(r.messages)
+    latest = graph.latest_operations  # (the latest assistant message's position, its TFA values)
+    if latest is None:
+        return len(r.messages)
+    return next((i for i in range(len(r.messages) - 1, -1, -1) if r.positions[i] == latest[0]), len(r.messages))
 
 
 def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter, name: str,
@@ -308,9 +309,9 @@ def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int
     r = extend(prev, length, graph, 10**12, counter, name)
     if r is None:
         return None
-    msgs, n = graph.messages, len(graph)
-    last = next((p for p in range(n - 1, -1, -1) if msgs[p].role == "assistant"), None)
-    newest = {graph.result_of[c.id] for c in msgs[last].tool_calls if c.id in graph.result_of} if last is not None else set()
+    latest = graph.latest_operations  # (the latest assistant message's position, its TFA values)
+    calls = graph.messages[latest[0]].tool_calls if latest is not None else ()
+    newest = {graph.result_of[c.id] for c in calls if c.id in graph.result_of}
     keep = newest | graph.pins
     count = counter.count_message
     young: list[tuple[int, int, int]] = []  # (index in r.messages, source position, tokens saved)
@@ -321,7 +322,7 @@ def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int
             if saved > 0:  # (a result shorter than its placeholder stays)
                 young.append((i, p, saved))
         elif p is None and m.rendered_as == "recalled":
-            s = graph.result_of.get(m.content[len("[tool result "):].split(",", 1)[0])
+            s = graph.result_of.get(m.content[len(_RECALLED_HEAD):].split(_RECALLED_AFTER_ID, 1)[0])
             if s is not None:
                 young.append((i, s, count(m)))
     target = int(cfg.young * budget)
@@ -363,6 +364,9 @@ def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int
         predicted = predicted_copies(graph, r, length, budget, counter, rank, cfg.predicted_tail)
     _defer_tail_reasons(r, prev, range(length, len(graph)), copies, predicted, cfg.predicted_tail, sorted(placeholders))
     return r
+
+
+_RECALLED_HEAD, _RECALLED_AFTER_ID = RECALLED.split("{content}")[0].split("{id}")  # the text around a copy's id
 
 
 def _append_copy(r: Rendering, graph: ContextGraph, s: int, budget: int, counter: TokenCounter) -> bool:
