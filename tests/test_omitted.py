@@ -25,7 +25,7 @@ from historygraph.store import MemoryStore, SQLiteStore
 from historygraph.traces import read_traces
 from test_store import make_store, pg_dsn  # noqa: F401 (fixtures)
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mini-swe-agent-deepseek" / "django__django-11099.traj.json"
+TRACE = "mini-swe-agent-deepseek/django__django-11099.traj.json"  # under the shared traces (the traces_dir fixture)
 MARKER = re.compile(r"\[omitted: messages #(\d+)–#(\d+), tool calls: (\d+)")
 
 
@@ -164,12 +164,11 @@ def test_a_failed_append_puts_the_queued_records_back():
     assert s.store._read_omitted("session") and len(s.omitted()) == 1
 
 
-@pytest.mark.skipif(not TRACE.is_file(), reason="needs ../shared/traces")
 @pytest.mark.parametrize("policy", ["learned", "contextrender", "observation-masking", "prune"])
-def test_every_omitted_result_of_a_real_trace_is_in_its_record(policy):
+def test_every_omitted_result_of_a_real_trace_is_in_its_record(policy, traces_dir):
     """On a recorded mini-swe-agent run, at every 4th model call under B = 3000: the tool results a
     record lists are exactly the rendering's ``omitted`` (which the policy computes on its own)."""
-    msgs = next(read_traces(TRACE)).messages
+    msgs = next(read_traces(traces_dir / TRACE)).messages
     pol, signals, counter = create(policy), Signals(), TokenCounter()
     seen_forms: set[str] = set()
     calls_at = [p for p, m in enumerate(msgs) if m.role == "assistant"]
