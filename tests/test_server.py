@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 from typing import TYPE_CHECKING
@@ -83,6 +84,11 @@ def received(servers) -> dict:
 
 def api(servers, method: str, path: str, **kw) -> httpx.Response:
     return httpx.request(method, servers["px"] + "/api" + path, headers={"Authorization": f"Bearer {TOKEN}"}, **kw)
+
+
+def untimed(messages: list[dict]) -> list[dict]:
+    """Stored messages without the time the proxy received them (``timestamp``)."""
+    return [{k: v for k, v in m.items() if k != "timestamp"} for m in messages]
 
 
 def oai(servers, session: str, **headers) -> openai.OpenAI:
@@ -212,7 +218,7 @@ def test_upstream_error_is_returned_unchanged_and_the_session_stays_consistent(s
     assert exc.value.response.headers["x-fake"] == "1"
     with pytest.raises(openai.RateLimitError):  # the client retries the same request
         client.chat.completions.create(model="error-model", messages=msgs)
-    assert api(servers, "GET", "/sessions/err").json()["messages"] == [{"role": "user", "content": "hi"}]
+    assert untimed(api(servers, "GET", "/sessions/err").json()["messages"]) == [{"role": "user", "content": "hi"}]
     client.chat.completions.create(model="m", messages=msgs)
     assert [m["role"] for m in api(servers, "GET", "/sessions/err").json()["messages"]] == ["user", "assistant"]
     a = anthropic.Anthropic(base_url=servers["px"], api_key=KEY, max_retries=0, default_headers={"X-HistoryGraph-Session": "aerr"})
@@ -286,7 +292,7 @@ def test_anthropic_client_thinking_byte_exact_tools_paired_answer_stored(servers
         uses = [b["id"] for b in m["content"] if isinstance(m["content"], list) and b.get("type") == "tool_use"]
         if uses:
             assert [b["tool_use_id"] for b in sent[k + 1]["content"] if b.get("type") == "tool_result"] == uses
-    stored = api(servers, "GET", f"/sessions/{sid}").json()["messages"]
+    stored = untimed(api(servers, "GET", f"/sessions/{sid}").json()["messages"])
     assert stored[0] == {"role": "system", "content": "Be brief."}
     assert stored[-1]["tool_calls"] == [{"id": tool_use.id, "type": "function",
                                          "function": {"name": "search", "arguments": json.dumps(tool_use.input)}}]
@@ -499,7 +505,7 @@ def test_unreachable_upstream_gives_502_naming_it(tmp_path):
         f"upstream http://127.0.0.1:{port}/v1/chat/completions unreachable: connection refused at 127.0.0.1:{port} "
         "(nothing listens there); check that the provider runs at that address and that historygraph serve --upstream names it")
     assert r.json()["error"]["type"] == "api_error"  # the provider's type for a server-side failure, not the client's request
-    assert app.state.proxy.store.messages(derived_session_id([Message("user", "hi")])) == [Message("user", "hi")]
+    assert [replace(m, timestamp=None) for m in app.state.proxy.store.messages(derived_session_id([Message("user", "hi")]))] == [Message("user", "hi")]
 
 
 def test_two_proxy_instances_on_one_database_continue_the_same_session(servers, tmp_path):

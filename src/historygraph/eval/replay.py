@@ -285,6 +285,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     log = signals.embedding_log()
     timeline = Timeline(forms={name: [] for name in rows})
     graph = ContextGraph(sid)
+    graph.cache_ttl = 3600.0 if one_hour else None  # what the agent's requests asked for (eval.recorded)
     invocations = 0
     assistants: list[int] = []  # positions of the assistant messages in the graph (eval.recent)
     for j, message in enumerate(trace.messages):

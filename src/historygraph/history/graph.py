@@ -123,6 +123,10 @@ class ContextGraph:
         #: ``None`` for a graph of messages given directly): where a policy keeps per-session state that
         #: other processes sharing the store must see (:meth:`historygraph.store.Store.policy_state`)
         self.store: Any = None
+        #: the prompt cache's time to live the client asks for, in seconds (Anthropic's ``"ttl": "1h"``
+        #: breakpoints: 3600; set by the proxy from the request, by the replay from the recorded usage);
+        #: ``None`` when unknown, where a cache-stable policy assumes its ``expiry``
+        self.cache_ttl: float | None = None
         self._memos: dict[Hashable, Any] = {}
         self._memo_lock = threading.RLock()
         for m in messages:

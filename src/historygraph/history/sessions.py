@@ -72,7 +72,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence, overload
 
 from historygraph.history.events import CACHE_MARK, EventError, Message
@@ -166,6 +166,14 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
+
+
+def stamped(messages: Sequence[Message], arrived: float | None) -> list[Message]:
+    """``messages``, each without a timestamp given ``arrived`` (seconds since the epoch; ``None``:
+    as they are)."""
+    if arrived is None:
+        return list(messages)
+    return [m if m.timestamp is not None else replace(m, timestamp=arrived) for m in messages]
 
 
 def common_prefix(stored: Sequence[Message], incoming: Sequence[Message], start: int = 0) -> int:
@@ -325,10 +333,13 @@ class SessionRouter:
                     return chat
         return None
 
-    def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None) -> Ingest:
+    def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None,
+               arrived: float | None = None) -> Ingest:
         """Store what is new in ``messages`` (see module docstring). With a
         :class:`RequestMessages`, the prefix equal to what this router last stored in a session is
-        recognised without parsing or comparing it ("Incremental comparison").
+        recognised without parsing or comparing it ("Incremental comparison"). ``arrived``: the
+        request's time (seconds since the epoch), stored as the timestamp of each new message that
+        has none (a cache-stable policy reads the pauses between requests from them).
 
         Raises:
             EventError/GraphError: the new events are invalid (nothing is written).
@@ -356,12 +367,12 @@ class SessionRouter:
                 if n == len(stored) and n > best_len:
                     best, best_len, best_graph = sid, n, graph
             if best is not None:
-                new = list(messages[best_len:])
+                new = stamped(messages[best_len:], arrived)
                 if new:
                     try:  # expected_length: another process serving this store may have appended meanwhile
                         self.store.append(best, new, expected_length=best_len)
                     except AppendConflict:
-                        return self.ingest(messages, session_id, meta)  # compare again with what is stored now
+                        return self.ingest(messages, session_id, meta, arrived)  # compare again with what is stored now
                 if raw is not None:
                     self._remember(best, list(raw))
                 if best_graph is None or len(best_graph) != best_len + len(new):  # dropped from the store's cache meanwhile
@@ -373,11 +384,12 @@ class SessionRouter:
             chat = root if opening is None else self._chat(opening, messages)
             if chat is None:
                 assert opening is not None
-                return self._new_chat(opening, messages, meta, shared)
+                return self._new_chat(opening, messages, meta, shared, arrived)
             parent = max((s for s in shared if s == chat or s.startswith(chat + "~")), key=lambda s: shared[s])
-            return self._branch(chat, parent, shared[parent], messages, meta)
+            return self._branch(chat, parent, shared[parent], messages, meta, arrived)
 
-    def _new_chat(self, opening: str, messages: Sequence[Message], meta: dict | None, shared: dict[str, int]) -> Ingest:
+    def _new_chat(self, opening: str, messages: Sequence[Message], meta: dict | None, shared: dict[str, int],
+                  arrived: float | None = None) -> Ingest:
         """A new chat ``<opening>.<k>`` holding ``messages`` (module docstring, 4.), on the base of
         the session of the opening it shares most events with (``shared``: session -> events)."""
         ContextGraph(opening).validate(messages, "message #{}".format)
@@ -391,9 +403,10 @@ class SessionRouter:
                 break
             except StoreError:
                 k += 1
-        return self._fill(sid, messages, shared.get(base, 0) if base is not None else 0)
+        return self._fill(sid, messages, shared.get(base, 0) if base is not None else 0, arrived=arrived)
 
-    def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None) -> Ingest:
+    def _branch(self, root: str, parent: str, at: int, messages: Sequence[Message], meta: dict | None,
+                arrived: float | None = None) -> Ingest:
         """A new branch ``<root>~<k>`` holding ``messages``, on the base ``(parent, at)``: its
         first ``at`` events are ``parent``'s (equal to those of ``messages``, :func:`same_event`)."""
         ContextGraph(root).validate(messages, "message #{}".format)  # invalid events raise before the branch is created
@@ -405,13 +418,14 @@ class SessionRouter:
                 break
             except StoreError:
                 k += 1
-        return self._fill(sid, messages, at, forked_from=parent)
+        return self._fill(sid, messages, at, forked_from=parent, arrived=arrived)
 
-    def _fill(self, sid: str, messages: Sequence[Message], at: int, forked_from: str | None = None) -> Ingest:
+    def _fill(self, sid: str, messages: Sequence[Message], at: int, forked_from: str | None = None,
+              arrived: float | None = None) -> Ingest:
         """Append ``messages[at:]`` to the session just created holding the first ``at``."""
         self._known.add(sid)
         if len(messages) > at:
-            self.store.append(sid, list(messages[at:]), expected_length=at)
+            self.store.append(sid, stamped(messages[at:], arrived), expected_length=at)
         if isinstance(messages, RequestMessages):
             self._remember(sid, list(messages.raw))
         return Ingest(sid, len(messages), forked_from=forked_from, graph=self.store.graph(sid), created=True)

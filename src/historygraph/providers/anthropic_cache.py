@@ -54,6 +54,22 @@ Where = tuple[int, int, int]
 (2, message index, content block index)."""
 
 
+TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+"""The ``ttl`` values a breakpoint may carry, in seconds (Anthropic, "Prompt caching": 5 minutes by default)."""
+
+
+def requested_ttl(body: dict[str, Any]) -> float | None:
+    """The longest prompt-cache TTL, in seconds, that ``body`` (a Messages request) asks for on its
+    tools, its ``system`` blocks or at its top level (where clients mark the stable head: Claude
+    Code writes ``"ttl": "1h"`` there on accounts with the 1-hour cache); ``None`` when none of
+    them carries a breakpoint. Message blocks are not read (the request's turns stay unparsed)."""
+    system = body.get("system")
+    blocks = [*(body.get("tools") or ()), *(system if isinstance(system, list) else ()), body]
+    ttls = [TTL_SECONDS.get(cc.get("ttl", "5m"), 300.0) for b in blocks if isinstance(b, dict)
+            for cc in [b.get("cache_control")] if isinstance(cc, dict)]
+    return max(ttls, default=None)
+
+
 def cacheable(block: Any) -> bool:
     """Whether a content block may carry ``cache_control`` (not thinking, not an empty text)."""
     return isinstance(block, dict) and block.get("type") not in UNCACHEABLE and not (

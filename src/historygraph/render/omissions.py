@@ -24,7 +24,8 @@ A record (:func:`omission_record`) is a JSON object:
   ``"reselected"`` (the wrapped policy chose anew: the history may differ from the previous one
   anywhere), ``"appended"`` (the previous rendering with what arrived since appended after it) or
   ``"collected"`` (a minor collection: the previous rendering's old generation as it was, what
-  followed it with some results replaced by placeholders).
+  followed it with some results replaced by placeholders) or ``"expired"`` (re-selected because
+  the provider's prompt cache had expired since the previous request).
 
 Reason codes are those of :data:`REASONS`. They say how the rendering left an item out, which is
 what every policy's rendering shows (the policy's own wording, a score below its cut, is in
@@ -76,7 +77,7 @@ def omission_record(rendering: Rendering, events: int) -> dict[str, Any]:
     for note in NOTES:
         if note in rendering.stats:
             record[note] = rendering.stats[note]
-    if (how := rendering.stats.get("cache_stable")) in ("reselected", "appended", "collected"):
+    if (how := rendering.stats.get("cache_stable")) in ("reselected", "appended", "collected", "expired"):
         record["cache_stable"] = how
     return record
 

@@ -25,12 +25,14 @@ def _converted(convert: Callable[[], Converted], field: str) -> Converted:
 
 
 def prepare_converted(proxy: Any, convert: Callable[[], Converted], field: str, sid: str | None, policy: str,
-                      budget: int, pins: Sequence[str], span: Any) -> tuple[str, Rendering, int, int, list[Any]]:
+                      budget: int, pins: Sequence[str], span: Any,
+                      cache_ttl: float | None = None) -> tuple[str, Rendering, int, int, list[Any]]:
     """In a worker thread: ``convert()`` the request (an :class:`EventError` becomes a 400 naming
-    ``field``) and :meth:`~historygraph.server.proxy.Proxy.prepare` it. Returns the session id, the
-    rendering, its tokens, the events the request left the session holding, and the pieces."""
+    ``field``) and :meth:`~historygraph.server.proxy.Proxy.prepare` it (``cache_ttl``: the prompt
+    cache's TTL the request asks for, seconds). Returns the session id, the rendering, its tokens,
+    the events the request left the session holding, and the pieces."""
     messages, pieces = _converted(convert, field)
-    return (*proxy.prepare(messages, sid, policy, budget, pins, span), pieces)
+    return (*proxy.prepare(messages, sid, policy, budget, pins, span, cache_ttl), pieces)
 
 
 def pieces_shown(rendering: Rendering, pieces: Sequence[Any]) -> list[Any]:

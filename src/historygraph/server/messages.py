@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from historygraph import telemetry
 from historygraph.history.sessions import TurnCache
 from historygraph.providers import anthropic as anth
-from historygraph.providers.anthropic_cache import moved_breakpoints, place_breakpoints
+from historygraph.providers.anthropic_cache import moved_breakpoints, place_breakpoints, requested_ttl
 from historygraph.server import recall_tool
 from historygraph.server.convert import Converted, count_rendered, pieces_shown, prepare_converted
 from historygraph.server.errors import ClientError, anthropic_error
@@ -63,7 +63,7 @@ async def messages_endpoint(request: Request) -> Response:
             return proxy.turns.convert(TurnCache.key(sid, system, turns), system, turns)
 
         sid, rendering, sent_tokens, at, pieces = await run_in_threadpool(
-            prepare_converted, proxy, convert, "messages", sid, policy, budget, pins, span)
+            prepare_converted, proxy, convert, "messages", sid, policy, budget, pins, span, requested_ttl(body))
         places: list[tuple[int, int] | None] = [None] * len(rendering.messages)
         out = anth.from_canonical(rendering.messages, pieces_shown(rendering, pieces), moved_breakpoints(rendering.positions, pieces),
                                   places)

@@ -34,6 +34,7 @@ import json
 import logging
 import re
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any, Callable, Sequence, TypeGuard
 from urllib.parse import quote
@@ -96,6 +97,7 @@ class Proxy:
         self.signals = Signals(counter=TokenCounter(config.encoding), store=self.store,
                                embedder_factory=partial(create_embedder, config.embedder, threads=config.embed_threads))
         self.calibration = TokenCalibration(self.signals.counter)  # our counts vs the provider's usage
+        self.clock: Callable[[], float] = time.time  # the time stored with each new message (seconds since the epoch)
         self.metrics = ProxyMetrics(self.calibration)
         self._policies: dict[str, Any] = {}
         # The upstream transport: httpx's request and response types on aiohttp's connection pool
@@ -261,13 +263,16 @@ class Proxy:
         return out
 
     def prepare(self, messages: Sequence[Message], session_id: str | None, policy: str,
-                budget: int, pins: Sequence[str] = (), span: Any = None) -> tuple[str, Rendering, int, int]:
+                budget: int, pins: Sequence[str] = (), span: Any = None,
+                cache_ttl: float | None = None) -> tuple[str, Rendering, int, int]:
         """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering,
         the rendered messages' tokens (:meth:`_render`) and the number of events the request left
         the session holding (its messages: where its answer goes, :meth:`store_answer`). ``messages``: parsed events, or a
         :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
         stored is recognised without parsing it). ``pins``: items to pin in the session once the
-        request's messages are stored (:meth:`pin_refs`, :meth:`pin`)."""
+        request's messages are stored (:meth:`pin_refs`, :meth:`pin`). New messages are stored with
+        the request's time; ``cache_ttl``: the prompt cache's TTL the request asks for, in seconds
+        (:attr:`~historygraph.history.graph.ContextGraph.cache_ttl`; ``None``: the provider's default)."""
         try:
             root = session_id or derived_session_id(messages)
             if pins:  # refused before anything is stored: a client's corrected retry must not fork the session
@@ -278,7 +283,7 @@ class Proxy:
             raise ClientError(f"messages: {exc}", "messages") from None
         with self.router.lock(root):  # no other request of this conversation between ingest and render
             try:
-                ingest = self.router.ingest(messages, session_id)
+                ingest = self.router.ingest(messages, session_id, arrived=self.clock())
             except MessageError as exc:
                 raise ClientError(str(exc), f"messages[{exc.index}]") from None
             except EventError as exc:
@@ -288,6 +293,8 @@ class Proxy:
                 raise store_full(exc) from None
             if self.config.calibrate:  # the provider counts more than we do: shrink B (never grows it)
                 budget = self.calibration.adjusted_budget(budget)
+            if ingest.graph is not None:
+                ingest.graph.cache_ttl = cache_ttl
             if pins:
                 self.pin(ingest.session_id, pins, ingest.graph)
             if client_curated(messages, ingest):
@@ -318,6 +325,8 @@ class Proxy:
         is logged, never raised: the answer is relayed all the same (it was paid for), and nothing
         is lost because the client sends it back in its next request, which stores it, or is
         refused with 507 while the disk is still full (docs/proxy.md, "A full disk")."""
+        if answer.timestamp is None:
+            answer = replace(answer, timestamp=self.clock())
         try:
             target = self.router.store_answer(session_id, answer, at)
         except EventError as exc:

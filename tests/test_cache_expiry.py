@@ -1,0 +1,126 @@
+"""A cache-stable policy re-selects when the provider's prompt cache has expired (issue 49 item 2):
+the next request is written whole anyway, so a re-selection then costs no more than an append.
+The pause is read from the messages' timestamps (the replay's recorded times; the proxy stores
+each new message with the time its request arrived), the TTL from the request (Anthropic's
+``"ttl": "1h"``) or, when it names none, the 5 minutes both providers document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from historygraph import ContextGraph, Message, Signals, ToolCall, check_invariants, create
+from historygraph.policies.cache_stable import CacheStableConfig
+from historygraph.providers.anthropic_cache import requested_ttl
+from historygraph.server.app import create_app
+from historygraph.server.config import ServerConfig
+from historygraph.store import SQLiteStore
+
+import claude_code_session as cc
+
+SIG = Signals()
+C = SIG.counter
+B = 1000
+
+
+def _steps(n: int, pause_before: int | None = None, pause: float = 0.0) -> list[Message]:
+    """A task at t = 0, then ``n`` steps 10 s apart (an assistant message calling ``cat``, its result of
+    31 lines), with ``pause`` seconds more before step ``pause_before``."""
+    msgs = [Message("system", "You are a shell agent.", timestamp=0.0), Message("user", "Find the bug.", timestamp=0.0)]
+    t = 0.0
+    for i in range(n):
+        t += 10.0 + (pause if i == pause_before else 0.0)
+        msgs.append(Message("assistant", f"step {i}", (ToolCall(f"c{i}", "bash", f'{{"cmd": "cat f{i}.py"}}'),), timestamp=t))
+        msgs.append(Message("tool", f"def f{i}(x):\n" + "    return x + 1\n" * 30, tool_call_id=f"c{i}", timestamp=t + 1.0))
+    return msgs
+
+
+def _kinds(msgs: list[Message], calls: int, ttl: float | None = None, **config: Any) -> list[tuple[str, int]]:
+    """(``stats["cache_stable"]``, history tokens) of ``prune-stable`` at each of ``calls`` calls at B = 1000."""
+    policy = create("prune-stable", **config)
+    g = ContextGraph("s", msgs[:2])
+    g.cache_ttl = ttl
+    out = []
+    for i in range(calls):
+        g.extend(msgs[2 + 2 * i: 4 + 2 * i])
+        r = policy.render(g, B, SIG)
+        check_invariants(r, g, C)
+        out.append((r.stats["cache_stable"], r.history_tokens))
+    return out
+
+
+def test_a_pause_longer_than_the_ttl_reselects_and_a_shorter_one_appends():
+    """Steps of 234 tokens: 4 fit in B = 1000, the fifth re-selects to 0.75·B, the sixth appends (the
+    history then holds more than 750 tokens). When the sixth step's result comes 300 s after the
+    fifth's (the TTL: an entry unused for more than it is dropped) it still appends; 301 s
+    re-selects, to at most 750 tokens; with the request's 1-hour TTL, or expiry off, or without timestamps, it appends."""
+    plain = _kinds(_steps(6), 6)
+    assert [k for k, _ in plain] == ["reselected", "appended", "appended", "appended", "reselected", "appended"]
+    assert plain[4][1] <= 750 < plain[5][1]
+    # the previous request ended with step 4's result, this one with step 5's: 10 s + the pause later
+    at_ttl = _kinds(_steps(6, 5, 290.0), 6)[5]
+    assert at_ttl[0] == "appended"  # 300 s: not more than the TTL
+    expired = _kinds(_steps(6, 5, 291.0), 6)[5]
+    assert expired[0] == "expired" and expired[1] <= 750
+    assert _kinds(_steps(6, 5, 291.0), 6, ttl=3600.0)[5][0] == "appended"
+    assert _kinds(_steps(6, 5, 291.0), 6, expiry=0.0)[5][0] == "appended"
+    untimed = [Message(m.role, m.content, m.tool_calls, m.tool_call_id) for m in _steps(6, 5, 291.0)]
+    assert _kinds(untimed, 6)[5][0] == "appended"
+
+
+def test_a_negative_expiry_is_refused():
+    with pytest.raises(ValueError, match="expiry must be ≥ 0 seconds"):
+        CacheStableConfig(expiry=-1.0)
+
+
+@pytest.mark.parametrize("body, ttl", [
+    ({"system": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}, 3600.0),
+    ({"system": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}, 300.0),
+    ({"tools": [{"name": "t", "cache_control": {"type": "ephemeral", "ttl": "1h"}}], "system": "plain"}, 3600.0),
+    ({"cache_control": {"type": "ephemeral", "ttl": "5m"}, "system": [{"type": "text", "text": "x"}]}, 300.0),
+    ({"system": "plain", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi",
+                                                                    "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]}, None),
+])
+def test_the_ttl_a_request_asks_for(body, ttl):
+    """The longest ``ttl`` among the breakpoints on the tools, the system blocks and the top level
+    (Anthropic, "Prompt caching": 5 minutes when the breakpoint names none); message blocks are not read."""
+    assert requested_ttl(body) == ttl
+
+
+def _serve(tmp_path: Path, system: list[dict[str, Any]], monkeypatch) -> list[str]:
+    """The 60-call Claude Code-shaped session (tests/claude_code_session.py) through the proxy at
+    B = 16k with its defaults, the proxy's clock moving 20 s per request and 410 s before request
+    45 (the 46th); the kind of rendering of each request, from its omission record."""
+    monkeypatch.setattr(cc, "SYSTEM", system)
+    up, _ = cc.provider()
+    app = create_app(ServerConfig(anthropic_upstream="http://provider", store=str(tmp_path / "s.sqlite"), budget=16_000))
+    app.state.proxy.transport = httpx.ASGITransport(app=up)
+    reads = []  # the proxy reads its clock twice a request: when it stores the request and its answer
+
+    def clock() -> float:
+        reads.append(None)
+        return 1.8e9 + 10.0 * len(reads) + (400.0 if len(reads) > 90 else 0.0)
+    app.state.proxy.clock = clock
+    cc.run([cc.asgi_client(app)], 60, {"x-api-key": "sk-ant-dummy", "anthropic-version": "2023-06-01",
+                                       "X-HistoryGraph-Session": "cc"}, stream=True)
+    app.state.proxy.store.close()
+    store = SQLiteStore(tmp_path / "s.sqlite")
+    try:
+        stored = store.messages("cc")
+        assert all(m.timestamp is not None and m.timestamp >= 1.8e9 for m in stored[:-1])  # the time each arrived
+        return [r.get("cache_stable", "") for r in store.omitted("cc")]
+    finally:
+        store.close()
+
+
+def test_the_proxy_reselects_after_a_pause_longer_than_the_requested_ttl(tmp_path, monkeypatch):
+    """Claude Code marks its system blocks with the 5-minute TTL: the request 420 s after the one before is a
+    re-selection after expiry, and no other is; with ``"ttl": "1h"`` marks the same pause is not."""
+    kinds = _serve(tmp_path / "a", cc.SYSTEM, monkeypatch)
+    assert len(kinds) == 60 and [i for i, k in enumerate(kinds) if k == "expired"] == [45]
+    hour = [{**b, "cache_control": {"type": "ephemeral", "ttl": "1h"}} for b in cc.SYSTEM]
+    kinds = _serve(tmp_path / "b", hour, monkeypatch)
+    assert len(kinds) == 60 and "expired" not in kinds
