@@ -27,7 +27,8 @@ from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import groups, one_line, recommend
-from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only
+from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, ratio,
+                                             recommend_vs_own, sessions_only)
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -534,7 +535,8 @@ def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str,
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 2 if c.startswith("bill_vs_recorded") else 1) for c in cols])
+        t.add_row(*[ratio(r.get(c)) if c.startswith("bill_vs_recorded") else
+                    _fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
     return t
 
 
