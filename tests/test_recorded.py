@@ -187,6 +187,27 @@ def test_a_bill_a_little_above_the_agents_own_never_reads_as_equal_to_it() -> No
     assert project_table(proj, [32000], "learned-stable")[1] == [["p", "1", "98", "4.94", "100.0", "0.65", "100.0", "1.004"]]
 
 
+def test_the_legend_says_which_cache_ttl_was_simulated() -> None:
+    from historygraph.eval.prompt_cache import CacheTokens
+    from historygraph.eval.recorded import one_hour_tokens
+    from historygraph.eval.sessions_view import ttl_note
+
+    # half the writes or more at the 1-hour TTL (uses_one_hour_cache's rule), on the summed tokens
+    assert one_hour_tokens(CacheTokens(write=50, write_1h=50)) and not one_hour_tokens(CacheTokens(write=51, write_1h=50))
+    assert not one_hour_tokens(CacheTokens(read=10))  # no cache writes at all (a Codex session)
+
+    def rows(*flags):  # two rows (budgets) per session, as per_trace has
+        return [{"session": f"s{k}", "cache_1h": f} for k, f in enumerate(flags) for _ in (16000, 32000)]
+
+    assert ttl_note(rows(True)).startswith("cache TTL: the session wrote the prompt cache with the 1-hour TTL, so "
+                                           "anthropic-style is simulated with 1 hour there")
+    assert "the 5 minutes of its description; the others" not in ttl_note(rows(True, True))
+    assert "all 2 sessions wrote" in ttl_note(rows(True, True))
+    assert "2 of the 3 sessions wrote" in ttl_note(rows(True, False, True)) and \
+        ttl_note(rows(True, False, True)).endswith("; the others with 5 minutes")
+    assert ttl_note(rows(False, False)) == "" and ttl_note([{"session": "x"}]) == ""
+
+
 def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> None:
     """A budget at which Full history never passes B: every policy shows everything, so the lines say
     so instead of recommending one or interpolating a budget there (the walkthrough's 11-call session)."""

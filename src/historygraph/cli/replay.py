@@ -28,7 +28,7 @@ from historygraph.eval.prices import PriceModelError, label, load_price_models, 
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import groups, one_line, recommend
 from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, ratio,
-                                             recommend_vs_own, sessions_only)
+                                             recommend_vs_own, sessions_only, ttl_note)
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -306,6 +306,8 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
     _print_cache_check(cache_checks(results))
+    if ttl_note(per_trace_rows):
+        console.print(ttl_note(per_trace_rows), markup=False, highlight=False, soft_wrap=True)
     recs = [] if sessions_only(per_trace_rows) else recommend(per_source_rows, shown)  # session logs: against the agent's own, above
     if recs:
         console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",

@@ -187,6 +187,22 @@ def sessions_only(per_trace: list[dict[str, Any]]) -> bool:
         all(r.get("recorded_price_model") for r in per_trace if r.get("invocations"))
 
 
+def ttl_note(per_trace: list[dict[str, Any]]) -> str:
+    """Which cache TTL the breakpoint caches (anthropic-style) were simulated with on session logs:
+    their description gives Anthropic's default, 5 minutes, but a session whose agent wrote its cache
+    with the 1-hour TTL (``cache_1h``, :func:`.report.add_recorded_bills`) is simulated with 1 hour;
+    ``""`` when no session did."""
+    one_hour = {r.get("session"): bool(r["cache_1h"]) for r in per_trace if r.get("cache_1h") is not None}
+    n = sum(one_hour.values())
+    if not n:
+        return ""
+    which = "the session" if len(one_hour) == 1 else (f"all {len(one_hour)} sessions" if n == len(one_hour)
+                                                        else f"{n} of the {len(one_hour)} sessions")
+    rest = "" if n == len(one_hour) else "; the others with 5 minutes"
+    return (f"cache TTL: {which} wrote the prompt cache with the 1-hour TTL, so anthropic-style is simulated with 1 hour "
+            f"there (1-hour writes at 2× input), not the 5 minutes of its description{rest}")
+
+
 def _fits(per_source: list[dict[str, Any]], source: str) -> set[int]:
     """The budgets at which Full history never passes B on ``source`` (every policy then renders it whole)."""
     return {r["budget"] for r in per_source if r.get("source") == source and r.get("policy") == "full"
