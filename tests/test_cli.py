@@ -172,6 +172,12 @@ def test_render_lists_each_message_form_and_the_omitted_ids(tmp_path):
     assert "2 omitted" in res.output and "omitted result ids: r0 r1\n" in res.output
     assert f"show s1 --result r0 --store {path}" in res.output
     assert res.output.count("placeholder") == 2
+    # B = 700 holds one 306-token result whole (two would take 612 of it beside 8 calls, the task and
+    # 7 placeholders): the count is singular and the list of 7 ids is cut after 5
+    res = runner.invoke(app, ["render", "s1", "-p", "cw-sliding-window", "-b", "700", "--store", path])
+    assert res.exit_code == 0, res.output
+    assert "tokens); 1 tool result full, 7 omitted\n" in res.output
+    assert "omitted result ids: r0 r1 r2 r3 r4 … and 2 more (all in the table above)\n" in res.output
     # --at 5: the call that produced message 5 sees two results, far under B: nothing omitted
     res = runner.invoke(app, ["render", "s1", "-p", "cw-sliding-window", "-b", "2200", "--at", "5", "--store", path, "--json"])
     assert res.exit_code == 0, res.output
@@ -811,3 +817,12 @@ def test_render_at_a_message_no_model_call_produced_names_the_nearest_calls(tmp_
         in " ".join(res.output.split()), res.output
     res = runner.invoke(app, ["render", "s", "--at", "3", "--store", path, "--json"])
     assert res.exit_code == 0 and json.loads(res.output)[-1] == {"role": "tool", "tool_call_id": "c1", "content": "out"}
+
+
+def test_counts_are_pluralised_and_long_id_lists_cut() -> None:
+    from historygraph.cli.common import few, plural
+
+    assert [plural(n, "token") for n in (0, 1, 2)] == ["0 tokens", "1 token", "2 tokens"]
+    assert plural(1, "tool result") == "1 tool result" and plural(3, "entry", "entries") == "3 entries"
+    assert few(["a", "b"]) == "a b" and few([str(i) for i in range(5)]) == "0 1 2 3 4"
+    assert few([str(i) for i in range(8)]) == "0 1 2 3 4 … and 3 more" and few(["a", "b", "c"], 2) == "a b … and 1 more"

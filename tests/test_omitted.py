@@ -193,7 +193,7 @@ def test_show_omitted_heading_stays_on_one_line_and_a_call_that_left_nothing_out
     s.store.close()
     out = CliRunner().invoke(cli_app, ["show", "small", "--omitted", "--store", str(path)], env={"COLUMNS": "60"})
     assert out.exit_code == 0, out.output
-    assert "call 1: learned-stable at B = 1000, history 0 tokens, 0 tool results omitted of 1 messages" in out.output
+    assert "call 1: learned-stable at B = 1000, history 0 tokens, 0 tool results omitted of 1 message" in out.output
     assert "┏" not in out.output  # no empty table
 
 

@@ -161,6 +161,53 @@ def test_the_recommendation_for_session_logs_is_against_the_agents_own_bill() ->
     assert picks[16000].cheaper is None
 
 
+def test_a_bill_a_little_above_the_agents_own_never_reads_as_equal_to_it() -> None:
+    """A one-session replay (58e50d6c, B = 32000) had learned-stable at 100 % recall, as much as the
+    agent's own, for 1.004× its bill: the table showed "1.00" and the line "no policy keeps as much
+    … keep it" with no word of it. Now the ratio keeps a third decimal where two would round it to
+    1.00, and the line names the policy that keeps as much for more."""
+    from historygraph.eval.sessions_view import project_table, ratio, recommend_vs_own
+
+    assert [ratio(v) for v in (1.004, 0.996, 1.0, 1.0004, 0.98, 1.1, None)] == [
+        "1.004", "0.996", "1.00", "1.00", "0.98", "1.10", "–"]
+
+    def row(policy, budget, r, recall):
+        return {"source": "ALL", "policy": policy, "budget": budget, "bill_vs_recorded_simulated": r, "recall": recall}
+
+    rows = [row(RECORDED, 32000, 1.0, 100.0), row("full", 32000, 1.0, 100.0), row("learned-stable", 32000, 1.004, 100.0),
+            row("contextrender", 32000, 3.9, 100.0), row("prune", 32000, 0.9, 57.1)]
+    (pick,) = recommend_vs_own(rows)
+    assert pick.policy is None and pick.dearer == ("learned-stable", 100.0, 1.004)
+    assert pick.line() == ("B = 32,000: no policy keeps as much as the agent's own context management for no more than its "
+                           "bill (the agent's own context keeps 100.0 %): keep it; learned-stable keeps 100.0 % but costs "
+                           "1.004× its bill; to pay less, prune keeps 57.1 % for 0.90× its bill")
+    proj = [{"budget": 32000, "project": "p", "policy": RECORDED, "sessions": 1, "calls": 98, "paid_usd": 4.94,
+             "recall": 100.0, "bill_vs_recorded": 0.65},
+            {"budget": 32000, "project": "p", "policy": "learned-stable", "recall": 100.0, "bill_vs_recorded_simulated": 1.004}]
+    assert project_table(proj, [32000], "learned-stable")[1] == [["p", "1", "98", "4.94", "100.0", "0.65", "100.0", "1.004"]]
+
+
+def test_the_legend_says_which_cache_ttl_was_simulated() -> None:
+    from historygraph.eval.prompt_cache import CacheTokens
+    from historygraph.eval.recorded import one_hour_tokens
+    from historygraph.eval.sessions_view import ttl_note
+
+    # half the writes or more at the 1-hour TTL (uses_one_hour_cache's rule), on the summed tokens
+    assert one_hour_tokens(CacheTokens(write=50, write_1h=50)) and not one_hour_tokens(CacheTokens(write=51, write_1h=50))
+    assert not one_hour_tokens(CacheTokens(read=10))  # no cache writes at all (a Codex session)
+
+    def rows(*flags):  # two rows (budgets) per session, as per_trace has
+        return [{"session": f"s{k}", "cache_1h": f} for k, f in enumerate(flags) for _ in (16000, 32000)]
+
+    assert ttl_note(rows(True)).startswith("cache TTL: the session wrote the prompt cache with the 1-hour TTL, so "
+                                           "anthropic-style is simulated with 1 hour there")
+    assert "the 5 minutes of its description; the others" not in ttl_note(rows(True, True))
+    assert "all 2 sessions wrote" in ttl_note(rows(True, True))
+    assert "2 of the 3 sessions wrote" in ttl_note(rows(True, False, True)) and \
+        ttl_note(rows(True, False, True)).endswith("; the others with 5 minutes")
+    assert ttl_note(rows(False, False)) == "" and ttl_note([{"session": "x"}]) == ""
+
+
 def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> None:
     """A budget at which Full history never passes B: every policy shows everything, so the lines say
     so instead of recommending one or interpolating a budget there (the walkthrough's 11-call session)."""
@@ -178,6 +225,8 @@ def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> No
     assert picks[16000].policy is None and not picks[16000].fits  # 80 % < the agent's 100 %
     (e,) = equal_cost(rows)
     assert (e.budget, e.side, e.ratio) == (None, "below", 0.7)  # only 16k counts: 32k holds everything
+    # and the line names the budget its figures are from, not the largest replayed
+    assert "at the largest, B = 16,000, it costs 0.70× the agent's own bill and keeps 80.0 %" in e.line([16000, 32000])
     rows = [r for r in rows if r["budget"] == 32000]
     (e,) = equal_cost(rows)
     assert e.side == "fits" and "fits every budget" in e.line([32000])

@@ -51,6 +51,13 @@ def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path
         assert "at B = 16000, 32000, 64000 tokens" in res.output
         assert "Your sessions: what you paid" in res.output and "recorded" in res.output
         assert "cache check" in res.output
+        # the Claude session wrote all its cache (105,581 tokens, read from its usage lines) with the
+        # 1-hour TTL and is simulated with it; the Codex one has no such writes
+        ttl = "cache TTL: the session wrote the prompt cache with the 1-hour TTL, so anthropic-style is simulated with 1 hour"
+        assert (ttl in " ".join(res.output.split())) == (folder.parent.name == ".claude")
+        if folder.parent.name == ".claude":
+            assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+            assert "Cache TTL: the session wrote the prompt cache with the 1-hour TTL" in (out / "report.md").read_text()
     data = json.loads((out / "replay.json").read_text())
     assert data["meta"]["budgets"] == [16000, 32000, 64000]
     rows = [r for r in data["per_source"] if r["policy"] == RECORDED]
@@ -63,7 +70,7 @@ def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path
     assert runner.invoke(app, ["report", str(out)]).exit_code == 0
     md = (out / "report.md").read_text()
     assert md.index("## Your sessions") < md.index("Recommended instead of your agent's own context management")
-    assert "## Recommended policy" not in md
+    assert "## Recommended policy" not in md and "Cache TTL" not in md
     assert "| EntityProcess/agentv | 1 | 11 |" in md  # one session of 11 model calls
 
 

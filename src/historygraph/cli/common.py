@@ -91,6 +91,22 @@ def load_policy_params(items: list[str], path: Path | None, names: list[str]) ->
     return out
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the noun that goes with it: ``plural(1, "token")`` is "1 token", ``plural(2, "tool
+    result")`` "2 tool results" (``many``: an irregular plural)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+SHOWN_IDS = 5  # ids a line lists before "… and N more"
+
+
+def few(ids: list[str], shown: int = SHOWN_IDS) -> str:
+    """``ids`` space-separated, the first ``shown`` of a longer list followed by "… and N more"."""
+    if len(ids) <= shown:
+        return " ".join(ids)
+    return " ".join(ids[:shown]) + f" … and {len(ids) - shown} more"
+
+
 def fail(msg: str, code: int = 2) -> NoReturn:
     err.print("[bold red]error:[/] ", end="")
     err.print(msg, markup=False, highlight=False, soft_wrap=True)  # paths and ids stay whole, copyable

@@ -27,7 +27,8 @@ from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, label, load_price_models, select
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.recommend import groups, one_line, recommend
-from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only
+from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, ratio,
+                                             recommend_vs_own, sessions_only, ttl_note)
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
 from historygraph.models.chat import ModelError
@@ -305,6 +306,8 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
             _print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
                          cache_models=shown)
     _print_cache_check(cache_checks(results))
+    if ttl_note(per_trace_rows):
+        console.print(ttl_note(per_trace_rows), markup=False, highlight=False, soft_wrap=True)
     recs = [] if sessions_only(per_trace_rows) else recommend(per_source_rows, shown)  # session logs: against the agent's own, above
     if recs:
         console.print("recommended: most recall for less than Full's cost with the cache (docs/evaluator.md, Recommendation):",
@@ -534,7 +537,8 @@ def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str,
     for c in cols:
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
-        t.add_row(*[_fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 2 if c.startswith("bill_vs_recorded") else 1) for c in cols])
+        t.add_row(*[ratio(r.get(c)) if c.startswith("bill_vs_recorded") else
+                    _fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
     return t
 
 

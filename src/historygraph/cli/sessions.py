@@ -14,8 +14,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from historygraph.cli.common import (ParamOption, ParamsFileOption, SessionArgument, console, existing_store, fail,
-                                     load_policy_params, one_budget, store_name, unknown_policy)
+from historygraph.cli.common import (SHOWN_IDS, ParamOption, ParamsFileOption, SessionArgument, console, existing_store,
+                                     fail, few, load_policy_params, one_budget, plural, store_name, unknown_policy)
 from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
 from historygraph.models.chat import ModelError
 from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, create
@@ -130,8 +130,8 @@ def _show_omitted(db, session: str, g: ContextGraph, as_json: bool) -> None:  # 
     for c in per_call:
         note = "".join(f", {k.replace('_', ' ')} (B asked {c[k]})" for k in NOTES if k in c)
         # the heading on its own line: as a table's title it wrapped to the width of a narrow (or empty) table
-        console.print(f"call {c['call']}: {c['policy']} at B = {c['budget']}, history {c['history_tokens']} tokens, "
-                      f"{c['omitted']} tool results omitted of {c['events']} messages{note}",
+        console.print(f"call {c['call']}: {c['policy']} at B = {c['budget']}, history {plural(c['history_tokens'], 'token')}, "
+                      f"{plural(c['omitted'], 'tool result')} omitted of {plural(c['events'], 'message')}{note}",
                       markup=False, highlight=False, soft_wrap=True, style="italic")
         if not c["items"]:
             continue
@@ -215,10 +215,11 @@ def render(
                       str(signals.counter.count_message(extra)), Text("added by the policy: " + extra.content[:120]))
     console.print(t)
     ids = [cast(str, graph.messages[p].tool_call_id) for p in r.omitted]  # (a result answers a call: it has its id)
-    console.print(f"history {r.history_tokens} / {budget} tokens (whole input {r.input_tokens}); "
-                  f"{len(r.full)} tool results full, {len(ids)} omitted")
-    if ids:
-        console.print("omitted result ids: " + " ".join(ids), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"history {r.history_tokens} / {plural(budget, 'token')} (whole input {plural(r.input_tokens, 'token')}); "
+                  f"{plural(len(r.full), 'tool result')} full, {len(ids)} omitted")
+    if ids:  # a long list abbreviated: the table above has every message with its tool call id
+        console.print("omitted result ids: " + few(ids) + ("" if len(ids) <= SHOWN_IDS else " (all in the table above)"),
+                      markup=False, highlight=False, soft_wrap=True)
         console.print(f"fetch one with: historygraph show {session} --result {ids[0]} --store {store_name(db)}",
                       markup=False, highlight=False, soft_wrap=True)
 

@@ -32,7 +32,8 @@ from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.report import recall_by_age_title, trace_set
-from historygraph.eval.sessions_view import agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only
+from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, ratio,
+                                             recommend_vs_own, sessions_only, ttl_note)
 
 SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse events"), ("recall", "recall %"),
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
@@ -155,7 +156,7 @@ def _fmt(v: Any, key: str = "") -> str:
         return "–"
     if isinstance(v, float):
         if key.startswith("bill_vs_recorded"):
-            return f"{v:.2f}"
+            return ratio(v)
         if key.startswith(("cost_cache_usd_", "bound_cache_usd_")) or key == "recorded_bill_usd":
             return f"{v:.4f}"
         return f"{v:.3f}" if key.startswith(("norm_cost", "cost_cache_", "bound_cache_")) and not key.startswith(("cost_cache_usd_", "bound_cache_usd_")) else (f"{v:.4f}" if key == "cost_usd" else f"{v:.1f}")
@@ -311,6 +312,8 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
                  "error cancels). The recorded row is what the agent itself sent after its own compactions; its cost columns "
                  "(Full history = 1) cover only the sessions whose Full history exceeds B, so they change with B although its "
                  "requests do not.")
+    if ttl_note(run.per_trace):  # the price models' descriptions give the 5-minute TTL
+        note += " " + ttl_note(run.per_trace)[0].upper() + ttl_note(run.per_trace)[1:] + "."
     cmd = run.meta.get("command", "")
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>historygraph replay report</title>"
              f"<style>{STYLE}</style></head><body>",

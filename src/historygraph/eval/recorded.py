@@ -123,8 +123,13 @@ def recorded_context(trace: Trace, j: int) -> list[Message]:
 def uses_one_hour_cache(trace: Trace) -> bool:
     """Whether the agent wrote its prompt cache with Anthropic's 1-hour TTL: at least half of the
     recorded cache writes are 1-hour writes (Claude Code asks for it on some accounts)."""
-    usage = trace.meta.get("usage") or ()
-    return sum(int(u.get("cache_write_1h") or 0) for u in usage) * 2 >= max(1, sum(int(u.get("cache_write") or 0) for u in usage))
+    return one_hour_tokens(recorded_tokens(trace)[0])
+
+
+def one_hour_tokens(t: CacheTokens) -> bool:
+    """:func:`uses_one_hour_cache` from a session's summed billed input (:func:`recorded_tokens`): the
+    1-hour writes are at least half of all cache writes (tokens)."""
+    return t.write_1h * 2 >= max(1, t.write + t.write_1h)
 
 
 def recorded_tokens(trace: Trace) -> tuple[CacheTokens, int]:

@@ -29,7 +29,7 @@ from historygraph.eval import cache_cost
 from historygraph.eval.cost import Prices, TraceCost, Usage, full_fraction, normalise, trace_cost
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.prices import PriceModel, default_price_models
-from historygraph.eval.recorded import RECORDED, cache_check, recorded_bill_tokens
+from historygraph.eval.recorded import RECORDED, cache_check, one_hour_tokens, recorded_bill_tokens
 from historygraph.eval.replay import PolicyStats, TraceResult
 from historygraph.eval.recent import COLUMNS as RECENT_COLUMNS
 from historygraph.eval.steps_metrics import COLUMNS as STEPS_COLUMNS
@@ -41,7 +41,7 @@ COLUMNS = ["scope", "budget", "source", "trace_id", "session", "policy", "traces
     ["mean_history_tokens", "max_history_tokens", "mean_input_tokens", "render_ms_median", "render_ms_p95",
      "budget_errors", "invariant_violations",
      "compactions", "selection_ms_mean", "attention_s_mean", "graph_kb_session", "revival_pct", "model_calls", "model_input_tokens", "model_output_tokens",
-     "model_seconds"] + STEPS_COLUMNS + RECENT_COLUMNS + ["recorded_price_model", "recorded_bill_usd", "bill_vs_recorded",
+     "model_seconds"] + STEPS_COLUMNS + RECENT_COLUMNS + ["recorded_price_model", "cache_1h", "recorded_bill_usd", "bill_vs_recorded",
                                                               "bill_vs_recorded_simulated"]
 
 
@@ -175,19 +175,22 @@ def add_recorded_bills(per_trace: list[dict[str, Any]], per_source: list[dict[st
     where the row has a cost, and the mean recorded bill per trace. For the ``recorded`` row itself
     the ratio checks the cache simulation against what was billed (docs/evaluator.md).
     ``bill_vs_recorded_simulated``: the row's cost over the ``recorded`` row's simulated cost, like for
-    like (the same tokenizer, estimate of the system prompt and cache simulation on both sides)."""
+    like (the same tokenizer, estimate of the system prompt and cache simulation on both sides).
+    ``cache_1h``: the session's agent wrote its prompt cache with the 1-hour TTL, so the replay
+    simulated breakpoint caches (anthropic-style) with that TTL (:func:`.recorded.uses_one_hour_cache`)."""
     sim_recorded = {(r.get("budget"), r.get("session")): r for r in per_trace if r["policy"] == RECORDED}
-    bills: dict[tuple, tuple[str, float]] = {}
+    bills: dict[tuple, tuple[str, float, bool]] = {}
     for res in results:
         if res.recorded is not None and res.home_model in models:
-            bills[(res.budget, res.session_id)] = (res.home_model, recorded_bill_tokens(res.recorded, models[res.home_model]))
+            bills[(res.budget, res.session_id)] = (res.home_model, recorded_bill_tokens(res.recorded, models[res.home_model]),
+                                                   one_hour_tokens(res.recorded[0]))
     sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0])  # Σ cost, Σ paid, n, Σ recorded simulated
     for r in per_trace:
         got = bills.get((r.get("budget"), r.get("session")))
         if got is None:
             continue
-        home, paid = got
-        r["recorded_price_model"], r["recorded_bill_usd"] = home, round(paid, 6)
+        home, paid, one_hour = got
+        r["recorded_price_model"], r["recorded_bill_usd"], r["cache_1h"] = home, round(paid, 6), one_hour
         cost = r.get(f"cost_cache_usd_{home}")
         sim = sim_recorded.get((r.get("budget"), r.get("session")), {}).get(f"cost_cache_usd_{home}")
         if cost is not None and paid and sim:

@@ -49,10 +49,10 @@ def project_table(rows: list[dict[str, Any]], budgets: list[int], policy: str) -
         if rec is None:
             continue
         cells = [p, str(rec["sessions"]), str(rec["calls"]), f"{rec['paid_usd']:.2f}", _num(rec["recall"]),
-                 _num(rec.get("bill_vs_recorded"), 2)]
+                 ratio(rec.get("bill_vs_recorded"))]
         for b in budgets:
             r = at.get((b, p, policy), {})
-            cells += [_num(r.get("recall")), _num(r.get(RATIO), 2)]
+            cells += [_num(r.get("recall")), ratio(r.get(RATIO))]
         out.append(cells)
     return head, out
 
@@ -70,6 +70,7 @@ class EqualCost:
     recorded_recall: float | None
     side: str = ""  # "below" / "above" when no replayed budget brackets the recorded bill; "fits": the history fits them all
     ratio: float | None = None  # with a side: the bill ÷ the agent's own at the edge budget
+    edge: int | None = None  # with a side: that budget (the largest or smallest at which the history does not fit)
 
     def line(self, budgets: list[int]) -> str:
         rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
@@ -78,10 +79,10 @@ class EqualCost:
         if self.side == "fits":
             return f"{self.policy}: the whole history fits every budget replayed, so it shows everything, as the agent did"
         if self.side == "below":
-            return (f"{self.policy}: cheaper at every budget replayed; at the largest, B = {budgets[-1]:,}, it costs "
-                    f"{_num(self.ratio, 2)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
-        return (f"{self.policy}: dearer at every budget replayed; at the smallest, B = {budgets[0]:,}, it costs "
-                f"{_num(self.ratio, 2)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
+            return (f"{self.policy}: cheaper at every budget replayed; at the largest, B = {self.edge or budgets[-1]:,}, it costs "
+                    f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
+        return (f"{self.policy}: dearer at every budget replayed; at the smallest, B = {self.edge or budgets[0]:,}, it costs "
+                f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
 
 
 def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[EqualCost]:
@@ -108,7 +109,7 @@ def equal_cost(per_source: list[dict[str, Any]], source: str = "ALL") -> list[Eq
         if found is None:
             below = all(c < 1.0 for _, c, _ in pts)
             b, c, r = pts[-1] if below else pts[0]
-            found = EqualCost(source, policy, None, r, rec.get("recall"), "below" if below else "above", c)
+            found = EqualCost(source, policy, None, r, rec.get("recall"), "below" if below else "above", c, b)
         out.append(found)
     return out
 
@@ -126,6 +127,7 @@ class OwnPick:
     recorded_recall: float | None
     fits: bool = False  # the whole history of every session fits in B: every policy shows it all
     cheaper: tuple[str, float, float] | None = None  # with no pick: (policy, recall, ratio), the most recall below the bill
+    dearer: tuple[str, float, float] | None = None  # with no pick: (policy, recall, ratio), the cheapest keeping as much
 
     def line(self) -> str:
         rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
@@ -134,11 +136,14 @@ class OwnPick:
         if self.policy is None:
             line = (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
                     f"bill ({rec}): keep it")
+            if self.dearer is not None:
+                name, recall, share = self.dearer
+                line += f"; {name} keeps {_num(recall)} % but costs {ratio(share)}× its bill"
             if self.cheaper is not None:
-                name, recall, ratio = self.cheaper
-                line += f"; to pay less, {name} keeps {_num(recall)} % for {_num(ratio, 2)}× its bill"
+                name, recall, share = self.cheaper
+                line += f"; to pay less, {name} keeps {_num(recall)} % for {ratio(share)}× its bill"
             return line
-        return (f"B = {self.budget:,}: {self.policy} (recall {_num(self.recall)} %, {_num(self.ratio, 2)}× the agent's own bill; "
+        return (f"B = {self.budget:,}: {self.policy} (recall {_num(self.recall)} %, {ratio(self.ratio)}× the agent's own bill; "
                 f"{rec})")
 
 
@@ -162,9 +167,15 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
         # no policy matches it (an agent that never compacted keeps 100 %): the trade-off on offer
         below = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] < 1.0]
         alt = max(below, key=lambda r: (r.get("recall") or 0.0, -r[RATIO]), default=None) if best is None else None
+        # ... and the cheapest that keeps as much, for more: said beside "keep it", so that a bill shown
+        # rounded next to the agent's own does not read as a match left out
+        same = [r for r in at if r["policy"] not in NOT_DEPLOYABLE and r.get(RATIO) is not None and r[RATIO] > 1.0
+                and (r.get("recall") or 0.0) >= (rec.get("recall") or 0.0)]
+        near = min(same, key=lambda r: (r[RATIO], -(r.get("recall") or 0.0)), default=None) if best is None else None
         out.append(OwnPick(b, best["policy"] if best else None, best.get("recall") if best else None,
                            best[RATIO] if best else None, rec.get("recall"),
-                           cheaper=None if alt is None else (alt["policy"], alt.get("recall") or 0.0, alt[RATIO])))
+                           cheaper=None if alt is None else (alt["policy"], alt.get("recall") or 0.0, alt[RATIO]),
+                           dearer=None if near is None else (near["policy"], near.get("recall") or 0.0, near[RATIO])))
     return out
 
 
@@ -174,6 +185,22 @@ def sessions_only(per_trace: list[dict[str, Any]]) -> bool:
     agent never paid for."""
     return any(r.get("recorded_price_model") for r in per_trace) and \
         all(r.get("recorded_price_model") for r in per_trace if r.get("invocations"))
+
+
+def ttl_note(per_trace: list[dict[str, Any]]) -> str:
+    """Which cache TTL the breakpoint caches (anthropic-style) were simulated with on session logs:
+    their description gives Anthropic's default, 5 minutes, but a session whose agent wrote its cache
+    with the 1-hour TTL (``cache_1h``, :func:`.report.add_recorded_bills`) is simulated with 1 hour;
+    ``""`` when no session did."""
+    one_hour = {r.get("session"): bool(r["cache_1h"]) for r in per_trace if r.get("cache_1h") is not None}
+    n = sum(one_hour.values())
+    if not n:
+        return ""
+    which = "the session" if len(one_hour) == 1 else (f"all {len(one_hour)} sessions" if n == len(one_hour)
+                                                        else f"{n} of the {len(one_hour)} sessions")
+    rest = "" if n == len(one_hour) else "; the others with 5 minutes"
+    return (f"cache TTL: {which} wrote the prompt cache with the 1-hour TTL, so anthropic-style is simulated with 1 hour "
+            f"there (1-hour writes at 2× input), not the 5 minutes of its description{rest}")
 
 
 def _fits(per_source: list[dict[str, Any]], source: str) -> set[int]:
@@ -195,3 +222,12 @@ def _k(b: int) -> str:
 
 def _num(v: Any, digits: int = 1) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
+
+
+def ratio(v: float | None) -> str:
+    """A bill ratio (÷ the agent's own, ÷ paid) as printed: 2 decimals, or 3 where 2 would show a
+    ratio that is not 1 as "1.00" (1.004 stays 1.004, so a policy dearer than the agent's own bill
+    never reads as equal to it; 1.0004 is 1.00); "–" for none."""
+    if v is None:
+        return "–"
+    return f"{v:.3f}" if f"{v:.2f}" == "1.00" and round(v, 3) != 1.0 else f"{v:.2f}"

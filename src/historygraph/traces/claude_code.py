@@ -36,13 +36,26 @@ Skipped (counted in ``meta["skipped_lines"]`` by kind): ``progress`` (streamed c
     ``file-history-snapshot``, ``queue-operation`` (prompts typed while the agent was busy),
     ``summary`` (session titles), ``pr-link`` and any other type; ``isSidechain`` lines;
     assistant lines of model ``<synthetic>`` (written by the client: API errors, "No response
-    requested."); user lines with ``isMeta: true`` ("meta": the local-command caveat and the
-    bodies of skills and slash commands); user text made only of the tags of local and slash
-    commands, ``<command-name>``, ``<command-message>``, ``<command-args>``,
+    requested."); user lines with ``isMeta: true`` made only of tags ("meta": the
+    ``<local-command-caveat>``); user text made only of the tags of local commands (``/exit``,
+    ``/ide``, ``/compact``…), ``<command-name>``, ``<command-message>``, ``<command-args>``,
     ``<local-command-stdout>``/``-stderr``/``-caveat`` and ``<system-reminder>`` ("command");
     empty user lines ("empty"); and a line whose ``uuid`` was already read ("duplicate_uuid": a
     resumed client rewrote it). Bash-mode text (``<bash-input>``, ``<bash-stdout>``), task
     notifications and "[Request interrupted by user]" are kept: they are the user's turns.
+Prompt commands and skills: a slash command that expands into a prompt (a custom command, a
+    skill) is written as its tag line followed by an ``isMeta`` line, child of it (``parentUuid``),
+    holding the body with the arguments; the two make ONE user message (the tags, a newline, the
+    body), at the tag line's time, as Claude Code sends them. A skill the model loads with the
+    ``Skill`` tool is an ``isMeta`` line after the tool's result: a user message of its own. In the
+    40 sessions studied (17 command bodies, 11 skill bodies) the billed input grew across each body
+    by about its size (the ``/github-pr-review`` body is 1,280 o200k tokens; the billed input of
+    the calls before and after it differs by 1,467 to 1,469 tokens the three times the reply
+    before it was under 20 tokens). 4 sessions open with a command: with the body, the first call
+    of 58e50d6c (version 2.1.30) leaves 42,908 tokens for the system prompt and tools
+    (:func:`historygraph.eval.recorded.fixed_tokens`), beside 43,001 for the other 2.1.30
+    session; without it, 44,213. The caveat and local commands' lines (a few dozen tokens each)
+    could not be told apart in the billed input; they stay skipped.
 Resumes and rewinds: lines form a tree through ``uuid``/``parentUuid`` (a compaction boundary has
     no parent, only a ``logicalParentUuid``, which may name a line not in the file). In the 40
     sessions studied (Claude Code 2.0.76 to 2.1.42) no rewind abandoned a branch of conversation:
@@ -113,6 +126,17 @@ class _Reply:
 
 
 @dataclass
+class _Command:
+    """A user line made only of command tags (``<command-name>`` …) held back until the next line
+    shows whether it is a prompt command (its expanded body follows) or a local one."""
+
+    uuid: str
+    blocks: list[dict]
+    timestamp: float | None
+    where: str
+
+
+@dataclass
 class _Compaction:
     trigger: Any
     pre_tokens: Any
@@ -133,6 +157,7 @@ class _Session:
         self.media: dict[int, str] = {}  # id(draft) -> Message.media
         self.call_names: dict[str, str] = {}
         self.compactions: list[_Compaction] = []
+        self.command: _Command | None = None
         self.skipped: Counter[str] = Counter()
         self.ignored_blocks: Counter[str] = Counter()
 
@@ -151,6 +176,9 @@ class _Session:
             return
         kind = rec.get("type")
         ts = epoch(rec.get("timestamp"))
+        if self.command is not None and kind in ("user", "assistant") and not (
+                rec.get("isMeta") is True and rec.get("parentUuid") == self.command.uuid):
+            self._drop_command()
         if rec.get("isSidechain") is True:
             self.skipped["sidechain"] += 1
         elif kind == "assistant":
@@ -221,7 +249,7 @@ class _Session:
     def _user(self, rec: dict, w: str, ts: float | None) -> None:
         msg, blocks = self._blocks(rec, w)
         if rec.get("isMeta") is True:
-            self.skipped["meta"] += 1
+            self._meta(rec, blocks, w, ts)
             return
         if rec.get("isCompactSummary") is True:
             kept = [Message(role="user", content=text(self.b, blocks, f"{w}.message.content")).to_dict()]
@@ -243,6 +271,9 @@ class _Session:
         body = text(self.b, rest, f"{w}.message.content")
         media = media_of(rest)
         if rest and not media and (not body.strip() or _WRAPPER.fullmatch(body)):
+            if "<command-name>" in body and not results and isinstance(rec.get("uuid"), str):
+                self.command = _Command(rec["uuid"], rest, ts, w)  # its body may follow
+                return
             self.skipped["command" if body.strip() else "empty"] += 1
             rest = []
         elif not rest and not results:
@@ -254,9 +285,33 @@ class _Session:
             if media:
                 self.media[id(draft)] = media
 
+    def _meta(self, rec: dict, blocks: list[dict], w: str, ts: float | None) -> None:
+        """An ``isMeta`` user line. Made only of tags (the local-command caveat): skipped as "meta".
+        Otherwise it is the expanded body of a prompt command or of a skill, which the model
+        received: a user message, joined after the command's tags when its parent is the command
+        line held back (Claude Code sends the two lines as one user message)."""
+        body = text(self.b, blocks, f"{w}.message.content")
+        if not body.strip() or _WRAPPER.fullmatch(body):
+            self.skipped["meta"] += 1
+            return
+        cmd, self.command = self.command, None  # line() dropped it unless this line is its body
+        if cmd is not None:
+            blocks, ts, w = cmd.blocks + blocks, cmd.timestamp, cmd.where
+        draft = self.b.add(Draft("user", text(self.b, blocks, f"{w}.message.content"), timestamp=ts, where=w))
+        media = media_of(blocks)
+        if media:
+            self.media[id(draft)] = media
+
+    def _drop_command(self) -> None:
+        """The command line held back had no body after it: a local command, skipped."""
+        self.command = None
+        self.skipped["command"] += 1
+
     # ------------------------------------------------------------------ the trace
 
     def trace(self) -> Trace:
+        if self.command is not None:
+            self._drop_command()
         drafts = list(self.b.drafts)  # finish() replaces none of them, but adds synthetic results
         messages, stats = self.b.finish()
         at, moved = _positions(drafts, messages)
