@@ -98,3 +98,26 @@ def test_a_session_without_a_store_is_cache_stable():
             assert out[:len(previous)] == previous
         previous = out
     assert s.rendering.policy == "learned-stable" and kinds.count("appended") > kinds.count("reselected")
+
+
+def test_after_a_pause_longer_than_the_cache_ttl_the_library_reselects(monkeypatch):
+    """Messages are kept with the time they arrived: with a clock moving 10 s a call, a pause of
+    400 s before a conversation's 15th step makes that call re-select (``expired``) where it
+    would otherwise have appended, with or without a store, and no other call."""
+    import historygraph.api as api
+
+    def kinds(pause: float, **kw) -> list:
+        now = [1.8e9]
+        monkeypatch.setattr(api.time, "time", lambda: now[0])
+        msgs = opening(f"Fix the parser ({pause}, {len(kw)}).")
+        out = []
+        for k in range(20):
+            now[0] += 10.0 + (pause if k == 14 else 0.0)
+            msgs += step(k, "p")
+            out.append(render_messages(msgs, budget=B, explain=True, **kw).rendering.stats.get("cache_stable"))
+        return out
+
+    for kw in ({}, {"session": "paused"}):
+        steady, paused = kinds(0.0, **kw), kinds(400.0, **{k: v + "-2" for k, v in kw.items()})
+        assert steady[14] == "appended" and "expired" not in steady, steady
+        assert [k for k, x in enumerate(paused) if x == "expired"] == [14], paused

@@ -39,13 +39,14 @@ read with ``store.omitted(session_id)``).
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Literal, NamedTuple, Sequence, overload
 
 from historygraph import telemetry
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
-from historygraph.history.sessions import derived_session_id, same_event
+from historygraph.history.sessions import derived_session_id, same_event, stamped
 from historygraph.policies import DEFAULT_POLICY, Policy, Signals, create
 from historygraph.policies.cache_stable import cache_stable
 from historygraph.render import Rendering, check_invariants
@@ -88,7 +89,9 @@ _recent_lock = threading.Lock()
 def _unstored_graph(events: Sequence[Message]) -> ContextGraph:
     """The graph of ``events`` rendered without a store: the kept graph of this conversation
     (:data:`RECENT`) whose messages are the first of ``events`` (the longest such), extended with
-    the rest, so its cache-stable state goes on; else a new graph. Raises EventError/GraphError
+    the rest, so its cache-stable state goes on; else a new graph. Events without a timestamp are
+    kept with the time they arrived (a cache-stable policy re-selects after a pause longer than
+    the prompt cache's TTL). Raises EventError/GraphError
     for invalid events (the kept graph is then dropped)."""
     key = derived_session_id(events)
     with _recent_lock:
@@ -98,8 +101,8 @@ def _unstored_graph(events: Sequence[Message]) -> ContextGraph:
         try:
             if best is not None:
                 family.remove(best)  # extended in place: dropped if an event is refused half-way
-                best.extend(events[len(best):])
-            graph = best if best is not None else ContextGraph("messages", events)
+                best.extend(stamped(events[len(best):], time.time()))
+            graph = best if best is not None else ContextGraph("messages", stamped(events, time.time()))
         except BaseException:
             _recent[key] = family
             raise
@@ -173,7 +176,7 @@ def render_events(events: Sequence[Message], *, budget: int, policy: str | Polic
         sid = None
     else:
         store = store if store is not None else default_store()
-        sid = _router(store).ingest(list(events), session).session_id
+        sid = _router(store).ingest(list(events), session, arrived=time.time()).session_id
         graph = store.graph(sid)
     sig = signals if signals is not None else _signals_for(store)
     with telemetry.render_span(sid, budget) as span:
