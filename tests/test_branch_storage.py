@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from dataclasses import replace
 
 import httpx
 
@@ -65,8 +66,8 @@ def test_an_aider_chat_stores_each_turns_new_events_once(tmp_path):
         sent = aider_request(k)
         assert r.status_code == 200 and r.headers["x-historygraph-context"] == "client-curated"
         assert forwarded[k] == sent  # forwarded as aider sent it
-        # the session of each request reads back exactly what was sent, then the answer
-        assert store.messages(r.headers["x-historygraph-session"]) == [Message.from_openai(m) for m in sent] + [
+        # the session of each request reads back exactly what was sent (with the time it arrived), then the answer
+        assert [replace(m, timestamp=None) for m in store.messages(r.headers["x-historygraph-session"])] == [Message.from_openai(m) for m in sent] + [
             Message("assistant", f"edit v{k} to v{k + 1}\n")]
     sessions = [r.headers["x-historygraph-session"] for r in responses]
     root = sessions[0]
