@@ -802,7 +802,7 @@ def reference_feature_matrix(graph, positions, counter):
     sorted word order as the vectorised code does."""
     from historygraph.policies.learned import features as fx, result_facts as rf
     from historygraph.history.graph import operations
-    from historygraph.signals.reuse import extract_values
+    from historygraph.history.reuse import extract_values
     from historygraph.signals.steps.features import files_in, identifiers_in
     from historygraph.signals.steps.view import ancestry, lowcost_steps
 

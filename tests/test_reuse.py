@@ -6,7 +6,7 @@ import pytest
 
 from historygraph.history.events import Message, ToolCall
 from historygraph.history.graph import ContextGraph
-from historygraph.signals.reuse import extract_values
+from historygraph.history.reuse import extract_values
 
 
 def test_contact_example_of_a2():

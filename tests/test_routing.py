@@ -13,7 +13,8 @@ import pytest
 from historygraph import Message
 from historygraph.history.events import EventError
 from historygraph.providers import jsonio
-from historygraph.history.sessions import MessageError, RequestMessages, SessionRouter
+from historygraph.history.sessions import SessionRouter
+from historygraph.providers.openai_chat import MessageError, RequestMessages
 from historygraph.store import MemoryStore, SQLiteStore
 
 
@@ -240,7 +241,7 @@ def anthropic_turns(steps: int) -> list[dict]:
 
 def test_the_anthropic_endpoint_converts_only_the_turns_it_has_not_seen(monkeypatch):
     from historygraph.providers import anthropic as anth
-    from historygraph.history.sessions import TurnCache
+    from historygraph.server.convert import TurnCache
 
     converted: list[int] = []
     real = anth.turn_to_canonical

@@ -10,7 +10,7 @@ from what it keeps (:meth:`historygraph.store.base.Store.pin`). It is the one mu
 nodes themselves never change.
 
 * ``reuse``: from a tool result to a later assistant message that reused one of its values
-  (Tool-Flow Analysis, :mod:`historygraph.signals.reuse`). Edges are derived from the nodes and
+  (Tool-Flow Analysis, :mod:`historygraph.history.reuse`). Edges are derived from the nodes and
   rebuilt when a stored session is reopened; the TFA values of each message, a pure function of
   it, are read from the session's derived rows when a store kept them (:data:`TFA_VALUES`,
   :mod:`historygraph.history.derived`).
@@ -35,14 +35,14 @@ import numpy as np
 
 from historygraph.history.derived import Derived, DerivedKind, pack_array, snapshot_due, unpack_array
 from historygraph.history.events import EventError, Message
-from historygraph.signals.reuse import ReuseIndex, ReuseMatch, extract_values
+from historygraph.history.reuse import ReuseIndex, ReuseMatch, extract_values
 
 T = TypeVar("T")
 
-TFA_VALUES = DerivedKind("tfa.values", ("historygraph.signals.reuse", "historygraph.history.graph"))
+TFA_VALUES = DerivedKind("tfa.values", ("historygraph.history.reuse", "historygraph.history.graph"))
 """Derived rows of the TFA values (ContextRender A.2) of each message: a tool result's sorted
 values; an assistant message's, one sorted list per operation (:func:`operations`)."""
-TFA_SCORES = DerivedKind("tfa.scores", ("historygraph.signals.reuse", "historygraph.history.graph", "historygraph.history.derived"))
+TFA_SCORES = DerivedKind("tfa.scores", ("historygraph.history.reuse", "historygraph.history.graph", "historygraph.history.derived"))
 """The snapshot of TFA scores ``c_t`` (ContextRender eq. 1) one :meth:`ContextGraph.reuse_scores`
 call computed: one row at position 0, ``{"upto": messages then, "positions": …, "scores": …}``
 (arrays by :func:`~historygraph.history.derived.pack_array`). A reopened graph takes each score from it

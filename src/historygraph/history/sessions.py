@@ -54,8 +54,8 @@ one request, tool calls without their results between them.
 it with the stored session event by event, after parsing every message, costs O(history) in
 Python per request. The router therefore remembers, per session (an LRU of ``prefix_cache``
 sessions per process), the client's own JSON objects of the messages it last stored there
-(:class:`RequestMessages` keeps them; the proxy's OpenAI endpoint keeps each message's bytes as
-the client sent them, unparsed). Stored positions never change (sessions are append-only,
+(the ``raw`` of a request's messages, :class:`historygraph.providers.openai_chat.RequestMessages`:
+the proxy's OpenAI endpoint keeps each message's bytes as the client sent them, unparsed). Stored positions never change (sessions are append-only,
 branches are other sessions), so when the leading messages of a request are equal (as bytes, or
 as JSON values) to the remembered ones, they equal the stored events: that prefix is recognised
 by one C-level list comparison and is neither parsed nor compared again (a message re-sent with
@@ -73,13 +73,11 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Sequence, overload
+from typing import Any, Sequence
 
-from historygraph.history.events import CACHE_MARK, EventError, Message
-from historygraph.providers import anthropic as anth
+from historygraph.history.events import CACHE_MARK, Message
 from historygraph.history.graph import ContextGraph
 from historygraph.store import AppendConflict, Store, StoreError
-from historygraph.providers import jsonio
 
 SESSION_HEADER = "x-historygraph-session"
 
@@ -186,56 +184,12 @@ def common_prefix(stored: Sequence[Message], incoming: Sequence[Message], start:
     return n
 
 
-class MessageError(EventError):
-    """A request message that cannot be parsed; ``index`` is its position in the request."""
-
-    def __init__(self, index: int, exc: EventError) -> None:
-        super().__init__(f"messages[{index}]: {exc}")
-        self.index, self.reason = index, str(exc)
-
-
-class RequestMessages(Sequence[Message]):
-    """The messages of one request in OpenAI form (``developer`` read as ``system``), each parsed
-    when first read and at most once; ``raw`` keeps the client's JSON objects, or their unparsed
-    bytes (``msgspec.Raw`` items of :func:`historygraph.providers.jsonio.loads_request`; see
-    "Incremental comparison" above). ``read_as``: positions whose message stands for another
-    event (a client's text echo of a tool call and its output,
-    :mod:`historygraph.providers.text_calls`), read as that event.
-
-    Raises (on reading a message): :class:`MessageError` naming the message that is invalid.
-    """
-
-    def __init__(self, raw: list[Any], read_as: dict[int, Message] | None = None) -> None:
-        self.raw = raw
-        self._parsed: list[Message | None] = [None] * len(raw)
-        for i, m in (read_as or {}).items():
-            self._parsed[i] = m
-
-    def __len__(self) -> int:
-        return len(self.raw)
-
-    @overload
-    def __getitem__(self, i: int) -> Message: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Message]: ...
-
-    def __getitem__(self, i: int | slice) -> Message | list[Message]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self.raw)))]
-        m = self._parsed[i]
-        if m is None:
-            try:
-                m = self._parsed[i] = Message.from_openai(jsonio.item(self.raw[i], check=True))
-            except ValueError as exc:  # EventError, an unparsed item that is not JSON, or holds what no provider reads
-                raise MessageError(i if i >= 0 else len(self.raw) + i,
-                                   exc if isinstance(exc, EventError) else EventError(
-                                       str(exc) if isinstance(exc, jsonio.UnusableJSON) else f"not valid JSON: {exc}")) from None
-        return m
-
-    def parse_all(self) -> list[Message]:
-        """Every message, parsed (raises :class:`MessageError` for the first invalid one)."""
-        return self[:]
+def raw_of(messages: Sequence[Message]) -> list[Any] | None:
+    """The client's JSON of each of ``messages`` (their ``raw``, a list, as
+    :class:`historygraph.providers.openai_chat.RequestMessages` keeps it), or ``None`` (a plain
+    sequence of messages)."""
+    raw = getattr(messages, "raw", None)
+    return raw if isinstance(raw, list) else None
 
 
 def known_prefix(cached: list[Any] | None, raw: list[Any]) -> int:
@@ -335,16 +289,18 @@ class SessionRouter:
 
     def ingest(self, messages: Sequence[Message], session_id: str | None = None, meta: dict | None = None,
                arrived: float | None = None) -> Ingest:
-        """Store what is new in ``messages`` (see module docstring). With a
-        :class:`RequestMessages`, the prefix equal to what this router last stored in a session is
-        recognised without parsing or comparing it ("Incremental comparison"). ``arrived``: the
+        """Store what is new in ``messages`` (see module docstring). When ``messages`` also has
+        ``raw``, the client's JSON of each message (a list, item ``i`` standing for message ``i``:
+        :class:`historygraph.providers.openai_chat.RequestMessages`), the prefix equal to what this
+        router last stored in a session is recognised without parsing or comparing it ("Incremental
+        comparison"). ``arrived``: the
         request's time (seconds since the epoch), stored as the timestamp of each new message that
         has none (a cache-stable policy reads the pauses between requests from them).
 
         Raises:
             EventError/GraphError: the new events are invalid (nothing is written).
         """
-        raw = messages.raw if isinstance(messages, RequestMessages) else None
+        raw = raw_of(messages)
         opening = None if session_id else derived_session_id(messages)
         root = session_id or opening
         assert root is not None
@@ -426,8 +382,9 @@ class SessionRouter:
         self._known.add(sid)
         if len(messages) > at:
             self.store.append(sid, stamped(messages[at:], arrived), expected_length=at)
-        if isinstance(messages, RequestMessages):
-            self._remember(sid, list(messages.raw))
+        raw = raw_of(messages)
+        if raw is not None:
+            self._remember(sid, list(raw))
         return Ingest(sid, len(messages), forked_from=forked_from, graph=self.store.graph(sid), created=True)
 
     def store_answer(self, session_id: str, answer: Message, at: int | None = None) -> str:
@@ -454,51 +411,3 @@ class SessionRouter:
                 target = self._branch(root, session_id, at, [*stored[:at], answer], None).session_id
             self.note_answer(target, answer)
             return target
-
-
-class TurnCache:
-    """The Anthropic endpoint's "Incremental comparison": per conversation (an LRU of ``size`` per
-    process), the wire turns last converted (their unparsed bytes, or JSON values) and their
-    canonical messages. Wire turns do not map one to one onto events (a user turn holds any
-    number of tool results), but each turn's conversion depends on that turn and its index alone
-    (:func:`historygraph.providers.anthropic.turn_to_canonical`), so a request whose leading turns
-    equal those last converted reuses their messages (the same objects the store holds, so
-    comparing them with the stored events is cheap) and parses and converts only the rest.
-    ``size`` 0 keeps nothing (every request converted in full)."""
-
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._items: OrderedDict[str, tuple[list[Any], list[list[tuple[Message, anth.Piece]]]]] = OrderedDict()
-        self._guard = threading.Lock()
-
-    @staticmethod
-    def key(session_id: str | None, system: Any, turns: Sequence[Any]) -> str:
-        """The conversation: the session header, else the system field and the first turn (any
-        key is correct, since only equal turns at equal indices are reused; it decides hits)."""
-        if session_id:
-            return "id:" + session_id
-        first = bytes(turns[0]) if turns and isinstance(turns[0], jsonio.Raw) else repr(turns[:1]).encode()
-        return "auto:" + hashlib.sha256(repr(system).encode() + b"\0" + first).hexdigest()
-
-    def convert(self, key: str, system: Any, turns: list[Any]) -> tuple[list[Message], list[anth.Piece | None]]:
-        """:func:`~historygraph.providers.anthropic.to_canonical` of ``system`` and ``turns`` (items
-        unparsed or JSON values). Raises :class:`EventError` naming the field at fault."""
-        with self._guard:
-            cached = self._items.get(key)
-            if cached is not None:
-                self._items.move_to_end(key)
-        n = known_prefix(cached[0], turns) if cached is not None else 0
-        converted = list(cached[1][:n]) if cached is not None else []
-        for i in range(n, len(turns)):
-            try:
-                turn = jsonio.item(turns[i], check=True)
-            except ValueError as exc:
-                raise EventError(f"messages[{i}]: not valid JSON: {exc}") from None
-            converted.append(anth.turn_to_canonical(turn, i))
-        if self.size > 0:
-            with self._guard:
-                self._items[key] = (list(turns), converted)
-                self._items.move_to_end(key)
-                while len(self._items) > self.size:
-                    self._items.popitem(last=False)
-        return anth.join_turns(system, converted)

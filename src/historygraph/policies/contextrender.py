@@ -11,7 +11,7 @@ Source: ContextRender, "ContextRender: From Execution Dependencies to Agent Cont
 3. Relevance (eq. 5): ``s_t(r) = max(cos(emb(r), q_t), 0)``.
 4. Usefulness (eq. 2): ``U = W_rec·e^{−λ·a} + W_reuse·(1 − e^{−γ·c}) + W_rel·s`` with
    ``W_rec = W_reuse = W_rel = 1``, ``λ = 0.3``, ``γ = 0.2`` (A.3); ``a`` is the age in turns and ``c``
-   the TFA reuse score of eq. 1 (:mod:`historygraph.signals.reuse`).
+   the TFA reuse score of eq. 1 (:mod:`historygraph.history.reuse`).
 5. Greedy selection (A.4, eq. 6–7): start from S = ∅; among results whose addition keeps the
    assembled history within B, take the one with the highest ``R = U − 0.5·D(r, S)``, where
    ``D(r, S) = max(0, max_{r'∈S} cos(emb(r), emb(r')))``. Candidates are visited in transcript

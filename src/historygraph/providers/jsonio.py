@@ -24,8 +24,9 @@ selects, so a body msgspec reads costs nothing more.
 A proxied request re-sends the whole conversation, and most of it is forwarded as the client
 sent it; :func:`loads_request` therefore leaves each item of the ``messages`` array unparsed, as
 a ``msgspec.Raw`` (the client's bytes of that item, copied verbatim by :func:`dumps`), parsed by
-:func:`item` only when the proxy needs its value (``historygraph.history.sessions``: only the
-messages that are new or differ from those last stored are).
+:func:`item` only when the proxy needs its value (:mod:`historygraph.providers.openai_chat` and
+``historygraph.history.sessions``: only the messages that are new or differ from those last
+stored are).
 """
 
 from __future__ import annotations

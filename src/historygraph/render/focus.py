@@ -2,7 +2,7 @@
 (:func:`historygraph.render.markers.excerpt_for`, issue 39, item 3).
 
 The focus of a rendering is the set of Tool-Flow Analysis values (ContextRender A.2,
-:func:`~historygraph.signals.reuse.extract_values`) of the last :data:`FOCUS_MESSAGES` assistant
+:func:`~historygraph.history.reuse.extract_values`) of the last :data:`FOCUS_MESSAGES` assistant
 messages' operations (their text and each tool call's name and arguments) and of the current
 user message. These are production signals only: the stored messages before the call being
 rendered, never what a later turn did (the evaluator's reuse labels). An oversized result's lines
@@ -14,7 +14,7 @@ opened, a function it grepped for, an error it is fixing). :data:`FOCUS_MESSAGES
 from __future__ import annotations
 
 from historygraph.history.graph import ContextGraph, operations
-from historygraph.signals.reuse import extract_values
+from historygraph.history.reuse import extract_values
 
 #: How many of the latest assistant messages the focus reads (our choice; docs/policies.md).
 FOCUS_MESSAGES = 3

@@ -2,7 +2,8 @@
 (``GET /v1/models``, passed through to the upstream of the client's API).
 
 A chat request is handled as the module docstring of :mod:`historygraph.server.proxy` describes:
-its ``messages`` are parsed only as far as routing needs (:class:`RequestMessages`), routed,
+its ``messages`` are parsed only as far as routing needs
+(:class:`~historygraph.providers.openai_chat.RequestMessages`), routed,
 rendered under B and forwarded; a message rendered unchanged is sent as the client's original JSON.
 A client that restates its tool calls as text (smolagents) is read as the calls and results they
 stand for, rendered under B less the echoes' framing, and sent back in its own form
@@ -19,9 +20,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from historygraph import telemetry
-from historygraph.history.sessions import RequestMessages
 from historygraph.render import Rendering
 from historygraph.providers import jsonio, text_calls
+from historygraph.providers.openai_chat import RequestMessages
 from historygraph.server import recall_tool
 from historygraph.server.errors import ClientError, openai_error
 from historygraph.server.proxy import ARRIVAL
@@ -55,7 +56,7 @@ async def chat_completions(request: Request) -> Response:
         pins = proxy.pin_refs(request)
 
         def read_and_prepare() -> tuple[str, Rendering, int, int, text_calls.TextCalls | None]:
-            # in the worker thread, and parsed only as far as routing needs (sessions.RequestMessages)
+            # in the worker thread, and parsed only as far as routing needs (openai_chat.RequestMessages)
             echoes = text_calls.read(raw, proxy.signals.counter.count_message)
             b = budget if echoes is None else max(1, budget - echoes.framing)  # what is forwarded stays within B
             return (*proxy.prepare(RequestMessages(raw, echoes.events if echoes else None), sid, policy, b, pins, span), echoes)

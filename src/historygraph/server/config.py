@@ -102,7 +102,7 @@ class ServerConfig:
             their graphs (:attr:`Store.graph_cache`, with the policies' per-graph state), the
             client messages last stored and the Anthropic wire turns last converted, so that a
             re-sent history is recognised without parsing it (:mod:`historygraph.history.sessions`,
-            "Incremental comparison", :class:`TurnCache`); 0 remembers no messages or turns
+            "Incremental comparison", :class:`~historygraph.server.convert.TurnCache`); 0 remembers no messages or turns
             (every request is parsed and compared in full) and keeps one graph.
         embed_threads: intra-op threads of this process's sentence embedder; ``None`` = all cores
             (``historygraph serve --workers N`` gives each worker cores // N, so that the workers'

@@ -2,14 +2,21 @@
 body and forwarding it: convert the request to canonical messages and prepare its rendering
 (:func:`prepare_converted`), pair each rendered message with the request's own piece
 (:func:`pieces_shown`), and count a request's tokens as it would be forwarded
-(:func:`count_rendered`). A conversion error is a 400 naming the request's field."""
+(:func:`count_rendered`). A conversion error is a 400 naming the request's field. The Anthropic
+endpoint converts only the wire turns it has not seen last time (:class:`TurnCache`)."""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from historygraph.history.events import EventError, Message
 from historygraph.history.graph import ContextGraph
+from historygraph.history.sessions import known_prefix
+from historygraph.providers import anthropic as anth
+from historygraph.providers import jsonio
 from historygraph.render import Rendering
 from historygraph.server.errors import ClientError
 
@@ -53,3 +60,51 @@ def count_rendered(proxy: Any, convert: Callable[[], Converted], field: str, pol
     b = proxy.calibration.adjusted_budget(budget) if proxy.config.calibrate else budget
     rendering = proxy.render_or_smallest(graph, policy, max(1, b))
     return proxy.calibration.estimate_request(rendering.messages, tools)
+
+
+class TurnCache:
+    """The Anthropic endpoint's "Incremental comparison" (:mod:`historygraph.history.sessions`):
+    per conversation (an LRU of ``size`` per process), the wire turns last converted (their
+    unparsed bytes, or JSON values) and their canonical messages. Wire turns do not map one to one onto events (a user turn holds any
+    number of tool results), but each turn's conversion depends on that turn and its index alone
+    (:func:`historygraph.providers.anthropic.turn_to_canonical`), so a request whose leading turns
+    equal those last converted reuses their messages (the same objects the store holds, so
+    comparing them with the stored events is cheap) and parses and converts only the rest.
+    ``size`` 0 keeps nothing (every request converted in full)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._items: OrderedDict[str, tuple[list[Any], list[list[tuple[Message, anth.Piece]]]]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    @staticmethod
+    def key(session_id: str | None, system: Any, turns: Sequence[Any]) -> str:
+        """The conversation: the session header, else the system field and the first turn (any
+        key is correct, since only equal turns at equal indices are reused; it decides hits)."""
+        if session_id:
+            return "id:" + session_id
+        first = bytes(turns[0]) if turns and isinstance(turns[0], jsonio.Raw) else repr(turns[:1]).encode()
+        return "auto:" + hashlib.sha256(repr(system).encode() + b"\0" + first).hexdigest()
+
+    def convert(self, key: str, system: Any, turns: list[Any]) -> tuple[list[Message], list[anth.Piece | None]]:
+        """:func:`~historygraph.providers.anthropic.to_canonical` of ``system`` and ``turns`` (items
+        unparsed or JSON values). Raises :class:`EventError` naming the field at fault."""
+        with self._guard:
+            cached = self._items.get(key)
+            if cached is not None:
+                self._items.move_to_end(key)
+        n = known_prefix(cached[0], turns) if cached is not None else 0
+        converted = list(cached[1][:n]) if cached is not None else []
+        for i in range(n, len(turns)):
+            try:
+                turn = jsonio.item(turns[i], check=True)
+            except ValueError as exc:
+                raise EventError(f"messages[{i}]: not valid JSON: {exc}") from None
+            converted.append(anth.turn_to_canonical(turn, i))
+        if self.size > 0:
+            with self._guard:
+                self._items[key] = (list(turns), converted)
+                self._items.move_to_end(key)
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        return anth.join_turns(system, converted)

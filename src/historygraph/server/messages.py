@@ -1,8 +1,8 @@
 """The Anthropic Messages endpoints: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 * ``POST /v1/messages``: the request's ``system`` and ``messages`` are converted to canonical events
-  (:mod:`historygraph.providers.anthropic`; only the turns not seen last time, :class:`TurnCache`),
-  routed, rendered under B and forwarded as the module docstring of :mod:`historygraph.server.proxy`
+  (:mod:`historygraph.providers.anthropic`; only the turns not seen last time,
+  :class:`~historygraph.server.convert.TurnCache`), routed, rendered under B and forwarded as the module docstring of :mod:`historygraph.server.proxy`
   describes; a turn rendered unchanged is sent as the client's original JSON. The client's
   ``cache_control`` breakpoints are kept (on a placeholder for a block it replaces) and, with
   ``serve --cache-breakpoints`` (the default), the proxy adds its own after the tools and system
@@ -26,11 +26,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from historygraph import telemetry
-from historygraph.history.sessions import TurnCache
 from historygraph.providers import anthropic as anth
 from historygraph.providers.anthropic_cache import moved_breakpoints, place_breakpoints, requested_ttl
 from historygraph.server import recall_tool
-from historygraph.server.convert import Converted, count_rendered, pieces_shown, prepare_converted
+from historygraph.server.convert import Converted, TurnCache, count_rendered, pieces_shown, prepare_converted
 from historygraph.server.errors import ClientError, anthropic_error
 from historygraph.server.proxy import ARRIVAL
 from historygraph.server.threads import run_in_threadpool

@@ -47,15 +47,16 @@ from starlette.background import BackgroundTask
 
 from historygraph import telemetry
 from historygraph.history.events import EventError, Message
-from historygraph.history.sessions import (SESSION_HEADER, Ingest, MessageError, SessionRouter, TurnCache, derived_session_id,
-                                          session_id_problem)
+from historygraph.history.sessions import SESSION_HEADER, Ingest, SessionRouter, derived_session_id, session_id_problem
 from historygraph.policies.cache_stable import cache_stable, inspect
 from historygraph.policies import PolicyError, Signals, check_production, create
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
+from historygraph.providers.openai_chat import MessageError
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
 from historygraph.render.omissions import omission_record
 from historygraph.server.config import ServerConfig
+from historygraph.server.convert import TurnCache
 from historygraph.server.curated import client_curated
 from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
@@ -268,8 +269,8 @@ class Proxy:
         """Steps 1–3 of the module docstring, in a worker thread: the session used, its rendering,
         the rendered messages' tokens (:meth:`_render`) and the number of events the request left
         the session holding (its messages: where its answer goes, :meth:`store_answer`). ``messages``: parsed events, or a
-        :class:`RequestMessages` parsed as far as routing needs (the prefix this process last
-        stored is recognised without parsing it). ``pins``: items to pin in the session once the
+        :class:`~historygraph.providers.openai_chat.RequestMessages` parsed as far as routing needs
+        (the prefix this process last stored is recognised without parsing it). ``pins``: items to pin in the session once the
         request's messages are stored (:meth:`pin_refs`, :meth:`pin`). New messages are stored with
         the request's time; ``cache_ttl``: the prompt cache's TTL the request asks for, in seconds
         (:attr:`~historygraph.history.graph.ContextGraph.cache_ttl`; ``None``: the provider's default)."""
@@ -401,7 +402,8 @@ class Proxy:
     async def read_json(self, request: Request, raw_messages: bool = False, require: str | None = "messages") -> dict[str, Any]:
         """The request body as a JSON object; 413 over the size limit, 400 when not JSON.
         ``raw_messages``: the items of ``messages`` stay unparsed (:func:`jsonio.loads_request`, with
-        this process's :class:`jsonio.ArrayCache`; :class:`RequestMessages` parses those it needs).
+        this process's :class:`jsonio.ArrayCache`;
+        :class:`~historygraph.providers.openai_chat.RequestMessages` parses those it needs).
         ``require``: the list field the body must have (``None``: none). The bytes read are kept
         in ``request.state.historygraph_body``."""
         size, chunks = 0, []

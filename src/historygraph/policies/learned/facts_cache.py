@@ -25,7 +25,7 @@ from historygraph.policies.learned.graph_state import GraphFacts
 from historygraph.policies.learned.result_facts import KINDS, ResultFacts, command_key, extract_facts, words
 from historygraph.policies.learned.snapshot import keep_facts, new_facts
 from historygraph.policies.learned.stored_kinds import RESULT_FACTS, TASK_FACTS
-from historygraph.signals.reuse import extract_values
+from historygraph.history.reuse import extract_values
 from historygraph.signals.steps.features import identifiers_in
 from historygraph.signals.tokens import TokenCounter
 

@@ -4,7 +4,7 @@ Every feature is computed from what a production system has when it renders the 
 invocation ``t`` (``t = graph.turns``): the stored messages, their tool calls, and the observed
 reuse of Tool-Flow Analysis (TFA, "ContextRender: From Execution Dependencies to Agent Context", arXiv:2609.37743,
 §3.2 and A.2; here
-:mod:`historygraph.signals.reuse`). Nothing reads the future and nothing uses the evaluator's
+:mod:`historygraph.history.reuse`). Nothing reads the future and nothing uses the evaluator's
 B.4 labelling rule (:mod:`historygraph.eval.recall`): identifiers are TFA values, words are plain
 lower-cased words.
 
@@ -78,7 +78,7 @@ from historygraph.policies.learned.flat_tables import query_ids
 from historygraph.policies.learned.graph_state import RECENT_TURNS, STATIC, GraphFacts, read_reuse
 from historygraph.policies.learned.result_facts import ResultFacts, words
 from historygraph.signals.int_table import LOG1P, IntTable
-from historygraph.signals.reuse import extract_values
+from historygraph.history.reuse import extract_values
 from historygraph.signals.steps.features import files_in, identifiers_in
 from historygraph.signals.steps.view import latest_ancestry_results
 from historygraph.signals.tokens import TokenCounter

@@ -130,7 +130,7 @@ class GraphFacts:
 
 def read_reuse(gf: GraphFacts, graph: ContextGraph) -> None:
     """Bring the per-row reuse state up to date with the results whose matches or score changed
-    since it was last read (:attr:`~historygraph.signals.reuse.ReuseIndex.touched`)."""
+    since it was last read (:attr:`~historygraph.history.reuse.ReuseIndex.touched`)."""
     reuse = graph.reuse
     touched = reuse.touched
     if gf.reuse_read >= len(touched):

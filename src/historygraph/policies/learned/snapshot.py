@@ -86,7 +86,7 @@ def _pack_facts(gf: GraphFacts) -> dict[str, Any]:
     the per-result facts (rebuilt on demand: ``GraphFacts.facts``) and the task (per render). The
     observed-reuse state is the one :func:`~historygraph.policies.learned.graph_state.read_reuse`
     left: read up to its ``reuse_read`` entries of the graph's TFA index
-    (:attr:`~historygraph.signals.reuse.ReuseIndex.touched`, appended to in message order, so the
+    (:attr:`~historygraph.history.reuse.ReuseIndex.touched`, appended to in message order, so the
     same prefix on a graph reopened with these messages)."""
     rows = list(gf.row_of)
     data: dict[str, Any] = {"upto": gf.upto, "encoding": gf.encoding, "rows": rows,

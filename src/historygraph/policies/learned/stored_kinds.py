@@ -15,14 +15,14 @@ RESULT_FACTS = DerivedKind("learned.facts", (_LEARNED + "result_facts", _LEARNED
 identifiers, words, error]`` (sorted lists), an assistant message's ``[identifiers]``."""
 
 TASK_FACTS = DerivedKind("learned.task", (_LEARNED + "result_facts", _LEARNED + "facts_cache", *STEP_MODULES,
-                                          "historygraph.signals.reuse"))
+                                          "historygraph.history.reuse"))
 """A derived row at the position of the task (the first user message): ``[values, words,
 identifiers]`` of its text (sorted lists), so that a reopened session's first render does not run
 the extractors over the task again (a long prompt)."""
 
 FACTS_SNAPSHOT = DerivedKind("learned.graph", (_LEARNED + "result_facts", _LEARNED + "flat_tables",
                                                _LEARNED + "graph_state", _LEARNED + "snapshot",
-                                               _LEARNED + "facts_cache", *STEP_MODULES, "historygraph.signals.reuse",
+                                               _LEARNED + "facts_cache", *STEP_MODULES, "historygraph.history.reuse",
                                                "historygraph.history.graph", "historygraph.history.derived"))
 """A derived row (position 0) holding the per-graph state of
 :func:`~historygraph.policies.learned.facts_cache.graph_facts` at a known number of messages
