@@ -59,7 +59,7 @@ def test_a_minor_collection_replaces_the_oldest_young_results_until_the_young_sh
     """prune with every reuse probability 0 (so the oldest first), young = 0.9, B = 1000, steps of 234 tokens of
     which a placeholder saves 190: the history fits up to 4 steps (936); the fifth (1,170) passes
     B, and instead of a re-selection the two oldest results become placeholders: one would leave
-    980 > 900, two leave 790. The opening stays as sent (the old generation), and the next calls
+    980 > 900, two leave 790. The opening and the first call stay as sent (the old generation), and the next calls
     collect again, each keeping the previous collection's messages byte for byte."""
     policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0), base=RankedPrune({}))
     rs, msgs = _run(policy, 7)
@@ -69,11 +69,12 @@ def test_a_minor_collection_replaces_the_oldest_young_results_until_the_young_sh
     assert prev.history_tokens == 936 and r.history_tokens == 936 + 234 - 2 * 190 == 790
     assert [p for m, p in zip(r.messages, r.positions) if m.rendered_as == "placeholder"] == [3, 5]
     assert set(r.full) == {7, 9, 11} and r.messages[:2] == prev.messages[:2]
-    assert r.stats["cache_boundaries"] == [2, 10]  # the old generation read, the new one written (at the latest call)
+    # the old generation read (the opening and the first call), the new one written (after the latest call)
+    assert r.stats["cache_boundaries"] == [3, 11]
     assert r.reasons[3].startswith("placeholder: collected from the young generation")
-    # the next call: the fifth step's result (9, no longer the newest) goes; the first 10 messages stay
+    # the next call: the fifth step's result (9, no longer the newest) goes; the first 11 messages stay
     nxt = rs[5]
-    assert nxt.messages[:10] == r.messages[:10] and nxt.stats["cache_boundaries"] == [10, 12]
+    assert nxt.messages[:11] == r.messages[:11] and nxt.stats["cache_boundaries"] == [11, 13]
     assert [p for m, p in zip(nxt.messages, nxt.positions) if m.rendered_as == "placeholder"] == [3, 5, 11]
     assert nxt.history_tokens == 790 + 234 - 190
 
@@ -120,14 +121,14 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
         store.append("s", msgs[2 + 2 * i: 4 + 2 * i])
         one.render(store.graph("s"), B, SIG)
     text = store.policy_state("s", stable_state.key("prune-stable"))
-    assert json.loads(text)["boundary"] == 2
+    assert json.loads(text)["boundary"] == 3
     store.append("s", msgs[10:12])
     two = CacheStable("prune-stable", cfg, base=RankedPrune({}))  # another process: its memo empty
     g = store.graph("s")
     state = stable_state.decode(text, g)
-    assert state is not None and state["boundary"] == 2
+    assert state is not None and state["boundary"] == 3
     r = two.render(g, B, SIG)
-    assert r.stats["cache_stable"] == "collected" and r.stats["cache_boundaries"] == [2, 10]
+    assert r.stats["cache_stable"] == "collected" and r.stats["cache_boundaries"] == [3, 11]
 
 
 def _words(n: int) -> str:
@@ -168,6 +169,27 @@ def test_at_most_four_breakpoints_the_opening_then_the_new_generation_dropped_fi
     assert breakpoints(place_breakpoints(client, ends)) == [(1, 0, 0), (2, 2, 0), (2, 4, 0), (2, 7, 0)]
     client2 = {**client, "tools": [{"name": "t", "input_schema": {}, "cache_control": {"type": "ephemeral"}}]}
     assert breakpoints(place_breakpoints(client2, ends)) == [(0, 0, 0), (1, 0, 0), (2, 2, 0), (2, 7, 0)]
+
+
+def test_a_collection_moves_a_claude_code_mark_to_the_old_generations_end():
+    """Claude Code's four marks (two system blocks, the last two messages) leave no room for ours.
+    At a minor collection (rule 4) the old generation's end must be read: with the client's marks
+    on turns 6 and 7 and the generations ending at turns 2 and 6, no client mark lies inside the
+    rewritten part but the new end's and the last, so the first system block's goes (its prefix is
+    inside the one read at turn 2); a mark on turn 4 (rewritten) would go instead; at an append
+    nothing moves."""
+    cc = {"type": "ephemeral"}
+    wire = [{"role": "user" if k % 2 == 0 else "assistant", "content": [{"type": "text", "text": f"turn {k}"}]}
+            for k in range(8)]
+    marked = [dict(t, content=[{**t["content"][0], "cache_control": cc}]) if k in (6, 7) else t for k, t in enumerate(wire)]
+    system = [{"type": "text", "text": "s1", "cache_control": cc}, {"type": "text", "text": "s2", "cache_control": cc}]
+    body = {"model": "m", "system": system, "messages": marked}
+    client = [(1, 0, 0), (1, 1, 0), (2, 6, 0), (2, 7, 0)]
+    assert breakpoints(place_breakpoints(body, [(2, 0), (6, 0)])) == client  # no room, not a collection
+    assert breakpoints(place_breakpoints(body, [(2, 0), (6, 0)], collected=True)) == [(1, 1, 0), (2, 2, 0), (2, 6, 0), (2, 7, 0)]
+    stale = {**body, "messages": [dict(t, content=[{**t["content"][0], "cache_control": cc}]) if k in (4, 7) else t
+                                  for k, t in enumerate(wire)]}
+    assert breakpoints(place_breakpoints(stale, [(2, 0), (6, 0)], collected=True)) == [(1, 0, 0), (1, 1, 0), (2, 2, 0), (2, 7, 0)]
 
 
 def test_a_tool_results_generation_end_is_its_own_block_in_the_shared_turn():

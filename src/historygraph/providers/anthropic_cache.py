@@ -34,6 +34,14 @@ cost with the cache and the proxy's requests agree):
 3. Never more than :data:`MAX_BREAKPOINTS` in all: ours are dropped first (the opening's, then the
    generations' ends, the latest first, then the head's, before the last message's); when the client's own alone are more (a request Anthropic would reject as
    sent), the earliest of them are removed.
+4. At a minor collection, which rewrites what follows the old generation's end, when rule 3 left no
+   room for a breakpoint there, one of the client's moves there: one on a message of the rewritten
+   part (a prefix no cache holds), not the request's last nor the new generation's end, else the
+   first on the tools or system (a prefix inside the one read there). So the collection reads the
+   old generation however many blocks its young part holds (the provider looks back only 20 blocks
+   from a breakpoint). Its entry exists: the old generation ends right after an assistant message
+   (:func:`historygraph.policies.cache_stable.young_start`), where Claude Code marks the message
+   before the last, at the request that began the generation.
 
 Ours carry ``{"type": "ephemeral"}`` (the 5-minute TTL), or the ``ttl`` of the nearest client
 breakpoint after them, so that TTLs never increase along the request.
@@ -149,12 +157,15 @@ def count_breakpoints(body: dict[str, Any]) -> int:
     return len(breakpoints(body)) + isinstance(body.get("cache_control"), dict)
 
 
-def place_breakpoints(body: dict[str, Any], boundaries: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+def place_breakpoints(body: dict[str, Any], boundaries: Sequence[tuple[int, int]] = (),
+                      collected: bool = False) -> dict[str, Any]:
     """``body`` (a Messages request as it will be forwarded; never changed in place) with the
     proxy's breakpoints added and at most :data:`MAX_BREAKPOINTS` in all (module docstring, rules
-    2 and 3). ``boundaries``: ``(turn index, content block index)`` of each end of a cache-stable
+    2 to 4). ``boundaries``: ``(turn index, content block index)`` of each end of a cache-stable
     rendering's generation (:func:`historygraph.providers.anthropic.boundary_block`), each of
-    which gets one too: on that block, or the last block before it in its turn that may carry one."""
+    which gets one too: on that block, or the last block before it in its turn that may carry one.
+    ``collected``: the request is a minor collection, which rewrites what follows its first
+    boundary (rule 4)."""
     blocks = _blocks(body)
     client = breakpoints(body)
     top = isinstance(body.get("cache_control"), dict)
@@ -171,6 +182,15 @@ def place_breakpoints(body: dict[str, Any], boundaries: Sequence[tuple[int, int]
     ours = ours[:max(0, MAX_BREAKPOINTS - len(client) - top)]
     excess = len(client) + top - MAX_BREAKPOINTS
     removed = client[:excess] if excess > 0 else []
+    read = ends[0] if collected and ends else None  # the old generation's end, which this request reads
+    if read is not None and read not in client and read not in ours:  # rule 4
+        keep = {client[-1], *ends[1:]} if client else set()  # the request's end, the new generation's end
+        stale = [w for w in client if w[0] == 2 and w > read and w not in keep and w not in removed]
+        covered = [w for w in client if w[0] < 2 and w not in removed]  # the head, inside the prefix read
+        spare = (stale or covered)[:1]
+        removed += spare
+        if spare:
+            ours.append(read)
     if not ours and not removed:
         return body
     marks: dict[Where, dict[str, Any] | None] = {w: None for w in removed}
