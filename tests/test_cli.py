@@ -826,3 +826,23 @@ def test_counts_are_pluralised_and_long_id_lists_cut() -> None:
     assert plural(1, "tool result") == "1 tool result" and plural(3, "entry", "entries") == "3 entries"
     assert few(["a", "b"]) == "a b" and few([str(i) for i in range(5)]) == "0 1 2 3 4"
     assert few([str(i) for i in range(8)]) == "0 1 2 3 4 … and 3 more" and few(["a", "b", "c"], 2) == "a b … and 1 more"
+
+
+def test_render_defaults_to_the_default_policy_and_a_session_logs_budget(tmp_path):
+    """Without -p and -b, render shows what the proxy and the library would send (learned-stable) at
+    32000 tokens for a stored Claude Code or Codex session log (the middle of replay's 16k/32k/64k),
+    at 6000 for a research trace (ContextRender B.1); -b still wins."""
+    path = str(tmp_path / "s.sqlite")
+    store = open_store(path)
+    steps = [Message("user", "Fix it."), Message("assistant", "look", (ToolCall("c1", "bash", '{"cmd": "ls"}'),)),
+             Message("tool", "a.py", tool_call_id="c1")]
+    for sid, source in (("cc", "claude-code"), ("cx", "codex"), ("ms", "mini-swe-agent")):
+        store.create_session(sid, {"source": source})
+        store.append(sid, steps)
+    store.close()
+    heads = {sid: runner.invoke(app, ["render", sid, "--store", path]).output.splitlines()[0].strip() for sid in ("cc", "cx", "ms")}
+    assert heads["cc"].startswith("learned-stable at B = 32000: session cc")
+    assert heads["cx"].startswith("learned-stable at B = 32000: session cx")
+    assert heads["ms"].startswith("learned-stable at B = 6000: session ms")
+    res = runner.invoke(app, ["render", "cc", "-b", "16k", "--store", path])
+    assert res.exit_code == 0 and res.output.splitlines()[0].strip().startswith("learned-stable at B = 16000")

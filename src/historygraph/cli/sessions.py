@@ -18,7 +18,9 @@ from historygraph.cli.common import (SHOWN_IDS, ParamOption, ParamsFileOption, S
                                      fail, few, load_policy_params, one_budget, plural, store_name, unknown_policy)
 from historygraph.history.graph import MESSAGE_SPAN, ContextGraph
 from historygraph.models.chat import ModelError
-from historygraph.policies import DEFAULT_POLICY, REGISTRY, PolicyError, Signals, create
+from historygraph.cli.replay import SESSION_SOURCES
+from historygraph.eval.sessions_view import DEFAULT_POLICY as RENDER_POLICY
+from historygraph.policies import REGISTRY, PolicyError, Signals, create
 from historygraph.policies.cache_stable import inspect
 from historygraph.render import BudgetTooSmallError
 from historygraph.render.omissions import NOTES, REASONS, calls
@@ -149,8 +151,11 @@ def _show_omitted(db, session: str, g: ContextGraph, as_json: bool) -> None:  # 
 
 def render(
     session: SessionArgument,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with.")] = DEFAULT_POLICY,
-    budget_text: Annotated[str, typer.Option("--budget", "-b", help="History budget B in tokens (a whole number >= 1).")] = "6000",
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Policy to render with (default: the proxy's and the "
+                                                               "library's, learned-stable).")] = RENDER_POLICY,
+    budget_text: Annotated[Optional[str], typer.Option("--budget", "-b", help=(
+        "History budget B in tokens (a whole number >= 1). Default: 32000 for a Claude Code or Codex session log "
+        "(the middle of the budgets 'replay' gives them), else 6000."))] = None,
     at: Annotated[Optional[int], typer.Option(min=1, help="Render the input of the model call that produced assistant "
                                                           "message #AT (messages #0..#AT-1). Default: all, the next call.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
@@ -161,7 +166,7 @@ def render(
 ) -> None:
     """Show what a policy keeps of a stored session under B: each message's form, tokens and reason,
     and the ids of the omitted tool results (fetch one with 'show SESSION --result ID')."""
-    budget = one_budget(budget_text)
+    given = one_budget(budget_text) if budget_text is not None else None  # checked before any work
     if policy not in REGISTRY:
         unknown_policy(policy)
     if encoding not in ENCODINGS:
@@ -169,6 +174,8 @@ def render(
     params = load_policy_params(param, params_file, [policy]).get(policy, {})
     db = existing_store(store)
     session, full = _session_graph(db, session)
+    log = db.session_meta(session).get("source") in SESSION_SOURCES
+    budget = given if given is not None else (32000 if log else 6000)
     if at is not None and at > len(full):
         fail(f"--at {at}: session {session!r} has only {len(full)} messages (#0–#{len(full) - 1}); give the number of "
              f"an assistant message, or leave --at out for its next call")
