@@ -42,7 +42,7 @@ def home_layout(sessions_dir: Path, root: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path: Path) -> None:
+def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path: Path, monkeypatch) -> None:
     home = home_layout(sessions_dir, tmp_path / "home")
     out = tmp_path / "out"
     for folder in (home / ".claude" / "projects", home / ".codex" / "sessions"):
@@ -66,8 +66,14 @@ def test_replay_of_the_agents_folders_needs_no_flag(sessions_dir: Path, tmp_path
     projects = {r["project"] for r in data["per_project"]}
     assert projects == {"EntityProcess/agentv", "ALL"}
     # the report opens with the user's own sessions and recommends against the agent's own context
-    # management, not against Full history (which the agent never paid for)
+    # management, not against Full history (which the agent never paid for); the figure of recall
+    # against the bill draws the agent's own beside the policies
+    from historygraph.eval import plots
+    drawn: list[list[str]] = []
+    figure = plots.recall_vs_cache_cost
+    monkeypatch.setattr(plots, "recall_vs_cache_cost", lambda rows, p, *a: drawn.append(list(p)) or figure(rows, p, *a))
     assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    assert drawn == [["prune", "full", RECORDED]]
     md = (out / "report.md").read_text()
     assert md.index("## Your sessions") < md.index("Recommended instead of your agent's own context management")
     assert "## Recommended policy" not in md and "Cache TTL" not in md

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
+from historygraph.eval.recorded import RECORDED
 from historygraph.eval.report import recall_by_age_title, trace_set
 from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, ratio,
                                              recommend_vs_own, sessions_only, ttl_note)
@@ -169,10 +170,11 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
     each figure before it is drawn (matplotlib takes seconds per figure)."""
     pols, ts = run.policies, trace_set(run.meta)
     at = [r for r in run.per_source if r.get("budget") == budget]
+    own = [RECORDED] if any(r["policy"] == RECORDED for r in at) else []  # session logs: the agent's own, beside
     out = []
     plan = (
         ("recall_vs_cache_cost", "Recall against the cost with each provider's prompt cache (Full history = 1)",
-         lambda rows, p, title: plots.recall_vs_cache_cost(rows, p, run.price_models, title), at,
+         lambda rows, p, title: plots.recall_vs_cache_cost(rows, [*p, *own], run.price_models, title), at,
          f"Recall vs cost with the prompt cache at B = {budget}; {ts}"),
         ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
          plots.recall_vs_cost, at, f"Recall vs normalised cost at B = {budget}; {ts}"),

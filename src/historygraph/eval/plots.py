@@ -14,6 +14,9 @@ import numpy as np
 
 from historygraph.eval.recall import AGE_BINS
 from historygraph.eval.prices import label
+from historygraph.eval.recorded import RECORDED
+
+OWN_LABEL = "the agent's own (recorded)"
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -72,7 +75,8 @@ def recall_vs_cache_cost(rows: list[dict[str, Any]], policies: Sequence[str], mo
     """The plot that decides: Later-Used Result Recall against the cost with each price model's
     prompt cache (``cost_cache_M``, Full history = 1; :mod:`.cache_cost`), one panel per price model,
     on the ``ALL`` rows. Left of 1 a policy lowers the bill; higher, it shows more of what is reused.
-    ``None`` when no such cost was measured."""
+    A ``recorded`` entry of ``policies`` (session logs) is the agent's own context management, drawn
+    as a black star. ``None`` when no such cost was measured."""
     rows = [r for r in rows if r.get("source") == "ALL"]
     models = [m for m in models if any(r.get(f"cost_cache_{m}") is not None for r in rows)]
     if not models:
@@ -86,8 +90,9 @@ def recall_vs_cache_cost(rows: list[dict[str, Any]], policies: Sequence[str], mo
             if r is None or r.get(f"cost_cache_{m}") is None or r.get("recall") is None:
                 continue
             n = r.get("cost_traces") or n
-            s = st[p]
-            ax.plot([r[f"cost_cache_{m}"]], [r["recall"]], linestyle="none", marker=s["marker"], color=s["color"], label=p, ms=8)
+            s = {"marker": "*", "color": "black"} if p == RECORDED else st[p]
+            ax.plot([r[f"cost_cache_{m}"]], [r["recall"]], linestyle="none", marker=s["marker"], color=s["color"],
+                    label=OWN_LABEL if p == RECORDED else p, ms=11 if p == RECORDED else 8)
         ax.set_title(f"{label(m)} ({n} trace{'' if n == 1 else 's'} with Full history > B)", fontsize=9)
         ax.set_xlabel("cost with the prompt cache (Full history = 1)", fontsize=8)
         ax.set_ylabel("Later-Used Result Recall (%)", fontsize=8)
