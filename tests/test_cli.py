@@ -846,3 +846,18 @@ def test_render_defaults_to_the_default_policy_and_a_session_logs_budget(tmp_pat
     assert heads["ms"].startswith("learned-stable at B = 6000: session ms")
     res = runner.invoke(app, ["render", "cc", "-b", "16k", "--store", path])
     assert res.exit_code == 0 and res.output.splitlines()[0].strip().startswith("learned-stable at B = 16000")
+
+
+def test_replay_without_a_path_replays_the_example_at_3000(tmp_path, monkeypatch):
+    """The shipped example keeps everything reused at 6000 for every policy; with no PATH and no
+    --budget the replay takes 3000, where its history passes B (the README's main job does the same);
+    a given --budget wins, and a path given still gets the research default, 6000. The replay
+    itself is stopped once the budgets are announced."""
+    def stop(*args, **kw):
+        raise SystemExit(0)
+    monkeypatch.setattr(historygraph.cli.replay, "_run", stop)
+    example = str(historygraph.cli.common.example_trace_path())
+    for args, expect in (([], "at B = 3000 tokens"), (["--budget", "6000"], "at B = 6000 tokens"),
+                         ([example], "at B = 6000 tokens")):
+        res = runner.invoke(app, ["replay", *args, "--store", ":memory:", "--out", str(tmp_path / "o")])
+        assert res.exit_code == 0 and expect in " ".join(res.output.split()), res.output

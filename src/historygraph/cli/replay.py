@@ -67,6 +67,9 @@ def _check_out(out: Path) -> None:
 
 
 RESEARCH_BUDGETS = [6000]
+EXAMPLE_BUDGETS = [3000]
+"""The shipped example trace's default budget: at 6000 every policy keeps all that its calls reuse,
+so the example shows no difference; at 3000 its history passes B early (as in the README's main job)."""
 SESSION_BUDGETS = [16000, 32000, 64000]
 SESSION_SOURCES = ("claude-code", "codex")
 
@@ -103,7 +106,7 @@ def _replay_work(trace) -> float:  # noqa: ANN001
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
     policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "learned-stable", "contextrender", "prune", "full"],
-    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="History budget B in tokens (32k = 32000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000. Default: 16000,32000,64000 when every trace is a Claude Code or Codex session log, else 6000 (ContextRender B.1).")] = None,
+    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="History budget B in tokens (32k = 32000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000. Default: 16000,32000,64000 when every trace is a Claude Code or Codex session log, else 6000 (ContextRender B.1); 3000 for the shipped example.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for replay.json, replay.csv, timelines.json.gz and recall_by_age.png, what 'historygraph report' reads (created if missing; must not be a file).")] = Path("replay-results"),
@@ -153,7 +156,7 @@ def replay(
             fail(f"{p}: no such file or folder")
     t_start = time.perf_counter()
     traces, skipped = _read_into(paths, fmt, strict, out)
-    budgets = budgets or default_budgets(traces)
+    budgets = budgets or (list(EXAMPLE_BUDGETS) if example else default_budgets(traces))
     try:
         db = open_store(store)
     except Exception as exc:  # an unwritable path, a corrupt database file
