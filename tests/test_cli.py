@@ -10,6 +10,7 @@ import historygraph
 import historygraph.cli.common
 import historygraph.cli.progress
 import historygraph.cli.replay
+import historygraph.cli.tables
 from historygraph.cli import app
 from historygraph.history.events import Message, ToolCall
 from historygraph.store import open_store
@@ -494,7 +495,8 @@ def test_replay_prints_the_main_columns_and_wide_prints_all(tmp_path, monkeypatc
     (On a 250-column terminal, where the main columns fit with one-line headers.)"""
     from rich.console import Console
 
-    monkeypatch.setattr(historygraph.cli.replay, "console", Console(width=250))
+    for module in (historygraph.cli.replay, historygraph.cli.tables):
+        monkeypatch.setattr(module, "console", Console(width=250))
     base = ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500", "--store", ":memory:"]
     res = runner.invoke(app, base + ["--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
@@ -693,9 +695,9 @@ def test_the_default_replay_table_fits_the_terminal(monkeypatch, capsys, columns
     its less telling columns (and says which) until it fits; a wide terminal gets them all."""
     from rich.console import Console
 
-    monkeypatch.setattr(historygraph.cli.replay, "console", Console(width=columns))
+    monkeypatch.setattr(historygraph.cli.tables, "console", Console(width=columns))
     models = ["contextrender", "openai-style", "anthropic-style", "deepseek-style"]
-    historygraph.cli.replay._print_table(_summary_rows(), "at B = 6000", cache_models=models)
+    historygraph.cli.tables.print_table(_summary_rows(), "at B = 6000", cache_models=models)
     out = capsys.readouterr().out
     widest = max(len(line) for line in out.splitlines())
     assert widest <= columns
@@ -706,7 +708,7 @@ def test_the_default_replay_table_fits_the_terminal(monkeypatch, capsys, columns
         assert "left out to fit 100 columns: render ms p50, traces, calls, reuse events" in " ".join(out.split())
     else:
         assert "left out" not in out and "render" in header and "traces" in header
-    historygraph.cli.replay._print_table(_summary_rows(), "at B = 6000", cache_models=models, wide=True)
+    historygraph.cli.tables.print_table(_summary_rows(), "at B = 6000", cache_models=models, wide=True)
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) > 100  # --wide: every column, however wide
 
 

@@ -203,9 +203,11 @@ def test_replay_rejects_a_bad_price_file_and_an_unknown_price_model(tmp_path):
 @pytest.mark.slow  # replays the example trace twice (prune, full) and writes a report: about 10 CPU s
 def test_replay_table_shows_the_cost_with_each_cache_and_report_reprices(tmp_path, monkeypatch):
     import historygraph.cli.replay
+    import historygraph.cli.tables
     from rich.console import Console
 
-    monkeypatch.setattr(historygraph.cli.replay, "console", Console(width=250))  # where the main columns fit on one line
+    for module in (historygraph.cli.replay, historygraph.cli.tables):  # where the main columns fit on one line
+        monkeypatch.setattr(module, "console", Console(width=250))
     mine = write(tmp_path, "[gpt-cheap]\n" + OK.replace("ttl_calls = 5", "ttl_calls = 20") + "min_tokens = 1024\nstep = 128\n")
     base = ["replay", "-p", "prune", "-p", "full", "--budget", "1500", "--store", ":memory:"]
     res = runner.invoke(app, base + ["--out", str(tmp_path / "a"), "--prices", str(mine)])

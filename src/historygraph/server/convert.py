@@ -2,12 +2,14 @@
 body and forwarding it: convert the request to canonical messages and prepare its rendering
 (:func:`prepare_converted`), pair each rendered message with the request's own piece
 (:func:`pieces_shown`), and count a request's tokens as it would be forwarded
-(:func:`count_rendered`). A conversion error is a 400 naming the request's field. The Anthropic
+(:func:`count_rendered`, :func:`outside_tokens`), and check the pins a request names before
+anything is stored (:func:`check_pins`). A conversion error is a 400 naming the request's field. The Anthropic
 endpoint converts only the wire turns it has not seen last time (:class:`TurnCache`)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
@@ -18,6 +20,7 @@ from historygraph.history.sessions import known_prefix
 from historygraph.providers import anthropic as anth
 from historygraph.providers import jsonio
 from historygraph.render import Rendering
+from historygraph.signals.tokens import TokenCounter
 from historygraph.server.errors import ClientError
 
 Converted = tuple[Sequence[Message], list[Any]]
@@ -108,3 +111,29 @@ class TurnCache:
                 while len(self._items) > self.size:
                     self._items.popitem(last=False)
         return anth.join_turns(system, converted)
+
+
+def check_pins(messages: Sequence[Message], refs: Sequence[str]) -> None:
+    """Raise :class:`ClientError` naming the ``X-HistoryGraph-Pin`` header when one of ``refs`` names
+    no item of the request's ``messages`` (a tool call id with a result in them, or a message
+    number such as ``#3``), before anything is stored. The session the request is routed to holds
+    exactly its messages (:class:`~historygraph.history.sessions.Ingest`), so what passes here is
+    found by :meth:`~historygraph.server.proxy.Proxy.pin` after storing."""
+    results = {m.tool_call_id for m in messages if m.role == "tool"}
+    for ref in refs:
+        number = re.fullmatch(r"\s*#?(\d+)\s*", ref)
+        if ref not in results and not (number and int(number.group(1)) < len(messages)):
+            raise ClientError(f"X-HistoryGraph-Pin: no item {ref!r} in the request's messages: name a tool call id "
+                              f"with a result in them, or a message number #0–#{len(messages) - 1}; nothing was stored",
+                              "X-HistoryGraph-Pin")
+
+
+def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:
+    """Tokens of the rendered messages outside the history (docs/architecture.md, invariant
+    §5.1): those at the positions of the graph's system messages and of its latest user
+    message. With ``rendering.history_tokens`` (checked against a recount by ``check_invariants``)
+    they make ``counter.count_messages(rendering.messages)``."""
+    msgs = graph.messages
+    last_user = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "user"), None)
+    return sum(counter.count_message(m) for m, p in zip(rendering.messages, rendering.positions)
+               if p is not None and (p == last_user or msgs[p].role == "system"))

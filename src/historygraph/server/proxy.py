@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import replace
 from functools import partial
@@ -56,7 +55,7 @@ from historygraph.providers.openai_chat import MessageError
 from historygraph.render import BudgetTooSmallError, Rendering, check_invariants
 from historygraph.render.omissions import omission_record
 from historygraph.server.config import ServerConfig
-from historygraph.server.convert import TurnCache
+from historygraph.server.convert import TurnCache, check_pins, outside_tokens
 from historygraph.server.curated import client_curated
 from historygraph.server.errors import RETRY, ClientError, not_json, store_full, stream_error, too_large, upstream_fault
 from historygraph.server.metrics import ProxyMetrics
@@ -581,28 +580,3 @@ class Proxy:
         after = BackgroundTask(lambda: self.prefetch(session_id, policy, answer)) if self.prefetches(policy) else None
         return StreamingResponse(relay(), upstream.status_code, {**response_headers(upstream.headers), **ours}, background=after)
 
-
-def check_pins(messages: Sequence[Message], refs: Sequence[str]) -> None:
-    """Raise :class:`ClientError` naming the ``X-HistoryGraph-Pin`` header when one of ``refs`` names
-    no item of the request's ``messages`` (a tool call id with a result in them, or a message
-    number such as ``#3``), before anything is stored. The session the request is routed to holds
-    exactly its messages (:class:`~historygraph.history.sessions.Ingest`), so what passes here is
-    found by :meth:`Proxy.pin` after storing."""
-    results = {m.tool_call_id for m in messages if m.role == "tool"}
-    for ref in refs:
-        number = re.fullmatch(r"\s*#?(\d+)\s*", ref)
-        if ref not in results and not (number and int(number.group(1)) < len(messages)):
-            raise ClientError(f"X-HistoryGraph-Pin: no item {ref!r} in the request's messages: name a tool call id "
-                              f"with a result in them, or a message number #0–#{len(messages) - 1}; nothing was stored",
-                              "X-HistoryGraph-Pin")
-
-
-def outside_tokens(rendering: Rendering, graph: Any, counter: TokenCounter) -> int:
-    """Tokens of the rendered messages outside the history (docs/architecture.md, invariant
-    §5.1): those at the positions of the graph's system messages and of its latest user
-    message. With ``rendering.history_tokens`` (checked against a recount by ``check_invariants``)
-    they make ``counter.count_messages(rendering.messages)``."""
-    msgs = graph.messages
-    last_user = next((p for p in range(len(msgs) - 1, -1, -1) if msgs[p].role == "user"), None)
-    return sum(counter.count_message(m) for m, p in zip(rendering.messages, rendering.positions)
-               if p is not None and (p == last_user or msgs[p].role == "system"))
