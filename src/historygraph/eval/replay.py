@@ -40,7 +40,7 @@ from historygraph.signals.tokens import TokenCounter
 from historygraph.eval.cache import PrefixReuse
 from historygraph.eval.cost import Usage
 from historygraph.eval.prices import PriceModel, default_price_models
-from historygraph.eval.prompt_cache import CacheTokens, PromptCache
+from historygraph.eval.prompt_cache import ONE_HOUR, CacheTokens, PromptCache
 from historygraph.eval.bill_bound import BoundInputs, bound_inputs
 from historygraph.eval.recall import AGE_BINS, age_bin, rendered_tokens, reuse_events, value_hit
 from historygraph.eval.recorded import (RECORDED, CacheCall, RecordedContext, fixed_tokens, has_recorded, home_price_model,
@@ -285,7 +285,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     log = signals.embedding_log()
     timeline = Timeline(forms={name: [] for name in rows})
     graph = ContextGraph(sid)
-    graph.cache_ttl = 3600.0 if one_hour else None  # what the agent's requests asked for (eval.recorded)
+    graph.cache_ttl = ONE_HOUR if one_hour else None  # what the agent's requests asked for (eval.recorded)
     invocations = 0
     assistants: list[int] = []  # positions of the assistant messages in the graph (eval.recent)
     for j, message in enumerate(trace.messages):
