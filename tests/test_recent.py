@@ -29,8 +29,9 @@ def test_shown_newest_counts_messages_kept_whole() -> None:
     c.observe(assistants, stored, rendered, positions)
     c.observe(assistants, stored, (), ())  # a budget error shows nothing
     # with calls only, the cut 9 (calls as stored) counts too: 4 and 0
-    assert c.columns() == {"recent5_median": 1.5, "recent5_min": 0, "recent10_median": None, "recent10_min": None,
-                           "recent5_calls_median": 2.0, "recent5_calls_min": 0, "recent10_calls_median": None,
+    # neither call shows all five: the share of calls with all 5 is 0 %
+    assert c.columns() == {"recent5_median": 1.5, "recent5_min": 0, "recent5_all": 0.0, "recent10_median": None,
+                           "recent10_min": None, "recent10_all": None, "recent5_calls_median": 2.0, "recent5_calls_min": 0, "recent10_calls_median": None,
                            "recent10_calls_min": None}
 
 
@@ -40,7 +41,7 @@ def test_full_history_shows_every_recent_step_in_a_replay() -> None:
     cols = res.stats["full"].recent.columns()
     # calls 6..13 have at least 5 assistant messages before them, 11..13 at least 10: all shown
     assert res.stats["full"].recent.shown == {5: [5] * 8, 10: [10] * 3}
-    assert (cols["recent5_min"], cols["recent10_min"]) == (5, 10)
+    assert (cols["recent5_min"], cols["recent10_min"], cols["recent5_all"], cols["recent10_all"]) == (5, 10, 100.0, 100.0)
 
 
 def test_learned_with_recent_steps_keeps_the_newest_steps_whole(traces_dir) -> None:

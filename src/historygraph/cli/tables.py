@@ -22,11 +22,11 @@ def _fmt(v: object, digits: int = 1) -> str:
 
 # the columns a replay prints by default (``--wide``: every column; replay.csv and the report keep all)
 COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "events", "recall", "pct_of_oracle",
-                   "recall_age_>25", "recent5_median", "recent5_min", "mean_history_tokens", "bill_vs_recorded_simulated", "render_ms_median",
+                   "recall_age_>25", "recent5_median", "recent5_min", "recent5_all", "mean_history_tokens", "bill_vs_recorded_simulated", "render_ms_median",
                    "budget_errors", "model_calls")
 # what the default table leaves out, in this order, when it is wider than the terminal (then the cost
 # with each price model's cache, the last model first); source, trace, policy and recall always stay
-NARROW_DROPS = ("render_ms_median", "recent5_min", "recent5_median", "traces", "invocations", "events", "model_calls", "budget_errors", "recall_age_>25",
+NARROW_DROPS = ("render_ms_median", "recent5_min", "recent5_median", "recent5_all", "traces", "invocations", "events", "model_calls", "budget_errors", "recall_age_>25",
                 "pct_of_oracle", "mean_history_tokens")
 HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "prefix_reuse_pct": "prefix\nreuse %",
          "norm_cost": "cost\n(Full ρ)", "norm_cost_own": "cost\n(own ρ)", "cost_traces": "cost\ntraces",
@@ -36,7 +36,7 @@ HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "pr
          "read_repeats_exposed": "re-reads\nexposed", "old_full_share": "old\nfull %",
          "model_calls": "model\ncalls", "model_input_tokens": "model\ntok in", "model_output_tokens": "model\ntok out",
          "model_seconds": "model\ns", "budget_errors": "budget\nerrors", "bill_vs_recorded": "bill ÷\npaid", "bill_vs_recorded_simulated": "bill ÷\nown",
-         "recent5_median": "last 5\nshown p50", "recent5_min": "last 5\nworst", "recent10_median": "last 10\nshown p50",
+         "recent5_median": "last 5\nshown p50", "recent5_min": "last 5\nworst", "recent5_all": "last 5\nall %", "recent10_median": "last 10\nshown p50",
          "recent10_min": "last 10\nworst"}
 HEADS.update({f"recall_age_{b}": f"age\n{b}" for b in AGE_BINS})
 
@@ -49,7 +49,7 @@ def print_table(rows: list[dict], title: str, trace_col: bool = False, wide: boo
     cut: a table that cannot fit prints wider than the console."""
     cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
-        [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent10_median", "recent10_min"] + cache + \
+        [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent5_all", "recent10_median", "recent10_min"] + cache + \
         [f"bound_cache_{m}" for m in cache_models] + ["bill_vs_recorded_simulated", "bill_vs_recorded", "prefix_reuse_pct", "norm_cost", "norm_cost_own", "cost_traces", "mean_history_tokens", "max_history_tokens", "render_ms_median", "render_ms_p95",
                                         "read_repeats_exposed", "old_full_share"] + \
         ["budget_errors", "model_calls", "model_input_tokens", "model_output_tokens", "model_seconds",
@@ -119,7 +119,8 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str], no
                      "Full history = 1, as cost M; a lower bound, not an achievable cost (docs/evaluator.md, The bill bound)")
     if "recent5_median" in cols or "recent5_min" in cols:
         notes.append("last 5: how many of the agent's 5 newest assistant messages the rendering shows with their text and tool "
-                     "calls, median and worst call (calls with at least 5 before them; docs/evaluator.md, What is measured)")
+                     "calls, median and worst call, and all %: the share of calls that show all 5 (calls with at least 5 before them; "
+                     "docs/evaluator.md, What is measured)")
     if "bill_vs_recorded_simulated" in cols or "bill_vs_recorded" in cols:
         notes.append("bill ÷ own: the row's cost with the recorded model's prompt cache (Claude: anthropic-style, GPT: openai-style; "
                      "system prompt and tools estimated from the first call) ÷ the same for what the agent itself sent (the recorded "

@@ -40,7 +40,7 @@ SUMMARY_COLUMNS = [("policy", "policy"), ("traces", "traces"), ("events", "reuse
                    ("value_recall", "value recall %"), ("pct_of_oracle", "% of oracle"),
                    ("prefix_reuse_pct", "prefix reuse %"), ("norm_cost", "cost (Full ρ)"),
                    ("norm_cost_own", "cost (own ρ)"), ("cost_traces", "cost traces"),
-                   ("recent5_median", "last 5 shown p50"), ("recent5_min", "last 5 worst"),
+                   ("recent5_median", "last 5 shown p50"), ("recent5_min", "last 5 worst"), ("recent5_all", "last 5 all %"),
                    ("mean_history_tokens", "history tokens mean"), ("budget_errors", "budget errors")]
 TRACE_COLUMNS = [("source", "source"), ("trace_id", "trace"), ("policy", "policy"), ("invocations", "calls"),
                  ("events", "reuse events"), ("recall", "recall %"), ("value_recall", "value recall %"),

@@ -7,7 +7,8 @@ the ``k`` newest assistant messages of the history are *shown*: rendered with th
 calls as stored (their results may be placeholders or excerpts; a message left out, in a dropped-step
 marker or cut to a brief view is not shown). Only calls with at least ``k`` assistant messages
 before them are counted. Per policy the report gives the median and the worst call
-(``recent{k}_median``, ``recent{k}_min``). Beside it, the same count where a message in brief view
+(``recent{k}_median``, ``recent{k}_min``) and the share of the counted calls that show all ``k``
+(``recent{k}_all``, percent). Beside it, the same count where a message in brief view
 (its tool calls as stored, its text replaced by a marker naming its number) counts as shown: what
 the agent did, if not what it thought (``recent{k}_calls_median``, ``recent{k}_calls_min``). Ours,
 beyond the papers (docs/architecture.md, invariant §5.10, asks for the last 5 by default).
@@ -73,10 +74,11 @@ class RecentCounts:
             v = self.shown[k]
             out[f"recent{k}_median"] = float(statistics.median(v)) if v else None
             out[f"recent{k}_min"] = min(v) if v else None
+            out[f"recent{k}_all"] = 100.0 * sum(x == k for x in v) / len(v) if v else None
             c = self.calls[k]
             out[f"recent{k}_calls_median"] = float(statistics.median(c)) if c else None
             out[f"recent{k}_calls_min"] = min(c) if c else None
         return out
 
 
-COLUMNS = [f"recent{k}_{s}" for k in KS for s in ("median", "min", "calls_median", "calls_min")]
+COLUMNS = [f"recent{k}_{s}" for k in KS for s in ("median", "min", "all", "calls_median", "calls_min")]

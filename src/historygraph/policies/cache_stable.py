@@ -80,6 +80,15 @@ cache):
   inactivity". Measured on the 50 real sessions (docs/evaluator.md, "Generations"), with nothing
   fitted: Claude Code +0.1 / +0.4 / +0.2 recall points at 16k / 32k / 64k for 0.5 / 0.7 / 1.8 %
   less of what was paid; Codex +0.4 / +0.8 / +0.2 for 0.6 / 1.1 / 1.5 % less.
+* **The agent's newest steps stay in view** (``recent``, 5; ``recent_share``, 0.075; our decision,
+  docs/architecture.md invariant 10): the wrapped policy shows the steps of the 5 newest assistant
+  messages, text and tool calls as stored (their results may be placeholders), at every
+  re-selection (:meth:`~historygraph.policies.learned.policy.Learned.with_recent`), newest first
+  while together they add at most 0.075 of the budget; appends and collections never remove a
+  step, so every call shows them. The share was chosen on the research traces (the largest of
+  0.05, 0.075, 0.1 and 1 with no source of 500 or more reuses losing more than a point at B = 3000
+  or 6000: mini-swe-agent −0.7 / −0.8) and measured on the 50 real sessions, which it was not
+  chosen on (docs/learned.md, "In the default").
 * **Under B nothing changes**: a history that fits in B is rendered by the wrapped policy, which
   returns it unchanged (§5.5), and it is extended as long as it fits.
 
@@ -131,13 +140,19 @@ class CacheStableConfig:
     the 50 real Claude Code and Codex sessions of the shared set (recall at an equal bill, both
     agents weighted alike) and reported on the other half (module docstring; docs/evaluator.md,
     "Generations"). ``expiry``: the prompt cache's TTL in seconds assumed when the graph's
-    ``cache_ttl`` is unknown; a pause longer than it re-selects (0 = never; module docstring)."""
+    ``cache_ttl`` is unknown; a pause longer than it re-selects (0 = never; module docstring).
+    ``recent``: the wrapped policy shows the steps of this many newest assistant messages whole at
+    every re-selection (so at every call: appends and collections never remove a step) while together they
+    add at most ``recent_share`` of the budget it renders to (0 = as the wrapped policy does; only a
+    policy with ``with_recent``, such as ``learned``; module docstring)."""
 
     low_mark: float = 0.75
     recall_tail: bool = True
     predicted_tail: float = 0.4
     young: float = 0.85
     expiry: float = 300.0
+    recent: int = 5
+    recent_share: float = 0.075
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_mark <= 1.0:
@@ -148,6 +163,10 @@ class CacheStableConfig:
             raise ValueError(f"cache-stable config: expiry must be ≥ 0 seconds, got {self.expiry}")
         if not 0.0 <= self.predicted_tail <= 1.0:
             raise ValueError(f"cache-stable config: predicted_tail must be in [0, 1], got {self.predicted_tail}")
+        if not (isinstance(self.recent, int) and self.recent >= 0):
+            raise ValueError(f"cache-stable config: recent must be a whole number ≥ 0, got {self.recent}")
+        if not 0.0 <= self.recent_share <= 1.0:
+            raise ValueError(f"cache-stable config: recent_share must be in [0, 1], got {self.recent_share}")
 
 
 class CacheStable:
@@ -159,6 +178,9 @@ class CacheStable:
     def __init__(self, name: str = "", config: CacheStableConfig | None = None, base: Policy | None = None) -> None:
         self.config = config or CacheStableConfig()
         self.base: Policy = base if base is not None else create(self.base_name)
+        recent = getattr(self.base, "with_recent", None)  # the newest steps in view (invariant 10)
+        if recent is not None and self.config.recent:
+            self.base = recent(self.config.recent, self.config.recent_share)
         self.name = name or f"{self.base.name}-stable"
         self._key = object()  # this wrapper's state in each graph's memo
         hook = getattr(self.base, "prefetch", None)  # the proxy's hook after an answer (ContextRender's query texts)

@@ -182,34 +182,41 @@ class Selection:
         revived.add(u)
         return cost
 
-    def revive_recent(self, n: int, limit: int | None = None) -> int:
+    def revive_recent(self, n: int, limit: int | None = None, total: int | None = None, brief: bool = True) -> int:
         """Show the ``n`` newest assistant messages (newest first, the latest one included, which is
         never dropped) with their tool calls, in a compact form: a dropped step comes back with its
         text in a short brief view (:data:`~historygraph.render.markers.RECENT_BRIEF`, when the layout
-        has ``brief_revivals`` and it saves tokens), and the results of each of these steps that are
-        not shown get a short placeholder (:data:`~historygraph.render.markers.STUB`, naming the id)
-        instead of the full one. A step whose compact form would take the history over B, or add
-        more than ``limit`` tokens, stays in its dropped-step marker (the older ones are still
-        tried). So the agent sees what it just did (docs/architecture.md, invariant 10) for little
-        more than its calls' tokens. Showing a stubbed result later costs what its stub saved too
-        (:attr:`stub_savings`). Call it before any result is taken. Returns how many of the ``n``
-        are shown with their calls."""
+        has ``brief_revivals``, ``brief`` is true and it saves tokens; ``brief=False``: its text as
+        stored, as invariant 10 asks), and the results of each of these steps that are not shown get
+        a short placeholder (:data:`~historygraph.render.markers.STUB`, naming the id) instead of the
+        full one. A step whose compact form would take the history over B, add more than ``limit``
+        tokens, or take the tokens these steps add past ``total`` stays in its dropped-step marker
+        (the older ones are still tried). So the agent sees what it just did (docs/architecture.md,
+        invariant 10) for little more than its calls' tokens. Showing a stubbed result later costs
+        what its stub saved too (:attr:`stub_savings`). Call it before any result is taken. Returns
+        how many of the ``n`` are shown with their calls."""
         lay = self.layout
         msgs = lay.graph.messages
         seen = shown = 0
+        start = self.used
         p = len(msgs) - 1
         while p >= 0 and seen < n:
             if msgs[p].role == "assistant":
                 seen += 1
                 u = lay.unit_at(p)
-                if u is None or u in self.recent or self._revive_compact(u, limit):
+                cap = limit
+                if total is not None:
+                    left = total - (self.used - start)
+                    cap = left if cap is None else min(cap, left)
+                if u is None or u in self.recent or self._revive_compact(u, cap, brief):
                     shown += 1
             p -= 1
         return shown
 
-    def _revive_compact(self, u: int, limit: int | None) -> bool:
+    def _revive_compact(self, u: int, limit: int | None, in_brief: bool = True) -> bool:
         """Unit ``u`` in the compact form of :meth:`revive_recent` (brought back first when dropped);
-        False, changing nothing, when that would take the history over B or add over ``limit`` tokens."""
+        False, changing nothing, when that would take the history over B or add over ``limit`` tokens.
+        ``in_brief``: a dropped step comes back in brief view when the layout allows it and it saves tokens."""
         lay = self.layout
         unit = lay.units[u]
         msgs = lay.graph.messages
@@ -236,7 +243,7 @@ class Selection:
         revives = u in lay.dropped_units and u not in self._revived
         if revives:
             cost += unit.cost
-            view = recent_brief_view(lay.graph, lay.counter, unit.positions[0]) if lay.brief_revivals else None
+            view = recent_brief_view(lay.graph, lay.counter, unit.positions[0]) if lay.brief_revivals and in_brief else None
             if view is not None and view[0] > 0:
                 cost -= view[0]
                 brief = view[1]

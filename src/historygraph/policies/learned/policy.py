@@ -32,10 +32,11 @@
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import numpy as np
@@ -98,7 +99,12 @@ class LearnedConfig:
     confirm it (docs/learned.md, "The newest steps in view"). A step over the limit (a file written
     whole) is not shown: the item's "at every call" is not met. Before the compact form (each
     result a full placeholder, the exchange free to drop such a step again), 5 cost 2.4 and 8.4
-    points, with a worst call of 4 of 5 at 6000."""
+    points, with a worst call of 4 of 5 at 6000. ``recent_share``: the tokens the ``recent_calls``
+    newest steps add together are at most this share of B (newest first, a step that would pass it
+    stays in its marker and older ones are still tried; 1: no limit); ``recent_brief``: a dropped
+    one of them comes back in the short brief view (false: its text as stored, as invariant 10
+    asks). The cache-stable default sets the four (:meth:`Learned.with_recent`;
+    :mod:`historygraph.policies.cache_stable`, ``recent``)."""
 
     model: str = ""
     min_probability: float = 0.002
@@ -113,6 +119,8 @@ class LearnedConfig:
     recent_steps: int = 0
     recent_calls: int = 0
     recent_step_share: float = 0.1
+    recent_share: float = 1.0
+    recent_brief: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_probability < 1.0:
@@ -131,6 +139,8 @@ class LearnedConfig:
             raise ValueError(f"learned config: recent_calls must be a whole number ≥ 0, got {self.recent_calls}")
         if not 0.0 <= self.recent_step_share <= 1.0:
             raise ValueError(f"learned config: recent_step_share must be in [0, 1], got {self.recent_step_share}")
+        if not 0.0 <= self.recent_share <= 1.0:
+            raise ValueError(f"learned config: recent_share must be in [0, 1], got {self.recent_share}")
         if not 0.0 <= self.result_reserve < 1.0:
             raise ValueError(f"learned config: result_reserve must be in [0, 1), got {self.result_reserve}")
 
@@ -433,6 +443,15 @@ def recent_limit(layout: Layout, cfg: LearnedConfig) -> int | None:
     return int(cfg.recent_step_share * layout.budget)
 
 
+def revive_recent(sel: Selection, layout: Layout, cfg: LearnedConfig) -> None:
+    """The ``recent_calls`` newest steps in ``sel`` before the selection (``recent_step_share``,
+    ``recent_share``, ``recent_brief``; :meth:`~historygraph.render.Selection.revive_recent`)."""
+    if not cfg.recent_calls:
+        return
+    total = None if layout.budget is None or cfg.recent_share >= 1.0 else int(cfg.recent_share * layout.budget)
+    sel.revive_recent(cfg.recent_calls, recent_limit(layout, cfg), total, cfg.recent_brief)
+
+
 def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
                    alt: Layout | None = None) -> tuple[Layout, np.ndarray, Selection, list[int]]:
     """The knapsack and the exchange on ``layout`` (``prob``: reuse probabilities in candidate
@@ -442,12 +461,12 @@ def select_results(layout: Layout, prob: np.ndarray, cfg: LearnedConfig,
     cross-validation benchmark, so both score the same rule."""
     value = reuse_values(layout, prob, cfg)
     sel = layout.selection()
-    sel.revive_recent(cfg.recent_calls, recent_limit(layout, cfg))
+    revive_recent(sel, layout, cfg)
     taken = swap_pass(sel, knapsack_select(layout.candidates, value, sel, cfg.cost_exponent), value, cfg.swap_pairs)
     if alt is not None and alt.candidates == layout.candidates:
         alt_value = reuse_values(alt, prob, cfg)
         alt_sel = alt.selection()
-        alt_sel.revive_recent(cfg.recent_calls, recent_limit(alt, cfg))
+        revive_recent(alt_sel, alt, cfg)
         alt_taken = swap_pass(alt_sel, knapsack_select(alt.candidates, alt_value, alt_sel, cfg.cost_exponent),
                               alt_value, cfg.swap_pairs)
         if _worth(alt_taken, alt.candidates, alt_value) > _worth(taken, layout.candidates, value):
@@ -511,6 +530,16 @@ class Learned:
             raise ReuseModelError(f"{exc} (named by $HISTORYGRAPH_LEARNED_MODEL)") from None
         #: which model renders (recorded in replay.json): its file and what it was fitted on
         self.model_info = {"file": path or "shipped historygraph/policies/learned/default_model.json", **self.model.meta}
+
+    def with_recent(self, n: int, share: float) -> "Learned":
+        """This policy showing the steps of the ``n`` newest assistant messages at every call, their
+        text and calls as stored (``recent_brief`` off, no limit per step), as long as together they
+        add at most ``share`` of B (``recent_share``): the cache-stable default's ``recent``
+        (invariant 10, docs/architecture.md). The model is shared, not read again."""
+        cfg = replace(self.config, recent_calls=n, recent_step_share=1.0, recent_share=share, recent_brief=False)
+        out = copy.copy(self)
+        out.config = cfg
+        return out
 
     def reuse_probabilities(self, graph: ContextGraph, positions: list[int], signals: Signals) -> np.ndarray:
         """The fitted probability that the next invocation reuses each stored tool result at
