@@ -863,3 +863,24 @@ def test_replay_without_a_path_replays_the_example_at_3000(tmp_path, monkeypatch
                          ([example], "at B = 6000 tokens")):
         res = runner.invoke(app, ["replay", *args, "--store", ":memory:", "--out", str(tmp_path / "o")])
         assert res.exit_code == 0 and expect in " ".join(res.output.split()), res.output
+
+
+def test_a_replay_at_several_budgets_explains_its_columns_once_under_the_last_table(tmp_path, monkeypatch):
+    """Each budget's table repeated the same six notes (30 lines of them at five budgets): they are
+    printed once, under the last table; each table still names the columns it left out."""
+    from rich.console import Console
+
+    for module in (historygraph.cli.replay, historygraph.cli.tables):
+        monkeypatch.setattr(module, "console", Console(width=250))
+    res = runner.invoke(app, ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500,3000", "--store", ":memory:",
+                              "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert out.count("cost M: cost with price model M's simulated prompt cache") == 1
+    assert out.count("more columns (value recall") == 1
+    assert out.index("at B = 1500") < out.index("at B = 3000") < out.index("cost M: cost with price model")
+    # history tokens are whole tokens (they printed as 1479.0)
+    header = next(line for line in out.splitlines() if "┃" in line and "history tokens" in line)
+    col = next(i for i, c in enumerate(header.split("┃")) if c.strip() == "history tokens")
+    cells = [line.split("│")[col].strip() for line in out.splitlines() if "│ prune" in line]
+    assert len(cells) == 2 and all(c.isdigit() for c in cells), cells

@@ -159,6 +159,10 @@ def test_the_recommendation_for_session_logs_is_against_the_agents_own_bill() ->
     # the trade-off on offer then: the most recall below the agent's bill (cheap, not prune at 1.5 or the bound)
     assert picks[32000].cheaper == ("cheap", 60.0, 0.5) and picks[32000].line().endswith("to pay less, cheap keeps 60.0 % for 0.50× its bill")
     assert picks[16000].cheaper is None
+    # a budget with no pick names the best pick of the others instead of saying to keep the agent's own
+    assert picks[32000].better == (16000, "learned-stable", 72.0, 0.9)
+    assert "keep it" not in picks[32000].line()
+    assert "at this budget; at B = 16,000, learned-stable does: 72.0 % for 0.90× its bill" in picks[32000].line()
 
 
 def test_a_bill_a_little_above_the_agents_own_never_reads_as_equal_to_it() -> None:

@@ -301,12 +301,14 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
     _print_projects(project_rows(per_trace_rows, results), per_source_rows, budgets, meta["policies"])
     # with one source the ALL rows repeat its rows: the printed table leaves them out (replay.json and .csv keep them)
     one_source = len({r["source"] for r in per_source_rows} - {"ALL"}) == 1
-    for b in budgets:
+    for b in budgets:  # what the columns mean: once, under the last table
+        last = b == budgets[-1]
         print_table([r for r in per_source_rows if r["budget"] == b and not (one_source and r["source"] == "ALL")],
-                     f"Later-Used Result Recall and history tokens at B = {b}", wide=wide, cache_models=shown)
+                     f"Later-Used Result Recall and history tokens at B = {b}", wide=wide, cache_models=shown,
+                     notes=last and not per_trace)
         if per_trace:
             print_table([r for r in per_trace_rows if r["budget"] == b], f"Per trace at B = {b}", trace_col=True, wide=wide,
-                         cache_models=shown)
+                         cache_models=shown, notes=last)
     _print_cache_check(cache_checks(results))
     if ttl_note(per_trace_rows):
         console.print(ttl_note(per_trace_rows), markup=False, highlight=False, soft_wrap=True)

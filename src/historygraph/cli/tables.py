@@ -41,12 +41,14 @@ HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "pr
 HEADS.update({f"recall_age_{b}": f"age\n{b}" for b in AGE_BINS})
 
 
-def print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False, cache_models: Sequence[str] = ()) -> None:
+def print_table(rows: list[dict], title: str, trace_col: bool = False, wide: bool = False, cache_models: Sequence[str] = (),
+                notes: bool = True) -> None:
     """One summary table of a replay. By default the main columns (:data:`COMPACT_COLUMNS` and the cost
     with each price model's cache) with one-line headers; when that is wider than the console, headers
     on two or three lines, then fewer columns (:data:`NARROW_DROPS` in order, then cost columns, named
     under the table) until it fits. With ``wide`` every column with one-line headers. Numbers are never
-    cut: a table that cannot fit prints wider than the console."""
+    cut: a table that cannot fit prints wider than the console. ``notes``: what the columns mean under
+    the table (a replay prints them once, under its last table); the columns left out are always named."""
     cache = [f"cost_cache_{m}" for m in cache_models]  # cost with each price model's prompt cache, Full = 1
     cols = ["source"] + (["trace_id"] if trace_col else []) + ["policy"] + ([] if trace_col else ["traces"]) + ["invocations", "events", "recall", "pct_of_oracle", "value_recall"] + \
         [f"recall_age_{b}" for b in AGE_BINS] + ["recent5_median", "recent5_min", "recent5_all", "recent10_median", "recent10_min"] + cache + \
@@ -65,15 +67,15 @@ def print_table(rows: list[dict], title: str, trace_col: bool = False, wide: boo
     dropped: list[str] = []
     empty = any(r.get("recall") is None for r in rows)
     flat = {c: _flat(h) for c, h in heads.items()}
-    t = _table(rows, cols, flat, title, _notes(cols, cache, wide, dropped, empty))  # headers on one line when that fits
+    t = _table(rows, cols, flat, title, _notes(cols, cache, wide, dropped, empty, notes))  # headers on one line when that fits
     if not wide and table_width(t) > console.width:
-        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped, empty))
+        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped, empty, notes))
     for c in () if wide else [c for c in NARROW_DROPS + tuple(reversed(cache)) if c in cols]:
         if table_width(t) <= console.width:
             break
         cols.remove(c)
         dropped.append(flat.get(c, c))
-        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped, empty))
+        t = _table(rows, cols, heads, title, _notes(cols, cache, wide, dropped, empty, notes))
     # never cut numbers: print at the table's natural width even when the terminal is narrower
     Console(width=max(console.width, table_width(t)), force_terminal=console.is_terminal).print(t)
 
@@ -93,13 +95,16 @@ def _table(rows: list[dict], cols: list[str], heads: dict[str, str], title: str,
         t.add_column(heads.get(c, c), justify="left" if c in ("source", "trace_id", "policy") else "right", no_wrap=True)
     for r in rows:
         t.add_row(*[ratio(r.get(c)) if c.startswith("bill_vs_recorded") else
-                    _fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 1) for c in cols])
+                    _fmt(r.get(c), 3 if c.startswith(("norm_cost", "cost_cache_")) else 0 if c == "mean_history_tokens" else 1) for c in cols])
     return t
 
 
-def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str], no_events: bool = False) -> list[str]:
-    """The table's caption: what its less obvious columns mean, and where the others are
-    (``no_events``: some row has no reuse event, so its recall is –)."""
+def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str], no_events: bool = False,
+           meanings: bool = True) -> list[str]:
+    """The table's caption: what its less obvious columns mean (unless not ``meanings``), and where the
+    others are (``no_events``: some row has no reuse event, so its recall is –)."""
+    if not meanings:
+        return [f"left out to fit {console.width} columns: {', '.join(dropped)} (a wider terminal or COLUMNS shows them)"] if dropped else []
     notes = []
     if no_events:
         notes.append("recall –: no later call reused a value first seen in a result of these traces, so there is nothing to recall")

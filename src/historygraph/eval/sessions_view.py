@@ -18,7 +18,7 @@ summary and ``historygraph report``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from historygraph.eval.recorded import RECORDED
@@ -128,6 +128,7 @@ class OwnPick:
     fits: bool = False  # the whole history of every session fits in B: every policy shows it all
     cheaper: tuple[str, float, float] | None = None  # with no pick: (policy, recall, ratio), the most recall below the bill
     dearer: tuple[str, float, float] | None = None  # with no pick: (policy, recall, ratio), the cheapest keeping as much
+    better: tuple[int, str, float, float] | None = None  # with no pick: (budget, policy, recall, ratio), the best pick at another budget
 
     def line(self) -> str:
         rec = f"the agent's own context keeps {_num(self.recorded_recall)} %"
@@ -135,7 +136,13 @@ class OwnPick:
             return f"B = {self.budget:,}: the whole history fits, so no policy changes anything"
         if self.policy is None:
             line = (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
-                    f"bill ({rec}): keep it")
+                    f"bill ({rec})")
+            if self.better is None:
+                line += ": keep it"
+            else:
+                b, name, recall, share = self.better
+                line += (f" at this budget; at B = {b:,}, {name} does: {_num(recall)} % for {ratio(share)}× its bill, the best "
+                         "pick of these budgets")
             if self.dearer is not None:
                 name, recall, share = self.dearer
                 line += f"; {name} keeps {_num(recall)} % but costs {ratio(share)}× its bill"
@@ -149,7 +156,9 @@ class OwnPick:
 
 def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> list[OwnPick]:
     """Per budget, the policy to use instead of the agent's own context management (:class:`OwnPick`),
-    among those whose like-for-like bill is at most 1 (``[]`` without a ``recorded`` row)."""
+    among those whose like-for-like bill is at most 1 (``[]`` without a ``recorded`` row). A budget with
+    no pick names the best pick of the other budgets (``better``), so that its line does not say to
+    keep the agent's own where a smaller budget beats it on both recall and bill."""
     rows = [r for r in per_source if r.get("source") == source and r.get("budget")]
     whole = _fits(per_source, source)
     out = []
@@ -176,7 +185,12 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
                            best[RATIO] if best else None, rec.get("recall"),
                            cheaper=None if alt is None else (alt["policy"], alt.get("recall") or 0.0, alt[RATIO]),
                            dearer=None if near is None else (near["policy"], near.get("recall") or 0.0, near[RATIO])))
-    return out
+    picked = [x for x in out if x.policy is not None]
+    top = max(picked, key=lambda x: (x.recall or 0.0, -(x.ratio or 0.0)), default=None)
+    if top is None:
+        return out
+    return [replace(x, better=(top.budget, top.policy or "", top.recall or 0.0, top.ratio or 0.0)) if x.policy is None and not x.fits
+            else x for x in out]
 
 
 def sessions_only(per_trace: list[dict[str, Any]]) -> bool:
