@@ -216,8 +216,9 @@ MAX_CACHE_BREAKPOINTS = 4
 def cache_control_violation(body: dict[str, Any]) -> str | None:
     """The first prompt-caching rule ``body`` breaks, or ``None``: at most
     :data:`MAX_CACHE_BREAKPOINTS` blocks with ``cache_control`` (tools, system blocks, message
-    content blocks; a top-level ``cache_control`` counts as one), none on a thinking block
-    (docs.anthropic.com/en/docs/build-with-claude/prompt-caching)."""
+    content blocks; a top-level ``cache_control`` counts as one), none on a thinking block, and no
+    1-hour breakpoint after a 5-minute one in request order (tools, system, messages)
+    (docs.anthropic.com/en/docs/build-with-claude/prompt-caching, "Mixing different TTLs")."""
     blocks = list(body.get("tools") or []) + (body["system"] if isinstance(body.get("system"), list) else [])
     for t in body.get("messages") or []:
         blocks += t["content"] if isinstance(t, dict) and isinstance(t.get("content"), list) else []
@@ -227,6 +228,9 @@ def cache_control_violation(body: dict[str, Any]) -> str | None:
         return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {n}."
     if any(b.get("type") in ("thinking", "redacted_thinking") for b in marked):
         return "messages: cache_control cannot be set on thinking blocks"
+    ttls = [b["cache_control"].get("ttl", "5m") for b in marked]
+    if any(a == "5m" and b == "1h" for a, b in zip(ttls, ttls[1:])):
+        return "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block"
     return None
 
 

@@ -153,6 +153,34 @@ def test_the_simulated_anthropic_cache_reads_up_to_the_old_generation_at_a_colle
         assert cache.observe(second, 1810, boundaries=(4, 6) if marks else ()) == CacheTokens(read=read, write=1810 - read)
 
 
+def test_a_young_generation_with_the_5_minute_ttl_under_a_1_hour_cache():
+    """``young_ttl`` (the cache-stable default's 300 s) in the simulation of a session that writes with
+    the hour: what follows the old generation's end (after T1, 1,600 tokens) is written at the
+    5-minute price and lives 5 minutes; what precedes it the hour. Request 2 (60 s later, a step
+    appended) reads all of request 1; request 3, after a 10-minute pause, finds the young entries
+    gone and reads only the old generation, rewriting the rest at the 5-minute price. With the
+    hour everywhere, request 3 would read all of request 2 and write 100 tokens at 2×."""
+    S, U = Message("system", _words(997)), Message("user", _words(97))
+    A1, T1 = Message("assistant", _words(197)), Message("tool", _words(297), tool_call_id="a")
+    A2, T2 = Message("assistant", _words(97)), Message("tool", _words(97), tool_call_id="b")
+    A3, T3 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="c")
+    A4, T4 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="d")
+    one, two, three = [S, U, A1, T1, A2, T2], [S, U, A1, T1, A2, T2, A3, T3], [S, U, A1, T1, A2, T2, A3, T3, A4, T4]
+    assert [C.count_messages(m) for m in (one, two, three)] == [1800, 1900, 2000]
+    model = load_price_models()["anthropic-style"]
+    young = PromptCache(model, C, one_hour=True)
+    assert young.observe(one, 1800, 0.0, (4,), 300.0) == CacheTokens(write_1h=1600, write=200)
+    assert young.observe(two, 1900, 60.0, (4,), 300.0) == CacheTokens(read=1800, write=100)
+    assert young.observe(three, 2000, 660.0, (4,), 300.0) == CacheTokens(read=1600, write=400)
+    hour = PromptCache(model, C, one_hour=True)
+    assert hour.observe(one, 1800, 0.0, (4,)) == CacheTokens(write_1h=1800)
+    assert hour.observe(two, 1900, 60.0, (4,)) == CacheTokens(read=1800, write_1h=100)
+    assert hour.observe(three, 2000, 660.0, (4,)) == CacheTokens(read=1900, write_1h=100)
+    # a session on the 5-minute cache is unchanged by it
+    five = PromptCache(model, C)
+    assert five.observe(one, 1800, 0.0, (4,), 300.0) == CacheTokens(write=1800)
+
+
 def test_at_most_four_breakpoints_the_opening_then_the_new_generation_dropped_first():
     """The simulation's points and the proxy's marks: last, system, old end, new end, opening, cut
     to 4: the opening goes first; with a client breakpoint on the system prompt, the new end too."""
@@ -229,3 +257,26 @@ def test_a_real_claude_code_session_collects_young_results_with_every_invariant_
             prev = r
         g.append(m)
     assert kinds.count("collected") >= 3, kinds
+
+
+def test_the_default_asks_for_the_5_minute_ttl_on_its_young_generation_only_when_it_has_one() -> None:
+    assert CacheStableConfig().young_ttl == 300.0
+    with pytest.raises(ValueError, match="young_ttl"):
+        CacheStableConfig(young_ttl=60.0)
+    g = ContextGraph("y")
+    g.append(Message("user", _words(50)))
+    for i in range(40):  # a history well over B: re-selections, collections and appends
+        g.append(Message("assistant", _words(20), (ToolCall(f"c{i}", "bash", "{}"),)))
+        g.append(Message("tool", _words(150), tool_call_id=f"c{i}"))
+    for cfg, want in ((CacheStableConfig(), 300.0), (CacheStableConfig(young_ttl=0.0), None)):
+        policy = CacheStable(config=cfg, base=create("learned"))
+        graph = ContextGraph("y2")
+        seen = set()
+        for m in g.messages:
+            graph.append(m)
+            if m.role == "tool":
+                r = policy.render(graph, 2000, SIG)
+                if r.stats.get("cache_boundaries"):
+                    seen.add(r.stats.get("cache_young_ttl"))
+        assert seen == {want}
+

@@ -82,6 +82,31 @@ def test_ours_take_the_ttl_of_a_later_client_breakpoint_so_ttls_never_increase()
     assert out["messages"][2]["content"][0]["cache_control"] == CC  # after it: 5 minutes
 
 
+def test_rule_5_the_young_generation_is_written_with_the_5_minute_ttl_the_old_generations_end_keeps_the_hour():
+    """Claude Code-like: the hour on the system prompt and on the messages it marks. With
+    ``young_short`` every breakpoint after the old generation's end (the assistant turn here) is
+    5-minute, the client's own on the last message included; the end itself and what precedes it
+    keep the hour; the request is one Anthropic accepts (no hour after 5 minutes)."""
+    body = request(system_marks=(False, True), message_marks=[(2, 0)])
+    body["system"][1]["cache_control"] = HOUR
+    body["messages"][2]["content"][0]["cache_control"] = HOUR
+    before = place_breakpoints(body, [(1, 2)])
+    assert before["messages"][1]["content"][2]["cache_control"] == HOUR  # the end of the old generation
+    assert before["messages"][2]["content"][0]["cache_control"] == HOUR  # without rule 5: the client's hour
+    out = place_breakpoints(body, [(1, 2)], young_short=True)
+    assert out["system"][1]["cache_control"] == HOUR
+    assert out["messages"][0]["content"][0]["cache_control"] == HOUR  # the opening, before the end
+    assert out["messages"][1]["content"][2]["cache_control"] == HOUR
+    assert out["messages"][2]["content"][0]["cache_control"] == CC  # the client's, after the end: 5 minutes
+    assert anthropic_violation(out) is None and anthropic_violation(before) is None
+    assert body["messages"][2]["content"][0]["cache_control"] == HOUR  # the request itself is not changed
+    # without a boundary there is no young generation to shorten
+    assert place_breakpoints(body, [], young_short=True) == place_breakpoints(body, [])
+    # the fake rejects what Anthropic would: an hour after 5 minutes
+    wrong = {**before, "system": [before["system"][0], {**before["system"][1], "cache_control": CC}]}
+    assert "must not come after" in (anthropic_violation(wrong) or "")
+
+
 def test_a_string_system_prompt_and_string_last_message_become_one_marked_text_block():
     out = place_breakpoints({"system": "be brief", "messages": [{"role": "user", "content": "hi"}]})
     assert out["system"] == [{"type": "text", "text": "be brief", "cache_control": CC}]

@@ -116,6 +116,7 @@ class Entry:
     tokens: int
     used: int
     used_at: float | None = None  # seconds since the epoch of that call, when the trace records it
+    ttl: float | None = None      # seconds it lives unused when not the cache's (a young generation's shorter TTL)
 
 
 @dataclass
@@ -139,8 +140,9 @@ class PromptCache:
         return ONE_HOUR if self.one_hour and self.model.caching == "breakpoints" else self.model.ttl_seconds
 
     def _alive(self, e: Entry) -> bool:
-        if self.at is not None and e.used_at is not None and self.ttl_seconds:
-            return self.at - e.used_at <= self.ttl_seconds
+        ttl = e.ttl if e.ttl is not None and self.model.caching == "breakpoints" else self.ttl_seconds
+        if self.at is not None and e.used_at is not None and ttl:
+            return self.at - e.used_at <= ttl
         return self.now - e.used <= self.model.ttl_calls
 
     def encode(self, text: str) -> list[int]:
@@ -152,13 +154,16 @@ class PromptCache:
         return ids
 
     def observe(self, messages: Sequence[Message], prompt_tokens: int, at: float | None = None,
-                boundaries: Sequence[int] = ()) -> CacheTokens:
+                boundaries: Sequence[int] = (), young_ttl: float | None = None) -> CacheTokens:
         """Bill one request: ``messages`` of ``prompt_tokens`` tokens (without the tool schemas), made
         at ``at`` seconds since the epoch when known (then entries expire after the model's
         ``ttl_seconds`` unused, or an hour with ``one_hour``; else after ``ttl_calls`` calls).
         ``boundaries``: the request also carries a breakpoint after its first ``b`` messages for each
         ``b`` (the end of a cache-stable rendering's old generation,
-        ``Rendering.stats["cache_boundaries"]``; module docstring)."""
+        ``Rendering.stats["cache_boundaries"]``; module docstring). ``young_ttl``: with ``one_hour``
+        and boundaries, the breakpoints after the last boundary (the young generation's) carry this
+        shorter TTL and what they write is billed at the 5-minute price
+        (``Rendering.stats["cache_young_ttl"]``)."""
         self.now += 1
         self.at = at
         self.entries = [e for e in self.entries if self._alive(e)]
@@ -166,7 +171,7 @@ class PromptCache:
         if self.model.caching == "automatic":
             t = self._automatic(list(messages), size)
         else:
-            t = self._breakpoints(list(messages), size, boundaries)
+            t = self._breakpoints(list(messages), size, boundaries, young_ttl)
         self.total = self.total + t
         return t
 
@@ -201,7 +206,8 @@ class PromptCache:
         read = round_hit(self.model, best)
         return CacheTokens(read=read, uncached=size - read)
 
-    def _breakpoints(self, messages: list[Message], size: int, boundaries: Sequence[int] = ()) -> CacheTokens:
+    def _breakpoints(self, messages: list[Message], size: int, boundaries: Sequence[int] = (),
+                     young_ttl: float | None = None) -> CacheTokens:
         """Breakpoints on the last message, after the tools and system messages, after the first ``b``
         messages for each of ``boundaries`` and on the opening, the first 4 of those (module docstring); a hit is a live entry that is a whole prefix ending within ``lookback_blocks``
         blocks before one of them."""
@@ -230,18 +236,22 @@ class PromptCache:
         read = 0
         if best is not None:
             best.used, best.used_at, read = self.now, self.at, best.tokens
+        old = max((b for b in boundaries if b in points), default=None) if self.one_hour and young_ttl else None
         for p in sorted(points):
-            self._write(messages[:p], cum[p])
+            self._write(messages[:p], cum[p], young_ttl if old is not None and p > old else None)
+        if old is not None:  # 1-hour writes up to the old generation's end, 5-minute ones after it
+            long = max(0, cum[old] - read)
+            return CacheTokens(read=read, write_1h=long, write=size - read - long)
         if self.one_hour:
             return CacheTokens(read=read, write_1h=size - read)
         return CacheTokens(read=read, write=size - read)
 
-    def _write(self, prefix: list[Message], tokens: int) -> None:
-        """Cache the prefix ending at a breakpoint (renew it when already cached)."""
+    def _write(self, prefix: list[Message], tokens: int, ttl: float | None = None) -> None:
+        """Cache the prefix ending at a breakpoint (renew it when already cached; ``ttl``: its own TTL)."""
         if tokens < self.model.min_tokens:
             return
         for e in self.entries:
             if len(e.messages) == len(prefix) and e.tokens == tokens and equal_leading(e.messages, prefix) == len(prefix):
                 e.used, e.used_at = self.now, self.at
                 return
-        self.entries.append(Entry(prefix, tokens, self.now, self.at))
+        self.entries.append(Entry(prefix, tokens, self.now, self.at, ttl))

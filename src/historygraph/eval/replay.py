@@ -323,7 +323,7 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     st.cached_tokens += caches[name].observe(r.messages, r.input_tokens)
                     for pc in billed[name].values():
                         pc.observe(r.messages, r.input_tokens, message.timestamp if clock else None,
-                                   r.stats.get("cache_boundaries", ()))
+                                   r.stats.get("cache_boundaries", ()), r.stats.get("cache_young_ttl"))
                     for text in log:
                         if text not in embedded[name]:
                             embedded[name].add(text)
