@@ -20,7 +20,9 @@ calibration stays near 1.
   least :data:`ANTHROPIC_MIN` tokens is written; a request reads the longest cached prefix that
   ends at most :data:`LOOKBACK` blocks before one of its breakpoints. Usage: ``input_tokens`` (after
   the last breakpoint, or all when nothing is cached), ``cache_read_input_tokens``,
-  ``cache_creation_input_tokens`` (up to the last breakpoint, not read).
+  ``cache_creation_input_tokens`` (up to the last breakpoint, not read), split in ``cache_creation``
+  into ``ephemeral_1h_input_tokens`` (up to the last breakpoint with ``"ttl": "1h"``) and
+  ``ephemeral_5m_input_tokens`` (the rest), as Anthropic reports a request that mixes the two TTLs.
 
 Entries never expire (a test run lasts seconds; the providers keep them 5 minutes or more).
 """
@@ -112,15 +114,19 @@ def _shared(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> int:
     return n
 
 
-def anthropic_blocks(body: dict[str, Any]) -> tuple[list[str], list[int], list[int]]:
-    """The prompt as (each block's key, each block's tokens, the indices of its breakpoints)."""
+def anthropic_blocks(body: dict[str, Any]) -> tuple[list[str], list[int], list[int], set[int]]:
+    """The prompt as (each block's key, each block's tokens, the indices of its breakpoints, those
+    of the breakpoints with the 1-hour TTL)."""
     keys: list[str] = []
     tokens: list[int] = []
     marks: list[int] = []
+    hour: set[int] = set()
 
     def add(role: str, block: Any, first: bool) -> None:
         if isinstance(block, dict) and isinstance(block.get("cache_control"), dict):
             marks.append(len(keys))
+            if block["cache_control"].get("ttl") == "1h":
+                hour.add(len(keys))
         plain = {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
         keys.append(json.dumps([role, first, plain], sort_keys=True))
         tokens.append(len(_ids(_text(plain))) + (PER_MESSAGE if first else 0))
@@ -140,7 +146,7 @@ def anthropic_blocks(body: dict[str, Any]) -> tuple[list[str], list[int], list[i
                    default=None)
         if last is not None and last not in marks:
             marks.append(last)
-    return keys, tokens, sorted(marks)
+    return keys, tokens, sorted(marks), hour
 
 
 class PromptCaches:
@@ -171,7 +177,7 @@ class PromptCaches:
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _anthropic(self, body: dict[str, Any]) -> dict[str, Any]:
-        keys, tokens, marks = anthropic_blocks(body)
+        keys, tokens, marks, hour = anthropic_blocks(body)
         chain, h = [], hashlib.sha256(str(body.get("model")).encode())
         cum = [0]
         for k, n in zip(keys, tokens):
@@ -190,7 +196,9 @@ class PromptCaches:
                 self.anthropic.add(chain[b])
         if marks and cum[marks[-1] + 1] >= ANTHROPIC_MIN:
             written = cum[marks[-1] + 1] - read
+        long = min(written, max(0, max((cum[b + 1] for b in marks if b in hour), default=0) - read))
         return {"input_tokens": cum[-1] - read - written, "cache_creation_input_tokens": written,
+                "cache_creation": {"ephemeral_5m_input_tokens": written - long, "ephemeral_1h_input_tokens": long},
                 "cache_read_input_tokens": read, "output_tokens": 1}
 
 

@@ -124,3 +124,40 @@ def test_the_proxy_reselects_after_a_pause_longer_than_the_requested_ttl(tmp_pat
     hour = [{**b, "cache_control": {"type": "ephemeral", "ttl": "1h"}} for b in cc.SYSTEM]
     kinds = _serve(tmp_path / "b", hour, monkeypatch)
     assert len(kinds) == 60 and "expired" not in kinds
+
+
+def _hour_session(tmp_path: Path, monkeypatch, params: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The 60-call Claude Code-shaped session through the proxy at B = 16k, every client breakpoint
+    (system blocks, last two messages) with the 1-hour TTL, as Claude Code writes on such accounts;
+    each answer's usage as the fake provider reports it."""
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    monkeypatch.setattr(cc, "SYSTEM", [{**b, "cache_control": hour} for b in cc.SYSTEM])
+    monkeypatch.setattr(cc, "MESSAGE_MARK", hour)
+    up, _ = cc.provider()
+    app = create_app(ServerConfig(anthropic_upstream="http://provider", store=str(tmp_path / "s.sqlite"), budget=16_000,
+                                  policy_params=params))
+    app.state.proxy.transport = httpx.ASGITransport(app=up)
+    try:
+        return cc.run([cc.asgi_client(app)], 60, {"x-api-key": "sk-ant-dummy", "anthropic-version": "2023-06-01",
+                                                  "X-HistoryGraph-Session": "cc"}, stream=True)
+    finally:
+        app.state.proxy.store.close()
+
+
+def test_through_the_proxy_the_young_generation_is_written_with_the_5_minute_ttl(tmp_path, monkeypatch):
+    """Rule 5 of providers/anthropic_cache.py end to end: with the default (``young_ttl`` 300) the
+    provider, which refuses an hour after 5 minutes, accepts all 60 requests and bills most writes at
+    the 5-minute price; with ``serve -P learned-stable.young_ttl=0`` every write is at the hour's.
+    The bill (writes at 1.25× or 2×, reads at 0.1×) falls."""
+    short = _hour_session(tmp_path / "a", monkeypatch, {})
+    kept = _hour_session(tmp_path / "b", monkeypatch, {"learned-stable": {"young_ttl": 0.0}})
+    assert len(short) == len(kept) == 60
+
+    def writes(usages: list[dict[str, Any]], kind: str) -> int:
+        return sum(u["cache_creation"][f"ephemeral_{kind}_input_tokens"] for u in usages)
+    assert writes(kept, "5m") == 0 and writes(kept, "1h") > 0
+    assert writes(short, "5m") > 0 and writes(short, "1h") > 0  # the system prompt and the old generation keep the hour
+    # the same renderings write the same tokens, only at another TTL (about half at 5 minutes here:
+    # 45,028 of 91,003), so the bill falls (244.8k to 211.0k input units)
+    assert writes(short, "5m") + writes(short, "1h") == writes(kept, "1h")
+    assert cc.bill(short) < 0.9 * cc.bill(kept)

@@ -162,7 +162,8 @@ def test_the_anthropic_simulation_reads_only_at_breakpoints_within_20_blocks():
 
     first = caches.usage("anthropic", body(0))
     total = first["cache_creation_input_tokens"]
-    assert first == {"input_tokens": 0, "cache_creation_input_tokens": total, "cache_read_input_tokens": 0, "output_tokens": 1}
+    assert first == {"input_tokens": 0, "cache_creation_input_tokens": total, "cache_read_input_tokens": 0, "output_tokens": 1,
+                     "cache_creation": {"ephemeral_5m_input_tokens": total, "ephemeral_1h_input_tokens": 0}}
     assert total > 1024
     assert caches.usage("anthropic", body(0))["cache_read_input_tokens"] == total  # the same prefix again: read
     grown = caches.usage("anthropic", body(20))  # 20 blocks appended, marked at the end: the entry is 20 blocks back

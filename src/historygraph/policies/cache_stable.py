@@ -508,12 +508,17 @@ def inspect(policy: Policy, graph: ContextGraph, budget: int | None, signals: Si
     return policy.render(graph, budget, signals)
 
 
-def cache_stable(policy: Policy) -> Policy:
-    """``policy`` wrapped for cache-stable rendering (the proxy's and a stored session's default);
-    ``full`` (nothing to re-select) and a wrapper come back as they are."""
+def cache_stable(policy: Policy, params: dict[str, Any] | None = None) -> Policy:
+    """``policy`` wrapped for cache-stable rendering (the proxy's and a stored session's default),
+    with the wrapper's ``params`` (fields of :class:`CacheStableConfig`, e.g. ``serve -P
+    learned-stable.young_ttl=0``); ``full`` (nothing to re-select) and a wrapper come back as they are.
+
+    Raises:
+        ValueError: a value :class:`CacheStableConfig` refuses; TypeError: an unknown field."""
     if isinstance(policy, CacheStable) or policy.name == "full":
         return policy
-    return cast(Policy, CacheStable(f"{policy.name}-stable", base=policy))
+    config = CacheStableConfig(**params) if params else None
+    return cast(Policy, CacheStable(f"{policy.name}-stable", config=config, base=policy))
 
 
 def _variant(base: str) -> type[CacheStable]:

@@ -171,8 +171,8 @@ class Proxy:
 
     def policy(self, name: str) -> Any:
         if name not in self._policies:
-            base = create(name, **self.config.policy_params.get(name, {}))
-            self._policies[name] = cache_stable(base) if self.config.cache_stable else base
+            base = create(name, **self.config.policy_params.get(name, {}))  # (-P learned-stable.x: the wrapper's)
+            self._policies[name] = cache_stable(base, self.config.policy_params.get(f"{name}-stable")) if self.config.cache_stable else base
         return self._policies[name]
 
     def render(self, session_id: str, policy: str, budget: int) -> Rendering:
