@@ -576,6 +576,9 @@ def gemini_malformed(draw, shape: str):
     elif shape == "args" and models:
         parts.insert(j, {"functionCall": {"name": "run", "args": draw(st.sampled_from([[1], "q", 5]))}})
         named = f"{where}.functionCall.args must be an object"
+    elif shape == "args":  # no model turn: a role instead (it fell into the pin branch, which shares contents)
+        bad[i]["role"] = "assistant"
+        named = f"contents[{i}].role must be 'user' or 'model'"
     elif shape == "inlineData":
         parts.insert(j, {"inlineData": draw(st.sampled_from(["AAAA", ["AAAA"], {"data": "AAAA"}, {"mimeType": "image/png"}]))})
         named = f"{where}.inlineData must be an object"
@@ -607,9 +610,6 @@ def gemini_malformed(draw, shape: str):
         pin = draw(BAD_PIN)
         headers = {"X-HistoryGraph-Pin": draw(st.sampled_from(["", "#0,"])) + pin}
         named = f"X-HistoryGraph-Pin: no item {pin!r}"
-    if shape == "args" and not models:  # no model turn: a role instead
-        bad[i]["role"] = "assistant"
-        named = f"contents[{i}].role must be 'user' or 'model'"
     raw = _gemini_body(bad).replace(LONE.encode(), draw(st.sampled_from([b"\\ud800", b"\\udfff"])))
     return contents, raw, headers, named
 
