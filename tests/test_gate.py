@@ -20,7 +20,7 @@ import json
 # process collects this file, and importing both costs about 2 CPU s (docs/tests.md)
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from historygraph.history.events import Message
@@ -523,6 +523,10 @@ def _gemini_body(contents: list[dict]) -> bytes:
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(contents=gemini_contents(), budget=st.integers(100, 4000), policy=st.sampled_from(PROXY_POLICIES), stream=st.booleans())
+@example(contents=[{"role": "user", "parts": [{"text": "task fix it"}]},  # found by Hypothesis: a chat with an image and
+                   {"role": "user", "parts": [{"text": "see the picture"}, {"inlineData": {"mimeType": "image/png", "data": PNG}}]},
+                   {"role": "model", "parts": [{"text": ""}]}, {"role": "user", "parts": [{"text": "go on"}]}],
+         budget=100, policy="prune", stream=False)  # no tool call is client-curated, forwarded as sent over B
 def test_gemini_histories_through_serve_are_forwarded_within_budget_and_accepted(servers, contents, budget, policy, stream):  # noqa: F811
     FIGURES["histories"] += 1
     sid = f"gate-gem-{FIGURES['histories']}"
@@ -544,6 +548,9 @@ def test_gemini_histories_through_serve_are_forwarded_within_budget_and_accepted
     assert httpx.get(servers["up"] + "/_rejections", timeout=READ_TIMEOUT).json() == []
     if _over_budget_count(servers) > over_before:  # the protected history alone exceeded B: forwarded, counted
         FIGURES["over_budget"] += 1
+    elif r.headers.get("x-historygraph-context") == "client-curated":  # a new chat with no tool call (docs/proxy.md,
+        parts = [p for turn in contents for p in turn["parts"]]  # "Clients that curate their own context"): forwarded as
+        assert [p for turn in sent["contents"] for p in turn["parts"]] == parts  # sent (consecutive user turns merged)
     else:
         assert _budget_history(gem.to_canonical(sent["systemInstruction"], sent["contents"])[0]) <= budget
     canon, _ = gem.to_canonical(GEM_SYSTEM, contents)
