@@ -960,7 +960,7 @@ def reference_explain(reasons, layout, sel, value, taken, budget, min_probabilit
         if p not in chosen:
             why = (f"reuse probability {value[p]:.3f} below min_probability {min_probability:g}"
                    if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it would add {sel.cost(p)} tokens, "
-                   f"{budget - sel.used} of the {budget} tokens it selected within unused when selection ended")
+                   f"{budget - sel.used} of the {budget} tokens it rendered to were left when the selection ended")
             reasons[p] = f"omitted: {why}"
 
 

@@ -234,3 +234,16 @@ def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> No
     rows = [r for r in rows if r["budget"] == 32000]
     (e,) = equal_cost(rows)
     assert e.side == "fits" and "fits every budget" in e.line([32000])
+
+
+def test_one_budget_says_at_that_budget_not_at_every_budget_replayed() -> None:
+    """The main job replays sessions at B = 32,000 alone and printed "cheaper at every budget replayed;
+    at the largest, B = 32,000"."""
+    from historygraph.eval.sessions_view import EqualCost
+
+    e = EqualCost("ALL", "learned-stable", None, 76.6, 69.2, "below", 0.92, 32000)
+    assert e.line([32000]) == ("learned-stable: at B = 32,000, it costs 0.92× the agent's own bill and keeps 76.6 % "
+                               "(the agent's own context keeps 69.2 %)")
+    assert e.line([16000, 32000]).startswith("learned-stable: cheaper at every budget replayed; at the largest, B = 32,000, it costs")
+    d = EqualCost("ALL", "learned", None, 85.3, 69.2, "above", 3.6, 32000)
+    assert d.line([32000]).startswith("learned: at B = 32,000, it costs 3.60×")

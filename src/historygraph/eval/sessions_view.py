@@ -78,10 +78,13 @@ class EqualCost:
             return f"{self.policy}: at B ≈ {self.budget:,} tokens it costs what the agent's own context management cost and keeps {_num(self.recall)} % ({rec})"
         if self.side == "fits":
             return f"{self.policy}: the whole history fits every budget replayed, so it shows everything, as the agent did"
+        one = len(budgets) == 1
         if self.side == "below":
-            return (f"{self.policy}: cheaper at every budget replayed; at the largest, B = {self.edge or budgets[-1]:,}, it costs "
+            where = "at" if one else "cheaper at every budget replayed; at the largest,"
+            return (f"{self.policy}: {where} B = {self.edge or budgets[-1]:,}, it costs "
                     f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
-        return (f"{self.policy}: dearer at every budget replayed; at the smallest, B = {self.edge or budgets[0]:,}, it costs "
+        where = "at" if one else "dearer at every budget replayed; at the smallest,"
+        return (f"{self.policy}: {where} B = {self.edge or budgets[0]:,}, it costs "
                 f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
 
 

@@ -505,7 +505,7 @@ def _explain(reasons: dict[int, str], layout: Layout, sel: Selection, value: dic
         if p not in chosen:
             why = (f"reuse probability {value[p]:.3f} below min_probability {min_probability:g}"
                    if value[p] == 0 else f"reuse probability {value[p]:.3f}; showing it would add {cost[p]} tokens, "
-                   f"{budget - sel.used} of the {budget} tokens it selected within unused when selection ended")
+                   f"{budget - sel.used} of the {budget} tokens it rendered to were left when the selection ended")
             reasons[p] = f"omitted: {why}"
 
 
