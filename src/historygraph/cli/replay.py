@@ -381,7 +381,8 @@ def _print_cache_check(checks: dict[str, dict]) -> None:
                   "(docs/evaluator.md, Real sessions):", markup=False, highlight=False, soft_wrap=True)
     for src, c in checks.items():
         console.print(f"  {src}: {c['calls']} calls with recorded usage; read from the cache {c['read_share_simulated']:.1f} % of the input simulated, "
-                      f"{c['read_share_recorded']:.1f} % recorded; simulated input ÷ recorded {c['input_ratio']:.2f}; "
+                      f"{c['read_share_recorded']:.1f} % recorded; simulated input tokens ÷ recorded {c['input_ratio']:.2f} "
+                      f"(tokens, not dollars: the sessions table's check compares the bills); "
                       f"per call the read share differs by {c['read_share_error_median']:.1f} points (median), "
                       f"{c['read_share_error_mean']:.1f} (mean)", markup=False, highlight=False, soft_wrap=True)
 
