@@ -280,3 +280,17 @@ def test_the_default_asks_for_the_5_minute_ttl_on_its_young_generation_only_when
                     seen.add(r.stats.get("cache_young_ttl"))
         assert seen == {want}
 
+
+
+def test_a_reselection_says_the_low_mark_it_rendered_to() -> None:
+    """``render`` showed "62 of the 24000 tokens" at B = 32000 with no word of where 24000 came from:
+    a re-selection records its low mark (0.75·B), and the CLI's title names it."""
+    g = ContextGraph("low")
+    g.append(Message("user", _words(50)))
+    for i in range(30):
+        g.append(Message("assistant", _words(20), (ToolCall(f"c{i}", "bash", "{}"),)))
+        g.append(Message("tool", _words(150), tool_call_id=f"c{i}"))
+    r = create("learned-stable").render(g, 2000, SIG)
+    assert r.stats["cache_stable"] == "reselected" and r.stats["rendered_to"] == 1500 and r.history_tokens <= 1500
+    small = ContextGraph("fits", g.messages[:3])
+    assert "rendered_to" not in create("learned-stable").render(small, 2000, SIG).stats  # it fits: unchanged, at B

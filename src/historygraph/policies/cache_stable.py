@@ -279,6 +279,8 @@ class CacheStable:
                 r = None
         if r is None:
             r = self.base.render(graph, budget, signals)
+        else:
+            r.stats["rendered_to"] = max(1, low)  # the low mark: room left for the calls that append
         r.policy, r.budget = self.name, budget
         r.stats["cache_stable"] = "reselected"
         return r
