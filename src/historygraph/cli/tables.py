@@ -26,7 +26,7 @@ COMPACT_COLUMNS = ("source", "trace_id", "policy", "traces", "invocations", "eve
                    "budget_errors", "model_calls")
 # what the default table leaves out, in this order, when it is wider than the terminal (then the cost
 # with each price model's cache, the last model first); source, trace, policy and recall always stay
-NARROW_DROPS = ("render_ms_median", "recent5_min", "recent5_median", "recent5_all", "traces", "invocations", "events", "model_calls", "budget_errors", "recall_age_>25",
+NARROW_DROPS = ("render_ms_median", "recent5_median", "recent5_min", "recent5_all", "traces", "invocations", "events", "model_calls", "budget_errors", "recall_age_>25",
                 "pct_of_oracle", "mean_history_tokens")
 HEADS = {"pct_of_oracle": "% of\noracle", "value_recall": "value\nrecall %", "prefix_reuse_pct": "prefix\nreuse %",
          "norm_cost": "cost\n(Full ρ)", "norm_cost_own": "cost\n(own ρ)", "cost_traces": "cost\ntraces",
