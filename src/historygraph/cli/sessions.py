@@ -210,7 +210,8 @@ def render(
             last = p
     low = r.stats.get("rendered_to")  # a cache-stable re-selection renders below B, to append after it
     t = Table(title=f"{policy} at B = {budget}: session {session} ({len(graph)} messages) in {store_name(db)}"
-              + (f"; re-selected here to its low mark, {low} tokens, so that the next calls append up to B" if low else ""),
+              + (f"; re-selected here to {low} tokens (the cache-stable low mark, 0.75·B by default), so that the next calls "
+                 "append up to B" if low else ""),
               header_style="bold")
     for c in ("pos", "role", "tool call id", "form", "tokens", "reason"):
         t.add_column(c, justify="right" if c in ("pos", "tokens") else "left")

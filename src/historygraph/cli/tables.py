@@ -112,7 +112,8 @@ def _notes(cols: list[str], cache: list[str], wide: bool, dropped: list[str], no
         notes.append("% of oracle: recall ÷ the oracle's recall (the clairvoyant selector under the same B); "
                      "– where the oracle shows none (e.g. every reused result is larger than B) or the policy went over B (full)")
     if any(c.startswith("recall_age_") for c in cols):
-        notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old (ContextRender Table 2's bins)")
+        notes.append("age N: recall % of the reuses whose source result was N turns (model calls) old, >25: more than 25 "
+                     "(ContextRender Table 2's bins)")
     if any(c in cols for c in cache):
         notes.append("cost M: cost with price model M's simulated prompt cache (cache reads, writes, uncached input, output), "
                      "Full history = 1, ratio of means over the traces whose Full history exceeds B; a ratio, not dollars"

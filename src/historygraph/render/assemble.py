@@ -263,15 +263,15 @@ class Assembly(StepPricing):
                 fill(reasons)
             for p, later in superseded.items():
                 reasons[p] = f"superseded: a later result for the same call (message {later}) is rendered instead"
-            why = "retained non-tool history over its share of the budget (oldest first)"
+            why = "retained non-tool history over its share of the budget, oldest first"
             for u in dropped_units - left_out:  # dropped for the share; a policy's own omissions keep its reason
                 for p in units[u].positions:
                     if u in revived:
                         if msgs[p].role != "tool":
-                            because = ("it is one of the newest assistant messages (the agent sees what it just did)"
+                            because = ("it is one of the newest assistant messages, so the agent sees what it just did"
                                        if u in recent else "a result of its step is shown")
                             reasons.setdefault(p, f"kept{' in brief (its text left out)' if p in briefs else ''}: brought "
-                                                  f"back because {because} (the step was first dropped as {why})")
+                                                  f"back because {because}; the layout had dropped its step first, as {why}")
                     elif p not in reasons:
                         reasons[p] = f"dropped: {why}"
                     elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
