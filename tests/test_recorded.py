@@ -182,8 +182,8 @@ def test_a_bill_a_little_above_the_agents_own_never_reads_as_equal_to_it() -> No
             row("contextrender", 32000, 3.9, 100.0), row("prune", 32000, 0.9, 57.1)]
     (pick,) = recommend_vs_own(rows)
     assert pick.policy is None and pick.dearer == ("learned-stable", 100.0, 1.004)
-    assert pick.line() == ("B = 32,000: no policy keeps as much as the agent's own context management for no more than its "
-                           "bill (the agent's own context keeps 100.0 %): keep it; learned-stable keeps 100.0 % but costs "
+    assert pick.line() == ("B = 32,000: the agent's own context kept all it later reused (100 %), which no policy matches "
+                           "for no more than its bill: keep it; learned-stable keeps 100.0 % but costs "
                            "1.004× its bill; to pay less, prune keeps 57.1 % for 0.90× its bill")
     proj = [{"budget": 32000, "project": "p", "policy": RECORDED, "sessions": 1, "calls": 98, "paid_usd": 4.94,
              "recall": 100.0, "bill_vs_recorded": 0.65},

@@ -138,7 +138,10 @@ class OwnPick:
         if self.fits:
             return f"B = {self.budget:,}: the whole history fits, so no policy changes anything"
         if self.policy is None:
-            line = (f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
+            whole = (self.recorded_recall or 0.0) >= 100.0  # e.g. an agent that never compacted
+            line = (f"B = {self.budget:,}: the agent's own context kept all it later reused (100 %), which no policy "
+                    f"matches for no more than its bill" if whole else
+                    f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
                     f"bill ({rec})")
             if self.better is None:
                 line += ": keep it"
