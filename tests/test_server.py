@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,10 +41,26 @@ A_TOOLS = [{"name": "search", "description": "find", "input_schema": {"type": "o
 counter = TokenCounter()
 
 
+_PORTS = Path(tempfile.gettempdir()) / "historygraph-test-ports"  # ports handed out lately, by every test process
+
+
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free local port no other test process (an xdist worker) was handed in the last 5 minutes: the
+    OS hands a just-closed free port to whoever asks next, so two workers starting servers at the same
+    time could pick the same one, one server failing to bind while the other answered its probe (a CI
+    run's proxy fixture talked to another worker's fake)."""
+    with _PORTS.open("a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        fh.seek(0)
+        now = time.time()
+        recent = {int(a) for a, _, t in (line.partition(" ") for line in fh.read().splitlines()) if t and now - float(t) < 300}
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in recent:
+                fh.write(f"{port} {now}\n")
+                return port
 
 
 def _start(args: list[str], port: int, log: Path, probe: str = "/openapi.json", timeout: float = 60) -> subprocess.Popen:

@@ -15,14 +15,10 @@ import pytest
 
 from historygraph.server import workers
 
+from test_server import _port  # one port picker for every test process
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 pytestmark = pytest.mark.skipif(not workers.BALANCED, reason="the balanced supervisor needs add_reader (POSIX)")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve_two_workers(tmp_path: Path, name: str) -> tuple[int, subprocess.Popen, Path]:
