@@ -29,7 +29,7 @@ from historygraph.eval.prices import PriceModelError, load_price_models, select
 from historygraph.eval.recommend import groups, one_line, recommend
 from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only, ttl_note)
 from historygraph.eval.replay import replay_budgets, replay_trace
-from historygraph.eval.report import cache_checks, project_rows, summarize, write_outputs
+from historygraph.eval.report import cache_checks, project_rows, summarize, table_sources, write_outputs
 from historygraph.models.chat import ModelError
 from historygraph.policies import REGISTRY, PolicyError, Signals, create
 from historygraph.signals.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, create_embedder
@@ -299,11 +299,10 @@ def _print_results(results: list, prices: Prices, models: dict, shown: list[str]
     closing lines; exits with status 1 on an invariant violation or a skipped file."""
     per_trace_rows, per_source_rows = summarize(results, prices, models)
     _print_projects(project_rows(per_trace_rows, results), per_source_rows, budgets, meta["policies"])
-    # with one source the ALL rows repeat its rows: the printed table leaves them out (replay.json and .csv keep them)
-    one_source = len({r["source"] for r in per_source_rows} - {"ALL"}) == 1
+    shown_sources = table_sources(r["source"] for r in per_source_rows)  # replay.json and .csv keep every row
     for b in budgets:  # what the columns mean: once, under the last table
         last = b == budgets[-1]
-        print_table([r for r in per_source_rows if r["budget"] == b and not (one_source and r["source"] == "ALL")],
+        print_table([r for r in per_source_rows if r["budget"] == b and r["source"] in shown_sources],
                      f"Later-Used Result Recall and history tokens at B = {b}", wide=wide, cache_models=shown,
                      notes=last and not per_trace)
         if per_trace:

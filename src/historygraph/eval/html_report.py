@@ -26,13 +26,13 @@ import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from historygraph.eval import cache_cost, plots
 from historygraph.eval.prices import PriceModelError, label, read_price_file
 from historygraph.eval.recommend import explanation, recommend, table_rows
 from historygraph.eval.recorded import RECORDED
-from historygraph.eval.report import recall_by_age_title, trace_set
+from historygraph.eval.report import recall_by_age_title, table_sources, trace_set
 from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, ratio,
                                              recommend_vs_own, sessions_only, ttl_note)
 
@@ -75,13 +75,6 @@ class Run:
     def budgets(self) -> list[int]:
         return sorted({r["budget"] for r in self.per_source if r.get("budget") is not None})
 
-
-
-def _distinct(sources: Iterable[str]) -> list[str]:
-    """The sources of a run's rows in order, without ALL when it has one source only (its ALL rows
-    repeat that source's, as the replay's printed table leaves them out)."""
-    out = list(dict.fromkeys(sources))
-    return [s for s in out if s != "ALL"] if len(set(out) - {"ALL"}) == 1 else out
 
 def load_run(run_dir: Path) -> Run:
     """Read ``replay.json`` (required) and ``timelines.json.gz`` (optional) from ``run_dir``.
@@ -300,7 +293,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
     cols[4:4] = [(f"cost_cache_{m}", f"cost {label(m)}") for m in run.price_models]  # cost with each prompt cache, after recall
     if any(r.get(f"bound_cache_{m}") is not None for r in summary for m in run.price_models):  # the bill bound (eval.bill_bound)
         cols[4 + len(run.price_models):4 + len(run.price_models)] = [(f"bound_cache_{m}", f"bound {label(m)}") for m in run.price_models]
-    sources = _distinct(r["source"] for r in summary)
+    sources = table_sources(r["source"] for r in summary)
     unit_prices = run.meta.get("prices") or {}
     note = ("Recall: ContextRender B.4 Later-Used Result Recall (a reused result counts only when shown complete). "
             "Value recall: the reused values appear anywhere in the rendering (full result, excerpt, summary, marker). "
@@ -377,7 +370,7 @@ def write_report(run_dir: Path, budget: int | None = None, trace: str | None = N
         md += [f"## {src} at B = {b}", "", _md_table(rows, cols), ""]
     for other in (x for x in run.budgets if x != b):  # the other budgets of a sweep: their summary tables after the headline's
         at = [r for r in run.per_source if r.get("budget") == other]
-        for src in _distinct(r["source"] for r in at):
+        for src in table_sources(r["source"] for r in at):
             rows = [r for r in at if r["source"] == src]
             parts.append(f"<h2>{html.escape(src)} at B = {other}</h2>" + _html_table(rows, cols, f"summary-{src}-{other}"))
             md += [f"## {src} at B = {other}", "", _md_table(rows, cols), ""]

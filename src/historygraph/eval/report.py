@@ -20,7 +20,7 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -357,6 +357,13 @@ def _write_staged(out_dir: Path, results: list[TraceResult], meta: dict[str, Any
         paths["plot"] = out_dir / "recall_by_age.png"
         tmp(paths["plot"]).write_bytes(png)
     return paths
+
+
+def table_sources(sources: Iterable[str]) -> list[str]:
+    """The sources of a run's summary rows in order, without ALL when there is one source only (its
+    ALL rows repeat that source's): the sources the printed tables and the report show."""
+    out = list(dict.fromkeys(sources))
+    return [s for s in out if s != "ALL"] if len(set(out) - {"ALL"}) == 1 else out
 
 
 def trace_set(meta: dict[str, Any]) -> str:

@@ -202,19 +202,17 @@ def place_breakpoints(body: dict[str, Any], boundaries: Sequence[tuple[int, int]
         if spare:
             ours.append(read)
     last_end = max((w for w in ends if w is not None), default=None) if young_short else None
-    shorten = [] if last_end is None else [w for w, b in blocks if w in client and w not in removed and w > last_end
-                                            and b["cache_control"].get("ttl", "5m") != "5m"]  # rule 5
+    kept = [(w, b["cache_control"]) for w, b in blocks if w in client and w not in removed]
+    shorten = {w: {k: v for k, v in cc.items() if k != "ttl"} for w, cc in kept  # rule 5
+               if last_end is not None and w > last_end and cc.get("ttl", "5m") != "5m"}
     if not ours and not removed and not shorten:
         return body
     marks: dict[Where, dict[str, Any] | None] = {w: None for w in removed}
-    kept = [(w, b["cache_control"]) for w, b in blocks if w in client and w not in removed]
     for w in ours:
         later = next((cc for v, cc in kept if v > w), None)
         short = last_end is not None and w > last_end
         marks[w] = {**EPHEMERAL, "ttl": later["ttl"]} if later is not None and "ttl" in later and not short else dict(EPHEMERAL)
-    for w, b in blocks:
-        if w in shorten:
-            marks[w] = {k: v for k, v in b["cache_control"].items() if k != "ttl"}
+    marks.update(shorten)
     return _marked(body, marks)
 
 
