@@ -80,10 +80,10 @@ class EqualCost:
             return f"{self.policy}: the whole history fits every budget replayed, so it shows everything, as the agent did"
         one = len(budgets) == 1
         if self.side == "below":
-            where = "at" if one else "cheaper at every budget replayed; at the largest,"
+            where = "at" if one else "cheaper at every budget replayed; at the largest its history passes,"
             return (f"{self.policy}: {where} B = {self.edge or budgets[-1]:,}, it costs "
                     f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
-        where = "at" if one else "dearer at every budget replayed; at the smallest,"
+        where = "at" if one else "dearer at every budget replayed; at the smallest its history passes,"
         return (f"{self.policy}: {where} B = {self.edge or budgets[0]:,}, it costs "
                 f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
 
