@@ -71,6 +71,38 @@ def test_a_pause_longer_than_the_ttl_reselects_and_a_shorter_one_appends():
     assert _kinds(untimed, 6)[5][0] == "appended"
 
 
+def test_after_a_pause_on_the_5_minute_cache_the_old_generation_goes_on_the_hour():
+    """``old_ttl``: a session whose requests ask for Anthropic's 5 minutes (``cache_ttl`` 300) pauses
+    301 s before step 5 (an expiry: it re-selects) and 310 s before step 7. From the re-selection
+    on, each rendering of ``learned-stable`` asks for the hour on its old generation
+    (``stats["cache_old_ttl"]``), so the second pause appends; with ``old_ttl`` 0, or when the TTL
+    asked for is unknown (an OpenAI client), nothing asks for the hour and the second pause
+    re-selects too, as it does for ``prune-stable``, which has no generations to put on the hour."""
+    msgs = _steps(8, 5, 291.0)
+    late = [Message(m.role, m.content, m.tool_calls, m.tool_call_id, timestamp=m.timestamp + 300.0) for m in msgs[16:]]
+    msgs = msgs[:16] + late  # 310 s between step 6's result and step 7
+
+    def run(ttl: float | None, name: str = "learned-stable", **config: Any) -> list[tuple[str, float | None]]:
+        policy = create(name, **config)
+        g = ContextGraph("s", msgs[:2])
+        g.cache_ttl = ttl
+        out = []
+        for i in range(8):
+            g.extend(msgs[2 + 2 * i: 4 + 2 * i])
+            r = policy.render(g, B, SIG)
+            out.append((r.stats["cache_stable"], r.stats.get("cache_old_ttl")))
+        return out
+    kinds = run(300.0)
+    assert [k for k, _ in kinds[4:]] == ["collected", "expired", "appended", "appended"]
+    assert [t for _, t in kinds] == [None] * 5 + [3600.0] * 3
+    for off in (run(300.0, old_ttl=0.0), run(None)):
+        assert [k for k, _ in off[4:]] == ["collected", "expired", "appended", "expired"]
+        assert not any(t for _, t in off)
+    assert [k for k, _ in run(300.0, "prune-stable")[4:]] == ["reselected", "expired", "appended", "expired"]
+    with pytest.raises(ValueError, match="old_ttl must be 3600"):
+        CacheStableConfig(old_ttl=600.0)
+
+
 def test_a_negative_expiry_is_refused():
     with pytest.raises(ValueError, match="expiry must be ≥ 0 seconds"):
         CacheStableConfig(expiry=-1.0)
@@ -90,28 +122,31 @@ def test_the_ttl_a_request_asks_for(body, ttl):
     assert requested_ttl(body) == ttl
 
 
-def _serve(tmp_path: Path, system: list[dict[str, Any]], monkeypatch) -> list[str]:
+def _serve(tmp_path: Path, system: list[dict[str, Any]], monkeypatch, pauses: tuple[int, ...] = (45,),
+           params: dict[str, dict[str, Any]] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """The 60-call Claude Code-shaped session (tests/claude_code_session.py) through the proxy at
-    B = 16k with its defaults, the proxy's clock moving 20 s per request and 410 s before request
-    45 (the 46th); the kind of rendering of each request, from its omission record."""
+    B = 16k with its defaults (``params``: the policies' overrides), the proxy's clock moving 20 s
+    per request and 410 s before each request of ``pauses`` (45: the 46th); the kind of rendering
+    of each request, from its omission record, and each answer's usage."""
     monkeypatch.setattr(cc, "SYSTEM", system)
     up, _ = cc.provider()
-    app = create_app(ServerConfig(anthropic_upstream="http://provider", store=str(tmp_path / "s.sqlite"), budget=16_000))
+    app = create_app(ServerConfig(anthropic_upstream="http://provider", store=str(tmp_path / "s.sqlite"), budget=16_000,
+                                  policy_params=params or {}))
     app.state.proxy.transport = httpx.ASGITransport(app=up)
     reads = []  # the proxy reads its clock twice a request: when it stores the request and its answer
 
     def clock() -> float:
         reads.append(None)
-        return 1.8e9 + 10.0 * len(reads) + (400.0 if len(reads) > 90 else 0.0)
+        return 1.8e9 + 10.0 * len(reads) + sum(400.0 for k in pauses if len(reads) > 2 * k)
     app.state.proxy.clock = clock
-    cc.run([cc.asgi_client(app)], 60, {"x-api-key": "sk-ant-dummy", "anthropic-version": "2023-06-01",
-                                       "X-HistoryGraph-Session": "cc"}, stream=True)
+    usages = cc.run([cc.asgi_client(app)], 60, {"x-api-key": "sk-ant-dummy", "anthropic-version": "2023-06-01",
+                                                "X-HistoryGraph-Session": "cc"}, stream=True)
     app.state.proxy.store.close()
     store = SQLiteStore(tmp_path / "s.sqlite")
     try:
         stored = store.messages("cc")
         assert all(m.timestamp is not None and m.timestamp >= 1.8e9 for m in stored[:-1])  # the time each arrived
-        return [r.get("cache_stable", "") for r in store.omitted("cc")]
+        return [r.get("cache_stable", "") for r in store.omitted("cc")], usages
     finally:
         store.close()
 
@@ -119,11 +154,31 @@ def _serve(tmp_path: Path, system: list[dict[str, Any]], monkeypatch) -> list[st
 def test_the_proxy_reselects_after_a_pause_longer_than_the_requested_ttl(tmp_path, monkeypatch):
     """Claude Code marks its system blocks with the 5-minute TTL: the request 420 s after the one before is a
     re-selection after expiry, and no other is; with ``"ttl": "1h"`` marks the same pause is not."""
-    kinds = _serve(tmp_path / "a", cc.SYSTEM, monkeypatch)
+    kinds, _ = _serve(tmp_path / "a", cc.SYSTEM, monkeypatch)
     assert len(kinds) == 60 and [i for i, k in enumerate(kinds) if k == "expired"] == [45]
     hour = [{**b, "cache_control": {"type": "ephemeral", "ttl": "1h"}} for b in cc.SYSTEM]
-    kinds = _serve(tmp_path / "b", hour, monkeypatch)
+    kinds, _ = _serve(tmp_path / "b", hour, monkeypatch)
     assert len(kinds) == 60 and "expired" not in kinds
+
+
+def test_after_a_pause_the_proxy_keeps_the_old_generation_on_the_hour(tmp_path, monkeypatch):
+    """``old_ttl`` end to end (rule 6 of providers/anthropic_cache.py), Claude Code on the 5-minute
+    cache with pauses of 410 s before requests 45 and 53: no request before the first pause writes
+    at the hour; the re-selection after it writes the system prompt and its old generation with
+    the hour (the provider, which refuses an hour after 5 minutes, accepts all 60), so the second
+    pause is not an expiry: its request extends the one before. With ``-P learned-stable.old_ttl=0``
+    both pauses re-select, and the second rewrites all but the system prompt and the task (the
+    fake provider keeps entries without a clock: what it reads there is only what a re-selection
+    keeps)."""
+    kinds, usages = _serve(tmp_path / "a", cc.SYSTEM, monkeypatch, (45, 53))
+    assert len(usages) == 60
+    hour = [u["cache_creation"]["ephemeral_1h_input_tokens"] for u in usages]
+    assert not any(hour[:45]) and hour[45] > 0
+    assert [i for i, k in enumerate(kinds) if k == "expired"] == [45]
+    kept, usages_kept = _serve(tmp_path / "b", cc.SYSTEM, monkeypatch, (45, 53), {"learned-stable": {"old_ttl": 0.0}})
+    assert not any(u["cache_creation"]["ephemeral_1h_input_tokens"] for u in usages_kept)
+    assert [i for i, k in enumerate(kept) if k == "expired"] == [45, 53]
+    assert usages[53]["cache_read_input_tokens"] > 3 * usages_kept[53]["cache_read_input_tokens"]
 
 
 def _hour_session(tmp_path: Path, monkeypatch, params: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

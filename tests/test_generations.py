@@ -126,7 +126,9 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
     two = CacheStable("prune-stable", cfg, base=RankedPrune({}))  # another process: its memo empty
     g = store.graph("s")
     state = stable_state.decode(text, g)
-    assert state is not None and state["boundary"] == 3
+    assert state is not None and state["boundary"] == 3 and state["paused"] is False
+    paused = stable_state.decode(stable_state.encode({**state, "paused": True}, g), g)  # old_ttl's switch too
+    assert paused is not None and paused["paused"] is True
     r = two.render(g, B, SIG)
     assert r.stats["cache_stable"] == "collected" and r.stats["cache_boundaries"] == [3, 11]
 
@@ -179,6 +181,38 @@ def test_a_young_generation_with_the_5_minute_ttl_under_a_1_hour_cache():
     # a session on the 5-minute cache is unchanged by it
     five = PromptCache(model, C)
     assert five.observe(one, 1800, 0.0, (4,), 300.0) == CacheTokens(write=1800)
+
+
+def test_an_old_generation_on_the_hour_under_a_5_minute_cache():
+    """``old_ttl`` (the cache-stable default's 3600 s once the session has paused) in the simulation
+    of a session on the 5-minute cache: what precedes the old generation's end (after T1, 1,600
+    tokens) is written at the hour's price (2×) and lives an hour, the young generation at 5
+    minutes. After a 10-minute pause request 3 still reads the old generation (1,600) and rewrites
+    400 tokens at 1.25×; on the 5-minute cache alone it reads nothing and rewrites all 2,000.
+    Bills in input units: 1600·2 + 200·1.25 + 1800·0.1 + 100·1.25 + 1600·0.1 + 400·1.25 = 4,415
+    against 1800·1.25 + 1800·0.1 + 100·1.25 + 2000·1.25 = 5,055."""
+    S, U = Message("system", _words(997)), Message("user", _words(97))
+    A1, T1 = Message("assistant", _words(197)), Message("tool", _words(297), tool_call_id="a")
+    A2, T2 = Message("assistant", _words(97)), Message("tool", _words(97), tool_call_id="b")
+    A3, T3 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="c")
+    A4, T4 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="d")
+    one, two, three = [S, U, A1, T1, A2, T2], [S, U, A1, T1, A2, T2, A3, T3], [S, U, A1, T1, A2, T2, A3, T3, A4, T4]
+    model = load_price_models()["anthropic-style"]
+    hour = PromptCache(model, C)
+    bills = [hour.observe(one, 1800, 0.0, (4,), 300.0, 3600.0), hour.observe(two, 1900, 60.0, (4,), 300.0, 3600.0),
+             hour.observe(three, 2000, 660.0, (4,), 300.0, 3600.0)]
+    assert bills == [CacheTokens(write_1h=1600, write=200), CacheTokens(read=1800, write=100), CacheTokens(read=1600, write=400)]
+    five = PromptCache(model, C)
+    plain = [five.observe(one, 1800, 0.0, (4,), 300.0), five.observe(two, 1900, 60.0, (4,), 300.0),
+             five.observe(three, 2000, 660.0, (4,), 300.0)]
+    assert plain == [CacheTokens(write=1800), CacheTokens(read=1800, write=100), CacheTokens(write=2000)]
+
+    def units(t: CacheTokens) -> float:
+        return 2.0 * t.write_1h + 1.25 * t.write + 0.1 * t.read
+    assert round(sum(map(units, bills))) == 4415 and round(sum(map(units, plain))) == 5055
+    # under a session already on the hour old_ttl changes nothing
+    assert PromptCache(model, C, one_hour=True).observe(one, 1800, 0.0, (4,), 300.0, 3600.0) \
+        == CacheTokens(write_1h=1600, write=200)
 
 
 def test_at_most_four_breakpoints_the_opening_then_the_new_generation_dropped_first():

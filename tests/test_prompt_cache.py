@@ -107,6 +107,25 @@ def test_rule_5_the_young_generation_is_written_with_the_5_minute_ttl_the_old_ge
     assert "must not come after" in (anthropic_violation(wrong) or "")
 
 
+def test_rule_6_under_a_5_minute_client_the_old_generation_and_what_precedes_it_go_on_the_hour():
+    """Claude Code on the 5-minute cache marks its system prompt and last message without a TTL.
+    With ``old_long`` every breakpoint up to the old generation's end (the assistant turn here),
+    the client's on the system prompt included, carries the hour; the young generation's, the
+    client's on the last message, stays at 5 minutes; Anthropic accepts the order (the hour
+    first). Without a boundary nothing is lengthened."""
+    body = request(system_marks=(False, True), message_marks=[(2, 0)])
+    out = place_breakpoints(body, [(1, 2)], young_short=True, old_long=True)
+    assert out["system"][1]["cache_control"] == HOUR
+    assert out["messages"][0]["content"][0]["cache_control"] == HOUR  # the opening, before the end
+    assert out["messages"][1]["content"][2]["cache_control"] == HOUR  # the old generation's end
+    assert out["messages"][2]["content"][0]["cache_control"] == CC  # the client's, in the young generation
+    assert anthropic_violation(out) is None
+    assert body["system"][1]["cache_control"] == CC  # the request itself is not changed
+    assert place_breakpoints(body, [], old_long=True) == place_breakpoints(body, [])
+    plain = place_breakpoints(body, [(1, 2)], young_short=True)
+    assert plain["system"][1]["cache_control"] == CC and plain["messages"][1]["content"][2]["cache_control"] == CC
+
+
 def test_a_string_system_prompt_and_string_last_message_become_one_marked_text_block():
     out = place_breakpoints({"system": "be brief", "messages": [{"role": "user", "content": "hi"}]})
     assert out["system"] == [{"type": "text", "text": "be brief", "cache_control": CC}]

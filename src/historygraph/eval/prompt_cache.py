@@ -154,7 +154,8 @@ class PromptCache:
         return ids
 
     def observe(self, messages: Sequence[Message], prompt_tokens: int, at: float | None = None,
-                boundaries: Sequence[int] = (), young_ttl: float | None = None) -> CacheTokens:
+                boundaries: Sequence[int] = (), young_ttl: float | None = None,
+                old_ttl: float | None = None) -> CacheTokens:
         """Bill one request: ``messages`` of ``prompt_tokens`` tokens (without the tool schemas), made
         at ``at`` seconds since the epoch when known (then entries expire after the model's
         ``ttl_seconds`` unused, or an hour with ``one_hour``; else after ``ttl_calls`` calls).
@@ -163,7 +164,9 @@ class PromptCache:
         ``Rendering.stats["cache_boundaries"]``; module docstring). ``young_ttl``: with ``one_hour``
         and boundaries, the breakpoints after the last boundary (the young generation's) carry this
         shorter TTL and what they write is billed at the 5-minute price
-        (``Rendering.stats["cache_young_ttl"]``)."""
+        (``Rendering.stats["cache_young_ttl"]``). ``old_ttl``: without ``one_hour``, the breakpoints up
+        to the last boundary (the old generation's, and the system prompt's) carry this longer TTL
+        and what they write is billed at the 1-hour price (``Rendering.stats["cache_old_ttl"]``)."""
         self.now += 1
         self.at = at
         self.entries = [e for e in self.entries if self._alive(e)]
@@ -171,7 +174,7 @@ class PromptCache:
         if self.model.caching == "automatic":
             t = self._automatic(list(messages), size)
         else:
-            t = self._breakpoints(list(messages), size, boundaries, young_ttl)
+            t = self._breakpoints(list(messages), size, boundaries, young_ttl, old_ttl)
         self.total = self.total + t
         return t
 
@@ -207,7 +210,7 @@ class PromptCache:
         return CacheTokens(read=read, uncached=size - read)
 
     def _breakpoints(self, messages: list[Message], size: int, boundaries: Sequence[int] = (),
-                     young_ttl: float | None = None) -> CacheTokens:
+                     young_ttl: float | None = None, old_ttl: float | None = None) -> CacheTokens:
         """Breakpoints on the last message, after the tools and system messages, after the first ``b``
         messages for each of ``boundaries`` and on the opening, the first 4 of those (module docstring); a hit is a live entry that is a whole prefix ending within ``lookback_blocks``
         blocks before one of them."""
@@ -236,9 +239,15 @@ class PromptCache:
         read = 0
         if best is not None:
             best.used, best.used_at, read = self.now, self.at, best.tokens
-        old = max((b for b in boundaries if b in points), default=None) if self.one_hour and young_ttl else None
+        split = young_ttl if self.one_hour else old_ttl  # a request whose generations carry two TTLs
+        old = max((b for b in boundaries if b in points), default=None) if split else None
         for p in sorted(points):
-            self._write(messages[:p], cum[p], young_ttl if old is not None and p > old else None)
+            ttl = None  # the cache's own: the hour's under one_hour, else the model's 5 minutes
+            if old is not None and self.one_hour and p > old:
+                ttl = young_ttl
+            elif old is not None and not self.one_hour and p <= old:
+                ttl = old_ttl
+            self._write(messages[:p], cum[p], ttl)
         if old is not None:  # 1-hour writes up to the old generation's end, 5-minute ones after it
             long = max(0, cum[old] - read)
             return CacheTokens(read=read, write_1h=long, write=size - read - long)

@@ -285,7 +285,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     log = signals.embedding_log()
     timeline = Timeline(forms={name: [] for name in rows})
     graph = ContextGraph(sid)
-    graph.cache_ttl = ONE_HOUR if one_hour else None  # what the agent's requests asked for (eval.recorded)
+    marks = (price_models or default_price_models()).get(home or "")  # the agent's provider, when it has breakpoints
+    graph.cache_ttl = ONE_HOUR if one_hour else (  # what the agent's requests asked for (eval.recorded)
+        marks.ttl_seconds if clock and marks is not None and marks.caching == "breakpoints" else None)
     invocations = 0
     assistants: list[int] = []  # positions of the assistant messages in the graph (eval.recent)
     for j, message in enumerate(trace.messages):
@@ -323,7 +325,8 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
                     st.cached_tokens += caches[name].observe(r.messages, r.input_tokens)
                     for pc in billed[name].values():
                         pc.observe(r.messages, r.input_tokens, message.timestamp if clock else None,
-                                   r.stats.get("cache_boundaries", ()), r.stats.get("cache_young_ttl"))
+                                   r.stats.get("cache_boundaries", ()), r.stats.get("cache_young_ttl"),
+                                   r.stats.get("cache_old_ttl"))
                     for text in log:
                         if text not in embedded[name]:
                             embedded[name].add(text)

@@ -88,6 +88,18 @@ cache):
   rule 5, and by the replay's cache simulation). On the 40 Claude Code sessions, with nothing fitted:
   the same recall for 2–3 % less of what was paid at every budget, +3.2 recall points at an equal
   bill (docs/evaluator.md, "The young generation on the 5-minute cache").
+* **After a pause, the old generation on the hour** (``old_ttl``, 3600 s; our decision): a client
+  on Anthropic's 5-minute cache (requests whose breakpoints name no longer TTL,
+  ``graph.cache_ttl`` 300) loses the whole cached prefix at every pause longer than 5 minutes.
+  Once the session has paused so (a user reading, a long tool run), each request marks the system
+  prompt and the old generation with the 1-hour TTL (writes at 2× input against 1.25×), the young
+  generation with 5 minutes (``Rendering.stats["cache_old_ttl"]``, read by the proxy,
+  :mod:`historygraph.providers.anthropic_cache` rule 6, and by the replay's cache simulation),
+  and a later pause up to an hour costs a rewrite of the young generation instead of an expiry.
+  A session that never pauses (an autonomous agent) never pays the hour. On the 15 Claude Code
+  sessions of the shared set on the 5-minute cache, with nothing fitted, 4–5 % less of what was
+  paid at 16k–64k for the same recall (docs/evaluator.md, "After a pause, the old generation on
+  the hour").
 * **The agent's newest steps stay in view** (``recent``, 5; ``recent_share``, 0.075; our decision,
   docs/architecture.md invariant 10): the wrapped policy shows the steps of the 5 newest assistant
   messages, text and tool calls as stored (their results may be placeholders), at every
@@ -123,6 +135,10 @@ from historygraph.render.markers import RECALLED, placeholder_for
 from historygraph.signals.tokens import TokenCounter
 
 SOURCE = "historygraph: prompt-cache-stable rendering over any policy"
+SHORT_TTL = 300.0
+"""Anthropic's default prompt-cache TTL in seconds (5 minutes; docs.anthropic.com/en/docs/build-with-claude/prompt-caching):
+a pause longer than it is what turns on ``old_ttl`` (module docstring)."""
+
 BUDGET_DRIFT = 0.1
 """A budget within this share of the one of the last re-selection keeps the rendering appending (the
 proxy's calibration moves B by a few tokens at every call; before, each move re-selected: 17-23 of 24
@@ -154,7 +170,9 @@ class CacheStableConfig:
     add at most ``recent_share`` of the budget it renders to (0 = as the wrapped policy does; only a
     policy with ``with_recent``, such as ``learned``; module docstring). ``young_ttl``: 300 (seconds, the
     5-minute TTL) marks the young generation for Anthropic's 5-minute cache under a client's 1-hour
-    one; 0 leaves every breakpoint the client's TTL (module docstring)."""
+    one; 0 leaves every breakpoint the client's TTL (module docstring). ``old_ttl``: 3600 (seconds,
+    the 1-hour TTL) marks the system prompt and the old generation with the hour under a client's
+    5-minute cache once the session has paused for longer than 5 minutes; 0: never (module docstring)."""
 
     low_mark: float = 0.75
     recall_tail: bool = True
@@ -164,6 +182,7 @@ class CacheStableConfig:
     recent: int = 5
     recent_share: float = 0.075
     young_ttl: float = 300.0
+    old_ttl: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_mark <= 1.0:
@@ -181,6 +200,9 @@ class CacheStableConfig:
         if self.young_ttl not in (0.0, 300.0):
             raise ValueError(f"cache-stable config: young_ttl must be 300 (Anthropic's 5-minute TTL) or 0 (the client's), "
                              f"got {self.young_ttl}")
+        if self.old_ttl not in (0.0, 3600.0):
+            raise ValueError(f"cache-stable config: old_ttl must be 3600 (Anthropic's 1-hour TTL) or 0 (the client's), "
+                             f"got {self.old_ttl}")
 
 
 class CacheStable:
@@ -217,19 +239,22 @@ class CacheStable:
         at = state.get("budget")  # B of the last re-selection: a budget that moved by a few tokens (the proxy's
         if at is not None and abs(budget - at) > BUDGET_DRIFT * at:  # calibration) keeps appending while it fits
             prev = None
-        expired = prev is not None and self.expired(graph, length)
-        if expired:  # the provider dropped the cached prefix: the next request is written whole anyway
-            prev = None
         cfg = self.config
         probe = getattr(self.base, "reuse_probabilities", None)
         rank = (lambda positions: probe(graph, positions, signals)) if probe is not None else None
+        generations = cfg.young > 0 and rank is not None
+        hour = generations and state.get("paused", False) and self.lengthens(graph)  # the old generation on the hour
+        expired = prev is not None and self.expired(graph, length, hour)
+        if self.pause(graph, length) > SHORT_TTL:
+            state["paused"] = True
+        if expired:  # the provider dropped the cached prefix: the next request is written whole anyway
+            prev = None
         predict = rank if cfg.predicted_tail > 0 else None
         boundary = state.get("boundary", 0)
         r = extend(prev, length, graph, budget, signals.counter, self.name, cfg.recall_tail,
                    predict, cfg.predicted_tail) if prev is not None else None
         marks = [boundary]  # where this request carries a breakpoint at a generation's end (module docstring)
-        generations = cfg.young > 0 and rank is not None
-        if r is None and prev is not None and cfg.young > 0 and rank is not None:
+        if r is None and prev is not None and generations and rank is not None:
             r = collect_young(prev, length, graph, budget, signals.counter, self.name, boundary, cfg, rank)
             if r is not None:  # what was young is old now, fixed until a re-selection
                 state["boundary"] = young_start(r, graph)
@@ -244,22 +269,38 @@ class CacheStable:
             r.stats["cache_boundaries"] = [b for b in marks if 0 < b < len(r.messages)]
             if cfg.young_ttl:
                 r.stats["cache_young_ttl"] = cfg.young_ttl
+            if state.get("paused") and self.lengthens(graph):
+                r.stats["cache_old_ttl"] = cfg.old_ttl
         changed = r is not prev or state.get("pins") != graph.pins
         state["rendering"], state["length"], state["pins"] = r, len(graph), graph.pins
         if changed and keep:
             stable_state.save(graph, self.name, state)
         return r
 
-    def expired(self, graph: ContextGraph, length: int) -> bool:
+    def expired(self, graph: ContextGraph, length: int, hour: bool = False) -> bool:
         """Whether the provider's prompt cache has dropped the previous request: more than the TTL
-        (``graph.cache_ttl``, else ``expiry`` seconds; 0 = never) passed between the last message that
-        request held (position ``length - 1``) and the newest one, both with a timestamp. The previous
-        request used its cached prefix last (each read renews an entry, as both providers document)."""
-        ttl = graph.cache_ttl or self.config.expiry
-        if not ttl or not 0 < length <= len(graph):
-            return False
+        (``old_ttl`` when the old generation is on the ``hour``, else ``graph.cache_ttl``, else
+        ``expiry`` seconds; 0 = never) passed between the last message that request held and the
+        newest one (:meth:`pause`). The previous request used its cached prefix last (each read
+        renews an entry, as both providers document)."""
+        ttl = self.config.old_ttl if hour else graph.cache_ttl or self.config.expiry
+        return bool(ttl) and self.pause(graph, length) > ttl
+
+    def lengthens(self, graph: ContextGraph) -> bool:
+        """Whether this wrapper puts the old generation on the hour (``old_ttl``) for ``graph``'s
+        requests: they ask for Anthropic's 5-minute cache (``graph.cache_ttl``), whose breakpoints
+        may each name their TTL (module docstring)."""
+        return bool(self.config.old_ttl) and graph.cache_ttl == SHORT_TTL
+
+    @staticmethod
+    def pause(graph: ContextGraph, length: int) -> float:
+        """Seconds between the last message of the previous request (position ``length - 1``) and
+        the newest one, both with a timestamp (a session log's recorded times, the time the proxy
+        received each message); 0 when either has none."""
+        if not 0 < length <= len(graph):
+            return 0.0
         then, now = graph.messages[length - 1].timestamp, graph.messages[-1].timestamp
-        return then is not None and now is not None and now - then > ttl
+        return now - then if then is not None and now is not None else 0.0
 
     def reselect(self, graph: ContextGraph, budget: int, signals: Signals) -> Rendering:
         """The wrapped policy's rendering: at B when the history fits (it comes back unchanged),

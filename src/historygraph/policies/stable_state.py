@@ -50,7 +50,7 @@ def key(policy: str) -> str:
 
 
 def encode(state: dict[str, Any], graph: ContextGraph) -> str:
-    """The JSON text of ``state`` (``rendering``, ``length``, ``budget``, ``boundary``, ``pins``; module docstring),
+    """The JSON text of ``state`` (``rendering``, ``length``, ``budget``, ``boundary``, ``paused``, ``pins``; module docstring),
     a state of ``graph``."""
     r: Rendering = state["rendering"]
     stored = graph.messages
@@ -65,7 +65,7 @@ def encode(state: dict[str, Any], graph: ContextGraph) -> str:
             items.append({"p": p, "m": m.to_dict()})
     omitted, dropped = r.position_arrays()
     return json.dumps({"format": FORMAT, "length": state["length"], "budget": state.get("budget"),
-                       "boundary": state.get("boundary", 0),
+                       "boundary": state.get("boundary", 0), "paused": bool(state.get("paused")),
                        "pins": sorted(state.get("pins") or ()), "policy": r.policy, "rendering_budget": r.budget,
                        "history_tokens": r.history_tokens, "input_tokens": r.input_tokens, "full": list(r.full),
                        "omitted": spans(omitted), "dropped": spans(dropped), "messages": items},
@@ -109,7 +109,7 @@ def decode(text: str, graph: ContextGraph) -> dict[str, Any] | None:
     boundary = data.get("boundary", 0)
     boundary = min(max(boundary, 0), len(messages)) if isinstance(boundary, int) else 0
     return {"rendering": r, "length": data["length"], "budget": data["budget"], "pins": frozenset(data["pins"]),
-            "boundary": boundary}
+            "boundary": boundary, "paused": data.get("paused") is True}
 
 
 def load(graph: ContextGraph, policy: str, state: dict[str, Any]) -> None:

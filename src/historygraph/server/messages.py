@@ -72,7 +72,8 @@ async def messages_endpoint(request: Request) -> Response:
             ends = [anth.boundary_block(places, b) for b in rendering.stats.get("cache_boundaries", ())]
             forwarded = place_breakpoints(forwarded, [w for w in ends if w is not None],
                                           rendering.stats.get("cache_stable") == "collected",
-                                          bool(rendering.stats.get("cache_young_ttl")))
+                                          bool(rendering.stats.get("cache_young_ttl")),
+                                          bool(rendering.stats.get("cache_old_ttl")))
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
                                       anth.StreamAccumulator, sent_tokens, policy, rendering, at)
     except ClientError as exc:
