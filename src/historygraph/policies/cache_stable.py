@@ -201,7 +201,7 @@ class CacheStableConfig:
             raise ValueError(f"cache-stable config: young_ttl must be 300 (Anthropic's 5-minute TTL) or 0 (the client's), "
                              f"got {self.young_ttl}")
         if self.old_ttl not in (0.0, 3600.0):
-            raise ValueError(f"cache-stable config: old_ttl must be 3600 (Anthropic's 1-hour TTL) or 0 (the client's), "
+            raise ValueError(f"cache-stable config: old_ttl must be 3600 (Anthropic's 1-hour TTL) or 0 (never), "
                              f"got {self.old_ttl}")
 
 
