@@ -285,9 +285,9 @@ def replay_trace(trace: Trace, policies: dict[str, Any], budget: int, signals: S
     log = signals.embedding_log()
     timeline = Timeline(forms={name: [] for name in rows})
     graph = ContextGraph(sid)
-    marks = (price_models or default_price_models()).get(home or "")  # the agent's provider, when it has breakpoints
+    home_model = (price_models or default_price_models()).get(home or "")  # the recorded model's price model
     graph.cache_ttl = ONE_HOUR if one_hour else (  # what the agent's requests asked for (eval.recorded)
-        marks.ttl_seconds if clock and marks is not None and marks.caching == "breakpoints" else None)
+        home_model.ttl_seconds if clock and home_model is not None and home_model.caching == "breakpoints" else None)
     invocations = 0
     assistants: list[int] = []  # positions of the assistant messages in the graph (eval.recent)
     for j, message in enumerate(trace.messages):
