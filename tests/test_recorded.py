@@ -183,12 +183,38 @@ def test_a_bill_a_little_above_the_agents_own_never_reads_as_equal_to_it() -> No
     (pick,) = recommend_vs_own(rows)
     assert pick.policy is None and pick.dearer == ("learned-stable", 100.0, 1.004)
     assert pick.line() == ("B = 32,000: the agent's own context kept all it later reused (100 %), which no policy matches "
-                           "for no more than its bill: keep it; learned-stable keeps 100.0 % but costs "
-                           "1.004× its bill; to pay less, prune keeps 57.1 % for 0.90× its bill")
+                           "for no more than its bill; learned-stable keeps 100.0 % but costs 1.004× its bill, so a "
+                           "slightly smaller budget costs what it cost (each policy at the agent's own bill, below); "
+                           "to pay less, prune keeps 57.1 % for 0.90× its bill")
+    # a near tie (at most 1.05× the bill) is no "keep it", at its budget or the others; a dearer one is
+    rows += [row(RECORDED, 16000, 1.0, 100.0), row("learned-stable", 16000, 0.8, 70.0),
+             row(RECORDED, 64000, 1.0, 100.0), row("learned-stable", 64000, 1.2, 100.0)]
+    low, mid, high = recommend_vs_own(rows)
+    assert low.line() == ("B = 16,000: the agent's own context kept all it later reused (100 %), which no policy matches "
+                          "for no more than its bill at this budget; at B = 32,000, learned-stable keeps 100.0 % for 1.004× "
+                          "its bill, so a slightly smaller budget costs what it cost (each policy at the agent's own bill, "
+                          "below); to pay less, learned-stable keeps 70.0 % for 0.80× its bill")
+    assert mid == pick
+    assert "1.20× its bill" in high.line() and "keep it" not in high.line() and "at B = 32,000" in high.line()
+    rows[-1] = row("learned-stable", 64000, 1.2, 100.0)
+    alone = [r for r in rows if r["budget"] == 64000]
+    assert ": keep it; learned-stable keeps 100.0 % but costs 1.20× its bill" in recommend_vs_own(alone)[0].line()
     proj = [{"budget": 32000, "project": "p", "policy": RECORDED, "sessions": 1, "calls": 98, "paid_usd": 4.94,
              "recall": 100.0, "bill_vs_recorded": 0.65},
             {"budget": 32000, "project": "p", "policy": "learned-stable", "recall": 100.0, "bill_vs_recorded_simulated": 1.004}]
     assert project_table(proj, [32000], "learned-stable")[1] == [["p", "1", "98", "4.94", "100.0", "0.65", "100.0", "1.004"]]
+
+
+def test_a_project_whose_check_is_far_from_1_is_named() -> None:
+    """A one-session replay of a Claude Code session whose simulated bill was 0.63 of what was paid
+    showed the check with no word; projects off by more than 20 % are now named under the table."""
+    from historygraph.eval.sessions_view import off_checks
+
+    rows = [{"budget": 16000, "project": p, "policy": RECORDED, "bill_vs_recorded": c}
+            for p, c in (("a", 0.63), ("b", 0.85), ("c", 1.31), ("ALL", 0.7))]
+    rows.append({"budget": 16000, "project": "a", "policy": "learned-stable", "bill_vs_recorded": 0.1})
+    assert off_checks(rows, 16000) == [("a", 0.63), ("c", 1.31)]
+    assert off_checks(rows, 32000) == []
 
 
 def test_the_legend_says_which_cache_ttl_was_simulated() -> None:

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from historygraph.cli.common import console
-from historygraph.policies import REGISTRY, config_fields
+from historygraph.policies import DEFAULT_POLICY, REGISTRY, config_fields
 
 
 def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
@@ -19,10 +19,14 @@ def policies(as_json: Annotated[bool, typer.Option("--json", help="Machine-reada
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    t = Table(title="Policies", header_style="bold", show_lines=True)
+    default = f"{DEFAULT_POLICY}-stable"
+    t = Table(title="Policies", header_style="bold", show_lines=True,
+              caption=f"{default}: the default of the proxy, the library and a stored session ({DEFAULT_POLICY} at each "
+                      "re-selection, only appending in between: docs/evaluator.md)")
     for c in ("name", "source", "what it does", "parameters (defaults)"):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["name"], r["source"], r["summary"], ", ".join(f"{k}={v}" for k, v in r["parameters"].items()) or "–")
+        name = f"{r['name']}\n(default)" if r["name"] == default else r["name"]
+        t.add_row(name, r["source"], r["summary"], ", ".join(f"{k}={v}" for k, v in r["parameters"].items()) or "–")
     console.print(t)
 

@@ -27,7 +27,8 @@ from historygraph.cli.tables import print_table, table_width
 from historygraph.eval.cost import Prices
 from historygraph.eval.prices import PriceModelError, load_price_models, select
 from historygraph.eval.recommend import groups, one_line, recommend
-from historygraph.eval.sessions_view import (agent_sources, default_policy, equal_cost, project_table, recommend_vs_own, sessions_only, ttl_note)
+from historygraph.eval.sessions_view import (CHECK_OFF, agent_sources, default_policy, equal_cost, off_checks, project_table, ratio,
+                                            recommend_vs_own, sessions_only, ttl_note)
 from historygraph.eval.replay import replay_budgets, replay_trace
 from historygraph.eval.report import cache_checks, project_rows, summarize, table_sources, write_outputs
 from historygraph.models.chat import ModelError
@@ -124,7 +125,7 @@ def replay(
     """Replay recorded traces through policies and report recall, tokens and render time.
 
     Unreadable trace files are skipped with a warning naming each (exit status 1 at the end). On
-    Ctrl-C or SIGTERM (``timeout``, ``kill``), or when a summarising policy's model fails, the traces
+    Ctrl-C or SIGTERM (timeout, kill), or when a summarising policy's model fails, the traces
     finished so far are written (``meta.interrupted`` in replay.json) before the command exits."""
     # (over 80 lines: its typer signature declares every option, one per line; the work is in the helpers below)
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
@@ -357,6 +358,12 @@ def _print_projects(rows: list[dict], per_source: list[dict], budgets: list[int]
     for cells in body:
         t.add_row(*cells)
     Console(width=max(console.width, table_width(t)), force_terminal=console.is_terminal).print(t)
+    off = off_checks(rows, budgets[0])
+    if off:
+        console.print("check far from 1 (" + ", ".join(f"{p} {ratio(c)}" for p, c in off) + "): the simulated bill of the "
+                      f"agent's own requests there is off what was paid by more than {round(100 * CHECK_OFF)} %, so read its bills ÷ own (both "
+                      "simulated, like for like) rather than against what was paid (the cache check below says where it "
+                      "differs; docs/evaluator.md, Real sessions)", markup=False, highlight=False, soft_wrap=True)
     for src in agent_sources(per_source):  # per agent: their caches and compactions differ
         of = "" if src == "ALL" else f" ({src})"
         picks = recommend_vs_own(per_source, src)

@@ -57,6 +57,18 @@ def project_table(rows: list[dict[str, Any]], budgets: list[int], policy: str) -
     return head, out
 
 
+CHECK_OFF = 0.2
+"""A project whose check (simulated ÷ paid) is further than this from 1 is named under the table."""
+
+
+def off_checks(rows: list[dict[str, Any]], budget: int) -> list[tuple[str, float]]:
+    """``(project, check)`` of the ``per_project`` rows whose simulation of the agent's own requests is
+    off what was paid by more than :data:`CHECK_OFF` (as a share), ALL left out."""
+    return [(r["project"], r["bill_vs_recorded"]) for r in rows
+            if r["policy"] == RECORDED and r["budget"] == budget and r["project"] != "ALL"
+            and r.get("bill_vs_recorded") is not None and abs(r["bill_vs_recorded"] - 1.0) > CHECK_OFF]
+
+
 @dataclass(frozen=True)
 class EqualCost:
     """``policy`` on ``source`` at the recorded bill: ``budget`` (tokens, interpolated; ``None`` when its
@@ -143,21 +155,32 @@ class OwnPick:
                     f"matches for no more than its bill" if whole else
                     f"B = {self.budget:,}: no policy keeps as much as the agent's own context management for no more than its "
                     f"bill ({rec})")
-            if self.better is None:
-                line += ": keep it"
-            else:
+            near = self.dearer is not None and self.dearer[2] <= NEAR_TIE  # a slightly smaller B matches the bill
+            if self.better is not None:
                 b, name, recall, share = self.better
                 line += (f" at this budget; at B = {b:,}, {name} does: {_num(recall)} % for {ratio(share)}× its bill, the best "
-                         "pick of these budgets")
+                         "pick of these budgets" if share <= 1.0 else
+                         f" at this budget; at B = {b:,}, {name} keeps {_num(recall)} % for {ratio(share)}× its bill, so a "
+                         "slightly smaller budget costs what it cost (each policy at the agent's own bill, below)")
+            elif not near:
+                line += ": keep it"
             if self.dearer is not None:
                 name, recall, share = self.dearer
                 line += f"; {name} keeps {_num(recall)} % but costs {ratio(share)}× its bill"
+                if near:
+                    line += ", so a slightly smaller budget costs what it cost (each policy at the agent's own bill, below)"
             if self.cheaper is not None:
                 name, recall, share = self.cheaper
                 line += f"; to pay less, {name} keeps {_num(recall)} % for {ratio(share)}× its bill"
             return line
         return (f"B = {self.budget:,}: {self.policy} (recall {_num(self.recall)} %, {ratio(self.ratio)}× the agent's own bill; "
                 f"{rec})")
+
+
+NEAR_TIE = 1.05
+"""A policy that keeps as much as the agent's own for at most this many times its bill is a near tie:
+the recommendation then points to the budget where it costs the same instead of saying to keep the
+agent's own (a bill 0.1 % over read as "keep it" beside a line that keeps more at the same bill)."""
 
 
 def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> list[OwnPick]:
@@ -193,10 +216,15 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
                            dearer=None if near is None else (near["policy"], near.get("recall") or 0.0, near[RATIO])))
     picked = [x for x in out if x.policy is not None]
     top = max(picked, key=lambda x: (x.recall or 0.0, -(x.ratio or 0.0)), default=None)
-    if top is None:
-        return out
-    return [replace(x, better=(top.budget, top.policy or "", top.recall or 0.0, top.ratio or 0.0)) if x.policy is None and not x.fits
-            else x for x in out]
+    if top is not None:
+        pointer = (top.budget, top.policy or "", top.recall or 0.0, top.ratio or 0.0)
+    else:  # no pick anywhere: the best near tie, if any, is what the other budgets point to
+        ties = [x for x in out if x.dearer is not None and x.dearer[2] <= NEAR_TIE]
+        tie = max(ties, key=lambda x: (x.dearer[1], -x.dearer[2]) if x.dearer else (0.0, 0.0), default=None)
+        if tie is None or tie.dearer is None:
+            return out
+        pointer = (tie.budget, *tie.dearer)
+    return [replace(x, better=pointer) if x.policy is None and not x.fits and x.budget != pointer[0] else x for x in out]
 
 
 def sessions_only(per_trace: list[dict[str, Any]]) -> bool:
