@@ -35,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 import fake_cache
-from fake_upstream import anthropic_violation, sign
+from fake_upstream import anthropic_violation, beta_violation, sign
 
 CC = {"type": "ephemeral"}
 TEXT_STEP = 30
@@ -175,7 +175,7 @@ def provider() -> tuple[FastAPI, list[dict[str, Any]]]:
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         body = await request.json()
-        if (why := anthropic_violation(body)) is not None:
+        if (why := anthropic_violation(body) or beta_violation(body, request.headers)) is not None:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": why}}, 400)
         seen.append(body)
         usage = caches.usage("anthropic", body)

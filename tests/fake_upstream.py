@@ -234,6 +234,22 @@ def cache_control_violation(body: dict[str, Any]) -> str | None:
     return None
 
 
+def beta_violation(body: dict[str, Any], headers: Any) -> str | None:
+    """A ``"ttl": "1h"`` breakpoint in a request whose ``anthropic-beta`` header lacks
+    ``extended-cache-ttl-2025-04-11`` (Anthropic, "Prompt caching": the 1-hour cache duration needs
+    that beta; requests without it are refused), else ``None``."""
+    system = body.get("system")
+    blocks = [*(body.get("tools") or []), *(system if isinstance(system, list) else [])]
+    for turn in body.get("messages") or []:
+        content = turn.get("content") if isinstance(turn, dict) else None
+        blocks += content if isinstance(content, list) else []
+    marks = [body.get("cache_control"), *(b.get("cache_control") for b in blocks if isinstance(b, dict))]
+    betas = {b.strip() for b in (headers.get("anthropic-beta") or "").split(",")}
+    if any(isinstance(cc, dict) and cc.get("ttl") == "1h" for cc in marks) and "extended-cache-ttl-2025-04-11" not in betas:
+        return "cache_control.ttl '1h' needs the anthropic-beta header extended-cache-ttl-2025-04-11"
+    return None
+
+
 def anthropic_violation(body: dict[str, Any]) -> str | None:
     """The first Messages API rule ``body`` breaks, or ``None`` (the prompt-caching limits
     (:func:`cache_control_violation`), where system messages stand
@@ -451,7 +467,7 @@ def build_app(prompt_cache: bool = False) -> FastAPI:
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         body = await record(request)
-        if (why := anthropic_violation(body)) is not None:
+        if (why := anthropic_violation(body) or beta_violation(body, request.headers)) is not None:
             rejected.append({"path": "/v1/messages", "error": why, "body": body})
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": why}}, 400)
         if body.get("model") == "error-model":

@@ -126,6 +126,27 @@ def test_rule_6_under_a_5_minute_client_the_old_generation_and_what_precedes_it_
     assert plain["system"][1]["cache_control"] == CC and plain["messages"][1]["content"][2]["cache_control"] == CC
 
 
+def test_a_request_with_an_hour_breakpoint_is_sent_with_the_extended_ttl_beta():
+    """The 1-hour TTL needs ``anthropic-beta: extended-cache-ttl-2025-04-11`` (rule 6 adds hours a
+    5-minute client never asked for): the upstream headers get it, joined to the client's betas and
+    never twice; a request without an hour, or an OpenAI one, is forwarded as it came."""
+    from fake_upstream import beta_violation
+    from historygraph.server.upstream import forward_headers
+
+    body = request(system_marks=(False, True))
+    hour = {**body, "system": [body["system"][0], {**body["system"][1], "cache_control": HOUR}]}
+    client = {"x-api-key": "k", "anthropic-beta": "interleaved-thinking-2025-05-14"}
+    assert beta_violation(hour, client) is not None and beta_violation(body, client) is None
+    sent = forward_headers(client, hour)
+    assert sent["anthropic-beta"] == "interleaved-thinking-2025-05-14,extended-cache-ttl-2025-04-11"
+    assert beta_violation(hour, sent) is None
+    assert forward_headers(sent, hour)["anthropic-beta"] == sent["anthropic-beta"]
+    assert "anthropic-beta" not in forward_headers({"x-api-key": "k"}, body)
+    assert forward_headers({"x-api-key": "k"}, {"cache_control": HOUR, "messages": []})["anthropic-beta"] \
+        == "extended-cache-ttl-2025-04-11"
+    assert "anthropic-beta" not in forward_headers({"authorization": "b"}, {"model": "m", "input": "hi"})
+
+
 def test_a_string_system_prompt_and_string_last_message_become_one_marked_text_block():
     out = place_breakpoints({"system": "be brief", "messages": [{"role": "user", "content": "hi"}]})
     assert out["system"] == [{"type": "text", "text": "be brief", "cache_control": CC}]

@@ -56,6 +56,9 @@ cost with the cache and the proxy's requests agree):
    longer than 5 minutes), every breakpoint up to the end of the old generation, the client's
    own on the system prompt included, carries ``"ttl": "1h"``, and those after it keep the
    client's 5 minutes: a later pause of up to an hour then rewrites only the young generation.
+   The hour needs the ``extended-cache-ttl-2025-04-11`` beta: the proxy adds it to the upstream
+   request's ``anthropic-beta`` header whenever a request it sends asks for the hour
+   (:func:`historygraph.server.upstream.forward_headers`).
    Measured on the 15 Claude Code sessions on the 5-minute cache (docs/evaluator.md, "After a
    pause, the old generation on the hour"): 4–5 % off the default's bill.
 
@@ -81,6 +84,21 @@ Where = tuple[int, int, int]
 
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 """The ``ttl`` values a breakpoint may carry, in seconds (Anthropic, "Prompt caching": 5 minutes by default)."""
+
+
+EXTENDED_TTL_BETA = "extended-cache-ttl-2025-04-11"
+"""The ``anthropic-beta`` value a request with a ``"ttl": "1h"`` breakpoint must carry (Anthropic,
+"Prompt caching", 1-hour cache duration): without it the API refuses such a request or keeps the
+entry 5 minutes only."""
+
+
+def asks_hour(body: dict[str, Any]) -> bool:
+    """Whether ``body`` (a Messages request) has a breakpoint with ``"ttl": "1h"`` (its top-level
+    ``cache_control`` included)."""
+    top = body.get("cache_control")
+    return (isinstance(top, dict) and top.get("ttl") == "1h") or any(
+        b["cache_control"].get("ttl") == "1h" for w, b in _blocks(body)
+        if isinstance(b, dict) and isinstance(b.get("cache_control"), dict))
 
 
 def requested_ttl(body: dict[str, Any]) -> float | None:

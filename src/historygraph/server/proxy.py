@@ -437,7 +437,7 @@ class Proxy:
         response headers of ours (:meth:`notes`); ``stream``: whether the answer is a stream (``None``: the
         body's ``stream`` field says; the Gemini API streams by its method). An accumulator class may name its ``api`` and
         bring ``usage_of``, ``answer_of`` and ``cut_event`` (the Responses API's does)."""
-        headers = forward_headers(request.headers)
+        headers = forward_headers(request.headers, body)
         request.state.historygraph_session = session_id  # the request log's session, also when no response carries it (a 502)
         ours = {"x-historygraph-session": session_id, **(extra or {})}
         api = getattr(accumulator, "api", None) or ("openai" if accumulator is OpenAIStreamAccumulator else "anthropic")

@@ -266,7 +266,7 @@ async def forward(proxy: Any, url: str, body: dict[str, Any], request: Request, 
     acc = accumulator or _ACC[api]
     if body.get("stream") if stream is None else stream:
         return await _stream(proxy, url, body, request, session_id, started, api, at, acc)
-    headers = forward_headers(request.headers)
+    headers = forward_headers(request.headers, body)
     ours = {"x-historygraph-session": session_id}
     rounds = proxy.config.recall_rounds
     current = with_tool(body, api)
@@ -450,7 +450,7 @@ async def _stream(proxy: Any, url: str, body: dict[str, Any], request: Request, 
     and when it calls the recall tool after all, the call is answered and the next round continues
     the same answer (:class:`_Splice`). ``X-HistoryGraph-Proxy-Ms``: the proxy's time until the
     relayed round's request was sent, the earlier rounds' upstream time excluded."""
-    headers = forward_headers(request.headers)
+    headers = forward_headers(request.headers, body)
     ours = {"x-historygraph-session": session_id}
     rounds, current, k = proxy.config.recall_rounds, with_tool(body, api), 0
     held: list[Any] = []

@@ -21,6 +21,7 @@ import aiohttp
 import httpx
 
 from historygraph.history.events import EventError, Message
+from historygraph.providers.anthropic_cache import EXTENDED_TTL_BETA, asks_hour
 from historygraph.server.config import masked_url
 from historygraph.server.errors import ClientError
 from historygraph.signals.calibration import Usage, openai_usage
@@ -30,10 +31,18 @@ _DROP_REQUEST = {"host", "content-length", "connection", "keep-alive", "transfer
 _DROP_RESPONSE = {"content-length", "connection", "keep-alive", "transfer-encoding", "date", "server"}
 
 
-def forward_headers(headers: Any) -> dict[str, str]:
-    """Request headers for the upstream call (see module docstring)."""
+def forward_headers(headers: Any, body: Any = None) -> dict[str, str]:
+    """Request headers for the upstream call (see module docstring). ``body``: the request to send;
+    an Anthropic Messages request with a 1-hour breakpoint (the client's, or the proxy's rule 6,
+    :mod:`historygraph.providers.anthropic_cache`) gets :data:`~historygraph.providers.anthropic_cache.EXTENDED_TTL_BETA`
+    added to its ``anthropic-beta`` header when the client did not send it."""
     out = {k: v for k, v in headers.items() if k.lower() not in _DROP_REQUEST and not k.lower().startswith("x-historygraph-")}
     out["accept-encoding"] = "identity"
+    if isinstance(body, dict) and "messages" in body and asks_hour(body):
+        key = next((k for k in out if k.lower() == "anthropic-beta"), "anthropic-beta")
+        betas = [b.strip() for b in out.get(key, "").split(",") if b.strip()]
+        if EXTENDED_TTL_BETA not in betas:
+            out[key] = ",".join([*betas, EXTENDED_TTL_BETA])
     return out
 
 
