@@ -73,6 +73,32 @@ def test_the_checker_catches_a_rendering_without_the_latest_plan(signals):
     check_invariants(create("prune").render(first, None, signals), first, signals.counter)
 
 
+def test_the_checker_catches_a_rendering_without_the_latest_step_whole(signals):
+    """§5.10's latest step: the latest assistant message left out, or shown in brief view (its text
+    replaced), breaks it; shown as stored, or as verbatim segments (ReCAP §4.4's ablations), holds."""
+    from historygraph.render.invariants import check_latest_step_shown
+    from historygraph.render.markers import SEGMENT_JOIN
+
+    assert check_latest_step_shown in INVARIANTS
+    g = ContextGraph("step", [Message("user", "task"), Message("assistant", "I will look at f.py first",
+                                                                     (ToolCall("c1", "bash", '{"cmd": "cat f.py"}'),)),
+                              Message("tool", "def f(): pass", tool_call_id="c1")])
+    facts = stored_facts(g, signals.counter)
+    whole = create("prune").render(g, None, signals)
+    check_latest_step_shown(whole, g, signals.counter, facts, {0})
+    brief = g.messages[1].with_content("[step #1]", "brief")
+    shown = Rendering("x", None, [g.messages[0], brief, g.messages[2]], [0, 1, 2], [2], [], [], 0, 0)
+    with pytest.raises(InvariantError, match="§5.10 latest step: the latest assistant message \\(message 1\\) was shown as brief"):
+        check_latest_step_shown(shown, g, signals.counter, facts, {0})
+    gone = Rendering("x", None, [g.messages[0]], [0], [], [], [1, 2], 0, 0)
+    with pytest.raises(InvariantError, match="was left out"):
+        check_latest_step_shown(gone, g, signals.counter, facts, {0})
+    plain = ContextGraph("plain", [Message("user", "u"), Message("assistant", "alpha\nbeta\ngamma")])
+    pieces = plain.messages[1].with_content("alpha" + SEGMENT_JOIN + "gamma", "segments")
+    check_latest_step_shown(Rendering("x", None, [plain.messages[0], pieces], [0, 1], [], [], [], 0, 0), plain,
+                            signals.counter, stored_facts(plain, signals.counter), {0})
+
+
 @pytest.mark.parametrize("name", MODEL_FREE)
 def test_every_policy_shows_the_latest_todo_list_of_a_real_claude_code_session(name, sessions_dir, signals):
     """A real Claude Code session with five TodoWrite calls (messages 121-…) replayed at B = 8000

@@ -178,6 +178,24 @@ def check_plan_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCo
         raise InvariantError(f"§5.10 plan: the agent's latest plan (message {q}) was {how}")
 
 
+def check_latest_step_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
+                            outside: set[int]) -> None:
+    """§5.10 the agent sees what it just did, for its latest step: the latest assistant message is
+    rendered with its text and tool calls as stored (the newest of the 5 the invariant names; the
+    other 4 are a target the replay measures, ``eval.recent``), or, a plain message of ReCAP's
+    segmentation ablations (ReCAP §4.4), as verbatim pieces of its text."""
+    last = next((p for p in range(len(graph) - 1, -1, -1) if graph.messages[p].role == "assistant"), None)
+    if last is None:
+        return
+    m = next((m for m, p in zip(rendering.messages, rendering.positions) if p == last), None)
+    orig = graph.messages[last]
+    if m is None or not (m is orig or (m.content == orig.content and m.tool_calls == orig.tool_calls)
+                         or _is_segment_view(m, orig)):
+        how = "left out" if m is None else f"shown as {m.rendered_as or 'altered text'}"
+        raise InvariantError(f"§5.10 latest step: the latest assistant message (message {last}) was {how}, "
+                             "not with its text and calls as stored")
+
+
 def check_pinned_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCounter, facts: StoredFacts,
                        outside: set[int]) -> None:
     """Pins (docs/architecture.md, "Pins"): every pinned item (:meth:`ContextGraph.pinned`) is
@@ -196,12 +214,12 @@ def check_pinned_shown(rendering: Rendering, graph: ContextGraph, counter: Token
 
 
 #: The checks :func:`check_invariants` runs, in the order of docs/architecture.md §5 (of §5.10, the
-#: plan; the recent steps are a target, measured by the replay), then the pins.
+#: plan and the latest step; the 4 steps before it are a target, measured by the replay), then the pins.
 #: §5.7's order (results directly after their call) is checked by §5.2 and §5.3; its protected loop
 #: opening and §5.8 (what B counts) are held by the layout (:mod:`historygraph.render`), not checked here.
 INVARIANTS: tuple[Callable[[Rendering, ContextGraph, TokenCounter, StoredFacts, set[int]], None], ...] = (
     check_budget, check_pairing, check_order_and_completeness, check_in_flight, check_unchanged_under_budget,
-    check_nothing_lost, check_newest_shown, check_plan_shown, check_pinned_shown)
+    check_nothing_lost, check_newest_shown, check_plan_shown, check_latest_step_shown, check_pinned_shown)
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:
