@@ -155,6 +155,17 @@ def test_the_simulated_anthropic_cache_reads_up_to_the_old_generation_at_a_colle
         assert cache.observe(second, 1810, boundaries=(4, 6) if marks else ()) == CacheTokens(read=read, write=1810 - read)
 
 
+def _three_requests() -> tuple[list[Message], list[Message], list[Message]]:
+    """A system prompt and task (1,100 tokens), a step of 500 (the old generation ends after it, at
+    message 4), a step of 200; then one step of 100 appended at each request: 1,800 / 1,900 / 2,000."""
+    S, U = Message("system", _words(997)), Message("user", _words(97))
+    A1, T1 = Message("assistant", _words(197)), Message("tool", _words(297), tool_call_id="a")
+    A2, T2 = Message("assistant", _words(97)), Message("tool", _words(97), tool_call_id="b")
+    A3, T3 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="c")
+    A4, T4 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="d")
+    return [S, U, A1, T1, A2, T2], [S, U, A1, T1, A2, T2, A3, T3], [S, U, A1, T1, A2, T2, A3, T3, A4, T4]
+
+
 def test_a_young_generation_with_the_5_minute_ttl_under_a_1_hour_cache():
     """``young_ttl`` (the cache-stable default's 300 s) in the simulation of a session that writes with
     the hour: what follows the old generation's end (after T1, 1,600 tokens) is written at the
@@ -162,12 +173,7 @@ def test_a_young_generation_with_the_5_minute_ttl_under_a_1_hour_cache():
     appended) reads all of request 1; request 3, after a 10-minute pause, finds the young entries
     gone and reads only the old generation, rewriting the rest at the 5-minute price. With the
     hour everywhere, request 3 would read all of request 2 and write 100 tokens at 2×."""
-    S, U = Message("system", _words(997)), Message("user", _words(97))
-    A1, T1 = Message("assistant", _words(197)), Message("tool", _words(297), tool_call_id="a")
-    A2, T2 = Message("assistant", _words(97)), Message("tool", _words(97), tool_call_id="b")
-    A3, T3 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="c")
-    A4, T4 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="d")
-    one, two, three = [S, U, A1, T1, A2, T2], [S, U, A1, T1, A2, T2, A3, T3], [S, U, A1, T1, A2, T2, A3, T3, A4, T4]
+    one, two, three = _three_requests()
     assert [C.count_messages(m) for m in (one, two, three)] == [1800, 1900, 2000]
     model = load_price_models()["anthropic-style"]
     young = PromptCache(model, C, one_hour=True)
@@ -191,12 +197,7 @@ def test_an_old_generation_on_the_hour_under_a_5_minute_cache():
     400 tokens at 1.25×; on the 5-minute cache alone it reads nothing and rewrites all 2,000.
     Bills in input units: 1600·2 + 200·1.25 + 1800·0.1 + 100·1.25 + 1600·0.1 + 400·1.25 = 4,415
     against 1800·1.25 + 1800·0.1 + 100·1.25 + 2000·1.25 = 5,055."""
-    S, U = Message("system", _words(997)), Message("user", _words(97))
-    A1, T1 = Message("assistant", _words(197)), Message("tool", _words(297), tool_call_id="a")
-    A2, T2 = Message("assistant", _words(97)), Message("tool", _words(97), tool_call_id="b")
-    A3, T3 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="c")
-    A4, T4 = Message("assistant", _words(47)), Message("tool", _words(47), tool_call_id="d")
-    one, two, three = [S, U, A1, T1, A2, T2], [S, U, A1, T1, A2, T2, A3, T3], [S, U, A1, T1, A2, T2, A3, T3, A4, T4]
+    one, two, three = _three_requests()
     model = load_price_models()["anthropic-style"]
     hour = PromptCache(model, C)
     bills = [hour.observe(one, 1800, 0.0, (4,), 300.0, 3600.0), hour.observe(two, 1900, 60.0, (4,), 300.0, 3600.0),

@@ -219,11 +219,10 @@ def recommend_vs_own(per_source: list[dict[str, Any]], source: str = "ALL") -> l
     if top is not None:
         pointer = (top.budget, top.policy or "", top.recall or 0.0, top.ratio or 0.0)
     else:  # no pick anywhere: the best near tie, if any, is what the other budgets point to
-        ties = [x for x in out if x.dearer is not None and x.dearer[2] <= NEAR_TIE]
-        tie = max(ties, key=lambda x: (x.dearer[1], -x.dearer[2]) if x.dearer else (0.0, 0.0), default=None)
-        if tie is None or tie.dearer is None:
+        ties = [(x.budget, *x.dearer) for x in out if x.dearer is not None and x.dearer[2] <= NEAR_TIE]
+        if not ties:
             return out
-        pointer = (tie.budget, *tie.dearer)
+        pointer = max(ties, key=lambda t: (t[2], -t[3]))
     return [replace(x, better=pointer) if x.policy is None and not x.fits and x.budget != pointer[0] else x for x in out]
 
 

@@ -97,7 +97,7 @@ def asks_hour(body: dict[str, Any]) -> bool:
     ``cache_control`` included)."""
     top = body.get("cache_control")
     return (isinstance(top, dict) and top.get("ttl") == "1h") or any(
-        b["cache_control"].get("ttl") == "1h" for w, b in _blocks(body)
+        b["cache_control"].get("ttl") == "1h" for _, b in _blocks(body)
         if isinstance(b, dict) and isinstance(b.get("cache_control"), dict))
 
 

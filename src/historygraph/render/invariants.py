@@ -172,7 +172,7 @@ def check_plan_shown(rendering: Rendering, graph: ContextGraph, counter: TokenCo
     q = latest_plan(graph)
     if q is None:
         return
-    m = next((m for m, p in zip(rendering.messages, rendering.positions) if p == q), None)
+    m = _rendered_at(rendering, q)
     if m is None or m.tool_calls != graph.messages[q].tool_calls:
         how = "left out" if m is None else "shown without its calls"
         raise InvariantError(f"§5.10 plan: the agent's latest plan (message {q}) was {how}")
@@ -187,7 +187,7 @@ def check_latest_step_shown(rendering: Rendering, graph: ContextGraph, counter: 
     last = next((p for p in range(len(graph) - 1, -1, -1) if graph.messages[p].role == "assistant"), None)
     if last is None:
         return
-    m = next((m for m, p in zip(rendering.messages, rendering.positions) if p == last), None)
+    m = _rendered_at(rendering, last)
     orig = graph.messages[last]
     if m is None or not (m is orig or (m.content == orig.content and m.tool_calls == orig.tool_calls)
                          or _is_segment_view(m, orig)):
@@ -220,6 +220,11 @@ def check_pinned_shown(rendering: Rendering, graph: ContextGraph, counter: Token
 INVARIANTS: tuple[Callable[[Rendering, ContextGraph, TokenCounter, StoredFacts, set[int]], None], ...] = (
     check_budget, check_pairing, check_order_and_completeness, check_in_flight, check_unchanged_under_budget,
     check_nothing_lost, check_newest_shown, check_plan_shown, check_latest_step_shown, check_pinned_shown)
+
+
+def _rendered_at(rendering: Rendering, position: int) -> Message | None:
+    """The rendered message standing at stored ``position``, ``None`` when the rendering leaves it out."""
+    return next((m for m, p in zip(rendering.messages, rendering.positions) if p == position), None)
 
 
 def _fits(counts: Iterable[int], budget: int) -> bool:
