@@ -141,7 +141,7 @@ def test_a_result_dropped_with_its_step_says_so():
     cost, left = map(int, re.search(r"would add (\d+) tokens, (\d+) of B unused", r.reasons[2]).groups())
     assert cost > 600 and cost > left and left == 2000 - r.history_tokens  # the step's thought is charged too
     # the revived-or-kept steps and the current user message say why they are there
-    assert r.reasons[0] == "outside B: current user message"
+    assert r.reasons[0] == "outside B: current user message (the latest, which the steps after it answer)"
 
 
 def test_dependency_term_prefers_the_ancestor_result():

@@ -277,7 +277,8 @@ class Assembly(StepPricing):
                     elif msgs[p].role == "tool":  # the policy's own choice for it did not take effect
                         reasons[p] = f"dropped with its step: {why}; the policy had decided: {reasons[p]}"
             for p in outside:
-                reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else "current user message"))
+                reasons.setdefault(p, "outside B: " + ("system message" if msgs[p].role == "system" else
+                                                            "current user message (the latest, which the steps after it answer)"))
             for p, why_p in marks:
                 reasons.setdefault(p, why_p)
             for p in joined:
