@@ -345,7 +345,7 @@ def test_an_interrupted_replay_writes_the_traces_finished_so_far(tmp_path, monke
 
 def test_one_replay_sweeps_several_budgets(tmp_path):
     out = tmp_path / "o"
-    res = runner.invoke(app, ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500,3000",
+    res = runner.invoke(app, ["replay", "--policy", "prune, full", "--budget", "1500,3000",  # a list, as -b takes
                               "--store", ":memory:", "--out", str(out), "--price", "output=4"])
     assert res.exit_code == 0, res.output
     assert "at B = 1500" in res.output and "at B = 3000" in res.output and "historygraph report" in res.output
@@ -872,7 +872,7 @@ def test_a_replay_at_several_budgets_explains_its_columns_once_under_the_last_ta
 
     for module in (historygraph.cli.replay, historygraph.cli.tables):
         monkeypatch.setattr(module, "console", Console(width=250))
-    res = runner.invoke(app, ["replay", "--policy", "prune", "--policy", "full", "--budget", "1500,3000", "--store", ":memory:",
+    res = runner.invoke(app, ["replay", "--policy", "prune, full", "--budget", "1500,3000",  # a list, as -b takes "--store", ":memory:",
                               "--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     out = res.output

@@ -105,7 +105,7 @@ def _replay_work(trace) -> float:  # noqa: ANN001
 
 def replay(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Trace files or folders (searched recursively). Default: the shipped example trace.")] = None,
-    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable); 'all' runs every registered policy.")] = ["learned", "learned-stable", "contextrender", "prune", "full"],
+    policy: Annotated[list[str], typer.Option("--policy", "-p", help="Policy to run (repeatable, or a comma-separated list as -b takes: -p learned,prune); 'all' runs every registered policy.")] = ["learned", "learned-stable", "contextrender", "prune", "full"],
     budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="History budget B in tokens (32k = 32000); a comma-separated list sweeps several in one run, e.g. 2000,3000,6000,12000. Default: 16000,32000,64000 when every trace is a Claude Code or Codex session log, else 6000 (ContextRender B.1); 3000 for the shipped example.")] = None,
     encoding: Annotated[str, typer.Option(help=f"Tokenizer: {', '.join(ENCODINGS)}.")] = DEFAULT_ENCODING,
     store: Annotated[Optional[str], typer.Option(help="SQLite file for sessions and the embedding cache; ':memory:' for none. Default: $HISTORYGRAPH_DB, else historygraph.sqlite in the user data dir.")] = None,
@@ -128,6 +128,7 @@ def replay(
     Ctrl-C or SIGTERM (timeout, kill), or when a summarising policy's model fails, the traces
     finished so far are written (``meta.interrupted`` in replay.json) before the command exits."""
     # (over 80 lines: its typer signature declares every option, one per line; the work is in the helpers below)
+    policy = [n.strip() for p in policy for n in p.split(",") if n.strip()]  # -p a,b as -p a -p b
     names = sorted(REGISTRY) if "all" in policy else list(dict.fromkeys(policy))
     for n in names:
         if n not in REGISTRY:
