@@ -216,3 +216,46 @@ def test_through_the_proxy_the_young_generation_is_written_with_the_5_minute_ttl
     # 45,028 of 91,003), so the bill falls (244.8k to 211.0k input units)
     assert writes(short, "5m") + writes(short, "1h") == writes(kept, "1h")
     assert cc.bill(short) < 0.9 * cc.bill(kept)
+
+
+def test_through_the_proxy_a_reselection_on_the_hour_reads_the_head_it_keeps(tmp_path, monkeypatch):
+    """``tenure`` end to end (policies/cache_stable.py, rule 4 of providers/anthropic_cache.py): Claude
+    Code on the 1-hour cache, its four breakpoints leaving the proxy none. The provider, which
+    refuses a fifth breakpoint, accepts all 60 requests; some re-selections keep the previous one's
+    head, forward it as it was sent (client breakpoints aside), and read it from the cache: more
+    than the re-selections that keep none, which read the system prompt alone. With
+    ``-P learned-stable.tenure=0`` no re-selection keeps one."""
+    import json
+
+    import claude_code_session as cc_session
+    from test_proxy_stable import unmarked
+
+    seen: list[dict[str, Any]] = []
+    provider = cc_session.provider
+
+    def recording() -> tuple[Any, list[dict[str, Any]]]:
+        app, bodies = provider()
+        seen.append(bodies)  # type: ignore[arg-type]
+        return app, bodies
+    monkeypatch.setattr(cc_session, "provider", recording)
+
+    def records(store: Path) -> list[dict[str, Any]]:
+        s = SQLiteStore(store)
+        try:
+            return s.omitted("cc")
+        finally:
+            s.close()
+    usages = _hour_session(tmp_path / "a", monkeypatch, {})
+    recs, bodies = records(tmp_path / "a" / "s.sqlite"), seen[-1]
+    assert len(usages) == len(bodies) == len(recs) == 60
+    kept = [i for i, r in enumerate(recs) if "kept_head" in r]
+    whole = [i for i, r in enumerate(recs) if r.get("cache_stable") == "reselected" and "kept_head" not in r and i]
+    assert kept and whole, [r.get("cache_stable") for r in recs]
+    read = [u["cache_read_input_tokens"] for u in usages]
+    assert min(read[i] for i in kept) > max(read[i] for i in whole)
+    def leading(i: int) -> int:  # turns request i forwards as request i - 1 did, client breakpoints aside
+        now, before = unmarked(bodies[i]["messages"]), unmarked(bodies[i - 1]["messages"])
+        return next((k for k, (a, b) in enumerate(zip(now, before)) if json.dumps(a) != json.dumps(b)), min(len(now), len(before)))
+    assert min(leading(i) for i in kept) > max(leading(i) for i in whole) >= 1, ([leading(i) for i in kept], [leading(i) for i in whole])
+    off = _hour_session(tmp_path / "b", monkeypatch, {"learned-stable": {"tenure": 0.0}})
+    assert len(off) == 60 and not any("kept_head" in r for r in records(tmp_path / "b" / "s.sqlite"))

@@ -329,3 +329,66 @@ def test_a_reselection_says_the_low_mark_it_rendered_to() -> None:
     assert r.stats["cache_stable"] == "reselected" and r.stats["rendered_to"] == 1500 and r.history_tokens <= 1500
     small = ContextGraph("fits", g.messages[:3])
     assert "rendered_to" not in create("learned-stable").render(small, 2000, SIG).stats  # it fits: unchanged, at B
+
+
+def _tenure_run(ttl: float | None) -> list:
+    """prune (reuse probabilities 0) under cache-stable rendering with young = 0.9, B = 1000, steps of
+    234 tokens, on a session whose requests ask for the 1-hour cache (``ttl``) or the provider's default."""
+    policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0.0), base=RankedPrune({}))
+    msgs = _steps(12)
+    g = ContextGraph("s", msgs[:2])
+    g.cache_ttl = ttl
+    out = []
+    for i in range(12):
+        g.extend(msgs[2 + 2 * i: 4 + 2 * i])
+        r = policy.render(g, B, SIG)
+        check_invariants(r, g, C)
+        assert r.history_tokens <= B
+        out.append(r)
+    return out
+
+
+def test_a_reselection_on_the_hour_keeps_the_previous_ones_head():
+    """Calls 0–6 as in the collection test above (re-selection, three appends, three collections);
+    call 7 re-selects (748 input tokens: system 9, task 7, steps 0–5 each a 16-token call and a
+    28-token placeholder, steps 6–7 complete at 16 + 218), and its tenure point is the first step
+    boundary where the leading messages hold 0.3 of them (224.4): message 12 (16 + 5 × 44 = 236;
+    before step 4 only 192), where it carries a breakpoint that writes the head (``cache_boundaries``
+    [12, 17]). Call 11 re-selects again: on the hour its first 12 messages are call 7's byte for
+    byte, read at the same breakpoint ([12, 25]); on the provider's default cache (no hour) both
+    re-select whole ([17], [25])."""
+    hour, default = _tenure_run(3600.0), _tenure_run(None)
+    assert [r.stats["cache_stable"] for r in hour] == [r.stats["cache_stable"] for r in default] == (
+        ["reselected"] + ["appended"] * 3 + ["collected"] * 3 + ["reselected", "appended", "collected", "collected", "reselected"])
+    assert hour[11].stats["kept_head"] == 12 and hour[11].stats["cache_boundaries"] == [12, 25]
+    assert hour[11].messages[:12] == hour[7].messages[:12]
+    assert hour[7].stats["tenure"] == 12 and hour[7].stats["cache_boundaries"] == [12, 17]
+    assert "kept_head" not in hour[7].stats  # the first re-selection on the hour had no head to keep
+    assert [default[k].stats["cache_boundaries"] for k in (7, 11)] == [[17], [25]]
+    assert not {"kept_head", "tenure"} & {*default[7].stats, *default[11].stats}
+    with pytest.raises(ValueError, match="tenure must be in"):
+        CacheStableConfig(tenure=1.0)
+
+
+def test_a_real_claude_code_session_on_the_hour_keeps_heads_with_every_invariant_holding(sessions_dir):
+    """The default on a real Claude Code session at B = 16000 with its requests on the 1-hour cache:
+    every rendering holds the invariants and B, some re-selections keep the previous one's head,
+    and each kept head is the previous request's first messages byte for byte (its breakpoint
+    the first boundary)."""
+    path = sorted((sessions_dir / "claude-code").glob("*.jsonl.gz"))[2]
+    trace = next(iter(read_traces(path)))
+    policy = create("learned-stable")
+    g = ContextGraph("s")
+    g.cache_ttl = 3600.0
+    prev, kept = None, 0
+    for m in trace.messages:
+        if m.role == "assistant" and len(g):
+            r = policy.render(g, 16000, SIG)
+            check_invariants(r, g, C)
+            assert r.history_tokens <= 16000
+            if (head := r.stats.get("kept_head")) is not None:
+                kept += 1
+                assert r.messages[:head] == prev.messages[:head] and r.stats["cache_boundaries"][0] == head
+            prev = r
+        g.append(m)
+    assert kept >= 2, kept

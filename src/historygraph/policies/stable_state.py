@@ -4,7 +4,7 @@ each with the state in its own memory, re-selected at every request).
 
 The state (:mod:`historygraph.policies.cache_stable`) is the previous rendering of the session,
 the number of stored messages it rendered, the budget of the last re-selection, the old
-generation's boundary and the pins then.
+generation's boundary, the tenure point (the head the next re-selection keeps) and the pins then.
 It is written after every render that changed it, as one JSON text under
 ``cache-stable:<policy name>`` (:meth:`historygraph.store.Store.put_policy_state`), and read before
 every render of a graph that belongs to a store (:attr:`ContextGraph.store`): when the text differs
@@ -13,7 +13,8 @@ decoded and extended instead of this process's.
 
 The text (:func:`encode`), a JSON object with ``format`` (:data:`FORMAT`), ``length``, ``budget``,
 ``boundary`` (the number of rendered messages in the old generation, fixed until the next
-re-selection; 0 when absent), ``pins``, the rendering's ``policy``, ``rendering_budget``, ``history_tokens`` and ``input_tokens``
+re-selection; 0 when absent), ``tenure`` (the number of rendered messages the next re-selection
+keeps; 0 when absent), ``pins``, the rendering's ``policy``, ``rendering_budget``, ``history_tokens`` and ``input_tokens``
 (tokens, as the rendering counted them), ``full`` (positions), ``omitted`` and ``dropped`` (inclusive
 ``[first, last]`` spans of positions) and ``messages``: the rendered messages in order, a run of
 stored messages shown as stored as ``[first, last]`` (positions), any other message (a placeholder,
@@ -50,7 +51,7 @@ def key(policy: str) -> str:
 
 
 def encode(state: dict[str, Any], graph: ContextGraph) -> str:
-    """The JSON text of ``state`` (``rendering``, ``length``, ``budget``, ``boundary``, ``paused``, ``pins``; module docstring),
+    """The JSON text of ``state`` (``rendering``, ``length``, ``budget``, ``boundary``, ``tenure``, ``paused``, ``pins``; module docstring),
     a state of ``graph``."""
     r: Rendering = state["rendering"]
     stored = graph.messages
@@ -65,7 +66,8 @@ def encode(state: dict[str, Any], graph: ContextGraph) -> str:
             items.append({"p": p, "m": m.to_dict()})
     omitted, dropped = r.position_arrays()
     return json.dumps({"format": FORMAT, "length": state["length"], "budget": state.get("budget"),
-                       "boundary": state.get("boundary", 0), "paused": bool(state.get("paused")),
+                       "boundary": state.get("boundary", 0), "tenure": state.get("tenure", 0),
+                       "paused": bool(state.get("paused")),
                        "pins": sorted(state.get("pins") or ()), "policy": r.policy, "rendering_budget": r.budget,
                        "history_tokens": r.history_tokens, "input_tokens": r.input_tokens, "full": list(r.full),
                        "omitted": spans(omitted), "dropped": spans(dropped), "messages": items},
@@ -106,10 +108,10 @@ def decode(text: str, graph: ContextGraph) -> dict[str, Any] | None:
     r.defer_positions(omitted, dropped)
     every = sorted({*r.full, *omitted.tolist(), *dropped.tolist()})
     r.defer_reasons(lambda: dict.fromkeys(every, RESTORED))
-    boundary = data.get("boundary", 0)
-    boundary = min(max(boundary, 0), len(messages)) if isinstance(boundary, int) else 0
+    boundary, tenure = (min(max(v, 0), len(messages)) if isinstance(v, int) else 0
+                        for v in (data.get("boundary", 0), data.get("tenure", 0)))
     return {"rendering": r, "length": data["length"], "budget": data["budget"], "pins": frozenset(data["pins"]),
-            "boundary": boundary, "paused": data.get("paused") is True}
+            "boundary": boundary, "tenure": tenure, "paused": data.get("paused") is True}
 
 
 def load(graph: ContextGraph, policy: str, state: dict[str, Any]) -> None:

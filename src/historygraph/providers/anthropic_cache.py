@@ -34,8 +34,11 @@ cost with the cache and the proxy's requests agree):
 3. Never more than :data:`MAX_BREAKPOINTS` in all: ours are dropped first (the opening's, then the
    generations' ends, the latest first, then the head's, before the last message's); when the client's own alone are more (a request Anthropic would reject as
    sent), the earliest of them are removed.
-4. At a minor collection, which rewrites what follows the old generation's end, when rule 3 left no
-   room for a breakpoint there, one of the client's moves there: one on a message of the rewritten
+4. At a minor collection, which rewrites what follows the old generation's end, and at a
+   re-selection that marks a tenure point (``Rendering.stats["tenure"]``: the head the next
+   re-selection keeps, written there and read, when kept, here; everything after it is
+   rewritten), when rule 3 left no room for a breakpoint at that end (the first boundary), one
+   of the client's moves there: one on a message of the rewritten
    part (a prefix no cache holds), not the request's last nor the new generation's end, else the
    first on the tools or system (a prefix inside the one read there). So the collection reads the
    old generation however many blocks its young part holds (the provider looks back only 20 blocks
@@ -199,8 +202,8 @@ def place_breakpoints(body: dict[str, Any], boundaries: Sequence[tuple[int, int]
     2 to 4). ``boundaries``: ``(turn index, content block index)`` of each end of a cache-stable
     rendering's generation (:func:`historygraph.providers.anthropic.boundary_block`), each of
     which gets one too: on that block, or the last block before it in its turn that may carry one.
-    ``collected``: the request is a minor collection, which rewrites what follows its first
-    boundary (rule 4). ``young_short``: every breakpoint after the last boundary carries the
+    ``collected``: the request is a minor collection or a re-selection that marks a tenure point,
+    which rewrites what follows its first boundary (rule 4). ``young_short``: every breakpoint after the last boundary carries the
     5-minute TTL (rule 5). ``old_long``: every breakpoint up to the last boundary carries the
     1-hour TTL (rule 6)."""
     blocks = _blocks(body)

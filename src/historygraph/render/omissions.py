@@ -22,10 +22,12 @@ A record (:func:`omission_record`) is a JSON object:
 * ``over_budget``, ``client_curated`` when the proxy noted them (:data:`NOTES`): the B asked for;
   ``cache_stable`` for a cache-stable rendering (:mod:`historygraph.policies.cache_stable`):
   ``"reselected"`` (the wrapped policy chose anew: the history may differ from the previous one
-  anywhere), ``"appended"`` (the previous rendering with what arrived since appended after it) or
+  anywhere, or only after its ``kept_head``), ``"appended"`` (the previous rendering with what arrived since appended after it) or
   ``"collected"`` (a minor collection: the previous rendering's old generation as it was, what
   followed it with some results replaced by placeholders) or ``"expired"`` (re-selected because
-  the provider's prompt cache had expired since the previous request).
+  the provider's prompt cache had expired since the previous request); ``kept_head`` (a number of
+  rendered messages) for a re-selection that kept the previous one's first messages as they were,
+  read from the cache (``tenure``).
 
 Reason codes are those of :data:`REASONS`. They say how the rendering left an item out, which is
 what every policy's rendering shows (the policy's own wording, a score below its cut, is in
@@ -79,6 +81,8 @@ def omission_record(rendering: Rendering, events: int) -> dict[str, Any]:
             record[note] = rendering.stats[note]
     if (how := rendering.stats.get("cache_stable")) in ("reselected", "appended", "collected", "expired"):
         record["cache_stable"] = how
+        if "kept_head" in rendering.stats:
+            record["kept_head"] = rendering.stats["kept_head"]
     return record
 
 

@@ -71,7 +71,7 @@ async def messages_endpoint(request: Request) -> Response:
         if config.cache_breakpoints:
             ends = [anth.boundary_block(places, b) for b in rendering.stats.get("cache_boundaries", ())]
             forwarded = place_breakpoints(forwarded, [w for w in ends if w is not None],
-                                          rendering.stats.get("cache_stable") == "collected",
+                                          rendering.stats.get("cache_stable") == "collected" or "tenure" in rendering.stats,
                                           bool(rendering.stats.get("cache_young_ttl")),
                                           bool(rendering.stats.get("cache_old_ttl")))
         return await recall_tool.send(proxy, url, forwarded, forwarded, request, sid, started, "anthropic",
