@@ -127,8 +127,9 @@ def test_the_generation_boundary_survives_the_store(tmp_path):
     g = store.graph("s")
     state = stable_state.decode(text, g)
     assert state is not None and state["boundary"] == 3 and state["paused"] is False
-    paused = stable_state.decode(stable_state.encode({**state, "paused": True}, g), g)  # old_ttl's switch too
-    assert paused is not None and paused["paused"] is True
+    paused = stable_state.decode(stable_state.encode({**state, "paused": True, "tenure": 2}, g), g)  # old_ttl's switch
+    assert paused is not None and paused["paused"] is True and paused["tenure"] == 2  # and the head tenure keeps
+    assert state["tenure"] == 0  # no re-selection marked one (the graph asks for no hour)
     r = two.render(g, B, SIG)
     assert r.stats["cache_stable"] == "collected" and r.stats["cache_boundaries"] == [3, 11]
 
