@@ -81,6 +81,15 @@ def test_report_opens_with_the_recommended_policy_per_budget(run_dir):
 def test_report_errors_name_what_to_run(tmp_path):
     res = runner.invoke(app, ["report", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "no such folder" in res.output and "reading" not in res.output  # the error alone
+    (tmp_path / "empty").mkdir()  # a folder for a replay to write into: replay there first
+    res = runner.invoke(app, ["report", str(tmp_path / "empty")])
+    assert res.exit_code == 2 and f"--out {tmp_path / 'empty'}' first" in res.output
+    traces = tmp_path / "traces"  # a folder of traces (a user pointed report at their data): replay it elsewhere
+    traces.mkdir()
+    (traces / "s.jsonl.gz").write_bytes(b"")
+    res = runner.invoke(app, ["report", str(traces)])
+    assert res.exit_code == 2 and "is not the --out folder of a replay" in res.output
+    assert f"historygraph replay {traces} --out replay-results" in " ".join(res.output.split())
     (tmp_path / "replay.json").write_text(json.dumps({"meta": {}, "per_source": [{"policy": "prune", "recall": 1.0}]}))
     with pytest.raises(ReportError, match="older replay"):
         load_run(tmp_path)

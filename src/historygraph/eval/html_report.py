@@ -86,6 +86,10 @@ def load_run(run_dir: Path) -> Run:
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such folder (give the --out folder of 'historygraph replay')")
     if not path.is_file():
+        if any(f.is_file() and f.name != "replay.csv" for f in run_dir.iterdir()):  # a folder of traces, not a replay's output
+            raise ReportError(f"{path}: not found: {run_dir} is not the --out folder of a replay; to report on the traces "
+                              f"in it, run 'historygraph replay {run_dir} --out replay-results', then "
+                              f"'historygraph report replay-results'")
         raise ReportError(f"{path}: not found; run 'historygraph replay ... --out {run_dir}' first")
     try:
         data = json.loads(path.read_text())
@@ -173,7 +177,8 @@ def _figures(run: Run, budget: int | None, trace_key: str | None,
     own = [RECORDED] if any(r["policy"] == RECORDED for r in at) else []  # session logs: the agent's own, beside
     out = []
     plan = (
-        ("recall_vs_cache_cost", "Recall against the cost with each provider's prompt cache (Full history = 1)",
+        ("recall_vs_cache_cost", f"Recall against the cost with each provider's prompt cache (Full history = 1) at B = {budget}"
+         + (" ('historygraph report --budget B' draws another budget of the run)" if len(run.budgets) > 1 else ""),
          lambda rows, p, title: plots.recall_vs_cache_cost(rows, [*p, *own], run.price_models, title), at,
          f"Recall vs cost with the prompt cache at B = {budget}; {ts}"),
         ("recall_vs_cost", "Recall against normalised inference cost, per source (ContextRender Figure 4)",
