@@ -256,7 +256,7 @@ def test_where_the_whole_history_fits_no_policy_is_recommended_or_priced() -> No
     (e,) = equal_cost(rows)
     assert (e.budget, e.side, e.ratio) == (None, "below", 0.7)  # only 16k counts: 32k holds everything
     # and the line names the budget its figures are from, not the largest replayed
-    assert "at the largest of them, B = 16,000, it costs 0.70× the agent's own bill and keeps 80.0 %" in e.line([16000, 32000])
+    assert "at the largest such budget replayed, B = 16,000, it costs 0.70× the agent's own bill and keeps 80.0 %" in e.line([16000, 32000])
     rows = [r for r in rows if r["budget"] == 32000]
     (e,) = equal_cost(rows)
     assert e.side == "fits" and "fits every budget" in e.line([32000])
@@ -273,6 +273,7 @@ def test_one_budget_says_at_that_budget_not_at_every_budget_replayed() -> None:
     # several: the edge is the largest budget the session's history passes (a walkthrough read "at the largest,
     # B = 16,000" for a run up to 64,000)
     assert e.line([16000, 32000, 64000]).startswith(
-        "learned-stable: cheaper at every budget replayed that its history exceeds; at the largest of them, B = 32,000, it costs")
+        "learned-stable: cheaper than the agent's own wherever the history passes B; at the largest such budget replayed, "
+        "B = 32,000, it costs")
     d = EqualCost("ALL", "learned", None, 85.3, 69.2, "above", 3.6, 32000)
     assert d.line([32000]).startswith("learned: at B = 32,000, it costs 3.60×")

@@ -92,10 +92,10 @@ class EqualCost:
             return f"{self.policy}: the whole history fits every budget replayed, so it shows everything, as the agent did"
         one = len(budgets) == 1
         if self.side == "below":
-            where = "at" if one else "cheaper at every budget replayed that its history exceeds; at the largest of them,"
+            where = "at" if one else "cheaper than the agent's own wherever the history passes B; at the largest such budget replayed,"
             return (f"{self.policy}: {where} B = {self.edge or budgets[-1]:,}, it costs "
                     f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
-        where = "at" if one else "more expensive at every budget replayed that its history exceeds; at the smallest of them,"
+        where = "at" if one else "dearer than the agent's own wherever the history passes B; at the smallest such budget replayed,"
         return (f"{self.policy}: {where} B = {self.edge or budgets[0]:,}, it costs "
                 f"{ratio(self.ratio)}× the agent's own bill and keeps {_num(self.recall)} % ({rec})")
 
