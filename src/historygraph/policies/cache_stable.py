@@ -111,11 +111,11 @@ cache):
   re-selection marks a new one (:func:`kept_head`, :func:`tenure_point`). Consecutive whole
   re-selections share a median 10 % of their tokens as a leading prefix, because the wrapped
   policy's choice changes early in the history; the head makes that share certain. On the 40
-  Claude Code sessions of the shared set, with nothing fitted (0.3 was chosen in a first
-  variant on half of them): 2–4 % less of what was paid at 16k–64k for −0.8 to +0.2 recall
-  points, +3.0 points at an equal bill (+3.3 / +2.8 on the two halves); Codex and the research
-  traces, whose caches charge no write premium, unchanged (docs/evaluator.md, "A re-selection
-  that keeps its head").
+  Claude Code sessions of the shared set: 2–4 % less of what was paid at 16k–64k for −0.8 to
+  +0.2 recall points, +3.0 points at an equal bill (0.3 chosen among 0.15, 0.3 and 0.5 on half
+  of the sessions, +3.3 there; +2.8 on the other half); Codex and the research traces, whose
+  caches charge no write premium, unchanged (docs/evaluator.md, "A re-selection that keeps its
+  head").
 * **The agent's newest steps stay in view** (``recent``, 5; ``recent_share``, 0.075; our decision,
   docs/architecture.md invariant 10): the wrapped policy shows the steps of the 5 newest assistant
   messages, text and tool calls as stored (their results may be placeholders), at every
