@@ -469,6 +469,7 @@ def test_real_all_ten_read_and_paired(real) -> None:
         assert t.meta["synthetic_results"] == 0 and t.meta["orphan_results"] == 0 and t.meta["renamed_call_ids"] == 0
         assert t.meta["skipped_items"] == {} and t.meta["compactions"] == []
         assert t.meta["cli_version"].startswith("0.14") and t.meta["system_prompt_chars"] > 10000
+        assert t.meta["repository"] == "https://github.com/EntityProcess/agentv.git"  # session_meta's git, in each
 
 
 def test_real_tool_results_match_sources(real) -> None:

@@ -277,3 +277,37 @@ def test_one_budget_says_at_that_budget_not_at_every_budget_replayed() -> None:
         "B = 32,000, it costs")
     d = EqualCost("ALL", "learned", None, 85.3, 69.2, "above", 3.6, 32000)
     assert d.line([32000]).startswith("learned: at B = 32,000, it costs 3.60×")
+
+
+def test_a_session_s_project_is_its_git_repository_where_known(tmp_path) -> None:
+    """One repository cloned in several folders is one project: the repository_url Codex records,
+    else the origin remote of the folder the agent ran in when it is on this machine (a checkout,
+    or a worktree whose .git file names its git directory); else the folder's last two parts."""
+    from historygraph.eval.recorded import origin_url, project_of, repository_name
+    from historygraph.history.events import Trace
+
+    assert repository_name("https://github.com/EntityProcess/agentv.git") == "EntityProcess/agentv"
+    assert repository_name("git@github.com:entireio/cli.git") == "entireio/cli"
+    assert repository_name("ssh://git@example.com:22/team/tool/") == "team/tool"
+    assert repository_name("https://example.com") == ""
+    clone = tmp_path / "Repositories" / "cli"
+    (clone / ".git").mkdir(parents=True)
+    (clone / ".git" / "config").write_text('[core]\n\tbare = false\n[remote "upstream"]\n\turl = https://github.com/other/fork\n'
+                                          '[remote "origin"]\n\turl = git@github.com:entireio/cli.git\n\tfetch = +refs/heads/*\n')
+    (clone / ".git" / "worktrees" / "w1").mkdir(parents=True)
+    (clone / ".git" / "worktrees" / "w1" / "commondir").write_text("../..\n")
+    tree = tmp_path / "elsewhere" / "w1"
+    tree.mkdir(parents=True)
+    (tree / ".git").write_text(f"gitdir: {clone / '.git' / 'worktrees' / 'w1'}\n")
+    bare = tmp_path / "work" / "cli"  # a checkout without an origin remote
+    (bare / ".git").mkdir(parents=True)
+    (bare / ".git" / "config").write_text('[remote "upstream"]\n\turl = https://github.com/other/fork\n')
+    assert origin_url(str(clone)) == origin_url(str(tree)) == "git@github.com:entireio/cli.git"
+    assert origin_url(str(bare)) is None and origin_url(str(tmp_path / "gone")) is None
+
+    def session(**meta) -> Trace:
+        return Trace("claude-code", "s", str(tmp_path / "p" / "s.jsonl"), [], meta={"usage": [{"input_tokens": 1}], **meta})
+    assert project_of(session(cwd=str(clone))) == project_of(session(cwd=str(tree))) == "entireio/cli"
+    assert project_of(session(cwd=str(bare))) == "work/cli"  # no origin: the folder, as before
+    assert project_of(session(cwd="/Users/someone/Repositories/app")) == "Repositories/app"  # not on this machine
+    assert project_of(session(cwd="/nowhere/x", repository="https://github.com/EntityProcess/agentv.git")) == "EntityProcess/agentv"

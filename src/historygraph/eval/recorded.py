@@ -27,6 +27,8 @@ recorded bills cover the same prompt.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +56,19 @@ WORKTREE_DIRS = (".worktrees", "worktrees", ".claude-worktrees")  # folders agen
 
 
 def project_of(trace: Trace) -> str:
-    """The project a session log belongs to: the folder the agent ran in (``meta["cwd"]``, its last
-    two path parts; a worktree under a :data:`WORKTREE_DIRS` folder counts as its project), else the folder of the file (``~/.claude/projects/<project>/``); ``""`` for a
+    """The project a session log belongs to: its git repository as ``owner/name`` where that is
+    known (the ``repository_url`` Codex records, else the ``origin`` remote of the folder the agent
+    ran in, when that folder is on this machine: :func:`origin_url`), so that one repository
+    cloned in several folders is one project; else the folder the agent ran in (``meta["cwd"]``,
+    its last two path parts; a worktree under a :data:`WORKTREE_DIRS` folder counts as its
+    project), else the folder of the file (``~/.claude/projects/<project>/``); ``""`` for a
     research trace (no recorded usage)."""
     if not has_recorded(trace):
         return ""
     cwd = str(trace.meta.get("cwd") or "").rstrip("/\\")
+    url = trace.meta.get("repository") or (origin_url(cwd) if cwd else None)
+    if isinstance(url, str) and (name := repository_name(url)):
+        return name
     if cwd:
         parts = cwd.replace("\\", "/").split("/")
         for k, part in enumerate(parts):  # a git worktree of the project (…/repo/.worktrees/3) is the project
@@ -68,6 +77,46 @@ def project_of(trace: Trace) -> str:
                 break
         return "/".join(parts[-2:])
     return Path(trace.path).parent.name
+
+
+_ORIGIN = re.compile(r'^\s*\[remote\s+"origin"\]\s*$(.*?)^\s*url\s*=\s*(\S+)', re.M | re.S)
+
+
+def origin_url(folder: str) -> str | None:
+    """The URL of the ``origin`` remote of the git checkout at ``folder`` (its ``.git/config``; for a
+    worktree or submodule, whose ``.git`` is a file naming its git directory, that directory's, or
+    the shared one its ``commondir`` names); ``None`` when the folder is not on this machine, is no
+    checkout, or has no such remote. Reads two small files; runs no git."""
+    try:
+        git = Path(folder) / ".git"
+        if git.is_file():
+            line = git.read_text(errors="replace").strip()
+            if not line.startswith("gitdir:"):
+                return None
+            git = (git.parent / line[len("gitdir:"):].strip()).resolve()
+            common = git / "commondir"
+            if common.is_file():
+                git = (git / common.read_text(errors="replace").strip()).resolve()
+        config = git / "config"
+        if not config.is_file():
+            return None
+        m = _ORIGIN.search(config.read_text(errors="replace"))
+    except OSError:
+        return None
+    if m is None or "[" in m.group(1):  # (the url of a later section)
+        return None
+    return m.group(2)
+
+
+def repository_name(url: str) -> str:
+    """``owner/name`` of a git remote URL (``https://github.com/owner/name.git``,
+    ``git@github.com:owner/name.git``, ``ssh://git@host/owner/name``); ``""`` when it has no two
+    path parts."""
+    path = url.strip().rstrip("/")
+    path = path.split("://", 1)[-1]
+    path = path.split(":", 1)[-1] if "@" in path.split("/", 1)[0] else path.split("/", 1)[-1] if "/" in path else ""
+    parts = [p for p in path.removesuffix(".git").split("/") if p]
+    return "/".join(parts[-2:]) if len(parts) >= 2 else ""
 
 
 def home_price_model(trace: Trace) -> str | None:

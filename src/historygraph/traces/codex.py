@@ -4,7 +4,8 @@ Each line is ``{timestamp, type, payload}``; one file is one session, read as on
 the ``session_meta`` payload's ``id`` (else the file name without ``.jsonl``/``.jsonl.gz``).
 
 Line types:
-    ``session_meta`` (first line): ``cli_version`` and ``cwd`` (the project folder) → ``meta``; ``base_instructions``
+    ``session_meta`` (first line): ``cli_version``, ``cwd`` (the project folder) and ``git.repository_url``
+    (as ``repository``) → ``meta``; ``base_instructions``
     (the system prompt Codex sends as the API's ``instructions``) is not a message: only its
     length goes to ``meta["system_prompt_chars"]``.
     ``turn_context`` (one per turn): the ``model`` of the calls that follow; ``meta["model"]`` is
@@ -175,6 +176,9 @@ class _Reader:
         self.meta["cli_version"] = p.get("cli_version")
         if isinstance(p.get("cwd"), str):
             self.meta["cwd"] = p["cwd"]
+        git = p.get("git")
+        if isinstance(git, dict) and isinstance(git.get("repository_url"), str):
+            self.meta["repository"] = git["repository_url"]
         base = p.get("base_instructions")
         body = base.get("text") if isinstance(base, dict) else base
         if body is not None and not isinstance(body, str):
