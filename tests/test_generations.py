@@ -35,9 +35,12 @@ def _steps(n: int) -> list[Message]:
     return msgs
 
 
-def _run(policy, calls: int) -> tuple[list, list[Message]]:
+def _run(policy, calls: int, ttl: float | None = None) -> tuple[list, list[Message]]:
+    """``calls`` calls of :func:`_steps` rendered at B with every invariant checked; ``ttl``: the
+    prompt-cache TTL the session's requests ask for (``graph.cache_ttl``)."""
     msgs = _steps(calls)
     g = ContextGraph("s", msgs[:2])
+    g.cache_ttl = ttl
     out = []
     for i in range(calls):
         g.extend(msgs[2 + 2 * i: 4 + 2 * i])
@@ -336,17 +339,7 @@ def _tenure_run(ttl: float | None) -> list:
     """prune (reuse probabilities 0) under cache-stable rendering with young = 0.9, B = 1000, steps of
     234 tokens, on a session whose requests ask for the 1-hour cache (``ttl``) or the provider's default."""
     policy = CacheStable("p", CacheStableConfig(young=0.9, recall_tail=False, predicted_tail=0.0), base=RankedPrune({}))
-    msgs = _steps(12)
-    g = ContextGraph("s", msgs[:2])
-    g.cache_ttl = ttl
-    out = []
-    for i in range(12):
-        g.extend(msgs[2 + 2 * i: 4 + 2 * i])
-        r = policy.render(g, B, SIG)
-        check_invariants(r, g, C)
-        assert r.history_tokens <= B
-        out.append(r)
-    return out
+    return _run(policy, 12, ttl)[0]
 
 
 def test_a_reselection_on_the_hour_keeps_the_previous_ones_head():

@@ -108,7 +108,7 @@ cache):
   splices in the wrapped policy's rendering of what follows them (rendered again, once, to a
   smaller budget when together they pass ``low_mark·B``; a whole re-selection when that fails, the
   latest plan lies in the head unshown, or the cache expired). The head stays until a whole
-  re-selection marks a new one (:func:`kept_head`, :func:`tenure_point`). Consecutive whole
+  re-selection marks a new one (:mod:`historygraph.policies.kept_head`). Consecutive whole
   re-selections share a median 10 % of their tokens as a leading prefix, because the wrapped
   policy's choice changes early in the history; the head makes that share certain. On the 40
   Claude Code sessions of the shared set: 2–4 % less of what was paid at 16k–64k for −0.8 to
@@ -139,17 +139,15 @@ extend one rendering, as one instance does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence, cast
+from typing import Any, ClassVar, cast
 
 from historygraph.history.graph import ContextGraph
 from historygraph.policies import stable_state
 from historygraph.policies.base import Policy, Signals
 from historygraph.policies.registry import create, register
-from historygraph.history.events import Message
+from historygraph.policies.kept_head import kept_head, tenure_point
+from historygraph.policies.stable_extend import collect_young, extend, young_start
 from historygraph.render import BudgetTooSmallError, Layout, Rendering
-from historygraph.render.markers import RECALLED, marker_message, placeholder_for
-from historygraph.render.plan import latest_plan
-from historygraph.signals.tokens import TokenCounter
 
 SOURCE = "historygraph: prompt-cache-stable rendering over any policy"
 HOUR = 3600.0
@@ -163,12 +161,6 @@ BUDGET_DRIFT = 0.1
 """A budget within this share of the one of the last re-selection keeps the rendering appending (the
 proxy's calibration moves B by a few tokens at every call; before, each move re-selected: 17-23 of 24
 calls rewritten through the proxy, issue 49); a larger change re-selects at the new B."""
-
-YOUNG_COST_EXPONENT = 1.0
-"""A minor collection takes young results in ascending ``p / t^α`` (p the reuse probability, t the
-tokens its placeholder saves): least likely per token first. α = 1 was chosen among 0 (by
-probability alone), 0.5, 1 and 2 on the half of the real sessions ``young`` was chosen on
-(docs/evaluator.md, "Generations")."""
 
 
 @dataclass(frozen=True)
@@ -341,9 +333,9 @@ class CacheStable:
         """The wrapped policy's rendering: at B when the history fits (it comes back unchanged),
         else at ``low_mark·B`` (at B when the protected history needs more than that, or when
         ``low_mark·B`` would cut a newest result to an excerpt that B shows complete). With ``prev``
-        and ``head`` (its tenure point, :func:`tenure_point`): ``prev``'s first ``head`` messages
+        and ``head`` (its tenure point, :func:`~historygraph.policies.kept_head.tenure_point`): ``prev``'s first ``head`` messages
         kept byte for byte and the wrapped policy's rendering of what follows them after
-        (:func:`kept_head`), when that is possible within ``low_mark·B``."""
+        (:func:`~historygraph.policies.kept_head.kept_head`), when that is possible within ``low_mark·B``."""
         low = int(self.config.low_mark * budget)
         layout = Layout(graph, signals.counter, budget)
         fits = layout.fits_in_full  # then the wrapped policy returns it unchanged (§5.5)
@@ -366,306 +358,6 @@ class CacheStable:
         r.policy, r.budget = self.name, budget
         r.stats["cache_stable"] = "reselected"
         return r
-
-
-def extend(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter,
-           name: str, recall_tail: bool = False, predict: "Callable[[list[int]], Sequence[float]] | None" = None,
-           threshold: float = 1.0) -> Rendering | None:
-    """``prev`` (the rendering of the graph's first ``length`` messages) with the messages since
-    appended as stored, or ``None`` when they are not a plain continuation or the history would
-    pass ``budget`` tokens (module docstring). ``recall_tail``: append :func:`recalled_copies`;
-    ``predict`` (reuse probabilities of results by position) and ``threshold``: append
-    :func:`predicted_copies`."""
-    msgs, n = graph.messages, len(graph)
-    if n == length:
-        return prev
-    if n < length or next((p for p in reversed(prev.positions) if p is not None), None) != length - 1:
-        return None
-    last = msgs[length - 1]
-    pending = {c.id for c in last.tool_calls} if last.role == "assistant" else set()
-    for p in range(length, n):
-        m = msgs[p]
-        if m.role == "tool":
-            if m.tool_call_id not in pending or graph.result_of.get(m.tool_call_id) != p:
-                return None
-            pending.discard(m.tool_call_id)
-        elif pending or m.role == "system":
-            return None  # a message between a call and its results, or a new system message: re-select
-        elif m.role == "assistant":
-            pending = {c.id for c in m.tool_calls}
-    if pending and msgs[n - 1].role != "assistant":
-        return None  # some results of the last calls arrived, not all: the wrapped policy answers the rest
-    users = [p for p in range(n) if msgs[p].role == "user"]
-    current = users[-1] if users else None
-    before = max((p for p in users if p < length), default=None)
-    count = counter.count_message
-    history = prev.history_tokens + sum(count(msgs[p]) for p in range(length, n) if p != current)
-    if before is not None and before != current:
-        history += count(msgs[before])  # the previous current user message is ordinary history now
-    if history > budget:
-        return None
-    new: list[int | None] = list(range(length, n))
-    added = range(length, n)
-    r = Rendering(policy=name, budget=budget, messages=prev.messages + [msgs[p] for p in added],
-                  positions=prev.positions + new, full=prev.full + [p for p in added if msgs[p].role == "tool"],
-                  omitted=list(prev.omitted), dropped=list(prev.dropped), history_tokens=history,
-                  input_tokens=prev.input_tokens + sum(count(msgs[p]) for p in added), stats={"cache_stable": "appended"})
-    copies = recalled_copies(graph, r, length, budget, counter) if recall_tail else []
-    predicted = predicted_copies(graph, r, length, budget, counter, predict, threshold) if predict is not None else {}
-    _defer_tail_reasons(r, prev, added, copies, predicted, threshold)
-    return r
-
-
-def _defer_tail_reasons(r: Rendering, prev: Rendering, added: range, copies: list[int], predicted: dict[int, float],
-                        threshold: float, collected: Sequence[int] = ()) -> None:
-    """Let ``r``'s reasons be ``prev``'s, with those of the messages ``added`` since, the results
-    ``collected`` into placeholders (:func:`collect_young`) and the copies appended at the end
-    (``copies``: :func:`recalled_copies`; ``predicted``: :func:`predicted_copies` at ``threshold``)."""
-    kept = prev.reasons
-
-    def reasons() -> dict[int, str]:
-        out = dict(kept)
-        out.update({p: "appended: arrived since the last re-selection (cache-stable rendering)" for p in added})
-        out.update({p: "placeholder: collected from the young generation, least likely reused per token first (cache-stable rendering)"
-                    for p in collected})
-        out.update({p: "shown again at the end: the latest tool call used its values (cache-stable rendering)" for p in copies})
-        out.update({p: f"shown again at the end: reuse probability {q:.3f} ≥ predicted_tail {threshold:g} (cache-stable rendering)"
-                    for p, q in predicted.items()})
-        return out
-    r.defer_reasons(reasons)
-
-
-def young_start(r: Rendering, graph: ContextGraph) -> int:
-    """Where the young generation of ``r`` begins after a collection or re-selection: right after
-    the latest assistant message (its results, the newest, which §5.9 keeps complete, and any copy
-    after them stay young, so that a later minor collection may still replace them; the message
-    itself is never collected); the whole rendering when it does not show that message. The old
-    generation then ends where Claude Code puts its own breakpoint on the message before the last
-    (the assistant turn): through the proxy, whose breakpoints Claude Code's four leave no room
-    for, the next collection reads the old generation from the entry Claude Code's mark wrote."""
-    latest = graph.latest_operations  # (the latest assistant message's position, its TFA values)
-    if latest is None:
-        return len(r.messages)
-    return next((i + 1 for i in range(len(r.messages) - 1, -1, -1) if r.positions[i] == latest[0]), len(r.messages))
-
-
-def tenure_point(r: Rendering, graph: ContextGraph, share: float, counter: TokenCounter) -> int:
-    """The tenure point of a re-selected rendering ``r``: how many of its leading messages the next
-    re-selection keeps byte for byte (:func:`kept_head`), the first step boundary (a rendered
-    stored message that is not a tool result or a system message) where those messages hold at
-    least ``share`` of its input tokens; 0 (none) when no boundary before its young generation
-    (:func:`young_start`) reaches it (module docstring, "A re-selection that keeps its head")."""
-    total, acc = r.input_tokens, 0
-    for i in range(young_start(r, graph)):
-        m = r.messages[i]
-        if i and r.positions[i] is not None and m.role not in ("tool", "system") and acc >= share * total:
-            return i
-        acc += counter.count_message(m)
-    return 0
-
-
-def kept_head(prev: Rendering, head: int, graph: ContextGraph, low: int, signals: Signals, base: Policy,
-              whole: set[int]) -> Rendering | None:
-    """A re-selection that keeps ``prev``'s first ``head`` messages byte for byte (its cached head,
-    read from the provider's cache) and renders what follows with ``base``: ``base``'s rendering
-    of the whole history at ``low`` tokens, from its first step at or after the stored message
-    that followed the head in ``prev``; the steps between, when ``base`` left them out, under one
-    dropped-step marker. When the head is larger than the part of ``base``'s rendering it
-    replaces, ``base`` renders again at ``low`` less the excess, once. ``None`` (a whole
-    re-selection) when the head is not a step boundary of the history, when the result passes
-    ``low`` tokens or leaves a newest result (``whole``, §5.9) or the latest plan (§5.10) not
-    shown, or when ``base`` cannot render (module docstring)."""
-    cut = prev.positions[head] if 0 < head < len(prev.messages) else None  # the head stands for every stored
-    if cut is None:                                                          # message before this one
-        return None
-    plan = latest_plan(graph)
-    shown = {p for m, p in zip(prev.messages[:head], prev.positions[:head]) if p is not None and m.rendered_as is None}
-    if plan is not None and plan < cut and plan not in shown:
-        return None
-    counter = signals.counter
-    target = low
-    for _ in range(2):
-        try:
-            r = base.render(graph, max(1, target), signals)
-        except BudgetTooSmallError:
-            return None
-        j = next((i for i, (m, p) in enumerate(zip(r.messages, r.positions))
-                  if p is not None and p >= cut and m.role != "tool"), None)
-        if j is None:
-            return None
-        out = _spliced(prev, head, r, j, graph, counter)
-        if out.history_tokens <= low and whole <= set(out.full):
-            return out
-        target -= out.history_tokens - low
-        if target <= 0 or out.history_tokens <= low:
-            return None
-    return None
-
-
-def _spliced(prev: Rendering, head: int, r: Rendering, j: int, graph: ContextGraph, counter: TokenCounter) -> Rendering:
-    """``prev``'s first ``head`` messages, a dropped-step marker for the stored messages between them
-    and ``r``'s message ``j`` when there are any, then ``r`` from ``j`` on (:func:`kept_head`)."""
-    cut, resume = prev.positions[head], r.positions[j]
-    assert cut is not None and resume is not None
-    messages, positions = prev.messages[:head], prev.positions[:head]
-    if resume > cut:
-        calls = sum(len(graph.messages[p].tool_calls) for p in range(cut, resume) if graph.messages[p].role == "assistant")
-        messages = [*messages, marker_message(cut, resume - 1, calls)]
-        positions = [*positions, None]
-    messages, positions = [*messages, *r.messages[j:]], [*positions, *r.positions[j:]]
-    msgs = graph.messages
-    users = [p for p in range(len(msgs)) if msgs[p].role == "user"]
-    outside = {p for p in range(len(msgs)) if msgs[p].role == "system"} | ({users[-1]} if users else set())
-    count = counter.count_message
-    sizes = [count(m) for m in messages]
-    rendered = {p for p in positions if p is not None}
-    full = [p for m, p in zip(messages, positions) if p is not None and m.role == "tool" and m.rendered_as is None]
-    out = Rendering(policy=r.policy, budget=r.budget, messages=messages, positions=positions, full=full,
-                    omitted=sorted(set(graph.results()) - set(full)),
-                    dropped=[p for p in range(len(msgs)) if p not in rendered],
-                    history_tokens=sum(t for t, p in zip(sizes, positions) if p not in outside),
-                    input_tokens=sum(sizes), stats={**r.stats, "kept_head": head})
-    before, after = prev.reasons, r.reasons
-    out.defer_reasons(lambda: {**{p: x for p, x in before.items() if p < cut},
-                               **{p: "kept: the head of the previous re-selection, read from the prompt cache "
-                                     "(cache-stable rendering)" for p in range(cut) if p not in before},
-                               **{p: x for p, x in after.items() if p >= cut}})
-    return out
-
-
-def collect_young(prev: Rendering, length: int, graph: ContextGraph, budget: int, counter: TokenCounter, name: str,
-                  boundary: int, cfg: CacheStableConfig,
-                  rank: "Callable[[list[int]], Sequence[float]]") -> Rendering | None:
-    """A minor collection: ``prev`` with the messages since appended, then, among its messages
-    from index ``boundary`` on (the young generation: what was appended since the last collection
-    or re-selection), complete stored results replaced by their placeholders and copies shown
-    again at the end removed, least likely per token first by ``rank`` (reuse probabilities by
-    position, :data:`YOUNG_COST_EXPONENT`; the oldest first among equals), until the history is within ``cfg.young``·``budget`` tokens; then
-    the copies of :func:`extend` (``cfg.recall_tail``, ``cfg.predicted_tail``) within ``budget``.
-    The first ``boundary`` messages stay byte for byte, so a cache breakpoint there is read.
-    ``None`` (re-select) when the messages since are not a plain continuation, when the complete
-    history fits in ``budget`` (the wrapped policy returns it unchanged, §5.5), or when even with
-    every young result collected the history stays over ``cfg.young``·``budget``. The newest
-    results (§5.9), pinned ones and results shorter than their placeholder are never collected
-    (module docstring)."""
-    try:
-        if Layout(graph, counter, budget).fits_in_full:
-            return None
-    except BudgetTooSmallError:
-        return None
-    r = extend(prev, length, graph, 10**12, counter, name)
-    if r is None:
-        return None
-    latest = graph.latest_operations  # (the latest assistant message's position, its TFA values)
-    calls = graph.messages[latest[0]].tool_calls if latest is not None else ()
-    newest = {graph.result_of[c.id] for c in calls if c.id in graph.result_of}
-    keep = newest | graph.pins
-    count = counter.count_message
-    young: list[tuple[int, int, int]] = []  # (index in r.messages, source position, tokens saved)
-    for i in range(boundary, len(r.messages)):
-        m, p = r.messages[i], r.positions[i]
-        if p is not None and m.role == "tool" and m.rendered_as is None and p not in keep:
-            saved = count(m) - count(placeholder_for(m, counter))
-            if saved > 0:  # (a result shorter than its placeholder stays)
-                young.append((i, p, saved))
-        elif p is None and m.rendered_as == "recalled":
-            s = graph.result_of.get(m.content[len(_RECALLED_HEAD):].split(_RECALLED_AFTER_ID, 1)[0])
-            if s is not None:
-                young.append((i, s, count(m)))
-    target = int(cfg.young * budget)
-    if not young or r.history_tokens - sum(t for _, _, t in young) > target:
-        return None
-    prob = list(rank([s for _, s, _ in young]))
-    order = sorted(range(len(young)), key=lambda k: (prob[k] / young[k][2] ** YOUNG_COST_EXPONENT, young[k][1]))
-    collected: dict[int, int] = {}  # index in r.messages -> source position
-    saved = 0
-    for k in order:
-        if r.history_tokens - saved <= target:
-            break
-        i, s, t = young[k]
-        collected[i] = s
-        saved += t
-    full = list(r.full)
-    placeholders: list[int] = []
-    messages: list[Message] = []
-    positions: list[int | None] = []
-    for i, (m, p) in enumerate(zip(r.messages, r.positions)):
-        if i not in collected:
-            messages.append(m)
-            positions.append(p)
-            continue
-        full.remove(collected[i])  # (a copy's source: its one entry there)
-        if p is not None:
-            messages.append(placeholder_for(m, counter))
-            positions.append(p)
-            placeholders.append(p)
-    r.messages, r.positions, r.full = messages, positions, full
-    r.omitted = sorted(set(r.omitted) | set(placeholders))
-    r.history_tokens -= saved
-    r.input_tokens -= saved
-    r.budget = budget
-    r.stats = {"cache_stable": "collected"}
-    copies = recalled_copies(graph, r, length, budget, counter) if cfg.recall_tail else []
-    predicted: dict[int, float] = {}
-    if cfg.predicted_tail > 0:
-        predicted = predicted_copies(graph, r, length, budget, counter, rank, cfg.predicted_tail)
-    _defer_tail_reasons(r, prev, range(length, len(graph)), copies, predicted, cfg.predicted_tail, sorted(placeholders))
-    return r
-
-
-_RECALLED_HEAD, _RECALLED_AFTER_ID = RECALLED.split("{content}")[0].split("{id}")  # the text around a copy's id
-
-
-def _append_copy(r: Rendering, graph: ContextGraph, s: int, budget: int, counter: TokenCounter) -> bool:
-    """Append a complete copy of the result at ``s`` to ``r`` (in place), headed with its id, if the
-    history stays within ``budget``; whether it was."""
-    m = graph.messages[s]
-    copy = Message("user", RECALLED.format(id=m.tool_call_id, content=m.content), rendered_as="recalled")
-    t = counter.count_message(copy)
-    if r.history_tokens + t > budget:
-        return False
-    r.messages.append(copy)
-    r.positions.append(None)
-    r.full.append(s)
-    r.history_tokens += t
-    r.input_tokens += t
-    return True
-
-
-def recalled_copies(graph: ContextGraph, r: Rendering, length: int, budget: int, counter: TokenCounter) -> list[int]:
-    """Append to ``r`` (in place) a complete copy of each result not shown complete whose values
-    the latest assistant message used (TFA's attribution, ContextRender §3.2 / A.2: each value to
-    the first result that held it), while the history stays within ``budget``; returns their
-    positions. Only when that message arrived since the previous rendering (position ≥ ``length``)
-    and the rendering ends with a tool result (a copy never follows a call in flight or the
-    current user message)."""
-    msgs = graph.messages
-    latest = graph.latest_operations
-    if latest is None or latest[0] < length or msgs[-1].role != "tool":
-        return []
-    shown = set(r.full)
-    sources: list[int] = []
-    for values in latest[1]:
-        for v in values:
-            s = graph.reuse.first_holder(v)
-            if s is not None and s < latest[0] and s not in shown and s not in sources:
-                sources.append(s)
-    return [s for s in sorted(sources) if _append_copy(r, graph, s, budget, counter)]
-
-
-def predicted_copies(graph: ContextGraph, r: Rendering, length: int, budget: int, counter: TokenCounter,
-                     predict: "Callable[[list[int]], Sequence[float]]", threshold: float) -> dict[int, float]:
-    """Append to ``r`` (in place) a complete copy of each stored result it does not show complete
-    whose reuse probability (``predict``) is at least ``threshold``, most probable first, while the
-    history stays within ``budget``; returns ``{position: probability}`` of those appended. Only
-    after a new tool result, as :func:`recalled_copies`."""
-    if len(graph) <= length or graph.messages[-1].role != "tool":
-        return {}
-    shown = set(r.full)
-    cands = [p for p in graph.results() if p not in shown]
-    prob = predict(cands) if cands else []
-    ranked = sorted((i for i in range(len(cands)) if prob[i] >= threshold), key=lambda i: (-prob[i], cands[i]))
-    return {cands[i]: float(prob[i]) for i in ranked if _append_copy(r, graph, cands[i], budget, counter)}
 
 
 def inspect(policy: Policy, graph: ContextGraph, budget: int | None, signals: Signals) -> Rendering:

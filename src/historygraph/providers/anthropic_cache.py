@@ -43,7 +43,7 @@ cost with the cache and the proxy's requests agree):
    first on the tools or system (a prefix inside the one read there). So the collection reads the
    old generation however many blocks its young part holds (the provider looks back only 20 blocks
    from a breakpoint). Its entry exists: the old generation ends right after an assistant message
-   (:func:`historygraph.policies.cache_stable.young_start`), where Claude Code marks the message
+   (:func:`historygraph.policies.stable_extend.young_start`), where Claude Code marks the message
    before the last, at the request that began the generation.
 
 5. When the rendering asks for it (``young_short``: ``Rendering.stats["cache_young_ttl"]``, the
